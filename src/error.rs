@@ -1,0 +1,51 @@
+//! The one error type of smelt. Messages follow PyTorch's wording where it has one.
+
+/// Everything that can go wrong because of user input.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// Shapes that do not fit the op (broadcasting, matmul, views, reductions).
+    #[error("{0}")]
+    Shape(String),
+    /// A dtype the op does not accept.
+    #[error("{0}")]
+    DType(String),
+    /// A dimension or element index outside its range.
+    #[error("{0}")]
+    Index(String),
+    /// Tensors on different devices, or a device that is not there.
+    #[error("{0}")]
+    Device(String),
+    /// A bad argument value (negative size, zero step, malformed equation, ...).
+    #[error("{0}")]
+    Value(String),
+    /// Malformed `.smelt` text, with its position.
+    #[error("{file}:{line}:{col}: {msg}")]
+    Parse {
+        file: String,
+        line: usize,
+        col: usize,
+        msg: String,
+    },
+    /// Reading or writing files.
+    #[error("{0}")]
+    Io(String),
+    /// A valid request this build cannot serve (an op on a backend that lacks it).
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Error {
+        Error::Io(e.to_string())
+    }
+}
+
+/// `bail!(Shape, "...")` returns early with the given error kind and a formatted message.
+#[macro_export]
+macro_rules! bail {
+    ($kind:ident, $($arg:tt)*) => {
+        return Err($crate::Error::$kind(format!($($arg)*)))
+    };
+}

@@ -1,0 +1,1437 @@
+//! The op set. Each op's shape and dtype rule is defined here once; eager tensors, the graph
+//! verifier and the parser all call `Op::infer`.
+
+use super::dtype::{DType, PromoteArg, Scalar, result_type};
+use super::shape::{
+    Shape, broadcast_all, broadcast_shapes, expand_shape, infer_size, numel, reduced_shape,
+    wrap_dim, wrap_dims,
+};
+use crate::{Error, Result, bail};
+use std::sync::Arc;
+
+/// The type of a value: dtype, shape, and whether it is a wrapped Python number.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorType {
+    pub dtype: DType,
+    pub shape: Shape,
+    /// A Python scalar operand ("wrapped number"): 0-d, lowest priority in type promotion.
+    pub wrapped: bool,
+}
+
+impl TensorType {
+    pub fn new(dtype: DType, shape: impl Into<Shape>) -> TensorType {
+        TensorType {
+            dtype,
+            shape: shape.into(),
+            wrapped: false,
+        }
+    }
+    pub fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+    pub fn numel(&self) -> usize {
+        numel(&self.shape)
+    }
+    fn promote_arg(&self) -> PromoteArg {
+        PromoteArg {
+            dtype: self.dtype,
+            zero_dim: self.shape.is_empty(),
+            wrapped: self.wrapped,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Abs,
+    Exp,
+    Log,
+    Log1p,
+    Expm1,
+    Sqrt,
+    Rsqrt,
+    Sin,
+    Cos,
+    Tanh,
+    Sigmoid,
+    Relu,
+    /// `approximate="tanh"` when `tanh` is set, else the exact erf form.
+    Gelu {
+        tanh: bool,
+    },
+    Silu,
+    Erf,
+    Floor,
+    Ceil,
+    Round,
+    Sign,
+    Reciprocal,
+    Square,
+    LogicalNot,
+    IsNan,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Maximum,
+    Minimum,
+    Remainder,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    LogicalAnd,
+    LogicalOr,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Mean,
+    Prod,
+    Amax,
+    Amin,
+    All,
+    Any,
+    LogSumExp,
+}
+
+/// Tensor data embedded in a graph (a captured constant): raw little-endian bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Literal {
+    pub dtype: DType,
+    pub shape: Shape,
+    pub bytes: Arc<Vec<u8>>,
+}
+
+/// One operation. Attribute names follow PyTorch's argument names.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    // leaves
+    /// A Python scalar operand.
+    Scalar(Scalar),
+    /// A captured tensor.
+    Constant(Literal),
+    Full {
+        size: Vec<usize>,
+        fill_value: Scalar,
+        dtype: Option<DType>,
+    },
+    Arange {
+        start: Scalar,
+        end: Scalar,
+        step: Scalar,
+        dtype: Option<DType>,
+    },
+    // pointwise
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    Where,
+    Clamp {
+        min: Option<Scalar>,
+        max: Option<Scalar>,
+    },
+    To {
+        dtype: DType,
+    },
+    MaskedFill {
+        value: Scalar,
+    },
+    // reductions
+    Reduce {
+        op: ReduceOp,
+        dim: Option<Vec<i64>>,
+        keepdim: bool,
+    },
+    ArgMax {
+        dim: Option<i64>,
+        keepdim: bool,
+    },
+    ArgMin {
+        dim: Option<i64>,
+        keepdim: bool,
+    },
+    Var {
+        dim: Option<Vec<i64>>,
+        correction: f64,
+        keepdim: bool,
+    },
+    Std {
+        dim: Option<Vec<i64>>,
+        correction: f64,
+        keepdim: bool,
+    },
+    Cumsum {
+        dim: i64,
+    },
+    // normalisation
+    Softmax {
+        dim: i64,
+    },
+    LogSoftmax {
+        dim: i64,
+    },
+    /// Operands: x, then weight and bias when present.
+    LayerNorm {
+        normalized_shape: Vec<usize>,
+        eps: f64,
+        has_weight: bool,
+        has_bias: bool,
+    },
+    // linear algebra
+    Matmul,
+    /// Operands: x, weight, then bias when present.
+    Linear {
+        has_bias: bool,
+    },
+    Einsum {
+        equation: String,
+    },
+    // movement
+    Reshape {
+        shape: Vec<i64>,
+    },
+    View {
+        shape: Vec<i64>,
+    },
+    Permute {
+        dims: Vec<i64>,
+    },
+    Transpose {
+        dim0: i64,
+        dim1: i64,
+    },
+    T,
+    Expand {
+        size: Vec<i64>,
+    },
+    Squeeze {
+        dim: Option<Vec<i64>>,
+    },
+    Unsqueeze {
+        dim: i64,
+    },
+    Flatten {
+        start_dim: i64,
+        end_dim: i64,
+    },
+    Narrow {
+        dim: i64,
+        start: i64,
+        length: i64,
+    },
+    Select {
+        dim: i64,
+        index: i64,
+    },
+    /// Python slicing `x[start:end:step]` along one dim (bounds clamp as in Python).
+    Slice {
+        dim: i64,
+        start: Option<i64>,
+        end: Option<i64>,
+        step: i64,
+    },
+    Diagonal {
+        offset: i64,
+        dim1: i64,
+        dim2: i64,
+    },
+    Contiguous,
+    Repeat {
+        repeats: Vec<usize>,
+    },
+    Cat {
+        dim: i64,
+    },
+    Stack {
+        dim: i64,
+    },
+    Flip {
+        dims: Vec<i64>,
+    },
+    Tril {
+        diagonal: i64,
+    },
+    Triu {
+        diagonal: i64,
+    },
+    // indexing
+    IndexSelect {
+        dim: i64,
+    },
+    Gather {
+        dim: i64,
+    },
+    Scatter {
+        dim: i64,
+    },
+    ScatterAdd {
+        dim: i64,
+    },
+    IndexAdd {
+        dim: i64,
+    },
+    /// Operands: index, weight (the order of `torch.nn.functional.embedding`).
+    Embedding,
+}
+
+fn not_implemented(name: &str, d: DType) -> Error {
+    Error::DType(format!(
+        "\"{name}\" not implemented for '{}'",
+        d.scalar_name()
+    ))
+}
+
+fn check_arity(name: &str, inputs: &[&TensorType], n: usize) -> Result<()> {
+    if inputs.len() != n {
+        bail!(
+            Value,
+            "{name}() takes {n} tensor operand{}, but {} were given",
+            if n == 1 { "" } else { "s" },
+            inputs.len()
+        );
+    }
+    Ok(())
+}
+
+fn is_index_dtype(d: DType) -> bool {
+    matches!(d, DType::I64 | DType::I32)
+}
+
+impl UnaryOp {
+    pub fn name(self) -> &'static str {
+        use UnaryOp::*;
+        match self {
+            Neg => "neg",
+            Abs => "abs",
+            Exp => "exp",
+            Log => "log",
+            Log1p => "log1p",
+            Expm1 => "expm1",
+            Sqrt => "sqrt",
+            Rsqrt => "rsqrt",
+            Sin => "sin",
+            Cos => "cos",
+            Tanh => "tanh",
+            Sigmoid => "sigmoid",
+            Relu => "relu",
+            Gelu { .. } => "gelu",
+            Silu => "silu",
+            Erf => "erf",
+            Floor => "floor",
+            Ceil => "ceil",
+            Round => "round",
+            Sign => "sign",
+            Reciprocal => "reciprocal",
+            Square => "square",
+            LogicalNot => "logical_not",
+            IsNan => "isnan",
+        }
+    }
+
+    /// True for ops that compute in floating point and so turn integer inputs into floats.
+    pub fn promotes_int_to_float(self) -> bool {
+        use UnaryOp::*;
+        matches!(
+            self,
+            Exp | Log | Log1p | Expm1 | Sqrt | Rsqrt | Sin | Cos | Tanh | Sigmoid | Erf | Reciprocal
+        )
+    }
+
+    pub fn out_dtype(self, d: DType) -> Result<DType> {
+        use UnaryOp::*;
+        Ok(match self {
+            LogicalNot | IsNan => DType::Bool,
+            _ if self.promotes_int_to_float() => {
+                if d.is_float() {
+                    d
+                } else {
+                    crate::ir::dtype::DEFAULT_FLOAT
+                }
+            }
+            Gelu { .. } | Silu if !d.is_float() => return Err(not_implemented(self.name(), d)),
+            Neg if d.is_bool() => bail!(
+                DType,
+                "Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead."
+            ),
+            Abs | Relu | Floor | Ceil | Round if d.is_bool() => {
+                return Err(not_implemented(self.name(), d));
+            }
+            Square if d.is_bool() => DType::I64,
+            _ => d,
+        })
+    }
+}
+
+impl BinaryOp {
+    pub fn name(self) -> &'static str {
+        use BinaryOp::*;
+        match self {
+            Add => "add",
+            Sub => "sub",
+            Mul => "mul",
+            Div => "div",
+            Pow => "pow",
+            Maximum => "maximum",
+            Minimum => "minimum",
+            Remainder => "remainder",
+            Eq => "eq",
+            Ne => "ne",
+            Lt => "lt",
+            Le => "le",
+            Gt => "gt",
+            Ge => "ge",
+            LogicalAnd => "logical_and",
+            LogicalOr => "logical_or",
+        }
+    }
+
+    pub fn is_comparison(self) -> bool {
+        use BinaryOp::*;
+        matches!(self, Eq | Ne | Lt | Le | Gt | Ge)
+    }
+
+    pub fn is_logical(self) -> bool {
+        matches!(self, BinaryOp::LogicalAnd | BinaryOp::LogicalOr)
+    }
+
+    /// The dtype both operands are converted to before the op runs.
+    pub fn compute_dtype(self, a: &TensorType, b: &TensorType) -> Result<DType> {
+        use BinaryOp::*;
+        let common = result_type(&[a.promote_arg(), b.promote_arg()]);
+        Ok(match self {
+            Div if !common.is_float() => crate::ir::dtype::DEFAULT_FLOAT,
+            Sub if common.is_bool() => bail!(
+                DType,
+                "Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead."
+            ),
+            Remainder if common.is_bool() => return Err(not_implemented("remainder", common)),
+            Pow if common.is_bool() => DType::I64,
+            _ => common,
+        })
+    }
+
+    pub fn out_dtype(self, a: &TensorType, b: &TensorType) -> Result<DType> {
+        let c = self.compute_dtype(a, b)?;
+        Ok(if self.is_comparison() || self.is_logical() {
+            DType::Bool
+        } else {
+            c
+        })
+    }
+}
+
+impl ReduceOp {
+    pub fn name(self) -> &'static str {
+        use ReduceOp::*;
+        match self {
+            Sum => "sum",
+            Mean => "mean",
+            Prod => "prod",
+            Amax => "amax",
+            Amin => "amin",
+            All => "all",
+            Any => "any",
+            LogSumExp => "logsumexp",
+        }
+    }
+
+    pub fn out_dtype(self, d: DType) -> Result<DType> {
+        use ReduceOp::*;
+        Ok(match self {
+            Sum | Prod if !d.is_float() => DType::I64,
+            Mean if !d.is_float() => bail!(
+                DType,
+                "mean(): could not infer output dtype. Input dtype must be either a floating point or complex dtype. Got: {}",
+                d.scalar_name()
+            ),
+            LogSumExp if !d.is_float() => crate::ir::dtype::DEFAULT_FLOAT,
+            All | Any if d == DType::U8 => DType::U8,
+            All | Any => DType::Bool,
+            _ => d,
+        })
+    }
+}
+
+/// Dims a reduction runs over: `None` or an empty list means every dim, as in PyTorch.
+pub fn reduction_dims(dim: &Option<Vec<i64>>, ndim: usize) -> Result<Vec<usize>> {
+    match dim {
+        Some(d) if !d.is_empty() => {
+            let mut w = wrap_dims(d, ndim)?;
+            if ndim == 0 {
+                w.clear();
+            }
+            Ok(w)
+        }
+        _ => Ok((0..ndim).collect()),
+    }
+}
+
+/// Clamps a Python slice bound into `0..=size`.
+pub fn slice_bound(v: Option<i64>, default: i64, size: usize) -> usize {
+    let size = size as i64;
+    let v = v.unwrap_or(default);
+    let v = if v < 0 { v + size } else { v };
+    v.clamp(0, size) as usize
+}
+
+impl Op {
+    /// The op's name in `.smelt` text and in messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Scalar(_) => "scalar",
+            Op::Constant(_) => "constant",
+            Op::Full { .. } => "full",
+            Op::Arange { .. } => "arange",
+            Op::Unary(u) => u.name(),
+            Op::Binary(b) => b.name(),
+            Op::Where => "where",
+            Op::Clamp { .. } => "clamp",
+            Op::To { .. } => "to",
+            Op::MaskedFill { .. } => "masked_fill",
+            Op::Reduce { op, .. } => op.name(),
+            Op::ArgMax { .. } => "argmax",
+            Op::ArgMin { .. } => "argmin",
+            Op::Var { .. } => "var",
+            Op::Std { .. } => "std",
+            Op::Cumsum { .. } => "cumsum",
+            Op::Softmax { .. } => "softmax",
+            Op::LogSoftmax { .. } => "log_softmax",
+            Op::LayerNorm { .. } => "layer_norm",
+            Op::Matmul => "matmul",
+            Op::Linear { .. } => "linear",
+            Op::Einsum { .. } => "einsum",
+            Op::Reshape { .. } => "reshape",
+            Op::View { .. } => "view",
+            Op::Permute { .. } => "permute",
+            Op::Transpose { .. } => "transpose",
+            Op::T => "t",
+            Op::Expand { .. } => "expand",
+            Op::Squeeze { .. } => "squeeze",
+            Op::Unsqueeze { .. } => "unsqueeze",
+            Op::Flatten { .. } => "flatten",
+            Op::Narrow { .. } => "narrow",
+            Op::Select { .. } => "select",
+            Op::Slice { .. } => "slice",
+            Op::Diagonal { .. } => "diagonal",
+            Op::Contiguous => "contiguous",
+            Op::Repeat { .. } => "repeat",
+            Op::Cat { .. } => "cat",
+            Op::Stack { .. } => "stack",
+            Op::Flip { .. } => "flip",
+            Op::Tril { .. } => "tril",
+            Op::Triu { .. } => "triu",
+            Op::IndexSelect { .. } => "index_select",
+            Op::Gather { .. } => "gather",
+            Op::Scatter { .. } => "scatter",
+            Op::ScatterAdd { .. } => "scatter_add",
+            Op::IndexAdd { .. } => "index_add",
+            Op::Embedding => "embedding",
+        }
+    }
+
+    /// Ops that only reinterpret their operand's layout (no data is computed or copied).
+    pub fn is_view(&self) -> bool {
+        matches!(
+            self,
+            Op::View { .. }
+                | Op::Permute { .. }
+                | Op::Transpose { .. }
+                | Op::T
+                | Op::Expand { .. }
+                | Op::Squeeze { .. }
+                | Op::Unsqueeze { .. }
+                | Op::Narrow { .. }
+                | Op::Select { .. }
+                | Op::Slice { .. }
+                | Op::Diagonal { .. }
+        )
+    }
+
+    pub fn is_pointwise(&self) -> bool {
+        matches!(
+            self,
+            Op::Unary(_)
+                | Op::Binary(_)
+                | Op::Where
+                | Op::Clamp { .. }
+                | Op::To { .. }
+                | Op::MaskedFill { .. }
+        )
+    }
+
+    /// The type of the op's result. This is the single shape and dtype rule of every op.
+    pub fn infer(&self, inputs: &[&TensorType]) -> Result<TensorType> {
+        let name = self.name();
+        let one = |n| check_arity(name, inputs, n);
+        let out = |dtype, shape| Ok(TensorType::new(dtype, shape));
+        match self {
+            Op::Scalar(s) => {
+                one(0)?;
+                let dtype = match s {
+                    Scalar::Bool(_) => DType::Bool,
+                    Scalar::Int(_) => DType::I64,
+                    Scalar::Float(_) => DType::F64,
+                };
+                Ok(TensorType {
+                    dtype,
+                    shape: vec![],
+                    wrapped: true,
+                })
+            }
+            Op::Constant(lit) => {
+                one(0)?;
+                if lit.bytes.len() != numel(&lit.shape) * lit.dtype.size() {
+                    bail!(
+                        Value,
+                        "constant: {} bytes do not fill a {} tensor of shape {:?}",
+                        lit.bytes.len(),
+                        lit.dtype,
+                        lit.shape
+                    );
+                }
+                out(lit.dtype, lit.shape.clone())
+            }
+            Op::Full {
+                size,
+                fill_value,
+                dtype,
+            } => {
+                one(0)?;
+                let d = dtype.unwrap_or(match fill_value {
+                    Scalar::Bool(_) => DType::Bool,
+                    Scalar::Int(_) => DType::I64,
+                    Scalar::Float(_) => crate::ir::dtype::DEFAULT_FLOAT,
+                });
+                out(d, size.clone())
+            }
+            Op::Arange {
+                start,
+                end,
+                step,
+                dtype,
+            } => {
+                one(0)?;
+                let len = arange_len(*start, *end, *step)?;
+                let any_float = start.is_float() || end.is_float() || step.is_float();
+                let d = dtype.unwrap_or(if any_float {
+                    crate::ir::dtype::DEFAULT_FLOAT
+                } else {
+                    DType::I64
+                });
+                out(d, vec![len])
+            }
+            Op::Unary(u) => {
+                one(1)?;
+                out(u.out_dtype(inputs[0].dtype)?, inputs[0].shape.clone())
+            }
+            Op::Binary(b) => {
+                one(2)?;
+                let shape = broadcast_shapes(&inputs[0].shape, &inputs[1].shape)?;
+                out(b.out_dtype(inputs[0], inputs[1])?, shape)
+            }
+            Op::Where => {
+                one(3)?;
+                if inputs[0].dtype != DType::Bool {
+                    bail!(
+                        DType,
+                        "where expected condition to be a boolean tensor, but got a tensor with dtype {}",
+                        inputs[0].dtype.scalar_name()
+                    );
+                }
+                let shape =
+                    broadcast_all(&[&inputs[0].shape, &inputs[1].shape, &inputs[2].shape])?;
+                let d = result_type(&[inputs[1].promote_arg(), inputs[2].promote_arg()]);
+                out(d, shape)
+            }
+            Op::Clamp { min, max } => {
+                one(1)?;
+                if min.is_none() && max.is_none() {
+                    bail!(
+                        Value,
+                        "torch.clamp: At least one of 'min' or 'max' must not be None"
+                    );
+                }
+                let x = inputs[0];
+                if x.dtype.is_bool() {
+                    return Err(not_implemented("clamp", x.dtype));
+                }
+                let mut args = vec![x.promote_arg()];
+                for s in [min, max].into_iter().flatten() {
+                    args.push(PromoteArg {
+                        dtype: s.dtype(),
+                        zero_dim: true,
+                        wrapped: true,
+                    });
+                }
+                out(result_type(&args), x.shape.clone())
+            }
+            Op::To { dtype } => {
+                one(1)?;
+                out(*dtype, inputs[0].shape.clone())
+            }
+            Op::MaskedFill { .. } => {
+                one(2)?;
+                if inputs[1].dtype != DType::Bool {
+                    bail!(
+                        DType,
+                        "masked_fill_ only supports boolean masks, but got mask with dtype {}",
+                        inputs[1].dtype.scalar_name()
+                    );
+                }
+                let shape = broadcast_shapes(&inputs[0].shape, &inputs[1].shape)?;
+                out(inputs[0].dtype, shape)
+            }
+            Op::Reduce { op, dim, keepdim } => {
+                one(1)?;
+                let x = inputs[0];
+                if *op == ReduceOp::Prod
+                    && let Some(d) = dim
+                    && d.len() > 1
+                {
+                    bail!(Value, "prod(): dim must be a single int, got {d:?}");
+                }
+                let dims = reduction_dims(dim, x.ndim())?;
+                if matches!(op, ReduceOp::Amax | ReduceOp::Amin) {
+                    for &d in &dims {
+                        if x.shape[d] == 0 {
+                            bail!(
+                                Shape,
+                                "{}(): Expected reduction dim {d} to have non-zero size.",
+                                op.name()
+                            );
+                        }
+                    }
+                }
+                out(op.out_dtype(x.dtype)?, reduced_shape(&x.shape, &dims, *keepdim))
+            }
+            Op::ArgMax { dim, keepdim } | Op::ArgMin { dim, keepdim } => {
+                one(1)?;
+                let x = inputs[0];
+                if x.dtype.is_bool() {
+                    return Err(not_implemented(name, x.dtype));
+                }
+                match dim {
+                    None => {
+                        if x.numel() == 0 {
+                            bail!(
+                                Shape,
+                                "{name}(): Expected reduction dim to be specified for input.numel() == 0."
+                            );
+                        }
+                        let shape = if *keepdim { vec![1; x.ndim()] } else { vec![] };
+                        out(DType::I64, shape)
+                    }
+                    Some(d) => {
+                        let d = wrap_dim(*d, x.ndim())?;
+                        if x.ndim() > 0 && x.shape[d] == 0 {
+                            bail!(
+                                Shape,
+                                "{name}(): Expected reduction dim {d} to have non-zero size."
+                            );
+                        }
+                        let dims: Vec<usize> = if x.ndim() == 0 { vec![] } else { vec![d] };
+                        out(DType::I64, reduced_shape(&x.shape, &dims, *keepdim))
+                    }
+                }
+            }
+            Op::Var { dim, keepdim, .. } | Op::Std { dim, keepdim, .. } => {
+                one(1)?;
+                let x = inputs[0];
+                if !x.dtype.is_float() {
+                    bail!(
+                        DType,
+                        "std and var only support floating point and complex dtypes"
+                    );
+                }
+                let dims = reduction_dims(dim, x.ndim())?;
+                out(x.dtype, reduced_shape(&x.shape, &dims, *keepdim))
+            }
+            Op::Cumsum { dim } => {
+                one(1)?;
+                let x = inputs[0];
+                wrap_dim(*dim, x.ndim())?;
+                let d = if x.dtype.is_float() { x.dtype } else { DType::I64 };
+                out(d, x.shape.clone())
+            }
+            Op::Softmax { dim } | Op::LogSoftmax { dim } => {
+                one(1)?;
+                let x = inputs[0];
+                wrap_dim(*dim, x.ndim())?;
+                if !x.dtype.is_float() {
+                    return Err(not_implemented(name, x.dtype));
+                }
+                out(x.dtype, x.shape.clone())
+            }
+            Op::LayerNorm {
+                normalized_shape,
+                has_weight,
+                has_bias,
+                ..
+            } => {
+                one(1 + *has_weight as usize + *has_bias as usize)?;
+                let x = inputs[0];
+                let k = normalized_shape.len();
+                if k == 0 || x.ndim() < k || x.shape[x.ndim() - k..] != normalized_shape[..] {
+                    bail!(
+                        Shape,
+                        "Given normalized_shape={normalized_shape:?}, expected input with shape [*, {}], but got input of size{:?}",
+                        normalized_shape
+                            .iter()
+                            .map(|s| s.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        x.shape
+                    );
+                }
+                if !x.dtype.is_float() {
+                    return Err(not_implemented(name, x.dtype));
+                }
+                for (i, p) in inputs[1..].iter().enumerate() {
+                    let what = if i == 0 && *has_weight { "weight" } else { "bias" };
+                    if p.shape != *normalized_shape {
+                        bail!(
+                            Shape,
+                            "Expected {what} to be of same shape as normalized_shape, but got {what} of shape {:?} and normalized_shape = {normalized_shape:?}",
+                            p.shape
+                        );
+                    }
+                    if p.dtype != x.dtype {
+                        bail!(
+                            DType,
+                            "expected scalar type {} but found {}",
+                            x.dtype.scalar_name(),
+                            p.dtype.scalar_name()
+                        );
+                    }
+                }
+                out(x.dtype, x.shape.clone())
+            }
+            Op::Matmul => {
+                one(2)?;
+                matmul_type(inputs[0], inputs[1])
+            }
+            Op::Linear { has_bias } => {
+                one(2 + *has_bias as usize)?;
+                let (x, w) = (inputs[0], inputs[1]);
+                if w.ndim() != 2 && w.ndim() != 1 {
+                    bail!(
+                        Shape,
+                        "linear(): weight must be 1-D or 2-D, got {}-D",
+                        w.ndim()
+                    );
+                }
+                let wt_shape: Shape = w.shape.iter().rev().copied().collect();
+                let t = matmul_type(x, &TensorType::new(w.dtype, wt_shape))?;
+                if *has_bias {
+                    let b = inputs[2];
+                    if b.dtype != t.dtype {
+                        bail!(
+                            DType,
+                            "expected m1 and bias to have the same dtype, but got: {} != {}",
+                            t.dtype.scalar_name(),
+                            b.dtype.scalar_name()
+                        );
+                    }
+                    let shape = broadcast_shapes(&t.shape, &b.shape)?;
+                    if shape != t.shape {
+                        bail!(
+                            Shape,
+                            "linear(): bias of shape {:?} does not broadcast to the output shape {:?}",
+                            b.shape,
+                            t.shape
+                        );
+                    }
+                }
+                Ok(t)
+            }
+            Op::Einsum { equation } => {
+                let shapes: Vec<&[usize]> = inputs.iter().map(|t| &t.shape[..]).collect();
+                let plan = super::einsum::EinsumSpec::parse(equation, &shapes)?;
+                let mut d = inputs
+                    .first()
+                    .map(|t| t.dtype)
+                    .ok_or_else(|| Error::Value("einsum(): must provide at least one operand".into()))?;
+                for t in &inputs[1..] {
+                    if t.dtype != d {
+                        bail!(
+                            DType,
+                            "einsum(): expected all operands to have the same dtype, but got {} and {}",
+                            d.scalar_name(),
+                            t.dtype.scalar_name()
+                        );
+                    }
+                    d = t.dtype;
+                }
+                out(d, plan.output_shape())
+            }
+            Op::Reshape { shape } | Op::View { shape } => {
+                one(1)?;
+                let x = inputs[0];
+                out(x.dtype, infer_size(shape, x.numel())?)
+            }
+            Op::Permute { dims } => {
+                one(1)?;
+                let x = inputs[0];
+                out(x.dtype, permute_shape(&x.shape, dims)?)
+            }
+            Op::Transpose { dim0, dim1 } => {
+                one(1)?;
+                let x = inputs[0];
+                let (a, b) = (wrap_dim(*dim0, x.ndim())?, wrap_dim(*dim1, x.ndim())?);
+                let mut s = x.shape.clone();
+                if !s.is_empty() {
+                    s.swap(a, b);
+                }
+                out(x.dtype, s)
+            }
+            Op::T => {
+                one(1)?;
+                let x = inputs[0];
+                if x.ndim() > 2 {
+                    bail!(
+                        Shape,
+                        "t() expects a tensor with <= 2 dimensions, but self is {}D",
+                        x.ndim()
+                    );
+                }
+                out(x.dtype, x.shape.iter().rev().copied().collect::<Shape>())
+            }
+            Op::Expand { size } => {
+                one(1)?;
+                let x = inputs[0];
+                out(x.dtype, expand_shape(&x.shape, size)?)
+            }
+            Op::Squeeze { dim } => {
+                one(1)?;
+                let x = inputs[0];
+                let dims = match dim {
+                    None => (0..x.ndim()).collect(),
+                    Some(d) => wrap_dims(d, x.ndim())?,
+                };
+                let s: Shape = x
+                    .shape
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, &n)| !(n == 1 && dims.contains(&i)))
+                    .map(|(_, &n)| n)
+                    .collect();
+                out(x.dtype, s)
+            }
+            Op::Unsqueeze { dim } => {
+                one(1)?;
+                let x = inputs[0];
+                let d = wrap_dim(*dim, x.ndim() + 1)?;
+                let mut s = x.shape.clone();
+                s.insert(d, 1);
+                out(x.dtype, s)
+            }
+            Op::Flatten { start_dim, end_dim } => {
+                one(1)?;
+                let x = inputs[0];
+                out(x.dtype, flatten_shape(&x.shape, *start_dim, *end_dim)?)
+            }
+            Op::Narrow { dim, start, length } => {
+                one(1)?;
+                let x = inputs[0];
+                let (d, _) = narrow_range(&x.shape, *dim, *start, *length)?;
+                let mut s = x.shape.clone();
+                s[d] = *length as usize;
+                out(x.dtype, s)
+            }
+            Op::Select { dim, index } => {
+                one(1)?;
+                let x = inputs[0];
+                let (d, _) = select_index(&x.shape, *dim, *index)?;
+                let mut s = x.shape.clone();
+                s.remove(d);
+                out(x.dtype, s)
+            }
+            Op::Slice {
+                dim,
+                start,
+                end,
+                step,
+            } => {
+                one(1)?;
+                let x = inputs[0];
+                let (d, _, len) = slice_range(&x.shape, *dim, *start, *end, *step)?;
+                let mut s = x.shape.clone();
+                s[d] = len;
+                out(x.dtype, s)
+            }
+            Op::Diagonal { offset, dim1, dim2 } => {
+                one(1)?;
+                let x = inputs[0];
+                out(x.dtype, diagonal_shape(&x.shape, *offset, *dim1, *dim2)?)
+            }
+            Op::Contiguous => {
+                one(1)?;
+                out(inputs[0].dtype, inputs[0].shape.clone())
+            }
+            Op::Repeat { repeats } => {
+                one(1)?;
+                let x = inputs[0];
+                if repeats.len() < x.ndim() {
+                    bail!(
+                        Shape,
+                        "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor"
+                    );
+                }
+                let lead = repeats.len() - x.ndim();
+                let s: Shape = repeats
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &r)| if i < lead { r } else { r * x.shape[i - lead] })
+                    .collect();
+                out(x.dtype, s)
+            }
+            Op::Cat { dim } => cat_type(inputs, *dim),
+            Op::Stack { dim } => {
+                let first = inputs.first().ok_or_else(|| {
+                    Error::Value("stack expects a non-empty TensorList".into())
+                })?;
+                for (i, t) in inputs.iter().enumerate() {
+                    if t.shape != first.shape {
+                        bail!(
+                            Shape,
+                            "stack expects each tensor to be equal size, but got {:?} at entry 0 and {:?} at entry {i}",
+                            first.shape,
+                            t.shape
+                        );
+                    }
+                }
+                let d = wrap_dim(*dim, first.ndim() + 1)?;
+                let mut s = first.shape.clone();
+                s.insert(d, inputs.len());
+                let dtype = result_type(&inputs.iter().map(|t| t.promote_arg()).collect::<Vec<_>>());
+                out(dtype, s)
+            }
+            Op::Flip { dims } => {
+                one(1)?;
+                wrap_dims(dims, inputs[0].ndim())?;
+                out(inputs[0].dtype, inputs[0].shape.clone())
+            }
+            Op::Tril { .. } | Op::Triu { .. } => {
+                one(1)?;
+                let x = inputs[0];
+                if x.ndim() < 2 {
+                    bail!(
+                        Shape,
+                        "{name}: input tensor must have at least 2 dimensions"
+                    );
+                }
+                out(x.dtype, x.shape.clone())
+            }
+            Op::IndexSelect { dim } => {
+                one(2)?;
+                let (x, idx) = (inputs[0], inputs[1]);
+                let d = wrap_dim(*dim, x.ndim())?;
+                if !is_index_dtype(idx.dtype) {
+                    bail!(
+                        DType,
+                        "index_select(): Expected dtype int32/int64 for index but got: {}",
+                        idx.dtype.scalar_name()
+                    );
+                }
+                if idx.ndim() > 1 {
+                    bail!(Shape, "index_select(): Index is supposed to be a vector");
+                }
+                let mut s = x.shape.clone();
+                if !s.is_empty() {
+                    s[d] = idx.numel();
+                }
+                out(x.dtype, s)
+            }
+            Op::Gather { dim } => {
+                one(2)?;
+                let (x, idx) = (inputs[0], inputs[1]);
+                let d = wrap_dim(*dim, x.ndim())?;
+                check_index_dtype("gather", idx.dtype)?;
+                check_same_ndim("gather", x, idx)?;
+                for i in 0..idx.ndim() {
+                    if i != d && idx.shape[i] > x.shape[i] {
+                        bail!(
+                            Shape,
+                            "Size does not match at dimension {i} expected index {:?} to be smaller than self {:?} apart from dimension {d}",
+                            idx.shape,
+                            x.shape
+                        );
+                    }
+                }
+                out(x.dtype, idx.shape.clone())
+            }
+            Op::Scatter { dim } | Op::ScatterAdd { dim } => {
+                one(3)?;
+                let (x, idx, src) = (inputs[0], inputs[1], inputs[2]);
+                let d = wrap_dim(*dim, x.ndim())?;
+                check_index_dtype(name, idx.dtype)?;
+                if src.dtype != x.dtype {
+                    bail!(
+                        DType,
+                        "{name}(): Expected self.dtype to be equal to src.dtype"
+                    );
+                }
+                check_same_ndim(name, x, idx)?;
+                check_same_ndim(name, src, idx)?;
+                for i in 0..idx.ndim() {
+                    if idx.shape[i] > src.shape[i] || (i != d && idx.shape[i] > x.shape[i]) {
+                        bail!(
+                            Shape,
+                            "Expected index {:?} to be smaller than self {:?} apart from dimension {d} and to be smaller size than src {:?}",
+                            idx.shape,
+                            x.shape,
+                            src.shape
+                        );
+                    }
+                }
+                out(x.dtype, x.shape.clone())
+            }
+            Op::IndexAdd { dim } => {
+                one(3)?;
+                let (x, idx, src) = (inputs[0], inputs[1], inputs[2]);
+                let d = wrap_dim(*dim, x.ndim())?;
+                if !is_index_dtype(idx.dtype) {
+                    bail!(DType, "index_add_(): Expected dtype int32/int64 for index");
+                }
+                if idx.ndim() > 1 {
+                    bail!(Shape, "index_add_(): Index is supposed to be a vector");
+                }
+                if src.dtype != x.dtype {
+                    bail!(
+                        DType,
+                        "index_add_(): self ({}) and source ({}) must have the same scalar type",
+                        x.dtype.scalar_name(),
+                        src.dtype.scalar_name()
+                    );
+                }
+                let mut expect = x.shape.clone();
+                if !expect.is_empty() {
+                    expect[d] = idx.numel();
+                }
+                if src.shape != expect && !(x.ndim() == 0 && src.numel() == idx.numel()) {
+                    bail!(
+                        Shape,
+                        "index_add_(): source of shape {:?} does not match self of shape {:?} with {} indices along dim {d}",
+                        src.shape,
+                        x.shape,
+                        idx.numel()
+                    );
+                }
+                out(x.dtype, x.shape.clone())
+            }
+            Op::Embedding => {
+                one(2)?;
+                let (idx, w) = (inputs[0], inputs[1]);
+                if !is_index_dtype(idx.dtype) {
+                    bail!(
+                        DType,
+                        "Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; but got {} instead",
+                        idx.dtype.torch_name()
+                    );
+                }
+                if w.ndim() != 2 {
+                    bail!(Shape, "'weight' must be 2-D");
+                }
+                let mut s = idx.shape.clone();
+                s.push(w.shape[1]);
+                out(w.dtype, s)
+            }
+        }
+    }
+}
+
+fn check_index_dtype(name: &str, d: DType) -> Result<()> {
+    if d != DType::I64 {
+        bail!(
+            DType,
+            "{name}(): Expected dtype int64 for index, but got {}",
+            d.scalar_name()
+        );
+    }
+    Ok(())
+}
+
+fn check_same_ndim(name: &str, a: &TensorType, idx: &TensorType) -> Result<()> {
+    if a.ndim() != idx.ndim() && !(a.ndim() <= 1 && idx.ndim() <= 1) {
+        bail!(
+            Shape,
+            "Index tensor must have the same number of dimensions as {} tensor",
+            if name == "gather" { "input" } else { "self" }
+        );
+    }
+    Ok(())
+}
+
+/// Number of elements of `arange(start, end, step)`, with PyTorch's checks.
+pub fn arange_len(start: Scalar, end: Scalar, step: Scalar) -> Result<usize> {
+    let (s, e, st) = (start.to_f64(), end.to_f64(), step.to_f64());
+    if st == 0.0 {
+        bail!(Value, "step must be nonzero");
+    }
+    if !s.is_finite() || !e.is_finite() {
+        bail!(Value, "unsupported range: {s} -> {e}");
+    }
+    if (st > 0.0 && e < s) || (st < 0.0 && e > s) {
+        bail!(
+            Value,
+            "upper bound and larger bound inconsistent with step sign"
+        );
+    }
+    let all_int = !start.is_float() && !end.is_float() && !step.is_float();
+    let n = if all_int {
+        let (s, e, st) = (start.to_i64(), end.to_i64(), step.to_i64());
+        let span = e as i128 - s as i128;
+        ((span + st as i128 - st.signum() as i128) / st as i128).max(0) as f64
+    } else {
+        ((e - s) / st).ceil()
+    };
+    if n > 1e12 {
+        bail!(Value, "arange: {n} elements is too many");
+    }
+    Ok(n as usize)
+}
+
+/// Shape of `matmul(a, b)` with PyTorch's rules for 1-D, 2-D and batched operands.
+pub fn matmul_type(a: &TensorType, b: &TensorType) -> Result<TensorType> {
+    if a.dtype != b.dtype {
+        bail!(
+            DType,
+            "expected m1 and m2 to have the same dtype, but got: {} != {}",
+            a.dtype.scalar_name(),
+            b.dtype.scalar_name()
+        );
+    }
+    if a.dtype.is_bool() {
+        return Err(not_implemented("matmul", a.dtype));
+    }
+    let (sa, sb) = (&a.shape, &b.shape);
+    if sa.is_empty() || sb.is_empty() {
+        bail!(
+            Shape,
+            "both arguments to matmul need to be at least 1D, but they are {}D and {}D",
+            sa.len(),
+            sb.len()
+        );
+    }
+    if sa.len() == 1 && sb.len() == 1 {
+        if sa[0] != sb[0] {
+            bail!(
+                Shape,
+                "inconsistent tensor size, expected tensor [{}] and src [{}] to have the same number of elements, but got {} and {} elements respectively",
+                sa[0],
+                sb[0],
+                sa[0],
+                sb[0]
+            );
+        }
+        return Ok(TensorType::new(a.dtype, vec![]));
+    }
+    let a2: Shape = if sa.len() == 1 { vec![1, sa[0]] } else { sa.clone() };
+    let b2: Shape = if sb.len() == 1 { vec![sb[0], 1] } else { sb.clone() };
+    let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
+    let (k2, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
+    if k != k2 {
+        if sa.len() <= 2 && sb.len() <= 2 && sb.len() == 2 {
+            bail!(
+                Shape,
+                "mat1 and mat2 shapes cannot be multiplied ({m}x{k} and {k2}x{n})"
+            );
+        }
+        bail!(
+            Shape,
+            "Expected size for first two dimensions of batch2 tensor to be: [{k}, {n}] but got: [{k2}, {n}]."
+        );
+    }
+    let batch = broadcast_shapes(&a2[..a2.len() - 2], &b2[..b2.len() - 2])?;
+    let mut shape = batch;
+    if sa.len() > 1 {
+        shape.push(m);
+    }
+    if sb.len() > 1 {
+        shape.push(n);
+    }
+    Ok(TensorType::new(a.dtype, shape))
+}
+
+pub fn permute_shape(shape: &[usize], dims: &[i64]) -> Result<Shape> {
+    if dims.len() != shape.len() {
+        bail!(
+            Shape,
+            "permute(sparse_coo): number of dimensions in the tensor input does not match the length of the desired ordering of dimensions i.e. input.dim() = {} is not equal to len(dims) = {}",
+            shape.len(),
+            dims.len()
+        );
+    }
+    let w = wrap_dims(dims, shape.len()).map_err(|e| match e {
+        Error::Shape(_) => Error::Shape("permute(): duplicate dims are not allowed.".into()),
+        other => other,
+    })?;
+    Ok(w.iter().map(|&d| shape[d]).collect())
+}
+
+pub fn flatten_shape(shape: &[usize], start: i64, end: i64) -> Result<Shape> {
+    if shape.is_empty() {
+        wrap_dim(start, 0)?;
+        wrap_dim(end, 0)?;
+        return Ok(vec![1]);
+    }
+    let (s, e) = (wrap_dim(start, shape.len())?, wrap_dim(end, shape.len())?);
+    if s > e {
+        bail!(Value, "flatten() has invalid args: start_dim cannot come after end_dim");
+    }
+    let mut out: Shape = shape[..s].to_vec();
+    out.push(shape[s..=e].iter().product());
+    out.extend_from_slice(&shape[e + 1..]);
+    Ok(out)
+}
+
+/// `(dim, start)` of a valid `narrow`.
+pub fn narrow_range(shape: &[usize], dim: i64, start: i64, length: i64) -> Result<(usize, usize)> {
+    if shape.is_empty() {
+        bail!(Shape, "narrow() cannot be applied to a 0-dim tensor.");
+    }
+    let d = wrap_dim(dim, shape.len())?;
+    let size = shape[d] as i64;
+    if length < 0 {
+        bail!(Value, "narrow(): length must be non-negative.");
+    }
+    if start < -size || start > size {
+        bail!(
+            Index,
+            "start out of range (expected to be in range of [{}, {}], but got {start})",
+            -size,
+            size
+        );
+    }
+    let s = if start < 0 { start + size } else { start };
+    if s + length > size {
+        bail!(
+            Index,
+            "start ({s}) + length ({length}) exceeds dimension size ({size})."
+        );
+    }
+    Ok((d, s as usize))
+}
+
+/// `(dim, index)` of a valid `select`.
+pub fn select_index(shape: &[usize], dim: i64, index: i64) -> Result<(usize, usize)> {
+    if shape.is_empty() {
+        bail!(Index, "select() cannot be applied to a 0-dim tensor.");
+    }
+    let d = wrap_dim(dim, shape.len())?;
+    let size = shape[d] as i64;
+    if index < -size || index >= size {
+        bail!(
+            Index,
+            "select(): index {index} out of range for tensor of size {shape:?} at dimension {d}"
+        );
+    }
+    Ok((d, if index < 0 { index + size } else { index } as usize))
+}
+
+/// `(dim, start, len)` of `x[start:end:step]` along `dim`.
+pub fn slice_range(
+    shape: &[usize],
+    dim: i64,
+    start: Option<i64>,
+    end: Option<i64>,
+    step: i64,
+) -> Result<(usize, usize, usize)> {
+    if shape.is_empty() {
+        bail!(Index, "slice() cannot be applied to a 0-dim tensor.");
+    }
+    if step <= 0 {
+        bail!(Value, "slice step must be positive");
+    }
+    let d = wrap_dim(dim, shape.len())?;
+    let s = slice_bound(start, 0, shape[d]);
+    let e = slice_bound(end, shape[d] as i64, shape[d]).max(s);
+    let len = (e - s).div_ceil(step as usize);
+    Ok((d, s, len))
+}
+
+pub fn diagonal_shape(shape: &[usize], offset: i64, dim1: i64, dim2: i64) -> Result<Shape> {
+    if shape.len() < 2 {
+        bail!(Shape, "diagonal(): input must have at least 2 dimensions");
+    }
+    let (a, b) = (wrap_dim(dim1, shape.len())?, wrap_dim(dim2, shape.len())?);
+    if a == b {
+        bail!(
+            Shape,
+            "diagonal dimensions cannot be identical {dim1}, {dim2}"
+        );
+    }
+    let len = diagonal_len(shape[a], shape[b], offset);
+    let mut out: Shape = shape
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != a && i != b)
+        .map(|(_, &s)| s)
+        .collect();
+    out.push(len);
+    Ok(out)
+}
+
+pub fn diagonal_len(rows: usize, cols: usize, offset: i64) -> usize {
+    if offset >= 0 {
+        cols.saturating_sub(offset as usize).min(rows)
+    } else {
+        rows.saturating_sub((-offset) as usize).min(cols)
+    }
+}
+
+fn cat_type(inputs: &[&TensorType], dim: i64) -> Result<TensorType> {
+    if inputs.is_empty() {
+        bail!(Value, "torch.cat(): expected a non-empty list of Tensors");
+    }
+    // PyTorch skips legacy empty 1-D tensors of shape [0].
+    let parts: Vec<(usize, &&TensorType)> = inputs
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| !(t.ndim() == 1 && t.shape[0] == 0))
+        .collect();
+    let dtype = result_type(&inputs.iter().map(|t| t.promote_arg()).collect::<Vec<_>>());
+    let Some((_, first)) = parts.first() else {
+        return Ok(TensorType::new(dtype, vec![0]));
+    };
+    if first.ndim() == 0 {
+        bail!(
+            Shape,
+            "zero-dimensional tensor (at position 0) cannot be concatenated"
+        );
+    }
+    let d = wrap_dim(dim, first.ndim())?;
+    let mut shape = first.shape.clone();
+    shape[d] = 0;
+    for &(i, t) in &parts {
+        if t.ndim() != first.ndim() {
+            bail!(
+                Shape,
+                "Tensors must have same number of dimensions: got {} and {}",
+                first.ndim(),
+                t.ndim()
+            );
+        }
+        for j in 0..t.ndim() {
+            if j != d && t.shape[j] != first.shape[j] {
+                bail!(
+                    Shape,
+                    "Sizes of tensors must match except in dimension {d}. Expected size {} but got size {} for tensor number {i} in the list.",
+                    first.shape[j],
+                    t.shape[j]
+                );
+            }
+        }
+        shape[d] += t.shape[d];
+    }
+    Ok(TensorType::new(dtype, shape))
+}

@@ -1,0 +1,65 @@
+//! Copies and casts: the kernels behind `contiguous`, `to(dtype)` and `copy_`.
+
+use crate::dispatch;
+use crate::ir::dtype::DType;
+use crate::runtime::access;
+use crate::runtime::element::Element;
+use crate::runtime::strided::map1;
+use crate::runtime::tensor::Tensor;
+
+/// `x` itself when already contiguous, else a contiguous copy.
+pub fn contiguous(x: &Tensor) -> Tensor {
+    if x.is_contiguous() {
+        return x.clone();
+    }
+    cast_new(x, x.dtype())
+}
+
+/// `x.to(dtype)`: `x` itself when the dtype already matches, as in PyTorch.
+pub fn cast(x: &Tensor, dtype: DType) -> Tensor {
+    if x.dtype() == dtype && !x.is_wrapped_number() {
+        return x.clone();
+    }
+    cast_new(x, dtype)
+}
+
+/// A new contiguous tensor holding `x` converted to `dtype`.
+pub fn cast_new(x: &Tensor, dtype: DType) -> Tensor {
+    let out = Tensor::alloc(dtype, x.shape());
+    copy_into(&out, x);
+    out
+}
+
+/// Writes `src`, broadcast to `dst`'s shape and converted to its dtype, into `dst`.
+/// The caller has checked shapes, overlap and aliasing.
+pub fn copy_into(dst: &Tensor, src: &Tensor) {
+    let acc = access::lock(&[src], &[dst]);
+    let src_strides = src.layout().broadcast_strides(dst.shape());
+    dispatch!(dst.dtype(), O => dispatch!(src.dtype(), A => {
+        // SAFETY: both layouts lie inside their storages and dst has no internal overlap.
+        unsafe {
+            map1::<A, O>(
+                dst.shape(),
+                (acc.write::<O>(0), dst.strides()),
+                (acc.read::<A>(0), &src_strides),
+                convert::<A, O>,
+            )
+        }
+    }))
+}
+
+/// Element conversion with PyTorch's cast semantics (floats through f64, ints through i64).
+#[inline(always)]
+pub fn convert<A: Element, O: Element>(a: A) -> O {
+    if A::DTYPE.is_float() || O::DTYPE.is_float() {
+        if O::DTYPE.is_float() {
+            O::from_f64(a.to_f64())
+        } else if O::DTYPE == DType::Bool {
+            O::from_i64((a.to_f64() != 0.0) as i64)
+        } else {
+            O::from_i64(a.to_f64() as i64)
+        }
+    } else {
+        O::from_i64(a.to_i64())
+    }
+}

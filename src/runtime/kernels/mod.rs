@@ -1,0 +1,64 @@
+//! Reference kernels of eager mode, one module per op family. `eval` is the only door in:
+//! it receives an op already checked by its shape rule, with the inferred output type.
+
+pub mod copy;
+pub mod creation;
+pub mod einsum;
+pub mod index;
+pub mod linalg;
+pub mod pointwise;
+pub mod reduce;
+mod views;
+
+use super::tensor::Tensor;
+use crate::ir::op::{Op, TensorType};
+use crate::Result;
+
+pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
+    match op {
+        Op::Scalar(_) | Op::Constant(_) | Op::Full { .. } | Op::Arange { .. } => {
+            creation::eval(op, out)
+        }
+        Op::To { dtype } => Ok(copy::cast(inputs[0], *dtype)),
+        Op::Contiguous => Ok(copy::contiguous(inputs[0])),
+        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Clamp { .. } | Op::MaskedFill { .. } => {
+            pointwise::eval(op, inputs, out)
+        }
+        Op::Reduce { .. }
+        | Op::ArgMax { .. }
+        | Op::ArgMin { .. }
+        | Op::Var { .. }
+        | Op::Std { .. }
+        | Op::Cumsum { .. }
+        | Op::Softmax { .. }
+        | Op::LogSoftmax { .. }
+        | Op::LayerNorm { .. } => reduce::eval(op, inputs, out),
+        Op::Matmul | Op::Linear { .. } => linalg::eval(op, inputs, out),
+        Op::Einsum { equation } => einsum::eval(equation, inputs, out),
+        Op::Reshape { .. }
+        | Op::View { .. }
+        | Op::Permute { .. }
+        | Op::Transpose { .. }
+        | Op::T
+        | Op::Expand { .. }
+        | Op::Squeeze { .. }
+        | Op::Unsqueeze { .. }
+        | Op::Flatten { .. }
+        | Op::Narrow { .. }
+        | Op::Select { .. }
+        | Op::Slice { .. }
+        | Op::Diagonal { .. }
+        | Op::Repeat { .. } => views::eval(op, inputs[0], out),
+        Op::Cat { .. }
+        | Op::Stack { .. }
+        | Op::Flip { .. }
+        | Op::Tril { .. }
+        | Op::Triu { .. }
+        | Op::IndexSelect { .. }
+        | Op::Gather { .. }
+        | Op::Scatter { .. }
+        | Op::ScatterAdd { .. }
+        | Op::IndexAdd { .. }
+        | Op::Embedding => index::eval(op, inputs, out),
+    }
+}

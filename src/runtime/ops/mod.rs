@@ -1,0 +1,4 @@
+//! The methods of `Tensor`, one file per op family.
+
+mod creation;
+mod views;

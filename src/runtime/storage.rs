@@ -1,0 +1,203 @@
+//! Reference-counted, lockable element buffers. Every tensor view of the same data shares
+//! one `Storage`; the lock makes concurrent reads and in-place writes sound, and the version
+//! counter tells autograd when saved data was overwritten.
+
+use super::device::Device;
+use super::element::Element;
+use crate::ir::dtype::DType;
+use std::alloc::{self, Layout as AllocLayout};
+use std::any::Any;
+use std::cell::Cell;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Buffers are aligned for the widest SIMD loads any backend emits.
+const ALIGN: usize = 64;
+
+enum Owner {
+    /// Allocated here with this layout.
+    Aligned(AllocLayout),
+    /// Nothing to free (empty buffer).
+    Empty,
+    /// A caller's `Vec` adopted without copying; dropping it frees the memory.
+    Adopted(#[allow(dead_code)] Box<dyn Any + Send + Sync>),
+}
+
+pub struct Storage {
+    ptr: NonNull<u8>,
+    nbytes: usize,
+    owner: Owner,
+    dtype: DType,
+    device: Device,
+    lock: RwLock<()>,
+    version: AtomicU64,
+    id: u64,
+}
+
+// SAFETY: the buffer is only read under `lock.read()` and written under `lock.write()`
+// (see `read`/`write`), and the memory itself is plain data owned by the storage.
+unsafe impl Send for Storage {}
+unsafe impl Sync for Storage {}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Number of storages this thread has allocated: tests use it to prove that views, `expand`
+/// and buffer reuse allocate nothing.
+pub fn allocation_count() -> u64 {
+    ALLOCATIONS.with(|c| c.get())
+}
+
+impl Storage {
+    /// A zero-filled buffer of `len` elements of `dtype`.
+    pub fn zeros(dtype: DType, len: usize) -> Storage {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        let nbytes = len * dtype.size();
+        if nbytes == 0 {
+            return Storage::from_parts(NonNull::dangling(), 0, Owner::Empty, dtype);
+        }
+        let layout = AllocLayout::from_size_align(nbytes, ALIGN).expect("tensor too large");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(ptr) else {
+            alloc::handle_alloc_error(layout)
+        };
+        Storage::from_parts(ptr, nbytes, Owner::Aligned(layout), dtype)
+    }
+
+    /// Adopts a vector's memory without copying it.
+    pub fn from_vec<T: Element>(v: Vec<T>) -> Storage {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        let mut v = v;
+        let nbytes = std::mem::size_of_val(v.as_slice());
+        let ptr = NonNull::new(v.as_mut_ptr() as *mut u8).unwrap_or(NonNull::dangling());
+        Storage::from_parts(ptr, nbytes, Owner::Adopted(Box::new(v)), T::DTYPE)
+    }
+
+    fn from_parts(ptr: NonNull<u8>, nbytes: usize, owner: Owner, dtype: DType) -> Storage {
+        Storage {
+            ptr,
+            nbytes,
+            owner,
+            dtype,
+            device: Device::Cpu,
+            lock: RwLock::new(()),
+            version: AtomicU64::new(0),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn device(&self) -> Device {
+        self.device
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.nbytes / self.dtype.size()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.nbytes == 0
+    }
+    pub fn nbytes(&self) -> usize {
+        self.nbytes
+    }
+    /// A process-unique id; also the global lock order.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+    /// Bumped by every in-place write.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+    pub fn bump_version(&self) {
+        self.version.fetch_add(1, Ordering::AcqRel);
+    }
+    /// Address of the first byte (for identity checks and zero-copy tests).
+    pub fn data_addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+
+    pub fn read(&self) -> ReadGuard<'_> {
+        ReadGuard {
+            storage: self,
+            _g: self.lock.read().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+
+    pub fn write(&self) -> WriteGuard<'_> {
+        WriteGuard {
+            storage: self,
+            _g: self.lock.write().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+}
+
+impl Storage {
+    /// The elements as a `Vec`: the adopted vector itself when there is one (no copy).
+    pub fn into_vec<T: Element>(mut self) -> Vec<T> {
+        match std::mem::replace(&mut self.owner, Owner::Empty) {
+            Owner::Adopted(b) => match b.downcast::<Vec<T>>() {
+                Ok(v) => return *v,
+                Err(b) => self.owner = Owner::Adopted(b),
+            },
+            other => self.owner = other,
+        }
+        self.read().as_slice::<T>().to_vec()
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        if let Owner::Aligned(layout) = self.owner {
+            // SAFETY: allocated in `zeros` with exactly this layout.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) }
+        }
+    }
+}
+
+/// Shared access to a storage's elements.
+pub struct ReadGuard<'a> {
+    storage: &'a Storage,
+    _g: RwLockReadGuard<'a, ()>,
+}
+
+/// Exclusive access to a storage's elements.
+pub struct WriteGuard<'a> {
+    storage: &'a Storage,
+    _g: RwLockWriteGuard<'a, ()>,
+}
+
+impl ReadGuard<'_> {
+    pub fn ptr(&self) -> *const u8 {
+        self.storage.ptr.as_ptr()
+    }
+    /// The whole buffer as `T`. Panics if `T` is not the storage's dtype (a bug, not input).
+    pub fn as_slice<T: Element>(&self) -> &[T] {
+        assert_eq!(T::DTYPE, self.storage.dtype, "storage dtype mismatch");
+        // SAFETY: the buffer holds `len` initialised elements of T (zeroed or adopted, bool
+        // buffers only ever hold 0 or 1), aligned for T, and no writer exists while we read.
+        unsafe { std::slice::from_raw_parts(self.ptr() as *const T, self.storage.len()) }
+    }
+}
+
+impl WriteGuard<'_> {
+    pub fn ptr(&self) -> *mut u8 {
+        self.storage.ptr.as_ptr()
+    }
+    pub fn as_slice<T: Element>(&self) -> &[T] {
+        assert_eq!(T::DTYPE, self.storage.dtype, "storage dtype mismatch");
+        // SAFETY: as in ReadGuard::as_slice; we hold the only guard.
+        unsafe { std::slice::from_raw_parts(self.ptr() as *const T, self.storage.len()) }
+    }
+    pub fn as_mut_slice<T: Element>(&mut self) -> &mut [T] {
+        assert_eq!(T::DTYPE, self.storage.dtype, "storage dtype mismatch");
+        // SAFETY: as above, and the write lock makes this the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr() as *mut T, self.storage.len()) }
+    }
+}

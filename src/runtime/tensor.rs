@@ -1,0 +1,316 @@
+//! `Tensor`: shared storage seen through a layout. Cloning a tensor is cheap and shares data;
+//! every op goes through `apply`, which checks it with the op's shape rule and runs its kernel.
+
+use super::access;
+use super::device::Device;
+use super::element::Element;
+use super::layout::Layout;
+use super::storage::Storage;
+use crate::ir::dtype::{DType, Scalar};
+use crate::ir::op::{Op, TensorType};
+use crate::ir::shape::numel;
+use crate::{Error, Result, bail};
+use std::sync::Arc;
+
+#[derive(Clone)]
+pub struct Tensor(pub(crate) Arc<Inner>);
+
+pub(crate) struct Inner {
+    storage: Arc<Storage>,
+    layout: Layout,
+    /// A Python-style number (`&t * 0.5`): lowest priority in type promotion.
+    wrapped: bool,
+}
+
+impl Tensor {
+    /// A tensor over `storage` seen through `layout`. The layout must stay inside the storage.
+    pub(crate) fn from_parts(storage: Arc<Storage>, layout: Layout) -> Tensor {
+        debug_assert!(layout.extent() <= storage.len(), "layout outside its storage");
+        Tensor(Arc::new(Inner {
+            storage,
+            layout,
+            wrapped: false,
+        }))
+    }
+
+    /// A new contiguous, zero-filled tensor.
+    pub(crate) fn alloc(dtype: DType, shape: &[usize]) -> Tensor {
+        Tensor::from_parts(
+            Arc::new(Storage::zeros(dtype, numel(shape))),
+            Layout::contiguous(shape),
+        )
+    }
+
+    /// A view of the same storage with another layout.
+    pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
+        Tensor::from_parts(self.0.storage.clone(), layout)
+    }
+
+    /// Takes ownership of `data` without copying it (the `torch.from_numpy` of smelt).
+    ///
+    /// The tensor and every view of it share that memory: a write through one shows through
+    /// all of them (`with_slice_mut`, in-place ops). The memory lives as long as any tensor
+    /// that shares it; the compiler enforces this, since no borrowed buffer is ever kept.
+    /// Get the elements back without copying with `into_vec` when this is the last owner.
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize]) -> Result<Tensor> {
+        if data.len() != numel(shape) {
+            bail!(
+                Shape,
+                "shape {shape:?} is invalid for input of size {}",
+                data.len()
+            );
+        }
+        Ok(Tensor::from_parts(
+            Arc::new(Storage::from_vec(data)),
+            Layout::contiguous(shape),
+        ))
+    }
+
+    /// Copies `data` into a new tensor of `shape`.
+    pub fn from_slice<T: Element>(data: &[T], shape: &[usize]) -> Result<Tensor> {
+        Tensor::from_vec(data.to_vec(), shape)
+    }
+
+    /// A 0-d tensor holding `value` (`torch.tensor(3.5)`: float → f32, int → i64).
+    pub fn scalar(value: impl Into<Scalar>) -> Tensor {
+        let s = value.into();
+        let t = match s {
+            Scalar::Bool(b) => Tensor::from_vec(vec![b], &[]),
+            Scalar::Int(i) => Tensor::from_vec(vec![i], &[]),
+            Scalar::Float(f) => Tensor::from_vec(vec![f as f32], &[]),
+        };
+        t.expect("one element fits a 0-d shape")
+    }
+
+    /// A Python-number operand: 0-d, f64/i64/bool, marked wrapped for type promotion.
+    pub fn wrapped(value: Scalar) -> Tensor {
+        let t = match value {
+            Scalar::Bool(b) => Tensor::from_vec(vec![b], &[]),
+            Scalar::Int(i) => Tensor::from_vec(vec![i], &[]),
+            Scalar::Float(f) => Tensor::from_vec(vec![f], &[]),
+        }
+        .expect("one element fits a 0-d shape");
+        Tensor(Arc::new(Inner {
+            storage: t.0.storage.clone(),
+            layout: t.0.layout.clone(),
+            wrapped: true,
+        }))
+    }
+
+    // ---- attributes -------------------------------------------------------------------
+
+    pub fn shape(&self) -> &[usize] {
+        &self.0.layout.shape
+    }
+    /// `size(dim)`, negative dims counting from the end.
+    pub fn size(&self, dim: i64) -> Result<usize> {
+        let d = crate::ir::shape::wrap_dim(dim, self.dim())?;
+        Ok(if self.dim() == 0 { 1 } else { self.shape()[d] })
+    }
+    pub fn dim(&self) -> usize {
+        self.0.layout.ndim()
+    }
+    pub fn numel(&self) -> usize {
+        self.0.layout.numel()
+    }
+    pub fn dtype(&self) -> DType {
+        self.0.storage.dtype()
+    }
+    pub fn device(&self) -> Device {
+        self.0.storage.device()
+    }
+    pub fn strides(&self) -> &[usize] {
+        &self.0.layout.strides
+    }
+    pub fn storage_offset(&self) -> usize {
+        self.0.layout.offset
+    }
+    pub fn is_contiguous(&self) -> bool {
+        self.0.layout.is_contiguous()
+    }
+    pub fn element_size(&self) -> usize {
+        self.dtype().size()
+    }
+    pub fn is_wrapped_number(&self) -> bool {
+        self.0.wrapped
+    }
+    /// True when both tensors view the same storage (writes through one may show in the other).
+    pub fn shares_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0.storage, &other.0.storage)
+    }
+    /// Address of the first byte of the storage (for checking zero-copy claims).
+    pub fn data_ptr(&self) -> usize {
+        self.0.storage.data_addr() + self.storage_offset() * self.element_size()
+    }
+    /// The storage's version counter, bumped by every in-place write.
+    pub fn version(&self) -> u64 {
+        self.0.storage.version()
+    }
+    pub fn layout(&self) -> &Layout {
+        &self.0.layout
+    }
+    pub(crate) fn storage(&self) -> &Storage {
+        &self.0.storage
+    }
+    /// Dtype, shape and wrapped-ness: what op shape rules see.
+    pub fn ttype(&self) -> TensorType {
+        TensorType {
+            dtype: self.dtype(),
+            shape: self.shape().to_vec(),
+            wrapped: self.0.wrapped,
+        }
+    }
+
+    // ---- data in and out --------------------------------------------------------------
+
+    /// The elements in row-major order. `T` must be the tensor's dtype.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype() {
+            bail!(
+                DType,
+                "to_vec: tensor has dtype {} but {} was asked for",
+                self.dtype(),
+                T::DTYPE
+            );
+        }
+        let c = self.contiguous();
+        let acc = access::lock(&[&c], &[]);
+        let p = acc.read::<T>(0);
+        // SAFETY: `c` is contiguous, so its numel elements follow its first one.
+        Ok(unsafe { std::slice::from_raw_parts(p, c.numel()) }.to_vec())
+    }
+
+    /// The elements converted to f64 (exact for every dtype but large i64).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        crate::dispatch!(self.dtype(), T => self
+            .to_vec::<T>()
+            .map(|v| v.into_iter().map(Element::to_f64).collect())
+            .unwrap_or_default())
+    }
+
+    /// The elements converted to i64.
+    pub fn to_i64_vec(&self) -> Vec<i64> {
+        crate::dispatch!(self.dtype(), T => self
+            .to_vec::<T>()
+            .map(|v| v.into_iter().map(Element::to_i64).collect())
+            .unwrap_or_default())
+    }
+
+    /// The value of a one-element tensor.
+    pub fn item<T: Element>(&self) -> Result<T> {
+        if self.numel() != 1 {
+            bail!(
+                Value,
+                "a Tensor with {} elements cannot be converted to Scalar",
+                self.numel()
+            );
+        }
+        self.to_vec::<T>().map(|v| v[0])
+    }
+
+    /// The value of a one-element tensor as f64, whatever its dtype.
+    pub fn item_f64(&self) -> Result<f64> {
+        if self.numel() != 1 {
+            bail!(
+                Value,
+                "a Tensor with {} elements cannot be converted to Scalar",
+                self.numel()
+            );
+        }
+        Ok(self.to_f64_vec()[0])
+    }
+
+    /// Gives back the storage as a `Vec` without copying, when this tensor is its only owner
+    /// and covers it exactly; otherwise returns the tensor unchanged.
+    pub fn into_vec<T: Element>(self) -> std::result::Result<Vec<T>, Tensor> {
+        if T::DTYPE != self.dtype()
+            || !self.is_contiguous()
+            || self.storage_offset() != 0
+            || self.numel() != self.storage().len()
+        {
+            return Err(self);
+        }
+        let inner = Arc::try_unwrap(self.0).map_err(Tensor)?;
+        let Inner {
+            storage, layout, ..
+        } = inner;
+        match Arc::try_unwrap(storage) {
+            Ok(s) => Ok(s.into_vec::<T>()),
+            Err(storage) => Err(Tensor::from_parts(storage, layout)),
+        }
+    }
+
+    /// Runs `f` on the elements of a contiguous tensor, for reading.
+    pub fn with_slice<T: Element, R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+        self.check_plain::<T>()?;
+        let acc = access::lock(&[self], &[]);
+        // SAFETY: contiguous: numel elements from the first one, read lock held.
+        Ok(f(unsafe {
+            std::slice::from_raw_parts(acc.read::<T>(0), self.numel())
+        }))
+    }
+
+    /// Runs `f` on the elements of a contiguous tensor, for writing: the change shows through
+    /// every tensor that shares the storage. Bumps the version counter.
+    pub fn with_slice_mut<T: Element, R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
+        self.check_plain::<T>()?;
+        let acc = access::lock(&[], &[self]);
+        self.storage().bump_version();
+        // SAFETY: contiguous: numel elements from the first one, write lock held.
+        Ok(f(unsafe {
+            std::slice::from_raw_parts_mut(acc.write::<T>(0), self.numel())
+        }))
+    }
+
+    fn check_plain<T: Element>(&self) -> Result<()> {
+        if T::DTYPE != self.dtype() {
+            bail!(
+                DType,
+                "tensor has dtype {} but {} was asked for",
+                self.dtype(),
+                T::DTYPE
+            );
+        }
+        if !self.is_contiguous() {
+            bail!(
+                Value,
+                "the tensor is not contiguous: call contiguous() first to get a slice of its elements"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Applies an op to tensors: the one entry point of eager execution. The op's shape rule
+/// (`Op::infer`, shared with the graph IR) checks the operands, then its kernel runs.
+pub fn apply(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
+    if let Some(first) = inputs.iter().find(|t| !t.is_wrapped_number()) {
+        for t in inputs {
+            if !t.is_wrapped_number() && t.device() != first.device() {
+                bail!(
+                    Device,
+                    "Expected all tensors to be on the same device, but found at least two devices, {} and {}!",
+                    first.device(),
+                    t.device()
+                );
+            }
+        }
+        if first.device() != Device::Cpu {
+            return Err(Error::Device(format!(
+                "{}: no kernels for device {} in this build",
+                op.name(),
+                first.device()
+            )));
+        }
+    }
+    let types: Vec<TensorType> = inputs.iter().map(|t| t.ttype()).collect();
+    let refs: Vec<&TensorType> = types.iter().collect();
+    let out = op.infer(&refs)?;
+    super::kernels::eval(&op, inputs, &out)
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
