@@ -22,12 +22,30 @@ use crate::{Error, Result, bail, dispatch, dispatch_float};
 macro_rules! dispatch_int {
     ($dtype:expr, $T:ident => $body:expr, else $other:expr) => {{
         match $dtype {
-            DType::Bool => { type $T = bool; $body }
-            DType::U8 => { type $T = u8; $body }
-            DType::I8 => { type $T = i8; $body }
-            DType::I16 => { type $T = i16; $body }
-            DType::I32 => { type $T = i32; $body }
-            DType::I64 => { type $T = i64; $body }
+            DType::Bool => {
+                type $T = bool;
+                $body
+            }
+            DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            DType::I8 => {
+                type $T = i8;
+                $body
+            }
+            DType::I16 => {
+                type $T = i16;
+                $body
+            }
+            DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            DType::I64 => {
+                type $T = i64;
+                $body
+            }
             _ => $other,
         }
     }};
@@ -184,25 +202,32 @@ fn run1<A: Element, O: Element>(dst: &Tensor, a: &Tensor, f: impl Fn(A) -> O + S
     check_operand::<A>(a, dst.shape())?;
     let sa = a.layout().broadcast_strides(dst.shape());
     let acc = access::lock(&[a], &[dst]);
-    let (po, pa) = (SendPtr(acc.write::<O>(0)), SendPtr(acc.read::<A>(0) as *mut A));
+    let (po, pa) = (
+        SendPtr(acc.write::<O>(0)),
+        SendPtr(acc.read::<A>(0) as *mut A),
+    );
     // SAFETY (all loops below): dtypes and shapes were checked, so every index the walk
     // produces lies inside its operand's layout, which lies inside its storage; `dst` has no
     // internal overlap, so runs write disjoint elements; an input sharing `dst`'s storage has
     // exactly its layout, so each element is read before it is written.
-    walk(dst.shape(), [dst.strides(), &sa], &|[bo, ba], len, [so, sa]| unsafe {
-        let (o, a) = (po.get().add(bo), pa.get().add(ba) as *const A);
-        if so == 1 && sa == 1 {
-            let o = std::slice::from_raw_parts_mut(o, len);
-            let a = std::slice::from_raw_parts(a, len);
-            for (o, &a) in o.iter_mut().zip(a) {
-                *o = f(a);
+    walk(
+        dst.shape(),
+        [dst.strides(), &sa],
+        &|[bo, ba], len, [so, sa]| unsafe {
+            let (o, a) = (po.get().add(bo), pa.get().add(ba) as *const A);
+            if so == 1 && sa == 1 {
+                let o = std::slice::from_raw_parts_mut(o, len);
+                let a = std::slice::from_raw_parts(a, len);
+                for (o, &a) in o.iter_mut().zip(a) {
+                    *o = f(a);
+                }
+            } else {
+                for i in 0..len {
+                    *o.add(i * so) = f(*a.add(i * sa));
+                }
             }
-        } else {
-            for i in 0..len {
-                *o.add(i * so) = f(*a.add(i * sa));
-            }
-        }
-    });
+        },
+    );
     Ok(())
 }
 
@@ -227,39 +252,43 @@ fn run2<A: Element, B: Element, O: Element>(
         SendPtr(acc.read::<B>(1) as *mut B),
     );
     // SAFETY: as in `run1`.
-    walk(dst.shape(), [dst.strides(), &sa, &sb], &|[bo, ba, bb], len, [so, sa, sb]| unsafe {
-        let o = po.get().add(bo);
-        let (a, b) = (pa.get().add(ba) as *const A, pb.get().add(bb) as *const B);
-        match (so, sa, sb) {
-            (1, 1, 1) => {
-                let o = std::slice::from_raw_parts_mut(o, len);
-                let a = std::slice::from_raw_parts(a, len);
-                let b = std::slice::from_raw_parts(b, len);
-                for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
-                    *o = f(a, b);
+    walk(
+        dst.shape(),
+        [dst.strides(), &sa, &sb],
+        &|[bo, ba, bb], len, [so, sa, sb]| unsafe {
+            let o = po.get().add(bo);
+            let (a, b) = (pa.get().add(ba) as *const A, pb.get().add(bb) as *const B);
+            match (so, sa, sb) {
+                (1, 1, 1) => {
+                    let o = std::slice::from_raw_parts_mut(o, len);
+                    let a = std::slice::from_raw_parts(a, len);
+                    let b = std::slice::from_raw_parts(b, len);
+                    for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
+                        *o = f(a, b);
+                    }
+                }
+                (1, 1, 0) => {
+                    let o = std::slice::from_raw_parts_mut(o, len);
+                    let (a, b) = (std::slice::from_raw_parts(a, len), *b);
+                    for (o, &a) in o.iter_mut().zip(a) {
+                        *o = f(a, b);
+                    }
+                }
+                (1, 0, 1) => {
+                    let o = std::slice::from_raw_parts_mut(o, len);
+                    let (a, b) = (*a, std::slice::from_raw_parts(b, len));
+                    for (o, &b) in o.iter_mut().zip(b) {
+                        *o = f(a, b);
+                    }
+                }
+                _ => {
+                    for i in 0..len {
+                        *o.add(i * so) = f(*a.add(i * sa), *b.add(i * sb));
+                    }
                 }
             }
-            (1, 1, 0) => {
-                let o = std::slice::from_raw_parts_mut(o, len);
-                let (a, b) = (std::slice::from_raw_parts(a, len), *b);
-                for (o, &a) in o.iter_mut().zip(a) {
-                    *o = f(a, b);
-                }
-            }
-            (1, 0, 1) => {
-                let o = std::slice::from_raw_parts_mut(o, len);
-                let (a, b) = (*a, std::slice::from_raw_parts(b, len));
-                for (o, &b) in o.iter_mut().zip(b) {
-                    *o = f(a, b);
-                }
-            }
-            _ => {
-                for i in 0..len {
-                    *o.add(i * so) = f(*a.add(i * sa), *b.add(i * sb));
-                }
-            }
-        }
-    });
+        },
+    );
     Ok(())
 }
 
@@ -283,17 +312,21 @@ fn run3<A: Element, B: Element, C: Element, O: Element>(
     );
     let strides = [dst.strides(), &s[0][..], &s[1][..], &s[2][..]];
     // SAFETY: as in `run1`.
-    walk(dst.shape(), strides, &|[bo, ba, bb, bc], len, [so, sa, sb, sc]| unsafe {
-        let o = po.get().add(bo);
-        let (a, b, c) = (
-            pa.get().add(ba) as *const A,
-            pb.get().add(bb) as *const B,
-            pc.get().add(bc) as *const C,
-        );
-        for i in 0..len {
-            *o.add(i * so) = f(*a.add(i * sa), *b.add(i * sb), *c.add(i * sc));
-        }
-    });
+    walk(
+        dst.shape(),
+        strides,
+        &|[bo, ba, bb, bc], len, [so, sa, sb, sc]| unsafe {
+            let o = po.get().add(bo);
+            let (a, b, c) = (
+                pa.get().add(ba) as *const A,
+                pb.get().add(bb) as *const B,
+                pc.get().add(bc) as *const C,
+            );
+            for i in 0..len {
+                *o.add(i * so) = f(*a.add(i * sa), *b.add(i * sb), *c.add(i * sc));
+            }
+        },
+    );
     Ok(())
 }
 
@@ -433,7 +466,10 @@ fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, dst: &Tensor) -> Result<()> {
     let c = op.compute_dtype(&a.ttype(), &b.ttype())?;
     // PyTorch refuses `int_tensor ** -2` (a Python int exponent), not a tensor exponent.
     if op == Pow && !c.is_float() && b.is_wrapped_number() && b.to_i64_vec().first() < Some(&0) {
-        bail!(Value, "Integers to negative integer powers are not allowed.");
+        bail!(
+            Value,
+            "Integers to negative integer powers are not allowed."
+        );
     }
     let (a, b) = (copy::cast(a, c), copy::cast(b, c));
     if op == Remainder && !c.is_float() && dst.numel() > 0 {
@@ -460,11 +496,11 @@ fn binary_int<T: Element>(op: BinaryOp, a: &Tensor, b: &Tensor, dst: &Tensor) ->
 
 fn binary_pred<T: Element>(op: BinaryOp, a: &Tensor, b: &Tensor, dst: &Tensor) -> Result<()> {
     specialise!(op, BinaryOp[Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr], OP =>
-        run2(dst, a, b, |x: T, y: T| if T::DTYPE.is_float() {
-            compare(OP, x.to_f64(), y.to_f64())
-        } else {
-            compare(OP, x.to_i64(), y.to_i64())
-        }))
+    run2(dst, a, b, |x: T, y: T| if T::DTYPE.is_float() {
+        compare(OP, x.to_f64(), y.to_f64())
+    } else {
+        compare(OP, x.to_i64(), y.to_i64())
+    }))
 }
 
 /// C++'s `std::max` with NaN propagated, as `torch.maximum`.
@@ -599,7 +635,8 @@ fn clamp(x: &Tensor, min: Option<Scalar>, max: Option<Scalar>, dst: &Tensor) -> 
     }
     let x = copy::cast(x, d);
     if d.is_float() {
-        let bound = |s: Option<Scalar>, none: f64| s.map_or(none, |s| round_to_dtype(s.to_f64(), d));
+        let bound =
+            |s: Option<Scalar>, none: f64| s.map_or(none, |s| round_to_dtype(s.to_f64(), d));
         let (lo, hi) = (bound(min, f64::NEG_INFINITY), bound(max, f64::INFINITY));
         if min.is_some() && max.is_some() && (lo.is_nan() || hi.is_nan()) {
             // PyTorch: a NaN bound, when both are given, makes every element NaN
@@ -678,7 +715,10 @@ fn check_fits(s: Scalar, d: DType) -> Result<()> {
             DType::F64 => "double",
             DType::Bool => "bool",
         };
-        bail!(Value, "value cannot be converted to type {name} without overflow");
+        bail!(
+            Value,
+            "value cannot be converted to type {name} without overflow"
+        );
     }
     Ok(())
 }

@@ -123,17 +123,26 @@ impl Tensor {
 
     /// `s - self` (PyTorch's `rsub`).
     pub fn rsub_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> {
-        apply(Op::Binary(BinaryOp::Sub), &[&Tensor::wrapped(s.into()), self])
+        apply(
+            Op::Binary(BinaryOp::Sub),
+            &[&Tensor::wrapped(s.into()), self],
+        )
     }
 
     /// `s / self`.
     pub fn rdiv_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> {
-        apply(Op::Binary(BinaryOp::Div), &[&Tensor::wrapped(s.into()), self])
+        apply(
+            Op::Binary(BinaryOp::Div),
+            &[&Tensor::wrapped(s.into()), self],
+        )
     }
 
     /// `s ** self`.
     pub fn rpow_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> {
-        apply(Op::Binary(BinaryOp::Pow), &[&Tensor::wrapped(s.into()), self])
+        apply(
+            Op::Binary(BinaryOp::Pow),
+            &[&Tensor::wrapped(s.into()), self],
+        )
     }
 
     /// `torch.where(cond, x, y)`: `x` where `cond` (a bool tensor) is true, else `y`; all three
