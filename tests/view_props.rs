@@ -98,7 +98,7 @@ fn reshape_target(numel: usize, a: usize, b: usize) -> (Vec<i64>, Vec<usize>) {
             _ => (vec![k as i64, 0], vec![k, 0]),
         };
     }
-    let divisors: Vec<usize> = (1..=numel).filter(|d| numel % d == 0).collect();
+    let divisors: Vec<usize> = (1..=numel).filter(|&d| numel.is_multiple_of(d)).collect();
     let d = divisors[a % divisors.len()];
     let (n, d_i, q) = (numel as i64, d as i64, (numel / d) as i64);
     match b % 4 {
@@ -224,7 +224,7 @@ fn apply(t: &Tensor, m: &Model, (kind, a, b, c): Step) -> Option<Applied> {
                 let seed = (b >> (2 * k)) % 4;
                 target.push(if s == 1 {
                     seed as i64
-                } else if seed % 2 == 0 {
+                } else if seed.is_multiple_of(2) {
                     -1
                 } else {
                     s as i64
