@@ -1,4 +1,5 @@
 //! The methods of `Tensor`, one file per op family.
 
 mod creation;
+mod index;
 mod views;
