@@ -1,5 +1,7 @@
 //! The methods of `Tensor`, one file per op family.
 
 mod creation;
+mod device;
+mod einsum;
 mod index;
 mod views;
