@@ -4,4 +4,6 @@ mod creation;
 mod device;
 mod einsum;
 mod index;
+mod linalg;
+mod reduce;
 mod views;
