@@ -13,7 +13,9 @@ fn t(data: &[f64], shape: &[usize], dtype: DType) -> Tensor {
 }
 
 fn vals(n: usize, seed: usize) -> Vec<f64> {
-    (0..n).map(|i| ((i * 5 + seed * 3) % 7) as f64 - 3.0).collect()
+    (0..n)
+        .map(|i| ((i * 5 + seed * 3) % 7) as f64 - 3.0)
+        .collect()
 }
 
 /// Brute-force einsum for letter-only equations with an explicit `->`.
@@ -47,7 +49,10 @@ fn reference(eq: &str, ops: &[(&[f64], &[usize])]) -> (Vec<f64>, Vec<usize>) {
                 .fold(0, |acc, (c, &s)| acc * s + if s == 1 { 0 } else { val[&c] });
             prod *= data[off];
         }
-        let o = rhs.chars().zip(&out_shape).fold(0, |acc, (c, &s)| acc * s + val[&c]);
+        let o = rhs
+            .chars()
+            .zip(&out_shape)
+            .fold(0, |acc, (c, &s)| acc * s + val[&c]);
         out[o] += prod;
     }
     (out, out_shape)
@@ -59,16 +64,27 @@ fn check(eq: &str, shapes: &[&[usize]], dtype: DType) {
         .enumerate()
         .map(|(i, s)| vals(s.iter().product(), i))
         .collect();
-    let ops: Vec<(&[f64], &[usize])> = datas.iter().zip(shapes).map(|(d, s)| (&d[..], *s)).collect();
+    let ops: Vec<(&[f64], &[usize])> = datas
+        .iter()
+        .zip(shapes)
+        .map(|(d, s)| (&d[..], *s))
+        .collect();
     let (want, shape) = reference(eq, &ops);
-    let ts: Vec<Tensor> = datas.iter().zip(shapes).map(|(d, s)| t(d, s, dtype)).collect();
+    let ts: Vec<Tensor> = datas
+        .iter()
+        .zip(shapes)
+        .map(|(d, s)| t(d, s, dtype))
+        .collect();
     let refs: Vec<&Tensor> = ts.iter().collect();
     let got = Tensor::einsum(eq, &refs).unwrap_or_else(|e| panic!("{eq}: {e}"));
     assert_eq!(got.shape(), &shape[..], "{eq}");
     assert_eq!(got.dtype(), dtype, "{eq}");
     assert_eq!(got.to_f64_vec(), want, "{eq} {dtype}");
     for x in &ts {
-        assert!(!got.shares_storage(x), "{eq}: einsum must not return a view");
+        assert!(
+            !got.shares_storage(x),
+            "{eq}: einsum must not return a view"
+        );
     }
 }
 
@@ -114,9 +130,16 @@ fn implicit_output_and_ellipsis() {
     let tr = Tensor::einsum("ba", &[&a]).unwrap();
     assert_eq!(tr.shape(), &[3, 2]);
     assert_eq!(tr.to_f64_vec(), a.t().unwrap().contiguous().to_f64_vec());
-    assert_eq!(Tensor::einsum("ii", &[&a.narrow(1, 0, 2).unwrap()]).unwrap().shape(), &[] as &[usize]);
+    assert_eq!(
+        Tensor::einsum("ii", &[&a.narrow(1, 0, 2).unwrap()])
+            .unwrap()
+            .shape(),
+        &[] as &[usize]
+    );
     // ellipsis with broadcasting batch dims
-    let x = t(&vals(2 * 2 * 3, 0), &[2, 1, 2, 3], DType::F64).expand(&[2, 1, 2, 3]).unwrap();
+    let x = t(&vals(2 * 2 * 3, 0), &[2, 1, 2, 3], DType::F64)
+        .expand(&[2, 1, 2, 3])
+        .unwrap();
     let y = t(&vals(4 * 3 * 2, 2), &[4, 3, 2], DType::F64);
     let e = Tensor::einsum("...ij,...jk->...ik", &[&x, &y]).unwrap();
     assert_eq!(e.shape(), &[2, 4, 2, 2]);
@@ -127,10 +150,15 @@ fn implicit_output_and_ellipsis() {
     assert_eq!(e2.to_f64_vec(), m.to_f64_vec());
     // explicit output without the ellipsis sums its dims away
     let s = Tensor::einsum("i...->i", &[&y]).unwrap();
-    assert_eq!(s.to_f64_vec(), y.sum_dim(&[1, 2], false).unwrap().to_f64_vec());
+    assert_eq!(
+        s.to_f64_vec(),
+        y.sum_dim(&[1, 2], false).unwrap().to_f64_vec()
+    );
     // transposed and sliced views as operands
     let at = t(&vals(6, 3), &[3, 2], DType::F32).t().unwrap();
-    let bs = t(&vals(24, 4), &[3, 8], DType::F32).slice(1, Some(0), None, 2).unwrap();
+    let bs = t(&vals(24, 4), &[3, 8], DType::F32)
+        .slice(1, Some(0), None, 2)
+        .unwrap();
     let got = Tensor::einsum("ij,jk->ik", &[&at, &bs]).unwrap();
     assert_eq!(got.to_f64_vec(), at.matmul(&bs).unwrap().to_f64_vec());
 }
@@ -158,7 +186,10 @@ fn einsum_errors() {
     let zz = Tensor::einsum("ij,jk->ik", &[&z, &z2]).unwrap();
     assert_eq!(zz.shape(), &[2, 3]);
     assert_eq!(zz.to_f64_vec(), vec![0.0; 6]);
-    assert_eq!(Tensor::einsum("ij,ij->ij", &[&z, &z]).unwrap().shape(), &[2, 0]);
+    assert_eq!(
+        Tensor::einsum("ij,ij->ij", &[&z, &z]).unwrap().shape(),
+        &[2, 0]
+    );
     let i = t(&vals(4, 0), &[2, 2], DType::I64);
     assert!(e("ij,jk->ik", &[&a, &i]).contains("same dtype"));
 }

@@ -5,7 +5,14 @@ use smelt::ir::op::Op;
 use smelt::runtime::apply;
 use smelt::{DType, Tensor};
 
-const DTYPES: [DType; 6] = [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64, DType::I32];
+const DTYPES: [DType; 6] = [
+    DType::F32,
+    DType::F64,
+    DType::F16,
+    DType::BF16,
+    DType::I64,
+    DType::I32,
+];
 
 /// A tensor of `shape` holding `data` (given as f64) in `dtype`.
 fn t(data: &[f64], shape: &[usize], dtype: DType) -> Tensor {
@@ -69,10 +76,18 @@ fn cat_and_stack_match_reference_and_promote() {
         assert_eq!(c.to_f64_vec(), want, "{dt}");
         let d = Tensor::cat(&[&a, &a.narrow(1, 1, 2).unwrap()], -1).unwrap();
         let s = seq(6);
-        assert_eq!(d.to_f64_vec(), vec![s[0], s[1], s[2], s[1], s[2], s[3], s[4], s[5], s[4], s[5]]);
+        assert_eq!(
+            d.to_f64_vec(),
+            vec![s[0], s[1], s[2], s[1], s[2], s[3], s[4], s[5], s[4], s[5]]
+        );
         let st = Tensor::stack(&[&a, &a], 1).unwrap();
         assert_eq!(st.shape(), &[2, 2, 3]);
-        assert_eq!(st.to_f64_vec(), vec![s[0], s[1], s[2], s[0], s[1], s[2], s[3], s[4], s[5], s[3], s[4], s[5]]);
+        assert_eq!(
+            st.to_f64_vec(),
+            vec![
+                s[0], s[1], s[2], s[0], s[1], s[2], s[3], s[4], s[5], s[3], s[4], s[5]
+            ]
+        );
     }
     // promotion as torch.cat: int32 with float32 gives float32
     let i = t(&[1.0, 2.0], &[2], DType::I32);
@@ -93,7 +108,10 @@ fn cat_and_stack_match_reference_and_promote() {
     // expanded input
     let ex = t(&[1.0, 2.0], &[2, 1], DType::F32).expand(&[2, 3]).unwrap();
     let c = Tensor::cat(&[&ex, &ex], 1).unwrap();
-    assert_eq!(c.to_f64_vec(), vec![1., 1., 1., 1., 1., 1., 2., 2., 2., 2., 2., 2.]);
+    assert_eq!(
+        c.to_f64_vec(),
+        vec![1., 1., 1., 1., 1., 1., 2., 2., 2., 2., 2., 2.]
+    );
 }
 
 #[test]
@@ -105,7 +123,12 @@ fn cat_errors() {
         "Sizes of tensors must match except in dimension 0. Expected size 3 but got size 2 for tensor number 1 in the list."
     );
     assert!(Tensor::cat(&[], 0).is_err());
-    assert!(Tensor::stack(&[&a, &b], 0).unwrap_err().to_string().contains("stack expects each tensor to be equal size"));
+    assert!(
+        Tensor::stack(&[&a, &b], 0)
+            .unwrap_err()
+            .to_string()
+            .contains("stack expects each tensor to be equal size")
+    );
 }
 
 fn flip_ref(data: &[f64], shape: &[usize], dims: &[usize]) -> Vec<f64> {
@@ -139,22 +162,52 @@ fn flip_and_triangles() {
         let data = seq(24);
         let x = transposed_view(&data, &shape, dt);
         for dims in [vec![0i64], vec![-1], vec![0, 2], vec![0, 1, 2]] {
-            let w: Vec<usize> = dims.iter().map(|&d| if d < 0 { (d + 3) as usize } else { d as usize }).collect();
-            assert_eq!(x.flip(&dims).unwrap().to_f64_vec(), flip_ref(&data, &shape, &w), "{dt} {dims:?}");
+            let w: Vec<usize> = dims
+                .iter()
+                .map(|&d| if d < 0 { (d + 3) as usize } else { d as usize })
+                .collect();
+            assert_eq!(
+                x.flip(&dims).unwrap().to_f64_vec(),
+                flip_ref(&data, &shape, &w),
+                "{dt} {dims:?}"
+            );
         }
         for diag in [-2, -1, 0, 1, 5] {
-            assert_eq!(x.tril(diag).unwrap().to_f64_vec(), tri_ref(&data, &shape, diag, true), "{dt}");
-            assert_eq!(x.triu(diag).unwrap().to_f64_vec(), tri_ref(&data, &shape, diag, false), "{dt}");
+            assert_eq!(
+                x.tril(diag).unwrap().to_f64_vec(),
+                tri_ref(&data, &shape, diag, true),
+                "{dt}"
+            );
+            assert_eq!(
+                x.triu(diag).unwrap().to_f64_vec(),
+                tri_ref(&data, &shape, diag, false),
+                "{dt}"
+            );
         }
     }
     let b = Tensor::from_vec(vec![true, true, false, true], &[2, 2]).unwrap();
-    assert_eq!(b.tril(0).unwrap().to_vec::<bool>().unwrap(), vec![true, false, false, true]);
-    assert_eq!(b.flip(&[0, 1]).unwrap().to_vec::<bool>().unwrap(), vec![true, false, true, true]);
+    assert_eq!(
+        b.tril(0).unwrap().to_vec::<bool>().unwrap(),
+        vec![true, false, false, true]
+    );
+    assert_eq!(
+        b.flip(&[0, 1]).unwrap().to_vec::<bool>().unwrap(),
+        vec![true, false, true, true]
+    );
     let s = Tensor::scalar(4.0);
     assert_eq!(s.flip(&[]).unwrap().to_f64_vec(), vec![4.0]);
     assert!(t(&[1.0], &[1], DType::F32).tril(0).is_err());
-    assert!(Tensor::zeros(&[0, 3], DType::F32).flip(&[0]).unwrap().shape() == [0, 3]);
-    let e = t(&seq(4), &[4], DType::F32).flip(&[0, 0]).unwrap_err().to_string();
+    assert!(
+        Tensor::zeros(&[0, 3], DType::F32)
+            .flip(&[0])
+            .unwrap()
+            .shape()
+            == [0, 3]
+    );
+    let e = t(&seq(4), &[4], DType::F32)
+        .flip(&[0, 0])
+        .unwrap_err()
+        .to_string();
     assert_eq!(e, "dim 0 appears multiple times in the list of dims");
 }
 
@@ -166,20 +219,31 @@ fn index_select_matches_reference() {
         let x = transposed_view(&data, &shape, dt);
         let ix = [2i64, 0, 2, 1];
         let r = x.index_select(0, &idx(&ix, &[4])).unwrap();
-        let want: Vec<f64> = ix.iter().flat_map(|&i| data[i as usize * 4..i as usize * 4 + 4].to_vec()).collect();
+        let want: Vec<f64> = ix
+            .iter()
+            .flat_map(|&i| data[i as usize * 4..i as usize * 4 + 4].to_vec())
+            .collect();
         assert_eq!(r.shape(), &[4, 4]);
         assert_eq!(r.to_f64_vec(), want, "{dt}");
         let ix32 = t(&[3.0, 1.0], &[2], DType::I32);
         let r = x.index_select(-1, &ix32).unwrap();
-        assert_eq!(r.to_f64_vec(), vec![data[3], data[1], data[7], data[5], data[11], data[9]]);
+        assert_eq!(
+            r.to_f64_vec(),
+            vec![data[3], data[1], data[7], data[5], data[11], data[9]]
+        );
     }
     let x = t(&seq(6), &[2, 3], DType::F32);
     assert_eq!(x.index_select(1, &idx(&[], &[0])).unwrap().shape(), &[2, 0]);
     // 0-d self and 0-d index
     let s = Tensor::scalar(2.5);
-    assert_eq!(s.index_select(0, &idx(&[0], &[])).unwrap().to_f64_vec(), vec![2.5]);
+    assert_eq!(
+        s.index_select(0, &idx(&[0], &[])).unwrap().to_f64_vec(),
+        vec![2.5]
+    );
     // a strided index
-    let big = idx(&[1, 9, 0, 9, 2, 9], &[6]).slice(0, Some(0), None, 2).unwrap();
+    let big = idx(&[1, 9, 0, 9, 2, 9], &[6])
+        .slice(0, Some(0), None, 2)
+        .unwrap();
     assert_eq!(x.index_select(1, &big).unwrap().to_f64_vec(), {
         let s = seq(6);
         vec![s[1], s[0], s[2], s[4], s[3], s[5]]
@@ -189,27 +253,61 @@ fn index_select_matches_reference() {
 #[test]
 fn index_errors_name_the_index_and_size() {
     let x = t(&seq(6), &[3, 2], DType::F32);
-    let e = x.index_select(0, &idx(&[0, 5], &[2])).unwrap_err().to_string();
-    assert_eq!(e, "index_select(): index 5 is out of range for dimension 0 with size 3");
-    let e = x.index_select(0, &idx(&[-1], &[1])).unwrap_err().to_string();
-    assert_eq!(e, "index_select(): index -1 is out of range for dimension 0 with size 3");
+    let e = x
+        .index_select(0, &idx(&[0, 5], &[2]))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "index_select(): index 5 is out of range for dimension 0 with size 3"
+    );
+    let e = x
+        .index_select(0, &idx(&[-1], &[1]))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "index_select(): index -1 is out of range for dimension 0 with size 3"
+    );
     let e = x.gather(1, &idx(&[0, 5], &[1, 2])).unwrap_err().to_string();
     assert_eq!(e, "index 5 is out of bounds for dimension 1 with size 2");
     let e = x.gather(0, &idx(&[-1], &[1, 1])).unwrap_err().to_string();
     assert_eq!(e, "index -1 is out of bounds for dimension 0 with size 3");
     let src = t(&seq(6), &[3, 2], DType::F32);
-    let e = x.scatter(0, &idx(&[3], &[1, 1]), &src).unwrap_err().to_string();
+    let e = x
+        .scatter(0, &idx(&[3], &[1, 1]), &src)
+        .unwrap_err()
+        .to_string();
     assert_eq!(e, "index 3 is out of bounds for dimension 0 with size 3");
-    let e = x.scatter_add(1, &idx(&[-2], &[1, 1]), &src).unwrap_err().to_string();
+    let e = x
+        .scatter_add(1, &idx(&[-2], &[1, 1]), &src)
+        .unwrap_err()
+        .to_string();
     assert_eq!(e, "index -2 is out of bounds for dimension 1 with size 2");
     let w = t(&seq(6), &[3, 2], DType::F32);
-    let e = Tensor::embedding(&idx(&[1, 3], &[2]), &w).unwrap_err().to_string();
-    assert_eq!(e, "embedding(): index 3 is out of range for dimension 0 with size 3");
-    let e = x.index_add(0, &idx(&[4], &[1]), &t(&[1., 1.], &[1, 2], DType::F32)).unwrap_err();
-    assert_eq!(e.to_string(), "index_add(): index 4 is out of range for dimension 0 with size 3");
-    let e = x.gather(0, &t(&[0.0], &[1, 1], DType::I32)).unwrap_err().to_string();
+    let e = Tensor::embedding(&idx(&[1, 3], &[2]), &w)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "embedding(): index 3 is out of range for dimension 0 with size 3"
+    );
+    let e = x
+        .index_add(0, &idx(&[4], &[1]), &t(&[1., 1.], &[1, 2], DType::F32))
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "index_add(): index 4 is out of range for dimension 0 with size 3"
+    );
+    let e = x
+        .gather(0, &t(&[0.0], &[1, 1], DType::I32))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("Expected dtype int64 for index"), "{e}");
-    let e = x.index_select(0, &t(&[0.0], &[1], DType::F32)).unwrap_err().to_string();
+    let e = x
+        .index_select(0, &t(&[0.0], &[1], DType::F32))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("Expected dtype int32/int64 for index"), "{e}");
 }
 
@@ -223,7 +321,16 @@ fn gather_ref(x: &[f64], xs: &[usize], d: usize, ix: &[i64], is: &[usize]) -> Ve
         .collect()
 }
 
-fn scatter_ref(x: &[f64], xs: &[usize], d: usize, ix: &[i64], is: &[usize], src: &[f64], ss: &[usize], add: bool) -> Vec<f64> {
+fn scatter_ref(
+    x: &[f64],
+    xs: &[usize],
+    d: usize,
+    ix: &[i64],
+    is: &[usize],
+    src: &[f64],
+    ss: &[usize],
+    add: bool,
+) -> Vec<f64> {
     let mut out = x.to_vec();
     for p in 0..ix.len() {
         let m = unravel(p, is);
@@ -243,7 +350,11 @@ fn gather_scatter_known_examples() {
     let g = x.gather(1, &idx(&[0, 0, 1, 0], &[2, 2])).unwrap();
     assert_eq!(g.to_f64_vec(), vec![1., 1., 4., 3.]);
     // Tensor.scatter_ docs: zeros(3, 5).scatter(0, [[0, 1, 2, 0]], arange(1, 11).view(2, 5))
-    let src = t(&(1..=10).map(f64::from).collect::<Vec<_>>(), &[2, 5], DType::F32);
+    let src = t(
+        &(1..=10).map(f64::from).collect::<Vec<_>>(),
+        &[2, 5],
+        DType::F32,
+    );
     let z = Tensor::zeros(&[3, 5], DType::F32);
     let s = z.scatter(0, &idx(&[0, 1, 2, 0], &[1, 4]), &src).unwrap();
     assert_eq!(
@@ -253,18 +364,33 @@ fn gather_scatter_known_examples() {
     // scatter_add accumulates repeated indices
     let ones = Tensor::ones(&[2, 5], DType::I64);
     let ix = idx(&[0, 1, 2, 0, 0, 1, 2, 0, 0, 0], &[2, 5]);
-    let sa = Tensor::zeros(&[3, 5], DType::I64).scatter_add(0, &ix, &ones).unwrap();
-    assert_eq!(sa.to_f64_vec(), vec![1., 0., 1., 2., 2., 1., 1., 0., 0., 0., 0., 1., 1., 0., 0.]);
+    let sa = Tensor::zeros(&[3, 5], DType::I64)
+        .scatter_add(0, &ix, &ones)
+        .unwrap();
+    assert_eq!(
+        sa.to_f64_vec(),
+        vec![1., 0., 1., 2., 2., 1., 1., 0., 0., 0., 0., 1., 1., 0., 0.]
+    );
     for dt in DTYPES {
         let (xs, is) = ([3usize, 4], [2usize, 3]);
         let xd = seq(12);
         let x = transposed_view(&xd, &xs, dt);
         let ixd = [2i64, 0, 1, 1, 2, 0];
         let ixt = idx(&ixd, &is);
-        assert_eq!(x.gather(0, &ixt).unwrap().to_f64_vec(), gather_ref(&xd, &xs, 0, &ixd, &is), "{dt}");
+        assert_eq!(
+            x.gather(0, &ixt).unwrap().to_f64_vec(),
+            gather_ref(&xd, &xs, 0, &ixd, &is),
+            "{dt}"
+        );
         let ixd1 = [3i64, 0, 1, 1, 2, 0];
-        assert_eq!(x.gather(1, &idx(&ixd1, &is)).unwrap().to_f64_vec(), gather_ref(&xd, &xs, 1, &ixd1, &is));
-        let (sd, ss) = (seq(15).iter().map(|v| v * 2.0).collect::<Vec<_>>(), [3usize, 5]);
+        assert_eq!(
+            x.gather(1, &idx(&ixd1, &is)).unwrap().to_f64_vec(),
+            gather_ref(&xd, &xs, 1, &ixd1, &is)
+        );
+        let (sd, ss) = (
+            seq(15).iter().map(|v| v * 2.0).collect::<Vec<_>>(),
+            [3usize, 5],
+        );
         let src = t(&sd, &ss, dt);
         let sv = src.narrow(1, 0, 4).unwrap(); // non-contiguous src
         let sdata: Vec<f64> = (0..12).map(|p| sd[p / 4 * 5 + p % 4]).collect();
@@ -281,7 +407,9 @@ fn gather_scatter_known_examples() {
     }
     // the input is never modified
     let x = t(&[1., 2., 3.], &[3], DType::F32);
-    let _ = x.scatter(0, &idx(&[0], &[1]), &t(&[9.], &[1], DType::F32)).unwrap();
+    let _ = x
+        .scatter(0, &idx(&[0], &[1]), &t(&[9.], &[1], DType::F32))
+        .unwrap();
     assert_eq!(x.to_f64_vec(), vec![1., 2., 3.]);
 }
 
@@ -302,7 +430,10 @@ fn index_add_and_embedding() {
         let e = Tensor::embedding(&idx(&[3, 0, 3, 1], &[2, 2]), &w).unwrap();
         assert_eq!(e.shape(), &[2, 2, 3]);
         let s = seq(12);
-        let want: Vec<f64> = [3, 0, 3, 1].iter().flat_map(|&r| s[r * 3..r * 3 + 3].to_vec()).collect();
+        let want: Vec<f64> = [3, 0, 3, 1]
+            .iter()
+            .flat_map(|&r| s[r * 3..r * 3 + 3].to_vec())
+            .collect();
         assert_eq!(e.to_f64_vec(), want, "{dt}");
     }
     let w = t(&seq(6), &[3, 2], DType::F32);
@@ -326,7 +457,10 @@ fn data_dependent_indexing_copies_while_views_share() {
     let i = x.index_tensor(&idx(&[-1, 0, 2, 2], &[2, 2])).unwrap();
     assert!(!i.shares_storage(&x));
     assert_eq!(i.shape(), &[2, 2, 4]);
-    assert_eq!(i.to_f64_vec(), [&s[8..12], &s[0..4], &s[8..12], &s[8..12]].concat());
+    assert_eq!(
+        i.to_f64_vec(),
+        [&s[8..12], &s[0..4], &s[8..12], &s[8..12]].concat()
+    );
     let e = x.index_tensor(&idx(&[3], &[1])).unwrap_err().to_string();
     assert_eq!(e, "index 3 is out of bounds for dimension 0 with size 3");
     let e = x.index_tensor(&idx(&[-4], &[1])).unwrap_err().to_string();
@@ -339,7 +473,9 @@ fn data_dependent_indexing_copies_while_views_share() {
     let want: Vec<f64> = (0..12).filter(|p| p % 5 == 0).map(|p| vt[p]).collect();
     assert_eq!(got.to_f64_vec(), want);
     assert_eq!(v.masked_select(&m2).unwrap().to_f64_vec(), want);
-    let e = x.index_mask(&Tensor::from_vec(vec![true; 4], &[4]).unwrap()).unwrap_err();
+    let e = x
+        .index_mask(&Tensor::from_vec(vec![true; 4], &[4]).unwrap())
+        .unwrap_err();
     assert_eq!(
         e.to_string(),
         "The shape of the mask [4] at index 0 does not match the shape of the indexed tensor [3, 4] at index 0"
@@ -347,7 +483,10 @@ fn data_dependent_indexing_copies_while_views_share() {
     // bool index through index_tensor is a mask; 0-d masks add a dim of 1 or 0
     assert_eq!(x.index_tensor(&mask).unwrap().shape(), &[2, 4]);
     let sc = Tensor::scalar(5.0);
-    assert_eq!(sc.index_mask(&Tensor::scalar(true)).unwrap().to_f64_vec(), vec![5.0]);
+    assert_eq!(
+        sc.index_mask(&Tensor::scalar(true)).unwrap().to_f64_vec(),
+        vec![5.0]
+    );
     assert_eq!(sc.index_mask(&Tensor::scalar(false)).unwrap().shape(), &[0]);
 }
 
@@ -356,11 +495,17 @@ fn masked_select_broadcasts_and_nonzero() {
     let x = t(&seq(6), &[2, 3], DType::I64);
     let row = Tensor::from_vec(vec![true, false, true], &[3]).unwrap();
     let s = seq(6);
-    assert_eq!(x.masked_select(&row).unwrap().to_f64_vec(), vec![s[0], s[2], s[3], s[5]]);
+    assert_eq!(
+        x.masked_select(&row).unwrap().to_f64_vec(),
+        vec![s[0], s[2], s[3], s[5]]
+    );
     // the mask can broadcast x too
     let col = t(&[7.0, 8.0], &[2, 1], DType::F32);
     let m = Tensor::from_vec(vec![true, false, true, true, false, false], &[2, 3]).unwrap();
-    assert_eq!(col.masked_select(&m).unwrap().to_f64_vec(), vec![7., 7., 8.]);
+    assert_eq!(
+        col.masked_select(&m).unwrap().to_f64_vec(),
+        vec![7., 7., 8.]
+    );
     let e = x.masked_select(&x).unwrap_err().to_string();
     assert!(e.contains("expected BoolTensor"), "{e}");
     let z = t(&[0.0, 1.5, f64::NAN, 0.0, -0.0, 2.0], &[3, 2], DType::F32);
@@ -369,7 +514,13 @@ fn masked_select_broadcasts_and_nonzero() {
     assert_eq!(nz.shape(), &[3, 2]);
     assert_eq!(nz.to_i64_vec(), vec![0, 1, 1, 0, 2, 1]);
     assert_eq!(Tensor::scalar(3).nonzero().unwrap().shape(), &[1, 0]);
-    assert_eq!(Tensor::zeros(&[2, 0], DType::F32).nonzero().unwrap().shape(), &[0, 2]);
+    assert_eq!(
+        Tensor::zeros(&[2, 0], DType::F32)
+            .nonzero()
+            .unwrap()
+            .shape(),
+        &[0, 2]
+    );
     let tv = z.t().unwrap().nonzero().unwrap();
     assert_eq!(tv.to_i64_vec(), vec![0, 1, 1, 0, 1, 2]);
 }
@@ -410,7 +561,13 @@ fn sort_and_topk() {
             }
         }
         let (sv, _) = m.topk(1, 0, false, false).unwrap();
-        let mins: Vec<f64> = (0..4).map(|c| (0..3).map(|r| data[r * 4 + c]).fold(f64::INFINITY, f64::min)).collect();
+        let mins: Vec<f64> = (0..4)
+            .map(|c| {
+                (0..3)
+                    .map(|r| data[r * 4 + c])
+                    .fold(f64::INFINITY, f64::min)
+            })
+            .collect();
         assert_eq!(sv.to_f64_vec(), mins);
     }
     // large integers compare exactly
@@ -418,8 +575,18 @@ fn sort_and_topk() {
     assert_eq!(big.sort(0, false).unwrap().1.to_i64_vec(), vec![1, 0]);
     let e = x.topk(7, 0, true, true).unwrap_err().to_string();
     assert_eq!(e, "selected index k out of range");
-    assert_eq!(Tensor::scalar(2.0).sort(0, false).unwrap().0.to_f64_vec(), vec![2.0]);
-    assert_eq!(Tensor::zeros(&[0, 3], DType::F32).sort(1, false).unwrap().0.shape(), &[0, 3]);
+    assert_eq!(
+        Tensor::scalar(2.0).sort(0, false).unwrap().0.to_f64_vec(),
+        vec![2.0]
+    );
+    assert_eq!(
+        Tensor::zeros(&[0, 3], DType::F32)
+            .sort(1, false)
+            .unwrap()
+            .0
+            .shape(),
+        &[0, 3]
+    );
 }
 
 proptest! {
@@ -479,5 +646,20 @@ proptest! {
         if !data.is_empty() {
             prop_assert_eq!(f.to_f64_vec(), flip_ref(&data, &shape, &dims));
         }
+    }
+}
+
+#[test]
+fn devices() {
+    use smelt::Device;
+    let x = t(&seq(4), &[2, 2], DType::F32);
+    let c = x.cpu().unwrap();
+    assert!(c.shares_storage(&x));
+    assert_eq!(c.data_ptr(), x.data_ptr());
+    assert!(x.to_device(Device::Cpu).unwrap().shares_storage(&x));
+    for r in [x.cuda(), x.to_device(Device::Cuda(1))] {
+        let e = r.unwrap_err();
+        assert!(matches!(e, smelt::Error::Device(_)));
+        assert!(e.to_string().starts_with("CUDA is not available"), "{e}");
     }
 }

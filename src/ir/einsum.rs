@@ -191,7 +191,12 @@ impl EinsumSpec {
         })
     }
 
-    fn explicit_output(eq: &[u8], start: usize, sizes: &[Option<usize>], ell: usize) -> Result<Vec<usize>> {
+    fn explicit_output(
+        eq: &[u8],
+        start: usize,
+        sizes: &[Option<usize>],
+        ell: usize,
+    ) -> Result<Vec<usize>> {
         let t = parse_term(eq, start, eq.len(), "output")?;
         for (j, &l) in t.labels.iter().enumerate() {
             if sizes[l].is_none() {
@@ -251,12 +256,21 @@ mod tests {
         assert_eq!(shape("ba", &[&[2, 3]]).unwrap(), vec![3, 2]);
         assert_eq!(shape("ii->i", &[&[3, 3]]).unwrap(), vec![3]);
         assert_eq!(shape("ii", &[&[3, 3]]).unwrap(), Vec::<usize>::new());
-        assert_eq!(shape(" b i j , b j k -> b i k ", &[&[5, 2, 3], &[5, 3, 4]]).unwrap(), vec![5, 2, 4]);
-        assert_eq!(shape("...ij,...jk", &[&[7, 1, 2, 3], &[5, 3, 4]]).unwrap(), vec![7, 5, 2, 4]);
+        assert_eq!(
+            shape(" b i j , b j k -> b i k ", &[&[5, 2, 3], &[5, 3, 4]]).unwrap(),
+            vec![5, 2, 4]
+        );
+        assert_eq!(
+            shape("...ij,...jk", &[&[7, 1, 2, 3], &[5, 3, 4]]).unwrap(),
+            vec![7, 5, 2, 4]
+        );
         assert_eq!(shape("i...->...", &[&[2, 3, 4]]).unwrap(), vec![3, 4]);
         assert_eq!(shape("Ab,a->bAa", &[&[2, 3], &[4]]).unwrap(), vec![3, 2, 4]);
         assert_eq!(shape("i,i->i", &[&[3], &[1]]).unwrap(), vec![3]);
-        assert_eq!(shape("aB,Ba", &[&[2, 3], &[3, 2]]).unwrap(), Vec::<usize>::new());
+        assert_eq!(
+            shape("aB,Ba", &[&[2, 3], &[3, 2]]).unwrap(),
+            Vec::<usize>::new()
+        );
         assert_eq!(shape("bA", &[&[2, 3]]).unwrap(), vec![3, 2]);
     }
 
@@ -271,22 +285,34 @@ mod tests {
             e("ij,j1->i", &[&[2, 2], &[2, 2]]),
             "einsum(): invalid subscript given at index 4 in the equation string, subscripts must be in [a-zA-Z]"
         );
-        assert_eq!(e("ij,jk->ik", &[&[2, 2]]), "einsum(): fewer operands were provided than specified in the equation");
+        assert_eq!(
+            e("ij,jk->ik", &[&[2, 2]]),
+            "einsum(): fewer operands were provided than specified in the equation"
+        );
         assert_eq!(
             e("ij->ik", &[&[2, 2]]),
             "einsum(): output subscript k does not appear in the equation for any input operand"
         );
-        assert_eq!(e("ij->ii", &[&[2, 2]]), "einsum(): output subscript i appears more than once in the output");
+        assert_eq!(
+            e("ij->ii", &[&[2, 2]]),
+            "einsum(): output subscript i appears more than once in the output"
+        );
         assert_eq!(
             e("ii->i", &[&[2, 3]]),
             "einsum(): subscript i is repeated for operand 0 but the sizes don't match, 2 != 3"
         );
-        assert!(e("ijk", &[&[2, 2]]).contains("does not match the number of dimensions (2) for operand 0"));
+        assert!(
+            e("ijk", &[&[2, 2]])
+                .contains("does not match the number of dimensions (2) for operand 0")
+        );
         assert!(e("i.j", &[&[2, 2]]).contains("not part of any ellipsis"));
         assert!(e("i..", &[&[2, 2]]).contains("not part of any ellipsis"));
         assert!(e("...i...", &[&[2, 2]]).contains("ellipsis was already found"));
         assert!(e("i,i", &[&[2], &[2], &[2]]).contains("more operands"));
-        assert!(e("...i,...i", &[&[2, 3], &[4, 3]]).contains("ellipsis dimension 0 has size 4 for operand 1"));
+        assert!(
+            e("...i,...i", &[&[2, 3], &[4, 3]])
+                .contains("ellipsis dimension 0 has size 4 for operand 1")
+        );
         assert!(e("ij-ij", &[&[2, 2]]).contains("invalid subscript given at index 2"));
     }
 }

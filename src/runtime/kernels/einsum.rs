@@ -82,7 +82,12 @@ fn prepare(x: &Tensor, labels: &[usize], spec: &EinsumSpec) -> Result<Term> {
 }
 
 fn first_repeat(labels: &[usize]) -> Option<(usize, usize)> {
-    (0..labels.len()).find_map(|b| labels[..b].iter().position(|&l| l == labels[b]).map(|a| (a, b)))
+    (0..labels.len()).find_map(|b| {
+        labels[..b]
+            .iter()
+            .position(|&l| l == labels[b])
+            .map(|a| (a, b))
+    })
 }
 
 /// Sums out the dims whose labels appear in none of `keep`.
@@ -118,17 +123,42 @@ fn sum_unneeded(x: Term, keep: &[&[usize]]) -> Result<Term> {
 /// dims; shared labels not needed are contracted; the others are rows (a) or columns (b).
 fn contract(a: Term, b: Term, later: &[usize]) -> Result<Term> {
     let in_b = |l: &usize| b.labels.contains(l);
-    let batch: Vec<usize> = a.labels.iter().copied().filter(|l| in_b(l) && later.contains(l)).collect();
-    let k: Vec<usize> = a.labels.iter().copied().filter(|l| in_b(l) && !later.contains(l)).collect();
+    let batch: Vec<usize> = a
+        .labels
+        .iter()
+        .copied()
+        .filter(|l| in_b(l) && later.contains(l))
+        .collect();
+    let k: Vec<usize> = a
+        .labels
+        .iter()
+        .copied()
+        .filter(|l| in_b(l) && !later.contains(l))
+        .collect();
     let m: Vec<usize> = a.labels.iter().copied().filter(|l| !in_b(l)).collect();
-    let n: Vec<usize> = b.labels.iter().copied().filter(|l| !a.labels.contains(l)).collect();
+    let n: Vec<usize> = b
+        .labels
+        .iter()
+        .copied()
+        .filter(|l| !a.labels.contains(l))
+        .collect();
     let size_of = |t: &Term, ls: &[usize]| -> Vec<usize> {
         ls.iter()
-            .map(|l| t.labels.iter().position(|m| m == l).map_or(1, |d| t.t.shape()[d]))
+            .map(|l| {
+                t.labels
+                    .iter()
+                    .position(|m| m == l)
+                    .map_or(1, |d| t.t.shape()[d])
+            })
             .collect()
     };
     let prod = |v: &[usize]| v.iter().product::<usize>() as i64;
-    let (bs, ms, ks, ns) = (size_of(&a, &batch), size_of(&a, &m), size_of(&a, &k), size_of(&b, &n));
+    let (bs, ms, ks, ns) = (
+        size_of(&a, &batch),
+        size_of(&a, &m),
+        size_of(&a, &k),
+        size_of(&b, &n),
+    );
     let a3 = arrange(&a, &[&batch, &m, &k], &[prod(&bs), prod(&ms), prod(&ks)])?;
     let b3 = arrange(&b, &[&batch, &k, &n], &[prod(&bs), prod(&ks), prod(&ns)])?;
     let c = apply(Op::Matmul, &[&a3, &b3])?;
@@ -147,5 +177,10 @@ fn arrange(x: &Term, groups: &[&[usize]], shape: &[i64]) -> Result<Tensor> {
         .collect::<Option<_>>()
         .ok_or_else(|| Error::Value("einsum(): internal label mismatch".into()))?;
     let p = x.t.with_layout(x.t.layout().permute(&perm));
-    apply(Op::Reshape { shape: shape.to_vec() }, &[&p])
+    apply(
+        Op::Reshape {
+            shape: shape.to_vec(),
+        },
+        &[&p],
+    )
 }

@@ -199,7 +199,10 @@ fn flip(x: &Tensor, dims: &[usize]) -> Tensor {
     let back: Vec<usize> = (0..nd)
         .map(|k| if dims.contains(&k) { x.strides()[k] } else { 0 })
         .collect();
-    let base: usize = dims.iter().map(|&k| (x.shape()[k] - 1) * x.strides()[k]).sum();
+    let base: usize = dims
+        .iter()
+        .map(|&k| (x.shape()[k] - 1) * x.strides()[k])
+        .sum();
     let acc = access::lock(&[x], &[&o]);
     dispatch_bits!(x.dtype().size(), T => {
         let (po, px) = (SendPtr(acc.write::<T>(0)), SendPtr(acc.read::<T>(0) as *mut T));

@@ -1,8 +1,8 @@
 //! `Tensor::einsum`.
 
+use crate::Result;
 use crate::ir::op::Op;
 use crate::runtime::tensor::{Tensor, apply};
-use crate::Result;
 
 impl Tensor {
     /// `torch.einsum(equation, operands)`: explicit (`"ij,jk->ik"`) or implicit (`"ij,jk"`)

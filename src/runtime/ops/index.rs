@@ -2,10 +2,10 @@
 //! the eager-only data-dependent ops (`masked_select`, `nonzero`, mask and integer-array
 //! indexing, `sort`, `topk`). Every one of them returns a copy, never a view, as in PyTorch.
 
+use crate::Result;
 use crate::ir::op::Op;
 use crate::runtime::kernels::index as kern;
 use crate::runtime::tensor::{Tensor, apply};
-use crate::Result;
 
 impl Tensor {
     /// `torch.cat(tensors, dim)`; mixed dtypes are promoted as in PyTorch.
@@ -18,7 +18,12 @@ impl Tensor {
     }
     /// Reverses the order of elements along `dims` (a copy).
     pub fn flip(&self, dims: &[i64]) -> Result<Tensor> {
-        apply(Op::Flip { dims: dims.to_vec() }, &[self])
+        apply(
+            Op::Flip {
+                dims: dims.to_vec(),
+            },
+            &[self],
+        )
     }
     /// Lower triangle of the last two dims; elements above `diagonal` become zero.
     pub fn tril(&self, diagonal: i64) -> Result<Tensor> {
@@ -77,7 +82,13 @@ impl Tensor {
     }
     /// The `k` largest (or smallest) elements along `dim` and their positions. The result
     /// is sorted whatever `sorted` says (an order PyTorch allows).
-    pub fn topk(&self, k: usize, dim: i64, largest: bool, sorted: bool) -> Result<(Tensor, Tensor)> {
+    pub fn topk(
+        &self,
+        k: usize,
+        dim: i64,
+        largest: bool,
+        sorted: bool,
+    ) -> Result<(Tensor, Tensor)> {
         let _ = sorted;
         kern::topk(self, k, dim, largest)
     }
