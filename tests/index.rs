@@ -321,6 +321,7 @@ fn gather_ref(x: &[f64], xs: &[usize], d: usize, ix: &[i64], is: &[usize]) -> Ve
         .collect()
 }
 
+#[allow(clippy::too_many_arguments)]
 fn scatter_ref(
     x: &[f64],
     xs: &[usize],
@@ -332,11 +333,11 @@ fn scatter_ref(
     add: bool,
 ) -> Vec<f64> {
     let mut out = x.to_vec();
-    for p in 0..ix.len() {
+    for (p, &v) in ix.iter().enumerate() {
         let m = unravel(p, is);
         let s = src[ravel(&m, ss)];
         let mut o = m.clone();
-        o[d] = ix[p] as usize;
+        o[d] = v as usize;
         let q = ravel(&o, xs);
         out[q] = if add { out[q] + s } else { s };
     }
@@ -544,9 +545,9 @@ fn sort_and_topk() {
         for c in 0..4 {
             let mut col: Vec<(f64, i64)> = (0..3).map(|r| (data[r * 4 + c], r as i64)).collect();
             col.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap());
-            for r in 0..3 {
-                assert_eq!(v.to_f64_vec()[r * 4 + c], col[r].0, "{dt}");
-                assert_eq!(i.to_i64_vec()[r * 4 + c], col[r].1, "{dt}");
+            for (r, (cv, ci)) in col.iter().enumerate() {
+                assert_eq!(v.to_f64_vec()[r * 4 + c], *cv, "{dt}");
+                assert_eq!(i.to_i64_vec()[r * 4 + c], *ci, "{dt}");
             }
         }
         let (tv, ti) = m.topk(2, -1, true, true).unwrap();
@@ -555,9 +556,9 @@ fn sort_and_topk() {
             let mut row: Vec<f64> = data[r * 4..r * 4 + 4].to_vec();
             row.sort_by(|a, b| b.partial_cmp(a).unwrap());
             assert_eq!(&tv.to_f64_vec()[r * 2..r * 2 + 2], &row[..2]);
-            for j in 0..2 {
+            for (j, want) in row.iter().take(2).enumerate() {
                 let k = ti.to_i64_vec()[r * 2 + j] as usize;
-                assert_eq!(data[r * 4 + k], row[j]);
+                assert_eq!(data[r * 4 + k], *want);
             }
         }
         let (sv, _) = m.topk(1, 0, false, false).unwrap();
