@@ -155,7 +155,7 @@ impl Tensor {
     pub fn fill_(&self, value: impl Into<Scalar>) -> Result<&Tensor> {
         check_no_overlap(self.layout())?;
         let value = value.into();
-        if value.is_float() && !self.dtype().is_float() && !value.to_f64().is_finite() {
+        if value.is_float() && self.dtype().is_int() && !value.to_f64().is_finite() {
             bail!(
                 Value,
                 "value cannot be converted to type {} without overflow",
