@@ -5,5 +5,6 @@ mod device;
 mod einsum;
 mod index;
 mod linalg;
+mod pointwise;
 mod reduce;
 mod views;
