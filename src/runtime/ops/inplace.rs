@@ -65,7 +65,11 @@ impl Tensor {
     /// without allocating when dtypes match and nothing aliases.
     pub fn apply_out(op: Op, inputs: &[&Tensor], out: &Tensor) -> Result<()> {
         if !op.is_pointwise() {
-            bail!(Value, "{}: out= is only supported for pointwise ops", op.name());
+            bail!(
+                Value,
+                "{}: out= is only supported for pointwise ops",
+                op.name()
+            );
         }
         check_devices(inputs, out)?;
         checked_type(&op, inputs, out)?;
@@ -144,7 +148,12 @@ impl Tensor {
     }
     /// Writes `value` where the bool `mask` (broadcast to `self`) is true.
     pub fn masked_fill_(&self, mask: &Tensor, value: impl Into<Scalar>) -> Result<&Tensor> {
-        self.update_(Op::MaskedFill { value: value.into() }, &[mask])
+        self.update_(
+            Op::MaskedFill {
+                value: value.into(),
+            },
+            &[mask],
+        )
     }
 
     /// Sets every element to zero.

@@ -4,6 +4,7 @@ mod creation;
 mod device;
 mod einsum;
 mod index;
+mod inplace;
 mod linalg;
 mod pointwise;
 mod reduce;
