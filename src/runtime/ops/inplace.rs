@@ -22,7 +22,7 @@ use crate::{Result, bail, dispatch};
 
 /// PyTorch's `canCast`: no float into an integer or bool, no integer into bool.
 fn can_cast(from: DType, to: DType) -> bool {
-    !(from.is_float() && !to.is_float() || !from.is_bool() && to.is_bool())
+    (to.is_float() || !from.is_float()) && (from.is_bool() || !to.is_bool())
 }
 
 /// The type `op` gives `inputs`, checked to be writable into `dst`'s dtype.
