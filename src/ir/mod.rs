@@ -2,5 +2,11 @@
 
 pub mod dtype;
 pub mod einsum;
+pub mod graph;
 pub mod op;
 pub mod shape;
+pub mod text;
+pub mod verify;
+
+pub use graph::{Graph, Module, Node, NodeKind, ValueId};
+pub use text::{parse_module, print_graph, print_module};
