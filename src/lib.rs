@@ -5,6 +5,7 @@
 
 pub mod error;
 pub mod ir;
+pub mod jit;
 pub mod runtime;
 
 pub use error::{Error, Result};
