@@ -261,6 +261,12 @@ impl Graph {
         &self.g
     }
 
+    /// The underlying petgraph graph, for passes that rewrite in place. Node names must stay
+    /// those of the name table; run `verify` afterwards.
+    pub fn petgraph_mut(&mut self) -> &mut StableDiGraph<Node, usize> {
+        &mut self.g
+    }
+
     /// Checks the graph's invariants: unique valid names, inputs are exactly the input
     /// nodes, operand positions are `0..n`, every op's recorded type is what `Op::infer`
     /// gives, outputs exist, and there is no cycle.
