@@ -342,17 +342,7 @@ impl UnaryOp {
         use UnaryOp::*;
         matches!(
             self,
-            Exp | Log
-                | Log1p
-                | Expm1
-                | Sqrt
-                | Rsqrt
-                | Sin
-                | Cos
-                | Tanh
-                | Sigmoid
-                | Erf
-                | Reciprocal
+            Exp | Log | Log1p | Expm1 | Sqrt | Rsqrt | Sin | Cos | Tanh | Sigmoid | Erf | Reciprocal
         )
     }
 
@@ -657,7 +647,8 @@ impl Op {
                         inputs[0].dtype.scalar_name()
                     );
                 }
-                let shape = broadcast_all(&[&inputs[0].shape, &inputs[1].shape, &inputs[2].shape])?;
+                let shape =
+                    broadcast_all(&[&inputs[0].shape, &inputs[1].shape, &inputs[2].shape])?;
                 let d = result_type(&[inputs[1].promote_arg(), inputs[2].promote_arg()]);
                 out(d, shape)
             }
@@ -720,10 +711,7 @@ impl Op {
                         }
                     }
                 }
-                out(
-                    op.out_dtype(x.dtype)?,
-                    reduced_shape(&x.shape, &dims, *keepdim),
-                )
+                out(op.out_dtype(x.dtype)?, reduced_shape(&x.shape, &dims, *keepdim))
             }
             Op::ArgMax { dim, keepdim } | Op::ArgMin { dim, keepdim } => {
                 one(1)?;
@@ -771,11 +759,7 @@ impl Op {
                 one(1)?;
                 let x = inputs[0];
                 wrap_dim(*dim, x.ndim())?;
-                let d = if x.dtype.is_float() {
-                    x.dtype
-                } else {
-                    DType::I64
-                };
+                let d = if x.dtype.is_float() { x.dtype } else { DType::I64 };
                 out(d, x.shape.clone())
             }
             Op::Softmax { dim } | Op::LogSoftmax { dim } => {
@@ -812,11 +796,7 @@ impl Op {
                     return Err(not_implemented(name, x.dtype));
                 }
                 for (i, p) in inputs[1..].iter().enumerate() {
-                    let what = if i == 0 && *has_weight {
-                        "weight"
-                    } else {
-                        "bias"
-                    };
+                    let what = if i == 0 && *has_weight { "weight" } else { "bias" };
                     if p.shape != *normalized_shape {
                         bail!(
                             Shape,
@@ -876,9 +856,10 @@ impl Op {
             Op::Einsum { equation } => {
                 let shapes: Vec<&[usize]> = inputs.iter().map(|t| &t.shape[..]).collect();
                 let plan = super::einsum::EinsumSpec::parse(equation, &shapes)?;
-                let mut d = inputs.first().map(|t| t.dtype).ok_or_else(|| {
-                    Error::Value("einsum(): must provide at least one operand".into())
-                })?;
+                let mut d = inputs
+                    .first()
+                    .map(|t| t.dtype)
+                    .ok_or_else(|| Error::Value("einsum(): must provide at least one operand".into()))?;
                 for t in &inputs[1..] {
                     if t.dtype != d {
                         bail!(
@@ -1015,9 +996,9 @@ impl Op {
             }
             Op::Cat { dim } => cat_type(inputs, *dim),
             Op::Stack { dim } => {
-                let first = inputs
-                    .first()
-                    .ok_or_else(|| Error::Value("stack expects a non-empty TensorList".into()))?;
+                let first = inputs.first().ok_or_else(|| {
+                    Error::Value("stack expects a non-empty TensorList".into())
+                })?;
                 for (i, t) in inputs.iter().enumerate() {
                     if t.shape != first.shape {
                         bail!(
@@ -1031,8 +1012,7 @@ impl Op {
                 let d = wrap_dim(*dim, first.ndim() + 1)?;
                 let mut s = first.shape.clone();
                 s.insert(d, inputs.len());
-                let dtype =
-                    result_type(&inputs.iter().map(|t| t.promote_arg()).collect::<Vec<_>>());
+                let dtype = result_type(&inputs.iter().map(|t| t.promote_arg()).collect::<Vec<_>>());
                 out(dtype, s)
             }
             Op::Flip { dims } => {
@@ -1255,16 +1235,8 @@ pub fn matmul_type(a: &TensorType, b: &TensorType) -> Result<TensorType> {
         }
         return Ok(TensorType::new(a.dtype, vec![]));
     }
-    let a2: Shape = if sa.len() == 1 {
-        vec![1, sa[0]]
-    } else {
-        sa.clone()
-    };
-    let b2: Shape = if sb.len() == 1 {
-        vec![sb[0], 1]
-    } else {
-        sb.clone()
-    };
+    let a2: Shape = if sa.len() == 1 { vec![1, sa[0]] } else { sa.clone() };
+    let b2: Shape = if sb.len() == 1 { vec![sb[0], 1] } else { sb.clone() };
     let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
     let (k2, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
     if k != k2 {
@@ -1314,10 +1286,7 @@ pub fn flatten_shape(shape: &[usize], start: i64, end: i64) -> Result<Shape> {
     }
     let (s, e) = (wrap_dim(start, shape.len())?, wrap_dim(end, shape.len())?);
     if s > e {
-        bail!(
-            Value,
-            "flatten() has invalid args: start_dim cannot come after end_dim"
-        );
+        bail!(Value, "flatten() has invalid args: start_dim cannot come after end_dim");
     }
     let mut out: Shape = shape[..s].to_vec();
     out.push(shape[s..=e].iter().product());

@@ -5,11 +5,6 @@ use std::fmt;
 
 impl fmt::Display for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "tensor(shape={:?}, dtype={})",
-            self.shape(),
-            self.dtype().torch_name()
-        )
+        write!(f, "tensor(shape={:?}, dtype={})", self.shape(), self.dtype().torch_name())
     }
 }

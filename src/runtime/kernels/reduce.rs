@@ -6,8 +6,5 @@ use crate::{Error, Result};
 
 pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
     let _ = (inputs, out);
-    Err(Error::Unsupported(format!(
-        "{} has no eager kernel yet",
-        op.name()
-    )))
+    Err(Error::Unsupported(format!("{} has no eager kernel yet", op.name())))
 }

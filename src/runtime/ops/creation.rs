@@ -1,9 +1,9 @@
 //! Creation functions: `zeros`, `ones`, `full`, `arange` and their relatives.
 
-use crate::Result;
 use crate::ir::dtype::{DEFAULT_FLOAT, DType, Scalar};
 use crate::ir::op::Op;
 use crate::runtime::tensor::{Tensor, apply};
+use crate::Result;
 
 impl Tensor {
     /// A tensor of `size` filled with `value`; the dtype follows the value (float → f32,
