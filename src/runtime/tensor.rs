@@ -25,7 +25,10 @@ pub(crate) struct Inner {
 impl Tensor {
     /// A tensor over `storage` seen through `layout`. The layout must stay inside the storage.
     pub(crate) fn from_parts(storage: Arc<Storage>, layout: Layout) -> Tensor {
-        debug_assert!(layout.extent() <= storage.len(), "layout outside its storage");
+        debug_assert!(
+            layout.extent() <= storage.len(),
+            "layout outside its storage"
+        );
         Tensor(Arc::new(Inner {
             storage,
             layout,
