@@ -58,7 +58,7 @@ fn captured_tensors_become_constants_and_marked_ones_inputs() {
     };
     let x = seq(6, &[2, 3], 1.0);
 
-    let captured = trace(f, &[x.clone()]).unwrap();
+    let captured = trace(f, std::slice::from_ref(&x)).unwrap();
     let g = captured.graph();
     assert_eq!(input_names(g), vec!["x0"]);
     assert_eq!(
@@ -67,7 +67,7 @@ fn captured_tensors_become_constants_and_marked_ones_inputs() {
     );
     assert_text_round_trip(g);
 
-    let marked = trace_with_params(f, &[x.clone()], &[("w", &w)]).unwrap();
+    let marked = trace_with_params(f, std::slice::from_ref(&x), &[("w", &w)]).unwrap();
     let g = marked.graph();
     assert_eq!(input_names(g), vec!["x0", "w"]);
     assert_eq!(op_names(g), vec!["constant", "linear", "softmax"]);
@@ -84,15 +84,24 @@ fn captured_tensors_become_constants_and_marked_ones_inputs() {
 
     // A new input: both traced forms compute what the eager function computes.
     let x2 = seq(6, &[2, 3], -0.5);
-    let want = f(&[x2.clone()]).unwrap();
-    close(&captured.call(&[x2.clone()]).unwrap()[0], &want[0]);
-    close(&marked.call(&[x2.clone()]).unwrap()[0], &want[0]);
+    let want = f(std::slice::from_ref(&x2)).unwrap();
+    close(
+        &captured.call(std::slice::from_ref(&x2)).unwrap()[0],
+        &want[0],
+    );
+    close(
+        &marked.call(std::slice::from_ref(&x2)).unwrap()[0],
+        &want[0],
+    );
 
     // Updating the weight shows through the parameter but not through the constant.
     w.with_slice_mut::<f32, _>(|s| s.iter_mut().for_each(|v| *v *= 2.0))
         .unwrap();
-    let new_want = f(&[x2.clone()]).unwrap();
-    close(&marked.call(&[x2.clone()]).unwrap()[0], &new_want[0]);
+    let new_want = f(std::slice::from_ref(&x2)).unwrap();
+    close(
+        &marked.call(std::slice::from_ref(&x2)).unwrap()[0],
+        &new_want[0],
+    );
     close(&captured.call(&[x2]).unwrap()[0], &want[0]);
 }
 
@@ -166,7 +175,7 @@ fn retrace_guard_traces_new_types_once_and_caches_them() {
     // new shape: traced again, once
     let x = seq(20, &[5, 4], 0.5);
     let want = x.t().unwrap().sum_dim(&[-1], false).unwrap();
-    close(&tr.call(&[x.clone()]).unwrap()[0], &want);
+    close(&tr.call(std::slice::from_ref(&x)).unwrap()[0], &want);
     assert_eq!((runs.get(), tr.retraced_count()), (2, 1));
     close(&tr.call(&[x]).unwrap()[0], &want);
     assert_eq!((runs.get(), tr.retraced_count()), (2, 1));
@@ -212,7 +221,7 @@ fn views_are_recorded_as_pure_ops() {
         ]
     );
     let x2 = seq(24, &[2, 3, 4], -2.0);
-    let got = tr.call(&[x2.clone()]).unwrap();
+    let got = tr.call(std::slice::from_ref(&x2)).unwrap();
     for (a, b) in got.iter().zip(f(&[x2]).unwrap()) {
         assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
     }
@@ -256,7 +265,7 @@ fn tensors_made_outside_apply_are_constants() {
     assert_eq!(op_names(tr.graph()), vec!["constant", "matmul"]);
     let x2 = seq(6, &[2, 3], 0.5);
     close(
-        &tr.call(&[x2.clone()]).unwrap()[0],
+        &tr.call(std::slice::from_ref(&x2)).unwrap()[0],
         &x2.sum_dim(&[1], false).unwrap(),
     );
 }
@@ -290,7 +299,7 @@ fn record_inplace_functionalizes_the_write() {
     assert_eq!(g.operands(out[1]), vec![out[0]]);
     assert_eq!(g.node(out[2]).op().map(|o| o.name()), Some("amax"));
     let x2 = seq(6, &[2, 3], -0.5);
-    let got = tr.call(&[x2.clone()]).unwrap();
+    let got = tr.call(std::slice::from_ref(&x2)).unwrap();
     let want = f(&[x2]).unwrap();
     for (a, b) in got.iter().zip(&want) {
         close(a, b);
