@@ -7,6 +7,7 @@
 pub mod macros;
 pub mod error;
 pub mod ir;
+pub mod jit;
 pub mod runtime;
 
 pub use error::{Error, Result};
