@@ -6,6 +6,7 @@ mod display;
 pub mod element;
 pub mod kernels;
 pub mod layout;
+pub mod npy;
 mod ops;
 pub mod storage;
 pub mod strided;
