@@ -4,7 +4,10 @@ use smelt::runtime::storage::allocation_count;
 use smelt::{DType, Tensor};
 
 fn arange(n: i64, shape: &[i64]) -> Tensor {
-    Tensor::arange(0, n, 1, Some(DType::F32)).unwrap().reshape(shape).unwrap()
+    Tensor::arange(0, n, 1, Some(DType::F32))
+        .unwrap()
+        .reshape(shape)
+        .unwrap()
 }
 
 #[test]
@@ -47,7 +50,10 @@ fn expand_allocates_nothing_and_repeat_copies() {
     assert_eq!(r.to_vec::<f32>().unwrap(), e.to_vec::<f32>().unwrap());
     let r2 = arange(2, &[2]).repeat(&[2, 3]).unwrap();
     assert_eq!(r2.shape(), &[2, 6]);
-    assert_eq!(r2.to_vec::<f32>().unwrap(), vec![0., 1., 0., 1., 0., 1., 0., 1., 0., 1., 0., 1.]);
+    assert_eq!(
+        r2.to_vec::<f32>().unwrap(),
+        vec![0., 1., 0., 1., 0., 1., 0., 1., 0., 1., 0., 1.]
+    );
 }
 
 #[test]
@@ -56,11 +62,20 @@ fn slicing_narrow_select_diagonal() {
     let s = x.slice(1, Some(0), None, 2).unwrap();
     assert_eq!(s.to_vec::<f32>().unwrap(), vec![0., 2., 4., 6., 8., 10.]);
     assert_eq!(x.narrow(0, -2, 2).unwrap().to_vec::<f32>().unwrap()[0], 4.0);
-    assert_eq!(x.diagonal(1, 0, 1).unwrap().to_vec::<f32>().unwrap(), vec![1., 6., 11.]);
+    assert_eq!(
+        x.diagonal(1, 0, 1).unwrap().to_vec::<f32>().unwrap(),
+        vec![1., 6., 11.]
+    );
     let e = x.select(0, 3).unwrap_err().to_string();
-    assert_eq!(e, "select(): index 3 out of range for tensor of size [3, 4] at dimension 0");
+    assert_eq!(
+        e,
+        "select(): index 3 out of range for tensor of size [3, 4] at dimension 0"
+    );
     let parts = x.chunk(3, 1).unwrap();
     assert_eq!(parts.len(), 2);
     assert_eq!(parts[1].shape(), &[3, 2]);
-    assert_eq!(x.unbind(0).unwrap()[2].to_vec::<f32>().unwrap(), vec![8., 9., 10., 11.]);
+    assert_eq!(
+        x.unbind(0).unwrap()[2].to_vec::<f32>().unwrap(),
+        vec![8., 9., 10., 11.]
+    );
 }

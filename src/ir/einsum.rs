@@ -10,7 +10,9 @@ pub struct EinsumSpec {
 impl EinsumSpec {
     pub fn parse(equation: &str, shapes: &[&[usize]]) -> Result<EinsumSpec> {
         let _ = shapes;
-        Err(Error::Unsupported(format!("einsum {equation} is not supported yet")))
+        Err(Error::Unsupported(format!(
+            "einsum {equation} is not supported yet"
+        )))
     }
     pub fn output_shape(&self) -> Shape {
         self.output.clone()

@@ -1,6 +1,13 @@
 //! The graph IR and everything both eager tensors and graphs share: dtypes, shapes, ops.
 
+pub mod attrs;
 pub mod dtype;
 pub mod einsum;
+pub mod graph;
 pub mod op;
 pub mod shape;
+pub mod text;
+pub mod verify;
+
+pub use graph::{Graph, Module, Node, NodeKind, ValueId};
+pub use text::{parse_module, print_graph, print_module};

@@ -342,7 +342,17 @@ impl UnaryOp {
         use UnaryOp::*;
         matches!(
             self,
-            Exp | Log | Log1p | Expm1 | Sqrt | Rsqrt | Sin | Cos | Tanh | Sigmoid | Erf | Reciprocal
+            Exp | Log
+                | Log1p
+                | Expm1
+                | Sqrt
+                | Rsqrt
+                | Sin
+                | Cos
+                | Tanh
+                | Sigmoid
+                | Erf
+                | Reciprocal
         )
     }
 
@@ -647,8 +657,7 @@ impl Op {
                         inputs[0].dtype.scalar_name()
                     );
                 }
-                let shape =
-                    broadcast_all(&[&inputs[0].shape, &inputs[1].shape, &inputs[2].shape])?;
+                let shape = broadcast_all(&[&inputs[0].shape, &inputs[1].shape, &inputs[2].shape])?;
                 let d = result_type(&[inputs[1].promote_arg(), inputs[2].promote_arg()]);
                 out(d, shape)
             }
@@ -711,7 +720,10 @@ impl Op {
                         }
                     }
                 }
-                out(op.out_dtype(x.dtype)?, reduced_shape(&x.shape, &dims, *keepdim))
+                out(
+                    op.out_dtype(x.dtype)?,
+                    reduced_shape(&x.shape, &dims, *keepdim),
+                )
             }
             Op::ArgMax { dim, keepdim } | Op::ArgMin { dim, keepdim } => {
                 one(1)?;
@@ -759,7 +771,11 @@ impl Op {
                 one(1)?;
                 let x = inputs[0];
                 wrap_dim(*dim, x.ndim())?;
-                let d = if x.dtype.is_float() { x.dtype } else { DType::I64 };
+                let d = if x.dtype.is_float() {
+                    x.dtype
+                } else {
+                    DType::I64
+                };
                 out(d, x.shape.clone())
             }
             Op::Softmax { dim } | Op::LogSoftmax { dim } => {
@@ -796,7 +812,11 @@ impl Op {
                     return Err(not_implemented(name, x.dtype));
                 }
                 for (i, p) in inputs[1..].iter().enumerate() {
-                    let what = if i == 0 && *has_weight { "weight" } else { "bias" };
+                    let what = if i == 0 && *has_weight {
+                        "weight"
+                    } else {
+                        "bias"
+                    };
                     if p.shape != *normalized_shape {
                         bail!(
                             Shape,
@@ -856,10 +876,9 @@ impl Op {
             Op::Einsum { equation } => {
                 let shapes: Vec<&[usize]> = inputs.iter().map(|t| &t.shape[..]).collect();
                 let plan = super::einsum::EinsumSpec::parse(equation, &shapes)?;
-                let mut d = inputs
-                    .first()
-                    .map(|t| t.dtype)
-                    .ok_or_else(|| Error::Value("einsum(): must provide at least one operand".into()))?;
+                let mut d = inputs.first().map(|t| t.dtype).ok_or_else(|| {
+                    Error::Value("einsum(): must provide at least one operand".into())
+                })?;
                 for t in &inputs[1..] {
                     if t.dtype != d {
                         bail!(
@@ -996,9 +1015,9 @@ impl Op {
             }
             Op::Cat { dim } => cat_type(inputs, *dim),
             Op::Stack { dim } => {
-                let first = inputs.first().ok_or_else(|| {
-                    Error::Value("stack expects a non-empty TensorList".into())
-                })?;
+                let first = inputs
+                    .first()
+                    .ok_or_else(|| Error::Value("stack expects a non-empty TensorList".into()))?;
                 for (i, t) in inputs.iter().enumerate() {
                     if t.shape != first.shape {
                         bail!(
@@ -1012,7 +1031,8 @@ impl Op {
                 let d = wrap_dim(*dim, first.ndim() + 1)?;
                 let mut s = first.shape.clone();
                 s.insert(d, inputs.len());
-                let dtype = result_type(&inputs.iter().map(|t| t.promote_arg()).collect::<Vec<_>>());
+                let dtype =
+                    result_type(&inputs.iter().map(|t| t.promote_arg()).collect::<Vec<_>>());
                 out(dtype, s)
             }
             Op::Flip { dims } => {
@@ -1235,23 +1255,46 @@ pub fn matmul_type(a: &TensorType, b: &TensorType) -> Result<TensorType> {
         }
         return Ok(TensorType::new(a.dtype, vec![]));
     }
-    let a2: Shape = if sa.len() == 1 { vec![1, sa[0]] } else { sa.clone() };
-    let b2: Shape = if sb.len() == 1 { vec![sb[0], 1] } else { sb.clone() };
+    let a2: Shape = if sa.len() == 1 {
+        vec![1, sa[0]]
+    } else {
+        sa.clone()
+    };
+    let b2: Shape = if sb.len() == 1 {
+        vec![sb[0], 1]
+    } else {
+        sb.clone()
+    };
     let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
     let (k2, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
+    let batch = broadcast_shapes(&a2[..a2.len() - 2], &b2[..b2.len() - 2])?;
     if k != k2 {
-        if sa.len() <= 2 && sb.len() <= 2 && sb.len() == 2 {
+        // PyTorch reports the mismatch of the kernel it picks: mm / mv, with the batch of a
+        // 3-D+ first operand folded into its rows, else bmm.
+        let rows = if sb.len() <= 2 {
+            numel(&a2[..a2.len() - 1])
+        } else {
+            m
+        };
+        if sb.len() == 1 && sa.len() >= 2 {
             bail!(
                 Shape,
-                "mat1 and mat2 shapes cannot be multiplied ({m}x{k} and {k2}x{n})"
+                "size mismatch, got input ({rows}), mat ({rows}x{k}), vec ({k2})"
+            );
+        }
+        if sb.len() == 2 {
+            bail!(
+                Shape,
+                "mat1 and mat2 shapes cannot be multiplied ({rows}x{k} and {k2}x{n})"
             );
         }
         bail!(
             Shape,
-            "Expected size for first two dimensions of batch2 tensor to be: [{k}, {n}] but got: [{k2}, {n}]."
+            "Expected size for first two dimensions of batch2 tensor to be: [{}, {k}] but got: [{}, {k2}].",
+            numel(&batch),
+            numel(&batch)
         );
     }
-    let batch = broadcast_shapes(&a2[..a2.len() - 2], &b2[..b2.len() - 2])?;
     let mut shape = batch;
     if sa.len() > 1 {
         shape.push(m);
@@ -1286,7 +1329,10 @@ pub fn flatten_shape(shape: &[usize], start: i64, end: i64) -> Result<Shape> {
     }
     let (s, e) = (wrap_dim(start, shape.len())?, wrap_dim(end, shape.len())?);
     if s > e {
-        bail!(Value, "flatten() has invalid args: start_dim cannot come after end_dim");
+        bail!(
+            Value,
+            "flatten() has invalid args: start_dim cannot come after end_dim"
+        );
     }
     let mut out: Shape = shape[..s].to_vec();
     out.push(shape[s..=e].iter().product());

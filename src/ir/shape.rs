@@ -32,7 +32,11 @@ pub fn wrap_dim(dim: i64, ndim: usize) -> Result<usize> {
             dim
         );
     }
-    Ok(if dim < 0 { (dim + n) as usize } else { dim as usize })
+    Ok(if dim < 0 {
+        (dim + n) as usize
+    } else {
+        dim as usize
+    })
 }
 
 /// Wraps a list of dims, refusing repeats ("dim 1 appears multiple times in the list of dims").
@@ -53,8 +57,16 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Shape> {
     let n = a.len().max(b.len());
     let mut out = vec![0; n];
     for i in 0..n {
-        let da = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
-        let db = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
+        let da = if i + a.len() >= n {
+            a[i + a.len() - n]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= n {
+            b[i + b.len() - n]
+        } else {
+            1
+        };
         out[i] = if da == db || db == 1 {
             da
         } else if da == 1 {
@@ -132,21 +144,27 @@ pub fn infer_size(shape: &[i64], numel: usize) -> Result<Shape> {
         } else if s < 0 {
             bail!(Value, "invalid shape dimension {s}");
         } else {
-            known = known.checked_mul(s as usize).ok_or_else(|| {
-                Error::Value(format!("shape {shape:?} is too large"))
-            })?;
+            known = known
+                .checked_mul(s as usize)
+                .ok_or_else(|| Error::Value(format!("shape {shape:?} is too large")))?;
         }
     }
     let mut out: Shape = shape.iter().map(|&s| s.max(0) as usize).collect();
     match infer {
         Some(i) => {
             if known == 0 || numel % known != 0 {
-                bail!(Shape, "shape '{shape:?}' is invalid for input of size {numel}");
+                bail!(
+                    Shape,
+                    "shape '{shape:?}' is invalid for input of size {numel}"
+                );
             }
             out[i] = numel / known;
         }
         None if known != numel => {
-            bail!(Shape, "shape '{shape:?}' is invalid for input of size {numel}")
+            bail!(
+                Shape,
+                "shape '{shape:?}' is invalid for input of size {numel}"
+            )
         }
         None => {}
     }

@@ -110,16 +110,46 @@ macro_rules! dispatch {
     ($dtype:expr, $T:ident => $body:expr) => {{
         use $crate::ir::dtype::DType as __D;
         match $dtype {
-            __D::Bool => { type $T = bool; $body }
-            __D::U8 => { type $T = u8; $body }
-            __D::I8 => { type $T = i8; $body }
-            __D::I16 => { type $T = i16; $body }
-            __D::I32 => { type $T = i32; $body }
-            __D::I64 => { type $T = i64; $body }
-            __D::F16 => { type $T = half::f16; $body }
-            __D::BF16 => { type $T = half::bf16; $body }
-            __D::F32 => { type $T = f32; $body }
-            __D::F64 => { type $T = f64; $body }
+            __D::Bool => {
+                type $T = bool;
+                $body
+            }
+            __D::U8 => {
+                type $T = u8;
+                $body
+            }
+            __D::I8 => {
+                type $T = i8;
+                $body
+            }
+            __D::I16 => {
+                type $T = i16;
+                $body
+            }
+            __D::I32 => {
+                type $T = i32;
+                $body
+            }
+            __D::I64 => {
+                type $T = i64;
+                $body
+            }
+            __D::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            __D::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            __D::F32 => {
+                type $T = f32;
+                $body
+            }
+            __D::F64 => {
+                type $T = f64;
+                $body
+            }
         }
     }};
 }
@@ -130,10 +160,22 @@ macro_rules! dispatch_float {
     ($dtype:expr, $T:ident => $body:expr, else $other:expr) => {{
         use $crate::ir::dtype::DType as __D;
         match $dtype {
-            __D::F16 => { type $T = half::f16; $body }
-            __D::BF16 => { type $T = half::bf16; $body }
-            __D::F32 => { type $T = f32; $body }
-            __D::F64 => { type $T = f64; $body }
+            __D::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            __D::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            __D::F32 => {
+                type $T = f32;
+                $body
+            }
+            __D::F64 => {
+                type $T = f64;
+                $body
+            }
             _ => $other,
         }
     }};

@@ -168,7 +168,13 @@ impl Layout {
         Ok(l)
     }
 
-    pub fn slice(&self, dim: i64, start: Option<i64>, end: Option<i64>, step: i64) -> Result<Layout> {
+    pub fn slice(
+        &self,
+        dim: i64,
+        start: Option<i64>,
+        end: Option<i64>,
+        step: i64,
+    ) -> Result<Layout> {
         let (d, s, len) = slice_range(&self.shape, dim, start, end, step)?;
         let mut l = self.clone();
         if len > 0 {
@@ -280,7 +286,17 @@ mod tests {
     fn overlap_and_extent() {
         let e = Layout::contiguous(&[3, 1]).expand(&[3, 4]);
         assert!(e.has_internal_overlap());
-        assert!(!Layout::contiguous(&[3, 4]).transpose(0, 1).has_internal_overlap());
-        assert_eq!(Layout::contiguous(&[3, 4]).narrow(1, 1, 2).unwrap().extent(), 11);
+        assert!(
+            !Layout::contiguous(&[3, 4])
+                .transpose(0, 1)
+                .has_internal_overlap()
+        );
+        assert_eq!(
+            Layout::contiguous(&[3, 4])
+                .narrow(1, 1, 2)
+                .unwrap()
+                .extent(),
+            11
+        );
     }
 }

@@ -8,6 +8,7 @@ pub mod kernels;
 pub mod layout;
 pub mod npy;
 mod ops;
+pub mod random;
 pub mod storage;
 pub mod strided;
 pub mod tensor;

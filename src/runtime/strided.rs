@@ -68,7 +68,12 @@ impl<const K: usize> Walk<K> {
 
     /// Calls `f(base_offsets, len, inner_strides)` for each innermost run of elements
     /// `lo..hi` (in row-major order of the index space).
-    pub fn run_range(&self, lo: usize, hi: usize, f: &mut impl FnMut([usize; K], usize, [usize; K])) {
+    pub fn run_range(
+        &self,
+        lo: usize,
+        hi: usize,
+        f: &mut impl FnMut([usize; K], usize, [usize; K]),
+    ) {
         if lo >= hi {
             return;
         }
@@ -118,7 +123,9 @@ impl<const K: usize> Walk<K> {
             self.run_range(0, n, &mut |b, l, s| f(b, l, s));
             return;
         }
-        let chunks = (rayon::current_num_threads() * 4).min(n / (PAR_THRESHOLD / 2)).max(1);
+        let chunks = (rayon::current_num_threads() * 4)
+            .min(n / (PAR_THRESHOLD / 2))
+            .max(1);
         // chunk edges on multiples of 16 elements keep SIMD loops and cache lines whole
         let step = n.div_ceil(chunks).next_multiple_of(16);
         (0..n.div_ceil(step)).into_par_iter().for_each(|c| {
@@ -168,9 +175,17 @@ pub unsafe fn map2<A: Copy, B: Copy, O: Copy>(
     b: (*const B, &[usize]),
     f: impl Fn(A, B) -> O + Sync,
 ) {
-    let (po, pa, pb) = (SendPtr(out.0), SendPtr(a.0 as *mut A), SendPtr(b.0 as *mut B));
+    let (po, pa, pb) = (
+        SendPtr(out.0),
+        SendPtr(a.0 as *mut A),
+        SendPtr(b.0 as *mut B),
+    );
     Walk::new(shape, [out.1, a.1, b.1]).par_run(|[bo, ba, bb], len, [so, sa, sb]| unsafe {
-        let (o, a, b) = (po.get().add(bo), pa.get().add(ba) as *const A, pb.get().add(bb) as *const B);
+        let (o, a, b) = (
+            po.get().add(bo),
+            pa.get().add(ba) as *const A,
+            pb.get().add(bb) as *const B,
+        );
         if so == 1 && sa == 1 && sb == 1 {
             let o = std::slice::from_raw_parts_mut(o, len);
             let a = std::slice::from_raw_parts(a, len);
@@ -211,13 +226,15 @@ pub unsafe fn map3<A: Copy, B: Copy, C: Copy, O: Copy>(
         SendPtr(b.0 as *mut B),
         SendPtr(c.0 as *mut C),
     );
-    Walk::new(shape, [out.1, a.1, b.1, c.1]).par_run(|[bo, ba, bb, bc], len, [so, sa, sb, sc]| unsafe {
-        let o = po.get().add(bo);
-        let (a, b, c) = (pa.get().add(ba), pb.get().add(bb), pc.get().add(bc));
-        for i in 0..len {
-            *o.add(i * so) = f(*a.add(i * sa), *b.add(i * sb), *c.add(i * sc));
-        }
-    });
+    Walk::new(shape, [out.1, a.1, b.1, c.1]).par_run(
+        |[bo, ba, bb, bc], len, [so, sa, sb, sc]| unsafe {
+            let o = po.get().add(bo);
+            let (a, b, c) = (pa.get().add(ba), pb.get().add(bb), pc.get().add(bc));
+            for i in 0..len {
+                *o.add(i * so) = f(*a.add(i * sa), *b.add(i * sb), *c.add(i * sc));
+            }
+        },
+    );
 }
 
 #[cfg(test)]

@@ -25,7 +25,10 @@ pub(crate) struct Inner {
 impl Tensor {
     /// A tensor over `storage` seen through `layout`. The layout must stay inside the storage.
     pub(crate) fn from_parts(storage: Arc<Storage>, layout: Layout) -> Tensor {
-        debug_assert!(layout.extent() <= storage.len(), "layout outside its storage");
+        debug_assert!(
+            layout.extent() <= storage.len(),
+            "layout outside its storage"
+        );
         Tensor(Arc::new(Inner {
             storage,
             layout,
@@ -306,7 +309,9 @@ pub fn apply(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
     let types: Vec<TensorType> = inputs.iter().map(|t| t.ttype()).collect();
     let refs: Vec<&TensorType> = types.iter().collect();
     let out = op.infer(&refs)?;
-    super::kernels::eval(&op, inputs, &out)
+    let result = super::kernels::eval(&op, inputs, &out)?;
+    crate::jit::trace::on_apply(&op, inputs, &result);
+    Ok(result)
 }
 
 impl std::fmt::Debug for Tensor {

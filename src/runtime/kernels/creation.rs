@@ -1,12 +1,12 @@
 //! Leaf ops: wrapped scalars, captured constants, `full` and `arange`.
 
+use crate::Result;
 use crate::dispatch;
 use crate::ir::dtype::Scalar;
 use crate::ir::op::{Op, TensorType};
 use crate::runtime::access;
 use crate::runtime::element::Element;
 use crate::runtime::tensor::Tensor;
-use crate::Result;
 
 /// A scalar converted to `T` with cast semantics.
 #[inline]
@@ -26,7 +26,11 @@ pub fn eval(op: &Op, out: &TensorType) -> Result<Tensor> {
             let acc = access::lock(&[], &[&t]);
             // SAFETY: the shape rule checked that the literal has exactly numel * size bytes.
             unsafe {
-                std::ptr::copy_nonoverlapping(lit.bytes.as_ptr(), acc.write::<u8>(0), lit.bytes.len())
+                std::ptr::copy_nonoverlapping(
+                    lit.bytes.as_ptr(),
+                    acc.write::<u8>(0),
+                    lit.bytes.len(),
+                )
             };
             drop(acc);
             t

@@ -6,5 +6,7 @@ use crate::{Error, Result};
 
 pub fn eval(equation: &str, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
     let _ = (inputs, out);
-    Err(Error::Unsupported(format!("einsum {equation} has no eager kernel yet")))
+    Err(Error::Unsupported(format!(
+        "einsum {equation} has no eager kernel yet"
+    )))
 }

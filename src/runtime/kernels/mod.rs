@@ -11,8 +11,8 @@ pub mod reduce;
 mod views;
 
 use super::tensor::Tensor;
-use crate::ir::op::{Op, TensorType};
 use crate::Result;
+use crate::ir::op::{Op, TensorType};
 
 pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
     match op {

@@ -6,5 +6,8 @@ use crate::{Error, Result};
 
 pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
     let _ = (inputs, out);
-    Err(Error::Unsupported(format!("{} has no eager kernel yet", op.name())))
+    Err(Error::Unsupported(format!(
+        "{} has no eager kernel yet",
+        op.name()
+    )))
 }

@@ -22,7 +22,9 @@ pub fn eval(op: &Op, x: &Tensor, out: &TensorType) -> Result<Tensor> {
             None => {
                 let c = copy::contiguous(x);
                 let v = c.layout().view(&out.shape);
-                c.with_layout(v.unwrap_or_else(|| crate::runtime::layout::Layout::contiguous(&out.shape)))
+                c.with_layout(
+                    v.unwrap_or_else(|| crate::runtime::layout::Layout::contiguous(&out.shape)),
+                )
             }
         },
         Op::Permute { dims } => x.with_layout(l.permute(&wrap_dims(dims, x.dim())?)),

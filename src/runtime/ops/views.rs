@@ -15,11 +15,21 @@ impl Tensor {
     /// A view with another shape (one dim may be -1). Fails, as in PyTorch, when the strides
     /// do not allow it (after `transpose`, say): use `reshape` or `contiguous().view`.
     pub fn view(&self, shape: &[i64]) -> Result<Tensor> {
-        apply(Op::View { shape: ishape(shape) }, &[self])
+        apply(
+            Op::View {
+                shape: ishape(shape),
+            },
+            &[self],
+        )
     }
     /// A view when the strides allow it, else a contiguous copy.
     pub fn reshape(&self, shape: &[i64]) -> Result<Tensor> {
-        apply(Op::Reshape { shape: ishape(shape) }, &[self])
+        apply(
+            Op::Reshape {
+                shape: ishape(shape),
+            },
+            &[self],
+        )
     }
     pub fn transpose(&self, dim0: i64, dim1: i64) -> Result<Tensor> {
         apply(Op::Transpose { dim0, dim1 }, &[self])
@@ -29,11 +39,21 @@ impl Tensor {
         apply(Op::T, &[self])
     }
     pub fn permute(&self, dims: &[i64]) -> Result<Tensor> {
-        apply(Op::Permute { dims: dims.to_vec() }, &[self])
+        apply(
+            Op::Permute {
+                dims: dims.to_vec(),
+            },
+            &[self],
+        )
     }
     /// Broadcast view with stride 0 along new or size-1 dims; -1 keeps a size. No copy.
     pub fn expand(&self, size: &[i64]) -> Result<Tensor> {
-        apply(Op::Expand { size: size.to_vec() }, &[self])
+        apply(
+            Op::Expand {
+                size: size.to_vec(),
+            },
+            &[self],
+        )
     }
     pub fn expand_as(&self, other: &Tensor) -> Result<Tensor> {
         let size: Vec<i64> = other.shape().iter().map(|&s| s as i64).collect();
@@ -45,7 +65,12 @@ impl Tensor {
     }
     /// Drops `dim` if its size is 1.
     pub fn squeeze_dim(&self, dim: i64) -> Result<Tensor> {
-        apply(Op::Squeeze { dim: Some(vec![dim]) }, &[self])
+        apply(
+            Op::Squeeze {
+                dim: Some(vec![dim]),
+            },
+            &[self],
+        )
     }
     pub fn unsqueeze(&self, dim: i64) -> Result<Tensor> {
         apply(Op::Unsqueeze { dim }, &[self])
@@ -61,8 +86,22 @@ impl Tensor {
         apply(Op::Select { dim, index }, &[self])
     }
     /// Python slicing along one dim: `x[start:end:step]`, with `None` for an open bound.
-    pub fn slice(&self, dim: i64, start: Option<i64>, end: Option<i64>, step: i64) -> Result<Tensor> {
-        apply(Op::Slice { dim, start, end, step }, &[self])
+    pub fn slice(
+        &self,
+        dim: i64,
+        start: Option<i64>,
+        end: Option<i64>,
+        step: i64,
+    ) -> Result<Tensor> {
+        apply(
+            Op::Slice {
+                dim,
+                start,
+                end,
+                step,
+            },
+            &[self],
+        )
     }
     pub fn diagonal(&self, offset: i64, dim1: i64, dim2: i64) -> Result<Tensor> {
         apply(Op::Diagonal { offset, dim1, dim2 }, &[self])
@@ -73,15 +112,25 @@ impl Tensor {
     }
     /// Tiles the data (copies, unlike `expand`).
     pub fn repeat(&self, repeats: &[usize]) -> Result<Tensor> {
-        apply(Op::Repeat { repeats: repeats.to_vec() }, &[self])
+        apply(
+            Op::Repeat {
+                repeats: repeats.to_vec(),
+            },
+            &[self],
+        )
     }
     /// Views of each slice along `dim`.
     pub fn unbind(&self, dim: i64) -> Result<Vec<Tensor>> {
         let d = wrap_dim(dim, self.dim())?;
         if self.dim() == 0 {
-            bail!(Index, "Dimension specified as 0 but tensor has no dimensions");
+            bail!(
+                Index,
+                "Dimension specified as 0 but tensor has no dimensions"
+            );
         }
-        (0..self.shape()[d] as i64).map(|i| self.select(d as i64, i)).collect()
+        (0..self.shape()[d] as i64)
+            .map(|i| self.select(d as i64, i))
+            .collect()
     }
     /// `chunks` views along `dim`, each of size `ceil(n / chunks)` but the last.
     pub fn chunk(&self, chunks: usize, dim: i64) -> Result<Vec<Tensor>> {
@@ -96,7 +145,10 @@ impl Tensor {
     pub fn split(&self, split_size: usize, dim: i64) -> Result<Vec<Tensor>> {
         let n = self.size(dim)?;
         if split_size == 0 && n > 0 {
-            bail!(Value, "split_size can only be 0 if dimension size is 0, but got dimension size of {n}");
+            bail!(
+                Value,
+                "split_size can only be 0 if dimension size is 0, but got dimension size of {n}"
+            );
         }
         if n == 0 {
             return Ok(vec![self.clone()]);

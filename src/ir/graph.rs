@@ -1,0 +1,558 @@
+//! The graph IR: a petgraph DAG whose nodes are values (graph inputs or op results, each with
+//! its dtype and shape) and whose edges run from an operand to its user, weighted by the
+//! operand's position.
+
+use super::dtype::{DType, Scalar};
+use super::op::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp};
+use crate::{Error, Result, bail};
+use petgraph::Direction;
+use petgraph::stable_graph::StableDiGraph;
+use petgraph::visit::EdgeRef;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+/// A value of a graph (the node that defines it).
+pub type ValueId = petgraph::stable_graph::NodeIndex;
+
+/// What defines a value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NodeKind {
+    /// A named graph input.
+    Input { name: String },
+    /// The result of an op.
+    Op(Op),
+}
+
+/// One value: how it is defined, its type, and its name (without the `%`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub kind: NodeKind,
+    pub ty: TensorType,
+    pub name: String,
+}
+
+impl Node {
+    /// The op that defines this value, `None` for an input.
+    pub fn op(&self) -> Option<&Op> {
+        match &self.kind {
+            NodeKind::Op(op) => Some(op),
+            NodeKind::Input { .. } => None,
+        }
+    }
+
+    /// True for an unnamed Python-scalar operand (printed inline as a bare number).
+    pub fn is_inline_scalar(&self) -> bool {
+        matches!(self.kind, NodeKind::Op(Op::Scalar(_))) && is_anonymous(&self.name)
+    }
+}
+
+/// Names the text format cannot spell (`$3`) mark anonymous scalar nodes.
+pub(crate) fn is_anonymous(name: &str) -> bool {
+    name.starts_with('$')
+}
+
+/// True for names the text format can spell after `%`: `[A-Za-z0-9_.]+`.
+pub fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+}
+
+/// A tensor program: named inputs, op nodes, ordered outputs.
+#[derive(Clone, Debug)]
+pub struct Graph {
+    pub name: String,
+    g: StableDiGraph<Node, usize>,
+    inputs: Vec<ValueId>,
+    outputs: Vec<ValueId>,
+    names: HashMap<String, ValueId>,
+    next_name: usize,
+    next_anon: usize,
+}
+
+impl Graph {
+    /// An empty graph.
+    pub fn new(name: &str) -> Graph {
+        Graph {
+            name: name.to_string(),
+            g: StableDiGraph::new(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            names: HashMap::new(),
+            next_name: 0,
+            next_anon: 0,
+        }
+    }
+
+    /// Adds a named input of type `ty`.
+    pub fn add_input(&mut self, name: &str, ty: TensorType) -> Result<ValueId> {
+        self.check_new_name(name)?;
+        let v = self.g.add_node(Node {
+            kind: NodeKind::Input {
+                name: name.to_string(),
+            },
+            ty,
+            name: name.to_string(),
+        });
+        self.names.insert(name.to_string(), v);
+        self.inputs.push(v);
+        Ok(v)
+    }
+
+    /// Adds `op` applied to `operands`, with a generated name; its type comes from `Op::infer`.
+    /// Scalar ops get an anonymous name and print inline where used.
+    pub fn add_op(&mut self, op: Op, operands: &[ValueId]) -> Result<ValueId> {
+        let name = if matches!(op, Op::Scalar(_)) {
+            self.next_anon += 1;
+            format!("${}", self.next_anon - 1)
+        } else {
+            self.fresh_name()
+        };
+        self.insert_op(op, operands, name)
+    }
+
+    /// Adds `op` applied to `operands` under the value name `name`.
+    pub fn add_op_named(&mut self, op: Op, operands: &[ValueId], name: &str) -> Result<ValueId> {
+        self.check_new_name(name)?;
+        self.insert_op(op, operands, name.to_string())
+    }
+
+    /// Adds a Python-scalar operand node.
+    pub fn add_scalar(&mut self, s: impl Into<Scalar>) -> Result<ValueId> {
+        self.add_op(Op::Scalar(s.into()), &[])
+    }
+
+    fn insert_op(&mut self, op: Op, operands: &[ValueId], name: String) -> Result<ValueId> {
+        for &o in operands {
+            if !self.g.contains_node(o) {
+                bail!(
+                    Value,
+                    "{}: operand {} is not a value of this graph",
+                    op.name(),
+                    o.index()
+                );
+            }
+        }
+        let ty = {
+            let tys: Vec<&TensorType> = operands.iter().map(|&o| &self.g[o].ty).collect();
+            op.infer(&tys)?
+        };
+        let v = self.g.add_node(Node {
+            kind: NodeKind::Op(op),
+            ty,
+            name: name.clone(),
+        });
+        for (i, &o) in operands.iter().enumerate() {
+            self.g.add_edge(o, v, i);
+        }
+        self.names.insert(name, v);
+        Ok(v)
+    }
+
+    fn check_new_name(&self, name: &str) -> Result<()> {
+        if !is_valid_name(name) {
+            bail!(
+                Value,
+                "invalid value name '{name}': use letters, digits, '_' and '.'"
+            );
+        }
+        if self.names.contains_key(name) {
+            bail!(Value, "value %{name} defined twice");
+        }
+        Ok(())
+    }
+
+    fn fresh_name(&mut self) -> String {
+        loop {
+            let n = self.next_name.to_string();
+            self.next_name += 1;
+            if !self.names.contains_key(&n) {
+                return n;
+            }
+        }
+    }
+
+    /// Sets the graph's results, in order.
+    pub fn set_outputs(&mut self, outputs: Vec<ValueId>) {
+        self.outputs = outputs;
+    }
+
+    pub fn inputs(&self) -> &[ValueId] {
+        &self.inputs
+    }
+
+    pub fn outputs(&self) -> &[ValueId] {
+        &self.outputs
+    }
+
+    /// The node defining `v`. Panics if `v` is not a value of this graph.
+    pub fn node(&self, v: ValueId) -> &Node {
+        &self.g[v]
+    }
+
+    /// The node defining `v`, if `v` is a value of this graph.
+    pub fn try_node(&self, v: ValueId) -> Option<&Node> {
+        self.g.node_weight(v)
+    }
+
+    /// The value named `name` (without `%`).
+    pub fn value(&self, name: &str) -> Option<ValueId> {
+        self.names.get(name).copied()
+    }
+
+    /// The operands of `v` in operand order.
+    pub fn operands(&self, v: ValueId) -> Vec<ValueId> {
+        let mut e: Vec<(usize, ValueId)> = self
+            .g
+            .edges_directed(v, Direction::Incoming)
+            .map(|e| (*e.weight(), e.source()))
+            .collect();
+        e.sort_by_key(|&(i, _)| i);
+        e.into_iter().map(|(_, s)| s).collect()
+    }
+
+    /// The values that use `v` (each once, in no particular order).
+    pub fn users(&self, v: ValueId) -> Vec<ValueId> {
+        let mut u: Vec<ValueId> = self.g.neighbors_directed(v, Direction::Outgoing).collect();
+        u.sort();
+        u.dedup();
+        u
+    }
+
+    /// Number of values (nodes), scalar operands included.
+    pub fn len(&self) -> usize {
+        self.g.node_count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.g.node_count() == 0
+    }
+
+    /// Every node, operands before users; among ready nodes the earliest added comes first,
+    /// so a graph built in order keeps its order. Nodes on a cycle are left out.
+    pub fn topo_order(&self) -> Vec<ValueId> {
+        let mut indeg: HashMap<ValueId, usize> = HashMap::new();
+        let mut ready = BinaryHeap::new();
+        for v in self.g.node_indices() {
+            let d = self.g.edges_directed(v, Direction::Incoming).count();
+            indeg.insert(v, d);
+            if d == 0 {
+                ready.push(Reverse(v));
+            }
+        }
+        let mut order = Vec::with_capacity(self.g.node_count());
+        while let Some(Reverse(v)) = ready.pop() {
+            order.push(v);
+            for e in self.g.edges_directed(v, Direction::Outgoing) {
+                if let Some(d) = indeg.get_mut(&e.target()) {
+                    *d -= 1;
+                    if *d == 0 {
+                        ready.push(Reverse(e.target()));
+                    }
+                }
+            }
+        }
+        order
+    }
+
+    /// The underlying petgraph graph (nodes = values, edge weight = operand position).
+    pub fn petgraph(&self) -> &StableDiGraph<Node, usize> {
+        &self.g
+    }
+
+    /// The underlying petgraph graph, for passes that rewrite in place. Node names must stay
+    /// those of the name table; run `verify` afterwards.
+    pub fn petgraph_mut(&mut self) -> &mut StableDiGraph<Node, usize> {
+        &mut self.g
+    }
+
+    /// Checks the graph's invariants: unique valid names, inputs are exactly the input
+    /// nodes, operand positions are `0..n`, every op's recorded type is what `Op::infer`
+    /// gives, outputs exist, and there is no cycle.
+    pub fn verify(&self) -> Result<()> {
+        super::verify::verify(self)
+    }
+
+    /// Graphviz text of the graph: one node per value labelled with its name, op and type.
+    pub fn to_dot(&self) -> String {
+        use petgraph::dot::{Config, Dot};
+        let node_attr = |_, (_, n): (ValueId, &Node)| {
+            let what = match &n.kind {
+                NodeKind::Input { .. } => "input".to_string(),
+                NodeKind::Op(Op::Scalar(s)) => format!("scalar {s}"),
+                NodeKind::Op(op) => op.name().to_string(),
+            };
+            let label = format!("%{} = {}\\n{}", n.name, what, super::text::fmt_type(&n.ty));
+            format!("label=\"{}\"", label.replace('"', "\\\""))
+        };
+        let edge_attr = |_, e: petgraph::stable_graph::EdgeReference<'_, usize>| {
+            format!("label=\"{}\"", e.weight())
+        };
+        let dot = Dot::with_attr_getters(
+            &self.g,
+            &[Config::NodeNoLabel, Config::EdgeNoLabel],
+            &edge_attr,
+            &node_attr,
+        );
+        format!("{dot:?}")
+    }
+
+    pub(crate) fn names(&self) -> &HashMap<String, ValueId> {
+        &self.names
+    }
+}
+
+/// Structural equality: same name, inputs, op nodes (matched by value name) with the same
+/// op, attributes, type and operands in order, and same outputs. Anonymous scalar operands
+/// compare by value, not by name or node index.
+impl PartialEq for Graph {
+    fn eq(&self, other: &Graph) -> bool {
+        let named = |g: &Graph| {
+            g.g.node_indices()
+                .filter(|&v| !g.g[v].is_inline_scalar())
+                .count()
+        };
+        let same_value = |a: ValueId, b: ValueId| {
+            let (na, nb) = (&self.g[a], &other.g[b]);
+            if na.is_inline_scalar() || nb.is_inline_scalar() {
+                na.is_inline_scalar()
+                    && nb.is_inline_scalar()
+                    && na.kind == nb.kind
+                    && na.ty == nb.ty
+            } else {
+                na.name == nb.name
+            }
+        };
+        if self.name != other.name
+            || named(self) != named(other)
+            || self.inputs.len() != other.inputs.len()
+            || self.outputs.len() != other.outputs.len()
+        {
+            return false;
+        }
+        let ins = self.inputs.iter().zip(&other.inputs);
+        if !ins.clone().all(|(&a, &b)| self.g[a] == other.g[b]) {
+            return false;
+        }
+        if !self
+            .outputs
+            .iter()
+            .zip(&other.outputs)
+            .all(|(&a, &b)| same_value(a, b))
+        {
+            return false;
+        }
+        self.g
+            .node_indices()
+            .filter(|&v| !self.g[v].is_inline_scalar())
+            .all(|v| {
+                let n = &self.g[v];
+                let Some(w) = other.value(&n.name) else {
+                    return false;
+                };
+                let m = &other.g[w];
+                let (oa, ob) = (self.operands(v), other.operands(w));
+                n.kind == m.kind
+                    && n.ty == m.ty
+                    && oa.len() == ob.len()
+                    && oa.iter().zip(&ob).all(|(&a, &b)| same_value(a, b))
+            })
+    }
+}
+
+/// A `.smelt` file: one or more graphs; the first is the entry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Module {
+    pub graphs: Vec<Graph>,
+}
+
+impl Module {
+    /// The first graph. Panics on a module without graphs (the parser never makes one).
+    pub fn entry(&self) -> &Graph {
+        &self.graphs[0]
+    }
+
+    /// The graph called `name`.
+    pub fn get(&self, name: &str) -> Option<&Graph> {
+        self.graphs.iter().find(|g| g.name == name)
+    }
+
+    /// The graph called `name`, or an error listing the graphs there are.
+    pub fn graph(&self, name: &str) -> Result<&Graph> {
+        self.get(name).ok_or_else(|| {
+            let names: Vec<&str> = self.graphs.iter().map(|g| g.name.as_str()).collect();
+            Error::Value(format!(
+                "no graph named '{name}' (the file has: {})",
+                names.join(", ")
+            ))
+        })
+    }
+}
+
+/// Builds a graph op by op with methods named like the ops; `finish` verifies the result.
+///
+/// ```
+/// use smelt::ir::graph::GraphBuilder;
+/// use smelt::DType;
+/// let mut b = GraphBuilder::new("mlp");
+/// let x = b.input("x", DType::F32, &[2, 3]).unwrap();
+/// let r = b.relu(x).unwrap();
+/// let y = b.mul_scalar(r, 0.5).unwrap();
+/// let g = b.finish(&[y]).unwrap();
+/// assert_eq!(g.outputs().len(), 1);
+/// ```
+pub struct GraphBuilder {
+    g: Graph,
+}
+
+impl GraphBuilder {
+    /// Starts an empty graph called `name`.
+    pub fn new(name: &str) -> GraphBuilder {
+        GraphBuilder {
+            g: Graph::new(name),
+        }
+    }
+
+    /// Adds a named input.
+    pub fn input(&mut self, name: &str, dtype: DType, shape: &[usize]) -> Result<ValueId> {
+        self.g
+            .add_input(name, TensorType::new(dtype, shape.to_vec()))
+    }
+
+    /// Adds any op.
+    pub fn op(&mut self, op: Op, operands: &[ValueId]) -> Result<ValueId> {
+        self.g.add_op(op, operands)
+    }
+
+    /// Adds any op under a chosen value name.
+    pub fn named(&mut self, name: &str, op: Op, operands: &[ValueId]) -> Result<ValueId> {
+        self.g.add_op_named(op, operands, name)
+    }
+
+    /// A Python-scalar operand.
+    pub fn scalar(&mut self, s: impl Into<Scalar>) -> Result<ValueId> {
+        self.g.add_scalar(s)
+    }
+
+    /// The type of a value built so far.
+    pub fn ty(&self, v: ValueId) -> &TensorType {
+        &self.g.node(v).ty
+    }
+
+    /// The graph built so far.
+    pub fn graph(&self) -> &Graph {
+        &self.g
+    }
+
+    pub fn unary(&mut self, u: UnaryOp, x: ValueId) -> Result<ValueId> {
+        self.op(Op::Unary(u), &[x])
+    }
+
+    pub fn binary(&mut self, b: BinaryOp, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.op(Op::Binary(b), &[x, y])
+    }
+
+    /// `b(x, s)` with a Python-scalar right operand.
+    pub fn binary_scalar(
+        &mut self,
+        b: BinaryOp,
+        x: ValueId,
+        s: impl Into<Scalar>,
+    ) -> Result<ValueId> {
+        let s = self.scalar(s)?;
+        self.binary(b, x, s)
+    }
+
+    pub fn relu(&mut self, x: ValueId) -> Result<ValueId> {
+        self.unary(UnaryOp::Relu, x)
+    }
+    pub fn neg(&mut self, x: ValueId) -> Result<ValueId> {
+        self.unary(UnaryOp::Neg, x)
+    }
+    pub fn exp(&mut self, x: ValueId) -> Result<ValueId> {
+        self.unary(UnaryOp::Exp, x)
+    }
+    pub fn tanh(&mut self, x: ValueId) -> Result<ValueId> {
+        self.unary(UnaryOp::Tanh, x)
+    }
+    pub fn sigmoid(&mut self, x: ValueId) -> Result<ValueId> {
+        self.unary(UnaryOp::Sigmoid, x)
+    }
+    pub fn add(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.binary(BinaryOp::Add, x, y)
+    }
+    pub fn sub(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.binary(BinaryOp::Sub, x, y)
+    }
+    pub fn mul(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.binary(BinaryOp::Mul, x, y)
+    }
+    pub fn div(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.binary(BinaryOp::Div, x, y)
+    }
+    pub fn add_scalar(&mut self, x: ValueId, s: impl Into<Scalar>) -> Result<ValueId> {
+        self.binary_scalar(BinaryOp::Add, x, s)
+    }
+    pub fn mul_scalar(&mut self, x: ValueId, s: impl Into<Scalar>) -> Result<ValueId> {
+        self.binary_scalar(BinaryOp::Mul, x, s)
+    }
+    pub fn matmul(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.op(Op::Matmul, &[x, y])
+    }
+    /// `linear(x, weight, bias)`, bias optional.
+    pub fn linear(&mut self, x: ValueId, w: ValueId, bias: Option<ValueId>) -> Result<ValueId> {
+        match bias {
+            Some(b) => self.op(Op::Linear { has_bias: true }, &[x, w, b]),
+            None => self.op(Op::Linear { has_bias: false }, &[x, w]),
+        }
+    }
+    /// `sum(x, dim=dims, keepdim=)`; an empty `dims` sums everything.
+    pub fn sum(&mut self, x: ValueId, dims: &[i64], keepdim: bool) -> Result<ValueId> {
+        let dim = (!dims.is_empty()).then(|| dims.to_vec());
+        self.op(
+            Op::Reduce {
+                op: ReduceOp::Sum,
+                dim,
+                keepdim,
+            },
+            &[x],
+        )
+    }
+    pub fn softmax(&mut self, x: ValueId, dim: i64) -> Result<ValueId> {
+        self.op(Op::Softmax { dim }, &[x])
+    }
+    pub fn reshape(&mut self, x: ValueId, shape: &[i64]) -> Result<ValueId> {
+        self.op(
+            Op::Reshape {
+                shape: shape.to_vec(),
+            },
+            &[x],
+        )
+    }
+    pub fn transpose(&mut self, x: ValueId, dim0: i64, dim1: i64) -> Result<ValueId> {
+        self.op(Op::Transpose { dim0, dim1 }, &[x])
+    }
+    pub fn permute(&mut self, x: ValueId, dims: &[i64]) -> Result<ValueId> {
+        self.op(
+            Op::Permute {
+                dims: dims.to_vec(),
+            },
+            &[x],
+        )
+    }
+    pub fn to(&mut self, x: ValueId, dtype: DType) -> Result<ValueId> {
+        self.op(Op::To { dtype }, &[x])
+    }
+    /// `where(cond, x, y)`.
+    pub fn where_(&mut self, cond: ValueId, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.op(Op::Where, &[cond, x, y])
+    }
+
+    /// Sets the outputs and returns the verified graph.
+    pub fn finish(mut self, outputs: &[ValueId]) -> Result<Graph> {
+        self.g.set_outputs(outputs.to_vec());
+        self.g.verify()?;
+        Ok(self.g)
+    }
+}

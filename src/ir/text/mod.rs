@@ -1,0 +1,16 @@
+//! The `.smelt` text format (docs/ir-format.md): printer and parser.
+
+mod lexer;
+mod parser;
+mod printer;
+
+use super::op::TensorType;
+
+pub use parser::parse_module;
+pub use printer::{print_graph, print_module};
+
+/// A type as written in text: `f32[2,3]`, `f32[]` for 0-d.
+pub fn fmt_type(t: &TensorType) -> String {
+    let dims: Vec<String> = t.shape.iter().map(|d| d.to_string()).collect();
+    format!("{}[{}]", t.dtype.name(), dims.join(","))
+}
