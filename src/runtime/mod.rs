@@ -4,6 +4,7 @@ pub mod access;
 pub mod device;
 mod display;
 pub mod element;
+pub mod interp;
 pub mod kernels;
 pub mod layout;
 pub mod npy;
