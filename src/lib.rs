@@ -5,6 +5,7 @@
 
 #[macro_use]
 pub mod macros;
+pub mod cli;
 pub mod error;
 pub mod ir;
 pub mod jit;

@@ -1,0 +1,208 @@
+//! The `smelt` command line: `run` a `.smelt` graph on `.npy` inputs, `check` and print it,
+//! or draw it as Graphviz (`dot`). Errors print as `error: ...` and exit with status 1; usage
+//! errors exit with status 2.
+
+use crate::ir::graph::{Graph, Module};
+use crate::ir::{parse_module, print_graph, print_module};
+use crate::runtime::{interp, npy};
+use crate::{Error, Result, Tensor};
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Command-line arguments.
+#[derive(Parser, Debug)]
+#[command(
+    name = "smelt",
+    version,
+    about = "Run, check and draw .smelt tensor graphs"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a graph on .npy inputs and write its outputs as DIR/out0.npy, DIR/out1.npy, ...
+    Run(RunArgs),
+    /// Parse and verify a model, then print it with every type written out.
+    Check(CheckArgs),
+    /// Print a graph as Graphviz dot.
+    Dot(DotArgs),
+}
+
+/// Arguments of `smelt run`.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// The .smelt file.
+    pub model: PathBuf,
+    /// A graph input: NAME=FILE.npy (once per input).
+    #[arg(long = "input", value_name = "NAME=FILE", value_parser = parse_input)]
+    pub inputs: Vec<(String, PathBuf)>,
+    /// Directory for the outputs (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Where the graph runs.
+    #[arg(long, value_enum, default_value_t = Backend::Interp)]
+    pub backend: Backend,
+    /// Compile every op as its own kernel (no effect on the interpreter).
+    #[arg(long)]
+    pub no_fuse: bool,
+    /// The graph to run (default: the first one in the file).
+    #[arg(long, value_name = "NAME")]
+    pub graph: Option<String>,
+}
+
+/// Arguments of `smelt check`.
+#[derive(clap::Args, Debug)]
+pub struct CheckArgs {
+    /// The .smelt file.
+    pub model: PathBuf,
+    /// Print only this graph (default: every graph in the file).
+    #[arg(long, value_name = "NAME")]
+    pub graph: Option<String>,
+}
+
+/// Arguments of `smelt dot`.
+#[derive(clap::Args, Debug)]
+pub struct DotArgs {
+    /// The .smelt file.
+    pub model: PathBuf,
+    /// Write to this file instead of standard output.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// The graph to draw (default: the first one in the file).
+    #[arg(long, value_name = "NAME")]
+    pub graph: Option<String>,
+}
+
+/// Execution backends.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The reference interpreter (eager kernels, node by node).
+    Interp,
+    /// Cranelift-compiled CPU code.
+    Cpu,
+    /// CUDA kernels through NVRTC.
+    Cuda,
+}
+
+/// Parses `NAME=FILE` (a leading `%` on the name is allowed).
+fn parse_input(s: &str) -> std::result::Result<(String, PathBuf), String> {
+    let (name, file) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=FILE, got '{s}'"))?;
+    let name = name.strip_prefix('%').unwrap_or(name);
+    if name.is_empty() || file.is_empty() {
+        return Err(format!("expected NAME=FILE, got '{s}'"));
+    }
+    Ok((name.to_string(), PathBuf::from(file)))
+}
+
+/// Entry point of the `smelt` binary.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(e.exit_code().clamp(0, 255) as u8);
+        }
+    };
+    match execute(&cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Runs one subcommand.
+pub fn execute(command: &Command) -> Result<()> {
+    match command {
+        Command::Run(a) => run(a),
+        Command::Check(a) => check(a),
+        Command::Dot(a) => dot(a),
+    }
+}
+
+fn run(a: &RunArgs) -> Result<()> {
+    check_backend(a.backend)?;
+    let module = load(&a.model)?;
+    let g = pick(&module, a.graph.as_deref())?;
+    let inputs = a
+        .inputs
+        .iter()
+        .map(|(name, file)| Ok((name.as_str(), npy::read_npy(file)?)))
+        .collect::<Result<Vec<(&str, Tensor)>>>()?;
+    let outputs = interp::run(g, &inputs)?;
+    std::fs::create_dir_all(&a.out).map_err(|e| Error::Io(format!("{}: {e}", a.out.display())))?;
+    for (i, t) in outputs.iter().enumerate() {
+        npy::write_npy(a.out.join(format!("out{i}.npy")), t)?;
+    }
+    Ok(())
+}
+
+/// Refuses backends this build lacks rather than silently using another one.
+fn check_backend(b: Backend) -> Result<()> {
+    let why = match b {
+        Backend::Interp => return Ok(()),
+        Backend::Cpu => "'cpu' is not available yet: the Cranelift compiler",
+        Backend::Cuda => "'cuda' is not available yet: the CUDA code generator",
+    };
+    Err(Error::Unsupported(format!(
+        "backend {why} is not built into this version; use --backend interp"
+    )))
+}
+
+fn check(a: &CheckArgs) -> Result<()> {
+    let module = load(&a.model)?;
+    let text = match &a.graph {
+        Some(name) => {
+            let g = module.graph(name)?;
+            g.verify()?;
+            print_graph(g)
+        }
+        None => {
+            for g in &module.graphs {
+                g.verify()?;
+            }
+            print_module(&module)
+        }
+    };
+    print!("{text}");
+    Ok(())
+}
+
+fn dot(a: &DotArgs) -> Result<()> {
+    let module = load(&a.model)?;
+    let text = pick(&module, a.graph.as_deref())?.to_dot();
+    match &a.output {
+        Some(path) => {
+            std::fs::write(path, text).map_err(|e| Error::Io(format!("{}: {e}", path.display())))
+        }
+        None => {
+            print!("{text}");
+            Ok(())
+        }
+    }
+}
+
+/// Reads and parses a model file (the parser verifies every graph).
+fn load(path: &Path) -> Result<Module> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| Error::Io(format!("{name}: {e}")))?;
+    parse_module(&text, &name)
+}
+
+fn pick<'m>(module: &'m Module, name: Option<&str>) -> Result<&'m Graph> {
+    match name {
+        Some(n) => module.graph(n),
+        None => module
+            .graphs
+            .first()
+            .ok_or_else(|| Error::Value("the model has no graph".into())),
+    }
+}

@@ -1,0 +1,148 @@
+//! The reference interpreter: runs a graph node by node on the eager kernels (`apply`). It is
+//! the oracle every compiled backend is tested against, so it stays simple.
+
+use crate::ir::graph::{Graph, NodeKind, ValueId};
+use crate::ir::text::fmt_type;
+use crate::runtime::tensor::{Tensor, apply};
+use crate::{Error, Result, bail};
+use std::collections::HashMap;
+
+/// Runs `g` on named inputs (names without `%`) and returns its outputs in return order.
+pub fn run<S: AsRef<str>>(g: &Graph, inputs: &[(S, Tensor)]) -> Result<Vec<Tensor>> {
+    let given = bind_inputs(g, inputs)?;
+    // Uses left per value, so intermediates are dropped as soon as nothing needs them.
+    let mut uses: HashMap<ValueId, usize> = HashMap::new();
+    for v in g.topo_order() {
+        for o in g.operands(v) {
+            *uses.entry(o).or_default() += 1;
+        }
+    }
+    for &o in g.outputs() {
+        *uses.entry(o).or_default() += 1;
+    }
+    let mut values: HashMap<ValueId, Tensor> = HashMap::new();
+    for v in g.topo_order() {
+        let node = g.node(v);
+        let t = match &node.kind {
+            NodeKind::Input { name } => match given.get(name.as_str()) {
+                Some(t) => (*t).clone(),
+                None => bail!(Value, "graph {}: %{name} is not a declared input", g.name),
+            },
+            NodeKind::Op(op) => {
+                let operands = g.operands(v);
+                let args = operands
+                    .iter()
+                    .map(|o| value(g, &values, *o))
+                    .collect::<Result<Vec<&Tensor>>>()?;
+                let t = apply(op.clone(), &args)?;
+                for o in operands {
+                    release(&mut uses, &mut values, o);
+                }
+                t
+            }
+        };
+        if t.dtype() != node.ty.dtype || t.shape() != node.ty.shape.as_slice() {
+            bail!(
+                Value,
+                "graph {}: %{} was computed as {}[{}] but the graph says {}",
+                g.name,
+                node.name,
+                t.dtype(),
+                dims(t.shape()),
+                fmt_type(&node.ty)
+            );
+        }
+        values.insert(v, t);
+    }
+    g.outputs()
+        .iter()
+        .map(|&o| value(g, &values, o).cloned())
+        .collect()
+}
+
+/// Checks the given inputs against the graph's parameters: each exactly once, none missing,
+/// none unknown, each of the declared dtype and shape.
+fn bind_inputs<'a, S: AsRef<str>>(
+    g: &Graph,
+    inputs: &'a [(S, Tensor)],
+) -> Result<HashMap<&'a str, &'a Tensor>> {
+    let mut given: HashMap<&str, &Tensor> = HashMap::new();
+    for (name, t) in inputs {
+        let name = name.as_ref();
+        if given.insert(name, t).is_some() {
+            bail!(Value, "input {name} is given more than once");
+        }
+    }
+    let params: Vec<(&str, String)> = g
+        .inputs()
+        .iter()
+        .map(|&v| (g.node(v).name.as_str(), fmt_type(&g.node(v).ty)))
+        .collect();
+    for name in given.keys() {
+        if !params.iter().any(|(p, _)| p == name) {
+            let list: Vec<String> = params.iter().map(|(p, ty)| format!("{p}: {ty}")).collect();
+            bail!(
+                Value,
+                "graph {} has no input named '{name}' (its inputs: {})",
+                g.name,
+                if list.is_empty() {
+                    "none".into()
+                } else {
+                    list.join(", ")
+                }
+            );
+        }
+    }
+    let missing: Vec<String> = params
+        .iter()
+        .filter(|(p, _)| !given.contains_key(p))
+        .map(|(p, ty)| format!("{p}: {ty}"))
+        .collect();
+    if !missing.is_empty() {
+        bail!(Value, "missing input {}", missing.join(", missing input "));
+    }
+    for &v in g.inputs() {
+        let n = g.node(v);
+        let Some(t) = given.get(n.name.as_str()) else {
+            continue;
+        };
+        if t.dtype() != n.ty.dtype || t.shape() != n.ty.shape.as_slice() {
+            bail!(
+                Value,
+                "input {}: expected {} but got {}[{}]",
+                n.name,
+                fmt_type(&n.ty),
+                t.dtype(),
+                dims(t.shape())
+            );
+        }
+    }
+    Ok(given)
+}
+
+fn value<'a>(g: &Graph, values: &'a HashMap<ValueId, Tensor>, v: ValueId) -> Result<&'a Tensor> {
+    values.get(&v).ok_or_else(|| {
+        let name = g.try_node(v).map_or("?", |n| n.name.as_str());
+        Error::Value(format!(
+            "graph {}: %{name} is used before it is computed",
+            g.name
+        ))
+    })
+}
+
+fn release(uses: &mut HashMap<ValueId, usize>, values: &mut HashMap<ValueId, Tensor>, v: ValueId) {
+    if let Some(n) = uses.get_mut(&v) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            values.remove(&v);
+        }
+    }
+}
+
+fn dims(shape: &[usize]) -> String {
+    shape
+        .iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}

@@ -1,0 +1,455 @@
+//! The `smelt` binary: outputs of `run`, `check` and `dot`, and every error path with its
+//! exit status (1 for errors, 2 for usage errors).
+
+use smelt::Tensor;
+use smelt::runtime::npy::{read_npy, write_npy};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A fresh, empty directory for one test.
+fn temp_dir(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("smelt-cli-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn smelt(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_smelt"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("the smelt binary runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Asserts exit status 1 and an `error: ` line on stderr that contains every needle.
+fn assert_error(o: &Output, needles: &[&str]) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(1), "stderr: {err}");
+    assert!(err.starts_with("error: "), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "{err:?} should mention {n:?}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+fn assert_usage_error(o: &Output, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(2), "stderr: {err}");
+    assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+}
+
+/// A model with two graphs: `mm` returns x @ w, its row sums and x itself.
+const MODEL: &str = "\
+graph mm(%x: f32[2,3], %w: f32[3,2]) {
+  %y: f32[2,2] = matmul(%x, %w)
+  %s: f32[2] = sum(%y, dim=[1])
+  return %s, %y, %x
+}
+
+graph sm(%x: f32[2,3]) {
+  %p = softmax(%x, dim=0)
+  return %p
+}
+";
+
+const X: [f32; 6] = [1.0, 2.0, 3.0, -1.0, 0.5, 4.0];
+const W: [f32; 6] = [1.0, 0.0, 0.0, 1.0, 2.0, -1.0];
+
+/// Writes the model and inputs x (f32[2,3]) and w (f32[3,2]) into `dir`.
+fn setup(dir: &Path) {
+    std::fs::write(dir.join("model.smelt"), MODEL).unwrap();
+    let x = Tensor::from_vec(X.to_vec(), &[2, 3]).unwrap();
+    let w = Tensor::from_vec(W.to_vec(), &[3, 2]).unwrap();
+    write_npy(dir.join("x.npy"), &x).unwrap();
+    write_npy(dir.join("w.npy"), &w).unwrap();
+}
+
+fn matmul_ref() -> Vec<f32> {
+    let mut y = vec![0.0f32; 4];
+    for i in 0..2 {
+        for j in 0..2 {
+            y[i * 2 + j] = (0..3).map(|k| X[i * 3 + k] * W[k * 2 + j]).sum();
+        }
+    }
+    y
+}
+
+#[test]
+fn run_writes_every_output_in_return_order() {
+    let d = temp_dir("outputs");
+    setup(&d);
+    let o = smelt(
+        &d,
+        &[
+            "run",
+            "model.smelt",
+            "--input",
+            "x=x.npy",
+            "--input",
+            "w=w.npy",
+            "--out",
+            "res/deep",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let y = matmul_ref();
+    let out0 = read_npy(d.join("res/deep/out0.npy")).unwrap();
+    assert_eq!(out0.shape(), &[2]);
+    assert_eq!(
+        out0.to_vec::<f32>().unwrap(),
+        vec![y[0] + y[1], y[2] + y[3]]
+    );
+    let out1 = read_npy(d.join("res/deep/out1.npy")).unwrap();
+    assert_eq!(out1.shape(), &[2, 2]);
+    assert_eq!(out1.to_vec::<f32>().unwrap(), y);
+    let out2 = read_npy(d.join("res/deep/out2.npy")).unwrap();
+    assert_eq!(out2.to_vec::<f32>().unwrap(), X.to_vec());
+    assert!(!d.join("res/deep/out3.npy").exists());
+}
+
+#[test]
+fn run_options_graph_backend_no_fuse_and_percent_names() {
+    let d = temp_dir("options");
+    setup(&d);
+    let o = smelt(
+        &d,
+        &[
+            "run",
+            "model.smelt",
+            "--graph",
+            "sm",
+            "--input",
+            "%x=x.npy",
+            "--out",
+            "o",
+            "--backend",
+            "interp",
+            "--no-fuse",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p = read_npy(d.join("o/out0.npy"))
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    for j in 0..3 {
+        let (a, b) = (X[j] as f64, X[3 + j] as f64);
+        let m = a.max(b);
+        let z = (a - m).exp() + (b - m).exp();
+        assert!((p[j] as f64 - (a - m).exp() / z).abs() < 1e-6);
+        assert!((p[3 + j] as f64 - (b - m).exp() / z).abs() < 1e-6);
+    }
+}
+
+#[test]
+fn missing_extra_and_mistyped_inputs() {
+    let d = temp_dir("inputs");
+    setup(&d);
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "model.smelt", "--out", "o"];
+        args.extend_from_slice(extra);
+        smelt(&d, &args)
+    };
+    assert_error(
+        &run(&["--input", "x=x.npy"]),
+        &["missing input w: f32[3,2]"],
+    );
+    assert_error(&run(&[]), &["missing input x: f32[2,3]", "w: f32[3,2]"]);
+    assert_error(
+        &run(&[
+            "--input", "x=x.npy", "--input", "w=w.npy", "--input", "z=x.npy",
+        ]),
+        &["no input named 'z'", "x: f32[2,3]"],
+    );
+    assert_error(
+        &run(&[
+            "--input", "x=x.npy", "--input", "w=w.npy", "--input", "x=x.npy",
+        ]),
+        &["input x is given more than once"],
+    );
+    // x.npy where w is expected: wrong shape.
+    assert_error(
+        &run(&["--input", "x=x.npy", "--input", "w=x.npy"]),
+        &["input w: expected f32[3,2] but got f32[2,3]"],
+    );
+    // Right shape, wrong dtype.
+    let x64 = Tensor::from_vec(X.iter().map(|&v| v as f64).collect::<Vec<f64>>(), &[2, 3]).unwrap();
+    write_npy(d.join("x64.npy"), &x64).unwrap();
+    assert_error(
+        &run(&["--input", "x=x64.npy", "--input", "w=w.npy"]),
+        &["input x: expected f32[2,3] but got f64[2,3]"],
+    );
+    assert!(
+        !d.join("o").exists(),
+        "no output directory after a failed run"
+    );
+}
+
+#[test]
+fn unreadable_input_files() {
+    let d = temp_dir("files");
+    setup(&d);
+    let o = smelt(
+        &d,
+        &[
+            "run",
+            "model.smelt",
+            "--input",
+            "x=nope.npy",
+            "--input",
+            "w=w.npy",
+            "--out",
+            "o",
+        ],
+    );
+    assert_error(&o, &["nope.npy"]);
+    std::fs::write(d.join("junk.npy"), b"not an array").unwrap();
+    let o = smelt(
+        &d,
+        &[
+            "run",
+            "model.smelt",
+            "--input",
+            "x=junk.npy",
+            "--input",
+            "w=w.npy",
+            "--out",
+            "o",
+        ],
+    );
+    assert_error(&o, &["junk.npy", "not a .npy file"]);
+    let bytes = std::fs::read(d.join("x.npy")).unwrap();
+    std::fs::write(d.join("cut.npy"), &bytes[..bytes.len() - 3]).unwrap();
+    let o = smelt(
+        &d,
+        &[
+            "run",
+            "model.smelt",
+            "--input",
+            "x=cut.npy",
+            "--input",
+            "w=w.npy",
+            "--out",
+            "o",
+        ],
+    );
+    assert_error(&o, &["cut.npy", "truncated"]);
+}
+
+#[test]
+fn output_directory_that_cannot_be_created() {
+    let d = temp_dir("outdir");
+    setup(&d);
+    std::fs::write(d.join("taken"), b"a file").unwrap();
+    let o = smelt(
+        &d,
+        &[
+            "run",
+            "model.smelt",
+            "--input",
+            "x=x.npy",
+            "--input",
+            "w=w.npy",
+            "--out",
+            "taken",
+        ],
+    );
+    assert_error(&o, &["taken"]);
+}
+
+#[test]
+fn bad_models() {
+    let d = temp_dir("models");
+    setup(&d);
+    std::fs::write(
+        d.join("typo.smelt"),
+        "graph g(%x: f32[2]) {\n  %y = relux(%x)\n  return %y\n}\n",
+    )
+    .unwrap();
+    for cmd in ["check", "dot"] {
+        assert_error(
+            &smelt(&d, &[cmd, "typo.smelt"]),
+            &["typo.smelt:2:", "unknown op 'relux'"],
+        );
+    }
+    let o = smelt(
+        &d,
+        &["run", "typo.smelt", "--input", "x=x.npy", "--out", "o"],
+    );
+    assert_error(&o, &["typo.smelt:2:", "relux"]);
+    std::fs::write(
+        d.join("shapes.smelt"),
+        "graph g(%x: f32[2,3], %w: f32[2,3]) {\n  %y = matmul(%x, %w)\n  return %y\n}\n",
+    )
+    .unwrap();
+    assert_error(&smelt(&d, &["check", "shapes.smelt"]), &["shapes.smelt:2:"]);
+    assert_error(&smelt(&d, &["check", "absent.smelt"]), &["absent.smelt"]);
+    assert_error(
+        &smelt(&d, &["check", "model.smelt", "--graph", "zz"]),
+        &["no graph named 'zz'", "mm, sm"],
+    );
+    assert_error(
+        &smelt(&d, &["dot", "model.smelt", "--graph", "zz"]),
+        &["no graph named 'zz'"],
+    );
+    let o = smelt(
+        &d,
+        &[
+            "run",
+            "model.smelt",
+            "--graph",
+            "zz",
+            "--input",
+            "x=x.npy",
+            "--out",
+            "o",
+        ],
+    );
+    assert_error(&o, &["no graph named 'zz'"]);
+}
+
+#[test]
+fn op_errors_at_run_time() {
+    let d = temp_dir("operr");
+    setup(&d);
+    // The types check out, but a transposed tensor cannot be viewed as one dimension.
+    let m = "graph g(%x: f32[2,3]) {\n  %t = transpose(%x, dim0=0, dim1=1)\n  %v = view(%t, shape=[6])\n  return %v\n}\n";
+    std::fs::write(d.join("view.smelt"), m).unwrap();
+    let o = smelt(
+        &d,
+        &["run", "view.smelt", "--input", "x=x.npy", "--out", "o"],
+    );
+    assert_error(&o, &["view"]);
+}
+
+#[test]
+fn unavailable_backends_are_refused() {
+    let d = temp_dir("backends");
+    setup(&d);
+    for (b, what) in [("cpu", "Cranelift"), ("cuda", "CUDA")] {
+        let o = smelt(
+            &d,
+            &[
+                "run",
+                "model.smelt",
+                "--input",
+                "x=x.npy",
+                "--input",
+                "w=w.npy",
+                "--out",
+                "o",
+                "--backend",
+                b,
+            ],
+        );
+        assert_error(
+            &o,
+            &[
+                &format!("backend '{b}' is not available yet"),
+                what,
+                "use --backend interp",
+            ],
+        );
+    }
+    assert!(!d.join("o").exists());
+}
+
+#[test]
+fn usage_errors_exit_with_2() {
+    let d = temp_dir("usage");
+    setup(&d);
+    assert_usage_error(&smelt(&d, &[]), "Usage");
+    assert_usage_error(&smelt(&d, &["frobnicate"]), "frobnicate");
+    assert_usage_error(
+        &smelt(&d, &["run", "model.smelt", "--input", "x=x.npy"]),
+        "--out",
+    );
+    assert_usage_error(
+        &smelt(&d, &["run", "model.smelt", "--input", "x", "--out", "o"]),
+        "NAME=FILE",
+    );
+    assert_usage_error(
+        &smelt(
+            &d,
+            &["run", "model.smelt", "--input", "=x.npy", "--out", "o"],
+        ),
+        "NAME=FILE",
+    );
+    assert_usage_error(
+        &smelt(
+            &d,
+            &["run", "model.smelt", "--out", "o", "--backend", "tpu"],
+        ),
+        "tpu",
+    );
+    assert_usage_error(&smelt(&d, &["check", "model.smelt", "--frob"]), "--frob");
+    assert_usage_error(&smelt(&d, &["check"]), "MODEL");
+    let help = smelt(&d, &["run", "--help"]);
+    assert_eq!(help.status.code(), Some(0));
+    assert!(stdout(&help).contains("--backend"));
+}
+
+#[test]
+fn check_prints_every_type_and_reparses() {
+    let d = temp_dir("check");
+    setup(&d);
+    let o = smelt(&d, &["check", "model.smelt"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("%s: f32[2] = sum(%y, dim=[1])"), "{text}");
+    assert!(text.contains("%p: f32[2,3] = softmax(%x, dim=0)"), "{text}");
+    assert!(
+        text.contains("graph mm(%x: f32[2,3], %w: f32[3,2])"),
+        "{text}"
+    );
+    // Every statement carries its type.
+    for line in text.lines().filter(|l| l.contains(" = ")) {
+        assert!(
+            line.trim_start().starts_with('%') && line.contains(": "),
+            "{line}"
+        );
+    }
+    // The printed text is itself a valid model that prints the same.
+    std::fs::write(d.join("printed.smelt"), &text).unwrap();
+    let again = smelt(&d, &["check", "printed.smelt"]);
+    assert_eq!(stdout(&again), text);
+
+    let one = stdout(&smelt(&d, &["check", "model.smelt", "--graph", "sm"]));
+    assert!(
+        one.starts_with("graph sm(") && !one.contains("graph mm"),
+        "{one}"
+    );
+}
+
+#[test]
+fn dot_prints_or_writes_graphviz() {
+    let d = temp_dir("dot");
+    setup(&d);
+    let o = smelt(&d, &["dot", "model.smelt"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.starts_with("digraph"), "{text}");
+    assert!(
+        text.contains("matmul") && text.contains("f32[2,2]"),
+        "{text}"
+    );
+    let o = smelt(&d, &["dot", "model.smelt", "--graph", "sm", "-o", "g.dot"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).is_empty());
+    let file = std::fs::read_to_string(d.join("g.dot")).unwrap();
+    assert!(
+        file.contains("softmax") && !file.contains("matmul"),
+        "{file}"
+    );
+    let o = smelt(&d, &["dot", "model.smelt", "-o", "no/such/dir/g.dot"]);
+    assert_error(&o, &["g.dot"]);
+}
