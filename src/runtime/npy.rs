@@ -85,7 +85,7 @@ pub fn read_npy_bytes(bytes: &[u8], name: &str) -> Result<Tensor> {
     } else {
         shape.clone()
     };
-    let t = decode(&ts, data, &stored).map_err(|m| bad(m))?;
+    let t = decode(&ts, data, &stored).map_err(bad)?;
     if fortran && shape.len() > 1 {
         let rev: Vec<i64> = (0..shape.len() as i64).rev().collect();
         return Ok(t.permute(&rev)?.contiguous());
@@ -170,11 +170,8 @@ fn check_preamble(bytes: &[u8]) -> std::result::Result<usize, String> {
         return Err("malformed .npy header: nested too deeply".into());
     }
     let dims = scan_shape(text).ok_or("malformed .npy header: no readable 'shape' entry")?;
-    let nonzero = dims.iter().filter(|&&d| d != 0);
-    if nonzero
-        .fold(Some(1u64), |p, &d| p?.checked_mul(d))
-        .is_none()
-    {
+    let mut nonzero = dims.iter().filter(|&&d| d != 0);
+    if nonzero.try_fold(1u64, |p, &d| p.checked_mul(d)).is_none() {
         return Err("shape too large".into());
     }
     Ok(end)
