@@ -403,3 +403,37 @@ fn the_same_tensor_passed_twice_gives_two_inputs() {
             .all(|&v| !matches!(g.node(v).kind, NodeKind::Op(Op::Constant(_))))
     );
 }
+
+/// The seeds' fusion example: `relu(x) * 0.5 + b`, with `b` captured as a constant or marked
+/// as a parameter; the traced graph computes what eager code computes on new inputs.
+#[test]
+fn relu_scale_bias_traces_to_three_ops() {
+    let b = seq(4, &[4], 0.25);
+    let f = |xs: &[Tensor]| -> Result<Vec<Tensor>> {
+        Ok(vec![xs[0].relu()?.mul_scalar(0.5)?.add(&b)?])
+    };
+    let x = seq(12, &[3, 4], -0.5);
+    let traced = trace(f, std::slice::from_ref(&x)).unwrap();
+    let g = traced.graph();
+    let sorted = |g: &Graph| {
+        let mut n: Vec<_> = op_names(g).into_iter().filter(|&n| n != "scalar").collect();
+        n.sort_unstable();
+        n
+    };
+    assert_eq!(sorted(g), vec!["add", "constant", "mul", "relu"]);
+    assert_text_round_trip(g);
+
+    let with_param = trace_with_params(f, std::slice::from_ref(&x), &[("b", &b)]).unwrap();
+    assert_eq!(sorted(with_param.graph()), vec!["add", "mul", "relu"]);
+    assert_eq!(input_names(with_param.graph()).len(), 2);
+
+    let x2 = seq(12, &[3, 4], 0.75).sub_scalar(3.0).unwrap();
+    let got = traced.call(std::slice::from_ref(&x2)).unwrap();
+    let want: Vec<f64> = x2
+        .to_f64_vec()
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| v.max(0.0) * 0.5 + b.to_f64_vec()[i % 4])
+        .collect();
+    assert_eq!(got[0].to_f64_vec(), want);
+}

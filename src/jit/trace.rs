@@ -245,7 +245,7 @@ thread_local! {
     static RECORDER: RefCell<Option<Recorder>> = const { RefCell::new(None) };
 }
 
-/// Evaluates a graph op by op with the eager kernels (`inputs` in the graph's input order).
+/// Evaluates a graph with the reference interpreter (`inputs` in the graph's input order).
 pub fn run_graph(g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
     if inputs.len() != g.inputs().len() {
         bail!(
@@ -256,27 +256,13 @@ pub fn run_graph(g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
             inputs.len()
         );
     }
-    let mut env: HashMap<ValueId, Tensor> = g
+    let named: Vec<(&str, Tensor)> = g
         .inputs()
         .iter()
-        .copied()
-        .zip(inputs.iter().cloned())
+        .zip(inputs)
+        .map(|(&v, t)| (g.node(v).name.as_str(), t.clone()))
         .collect();
-    for v in g.topo_order() {
-        if let NodeKind::Op(op) = &g.node(v).kind {
-            let args: Vec<&Tensor> = g.operands(v).iter().filter_map(|o| env.get(o)).collect();
-            let t = apply(op.clone(), &args)?;
-            env.insert(v, t);
-        }
-    }
-    g.outputs()
-        .iter()
-        .map(|o| {
-            env.get(o).cloned().ok_or_else(|| {
-                Error::Value(format!("graph {}: an output was not computed", g.name))
-            })
-        })
-        .collect()
+    crate::runtime::interp::run(g, &named)
 }
 
 /// True while a trace is being recorded on this thread.
