@@ -5,6 +5,8 @@
 
 pub mod error;
 pub mod ir;
+pub mod kernel;
+pub mod passes;
 pub mod runtime;
 
 pub use error::{Error, Result};
