@@ -1267,19 +1267,34 @@ pub fn matmul_type(a: &TensorType, b: &TensorType) -> Result<TensorType> {
     };
     let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
     let (k2, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
+    let batch = broadcast_shapes(&a2[..a2.len() - 2], &b2[..b2.len() - 2])?;
     if k != k2 {
-        if sa.len() <= 2 && sb.len() <= 2 && sb.len() == 2 {
+        // PyTorch reports the mismatch of the kernel it picks: mm / mv, with the batch of a
+        // 3-D+ first operand folded into its rows, else bmm.
+        let rows = if sb.len() <= 2 {
+            numel(&a2[..a2.len() - 1])
+        } else {
+            m
+        };
+        if sb.len() == 1 && sa.len() >= 2 {
             bail!(
                 Shape,
-                "mat1 and mat2 shapes cannot be multiplied ({m}x{k} and {k2}x{n})"
+                "size mismatch, got input ({rows}), mat ({rows}x{k}), vec ({k2})"
+            );
+        }
+        if sb.len() == 2 {
+            bail!(
+                Shape,
+                "mat1 and mat2 shapes cannot be multiplied ({rows}x{k} and {k2}x{n})"
             );
         }
         bail!(
             Shape,
-            "Expected size for first two dimensions of batch2 tensor to be: [{k}, {n}] but got: [{k2}, {n}]."
+            "Expected size for first two dimensions of batch2 tensor to be: [{}, {k}] but got: [{}, {k2}].",
+            numel(&batch),
+            numel(&batch)
         );
     }
-    let batch = broadcast_shapes(&a2[..a2.len() - 2], &b2[..b2.len() - 2])?;
     let mut shape = batch;
     if sa.len() > 1 {
         shape.push(m);
