@@ -466,10 +466,10 @@ fn random_graph(seed: u64, n_ops: usize) -> Graph {
                 },
                 vec![x],
             ),
-            _ => {
-                let c = bin(&mut g, BinaryOp::Gt, x, y);
-                (Op::Where, vec![c, x, y])
-            }
+            _ => match g.add_op(Op::Binary(BinaryOp::Gt), &[x, y]) {
+                Ok(c) => (Op::Where, vec![c, x, y]),
+                Err(_) => (Op::Unary(UnaryOp::Neg), vec![x]),
+            },
         };
         match g.add_op(op.0, &op.1) {
             Ok(v) if g.node(v).ty.ndim() <= 3 => pool.push(v),

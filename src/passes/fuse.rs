@@ -1026,7 +1026,27 @@ impl<'a, 'g> KernelBuilder<'a, 'g> {
         }
     }
 
+    /// `m` with the terms that are always zero removed: dims of size 1 of the value (their
+    /// index is 0) and of the kernel space (their index is 0), so equal maps compare equal.
+    fn canon(&self, v: ValueId, m: &AMap) -> AMap {
+        let shape = &self.f.ty(v).shape;
+        let space: Vec<usize> = self.outer.iter().chain(&self.inner).copied().collect();
+        let mut m = m.clone();
+        for (k, row) in m.coef.iter_mut().enumerate() {
+            for (d, c) in row.iter_mut().enumerate() {
+                if shape[k] == 1 || space[d] == 1 {
+                    *c = 0;
+                }
+            }
+            if shape[k] == 1 {
+                m.off[k] = 0;
+            }
+        }
+        m
+    }
+
     fn emit(&mut self, v: ValueId, m: &AMap) -> R<ValId> {
+        let m = &self.canon(v, m);
         if let Some(&id) = self.memo.get(&(v, m.clone())) {
             return Ok(id);
         }
@@ -1059,7 +1079,8 @@ impl<'a, 'g> KernelBuilder<'a, 'g> {
         let Some(key) = self.row.clone() else {
             return Err(Fail::Isolate(self.root));
         };
-        if *m != self.reduction_out_map(r, &key) || self.f.row_key(r) != key {
+        let want = self.canon(r, &self.reduction_out_map(r, &key));
+        if *m != want || self.f.row_key(r) != key {
             return Err(Fail::Isolate(self.root));
         }
         if let Some(&id) = self.reduced.get(&r) {
