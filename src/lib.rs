@@ -3,6 +3,8 @@
 //! Eager tensor code runs on reference kernels (`runtime`); the same ops, defined once in
 //! `ir::op`, are what graphs are built from.
 
+#[macro_use]
+pub mod macros;
 pub mod error;
 pub mod ir;
 pub mod kernel;
@@ -11,4 +13,5 @@ pub mod runtime;
 
 pub use error::{Error, Result};
 pub use ir::dtype::{DType, Scalar};
+pub use runtime::random::{Generator, manual_seed};
 pub use runtime::{Device, Element, Tensor};

@@ -7,6 +7,7 @@ pub mod element;
 pub mod kernels;
 pub mod layout;
 mod ops;
+pub mod random;
 pub mod storage;
 pub mod strided;
 pub mod tensor;

@@ -1,9 +1,14 @@
 //! Creation functions: `zeros`, `ones`, `full`, `arange` and their relatives.
 
 use crate::Result;
+use crate::dispatch;
 use crate::ir::dtype::{DEFAULT_FLOAT, DType, Scalar};
 use crate::ir::op::Op;
+use crate::runtime::element::{Element, round_to_dtype};
+use crate::runtime::layout::Layout;
+use crate::runtime::storage::Storage;
 use crate::runtime::tensor::{Tensor, apply};
+use std::sync::Arc;
 
 impl Tensor {
     /// A tensor of `size` filled with `value`; the dtype follows the value (float → f32,
@@ -66,5 +71,56 @@ impl Tensor {
     /// `torch.zeros` with the default float dtype.
     pub fn zeros_f32(size: &[usize]) -> Tensor {
         Tensor::zeros(size, DEFAULT_FLOAT)
+    }
+
+    /// `torch.linspace`: `steps` values from `start` to `end`, f32 unless a dtype is given.
+    /// As in PyTorch, the first half counts up from `start` and the second half down from
+    /// `end`, so the last value is exactly `end`; integer dtypes truncate.
+    pub fn linspace(
+        start: impl Into<Scalar>,
+        end: impl Into<Scalar>,
+        steps: usize,
+        dtype: Option<DType>,
+    ) -> Result<Tensor> {
+        let dtype = dtype.unwrap_or(DEFAULT_FLOAT);
+        // PyTorch converts the bounds to the output dtype before computing the step.
+        let s = round_to_dtype(start.into().to_f64(), dtype);
+        let e = round_to_dtype(end.into().to_f64(), dtype);
+        let step = if steps > 1 {
+            (e - s) / (steps - 1) as f64
+        } else {
+            0.0
+        };
+        let half = steps / 2;
+        let value = |i: usize| {
+            if steps == 1 || i < half {
+                s + step * i as f64
+            } else {
+                e - step * (steps - 1 - i) as f64
+            }
+        };
+        Ok(dispatch!(dtype, T => {
+            Tensor::from_data((0..steps).map(|i| T::from_f64(value(i))).collect::<Vec<T>>(), &[steps])
+        }))
+    }
+
+    /// `torch.eye(n, m)`: ones on the main diagonal of an `n × m` matrix (`m` defaults to
+    /// `n`), f32 unless a dtype is given.
+    pub fn eye(n: usize, m: Option<usize>, dtype: Option<DType>) -> Result<Tensor> {
+        let m = m.unwrap_or(n);
+        let t = Tensor::zeros(&[n, m], dtype.unwrap_or(DEFAULT_FLOAT));
+        dispatch!(t.dtype(), T => t.with_slice_mut::<T, _>(|s| {
+            for i in 0..n.min(m) {
+                s[i * m + i] = T::from_i64(1);
+            }
+        }))?;
+        Ok(t)
+    }
+
+    /// A contiguous tensor adopting `data`, whose length the caller made the product of
+    /// `size`.
+    pub(crate) fn from_data<T: Element>(data: Vec<T>, size: &[usize]) -> Tensor {
+        debug_assert_eq!(data.len(), size.iter().product::<usize>());
+        Tensor::from_parts(Arc::new(Storage::from_vec(data)), Layout::contiguous(size))
     }
 }

@@ -2,5 +2,6 @@
 
 mod creation;
 mod linalg;
+mod pointwise;
 mod reduce;
 mod views;

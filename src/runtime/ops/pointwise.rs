@@ -1,0 +1,324 @@
+//! Pointwise methods and operators on `Tensor`: unary math, binary math and comparisons with
+//! broadcasting and PyTorch's type promotion, `where`, `clamp`, `masked_fill`, `to_dtype`.
+//!
+//! Scalar arguments (`x.add_scalar(0.5)`, `&x * 0.5`) are Python numbers: they take part in
+//! type promotion with the lowest priority, so `f16 * 0.5` stays f16, `i64 * 0.5` is f32 and
+//! `i32 + 1` stays i32.
+
+use crate::ir::dtype::Scalar;
+use crate::ir::op::{BinaryOp, Op, UnaryOp};
+use crate::runtime::tensor::{Tensor, apply};
+use crate::{DType, Result};
+
+macro_rules! unary_methods {
+    ($($(#[$doc:meta])* $name:ident => $op:expr;)*) => {$(
+        $(#[$doc])*
+        pub fn $name(&self) -> Result<Tensor> {
+            apply(Op::Unary($op), &[self])
+        }
+    )*};
+}
+
+macro_rules! binary_methods {
+    ($($(#[$doc:meta])* $name:ident, $scalar:ident => $op:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $name(&self, other: &Tensor) -> Result<Tensor> {
+            apply(Op::Binary(BinaryOp::$op), &[self, other])
+        }
+        /// The same with a Python number as the right operand.
+        pub fn $scalar(&self, other: impl Into<Scalar>) -> Result<Tensor> {
+            apply(Op::Binary(BinaryOp::$op), &[self, &Tensor::wrapped(other.into())])
+        }
+    )*};
+}
+
+impl Tensor {
+    unary_methods! {
+        /// `-x`; refused for bool tensors (use `logical_not`).
+        neg => UnaryOp::Neg;
+        /// `|x|`; integers wrap (`abs(i8::MIN)` is `i8::MIN`).
+        abs => UnaryOp::Abs;
+        /// `e^x`; integer inputs give f32.
+        exp => UnaryOp::Exp;
+        /// Natural logarithm; integer inputs give f32.
+        log => UnaryOp::Log;
+        /// `ln(1 + x)`, accurate near 0.
+        log1p => UnaryOp::Log1p;
+        /// `e^x - 1`, accurate near 0.
+        expm1 => UnaryOp::Expm1;
+        /// Square root (NaN below 0).
+        sqrt => UnaryOp::Sqrt;
+        /// `1 / sqrt(x)`.
+        rsqrt => UnaryOp::Rsqrt;
+        /// Sine.
+        sin => UnaryOp::Sin;
+        /// Cosine.
+        cos => UnaryOp::Cos;
+        /// Hyperbolic tangent.
+        tanh => UnaryOp::Tanh;
+        /// `1 / (1 + e^-x)`.
+        sigmoid => UnaryOp::Sigmoid;
+        /// `max(x, 0)`; NaN stays NaN; integers allowed.
+        relu => UnaryOp::Relu;
+        /// GELU in its exact form, `x * Φ(x)` (`approximate="none"`); see `gelu_tanh`.
+        gelu => UnaryOp::Gelu { tanh: false };
+        /// GELU with PyTorch's `approximate="tanh"` formula.
+        gelu_tanh => UnaryOp::Gelu { tanh: true };
+        /// `x * sigmoid(x)`.
+        silu => UnaryOp::Silu;
+        /// The error function.
+        erf => UnaryOp::Erf;
+        /// Rounds down; integers are returned unchanged.
+        floor => UnaryOp::Floor;
+        /// Rounds up; integers are returned unchanged.
+        ceil => UnaryOp::Ceil;
+        /// Rounds half to even (`round(2.5) == 2`).
+        round => UnaryOp::Round;
+        /// -1, 0 or 1 (0 for NaN).
+        sign => UnaryOp::Sign;
+        /// `1 / x`; integer inputs give f32.
+        reciprocal => UnaryOp::Reciprocal;
+        /// `x * x`; bool inputs give i64.
+        square => UnaryOp::Square;
+        /// Bool tensor: true where `x` is zero.
+        logical_not => UnaryOp::LogicalNot;
+        /// Bool tensor: true where `x` is NaN (never for integers).
+        isnan => UnaryOp::IsNan;
+    }
+
+    binary_methods! {
+        /// `self + other`, broadcast.
+        add, add_scalar => Add;
+        /// `self - other`, broadcast; refused for two bool operands.
+        sub, sub_scalar => Sub;
+        /// `self * other`, broadcast.
+        mul, mul_scalar => Mul;
+        /// True division: integer operands give f32.
+        div, div_scalar => Div;
+        /// `self ** other`. An integer tensor to a negative Python-int power is refused.
+        pow, pow_scalar => Pow;
+        /// Elementwise maximum; NaN wins.
+        maximum, maximum_scalar => Maximum;
+        /// Elementwise minimum; NaN wins.
+        minimum, minimum_scalar => Minimum;
+        /// Python's `%`: the result has the divisor's sign; integer division by 0 is refused.
+        remainder, remainder_scalar => Remainder;
+        /// Bool tensor of `self == other`, compared in the promoted dtype.
+        eq, eq_scalar => Eq;
+        /// Bool tensor of `self != other`.
+        ne, ne_scalar => Ne;
+        /// Bool tensor of `self < other`.
+        lt, lt_scalar => Lt;
+        /// Bool tensor of `self <= other`.
+        le, le_scalar => Le;
+        /// Bool tensor of `self > other`.
+        gt, gt_scalar => Gt;
+        /// Bool tensor of `self >= other`.
+        ge, ge_scalar => Ge;
+        /// Bool tensor: both nonzero.
+        logical_and, logical_and_scalar => LogicalAnd;
+        /// Bool tensor: either nonzero.
+        logical_or, logical_or_scalar => LogicalOr;
+    }
+
+    /// `s - self` (PyTorch's `rsub`).
+    pub fn rsub_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> {
+        apply(
+            Op::Binary(BinaryOp::Sub),
+            &[&Tensor::wrapped(s.into()), self],
+        )
+    }
+
+    /// `s / self`.
+    pub fn rdiv_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> {
+        apply(
+            Op::Binary(BinaryOp::Div),
+            &[&Tensor::wrapped(s.into()), self],
+        )
+    }
+
+    /// `s ** self`.
+    pub fn rpow_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> {
+        apply(
+            Op::Binary(BinaryOp::Pow),
+            &[&Tensor::wrapped(s.into()), self],
+        )
+    }
+
+    /// `torch.where(cond, x, y)`: `x` where `cond` (a bool tensor) is true, else `y`; all three
+    /// broadcast, the dtype is `result_type(x, y)`. Pass `&Tensor::wrapped(s)` for a Python
+    /// number branch, or use `where_scalar`.
+    pub fn where_cond(cond: &Tensor, x: &Tensor, y: &Tensor) -> Result<Tensor> {
+        apply(Op::Where, &[cond, x, y])
+    }
+
+    /// `torch.where(cond, x, y)` with `y` a Python number.
+    pub fn where_scalar(cond: &Tensor, x: &Tensor, y: impl Into<Scalar>) -> Result<Tensor> {
+        apply(Op::Where, &[cond, x, &Tensor::wrapped(y.into())])
+    }
+
+    /// `torch.clamp(x, min, max)`: at least one bound; NaN elements stay NaN; a bound
+    /// converts to the result dtype, `result_type(x, min, max)`.
+    pub fn clamp(&self, min: Option<Scalar>, max: Option<Scalar>) -> Result<Tensor> {
+        apply(Op::Clamp { min, max }, &[self])
+    }
+
+    /// `clamp(min=s)`.
+    pub fn clamp_min(&self, min: impl Into<Scalar>) -> Result<Tensor> {
+        self.clamp(Some(min.into()), None)
+    }
+
+    /// `clamp(max=s)`.
+    pub fn clamp_max(&self, max: impl Into<Scalar>) -> Result<Tensor> {
+        self.clamp(None, Some(max.into()))
+    }
+
+    /// `value` where the bool `mask` is true, else `self`; the shapes broadcast.
+    pub fn masked_fill(&self, mask: &Tensor, value: impl Into<Scalar>) -> Result<Tensor> {
+        apply(
+            Op::MaskedFill {
+                value: value.into(),
+            },
+            &[self, mask],
+        )
+    }
+
+    /// `x.to(dtype)` with PyTorch's cast rules; `self` itself when the dtype already matches.
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        apply(Op::To { dtype }, &[self])
+    }
+}
+
+/// The result of an operator: operators cannot return errors, so they panic with the message
+/// the corresponding method returns as `Err`.
+fn or_panic(r: Result<Tensor>) -> Tensor {
+    match r {
+        Ok(t) => t,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn binary_op(op: BinaryOp, a: &Tensor, b: &Tensor) -> Tensor {
+    or_panic(apply(Op::Binary(op), &[a, b]))
+}
+
+// Arithmetic operators on tensors and Python numbers (f64, f32, i64, i32 on either side).
+// They panic where the corresponding method (`add`, `sub`, ...) returns Err.
+macro_rules! binary_operator {
+    ($Trait:ident, $method:ident, $op:ident) => {
+        binary_operator!(@tensors $Trait, $method, $op, [Tensor, &Tensor], [Tensor, &Tensor]);
+        binary_operator!(@scalars $Trait, $method, $op, [f64, f32, i64, i32]);
+    };
+    (@tensors $Trait:ident, $method:ident, $op:ident, [$($L:ty),*], $R:tt) => {$(
+        binary_operator!(@pair $Trait, $method, $op, $L, $R);
+    )*};
+    (@pair $Trait:ident, $method:ident, $op:ident, $L:ty, [$($R:ty),*]) => {$(
+        /// Panics where the method of the same name returns Err.
+        impl std::ops::$Trait<$R> for $L {
+            type Output = Tensor;
+            fn $method(self, rhs: $R) -> Tensor {
+                binary_op(BinaryOp::$op, &self, &rhs)
+            }
+        }
+    )*};
+    (@scalars $Trait:ident, $method:ident, $op:ident, [$($S:ty),*]) => {$(
+        /// Panics where the method of the same name returns Err.
+        impl std::ops::$Trait<$S> for &Tensor {
+            type Output = Tensor;
+            fn $method(self, rhs: $S) -> Tensor {
+                binary_op(BinaryOp::$op, self, &Tensor::wrapped(rhs.into()))
+            }
+        }
+        /// Panics where the method of the same name returns Err.
+        impl std::ops::$Trait<$S> for Tensor {
+            type Output = Tensor;
+            fn $method(self, rhs: $S) -> Tensor {
+                binary_op(BinaryOp::$op, &self, &Tensor::wrapped(rhs.into()))
+            }
+        }
+        /// Panics where the method of the same name returns Err.
+        impl std::ops::$Trait<&Tensor> for $S {
+            type Output = Tensor;
+            fn $method(self, rhs: &Tensor) -> Tensor {
+                binary_op(BinaryOp::$op, &Tensor::wrapped(self.into()), rhs)
+            }
+        }
+        /// Panics where the method of the same name returns Err.
+        impl std::ops::$Trait<Tensor> for $S {
+            type Output = Tensor;
+            fn $method(self, rhs: Tensor) -> Tensor {
+                binary_op(BinaryOp::$op, &Tensor::wrapped(self.into()), &rhs)
+            }
+        }
+    )*};
+}
+
+binary_operator!(Add, add, Add);
+binary_operator!(Sub, sub, Sub);
+binary_operator!(Mul, mul, Mul);
+binary_operator!(Div, div, Div);
+binary_operator!(Rem, rem, Remainder);
+
+// `-x`; panics where `Tensor::neg` returns Err (bool tensors).
+impl std::ops::Neg for &Tensor {
+    type Output = Tensor;
+    fn neg(self) -> Tensor {
+        or_panic(apply(Op::Unary(UnaryOp::Neg), &[self]))
+    }
+}
+
+impl std::ops::Neg for Tensor {
+    type Output = Tensor;
+    fn neg(self) -> Tensor {
+        -&self
+    }
+}
+
+/// Bool tensors only: `!`, `&` and `|` are logical ops here; PyTorch's bitwise forms for
+/// integers are not provided.
+fn require_bool(op: &str, ts: &[&Tensor]) {
+    if let Some(t) = ts.iter().find(|t| t.dtype() != DType::Bool) {
+        panic!(
+            "the `{op}` operator is only implemented for bool tensors, got {}",
+            t.dtype().torch_name()
+        );
+    }
+}
+
+// `!mask`: logical not of a bool tensor; panics for other dtypes.
+impl std::ops::Not for &Tensor {
+    type Output = Tensor;
+    fn not(self) -> Tensor {
+        require_bool("!", &[self]);
+        or_panic(apply(Op::Unary(UnaryOp::LogicalNot), &[self]))
+    }
+}
+
+impl std::ops::Not for Tensor {
+    type Output = Tensor;
+    fn not(self) -> Tensor {
+        !&self
+    }
+}
+
+// `a & b`, `a | b`: logical and/or of bool tensors; panic for other dtypes and where
+// `logical_and`/`logical_or` return Err.
+macro_rules! logical_operator {
+    ($Trait:ident, $method:ident, $op:ident, $sym:literal) => {
+        logical_operator!(@pair $Trait, $method, $op, $sym, Tensor, [Tensor, &Tensor]);
+        logical_operator!(@pair $Trait, $method, $op, $sym, &Tensor, [Tensor, &Tensor]);
+    };
+    (@pair $Trait:ident, $method:ident, $op:ident, $sym:literal, $L:ty, [$($R:ty),*]) => {$(
+        impl std::ops::$Trait<$R> for $L {
+            type Output = Tensor;
+            fn $method(self, rhs: $R) -> Tensor {
+                let (a, b): (&Tensor, &Tensor) = (&self, &rhs);
+                require_bool($sym, &[a, b]);
+                binary_op(BinaryOp::$op, a, b)
+            }
+        }
+    )*};
+}
+
+logical_operator!(BitAnd, bitand, LogicalAnd, "&");
+logical_operator!(BitOr, bitor, LogicalOr, "|");
