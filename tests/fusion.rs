@@ -65,7 +65,8 @@ fn check(g: &Graph, tol: f64) -> Schedule {
 }
 
 fn input(g: &mut Graph, name: &str, dtype: DType, shape: &[usize]) -> ValueId {
-    g.add_input(name, TensorType::new(dtype, shape.to_vec())).unwrap()
+    g.add_input(name, TensorType::new(dtype, shape.to_vec()))
+        .unwrap()
 }
 
 fn un(g: &mut Graph, u: UnaryOp, x: ValueId) -> ValueId {
@@ -174,7 +175,13 @@ fn half_precision_softmax_computes_in_f32() {
         assert_eq!(s.kernel_count(), 1);
         let k = s.kernels().next().unwrap();
         assert!(
-            k.values.iter().any(|v| matches!(v.expr, Expr::Reduce { acc: DType::F32, .. })),
+            k.values.iter().any(|v| matches!(
+                v.expr,
+                Expr::Reduce {
+                    acc: DType::F32,
+                    ..
+                }
+            )),
             "{s}"
         );
     }
@@ -199,7 +206,11 @@ fn hand_written_softmax_matches_builtin_kernel_count() {
 
 #[test]
 fn layer_norm_is_one_kernel() {
-    for (shape, norm) in [(vec![3, 7, 33], vec![33]), (vec![2, 7, 5], vec![7, 5]), (vec![1, 1], vec![1])] {
+    for (shape, norm) in [
+        (vec![3, 7, 33], vec![33]),
+        (vec![2, 7, 5], vec![7, 5]),
+        (vec![1, 1], vec![1]),
+    ] {
         for (w, b) in [(true, true), (false, false), (true, false)] {
             let mut g = Graph::new("ln");
             let x = input(&mut g, "x", DType::F32, &shape);
@@ -232,14 +243,22 @@ fn mlp_block_is_two_gemms_and_two_epilogues() {
     let b1 = input(&mut g, "b1", DType::F32, &[16]);
     let w2 = input(&mut g, "w2", DType::F32, &[5, 16]);
     let b2 = input(&mut g, "b2", DType::F32, &[5]);
-    let h = g.add_op(Op::Linear { has_bias: true }, &[x, w1, b1]).unwrap();
+    let h = g
+        .add_op(Op::Linear { has_bias: true }, &[x, w1, b1])
+        .unwrap();
     let a = un(&mut g, UnaryOp::Gelu { tanh: false }, h);
-    let y = g.add_op(Op::Linear { has_bias: true }, &[a, w2, b2]).unwrap();
+    let y = g
+        .add_op(Op::Linear { has_bias: true }, &[a, w2, b2])
+        .unwrap();
     g.set_outputs(vec![y]);
     let s = check(&g, 1e-5);
     assert_eq!(s.gemm_count(), 2, "{s}");
     assert_eq!(s.kernel_count(), 2, "{s}");
-    let kinds: Vec<bool> = s.steps.iter().map(|s| matches!(s, Step::Kernel(_))).collect();
+    let kinds: Vec<bool> = s
+        .steps
+        .iter()
+        .map(|s| matches!(s, Step::Kernel(_)))
+        .collect();
     assert_eq!(kinds, vec![false, true, false, true], "{s}");
     // the weight is passed transposed, as a view of the input buffer
     let first = s.externs().next().unwrap();
@@ -310,7 +329,16 @@ fn sliced_and_expanded_views_fold_into_maps() {
         )
         .unwrap(); // [4, 8]
     let st = g.add_op(Op::T, &[s]).unwrap(); // [8, 4]
-    let n = g.add_op(Op::Narrow { dim: 0, start: 2, length: 5 }, &[st]).unwrap(); // [5, 4]
+    let n = g
+        .add_op(
+            Op::Narrow {
+                dim: 0,
+                start: 2,
+                length: 5,
+            },
+            &[st],
+        )
+        .unwrap(); // [5, 4]
     let e = g.add_op(Op::Unsqueeze { dim: 0 }, &[y]).unwrap();
     let e = g.add_op(Op::Expand { size: vec![5, 4] }, &[e]).unwrap();
     let z = bin(&mut g, BinaryOp::Mul, n, e);
@@ -349,7 +377,11 @@ fn expensive_producer_is_not_recomputed_per_broadcast_element() {
     let z = bin(&mut g, BinaryOp::Add, x, e); // e broadcast over 64 rows
     g.set_outputs(vec![z]);
     let sch = check(&g, 0.0);
-    assert_eq!(sch.kernel_count(), 2, "the exp/tanh chain runs once per element of a: {sch}");
+    assert_eq!(
+        sch.kernel_count(),
+        2,
+        "the exp/tanh chain runs once per element of a: {sch}"
+    );
 }
 
 #[test]
@@ -401,7 +433,15 @@ fn var_std_logsumexp_decompose_and_fuse() {
 fn dump_is_readable() {
     let s = compile(&softmax_graph(&[4, 7], -1, DType::F32, false)).unwrap();
     let text = s.to_string();
-    for needle in ["schedule softmax", "rows=[4] row=[7]", "reduce max", "reduce sum", "pass 1", "store b1[7*i0 + i1]", "return b1"] {
+    for needle in [
+        "schedule softmax",
+        "rows=[4] row=[7]",
+        "reduce max",
+        "reduce sum",
+        "pass 1",
+        "store b1[7*i0 + i1]",
+        "return b1",
+    ] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
 }
@@ -424,7 +464,11 @@ fn random_graph(seed: u64, n_ops: usize) -> Graph {
     let mut rng = StdRng::seed_from_u64(seed);
     let dims = [1usize, 3, 7];
     let (a, b) = (dims[rng.random_range(0..3)], dims[rng.random_range(0..3)]);
-    let dtype = if rng.random_bool(0.8) { DType::F32 } else { DType::F64 };
+    let dtype = if rng.random_bool(0.8) {
+        DType::F32
+    } else {
+        DType::F64
+    };
     let mut g = Graph::new("random");
     let mut pool = vec![
         input(&mut g, "x", dtype, &[a, b]),
@@ -443,7 +487,12 @@ fn random_graph(seed: u64, n_ops: usize) -> Graph {
             1 => (Op::Unary(UnaryOp::Exp), vec![x]),
             2 => (Op::Unary(UnaryOp::Tanh), vec![x]),
             3 | 4 => {
-                let ops = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Maximum];
+                let ops = [
+                    BinaryOp::Add,
+                    BinaryOp::Sub,
+                    BinaryOp::Mul,
+                    BinaryOp::Maximum,
+                ];
                 (Op::Binary(ops[rng.random_range(0..4)]), vec![x, y])
             }
             5 => {
@@ -454,7 +503,14 @@ fn random_graph(seed: u64, n_ops: usize) -> Graph {
                 let ops = [ReduceOp::Sum, ReduceOp::Amax, ReduceOp::Mean];
                 let dim = Some(vec![rng.random_range(-nd..nd)]);
                 let keepdim = rng.random_bool(0.7);
-                (Op::Reduce { op: ops[rng.random_range(0..3)], dim, keepdim }, vec![x])
+                (
+                    Op::Reduce {
+                        op: ops[rng.random_range(0..3)],
+                        dim,
+                        keepdim,
+                    },
+                    vec![x],
+                )
             }
             7 if nd == 2 => (Op::T, vec![x]),
             8 => (Op::Unsqueeze { dim: 0 }, vec![x]),

@@ -54,7 +54,12 @@ pub fn run(s: &Schedule, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
                 let r = apply(e.op.clone(), &refs)?;
                 let b = &s.buffers[e.out];
                 if r.dtype() != b.dtype || r.shape() != b.shape.as_slice() {
-                    bail!(Value, "extern {}: result does not fit b{}", e.op.name(), e.out);
+                    bail!(
+                        Value,
+                        "extern {}: result does not fit b{}",
+                        e.op.name(),
+                        e.out
+                    );
                 }
                 bufs[e.out] = Some(copy::contiguous(&r));
             }
@@ -113,7 +118,13 @@ fn run_kernel(s: &Schedule, k: &Kernel, bufs: &mut [Option<Tensor>]) -> Result<(
     let mut row_shape = k.outer.clone();
     row_shape.resize(space.len(), 1);
     let levels = k.levels();
-    let shape_of = |l: Level| if l == Level::Outer { &row_shape } else { &space };
+    let shape_of = |l: Level| {
+        if l == Level::Outer {
+            &row_shape
+        } else {
+            &space
+        }
+    };
     let mut vals: Vec<Tensor> = Vec::with_capacity(k.values.len());
     for (i, v) in k.values.iter().enumerate() {
         let shape = shape_of(levels[i]);
@@ -184,7 +195,12 @@ fn positions(map: &IndexMap, shape: &[usize]) -> Result<Tensor> {
     let mut out = Vec::with_capacity(n);
     let mut idx = vec![0usize; shape.len()];
     for _ in 0..n {
-        let p: usize = map.offset + idx.iter().zip(&map.strides).map(|(i, s)| i * s).sum::<usize>();
+        let p: usize = map.offset
+            + idx
+                .iter()
+                .zip(&map.strides)
+                .map(|(i, s)| i * s)
+                .sum::<usize>();
         out.push(p as i64);
         for d in (0..shape.len()).rev() {
             idx[d] += 1;

@@ -169,9 +169,14 @@ pub fn accumulator(d: DType) -> DType {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Expr {
     /// The element of `buffer` at `map(i)`.
-    Load { buffer: BufferId, map: IndexMap },
+    Load {
+        buffer: BufferId,
+        map: IndexMap,
+    },
     /// `map(i)` itself as an i64 (positions for `arange`, masks such as `tril`).
-    Index { map: IndexMap },
+    Index {
+        map: IndexMap,
+    },
     /// A constant, converted to the value's dtype with cast semantics.
     Const(Scalar),
     Unary(UnaryOp, ValId),
@@ -186,7 +191,11 @@ pub enum Expr {
     /// Conversion to the value's dtype with PyTorch's cast semantics.
     Cast(ValId),
     /// `mask ? value : x`, `value` converted to `x`'s dtype.
-    MaskedFill { x: ValId, mask: ValId, value: Scalar },
+    MaskedFill {
+        x: ValId,
+        mask: ValId,
+        value: Scalar,
+    },
     /// A reduction of `arg` over the inner space, accumulated in `acc`; an outer-level value.
     Reduce {
         combiner: Combiner,
@@ -277,7 +286,10 @@ impl Kernel {
                 }
                 Expr::Const(_) | Expr::Reduce { .. } => Level::Outer,
                 e => {
-                    if e.operands().iter().any(|&o| lv.get(o) == Some(&Level::Inner)) {
+                    if e.operands()
+                        .iter()
+                        .any(|&o| lv.get(o) == Some(&Level::Inner))
+                    {
                         Level::Inner
                     } else {
                         Level::Outer
@@ -434,7 +446,11 @@ impl Schedule {
                     if let Some(&q) = pass_of.get(&o)
                         && q >= p
                     {
-                        bail!(Value, "kernel {}: pass {p} reads a reduction of pass {q}", k.name);
+                        bail!(
+                            Value,
+                            "kernel {}: pass {p} reads a reduction of pass {q}",
+                            k.name
+                        );
                     }
                     stack.extend(k.values[o].expr.operands());
                 }
@@ -451,7 +467,11 @@ impl Schedule {
             }
             let row_store = !k.inner.is_empty() && s.map.ignores_from(k.outer.len());
             if row_store && levels[s.value] == Level::Inner {
-                bail!(Value, "kernel {}: a row store of a value that varies along the row", k.name);
+                bail!(
+                    Value,
+                    "kernel {}: a row store of a value that varies along the row",
+                    k.name
+                );
             }
         }
         Ok(())
@@ -463,7 +483,11 @@ impl Schedule {
         for (p, vs) in k.passes.iter().enumerate() {
             for &r in vs {
                 if !matches!(k.values.get(r).map(|v| &v.expr), Some(Expr::Reduce { .. })) {
-                    bail!(Value, "kernel {}: pass {p} lists v{r}, not a reduction", k.name);
+                    bail!(
+                        Value,
+                        "kernel {}: pass {p} lists v{r}, not a reduction",
+                        k.name
+                    );
                 }
                 if pass_of.insert(r, p).is_some() {
                     bail!(Value, "kernel {}: v{r} is in two passes", k.name);

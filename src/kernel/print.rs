@@ -38,7 +38,10 @@ fn fmt_map(m: &IndexMap) -> String {
 }
 
 fn fmt_list(v: &[usize]) -> String {
-    v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")
+    v.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn fmt_view(v: &View) -> String {
@@ -104,7 +107,13 @@ impl Display for Kernel {
             writeln!(f, "  pass {p}: {}", names.join(", "))?;
         }
         for s in &self.stores {
-            writeln!(f, "  store b{}[{}] = v{}", s.buffer, fmt_map(&s.map), s.value)?;
+            writeln!(
+                f,
+                "  store b{}[{}] = v{}",
+                s.buffer,
+                fmt_map(&s.map),
+                s.value
+            )?;
         }
         Ok(())
     }

@@ -14,11 +14,11 @@
 //! empty dims that the composite accepts). `gelu` and `silu` stay: they are scalar ops of the
 //! kernel IR, and spelling them out would only add rounding steps.
 
+use crate::Result;
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::graph::{Graph, NodeKind, ValueId};
 use crate::ir::op::{BinaryOp, Op, ReduceOp, UnaryOp, reduction_dims};
 use crate::ir::shape::reduced_shape;
-use crate::Result;
 use std::collections::{HashMap, HashSet};
 
 /// A graph under construction, with fresh names that never collide with the source's.
@@ -60,7 +60,14 @@ impl Builder {
         self.op(base, Op::Binary(b), &[x, y])
     }
 
-    fn reduce(&mut self, base: &str, op: ReduceOp, x: ValueId, dim: &Option<Vec<i64>>, keepdim: bool) -> Result<ValueId> {
+    fn reduce(
+        &mut self,
+        base: &str,
+        op: ReduceOp,
+        x: ValueId,
+        dim: &Option<Vec<i64>>,
+        keepdim: bool,
+    ) -> Result<ValueId> {
         let dim = dim.clone();
         self.op(base, Op::Reduce { op, dim, keepdim }, &[x])
     }
@@ -224,7 +231,11 @@ fn variance(
     let dims = reduction_dims(dim, ty.ndim())?;
     let n: usize = dims.iter().map(|&i| ty.shape[i]).product();
     let xf = b.upcast(name, x)?;
-    let all = Some((0..ty.ndim() as i64).filter(|i| dims.contains(&(*i as usize))).collect());
+    let all = Some(
+        (0..ty.ndim() as i64)
+            .filter(|i| dims.contains(&(*i as usize)))
+            .collect(),
+    );
     let mean = b.reduce(name, ReduceOp::Mean, xf, &all, true)?;
     let c = b.binary(name, BinaryOp::Sub, xf, mean)?;
     let sq = b.binary(name, BinaryOp::Mul, c, c)?;
@@ -245,7 +256,11 @@ fn logsumexp(
     keepdim: bool,
 ) -> Result<ValueId> {
     let ty = b.g.node(x).ty.clone();
-    let out = if ty.dtype.is_float() { ty.dtype } else { DType::F32 };
+    let out = if ty.dtype.is_float() {
+        ty.dtype
+    } else {
+        DType::F32
+    };
     let xc = b.cast(name, x, out)?;
     let xf = b.upcast(name, xc)?;
     let dims = reduction_dims(dim, ty.ndim())?;
@@ -254,7 +269,13 @@ fn logsumexp(
     let am = b.unary(name, UnaryOp::Abs, m)?;
     let inf = b.scalar(Scalar::Float(f64::INFINITY))?;
     let is_inf = b.binary(name, BinaryOp::Eq, am, inf)?;
-    let mf = b.op(name, Op::MaskedFill { value: Scalar::Float(0.0) }, &[m, is_inf])?;
+    let mf = b.op(
+        name,
+        Op::MaskedFill {
+            value: Scalar::Float(0.0),
+        },
+        &[m, is_inf],
+    )?;
     let sh = b.binary(name, BinaryOp::Sub, xf, mf)?;
     let e = b.unary(name, UnaryOp::Exp, sh)?;
     let s = b.reduce(name, ReduceOp::Sum, e, &all, keepdim)?;

@@ -118,16 +118,16 @@ pub fn fuse_with(g: &Graph, opts: &FuseOptions) -> Result<Schedule> {
 }
 
 fn stuck(g: &Graph, v: ValueId) -> Error {
-    Error::Unsupported(format!(
-        "fusion: no kernel can compute %{}",
-        g.node(v).name
-    ))
+    Error::Unsupported(format!("fusion: no kernel can compute %{}", g.node(v).name))
 }
 
 /// Why a kernel could not be built as planned.
 enum Fail {
     /// Store `node` to a buffer (it is read where recomputing or mapping it is not possible).
-    Realize { node: ValueId, root: ValueId },
+    Realize {
+        node: ValueId,
+        root: ValueId,
+    },
     /// `root` must get a kernel of its own.
     Isolate(ValueId),
     Error(Error),
@@ -162,10 +162,7 @@ fn classify(kind: &NodeKind) -> Class {
         Op::Scalar(_) | Op::Full { .. } | Op::Arange { .. } => Class::Leaf,
         _ if op.is_pointwise() => Class::Pointwise,
         _ if op.is_view()
-            || matches!(
-                op,
-                Op::Reshape { .. } | Op::Flatten { .. } | Op::Contiguous
-            ) =>
+            || matches!(op, Op::Reshape { .. } | Op::Flatten { .. } | Op::Contiguous) =>
         {
             Class::View
         }
@@ -288,7 +285,9 @@ struct Fuser<'g> {
 fn op_cost(op: &Op) -> u32 {
     use UnaryOp::*;
     match op {
-        Op::Unary(Exp | Log | Log1p | Expm1 | Sin | Cos | Tanh | Sigmoid | Gelu { .. } | Silu | Erf) => 4,
+        Op::Unary(
+            Exp | Log | Log1p | Expm1 | Sin | Cos | Tanh | Sigmoid | Gelu { .. } | Silu | Erf,
+        ) => 4,
         Op::Binary(BinaryOp::Pow) => 4,
         Op::Unary(Sqrt | Rsqrt | Reciprocal) | Op::Binary(BinaryOp::Div | BinaryOp::Remainder) => 2,
         Op::Arange { .. } => 1,
@@ -327,7 +326,8 @@ impl<'g> Fuser<'g> {
     fn is_root(&self, v: ValueId) -> bool {
         let c = self.class[&v];
         c == Class::Reduction
-            || (self.realized.contains(&v) && matches!(c, Class::Pointwise | Class::View | Class::Leaf))
+            || (self.realized.contains(&v)
+                && matches!(c, Class::Pointwise | Class::View | Class::Leaf))
     }
 
     /// Values that live in a buffer for every reader outside their own kernel.
@@ -605,14 +605,18 @@ impl<'g> Fuser<'g> {
                 (None, None) => u.shape == *shape,
             }
         };
-        let mut cands: Vec<usize> = h.roots.iter().filter_map(|r| p.unit_of.get(r).copied()).collect();
+        let mut cands: Vec<usize> = h
+            .roots
+            .iter()
+            .filter_map(|r| p.unit_of.get(r).copied())
+            .collect();
         cands.sort_by_key(|&u| std::cmp::Reverse(p.units[u].first));
         let shared: Vec<usize> = (0..p.units.len())
             .filter(|&u| {
                 p.units[u].roots.iter().any(|r| {
-                    p.hits
-                        .get(r)
-                        .is_some_and(|rh| !rh.leaves.is_disjoint(&h.leaves) || !rh.roots.is_disjoint(&h.roots))
+                    p.hits.get(r).is_some_and(|rh| {
+                        !rh.leaves.is_disjoint(&h.leaves) || !rh.roots.is_disjoint(&h.roots)
+                    })
                 })
             })
             .collect();
@@ -932,7 +936,13 @@ impl<'a, 'g> KernelBuilder<'a, 'g> {
         let mut pass: Vec<Option<usize>> = vec![None; self.values.len()];
         let mut after: Vec<usize> = vec![0; self.values.len()];
         for (i, v) in self.values.iter().enumerate() {
-            let need = v.expr.operands().iter().map(|&o| after[o]).max().unwrap_or(0);
+            let need = v
+                .expr
+                .operands()
+                .iter()
+                .map(|&o| after[o])
+                .max()
+                .unwrap_or(0);
             if matches!(v.expr, Expr::Reduce { .. }) {
                 pass[i] = Some(need);
                 after[i] = need + 1;
@@ -1003,7 +1013,11 @@ impl<'a, 'g> KernelBuilder<'a, 'g> {
 
     fn reduction_out_map(&self, r: ValueId, key: &RowKey) -> AMap {
         let keepdim = match self.f.op(r) {
-            Some(Op::Reduce { keepdim, .. } | Op::ArgMax { keepdim, .. } | Op::ArgMin { keepdim, .. }) => *keepdim,
+            Some(
+                Op::Reduce { keepdim, .. }
+                | Op::ArgMax { keepdim, .. }
+                | Op::ArgMin { keepdim, .. },
+            ) => *keepdim,
             _ => false,
         };
         let mut m = self.out_map(key, keepdim);
@@ -1058,7 +1072,11 @@ impl<'a, 'g> KernelBuilder<'a, 'g> {
                 Class::View => self.emit_view(v, m)?,
                 Class::Pointwise => self.emit_pointwise(v, m)?,
                 Class::Leaf => self.emit_leaf(v, m)?,
-                _ => return Err(Fail::Error(Error::Unsupported("fusion: unexpected node".into()))),
+                _ => {
+                    return Err(Fail::Error(Error::Unsupported(
+                        "fusion: unexpected node".into(),
+                    )));
+                }
             }
         };
         self.memo.insert((v, m.clone()), id);
@@ -1067,7 +1085,10 @@ impl<'a, 'g> KernelBuilder<'a, 'g> {
 
     fn load(&mut self, v: ValueId, m: &AMap) -> R<ValId> {
         let Some(&b) = self.buf_of.get(&v) else {
-            return Err(Fail::Realize { node: v, root: self.root });
+            return Err(Fail::Realize {
+                node: v,
+                root: self.root,
+            });
         };
         let strides = contiguous_strides(&self.f.ty(v).shape);
         let map = m.through(&strides, 0, self.ndims())?;
@@ -1112,17 +1133,29 @@ impl<'a, 'g> KernelBuilder<'a, 'g> {
         let here = |x: ValueId| self.loaded_here(x);
         if let Some((base, l)) = self.f.layout_of(v, &here) {
             let map = m.through(&l.strides, l.offset, self.ndims())?;
-            return Ok(self.push(Expr::Load { buffer: self.buffer_of(base)?, map }, self.f.ty(v).dtype));
+            return Ok(self.push(
+                Expr::Load {
+                    buffer: self.buffer_of(base)?,
+                    map,
+                },
+                self.f.ty(v).dtype,
+            ));
         }
         let src = self.f.g.operands(v)[0];
         match self.view_map(v, src, m) {
             Some(ms) => self.emit(src, &ms),
-            None => Err(Fail::Realize { node: src, root: self.root }),
+            None => Err(Fail::Realize {
+                node: src,
+                root: self.root,
+            }),
         }
     }
 
     fn buffer_of(&self, v: ValueId) -> R<BufferId> {
-        self.buf_of.get(&v).copied().ok_or(Fail::Realize { node: v, root: self.root })
+        self.buf_of.get(&v).copied().ok_or(Fail::Realize {
+            node: v,
+            root: self.root,
+        })
     }
 
     /// The map to `src`'s index given the map `m` to the index of the view `v` of it.
@@ -1179,19 +1212,33 @@ impl<'a, 'g> KernelBuilder<'a, 'g> {
             }
             Op::Narrow { dim, start, .. } => {
                 let d = wrap_dim(*dim, nd).ok()?;
-                let s = if *start < 0 { start + sshape[d] as i64 } else { *start };
+                let s = if *start < 0 {
+                    start + sshape[d] as i64
+                } else {
+                    *start
+                };
                 (coef, off) = (m.coef.clone(), m.off.clone());
                 off[d] += s;
             }
             Op::Select { dim, index } => {
                 let d = wrap_dim(*dim, nd).ok()?;
-                let i = if *index < 0 { index + sshape[d] as i64 } else { *index };
+                let i = if *index < 0 {
+                    index + sshape[d] as i64
+                } else {
+                    *index
+                };
                 (coef, off) = (m.coef.clone(), m.off.clone());
                 coef.insert(d, z.clone());
                 off.insert(d, i);
             }
-            Op::Slice { dim, start, end, step } => {
-                let (d, s, _) = crate::ir::op::slice_range(sshape, *dim, *start, *end, *step).ok()?;
+            Op::Slice {
+                dim,
+                start,
+                end,
+                step,
+            } => {
+                let (d, s, _) =
+                    crate::ir::op::slice_range(sshape, *dim, *start, *end, *step).ok()?;
                 (coef, off) = (m.coef.clone(), m.off.clone());
                 coef[d] = coef[d].iter().map(|c| c * step).collect();
                 off[d] = off[d] * step + s as i64;
@@ -1256,7 +1303,11 @@ impl<'a, 'g> KernelBuilder<'a, 'g> {
                 mask: args[1],
                 value,
             },
-            _ => return Err(Fail::Error(Error::Unsupported("fusion: not pointwise".into()))),
+            _ => {
+                return Err(Fail::Error(Error::Unsupported(
+                    "fusion: not pointwise".into(),
+                )));
+            }
         };
         Ok(self.push(expr, d))
     }
@@ -1274,10 +1325,16 @@ impl<'a, 'g> KernelBuilder<'a, 'g> {
         if factor > 1 && !self.f.is_root(v) {
             let cost = self.f.cone_cost(v, &mut HashMap::new());
             if cost >= self.f.opts.expensive {
-                return Err(Fail::Realize { node: v, root: self.root });
+                return Err(Fail::Realize {
+                    node: v,
+                    root: self.root,
+                });
             }
         }
-        if factor > 1 && self.f.is_root(v) && self.f.cone_cost(v, &mut HashMap::new()) >= self.f.opts.expensive {
+        if factor > 1
+            && self.f.is_root(v)
+            && self.f.cone_cost(v, &mut HashMap::new()) >= self.f.opts.expensive
+        {
             return Err(Fail::Isolate(self.root));
         }
         Ok(())
