@@ -430,10 +430,8 @@ impl Schedule {
                         bail!(Value, "kernel {}: v{i} loads with the wrong dtype", k.name);
                     }
                 }
-                Expr::Index { map } => {
-                    if map.strides.len() != k.outer.len() + k.inner.len() {
-                        bail!(Value, "kernel {}: v{i} has a malformed index", k.name);
-                    }
+                Expr::Index { map } if map.strides.len() != k.outer.len() + k.inner.len() => {
+                    bail!(Value, "kernel {}: v{i} has a malformed index", k.name);
                 }
                 _ => {}
             }

@@ -622,12 +622,9 @@ impl<'g> Fuser<'g> {
             .collect();
         cands.extend(shared);
         let mut tried = HashSet::new();
-        for u in cands {
-            if tried.insert(u) && fits(&p.units[u]) && !self.makes_cycle(p, u, h) {
-                return Some(u);
-            }
-        }
-        None
+        cands
+            .into_iter()
+            .find(|&u| tried.insert(u) && fits(&p.units[u]) && !self.makes_cycle(p, u, h))
     }
 
     /// True when adding a root with hits `h` to unit `u` would make `u` depend on itself.
