@@ -550,3 +550,50 @@ proptest! {
         prop_assert!(s.kernel_count() <= g.len());
     }
 }
+
+#[test]
+fn mixed_dtype_chains_get_explicit_casts() {
+    let mut g = Graph::new("mixed");
+    let x = input(&mut g, "x", DType::I32, &[5, 7]);
+    let y = input(&mut g, "y", DType::F16, &[7]);
+    let one = g.add_scalar(Scalar::Int(1)).unwrap();
+    let a = bin(&mut g, BinaryOp::Add, x, one); // i32
+    let h = num(&mut g, 0.5);
+    let b = bin(&mut g, BinaryOp::Mul, a, h); // f32
+    let c = bin(&mut g, BinaryOp::Add, b, y); // f32
+    let am = g
+        .add_op(
+            Op::ArgMax {
+                dim: Some(1),
+                keepdim: false,
+            },
+            &[c],
+        )
+        .unwrap();
+    let ar = g
+        .add_op(
+            Op::Arange {
+                start: Scalar::Float(0.5),
+                end: Scalar::Float(7.5),
+                step: Scalar::Float(1.0),
+                dtype: None,
+            },
+            &[],
+        )
+        .unwrap();
+    let d = bin(&mut g, BinaryOp::Mul, c, ar);
+    g.set_outputs(vec![d, am, a]);
+    let s = check(&g, 0.0);
+    assert_eq!(s.kernel_count(), 1, "{s}");
+    let k = s.kernels().next().unwrap();
+    assert!(
+        k.values.iter().any(|v| matches!(v.expr, Expr::Cast(_))),
+        "{s}"
+    );
+    assert!(
+        k.values
+            .iter()
+            .any(|v| matches!(v.expr, Expr::Index { .. })),
+        "{s}"
+    );
+}
