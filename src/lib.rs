@@ -7,6 +7,7 @@
 pub mod macros;
 pub mod error;
 pub mod ir;
+pub mod jit;
 pub mod kernel;
 pub mod passes;
 pub mod runtime;

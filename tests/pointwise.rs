@@ -107,7 +107,9 @@ fn round_even(x: f64) -> f64 {
 type Method = fn(&Tensor) -> Result<Tensor>;
 
 /// (name, method, reference, relative tolerance in units of the dtype's precision; 0 = exact)
-fn unary_cases() -> Vec<(&'static str, Method, fn(f64) -> f64, f64)> {
+type UnaryCase = (&'static str, Method, fn(f64) -> f64, f64);
+
+fn unary_cases() -> Vec<UnaryCase> {
     vec![
         ("neg", Tensor::neg, |x| -x, 0.0),
         ("abs", Tensor::abs, f64::abs, 0.0),
@@ -335,7 +337,8 @@ fn binary_float_ops_match_f64_reference() {
             a.min(b)
         }
     };
-    let cases: Vec<(&str, BinMethod, Box<dyn Fn(f64, f64) -> f64>, f64)> = vec![
+    type Case = (&'static str, BinMethod, Box<dyn Fn(f64, f64) -> f64>, f64);
+    let cases: Vec<Case> = vec![
         ("add", Tensor::add, Box::new(|a, b| a + b), 0.0),
         ("sub", Tensor::sub, Box::new(|a, b| a - b), 0.0),
         ("mul", Tensor::mul, Box::new(|a, b| a * b), 0.0),

@@ -2,8 +2,8 @@
 //! its dtype and shape) and whose edges run from an operand to its user, weighted by the
 //! operand's position.
 
-use super::dtype::Scalar;
-use super::op::{Op, TensorType};
+use super::dtype::{DType, Scalar};
+use super::op::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp};
 use crate::{Error, Result, bail};
 use petgraph::Direction;
 use petgraph::stable_graph::StableDiGraph;
@@ -261,6 +261,12 @@ impl Graph {
         &self.g
     }
 
+    /// The underlying petgraph graph, for passes that rewrite in place. Node names must stay
+    /// those of the name table; run `verify` afterwards.
+    pub fn petgraph_mut(&mut self) -> &mut StableDiGraph<Node, usize> {
+        &mut self.g
+    }
+
     /// Checks the graph's invariants: unique valid names, inputs are exactly the input
     /// nodes, operand positions are `0..n`, every op's recorded type is what `Op::infer`
     /// gives, outputs exist, and there is no cycle.
@@ -381,5 +387,172 @@ impl Module {
                 names.join(", ")
             ))
         })
+    }
+}
+
+/// Builds a graph op by op with methods named like the ops; `finish` verifies the result.
+///
+/// ```
+/// use smelt::ir::graph::GraphBuilder;
+/// use smelt::DType;
+/// let mut b = GraphBuilder::new("mlp");
+/// let x = b.input("x", DType::F32, &[2, 3]).unwrap();
+/// let r = b.relu(x).unwrap();
+/// let y = b.mul_scalar(r, 0.5).unwrap();
+/// let g = b.finish(&[y]).unwrap();
+/// assert_eq!(g.outputs().len(), 1);
+/// ```
+pub struct GraphBuilder {
+    g: Graph,
+}
+
+impl GraphBuilder {
+    /// Starts an empty graph called `name`.
+    pub fn new(name: &str) -> GraphBuilder {
+        GraphBuilder {
+            g: Graph::new(name),
+        }
+    }
+
+    /// Adds a named input.
+    pub fn input(&mut self, name: &str, dtype: DType, shape: &[usize]) -> Result<ValueId> {
+        self.g
+            .add_input(name, TensorType::new(dtype, shape.to_vec()))
+    }
+
+    /// Adds any op.
+    pub fn op(&mut self, op: Op, operands: &[ValueId]) -> Result<ValueId> {
+        self.g.add_op(op, operands)
+    }
+
+    /// Adds any op under a chosen value name.
+    pub fn named(&mut self, name: &str, op: Op, operands: &[ValueId]) -> Result<ValueId> {
+        self.g.add_op_named(op, operands, name)
+    }
+
+    /// A Python-scalar operand.
+    pub fn scalar(&mut self, s: impl Into<Scalar>) -> Result<ValueId> {
+        self.g.add_scalar(s)
+    }
+
+    /// The type of a value built so far.
+    pub fn ty(&self, v: ValueId) -> &TensorType {
+        &self.g.node(v).ty
+    }
+
+    /// The graph built so far.
+    pub fn graph(&self) -> &Graph {
+        &self.g
+    }
+
+    pub fn unary(&mut self, u: UnaryOp, x: ValueId) -> Result<ValueId> {
+        self.op(Op::Unary(u), &[x])
+    }
+
+    pub fn binary(&mut self, b: BinaryOp, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.op(Op::Binary(b), &[x, y])
+    }
+
+    /// `b(x, s)` with a Python-scalar right operand.
+    pub fn binary_scalar(
+        &mut self,
+        b: BinaryOp,
+        x: ValueId,
+        s: impl Into<Scalar>,
+    ) -> Result<ValueId> {
+        let s = self.scalar(s)?;
+        self.binary(b, x, s)
+    }
+
+    pub fn relu(&mut self, x: ValueId) -> Result<ValueId> {
+        self.unary(UnaryOp::Relu, x)
+    }
+    pub fn neg(&mut self, x: ValueId) -> Result<ValueId> {
+        self.unary(UnaryOp::Neg, x)
+    }
+    pub fn exp(&mut self, x: ValueId) -> Result<ValueId> {
+        self.unary(UnaryOp::Exp, x)
+    }
+    pub fn tanh(&mut self, x: ValueId) -> Result<ValueId> {
+        self.unary(UnaryOp::Tanh, x)
+    }
+    pub fn sigmoid(&mut self, x: ValueId) -> Result<ValueId> {
+        self.unary(UnaryOp::Sigmoid, x)
+    }
+    pub fn add(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.binary(BinaryOp::Add, x, y)
+    }
+    pub fn sub(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.binary(BinaryOp::Sub, x, y)
+    }
+    pub fn mul(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.binary(BinaryOp::Mul, x, y)
+    }
+    pub fn div(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.binary(BinaryOp::Div, x, y)
+    }
+    pub fn add_scalar(&mut self, x: ValueId, s: impl Into<Scalar>) -> Result<ValueId> {
+        self.binary_scalar(BinaryOp::Add, x, s)
+    }
+    pub fn mul_scalar(&mut self, x: ValueId, s: impl Into<Scalar>) -> Result<ValueId> {
+        self.binary_scalar(BinaryOp::Mul, x, s)
+    }
+    pub fn matmul(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.op(Op::Matmul, &[x, y])
+    }
+    /// `linear(x, weight, bias)`, bias optional.
+    pub fn linear(&mut self, x: ValueId, w: ValueId, bias: Option<ValueId>) -> Result<ValueId> {
+        match bias {
+            Some(b) => self.op(Op::Linear { has_bias: true }, &[x, w, b]),
+            None => self.op(Op::Linear { has_bias: false }, &[x, w]),
+        }
+    }
+    /// `sum(x, dim=dims, keepdim=)`; an empty `dims` sums everything.
+    pub fn sum(&mut self, x: ValueId, dims: &[i64], keepdim: bool) -> Result<ValueId> {
+        let dim = (!dims.is_empty()).then(|| dims.to_vec());
+        self.op(
+            Op::Reduce {
+                op: ReduceOp::Sum,
+                dim,
+                keepdim,
+            },
+            &[x],
+        )
+    }
+    pub fn softmax(&mut self, x: ValueId, dim: i64) -> Result<ValueId> {
+        self.op(Op::Softmax { dim }, &[x])
+    }
+    pub fn reshape(&mut self, x: ValueId, shape: &[i64]) -> Result<ValueId> {
+        self.op(
+            Op::Reshape {
+                shape: shape.to_vec(),
+            },
+            &[x],
+        )
+    }
+    pub fn transpose(&mut self, x: ValueId, dim0: i64, dim1: i64) -> Result<ValueId> {
+        self.op(Op::Transpose { dim0, dim1 }, &[x])
+    }
+    pub fn permute(&mut self, x: ValueId, dims: &[i64]) -> Result<ValueId> {
+        self.op(
+            Op::Permute {
+                dims: dims.to_vec(),
+            },
+            &[x],
+        )
+    }
+    pub fn to(&mut self, x: ValueId, dtype: DType) -> Result<ValueId> {
+        self.op(Op::To { dtype }, &[x])
+    }
+    /// `where(cond, x, y)`.
+    pub fn where_(&mut self, cond: ValueId, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.op(Op::Where, &[cond, x, y])
+    }
+
+    /// Sets the outputs and returns the verified graph.
+    pub fn finish(mut self, outputs: &[ValueId]) -> Result<Graph> {
+        self.g.set_outputs(outputs.to_vec());
+        self.g.verify()?;
+        Ok(self.g)
     }
 }

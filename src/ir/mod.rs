@@ -1,5 +1,6 @@
 //! The graph IR and everything both eager tensors and graphs share: dtypes, shapes, ops.
 
+pub mod attrs;
 pub mod dtype;
 pub mod einsum;
 pub mod graph;

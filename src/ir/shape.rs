@@ -152,7 +152,7 @@ pub fn infer_size(shape: &[i64], numel: usize) -> Result<Shape> {
     let mut out: Shape = shape.iter().map(|&s| s.max(0) as usize).collect();
     match infer {
         Some(i) => {
-            if known == 0 || numel % known != 0 {
+            if known == 0 || !numel.is_multiple_of(known) {
                 bail!(
                     Shape,
                     "shape '{shape:?}' is invalid for input of size {numel}"

@@ -33,6 +33,9 @@ impl Layout {
 
     /// Row-major contiguous, so the elements are `storage[offset..offset + numel]` in order.
     pub fn is_contiguous(&self) -> bool {
+        if self.numel() == 0 {
+            return true; // as in PyTorch: an empty tensor is contiguous whatever its strides
+        }
         let mut expected = 1;
         for i in (0..self.ndim()).rev() {
             if self.shape[i] != 1 {

@@ -58,7 +58,9 @@ impl Storage {
         ALLOCATIONS.with(|c| c.set(c.get() + 1));
         let nbytes = len * dtype.size();
         if nbytes == 0 {
-            return Storage::from_parts(NonNull::dangling(), 0, Owner::Empty, dtype);
+            // dangling but aligned, so empty slices of any element type are valid
+            let ptr = NonNull::new(ALIGN as *mut u8).unwrap_or(NonNull::dangling());
+            return Storage::from_parts(ptr, 0, Owner::Empty, dtype);
         }
         let layout = AllocLayout::from_size_align(nbytes, ALIGN).expect("tensor too large");
         // SAFETY: the layout has a non-zero size.

@@ -72,7 +72,7 @@ impl<const K: usize> Walk<K> {
         &self,
         lo: usize,
         hi: usize,
-        f: &mut impl FnMut([usize; K], usize, [usize; K]),
+        f: &mut dyn FnMut([usize; K], usize, [usize; K]),
     ) {
         if lo >= hi {
             return;
@@ -118,6 +118,13 @@ impl<const K: usize> Walk<K> {
     /// Like `run_range` over everything, split across threads when large. `f` must only
     /// write elements of its own runs.
     pub fn par_run(&self, f: impl Fn([usize; K], usize, [usize; K]) + Sync) {
+        // One monomorphic body per K: the closure is called once per run, not per element,
+        // so dynamic dispatch costs nothing measurable and saves compiling rayon's
+        // machinery again for every kernel closure.
+        self.par_run_dyn(&f)
+    }
+
+    fn par_run_dyn(&self, f: &(dyn Fn([usize; K], usize, [usize; K]) + Sync)) {
         let n = self.numel;
         if n < PAR_THRESHOLD || rayon::current_num_threads() == 1 {
             self.run_range(0, n, &mut |b, l, s| f(b, l, s));

@@ -309,7 +309,9 @@ pub fn apply(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
     let types: Vec<TensorType> = inputs.iter().map(|t| t.ttype()).collect();
     let refs: Vec<&TensorType> = types.iter().collect();
     let out = op.infer(&refs)?;
-    super::kernels::eval(&op, inputs, &out)
+    let result = super::kernels::eval(&op, inputs, &out)?;
+    crate::jit::trace::on_apply(&op, inputs, &result);
+    Ok(result)
 }
 
 impl std::fmt::Debug for Tensor {

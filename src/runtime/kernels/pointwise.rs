@@ -472,10 +472,12 @@ fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, dst: &Tensor) -> Result<()> {
         );
     }
     let (a, b) = (copy::cast(a, c), copy::cast(b, c));
-    if op == Remainder && !c.is_float() && dst.numel() > 0 {
-        if dispatch!(c, T => any_elem::<T>(&b, |v| v.to_i64() == 0))? {
-            bail!(Value, "ZeroDivisionError");
-        }
+    if op == Remainder
+        && !c.is_float()
+        && dst.numel() > 0
+        && dispatch!(c, T => any_elem::<T>(&b, |v| v.to_i64() == 0))?
+    {
+        bail!(Value, "ZeroDivisionError");
     }
     if op.is_comparison() || op.is_logical() {
         return dispatch!(c, T => binary_pred::<T>(op, &a, &b, dst));

@@ -416,8 +416,8 @@ fn fold_slice<T: Copy, R: Reducer<T>>(r: &R, acc: R::Acc, xs: &[T], pos: usize) 
     let chunks = xs.chunks_exact(LANES);
     let tail = chunks.remainder();
     for (c, chunk) in chunks.enumerate() {
-        for j in 0..LANES {
-            lanes[j] = r.step(lanes[j], chunk[j], pos + c * LANES + j);
+        for (j, (l, &x)) in lanes.iter_mut().zip(chunk).enumerate() {
+            *l = r.step(*l, x, pos + c * LANES + j);
         }
     }
     let mut acc = lanes.iter().fold(acc, |a, &l| r.merge(a, l));
@@ -473,8 +473,8 @@ unsafe fn fold_block<T: Copy, R: Reducer<T>>(
         for i in 0..len {
             let p = base.add(b + i * s);
             let xs = std::slice::from_raw_parts(p, LANES);
-            for j in 0..LANES {
-                lanes[j] = r.step(lanes[j], xs[j], pos + i);
+            for (l, &x) in lanes.iter_mut().zip(xs) {
+                *l = r.step(*l, x, pos + i);
             }
         }
         pos += len;
@@ -717,14 +717,23 @@ pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
             has_bias,
         } => {
             let dims: Vec<usize> = (nd - normalized_shape.len()..nd).collect();
-            let w = has_weight.then(|| inputs[1].to_f64_vec());
-            let b = has_bias.then(|| inputs[1 + *has_weight as usize].to_f64_vec());
+            let w = has_weight.then(|| param(inputs[1]));
+            let b = has_bias.then(|| param(inputs[1 + *has_weight as usize]));
             let (w, b) = (w.as_deref(), b.as_deref());
             dispatch_float!(x.dtype(), T => rows::<T, T, f64>(x, &dims, out, T::to_f64, T::from_f64,
                 |v| layer_norm_row(v, *eps, w, b)), else bail!(DType, "layer_norm needs a float input"))
         }
         _ => bail!(Unsupported, "{} is not a reduction", op.name()),
     })
+}
+
+/// A layer_norm weight or bias as f64 values (row-major).
+fn param(t: &Tensor) -> Vec<f64> {
+    if t.numel() == 0 {
+        vec![]
+    } else {
+        t.to_f64_vec()
+    }
 }
 
 fn reduce(op: ReduceOp, x: &Tensor, dims: &[usize], out: &TensorType) -> Result<Tensor> {

@@ -75,7 +75,8 @@ pub fn eval(op: &Op, x: &Tensor, out: &TensorType) -> Result<Tensor> {
                 crate::runtime::layout::Layout::contiguous(&inter)
             });
             let wide = base.with_layout(v.expand(&inter_target));
-            let c = copy::contiguous(&wide);
+            // always a fresh buffer: repeat never aliases its input, even when it tiles once
+            let c = copy::cast_new(&wide, wide.dtype());
             c.with_layout(crate::runtime::layout::Layout::contiguous(&out.shape))
         }
         _ => unreachable!("views::eval called with {}", op.name()),

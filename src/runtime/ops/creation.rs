@@ -109,6 +109,9 @@ impl Tensor {
     pub fn eye(n: usize, m: Option<usize>, dtype: Option<DType>) -> Result<Tensor> {
         let m = m.unwrap_or(n);
         let t = Tensor::zeros(&[n, m], dtype.unwrap_or(DEFAULT_FLOAT));
+        if t.numel() == 0 {
+            return Ok(t);
+        }
         dispatch!(t.dtype(), T => t.with_slice_mut::<T, _>(|s| {
             for i in 0..n.min(m) {
                 s[i * m + i] = T::from_i64(1);

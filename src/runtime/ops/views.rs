@@ -108,7 +108,12 @@ impl Tensor {
     }
     /// Itself when contiguous, else a contiguous copy.
     pub fn contiguous(&self) -> Tensor {
-        crate::runtime::kernels::copy::contiguous(self)
+        if self.is_contiguous() {
+            return self.clone();
+        }
+        // through `apply`, so tracing records the copy
+        apply(Op::Contiguous, &[self])
+            .unwrap_or_else(|_| crate::runtime::kernels::copy::contiguous(self))
     }
     /// Tiles the data (copies, unlike `expand`).
     pub fn repeat(&self, repeats: &[usize]) -> Result<Tensor> {

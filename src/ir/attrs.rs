@@ -1,0 +1,931 @@
+//! Op attributes as they appear in text: `Op::from_call` builds an op from its name, its
+//! positional operand slots and `name=value` attributes (PyTorch's defaults fill the rest);
+//! `Op::attrs` lists an op's attributes back.
+
+use super::dtype::{DType, Scalar};
+use super::op::{BinaryOp, Literal, Op, ReduceOp, UnaryOp};
+use crate::{Error, Result};
+use std::fmt;
+use std::sync::Arc;
+
+/// An attribute value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Attr {
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Str(String),
+    DType(DType),
+    List(Vec<Attr>),
+    None,
+}
+
+impl fmt::Display for Attr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Attr::Int(i) => write!(f, "{i}"),
+            Attr::Float(x) => super::dtype::fmt_float(*x, f),
+            Attr::Bool(b) => write!(f, "{b}"),
+            Attr::Str(s) => write!(f, "\"{}\"", escape(s)),
+            Attr::DType(d) => f.write_str(d.name()),
+            Attr::None => f.write_str("none"),
+            Attr::List(xs) => {
+                f.write_str("[")?;
+                for (i, x) in xs.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{x}")?;
+                }
+                f.write_str("]")
+            }
+        }
+    }
+}
+
+/// Escapes `"` and `\` and control characters for a string literal.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+impl Attr {
+    fn kind(&self) -> &'static str {
+        match self {
+            Attr::Int(_) => "an int",
+            Attr::Float(_) => "a float",
+            Attr::Bool(_) => "a bool",
+            Attr::Str(_) => "a string",
+            Attr::DType(_) => "a dtype",
+            Attr::List(_) => "a list",
+            Attr::None => "none",
+        }
+    }
+}
+
+fn ints(xs: &[i64]) -> Attr {
+    Attr::List(xs.iter().map(|&x| Attr::Int(x)).collect())
+}
+
+fn usizes(xs: &[usize]) -> Attr {
+    Attr::List(xs.iter().map(|&x| Attr::Int(x as i64)).collect())
+}
+
+fn scalar(s: Scalar) -> Attr {
+    match s {
+        Scalar::Bool(b) => Attr::Bool(b),
+        Scalar::Int(i) => Attr::Int(i),
+        Scalar::Float(x) => Attr::Float(x),
+    }
+}
+
+fn opt<T>(v: &Option<T>, f: impl Fn(&T) -> Attr) -> Attr {
+    v.as_ref().map_or(Attr::None, f)
+}
+
+/// An error from `from_call`: the attribute it concerns (if one) and the message.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CallError {
+    pub attr: Option<String>,
+    pub msg: String,
+}
+
+type CallResult<T> = std::result::Result<T, CallError>;
+
+fn err<T>(attr: Option<&str>, msg: String) -> CallResult<T> {
+    Err(CallError {
+        attr: attr.map(str::to_string),
+        msg,
+    })
+}
+
+/// The attributes of one call, consumed as the op's constructor reads them.
+struct Args<'a> {
+    op: &'a str,
+    attrs: Vec<(&'a str, &'a Attr)>,
+}
+
+impl<'a> Args<'a> {
+    fn take(&mut self, name: &str) -> Option<&'a Attr> {
+        let i = self.attrs.iter().position(|(n, _)| *n == name)?;
+        Some(self.attrs.remove(i).1)
+    }
+
+    fn bad<T>(&self, name: &str, want: &str, got: &Attr) -> CallResult<T> {
+        err(
+            Some(name),
+            format!(
+                "attribute '{name}' of '{}' expects {want}, got {} ({got})",
+                self.op,
+                got.kind()
+            ),
+        )
+    }
+
+    fn missing<T>(&self, name: &str) -> CallResult<T> {
+        err(
+            None,
+            format!("'{}' requires the attribute '{name}'", self.op),
+        )
+    }
+
+    fn int_of(&self, name: &str, a: &Attr) -> CallResult<i64> {
+        match a {
+            Attr::Int(i) => Ok(*i),
+            Attr::Bool(b) => Ok(*b as i64),
+            _ => self.bad(name, "an int", a),
+        }
+    }
+
+    fn int(&mut self, name: &str, default: Option<i64>) -> CallResult<i64> {
+        match (self.take(name), default) {
+            (Some(a), _) => self.int_of(name, a),
+            (None, Some(d)) => Ok(d),
+            (None, None) => self.missing(name),
+        }
+    }
+
+    fn opt_int(&mut self, name: &str) -> CallResult<Option<i64>> {
+        match self.take(name) {
+            None | Some(Attr::None) => Ok(None),
+            Some(a) => self.int_of(name, a).map(Some),
+        }
+    }
+
+    fn float(&mut self, name: &str, default: f64) -> CallResult<f64> {
+        match self.take(name) {
+            None => Ok(default),
+            Some(Attr::Float(x)) => Ok(*x),
+            Some(Attr::Int(i)) => Ok(*i as f64),
+            Some(a) => self.bad(name, "a number", a),
+        }
+    }
+
+    fn bool(&mut self, name: &str, default: bool) -> CallResult<bool> {
+        match self.take(name) {
+            None => Ok(default),
+            Some(Attr::Bool(b)) => Ok(*b),
+            Some(a) => self.bad(name, "true or false", a),
+        }
+    }
+
+    fn string(&mut self, name: &str, default: Option<&str>) -> CallResult<String> {
+        match (self.take(name), default) {
+            (Some(Attr::Str(s)), _) => Ok(s.clone()),
+            (Some(a), _) => self.bad(name, "a string", a),
+            (None, Some(d)) => Ok(d.to_string()),
+            (None, None) => self.missing(name),
+        }
+    }
+
+    fn opt_dtype(&mut self, name: &str) -> CallResult<Option<DType>> {
+        match self.take(name) {
+            None | Some(Attr::None) => Ok(None),
+            Some(Attr::DType(d)) => Ok(Some(*d)),
+            Some(a) => self.bad(name, "a dtype", a),
+        }
+    }
+
+    fn dtype(&mut self, name: &str) -> CallResult<DType> {
+        match self.opt_dtype(name)? {
+            Some(d) => Ok(d),
+            None => self.missing(name),
+        }
+    }
+
+    fn int_list_of(&self, name: &str, a: &Attr) -> CallResult<Vec<i64>> {
+        match a {
+            Attr::List(xs) => xs
+                .iter()
+                .map(|x| {
+                    self.int_of(name, x)
+                        .or_else(|_| self.bad(name, "a list of ints", a))
+                })
+                .collect(),
+            _ => self.bad(name, "a list of ints", a),
+        }
+    }
+
+    fn int_list(&mut self, name: &str) -> CallResult<Vec<i64>> {
+        match self.take(name) {
+            Some(a) => self.int_list_of(name, a),
+            None => self.missing(name),
+        }
+    }
+
+    fn size_list(&mut self, name: &str) -> CallResult<Vec<usize>> {
+        let a = self.take(name);
+        let xs = match a {
+            Some(a) => self.int_list_of(name, a)?,
+            None => return self.missing(name),
+        };
+        xs.iter()
+            .map(|&x| {
+                usize::try_from(x).or_else(|_| {
+                    err(
+                        Some(name),
+                        format!(
+                            "attribute '{name}' of '{}' must not be negative, got {x}",
+                            self.op
+                        ),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// An int or a list of ints; `none` or absent is `None`.
+    fn dims(&mut self, name: &str) -> CallResult<Option<Vec<i64>>> {
+        match self.take(name) {
+            None | Some(Attr::None) => Ok(None),
+            Some(Attr::Int(i)) => Ok(Some(vec![*i])),
+            Some(a @ Attr::List(_)) => self.int_list_of(name, a).map(Some),
+            Some(a) => self.bad(name, "an int or a list of ints", a),
+        }
+    }
+
+    fn opt_scalar(&mut self, name: &str) -> CallResult<Option<Scalar>> {
+        match self.take(name) {
+            None | Some(Attr::None) => Ok(None),
+            Some(Attr::Int(i)) => Ok(Some(Scalar::Int(*i))),
+            Some(Attr::Float(x)) => Ok(Some(Scalar::Float(*x))),
+            Some(Attr::Bool(b)) => Ok(Some(Scalar::Bool(*b))),
+            Some(a) => self.bad(name, "a number", a),
+        }
+    }
+
+    fn scalar(&mut self, name: &str, default: Option<Scalar>) -> CallResult<Scalar> {
+        match (self.opt_scalar(name)?, default) {
+            (Some(s), _) | (None, Some(s)) => Ok(s),
+            (None, None) => self.missing(name),
+        }
+    }
+
+    /// Fails on any attribute the constructor did not read.
+    fn finish(self) -> CallResult<()> {
+        match self.attrs.first() {
+            Some((n, _)) => err(
+                Some(n),
+                format!("unknown attribute '{n}' for op '{}'", self.op),
+            ),
+            None => Ok(()),
+        }
+    }
+}
+
+fn unary_from_name(name: &str) -> Option<UnaryOp> {
+    use UnaryOp::*;
+    [
+        Neg, Abs, Exp, Log, Log1p, Expm1, Sqrt, Rsqrt, Sin, Cos, Tanh, Sigmoid, Relu, Silu, Erf,
+        Floor, Ceil, Round, Sign, Reciprocal, Square, LogicalNot, IsNan,
+    ]
+    .into_iter()
+    .find(|u| u.name() == name)
+}
+
+fn binary_from_name(name: &str) -> Option<BinaryOp> {
+    use BinaryOp::*;
+    [
+        Add, Sub, Mul, Div, Pow, Maximum, Minimum, Remainder, Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd,
+        LogicalOr,
+    ]
+    .into_iter()
+    .find(|b| b.name() == name)
+}
+
+fn reduce_from_name(name: &str) -> Option<ReduceOp> {
+    use ReduceOp::*;
+    [Sum, Mean, Prod, Amax, Amin, All, Any, LogSumExp]
+        .into_iter()
+        .find(|r| r.name() == name)
+}
+
+/// Every op name the text format knows (aliases `zeros` and `ones` included).
+pub const OP_NAMES: &[&str] = &[
+    "scalar",
+    "constant",
+    "full",
+    "zeros",
+    "ones",
+    "arange",
+    "neg",
+    "abs",
+    "exp",
+    "log",
+    "log1p",
+    "expm1",
+    "sqrt",
+    "rsqrt",
+    "sin",
+    "cos",
+    "tanh",
+    "sigmoid",
+    "relu",
+    "gelu",
+    "silu",
+    "erf",
+    "floor",
+    "ceil",
+    "round",
+    "sign",
+    "reciprocal",
+    "square",
+    "logical_not",
+    "isnan",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "pow",
+    "maximum",
+    "minimum",
+    "remainder",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "logical_and",
+    "logical_or",
+    "where",
+    "clamp",
+    "to",
+    "masked_fill",
+    "sum",
+    "mean",
+    "prod",
+    "amax",
+    "amin",
+    "all",
+    "any",
+    "logsumexp",
+    "argmax",
+    "argmin",
+    "var",
+    "std",
+    "cumsum",
+    "softmax",
+    "log_softmax",
+    "layer_norm",
+    "matmul",
+    "linear",
+    "einsum",
+    "reshape",
+    "view",
+    "permute",
+    "transpose",
+    "t",
+    "expand",
+    "squeeze",
+    "unsqueeze",
+    "flatten",
+    "narrow",
+    "select",
+    "slice",
+    "diagonal",
+    "contiguous",
+    "repeat",
+    "cat",
+    "stack",
+    "flip",
+    "tril",
+    "triu",
+    "index_select",
+    "gather",
+    "scatter",
+    "scatter_add",
+    "index_add",
+    "embedding",
+];
+
+/// Operand positions that may be `none`.
+fn optional_positions(op: &Op) -> &'static [usize] {
+    match op {
+        Op::Linear { .. } => &[2],
+        Op::LayerNorm { .. } => &[1, 2],
+        _ => &[],
+    }
+}
+
+/// The op's operand slots when some may be `none`: `true` for a present tensor.
+fn optional_slots(op: &Op) -> Option<Vec<bool>> {
+    match op {
+        Op::Linear { has_bias } => Some(vec![true, true, *has_bias]),
+        Op::LayerNorm {
+            has_weight,
+            has_bias,
+            ..
+        } => Some(vec![true, *has_weight, *has_bias]),
+        _ => None,
+    }
+}
+
+impl Op {
+    /// Builds an op from its text name, its positional operand slots (`true` for a tensor,
+    /// `false` for `none`) and its `name=value` attributes; left-out attributes take
+    /// PyTorch's defaults. Errors name the unknown op or the offending attribute.
+    pub fn from_call(name: &str, slots: &[bool], attrs: &[(&str, Attr)]) -> Result<Op> {
+        Op::from_call_detailed(name, slots, attrs).map_err(|e| Error::Value(e.msg))
+    }
+
+    /// `from_call` whose error says which attribute it concerns (for positioned messages).
+    pub fn from_call_detailed(
+        name: &str,
+        slots: &[bool],
+        attrs: &[(&str, Attr)],
+    ) -> std::result::Result<Op, CallError> {
+        let mut seen: Vec<&str> = Vec::new();
+        for (n, _) in attrs {
+            if seen.contains(n) {
+                return err(Some(n), format!("attribute '{n}' given twice"));
+            }
+            seen.push(n);
+        }
+        let mut a = Args {
+            op: name,
+            attrs: attrs.iter().map(|(n, v)| (*n, v)).collect(),
+        };
+        let op = build(name, slots, &mut a)?;
+        a.finish()?;
+        let optional = optional_positions(&op);
+        if let Some(i) = (0..slots.len()).find(|&i| !slots[i] && !optional.contains(&i)) {
+            return err(
+                None,
+                format!("'{name}' needs a tensor as operand {i}, got none"),
+            );
+        }
+        Ok(op)
+    }
+
+    /// The op's attributes in text order (defaults included; the printer drops those equal
+    /// to the default).
+    pub fn attrs(&self) -> Vec<(&'static str, Attr)> {
+        match self {
+            Op::Scalar(s) => vec![("value", scalar(*s))],
+            Op::Constant(lit) => vec![
+                ("dtype", Attr::DType(lit.dtype)),
+                ("shape", usizes(&lit.shape)),
+                ("data", literal_data(lit)),
+            ],
+            Op::Full {
+                size,
+                fill_value,
+                dtype,
+            } => vec![
+                ("size", usizes(size)),
+                ("fill_value", scalar(*fill_value)),
+                ("dtype", opt(dtype, |d| Attr::DType(*d))),
+            ],
+            Op::Arange {
+                start,
+                end,
+                step,
+                dtype,
+            } => vec![
+                ("start", scalar(*start)),
+                ("end", scalar(*end)),
+                ("step", scalar(*step)),
+                ("dtype", opt(dtype, |d| Attr::DType(*d))),
+            ],
+            Op::Unary(UnaryOp::Gelu { tanh }) => vec![(
+                "approximate",
+                Attr::Str(if *tanh { "tanh" } else { "none" }.into()),
+            )],
+            Op::Clamp { min, max } => vec![
+                ("min", opt(min, |s| scalar(*s))),
+                ("max", opt(max, |s| scalar(*s))),
+            ],
+            Op::To { dtype } => vec![("dtype", Attr::DType(*dtype))],
+            Op::MaskedFill { value } => vec![("value", scalar(*value))],
+            Op::Reduce {
+                op: ReduceOp::Prod,
+                dim,
+                keepdim,
+            } => vec![
+                (
+                    "dim",
+                    opt(dim, |d| d.first().map_or(Attr::None, |&x| Attr::Int(x))),
+                ),
+                ("keepdim", Attr::Bool(*keepdim)),
+            ],
+            Op::Reduce { dim, keepdim, .. } => vec![
+                ("dim", opt(dim, |d| ints(d))),
+                ("keepdim", Attr::Bool(*keepdim)),
+            ],
+            Op::ArgMax { dim, keepdim } | Op::ArgMin { dim, keepdim } => vec![
+                ("dim", opt(dim, |d| Attr::Int(*d))),
+                ("keepdim", Attr::Bool(*keepdim)),
+            ],
+            Op::Var {
+                dim,
+                correction,
+                keepdim,
+            }
+            | Op::Std {
+                dim,
+                correction,
+                keepdim,
+            } => vec![
+                ("dim", opt(dim, |d| ints(d))),
+                ("correction", Attr::Float(*correction)),
+                ("keepdim", Attr::Bool(*keepdim)),
+            ],
+            Op::Cumsum { dim } | Op::Softmax { dim } | Op::LogSoftmax { dim } => {
+                vec![("dim", Attr::Int(*dim))]
+            }
+            Op::LayerNorm {
+                normalized_shape,
+                eps,
+                ..
+            } => vec![
+                ("normalized_shape", usizes(normalized_shape)),
+                ("eps", Attr::Float(*eps)),
+            ],
+            Op::Einsum { equation } => vec![("equation", Attr::Str(equation.clone()))],
+            Op::Reshape { shape } | Op::View { shape } => vec![("shape", ints(shape))],
+            Op::Permute { dims } | Op::Flip { dims } => vec![("dims", ints(dims))],
+            Op::Transpose { dim0, dim1 } => {
+                vec![("dim0", Attr::Int(*dim0)), ("dim1", Attr::Int(*dim1))]
+            }
+            Op::Expand { size } => vec![("size", ints(size))],
+            Op::Squeeze { dim } => vec![("dim", opt(dim, |d| ints(d)))],
+            Op::Unsqueeze { dim }
+            | Op::Cat { dim }
+            | Op::Stack { dim }
+            | Op::IndexSelect { dim }
+            | Op::Gather { dim }
+            | Op::Scatter { dim }
+            | Op::ScatterAdd { dim }
+            | Op::IndexAdd { dim } => vec![("dim", Attr::Int(*dim))],
+            Op::Flatten { start_dim, end_dim } => vec![
+                ("start_dim", Attr::Int(*start_dim)),
+                ("end_dim", Attr::Int(*end_dim)),
+            ],
+            Op::Narrow { dim, start, length } => vec![
+                ("dim", Attr::Int(*dim)),
+                ("start", Attr::Int(*start)),
+                ("length", Attr::Int(*length)),
+            ],
+            Op::Select { dim, index } => {
+                vec![("dim", Attr::Int(*dim)), ("index", Attr::Int(*index))]
+            }
+            Op::Slice {
+                dim,
+                start,
+                end,
+                step,
+            } => vec![
+                ("dim", Attr::Int(*dim)),
+                ("start", opt(start, |x| Attr::Int(*x))),
+                ("end", opt(end, |x| Attr::Int(*x))),
+                ("step", Attr::Int(*step)),
+            ],
+            Op::Diagonal { offset, dim1, dim2 } => vec![
+                ("offset", Attr::Int(*offset)),
+                ("dim1", Attr::Int(*dim1)),
+                ("dim2", Attr::Int(*dim2)),
+            ],
+            Op::Repeat { repeats } => vec![("repeats", usizes(repeats))],
+            Op::Tril { diagonal } | Op::Triu { diagonal } => {
+                vec![("diagonal", Attr::Int(*diagonal))]
+            }
+            Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Where
+            | Op::Matmul
+            | Op::Linear { .. }
+            | Op::T
+            | Op::Contiguous
+            | Op::Embedding => vec![],
+        }
+    }
+
+    /// The operand slots the printer writes: `None` when every slot is a tensor, else one
+    /// `bool` per slot (`false` prints as `none`), trailing absent slots dropped.
+    pub fn operand_slots(&self) -> Option<Vec<bool>> {
+        let mut s = optional_slots(self)?;
+        while s.last() == Some(&false) {
+            s.pop();
+        }
+        Some(s)
+    }
+
+    /// The attributes worth printing: those that differ from PyTorch's defaults.
+    pub fn printed_attrs(&self) -> Vec<(&'static str, Attr)> {
+        let all = self.attrs();
+        let slots = self.operand_slots().unwrap_or_default();
+        let mut keep = all.clone();
+        for (name, _) in &all {
+            let without: Vec<(&str, Attr)> = keep
+                .iter()
+                .filter(|(n, _)| n != name)
+                .map(|(n, a)| (*n, a.clone()))
+                .collect();
+            if Op::from_call_detailed(self.name(), &slots, &without).as_ref() == Ok(self) {
+                keep.retain(|(n, _)| n != name);
+            }
+        }
+        keep
+    }
+}
+
+fn build(name: &str, slots: &[bool], a: &mut Args) -> CallResult<Op> {
+    if let Some(u) = unary_from_name(name) {
+        return Ok(Op::Unary(u));
+    }
+    if let Some(b) = binary_from_name(name) {
+        return Ok(Op::Binary(b));
+    }
+    if let Some(r) = reduce_from_name(name) {
+        let dim = a.dims("dim")?;
+        if r == ReduceOp::Prod && dim.as_ref().is_some_and(|d| d.len() != 1) {
+            return err(
+                Some("dim"),
+                "attribute 'dim' of 'prod' expects one int".into(),
+            );
+        }
+        let keepdim = a.bool("keepdim", false)?;
+        return Ok(Op::Reduce {
+            op: r,
+            dim,
+            keepdim,
+        });
+    }
+    Ok(match name {
+        "scalar" => Op::Scalar(a.scalar("value", None)?),
+        "constant" => constant(a)?,
+        "full" => Op::Full {
+            size: a.size_list("size")?,
+            fill_value: a.scalar("fill_value", None)?,
+            dtype: a.opt_dtype("dtype")?,
+        },
+        "zeros" | "ones" => Op::Full {
+            size: a.size_list("size")?,
+            fill_value: Scalar::Int((name == "ones") as i64),
+            dtype: Some(a.opt_dtype("dtype")?.unwrap_or(super::dtype::DEFAULT_FLOAT)),
+        },
+        "arange" => Op::Arange {
+            start: a.scalar("start", Some(Scalar::Int(0)))?,
+            end: a.scalar("end", None)?,
+            step: a.scalar("step", Some(Scalar::Int(1)))?,
+            dtype: a.opt_dtype("dtype")?,
+        },
+        "gelu" => match a.string("approximate", Some("none"))?.as_str() {
+            "none" => Op::Unary(UnaryOp::Gelu { tanh: false }),
+            "tanh" => Op::Unary(UnaryOp::Gelu { tanh: true }),
+            other => {
+                return err(
+                    Some("approximate"),
+                    format!(
+                        "attribute 'approximate' of 'gelu' must be \"none\" or \"tanh\", got \"{other}\""
+                    ),
+                );
+            }
+        },
+        "where" => Op::Where,
+        "clamp" => Op::Clamp {
+            min: a.opt_scalar("min")?,
+            max: a.opt_scalar("max")?,
+        },
+        "to" => Op::To {
+            dtype: a.dtype("dtype")?,
+        },
+        "masked_fill" => Op::MaskedFill {
+            value: a.scalar("value", None)?,
+        },
+        "argmax" | "argmin" => {
+            let dim = a.opt_int("dim")?;
+            let keepdim = a.bool("keepdim", false)?;
+            if name == "argmax" {
+                Op::ArgMax { dim, keepdim }
+            } else {
+                Op::ArgMin { dim, keepdim }
+            }
+        }
+        "var" | "std" => {
+            let dim = a.dims("dim")?;
+            let correction = a.float("correction", 1.0)?;
+            let keepdim = a.bool("keepdim", false)?;
+            if name == "var" {
+                Op::Var {
+                    dim,
+                    correction,
+                    keepdim,
+                }
+            } else {
+                Op::Std {
+                    dim,
+                    correction,
+                    keepdim,
+                }
+            }
+        }
+        "cumsum" => Op::Cumsum {
+            dim: a.int("dim", None)?,
+        },
+        "softmax" => Op::Softmax {
+            dim: a.int("dim", None)?,
+        },
+        "log_softmax" => Op::LogSoftmax {
+            dim: a.int("dim", None)?,
+        },
+        "layer_norm" => Op::LayerNorm {
+            normalized_shape: a.size_list("normalized_shape")?,
+            eps: a.float("eps", 1e-5)?,
+            has_weight: slots.get(1).copied().unwrap_or(false),
+            has_bias: slots.get(2).copied().unwrap_or(false),
+        },
+        "matmul" => Op::Matmul,
+        "linear" => Op::Linear {
+            has_bias: slots.get(2).copied().unwrap_or(false),
+        },
+        "einsum" => Op::Einsum {
+            equation: a.string("equation", None)?,
+        },
+        "reshape" => Op::Reshape {
+            shape: a.int_list("shape")?,
+        },
+        "view" => Op::View {
+            shape: a.int_list("shape")?,
+        },
+        "permute" => Op::Permute {
+            dims: a.int_list("dims")?,
+        },
+        "transpose" => Op::Transpose {
+            dim0: a.int("dim0", None)?,
+            dim1: a.int("dim1", None)?,
+        },
+        "t" => Op::T,
+        "expand" => Op::Expand {
+            size: a.int_list("size")?,
+        },
+        "squeeze" => Op::Squeeze {
+            dim: a.dims("dim")?,
+        },
+        "unsqueeze" => Op::Unsqueeze {
+            dim: a.int("dim", None)?,
+        },
+        "flatten" => Op::Flatten {
+            start_dim: a.int("start_dim", Some(0))?,
+            end_dim: a.int("end_dim", Some(-1))?,
+        },
+        "narrow" => Op::Narrow {
+            dim: a.int("dim", None)?,
+            start: a.int("start", None)?,
+            length: a.int("length", None)?,
+        },
+        "select" => Op::Select {
+            dim: a.int("dim", None)?,
+            index: a.int("index", None)?,
+        },
+        "slice" => Op::Slice {
+            dim: a.int("dim", Some(0))?,
+            start: a.opt_int("start")?,
+            end: a.opt_int("end")?,
+            step: a.int("step", Some(1))?,
+        },
+        "diagonal" => Op::Diagonal {
+            offset: a.int("offset", Some(0))?,
+            dim1: a.int("dim1", Some(0))?,
+            dim2: a.int("dim2", Some(1))?,
+        },
+        "contiguous" => Op::Contiguous,
+        "repeat" => Op::Repeat {
+            repeats: a.size_list("repeats")?,
+        },
+        "cat" => Op::Cat {
+            dim: a.int("dim", Some(0))?,
+        },
+        "stack" => Op::Stack {
+            dim: a.int("dim", Some(0))?,
+        },
+        "flip" => Op::Flip {
+            dims: a.int_list("dims")?,
+        },
+        "tril" => Op::Tril {
+            diagonal: a.int("diagonal", Some(0))?,
+        },
+        "triu" => Op::Triu {
+            diagonal: a.int("diagonal", Some(0))?,
+        },
+        "index_select" => Op::IndexSelect {
+            dim: a.int("dim", None)?,
+        },
+        "gather" => Op::Gather {
+            dim: a.int("dim", None)?,
+        },
+        "scatter" => Op::Scatter {
+            dim: a.int("dim", None)?,
+        },
+        "scatter_add" => Op::ScatterAdd {
+            dim: a.int("dim", None)?,
+        },
+        "index_add" => Op::IndexAdd {
+            dim: a.int("dim", None)?,
+        },
+        "embedding" => Op::Embedding,
+        _ => return err(None, format!("unknown op '{name}'")),
+    })
+}
+
+/// `constant(dtype=, shape=, data=[...])`: the elements in row-major order.
+fn constant(a: &mut Args) -> CallResult<Op> {
+    let dtype = a.dtype("dtype")?;
+    let shape = a.size_list("shape")?;
+    let data = match a.take("data") {
+        Some(Attr::List(xs)) => xs,
+        Some(other) => return a.bad("data", "a list of numbers", other),
+        None => return a.missing("data"),
+    };
+    let n = super::shape::numel(&shape);
+    if data.len() != n {
+        return err(
+            Some("data"),
+            format!(
+                "constant: {} elements given for shape {shape:?}, which holds {n}",
+                data.len()
+            ),
+        );
+    }
+    let mut bytes = Vec::with_capacity(n * dtype.size());
+    for x in data {
+        let v = match x {
+            Attr::Int(i) if !dtype.is_float() => Elem::I(*i),
+            Attr::Bool(b) => Elem::I(*b as i64),
+            Attr::Int(i) => Elem::F(*i as f64),
+            Attr::Float(f) if dtype.is_float() => Elem::F(*f),
+            other => return a.bad("data", &format!("{} elements", dtype.name()), other),
+        };
+        push_elem(&mut bytes, dtype, v);
+    }
+    Ok(Op::Constant(Literal {
+        dtype,
+        shape,
+        bytes: Arc::new(bytes),
+    }))
+}
+
+enum Elem {
+    I(i64),
+    F(f64),
+}
+
+fn push_elem(out: &mut Vec<u8>, d: DType, v: Elem) {
+    use half::{bf16, f16};
+    let f = |v: &Elem| match v {
+        Elem::I(i) => *i as f64,
+        Elem::F(x) => *x,
+    };
+    let i = |v: &Elem| match v {
+        Elem::I(i) => *i,
+        Elem::F(x) => *x as i64,
+    };
+    match d {
+        DType::Bool => out.push((i(&v) != 0) as u8),
+        DType::U8 => out.push(i(&v) as u8),
+        DType::I8 => out.push(i(&v) as i8 as u8),
+        DType::I16 => out.extend_from_slice(&(i(&v) as i16).to_le_bytes()),
+        DType::I32 => out.extend_from_slice(&(i(&v) as i32).to_le_bytes()),
+        DType::I64 => out.extend_from_slice(&i(&v).to_le_bytes()),
+        DType::F16 => out.extend_from_slice(&f16::from_f64(f(&v)).to_le_bytes()),
+        DType::BF16 => out.extend_from_slice(&bf16::from_f64(f(&v)).to_le_bytes()),
+        DType::F32 => out.extend_from_slice(&(f(&v) as f32).to_le_bytes()),
+        DType::F64 => out.extend_from_slice(&f(&v).to_le_bytes()),
+    }
+}
+
+/// The elements of a literal as attribute values (exact for every dtype).
+fn literal_data(lit: &Literal) -> Attr {
+    use half::{bf16, f16};
+    let b = &lit.bytes[..];
+    let size = lit.dtype.size();
+    let elems = b.chunks_exact(size).map(|c| match lit.dtype {
+        DType::Bool => Attr::Bool(c[0] != 0),
+        DType::U8 => Attr::Int(c[0] as i64),
+        DType::I8 => Attr::Int(c[0] as i8 as i64),
+        DType::I16 => Attr::Int(i16::from_le_bytes([c[0], c[1]]) as i64),
+        DType::I32 => Attr::Int(i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64),
+        DType::I64 => Attr::Int(i64::from_le_bytes(to8(c))),
+        DType::F16 => Attr::Float(f16::from_le_bytes([c[0], c[1]]).to_f64()),
+        DType::BF16 => Attr::Float(bf16::from_le_bytes([c[0], c[1]]).to_f64()),
+        DType::F32 => Attr::Float(f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64),
+        DType::F64 => Attr::Float(f64::from_le_bytes(to8(c))),
+    });
+    Attr::List(elems.collect())
+}
+
+fn to8(c: &[u8]) -> [u8; 8] {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&c[..8]);
+    a
+}

@@ -1,0 +1,358 @@
+//! `.smelt` text → verified graphs, with `file:line:col: message` errors.
+
+use super::fmt_type;
+use super::lexer::{Tok, Token, lex};
+use crate::ir::attrs::Attr;
+use crate::ir::dtype::{DType, Scalar};
+use crate::ir::graph::{Graph, Module, ValueId};
+use crate::ir::op::{Op, TensorType};
+use crate::{Error, Result};
+
+/// Parses a `.smelt` file; `file` names it in error messages.
+pub fn parse_module(text: &str, file: &str) -> Result<Module> {
+    let toks = lex(text).map_err(|e| Error::Parse {
+        file: file.to_string(),
+        line: e.line,
+        col: e.col,
+        msg: e.msg,
+    })?;
+    let mut p = Parser { toks, pos: 0, file };
+    let mut graphs: Vec<Graph> = Vec::new();
+    loop {
+        let t = p.peek().clone();
+        if t.tok == Tok::Eof && !graphs.is_empty() {
+            return Ok(Module { graphs });
+        }
+        let g = p.graph()?;
+        if graphs.iter().any(|h| h.name == g.name) {
+            return Err(p.err(&t, format!("graph '{}' defined twice", g.name)));
+        }
+        graphs.push(g);
+    }
+}
+
+struct Parser<'a> {
+    toks: Vec<Token>,
+    pos: usize,
+    file: &'a str,
+}
+
+/// One parsed call argument.
+enum Arg {
+    Operand(ValueId),
+    None,
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> &Token {
+        &self.toks[self.pos.min(self.toks.len() - 1)]
+    }
+
+    fn peek2(&self) -> &Tok {
+        &self.toks[(self.pos + 1).min(self.toks.len() - 1)].tok
+    }
+
+    fn next(&mut self) -> Token {
+        let t = self.peek().clone();
+        if self.pos < self.toks.len() - 1 {
+            self.pos += 1;
+        }
+        t
+    }
+
+    fn err(&self, at: &Token, msg: String) -> Error {
+        Error::Parse {
+            file: self.file.to_string(),
+            line: at.line,
+            col: at.col,
+            msg,
+        }
+    }
+
+    fn expected(&self, what: &str) -> Error {
+        let t = self.peek();
+        self.err(t, format!("expected {what}, found {}", t.tok))
+    }
+
+    fn punct(&mut self, c: char) -> Result<Token> {
+        if self.peek().tok == Tok::Punct(c) {
+            Ok(self.next())
+        } else {
+            Err(self.expected(&format!("'{c}'")))
+        }
+    }
+
+    fn eat(&mut self, c: char) -> bool {
+        let hit = self.peek().tok == Tok::Punct(c);
+        if hit {
+            self.next();
+        }
+        hit
+    }
+
+    fn keyword(&mut self, kw: &str) -> Result<Token> {
+        match &self.peek().tok {
+            Tok::Ident(s) if s == kw => Ok(self.next()),
+            _ => Err(self.expected(&format!("'{kw}'"))),
+        }
+    }
+
+    fn ident(&mut self, what: &str) -> Result<(String, Token)> {
+        match self.peek().tok.clone() {
+            Tok::Ident(s) => Ok((s, self.next())),
+            _ => Err(self.expected(what)),
+        }
+    }
+
+    fn value_name(&mut self) -> Result<(String, Token)> {
+        match self.peek().tok.clone() {
+            Tok::Value(s) => Ok((s, self.next())),
+            _ => Err(self.expected("a value (%name)")),
+        }
+    }
+
+    fn graph(&mut self) -> Result<Graph> {
+        let kw = self.keyword("graph")?;
+        let (name, _) = self.ident("a graph name")?;
+        let mut g = Graph::new(&name);
+        self.punct('(')?;
+        if !self.eat(')') {
+            loop {
+                let (pname, at) = self.value_name()?;
+                self.punct(':')?;
+                let ty = self.ty()?;
+                g.add_input(&pname, ty)
+                    .map_err(|e| self.err(&at, e.to_string()))?;
+                if self.eat(')') {
+                    break;
+                }
+                if !self.eat(',') {
+                    return Err(self.expected("',' or ')'"));
+                }
+            }
+        }
+        self.punct('{')?;
+        while matches!(self.peek().tok, Tok::Value(_)) {
+            self.stmt(&mut g)?;
+        }
+        if !matches!(&self.peek().tok, Tok::Ident(s) if s == "return") {
+            return Err(self.expected("a statement or 'return'"));
+        }
+        self.next();
+        let mut outs = vec![self.use_value(&g)?];
+        while self.eat(',') {
+            outs.push(self.use_value(&g)?);
+        }
+        self.punct('}')?;
+        g.set_outputs(outs);
+        g.verify().map_err(|e| self.err(&kw, e.to_string()))?;
+        Ok(g)
+    }
+
+    fn ty(&mut self) -> Result<TensorType> {
+        let (d, at) = self.ident("a dtype")?;
+        let dtype =
+            DType::from_name(&d).ok_or_else(|| self.err(&at, format!("unknown dtype '{d}'")))?;
+        self.punct('[')?;
+        let mut shape = Vec::new();
+        if !self.eat(']') {
+            loop {
+                let t = self.next();
+                match t.tok {
+                    Tok::Int(n) if n >= 0 => shape.push(n as usize),
+                    _ => {
+                        return Err(
+                            self.err(&t, format!("expected a dimension size, found {}", t.tok))
+                        );
+                    }
+                }
+                if self.eat(']') {
+                    break;
+                }
+                if !self.eat(',') {
+                    return Err(self.expected("',' or ']'"));
+                }
+            }
+        }
+        Ok(TensorType::new(dtype, shape))
+    }
+
+    fn use_value(&mut self, g: &Graph) -> Result<ValueId> {
+        let (name, at) = self.value_name()?;
+        g.value(&name)
+            .ok_or_else(|| self.err(&at, format!("use of undefined value %{name}")))
+    }
+
+    fn stmt(&mut self, g: &mut Graph) -> Result<()> {
+        let (name, at) = self.value_name()?;
+        if g.value(&name).is_some() {
+            return Err(self.err(&at, format!("value %{name} defined twice")));
+        }
+        let annot = if self.eat(':') {
+            let t = self.peek().clone();
+            Some((self.ty()?, t))
+        } else {
+            None
+        };
+        self.punct('=')?;
+        let (op_name, op_at) = self.ident("an op name")?;
+        if !crate::ir::attrs::OP_NAMES.contains(&op_name.as_str()) {
+            return Err(self.err(&op_at, format!("unknown op '{op_name}'")));
+        }
+        self.punct('(')?;
+        let (args, attrs) = self.args(g)?;
+        let slots: Vec<bool> = args.iter().map(|a| matches!(a, Arg::Operand(_))).collect();
+        let operands: Vec<ValueId> = args
+            .iter()
+            .filter_map(|a| match a {
+                Arg::Operand(v) => Some(*v),
+                Arg::None => None,
+            })
+            .collect();
+        let attr_refs: Vec<(&str, Attr)> = attrs
+            .iter()
+            .map(|(n, a, _)| (n.as_str(), a.clone()))
+            .collect();
+        let op = Op::from_call_detailed(&op_name, &slots, &attr_refs).map_err(|e| {
+            let at = e
+                .attr
+                .and_then(|n| {
+                    attrs
+                        .iter()
+                        .find(|(m, _, _)| *m == n)
+                        .map(|(_, _, t)| t.clone())
+                })
+                .unwrap_or_else(|| op_at.clone());
+            self.err(&at, e.msg)
+        })?;
+        let v = g
+            .add_op_named(op, &operands, &name)
+            .map_err(|e| self.err(&op_at, format!("{op_name}: {e}")))?;
+        if let Some((want, t)) = annot {
+            let got = &g.node(v).ty;
+            if got.dtype != want.dtype || got.shape != want.shape {
+                return Err(self.err(
+                    &t,
+                    format!(
+                        "type annotation {} does not match inferred {}",
+                        fmt_type(&want),
+                        fmt_type(got)
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Arguments up to and including ')': positional operands, then `name=value` attributes.
+    #[allow(clippy::type_complexity)]
+    fn args(&mut self, g: &mut Graph) -> Result<(Vec<Arg>, Vec<(String, Attr, Token)>)> {
+        let mut args = Vec::new();
+        let mut attrs: Vec<(String, Attr, Token)> = Vec::new();
+        if self.eat(')') {
+            return Ok((args, attrs));
+        }
+        loop {
+            let t = self.peek().clone();
+            let is_attr = matches!(t.tok, Tok::Ident(_)) && *self.peek2() == Tok::Punct('=');
+            if is_attr {
+                let (n, at) = self.ident("an attribute name")?;
+                self.punct('=')?;
+                if attrs.iter().any(|(m, _, _)| *m == n) {
+                    return Err(self.err(&at, format!("attribute '{n}' given twice")));
+                }
+                let a = self.attr()?;
+                attrs.push((n, a, at));
+            } else {
+                if !attrs.is_empty() {
+                    return Err(self.err(
+                        &t,
+                        "positional operands must come before name=value attributes".into(),
+                    ));
+                }
+                args.push(self.operand(g)?);
+            }
+            if self.eat(')') {
+                return Ok((args, attrs));
+            }
+            if !self.eat(',') {
+                return Err(self.expected("',' or ')'"));
+            }
+        }
+    }
+
+    fn operand(&mut self, g: &mut Graph) -> Result<Arg> {
+        let t = self.next();
+        let s = match &t.tok {
+            Tok::Value(name) => {
+                return g
+                    .value(name)
+                    .map(Arg::Operand)
+                    .ok_or_else(|| self.err(&t, format!("use of undefined value %{name}")));
+            }
+            Tok::Int(i) => Scalar::Int(*i),
+            Tok::Float(x) => Scalar::Float(*x),
+            Tok::Ident(w) => match w.as_str() {
+                "none" => return Ok(Arg::None),
+                "true" => Scalar::Bool(true),
+                "false" => Scalar::Bool(false),
+                "inf" => Scalar::Float(f64::INFINITY),
+                "nan" => Scalar::Float(f64::NAN),
+                _ => {
+                    return Err(self.err(
+                        &t,
+                        format!("expected an operand or name=value, found {}", t.tok),
+                    ));
+                }
+            },
+            _ => {
+                return Err(self.err(
+                    &t,
+                    format!("expected an operand or name=value, found {}", t.tok),
+                ));
+            }
+        };
+        let v = g.add_scalar(s).map_err(|e| self.err(&t, e.to_string()))?;
+        Ok(Arg::Operand(v))
+    }
+
+    fn attr(&mut self) -> Result<Attr> {
+        let t = self.next();
+        Ok(match t.tok {
+            Tok::Int(i) => Attr::Int(i),
+            Tok::Float(x) => Attr::Float(x),
+            Tok::Str(ref s) => Attr::Str(s.clone()),
+            Tok::Punct('[') => {
+                let mut xs = Vec::new();
+                if !self.eat(']') {
+                    loop {
+                        xs.push(self.attr()?);
+                        if self.eat(']') {
+                            break;
+                        }
+                        if !self.eat(',') {
+                            return Err(self.expected("',' or ']'"));
+                        }
+                    }
+                }
+                Attr::List(xs)
+            }
+            Tok::Ident(ref w) => match w.as_str() {
+                "true" => Attr::Bool(true),
+                "false" => Attr::Bool(false),
+                "none" => Attr::None,
+                "inf" => Attr::Float(f64::INFINITY),
+                "nan" => Attr::Float(f64::NAN),
+                d => match DType::from_name(d) {
+                    Some(d) => Attr::DType(d),
+                    None => {
+                        return Err(
+                            self.err(&t, format!("expected an attribute value, found {}", t.tok))
+                        );
+                    }
+                },
+            },
+            _ => return Err(self.err(&t, format!("expected an attribute value, found {}", t.tok))),
+        })
+    }
+}

@@ -1,0 +1,8 @@
+//! Just-in-time compilation front end: tracing eager code into graphs.
+
+pub mod trace;
+
+pub use trace::{
+    GuardPolicy, TraceOptions, Traced, is_tracing, record_inplace, run_graph, trace, trace_with,
+    trace_with_params,
+};

@@ -1,0 +1,531 @@
+//! Tracing eager code into a graph, in the spirit of `torch.jit.trace`.
+//!
+//! [`trace`] runs a function once on example inputs with the ordinary eager kernels while a
+//! recorder, installed on the current thread for the duration of the call, writes down every
+//! op that goes through `runtime::apply`. Tensors are identified by their handle (the `Arc`
+//! a `Tensor` wraps); the recorder keeps every tensor it has seen alive until the trace ends
+//! so that no handle is reused.
+//!
+//! What becomes what:
+//! - the example inputs become graph inputs (`x0`, `x1`, ... unless named in
+//!   [`TraceOptions`]); tensors marked as parameters become further named inputs, bound to
+//!   the parameter tensors' current values at every call;
+//! - any other tensor the function reads (captured from its environment, or made without
+//!   `apply`, such as `Tensor::zeros`) becomes an `Op::Constant` with its data at trace time;
+//! - wrapped Python-style numbers (`&x * 0.5`) become `Op::Scalar` operands;
+//! - views become ordinary pure ops: the graph has no aliasing;
+//! - in-place ops are recorded out of place through [`record_inplace`].
+//!
+//! What tracing cannot see, as with `torch.jit.trace`:
+//! - Rust control flow that depends on data (`if x.item()? > 0.0`, loops whose length comes
+//!   from a tensor's values) is baked in as it went for the example inputs;
+//! - values read out of tensors (`item`, `to_vec`) and fed back in become constants;
+//! - random ops run once: their results are captured as constants;
+//! - work that does not go through `apply` (`Tensor::contiguous`, `from_vec`, writes through
+//!   `with_slice_mut`) is invisible: its results look like captured constants;
+//! - shapes are specialised: calling the traced function with inputs of other shapes or
+//!   dtypes re-traces it or fails, as [`GuardPolicy`] says;
+//! - in-place updates of captured tensors are not outputs of the graph.
+
+use crate::ir::dtype::{DType, Scalar};
+use crate::ir::graph::{Graph, NodeKind, ValueId};
+use crate::ir::op::{Literal, Op, TensorType};
+use crate::ir::text::fmt_type;
+use crate::runtime::access;
+use crate::runtime::tensor::{Tensor, apply};
+use crate::{Error, Result, bail};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// What a traced function does when called with inputs whose types differ from the trace's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GuardPolicy {
+    /// Trace again for the new types (kept in a small cache).
+    #[default]
+    Retrace,
+    /// Fail with a message naming the mismatching input.
+    Error,
+}
+
+/// How to trace: graph and input names, parameters, guard policy.
+#[derive(Clone)]
+pub struct TraceOptions {
+    /// Name of the traced graph.
+    pub name: String,
+    /// Names of the example inputs; missing ones are `x0`, `x1`, ...
+    pub input_names: Vec<String>,
+    /// Captured tensors that become named graph inputs instead of constants.
+    pub params: Vec<(String, Tensor)>,
+    /// What to do on calls with other input types.
+    pub guard: GuardPolicy,
+    /// How many re-traced specialisations `GuardPolicy::Retrace` keeps.
+    pub cache_size: usize,
+}
+
+impl Default for TraceOptions {
+    fn default() -> TraceOptions {
+        TraceOptions {
+            name: "traced".into(),
+            input_names: Vec::new(),
+            params: Vec::new(),
+            guard: GuardPolicy::Retrace,
+            cache_size: 8,
+        }
+    }
+}
+
+impl TraceOptions {
+    /// The defaults: graph `traced`, inputs `x0, x1, ...`, no parameters, re-tracing.
+    pub fn new() -> TraceOptions {
+        TraceOptions::default()
+    }
+    /// Names the graph.
+    pub fn name(mut self, name: &str) -> TraceOptions {
+        self.name = name.to_string();
+        self
+    }
+    /// Names the example inputs in order.
+    pub fn input_names(mut self, names: &[&str]) -> TraceOptions {
+        self.input_names = names.iter().map(|s| s.to_string()).collect();
+        self
+    }
+    /// Marks a captured tensor as the parameter `name` (a graph input, not a constant).
+    pub fn param(mut self, name: &str, t: &Tensor) -> TraceOptions {
+        self.params.push((name.to_string(), t.clone()));
+        self
+    }
+    /// Sets the guard policy.
+    pub fn guard(mut self, g: GuardPolicy) -> TraceOptions {
+        self.guard = g;
+        self
+    }
+    /// Sets how many re-traced graphs are kept.
+    pub fn cache_size(mut self, n: usize) -> TraceOptions {
+        self.cache_size = n;
+        self
+    }
+
+    fn input_name(&self, i: usize) -> String {
+        self.input_names
+            .get(i)
+            .cloned()
+            .unwrap_or_else(|| format!("x{i}"))
+    }
+}
+
+type TraceFn<'f> = Box<dyn Fn(&[Tensor]) -> Result<Vec<Tensor>> + 'f>;
+
+/// A traced function: its graph, the function itself (for re-tracing) and its guard policy.
+pub struct Traced<'f> {
+    f: TraceFn<'f>,
+    opts: TraceOptions,
+    graph: Graph,
+    cache: RefCell<Vec<Graph>>,
+}
+
+/// Traces `f` on `example_inputs`; captured tensors become constants.
+pub fn trace<'f>(
+    f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>> + 'f,
+    example_inputs: &[Tensor],
+) -> Result<Traced<'f>> {
+    trace_with(f, example_inputs, TraceOptions::default())
+}
+
+/// Traces `f` with the given captured tensors as named parameters (graph inputs).
+pub fn trace_with_params<'f>(
+    f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>> + 'f,
+    example_inputs: &[Tensor],
+    params: &[(&str, &Tensor)],
+) -> Result<Traced<'f>> {
+    let opts = params
+        .iter()
+        .fold(TraceOptions::default(), |o, (n, t)| o.param(n, t));
+    trace_with(f, example_inputs, opts)
+}
+
+/// Traces `f` with full options.
+pub fn trace_with<'f>(
+    f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>> + 'f,
+    example_inputs: &[Tensor],
+    opts: TraceOptions,
+) -> Result<Traced<'f>> {
+    let (graph, _) = record(&f, example_inputs, &opts)?;
+    Ok(Traced {
+        f: Box::new(f),
+        opts,
+        graph,
+        cache: RefCell::new(Vec::new()),
+    })
+}
+
+impl Traced<'_> {
+    /// The graph traced from the example inputs.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    pub fn guard_policy(&self) -> GuardPolicy {
+        self.opts.guard
+    }
+
+    /// Number of re-traced specialisations in the cache.
+    pub fn retraced_count(&self) -> usize {
+        self.cache.borrow().len()
+    }
+
+    /// Runs the traced graph on `inputs` (parameters bound to their current values). Inputs
+    /// of other types re-trace or fail, as the guard policy says.
+    pub fn call(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let mismatch = match guard(&self.graph, inputs, self.opts.params.len()) {
+            Ok(()) => return self.run(&self.graph, inputs),
+            Err(e) => e,
+        };
+        if self.opts.guard == GuardPolicy::Error {
+            return Err(mismatch);
+        }
+        let hit = self
+            .cache
+            .borrow()
+            .iter()
+            .position(|g| guard(g, inputs, self.opts.params.len()).is_ok());
+        if let Some(i) = hit {
+            let g = self.cache.borrow()[i].clone();
+            return self.run(&g, inputs);
+        }
+        // The re-trace runs the function eagerly: its results are the answer.
+        let (g, outs) = record(&self.f, inputs, &self.opts)?;
+        let mut cache = self.cache.borrow_mut();
+        cache.push(g);
+        let excess = cache.len().saturating_sub(self.opts.cache_size);
+        cache.drain(..excess);
+        Ok(outs)
+    }
+
+    fn run(&self, g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let mut all = inputs.to_vec();
+        all.extend(self.opts.params.iter().map(|(_, t)| t.clone()));
+        run_graph(g, &all)
+    }
+}
+
+/// Checks that `inputs` have the types of the graph's leading inputs (the trailing
+/// `n_params` inputs are the parameters).
+fn guard(g: &Graph, inputs: &[Tensor], n_params: usize) -> Result<()> {
+    let user = &g.inputs()[..g.inputs().len().min(inputs.len())];
+    if inputs.len() + n_params != g.inputs().len() {
+        bail!(
+            Value,
+            "expected {} input{} but got {}",
+            g.inputs().len() - n_params,
+            if g.inputs().len() - n_params == 1 {
+                ""
+            } else {
+                "s"
+            },
+            inputs.len()
+        );
+    }
+    for (i, (&v, t)) in user.iter().zip(inputs).enumerate() {
+        let n = g.node(v);
+        if n.ty.dtype != t.dtype() || n.ty.shape != t.shape() {
+            bail!(
+                Value,
+                "input {i} ({}): expected {} but got {}",
+                n.name,
+                fmt_type(&n.ty),
+                fmt_type(&t.ttype())
+            );
+        }
+    }
+    Ok(())
+}
+
+thread_local! {
+    static RECORDER: RefCell<Option<Recorder>> = const { RefCell::new(None) };
+}
+
+/// Evaluates a graph op by op with the eager kernels (`inputs` in the graph's input order).
+pub fn run_graph(g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    if inputs.len() != g.inputs().len() {
+        bail!(
+            Value,
+            "graph {} takes {} inputs but got {}",
+            g.name,
+            g.inputs().len(),
+            inputs.len()
+        );
+    }
+    let mut env: HashMap<ValueId, Tensor> = g
+        .inputs()
+        .iter()
+        .copied()
+        .zip(inputs.iter().cloned())
+        .collect();
+    for v in g.topo_order() {
+        if let NodeKind::Op(op) = &g.node(v).kind {
+            let args: Vec<&Tensor> = g.operands(v).iter().filter_map(|o| env.get(o)).collect();
+            let t = apply(op.clone(), &args)?;
+            env.insert(v, t);
+        }
+    }
+    g.outputs()
+        .iter()
+        .map(|o| {
+            env.get(o).cloned().ok_or_else(|| {
+                Error::Value(format!("graph {}: an output was not computed", g.name))
+            })
+        })
+        .collect()
+}
+
+/// True while a trace is being recorded on this thread.
+pub fn is_tracing() -> bool {
+    RECORDER.with(|r| r.try_borrow().map(|r| r.is_some()).unwrap_or(true))
+}
+
+/// The hook `runtime::apply` calls after every op: records it when tracing.
+pub(crate) fn on_apply(op: &Op, inputs: &[&Tensor], out: &Tensor) {
+    RECORDER.with(|r| {
+        let Ok(mut r) = r.try_borrow_mut() else {
+            return;
+        };
+        if let Some(rec) = r.as_mut()
+            && rec.error.is_none()
+            && let Err(e) = rec.record(op, inputs, out)
+        {
+            rec.error = Some(e);
+        }
+    });
+}
+
+/// Records the in-place op `target = op(operands)` while tracing (outside tracing it does
+/// nothing). Call it before writing into `target`: from then on the trace sees `target` as
+/// the op's result. A result of another dtype is cast back to `target`'s dtype, as in-place
+/// ops do; a result of another shape is an error. Writing into a tensor that shares storage
+/// with another traced tensor (a view, or a tensor that has views) is refused, since the
+/// graph has no aliasing to carry the write over.
+pub fn record_inplace(target: &Tensor, op: Op, operands: &[&Tensor]) -> Result<()> {
+    RECORDER.with(|r| {
+        let Ok(mut r) = r.try_borrow_mut() else {
+            return Ok(());
+        };
+        match r.as_mut() {
+            Some(rec) => rec.record_inplace(target, op, operands),
+            None => Ok(()),
+        }
+    })
+}
+
+fn key(t: &Tensor) -> usize {
+    Arc::as_ptr(&t.0) as usize
+}
+
+/// A new handle on the same data, so each input has its own identity.
+fn fresh_handle(t: &Tensor) -> Result<Tensor> {
+    if t.is_wrapped_number() {
+        Ok(Tensor::wrapped(scalar_value(t)?))
+    } else {
+        Ok(t.with_layout(t.layout().clone()))
+    }
+}
+
+fn scalar_value(t: &Tensor) -> Result<Scalar> {
+    Ok(match t.dtype() {
+        DType::Bool => Scalar::Bool(t.item::<bool>()?),
+        d if d.is_float() => Scalar::Float(t.item_f64()?),
+        _ => Scalar::Int(t.to_i64_vec().first().copied().unwrap_or(0)),
+    })
+}
+
+/// The tensor's elements as a literal (row-major bytes).
+fn literal(t: &Tensor) -> Literal {
+    let c = t.contiguous();
+    let n = c.numel() * c.element_size();
+    let bytes = if n == 0 {
+        Vec::new()
+    } else {
+        let acc = access::lock(&[&c], &[]);
+        // SAFETY: `c` is contiguous: its n bytes follow its first element; read lock held.
+        unsafe { std::slice::from_raw_parts(acc.read::<u8>(0), n) }.to_vec()
+    };
+    Literal {
+        dtype: c.dtype(),
+        shape: c.shape().to_vec(),
+        bytes: Arc::new(bytes),
+    }
+}
+
+struct Recorder {
+    graph: Graph,
+    values: HashMap<usize, ValueId>,
+    /// Every tensor seen, kept alive so that no handle address is reused during the trace.
+    keep: Vec<Tensor>,
+    error: Option<Error>,
+}
+
+impl Recorder {
+    fn bind(&mut self, t: &Tensor, v: ValueId) {
+        self.values.insert(key(t), v);
+        self.keep.push(t.clone());
+    }
+
+    /// The value of a tensor, capturing it as a scalar or constant when it is new.
+    fn value_of(&mut self, t: &Tensor) -> Result<ValueId> {
+        if let Some(&v) = self.values.get(&key(t)) {
+            return Ok(v);
+        }
+        let v = if t.is_wrapped_number() {
+            self.graph.add_scalar(scalar_value(t)?)?
+        } else {
+            self.graph.add_op(Op::Constant(literal(t)), &[])?
+        };
+        self.bind(t, v);
+        Ok(v)
+    }
+
+    fn record(&mut self, op: &Op, inputs: &[&Tensor], out: &Tensor) -> Result<()> {
+        let ids = inputs
+            .iter()
+            .map(|t| self.value_of(t))
+            .collect::<Result<Vec<_>>>()?;
+        let v = self.graph.add_op(op.clone(), &ids)?;
+        let (ty, got) = (&self.graph.node(v).ty, out.ttype());
+        if ty.dtype != got.dtype || ty.shape != got.shape {
+            bail!(
+                Value,
+                "trace: {} returned {} but its shape rule says {}",
+                op.name(),
+                fmt_type(&got),
+                fmt_type(ty)
+            );
+        }
+        self.bind(out, v);
+        Ok(())
+    }
+
+    fn record_inplace(&mut self, target: &Tensor, op: Op, operands: &[&Tensor]) -> Result<()> {
+        let name = op.name();
+        if target.is_wrapped_number() {
+            bail!(Value, "{name}_: cannot write in place into a Python number");
+        }
+        let k = key(target);
+        if self
+            .keep
+            .iter()
+            .any(|t| key(t) != k && t.shares_storage(target))
+        {
+            bail!(
+                Unsupported,
+                "in-place writes into views are not supported while tracing: {name}_ writes into a tensor that shares storage with another traced tensor (use the out-of-place {name})"
+            );
+        }
+        let ids = operands
+            .iter()
+            .map(|t| self.value_of(t))
+            .collect::<Result<Vec<_>>>()?;
+        let mut v = self.graph.add_op(op, &ids)?;
+        let want: TensorType = target.ttype();
+        let got = self.graph.node(v).ty.clone();
+        if got.shape != want.shape {
+            bail!(
+                Shape,
+                "output with shape {:?} doesn't match the broadcast shape {:?}",
+                want.shape,
+                got.shape
+            );
+        }
+        if got.dtype != want.dtype {
+            v = self.graph.add_op(Op::To { dtype: want.dtype }, &[v])?;
+        }
+        self.bind(target, v);
+        Ok(())
+    }
+}
+
+/// Removes the recorder when the trace ends, even if the traced function panics.
+struct Installed;
+
+impl Installed {
+    fn new(rec: Recorder) -> Result<Installed> {
+        RECORDER.with(|r| {
+            let mut r = r
+                .try_borrow_mut()
+                .map_err(|_| Error::Value("trace: the recorder is busy".into()))?;
+            if r.is_some() {
+                bail!(
+                    Value,
+                    "trace: already tracing on this thread (nested traces are not supported)"
+                );
+            }
+            *r = Some(rec);
+            Ok(Installed)
+        })
+    }
+
+    fn finish(self) -> Option<Recorder> {
+        RECORDER.with(|r| r.borrow_mut().take())
+    }
+}
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        RECORDER.with(|r| {
+            if let Ok(mut r) = r.try_borrow_mut() {
+                r.take();
+            }
+        });
+    }
+}
+
+/// Runs `f` under a recorder and returns the verified graph and the eager results.
+fn record(
+    f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>,
+    inputs: &[Tensor],
+    opts: &TraceOptions,
+) -> Result<(Graph, Vec<Tensor>)> {
+    let mut rec = Recorder {
+        graph: Graph::new(&opts.name),
+        values: HashMap::new(),
+        keep: Vec::new(),
+        error: None,
+    };
+    let fresh = inputs
+        .iter()
+        .map(fresh_handle)
+        .collect::<Result<Vec<_>>>()?;
+    for (i, t) in fresh.iter().enumerate() {
+        let v = rec.graph.add_input(&opts.input_name(i), t.ttype())?;
+        rec.bind(t, v);
+    }
+    for (name, p) in &opts.params {
+        if rec.values.contains_key(&key(p)) {
+            bail!(Value, "trace: parameter '{name}' is given twice");
+        }
+        let v = rec.graph.add_input(name, p.ttype())?;
+        rec.bind(p, v);
+    }
+    let installed = Installed::new(rec)?;
+    let result = f(&fresh);
+    let mut rec = installed
+        .finish()
+        .ok_or_else(|| Error::Value("trace: the recorder vanished".into()))?;
+    let outs = result?;
+    if let Some(e) = rec.error.take() {
+        return Err(e);
+    }
+    let mut ids = Vec::with_capacity(outs.len());
+    for (i, t) in outs.iter().enumerate() {
+        let v = rec.value_of(t)?;
+        let v = if rec.graph.node(v).is_inline_scalar() {
+            let op = rec.graph.node(v).op().cloned().unwrap_or(Op::Contiguous);
+            rec.graph.add_op_named(op, &[], &format!("out{i}"))?
+        } else {
+            v
+        };
+        ids.push(v);
+    }
+    rec.graph.set_outputs(ids);
+    rec.graph.verify()?;
+    Ok((rec.graph, outs))
+}
