@@ -9,6 +9,8 @@ pub mod cli;
 pub mod error;
 pub mod ir;
 pub mod jit;
+pub mod kernel;
+pub mod passes;
 pub mod runtime;
 
 pub use error::{Error, Result};

@@ -1,0 +1,505 @@
+//! The kernel IR: the one form both backends (Cranelift on the CPU, CUDA C on the GPU) read.
+//!
+//! A [`Schedule`] is a whole compiled graph: its [`Buffer`]s (inputs, captured constants,
+//! temporaries) and an ordered list of [`Step`]s, each either a fused [`Kernel`] or an
+//! [`ExternCall`] (GEMM and other library kernels). Graph outputs are strided [`View`]s of
+//! buffers, so a transposed or sliced result is returned without a copy.
+//!
+//! A kernel iterates over an index space `outer ++ inner`:
+//! - `outer` ("rows") is parallel: every point is independent;
+//! - `inner` ("the row") is empty for pointwise kernels; otherwise it is the space the
+//!   kernel's reductions run over. One program instance handles one row completely
+//!   ("persistent reduction"): it runs the reduction passes in order, then the stores.
+//!
+//! Inside a kernel a scalar expression DAG of typed [`Value`]s (SSA, operands before users)
+//! is built from loads through affine [`IndexMap`]s (broadcasts, transposes, slices, selects
+//! and expands are strides and offsets, never copies), constants, the positions of the index
+//! space, the scalar ops of the op set, casts, and reductions over `inner`. A value whose
+//! inputs do not depend on an inner index is computed once per row ([`Level::Outer`]).
+//!
+//! Execution of one row (one point of `outer`):
+//! 1. for each pass `p` in `passes`, in order: walk the inner space once and accumulate every
+//!    reduction of pass `p` (a reduction of pass `p` only reads reductions of earlier passes);
+//! 2. then the stores: an outer-level store is written once per row, an inner-level store
+//!    for every point of the inner space.
+//!
+//! Buffers are dense row-major arrays of their shape; the runtime hands non-contiguous graph
+//! inputs over as contiguous copies. Every index map is checked to stay inside its buffer
+//! ([`Schedule::validate`]) before anything runs.
+
+pub mod interp;
+mod print;
+
+use crate::ir::dtype::{DType, Scalar};
+use crate::ir::op::{BinaryOp, Literal, Op, UnaryOp};
+use crate::ir::shape::{Shape, numel};
+use crate::{Result, bail};
+
+/// Index of a buffer in [`Schedule::buffers`].
+pub type BufferId = usize;
+/// Index of a value in [`Kernel::values`].
+pub type ValId = usize;
+
+/// Where a buffer's contents come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BufferKind {
+    /// The `i`-th graph input.
+    Input(usize),
+    /// Data captured in the graph.
+    Constant(Literal),
+    /// Written by a step of the schedule (graph outputs included).
+    Temp,
+}
+
+/// A dense row-major array.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Buffer {
+    /// The graph value it holds (for dumps).
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Shape,
+    pub kind: BufferKind,
+}
+
+impl Buffer {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        numel(&self.shape)
+    }
+    /// True for a buffer without elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.len() * self.dtype.size()
+    }
+}
+
+/// An affine map from a kernel's index space to an element of a buffer:
+/// `offset + Σ_d strides[d] * i[d]` over the dims of `outer ++ inner`. A stride of 0
+/// broadcasts along that dim.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct IndexMap {
+    pub strides: Vec<usize>,
+    pub offset: usize,
+}
+
+impl IndexMap {
+    /// True when the map does not move along any of the dims from `first` on.
+    pub fn ignores_from(&self, first: usize) -> bool {
+        self.strides.iter().skip(first).all(|&s| s == 0)
+    }
+    /// Largest element index reached over `space`, plus one (0 for an empty space).
+    pub fn extent(&self, space: &[usize]) -> usize {
+        if numel(space) == 0 {
+            return 0;
+        }
+        self.offset
+            + space
+                .iter()
+                .zip(&self.strides)
+                .map(|(&n, &s)| (n - 1) * s)
+                .sum::<usize>()
+            + 1
+    }
+}
+
+/// A strided view of a buffer (extern-call operands and graph outputs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct View {
+    pub buffer: BufferId,
+    pub shape: Shape,
+    pub strides: Vec<usize>,
+    pub offset: usize,
+}
+
+/// How a reduction combines the elements of the inner space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Combiner {
+    Sum,
+    /// Sum divided by the number of inner elements.
+    Mean,
+    Prod,
+    Max,
+    Min,
+    /// Logical and (result bool, or u8 for u8 input as in PyTorch).
+    All,
+    Any,
+    /// Position of the first maximum in the row-major order of `inner` (i64; NaN wins).
+    ArgMax,
+    /// Position of the first minimum (i64; NaN wins).
+    ArgMin,
+}
+
+impl Combiner {
+    /// Name in dumps.
+    pub fn name(self) -> &'static str {
+        match self {
+            Combiner::Sum => "sum",
+            Combiner::Mean => "mean",
+            Combiner::Prod => "prod",
+            Combiner::Max => "max",
+            Combiner::Min => "min",
+            Combiner::All => "all",
+            Combiner::Any => "any",
+            Combiner::ArgMax => "argmax",
+            Combiner::ArgMin => "argmin",
+        }
+    }
+}
+
+/// The accumulator dtype of a reduction over `d`: f16/bf16 accumulate in f32, integers and
+/// bool in i64, f32 and f64 in themselves.
+pub fn accumulator(d: DType) -> DType {
+    match d {
+        DType::F16 | DType::BF16 | DType::F32 => DType::F32,
+        DType::F64 => DType::F64,
+        _ => DType::I64,
+    }
+}
+
+/// How a value is computed. Operands are earlier values of the same kernel.
+///
+/// Typing contract: a `Binary` op's operands both have the op's computation dtype
+/// (`BinaryOp::compute_dtype`; casts are explicit), its result is that dtype or bool for
+/// comparisons and logical ops; `Where`'s branches have the result dtype; `Clamp`'s operand
+/// has the result dtype; a `Unary` op reads its operand in its own dtype and produces
+/// `UnaryOp::out_dtype`. Semantics of every op are those of the eager kernels (PyTorch's).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Expr {
+    /// The element of `buffer` at `map(i)`.
+    Load {
+        buffer: BufferId,
+        map: IndexMap,
+    },
+    /// `map(i)` itself as an i64 (positions for `arange`, masks such as `tril`).
+    Index {
+        map: IndexMap,
+    },
+    /// A constant, converted to the value's dtype with cast semantics.
+    Const(Scalar),
+    Unary(UnaryOp, ValId),
+    Binary(BinaryOp, ValId, ValId),
+    /// `cond ? a : b`.
+    Where(ValId, ValId, ValId),
+    Clamp {
+        x: ValId,
+        min: Option<Scalar>,
+        max: Option<Scalar>,
+    },
+    /// Conversion to the value's dtype with PyTorch's cast semantics.
+    Cast(ValId),
+    /// `mask ? value : x`, `value` converted to `x`'s dtype.
+    MaskedFill {
+        x: ValId,
+        mask: ValId,
+        value: Scalar,
+    },
+    /// A reduction of `arg` over the inner space, accumulated in `acc`; an outer-level value.
+    Reduce {
+        combiner: Combiner,
+        arg: ValId,
+        acc: DType,
+    },
+}
+
+impl Expr {
+    /// The values this expression reads.
+    pub fn operands(&self) -> Vec<ValId> {
+        match *self {
+            Expr::Load { .. } | Expr::Index { .. } | Expr::Const(_) => vec![],
+            Expr::Unary(_, a) | Expr::Cast(a) | Expr::Clamp { x: a, .. } => vec![a],
+            Expr::Reduce { arg, .. } => vec![arg],
+            Expr::Binary(_, a, b) | Expr::MaskedFill { x: a, mask: b, .. } => vec![a, b],
+            Expr::Where(c, a, b) => vec![c, a, b],
+        }
+    }
+}
+
+/// One SSA value of a kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Value {
+    pub expr: Expr,
+    pub dtype: DType,
+}
+
+/// Whether a value varies along the inner space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    /// One value per row: computed once per point of `outer`.
+    Outer,
+    /// One value per point of `outer ++ inner`.
+    Inner,
+}
+
+/// A write of `value` to `buffer` at `map(i)`. A store whose map has zero inner strides is a
+/// row store: it runs once per row, after the passes; any other store runs over the whole
+/// space (an outer-level value is then broadcast along the row).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Store {
+    pub buffer: BufferId,
+    pub map: IndexMap,
+    pub value: ValId,
+}
+
+/// One fused kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kernel {
+    pub name: String,
+    /// The parallel ("rows") index space; the whole space of a pointwise kernel.
+    pub outer: Shape,
+    /// The reduced ("row") index space; empty for pointwise kernels.
+    pub inner: Shape,
+    /// The scalar DAG, operands before users.
+    pub values: Vec<Value>,
+    /// Reduction passes over the row, in order; each lists `Reduce` values.
+    pub passes: Vec<Vec<ValId>>,
+    pub stores: Vec<Store>,
+}
+
+impl Kernel {
+    /// The full index space `outer ++ inner`.
+    pub fn space(&self) -> Shape {
+        let mut s = self.outer.clone();
+        s.extend_from_slice(&self.inner);
+        s
+    }
+
+    /// Number of reductions.
+    pub fn reductions(&self) -> usize {
+        self.passes.iter().map(Vec::len).sum()
+    }
+
+    /// The level of every value.
+    pub fn levels(&self) -> Vec<Level> {
+        let k = self.outer.len();
+        let mut lv = Vec::with_capacity(self.values.len());
+        for v in &self.values {
+            let l = match &v.expr {
+                Expr::Load { map, .. } | Expr::Index { map } => {
+                    if map.ignores_from(k) {
+                        Level::Outer
+                    } else {
+                        Level::Inner
+                    }
+                }
+                Expr::Const(_) | Expr::Reduce { .. } => Level::Outer,
+                e => {
+                    if e.operands()
+                        .iter()
+                        .any(|&o| lv.get(o) == Some(&Level::Inner))
+                    {
+                        Level::Inner
+                    } else {
+                        Level::Outer
+                    }
+                }
+            };
+            lv.push(l);
+        }
+        lv
+    }
+}
+
+/// A call to a library kernel: `op` applied to strided views, result in `out`.
+/// `Op::Matmul` is a GEMM (the gemm crate on the CPU, cuBLAS on the GPU); any other op runs
+/// the eager reference kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExternCall {
+    pub op: Op,
+    pub args: Vec<View>,
+    pub out: BufferId,
+}
+
+/// One step of a schedule.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    Kernel(Kernel),
+    Extern(ExternCall),
+}
+
+/// A compiled graph: buffers, steps in execution order, and where the outputs are.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Schedule {
+    pub name: String,
+    pub buffers: Vec<Buffer>,
+    /// The buffers of the graph inputs, in order.
+    pub inputs: Vec<BufferId>,
+    /// The graph outputs, in order.
+    pub outputs: Vec<View>,
+    pub steps: Vec<Step>,
+}
+
+impl Schedule {
+    /// The fused kernels, in order.
+    pub fn kernels(&self) -> impl Iterator<Item = &Kernel> {
+        self.steps.iter().filter_map(|s| match s {
+            Step::Kernel(k) => Some(k),
+            Step::Extern(_) => None,
+        })
+    }
+
+    /// The extern calls, in order.
+    pub fn externs(&self) -> impl Iterator<Item = &ExternCall> {
+        self.steps.iter().filter_map(|s| match s {
+            Step::Extern(e) => Some(e),
+            Step::Kernel(_) => None,
+        })
+    }
+
+    /// Number of fused kernels.
+    pub fn kernel_count(&self) -> usize {
+        self.kernels().count()
+    }
+
+    /// Number of GEMM extern calls.
+    pub fn gemm_count(&self) -> usize {
+        self.externs().filter(|e| e.op == Op::Matmul).count()
+    }
+
+    /// Checks every invariant a backend relies on: ids in range, SSA order, typing of loads
+    /// and stores, pass structure, and that every map stays inside its buffer.
+    pub fn validate(&self) -> Result<()> {
+        for &b in &self.inputs {
+            self.buffer(b)?;
+        }
+        for v in &self.outputs {
+            self.check_view(v)?;
+        }
+        for s in &self.steps {
+            match s {
+                Step::Kernel(k) => self.check_kernel(k)?,
+                Step::Extern(e) => {
+                    self.buffer(e.out)?;
+                    for a in &e.args {
+                        self.check_view(a)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn buffer(&self, b: BufferId) -> Result<&Buffer> {
+        match self.buffers.get(b) {
+            Some(buf) => Ok(buf),
+            None => bail!(Value, "schedule: buffer b{b} does not exist"),
+        }
+    }
+
+    fn check_view(&self, v: &View) -> Result<()> {
+        let buf = self.buffer(v.buffer)?;
+        let map = IndexMap {
+            strides: v.strides.clone(),
+            offset: v.offset,
+        };
+        if v.strides.len() != v.shape.len() || map.extent(&v.shape) > buf.len() {
+            bail!(Value, "schedule: a view of b{} leaves the buffer", v.buffer);
+        }
+        Ok(())
+    }
+
+    fn check_map(&self, k: &Kernel, b: BufferId, map: &IndexMap) -> Result<()> {
+        let space = k.space();
+        if map.strides.len() != space.len() {
+            bail!(
+                Value,
+                "kernel {}: an index map has {} strides for a {}-d space",
+                k.name,
+                map.strides.len(),
+                space.len()
+            );
+        }
+        if map.extent(&space) > self.buffer(b)?.len() {
+            bail!(Value, "kernel {}: an index map leaves buffer b{b}", k.name);
+        }
+        Ok(())
+    }
+
+    fn check_kernel(&self, k: &Kernel) -> Result<()> {
+        let n = k.values.len();
+        for (i, v) in k.values.iter().enumerate() {
+            if v.expr.operands().iter().any(|&o| o >= i) {
+                bail!(Value, "kernel {}: v{i} reads a later value", k.name);
+            }
+            match &v.expr {
+                Expr::Load { buffer, map } => {
+                    self.check_map(k, *buffer, map)?;
+                    if self.buffer(*buffer)?.dtype != v.dtype {
+                        bail!(Value, "kernel {}: v{i} loads with the wrong dtype", k.name);
+                    }
+                }
+                Expr::Index { map } if map.strides.len() != k.outer.len() + k.inner.len() => {
+                    bail!(Value, "kernel {}: v{i} has a malformed index", k.name);
+                }
+                _ => {}
+            }
+        }
+        let pass_of = self.pass_of(k)?;
+        for (p, vs) in k.passes.iter().enumerate() {
+            for &r in vs {
+                let mut stack = k.values[r].expr.operands();
+                while let Some(o) = stack.pop() {
+                    if let Some(&q) = pass_of.get(&o)
+                        && q >= p
+                    {
+                        bail!(
+                            Value,
+                            "kernel {}: pass {p} reads a reduction of pass {q}",
+                            k.name
+                        );
+                    }
+                    stack.extend(k.values[o].expr.operands());
+                }
+            }
+        }
+        let levels = k.levels();
+        for s in &k.stores {
+            if s.value >= n {
+                bail!(Value, "kernel {}: a store reads a missing value", k.name);
+            }
+            self.check_map(k, s.buffer, &s.map)?;
+            if self.buffer(s.buffer)?.dtype != k.values[s.value].dtype {
+                bail!(Value, "kernel {}: a store has the wrong dtype", k.name);
+            }
+            let row_store = !k.inner.is_empty() && s.map.ignores_from(k.outer.len());
+            if row_store && levels[s.value] == Level::Inner {
+                bail!(
+                    Value,
+                    "kernel {}: a row store of a value that varies along the row",
+                    k.name
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The pass of every reduction value; each `Reduce` must be in exactly one pass.
+    fn pass_of(&self, k: &Kernel) -> Result<std::collections::HashMap<ValId, usize>> {
+        let mut pass_of = std::collections::HashMap::new();
+        for (p, vs) in k.passes.iter().enumerate() {
+            for &r in vs {
+                if !matches!(k.values.get(r).map(|v| &v.expr), Some(Expr::Reduce { .. })) {
+                    bail!(
+                        Value,
+                        "kernel {}: pass {p} lists v{r}, not a reduction",
+                        k.name
+                    );
+                }
+                if pass_of.insert(r, p).is_some() {
+                    bail!(Value, "kernel {}: v{r} is in two passes", k.name);
+                }
+            }
+        }
+        let reduces = k
+            .values
+            .iter()
+            .filter(|v| matches!(v.expr, Expr::Reduce { .. }))
+            .count();
+        if reduces != pass_of.len() {
+            bail!(Value, "kernel {}: a reduction is in no pass", k.name);
+        }
+        Ok(pass_of)
+    }
+}
