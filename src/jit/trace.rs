@@ -28,11 +28,11 @@
 //! - in-place updates of captured tensors are not outputs of the graph.
 
 use crate::ir::dtype::{DType, Scalar};
-use crate::ir::graph::{Graph, NodeKind, ValueId};
+use crate::ir::graph::{Graph, ValueId};
 use crate::ir::op::{Literal, Op, TensorType};
 use crate::ir::text::fmt_type;
 use crate::runtime::access;
-use crate::runtime::tensor::{Tensor, apply};
+use crate::runtime::tensor::Tensor;
 use crate::{Error, Result, bail};
 use std::cell::RefCell;
 use std::collections::HashMap;
