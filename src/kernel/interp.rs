@@ -8,18 +8,16 @@
 //! broadcasts over the row. Reductions run the eager reduction over the flattened inner
 //! space. Extern calls run the eager op (`matmul` for GEMMs) on views of their operands.
 //!
-//! [`run_graph`] is the oracle the interpreter is compared against: every node of a graph
+//! `crate::runtime::interp::run` is the oracle the interpreter is compared against: every node of a graph
 //! evaluated eagerly in topological order.
 
 use super::{Buffer, BufferKind, Combiner, Expr, IndexMap, Kernel, Level, Schedule, Step, View};
-use crate::ir::graph::{Graph, NodeKind};
 use crate::ir::op::{Op, ReduceOp};
 use crate::ir::shape::numel;
 use crate::runtime::kernels::copy;
 use crate::runtime::layout::{Layout, check_no_overlap};
 use crate::runtime::{Tensor, apply};
 use crate::{Result, bail};
-use std::collections::HashMap;
 
 /// Runs `s` on `inputs` (one tensor per graph input) and returns the graph outputs.
 pub fn run(s: &Schedule, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
@@ -246,33 +244,4 @@ fn reduce(k: &Kernel, combiner: Combiner, arg: &Tensor, row_shape: &[usize]) -> 
     let r = apply(r, &[&rows])?;
     let shape: Vec<i64> = row_shape.iter().map(|&n| n as i64).collect();
     apply(Op::Reshape { shape }, &[&r])
-}
-
-/// Evaluates every node of `g` eagerly, in topological order: the oracle of the passes.
-pub fn run_graph(g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
-    if inputs.len() != g.inputs().len() {
-        bail!(
-            Value,
-            "graph {} takes {} inputs, but {} were given",
-            g.name,
-            g.inputs().len(),
-            inputs.len()
-        );
-    }
-    let mut vals: HashMap<crate::ir::ValueId, Tensor> = HashMap::new();
-    for (&v, t) in g.inputs().iter().zip(inputs) {
-        let ty = &g.node(v).ty;
-        if t.dtype() != ty.dtype || t.shape() != ty.shape.as_slice() {
-            bail!(Value, "input %{}: wrong dtype or shape", g.node(v).name);
-        }
-        vals.insert(v, t.clone());
-    }
-    for v in g.topo_order() {
-        if let NodeKind::Op(op) = &g.node(v).kind {
-            let args: Vec<Tensor> = g.operands(v).iter().map(|o| vals[o].clone()).collect();
-            let refs: Vec<&Tensor> = args.iter().collect();
-            vals.insert(v, apply(op.clone(), &refs)?);
-        }
-    }
-    Ok(g.outputs().iter().map(|o| vals[o].clone()).collect())
 }
