@@ -3,6 +3,7 @@
 //! Eager tensor code runs on reference kernels (`runtime`); the same ops, defined once in
 //! `ir::op`, are what graphs are built from.
 
+pub mod codegen_cpu;
 pub mod error;
 pub mod ir;
 pub mod runtime;
