@@ -97,7 +97,12 @@ impl Kernel {
                 2 => {
                     let f: extern "C" fn(*const f32, *const f32, *mut f32, i64) =
                         std::mem::transmute(self.ptr);
-                    f(ins[0][start..].as_ptr(), ins[1][start..].as_ptr(), o, n as i64)
+                    f(
+                        ins[0][start..].as_ptr(),
+                        ins[1][start..].as_ptr(),
+                        o,
+                        n as i64,
+                    )
                 }
                 _ => unreachable!(),
             }
@@ -209,7 +214,12 @@ struct Stats {
     at: f32,
 }
 
-fn measure(xs: &[f32], got: &[f32], reference: &dyn Fn(f64) -> f64, in_range: &dyn Fn(f32) -> bool) -> Stats {
+fn measure(
+    xs: &[f32],
+    got: &[f32],
+    reference: &dyn Fn(f64) -> f64,
+    in_range: &dyn Fn(f32) -> bool,
+) -> Stats {
     let mut st = Stats { max: 0.0, at: 0.0 };
     for (&x, &g) in xs.iter().zip(got) {
         if !in_range(x) {
@@ -240,8 +250,18 @@ fn check_unary(
         "{name:>10}: max ulp vector {:.3} (x = {:e}), scalar {:.3} (x = {:e})",
         sv.max, sv.at, ss.max, ss.at
     );
-    assert!(sv.max <= target, "{name} vector: {} ulp at {:e}", sv.max, sv.at);
-    assert!(ss.max <= target, "{name} scalar: {} ulp at {:e}", ss.max, ss.at);
+    assert!(
+        sv.max <= target,
+        "{name} vector: {} ulp at {:e}",
+        sv.max,
+        sv.at
+    );
+    assert!(
+        ss.max <= target,
+        "{name} scalar: {} ulp at {:e}",
+        ss.max,
+        ss.at
+    );
     // Vector and scalar code are the same IR at another width: identical bits.
     for ((&x, &a), &c) in xs.iter().zip(&v).zip(&s) {
         assert!(
@@ -353,12 +373,34 @@ fn rsqrt_sweep() {
 
 #[test]
 fn pow_sweep() {
-    let k = Kernel::new("pow", 2, &|b: &mut FunctionBuilder, v: &[Value]| math::pow(b, v[0], v[1]));
+    let k = Kernel::new("pow", 2, &|b: &mut FunctionBuilder, v: &[Value]| {
+        math::pow(b, v[0], v[1])
+    });
     // Bases over the whole range against a set of exponents, then random pairs in the range
     // where the result is finite and nonzero.
     let ys: [f32; 22] = [
-        0.0, 1.0, -1.0, 2.0, -2.0, 3.0, -3.0, 0.5, -0.5, 1.0 / 3.0, 2.5, -2.5, 7.0, 10.0,
-        -10.0, 100.0, 1e-3, 1e-30, 1e30, 16777217.0, f32::INFINITY, f32::NAN,
+        0.0,
+        1.0,
+        -1.0,
+        2.0,
+        -2.0,
+        3.0,
+        -3.0,
+        0.5,
+        -0.5,
+        1.0 / 3.0,
+        2.5,
+        -2.5,
+        7.0,
+        10.0,
+        -10.0,
+        100.0,
+        1e-3,
+        1e-30,
+        1e30,
+        16777217.0,
+        f32::INFINITY,
+        f32::NAN,
     ];
     let bases: Vec<f32> = sweep().into_iter().step_by(16).collect();
     let mut xs = Vec::new();
@@ -403,7 +445,9 @@ fn pow_sweep() {
 
 #[test]
 fn pow_special_values() {
-    let k = Kernel::new("pow", 2, &|b: &mut FunctionBuilder, v: &[Value]| math::pow(b, v[0], v[1]));
+    let k = Kernel::new("pow", 2, &|b: &mut FunctionBuilder, v: &[Value]| {
+        math::pow(b, v[0], v[1])
+    });
     let inf = f32::INFINITY;
     let nan = f32::NAN;
     #[rustfmt::skip]
@@ -442,7 +486,11 @@ fn special_values_exact() {
     let inf = f32::INFINITY;
     let nan = f32::NAN;
     let xs = [0.0, -0.0, inf, -inf, nan];
-    type Row = (&'static str, fn(&mut FunctionBuilder, Value) -> Value, [f32; 5]);
+    type Row = (
+        &'static str,
+        fn(&mut FunctionBuilder, Value) -> Value,
+        [f32; 5],
+    );
     #[rustfmt::skip]
     let table: [Row; 13] = [
         ("exp", math::exp, [1.0, 1.0, inf, 0.0, nan]),
@@ -468,11 +516,21 @@ fn special_values_exact() {
 #[test]
 fn exp_overflow_underflow_edges() {
     // Largest x with finite exp, smallest with nonzero exp, and their neighbours.
-    let xs = [88.722_83f32, 88.722_84, -103.972_07, -103.972_09, -87.336_55, -87.336_54];
+    let xs = [
+        88.722_83f32,
+        88.722_84,
+        -103.972_07,
+        -103.972_09,
+        -87.336_55,
+        -87.336_54,
+    ];
     let got = eval1("exp", math::exp, &xs);
     for (&x, &g) in xs.iter().zip(&got) {
         let want = (x as f64).exp() as f32;
-        assert!(ulp_err(g, (x as f64).exp()) <= 1.0, "exp({x:e}) = {g:e}, want {want:e}");
+        assert!(
+            ulp_err(g, (x as f64).exp()) <= 1.0,
+            "exp({x:e}) = {g:e}, want {want:e}"
+        );
         assert_eq!(g.is_infinite(), want.is_infinite(), "exp({x:e})");
         assert_eq!(g == 0.0, want == 0.0, "exp({x:e})");
     }
@@ -497,7 +555,11 @@ fn sin_cos_huge_arguments() {
     .into_iter()
     .collect();
     for (name, emit, reference) in [
-        ("sin", math::sin as fn(&mut FunctionBuilder, Value) -> Value, f64::sin as fn(f64) -> f64),
+        (
+            "sin",
+            math::sin as fn(&mut FunctionBuilder, Value) -> Value,
+            f64::sin as fn(f64) -> f64,
+        ),
         ("cos", math::cos, f64::cos),
     ] {
         let got = eval1(name, emit, &xs);
@@ -521,7 +583,9 @@ fn basic_arithmetic_is_exact() {
     let mut ys = xs.clone();
     ys.rotate_left(12_345);
     for (name, emit, reference) in ops {
-        let k = Kernel::new(name, 2, &move |b: &mut FunctionBuilder, v: &[Value]| emit(b, v[0], v[1]));
+        let k = Kernel::new(name, 2, &move |b: &mut FunctionBuilder, v: &[Value]| {
+            emit(b, v[0], v[1])
+        });
         let (v, s) = k.run_both(&[&xs, &ys]);
         let want: Vec<f32> = xs.iter().zip(&ys).map(|(&x, &y)| reference(x, y)).collect();
         assert_same(name, &xs, &v, &want);
@@ -589,4 +653,3 @@ fn imported_symbol_is_callable() {
     let f: extern "C" fn(f32) -> f32 = unsafe { std::mem::transmute(jit.code_ptr(id).unwrap()) };
     assert_eq!(f(1.25), 2.5);
 }
-

@@ -111,7 +111,8 @@ impl Jit {
     pub fn signature(&self, params: &[Type], returns: &[Type]) -> Signature {
         let mut sig = self.module().make_signature();
         sig.params.extend(params.iter().map(|&t| AbiParam::new(t)));
-        sig.returns.extend(returns.iter().map(|&t| AbiParam::new(t)));
+        sig.returns
+            .extend(returns.iter().map(|&t| AbiParam::new(t)));
         sig
     }
 
