@@ -723,7 +723,7 @@ fn via_f64(b: B, xs: &[Value], f: &mut dyn FnMut(B, &[Value]) -> Value) -> Value
 
 /// π/2 in three f64 parts (Cody-Waite); with fma each product with `k` is exact.
 const PIO2: [f64; 3] = [
-    1.570_796_326_794_896_6,
+    std::f64::consts::FRAC_PI_2,
     6.123_233_995_736_766e-17,
     -1.497_384_904_859_169_8e-33,
 ];
@@ -987,8 +987,11 @@ pub fn rsqrt(b: B, x: Value) -> Value {
     b.ins().fdiv(one, s)
 }
 
+/// The signature shared by the unary emitters.
+pub type UnaryEmitter = fn(&mut FunctionBuilder, Value) -> Value;
+
 /// Every unary emitter by name (for tests and dispatch tables).
-pub const UNARY: &[(&str, fn(B, Value) -> Value)] = &[
+pub const UNARY: &[(&str, UnaryEmitter)] = &[
     ("exp", exp),
     ("expm1", expm1),
     ("log", log),
