@@ -601,6 +601,8 @@ pub fn gelu(b: B, x: Value) -> Value {
     // z = |x|/√2 as az + azl (double-f32).
     let (r2h, r2l) = split_const(std::f64::consts::FRAC_1_SQRT_2);
     let r2 = fc(b, t, r2h);
+    // Clamped so the split stays finite (z is clamped to 10.5 below anyway).
+    let a = clamp(b, a, 0.0, 15.0);
     let az = b.ins().fmul(a, r2);
     let naz = b.ins().fneg(az);
     let azl = b.ins().fma(a, r2, naz);
