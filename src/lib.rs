@@ -6,6 +6,7 @@
 #[macro_use]
 pub mod macros;
 pub mod cli;
+pub mod codegen_cpu;
 pub mod error;
 pub mod ir;
 pub mod jit;
