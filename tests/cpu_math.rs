@@ -181,8 +181,8 @@ fn specials() -> Vec<f32> {
         -103.97208,
         -104.0,
         -150.0,
-        0.6931472,
-        3.1415927,
+        std::f32::consts::LN_2,
+        std::f32::consts::PI,
         1.5707964,
         1e4,
         1e6,
@@ -193,7 +193,7 @@ fn specials() -> Vec<f32> {
         3.9,
         10.5,
         -0.70710677,
-        1.4142135,
+        std::f32::consts::SQRT_2,
     ];
     let neg: Vec<f32> = v.iter().map(|x| -x).collect();
     v.extend(neg);
@@ -574,7 +574,8 @@ fn sin_cos_huge_arguments() {
 #[test]
 fn basic_arithmetic_is_exact() {
     type Bin = fn(&mut FunctionBuilder, Value, Value) -> Value;
-    let ops: [(&str, Bin, fn(f32, f32) -> f32); 4] = [
+    type Case = (&'static str, Bin, fn(f32, f32) -> f32);
+    let ops: [Case; 4] = [
         ("add", |b, x, y| b.ins().fadd(x, y), |x, y| x + y),
         ("sub", |b, x, y| b.ins().fsub(x, y), |x, y| x - y),
         ("mul", |b, x, y| b.ins().fmul(x, y), |x, y| x * y),
