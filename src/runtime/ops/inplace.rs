@@ -73,6 +73,7 @@ impl Tensor {
         }
         check_devices(inputs, out)?;
         checked_type(&op, inputs, out)?;
+        crate::jit::trace::record_inplace(out, op.clone(), inputs)?;
         pointwise::eval_into(&op, inputs, out)
     }
     /// `torch.add(a, b, out=out)`.
@@ -171,6 +172,12 @@ impl Tensor {
                 self.dtype().torch_name().trim_start_matches("torch.")
             );
         }
+        let full = Op::Full {
+            size: self.shape().to_vec(),
+            fill_value: value,
+            dtype: Some(self.dtype()),
+        };
+        crate::jit::trace::record_inplace(self, full, &[])?;
         let acc = access::lock(&[], &[self]);
         dispatch!(self.dtype(), T => {
             let v: T = scalar_to::<T>(value);
@@ -194,6 +201,7 @@ impl Tensor {
         let to: Vec<i64> = self.shape().iter().map(|&s| s as i64).collect();
         expand_shape(src.shape(), &to)?;
         check_no_overlap(self.layout())?;
+        crate::jit::trace::record_inplace(self, Op::Expand { size: to }, &[src])?;
         let copied;
         let src = if src.shares_storage(self) && src.layout() != self.layout() {
             copied = cast_new(src, src.dtype());
@@ -212,6 +220,7 @@ impl Tensor {
         let op = Op::IndexAdd { dim };
         checked_type(&op, &[self, index, source], self)?;
         check_no_overlap(self.layout())?;
+        crate::jit::trace::record_inplace(self, op, &[self, index, source])?;
         index::index_add_into(self, wrap_dim(dim, self.dim())?, index, source)?;
         Ok(self)
     }
