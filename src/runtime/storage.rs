@@ -33,6 +33,8 @@ pub struct Storage {
     lock: RwLock<()>,
     version: AtomicU64,
     id: u64,
+    /// Came from the pool of freed buffers (so it is not known to be zero).
+    reused: bool,
 }
 
 // SAFETY: the buffer is only read under `lock.read()` and written under `lock.write()`
@@ -55,8 +57,25 @@ pub fn allocation_count() -> u64 {
 impl Storage {
     /// A zero-filled buffer of `len` elements of `dtype`.
     pub fn zeros(dtype: DType, len: usize) -> Storage {
+        let s = Storage::for_overwrite(dtype, len);
+        if s.reused {
+            // SAFETY: the buffer has nbytes bytes and nobody else holds it yet.
+            unsafe { std::ptr::write_bytes(s.ptr.as_ptr(), 0, s.nbytes) };
+        }
+        s
+    }
+
+    /// A buffer whose every element the caller will overwrite before reading: its contents
+    /// are initialised but unspecified (zeros, or the data of a recycled buffer).
+    pub fn for_overwrite(dtype: DType, len: usize) -> Storage {
         ALLOCATIONS.with(|c| c.set(c.get() + 1));
         let nbytes = len * dtype.size();
+        if let Some(ptr) = pool::take(nbytes) {
+            let layout = AllocLayout::from_size_align(nbytes, ALIGN).expect("pooled layout");
+            let mut s = Storage::from_parts(ptr, nbytes, Owner::Aligned(layout), dtype);
+            s.reused = true;
+            return s;
+        }
         if nbytes == 0 {
             // dangling but aligned, so empty slices of any element type are valid
             let ptr = NonNull::new(ALIGN as *mut u8).unwrap_or(NonNull::dangling());
@@ -90,6 +109,7 @@ impl Storage {
             lock: RwLock::new(()),
             version: AtomicU64::new(0),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            reused: false,
         }
     }
 
@@ -156,8 +176,10 @@ impl Storage {
 
 impl Drop for Storage {
     fn drop(&mut self) {
-        if let Owner::Aligned(layout) = self.owner {
-            // SAFETY: allocated in `zeros` with exactly this layout.
+        if let Owner::Aligned(layout) = self.owner
+            && !pool::give(self.ptr, layout.size())
+        {
+            // SAFETY: allocated in `for_overwrite` with exactly this layout.
             unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) }
         }
     }
@@ -201,5 +223,62 @@ impl WriteGuard<'_> {
         assert_eq!(T::DTYPE, self.storage.dtype, "storage dtype mismatch");
         // SAFETY: as above, and the write lock makes this the only access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr() as *mut T, self.storage.len()) }
+    }
+}
+
+/// Recently freed large buffers, kept for reuse. On these machines a fresh 64 MiB allocation
+/// costs more in first-touch page faults than the kernel that fills it, so eager outputs
+/// take memory of the same size that an earlier tensor gave back (a caching allocator, as
+/// PyTorch keeps for CUDA).
+mod pool {
+    use super::ALIGN;
+    use std::alloc::{self, Layout};
+    use std::ptr::NonNull;
+    use std::sync::Mutex;
+
+    /// Smaller buffers come from malloc's own free lists cheaply.
+    const MIN_BYTES: usize = 1 << 20;
+    /// At most this much freed memory is held.
+    const MAX_BYTES: usize = 512 << 20;
+
+    struct Block(NonNull<u8>, usize);
+    // SAFETY: a pooled block is owned by the pool alone until `take` hands it out.
+    unsafe impl Send for Block {}
+
+    static FREE: Mutex<(Vec<Block>, usize)> = Mutex::new((Vec::new(), 0));
+
+    /// A pooled block of exactly `nbytes`, if there is one.
+    pub fn take(nbytes: usize) -> Option<NonNull<u8>> {
+        if nbytes < MIN_BYTES {
+            return None;
+        }
+        let mut free = FREE.lock().unwrap_or_else(|e| e.into_inner());
+        let i = free.0.iter().position(|b| b.1 == nbytes)?;
+        let b = free.0.swap_remove(i);
+        free.1 -= nbytes;
+        Some(b.0)
+    }
+
+    /// Keeps a freed block; false when it should go back to the allocator instead.
+    pub fn give(ptr: NonNull<u8>, nbytes: usize) -> bool {
+        if nbytes < MIN_BYTES {
+            return false;
+        }
+        let mut free = FREE.lock().unwrap_or_else(|e| e.into_inner());
+        while free.1 + nbytes > MAX_BYTES && !free.0.is_empty() {
+            // evict the oldest block
+            let old = free.0.remove(0);
+            free.1 -= old.1;
+            if let Ok(layout) = Layout::from_size_align(old.1, ALIGN) {
+                // SAFETY: pooled blocks were allocated with this size and alignment.
+                unsafe { alloc::dealloc(old.0.as_ptr(), layout) }
+            }
+        }
+        if nbytes > MAX_BYTES {
+            return false;
+        }
+        free.1 += nbytes;
+        free.0.push(Block(ptr, nbytes));
+        true
     }
 }

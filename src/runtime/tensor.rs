@@ -44,6 +44,15 @@ impl Tensor {
         )
     }
 
+    /// A new contiguous tensor whose every element the caller overwrites (kernel outputs):
+    /// the contents start unspecified, which lets it reuse a freed buffer.
+    pub(crate) fn alloc_for_overwrite(dtype: DType, shape: &[usize]) -> Tensor {
+        Tensor::from_parts(
+            Arc::new(Storage::for_overwrite(dtype, numel(shape))),
+            Layout::contiguous(shape),
+        )
+    }
+
     /// A view of the same storage with another layout.
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
         Tensor::from_parts(self.0.storage.clone(), layout)

@@ -25,7 +25,7 @@ pub fn cast(x: &Tensor, dtype: DType) -> Tensor {
 
 /// A new contiguous tensor holding `x` converted to `dtype`.
 pub fn cast_new(x: &Tensor, dtype: DType) -> Tensor {
-    let out = Tensor::alloc(dtype, x.shape());
+    let out = Tensor::alloc_for_overwrite(dtype, x.shape());
     copy_into(&out, x);
     out
 }

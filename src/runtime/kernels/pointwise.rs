@@ -72,7 +72,7 @@ fn misrouted(name: &str) -> Error {
 
 /// Runs pointwise `op` into a new tensor of type `out` (the op's inferred result type).
 pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
-    let dst = Tensor::alloc(out.dtype, &out.shape);
+    let dst = Tensor::alloc_for_overwrite(out.dtype, &out.shape);
     write(op, inputs, &dst)?;
     Ok(dst)
 }
