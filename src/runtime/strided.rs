@@ -207,6 +207,13 @@ pub unsafe fn map2<A: Copy, B: Copy, O: Copy>(
             for (o, &a) in o.iter_mut().zip(a) {
                 *o = f(a, b);
             }
+        } else if so == 1 && sa == 0 && sb == 1 {
+            // a scalar on the left (`1 - x`)
+            let o = std::slice::from_raw_parts_mut(o, len);
+            let (a, b) = (*a, std::slice::from_raw_parts(b, len));
+            for (o, &b) in o.iter_mut().zip(b) {
+                *o = f(a, b);
+            }
         } else {
             for i in 0..len {
                 *o.add(i * so) = f(*a.add(i * sa), *b.add(i * sb));

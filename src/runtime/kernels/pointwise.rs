@@ -14,7 +14,7 @@ use crate::runtime::element::{Element, round_to_dtype};
 use crate::runtime::kernels::copy;
 use crate::runtime::kernels::creation::scalar_to;
 use crate::runtime::layout::check_no_overlap;
-use crate::runtime::strided::{SendPtr, Walk};
+use crate::runtime::strided::{Walk, map1, map2, map3};
 use crate::runtime::tensor::Tensor;
 use crate::{Error, Result, bail, dispatch, dispatch_float};
 
@@ -186,48 +186,24 @@ fn check_operand<T: Element>(t: &Tensor, out: &[usize]) -> Result<()> {
     Ok(())
 }
 
-/// An innermost-run body of a joint walk of K operands.
-type RunFn<'a, const K: usize> = dyn Fn([usize; K], usize, [usize; K]) + Sync + 'a;
-
-/// The strided engine's walk over `shape`, its parallel driver compiled once per arity: each
-/// op compiles only its inner loop, not another copy of the rayon plumbing.
-fn walk<const K: usize>(shape: &[usize], strides: [&[usize]; K], f: &RunFn<'_, K>) {
-    Walk::new(shape, strides).par_run(f)
-}
-
-/// `dst = f(a)` with `a` broadcast to `dst`. The loops below are `strided::map1/2/3`'s,
-/// with a fast path for a broadcast left operand too (`1 - x`).
+/// `dst = f(a)` with `a` broadcast to `dst`.
 fn run1<A: Element, O: Element>(dst: &Tensor, a: &Tensor, f: impl Fn(A) -> O + Sync) -> Result<()> {
     check_operand::<O>(dst, dst.shape())?;
     check_operand::<A>(a, dst.shape())?;
     let sa = a.layout().broadcast_strides(dst.shape());
     let acc = access::lock(&[a], &[dst]);
-    let (po, pa) = (
-        SendPtr(acc.write::<O>(0)),
-        SendPtr(acc.read::<A>(0) as *mut A),
-    );
-    // SAFETY (all loops below): dtypes and shapes were checked, so every index the walk
-    // produces lies inside its operand's layout, which lies inside its storage; `dst` has no
-    // internal overlap, so runs write disjoint elements; an input sharing `dst`'s storage has
-    // exactly its layout, so each element is read before it is written.
-    walk(
-        dst.shape(),
-        [dst.strides(), &sa],
-        &|[bo, ba], len, [so, sa]| unsafe {
-            let (o, a) = (po.get().add(bo), pa.get().add(ba) as *const A);
-            if so == 1 && sa == 1 {
-                let o = std::slice::from_raw_parts_mut(o, len);
-                let a = std::slice::from_raw_parts(a, len);
-                for (o, &a) in o.iter_mut().zip(a) {
-                    *o = f(a);
-                }
-            } else {
-                for i in 0..len {
-                    *o.add(i * so) = f(*a.add(i * sa));
-                }
-            }
-        },
-    );
+    // SAFETY (here and in run2/run3): dtypes and shapes were checked, so every index lies
+    // inside its operand's layout, which lies inside its storage; `dst` has no internal
+    // overlap; an input sharing `dst`'s storage has exactly its layout, so each element is
+    // read before it is written.
+    unsafe {
+        map1(
+            dst.shape(),
+            (acc.write::<O>(0), dst.strides()),
+            (acc.read::<A>(0), &sa),
+            f,
+        )
+    };
     Ok(())
 }
 
@@ -246,49 +222,16 @@ fn run2<A: Element, B: Element, O: Element>(
         b.layout().broadcast_strides(dst.shape()),
     );
     let acc = access::lock(&[a, b], &[dst]);
-    let po = SendPtr(acc.write::<O>(0));
-    let (pa, pb) = (
-        SendPtr(acc.read::<A>(0) as *mut A),
-        SendPtr(acc.read::<B>(1) as *mut B),
-    );
     // SAFETY: as in `run1`.
-    walk(
-        dst.shape(),
-        [dst.strides(), &sa, &sb],
-        &|[bo, ba, bb], len, [so, sa, sb]| unsafe {
-            let o = po.get().add(bo);
-            let (a, b) = (pa.get().add(ba) as *const A, pb.get().add(bb) as *const B);
-            match (so, sa, sb) {
-                (1, 1, 1) => {
-                    let o = std::slice::from_raw_parts_mut(o, len);
-                    let a = std::slice::from_raw_parts(a, len);
-                    let b = std::slice::from_raw_parts(b, len);
-                    for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
-                        *o = f(a, b);
-                    }
-                }
-                (1, 1, 0) => {
-                    let o = std::slice::from_raw_parts_mut(o, len);
-                    let (a, b) = (std::slice::from_raw_parts(a, len), *b);
-                    for (o, &a) in o.iter_mut().zip(a) {
-                        *o = f(a, b);
-                    }
-                }
-                (1, 0, 1) => {
-                    let o = std::slice::from_raw_parts_mut(o, len);
-                    let (a, b) = (*a, std::slice::from_raw_parts(b, len));
-                    for (o, &b) in o.iter_mut().zip(b) {
-                        *o = f(a, b);
-                    }
-                }
-                _ => {
-                    for i in 0..len {
-                        *o.add(i * so) = f(*a.add(i * sa), *b.add(i * sb));
-                    }
-                }
-            }
-        },
-    );
+    unsafe {
+        map2(
+            dst.shape(),
+            (acc.write::<O>(0), dst.strides()),
+            (acc.read::<A>(0), &sa),
+            (acc.read::<B>(1), &sb),
+            f,
+        )
+    };
     Ok(())
 }
 
@@ -304,29 +247,17 @@ fn run3<A: Element, B: Element, C: Element, O: Element>(
     check_operand::<C>(c, dst.shape())?;
     let s: [Vec<usize>; 3] = [a, b, c].map(|t| t.layout().broadcast_strides(dst.shape()));
     let acc = access::lock(&[a, b, c], &[dst]);
-    let po = SendPtr(acc.write::<O>(0));
-    let (pa, pb, pc) = (
-        SendPtr(acc.read::<A>(0) as *mut A),
-        SendPtr(acc.read::<B>(1) as *mut B),
-        SendPtr(acc.read::<C>(2) as *mut C),
-    );
-    let strides = [dst.strides(), &s[0][..], &s[1][..], &s[2][..]];
     // SAFETY: as in `run1`.
-    walk(
-        dst.shape(),
-        strides,
-        &|[bo, ba, bb, bc], len, [so, sa, sb, sc]| unsafe {
-            let o = po.get().add(bo);
-            let (a, b, c) = (
-                pa.get().add(ba) as *const A,
-                pb.get().add(bb) as *const B,
-                pc.get().add(bc) as *const C,
-            );
-            for i in 0..len {
-                *o.add(i * so) = f(*a.add(i * sa), *b.add(i * sb), *c.add(i * sc));
-            }
-        },
-    );
+    unsafe {
+        map3(
+            dst.shape(),
+            (acc.write::<O>(0), dst.strides()),
+            (acc.read::<A>(0), &s[0]),
+            (acc.read::<B>(1), &s[1]),
+            (acc.read::<C>(2), &s[2]),
+            f,
+        )
+    };
     Ok(())
 }
 
