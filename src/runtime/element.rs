@@ -181,6 +181,41 @@ macro_rules! dispatch_float {
     }};
 }
 
+/// Like `dispatch!`, for bool and the integer dtypes only; other dtypes evaluate `$else`.
+#[macro_export]
+macro_rules! dispatch_int {
+    ($dtype:expr, $T:ident => $body:expr, else $other:expr) => {{
+        use $crate::ir::dtype::DType as __D;
+        match $dtype {
+            __D::Bool => {
+                type $T = bool;
+                $body
+            }
+            __D::U8 => {
+                type $T = u8;
+                $body
+            }
+            __D::I8 => {
+                type $T = i8;
+                $body
+            }
+            __D::I16 => {
+                type $T = i16;
+                $body
+            }
+            __D::I32 => {
+                type $T = i32;
+                $body
+            }
+            __D::I64 => {
+                type $T = i64;
+                $body
+            }
+            _ => $other,
+        }
+    }};
+}
+
 /// Converts a scalar to how it is stored in `dtype`, then back to f64: the value a kernel of
 /// that dtype really computes with (`x * 0.1` in f32 multiplies by `0.1f32`).
 pub fn round_to_dtype(v: f64, dtype: DType) -> f64 {

@@ -16,40 +16,7 @@ use crate::runtime::kernels::creation::scalar_to;
 use crate::runtime::layout::check_no_overlap;
 use crate::runtime::strided::{Walk, map1, map2, map3};
 use crate::runtime::tensor::Tensor;
-use crate::{Error, Result, bail, dispatch, dispatch_float};
-
-/// Like `dispatch!`, for bool and the integer dtypes only; other dtypes evaluate `$other`.
-macro_rules! dispatch_int {
-    ($dtype:expr, $T:ident => $body:expr, else $other:expr) => {{
-        match $dtype {
-            DType::Bool => {
-                type $T = bool;
-                $body
-            }
-            DType::U8 => {
-                type $T = u8;
-                $body
-            }
-            DType::I8 => {
-                type $T = i8;
-                $body
-            }
-            DType::I16 => {
-                type $T = i16;
-                $body
-            }
-            DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            _ => $other,
-        }
-    }};
-}
+use crate::{Error, Result, bail, dispatch, dispatch_float, dispatch_int};
 
 /// Evaluates `$body` with `$c` a constant equal to `$op`, one arm per listed variant, so the
 /// code inside each loop is compiled for one known op. Unlisted variants are an error.
