@@ -5,30 +5,6 @@ use smelt::runtime::element::round_to_dtype;
 use smelt::runtime::storage::allocation_count;
 use smelt::{DType, Element, Tensor};
 
-/// Elements as f64 / i64. Empty tensors are answered here: reading an empty freshly
-/// allocated buffer through `to_vec` trips a pointer-alignment check (see the report).
-trait Vals {
-    fn vals(&self) -> Vec<f64>;
-    #[allow(dead_code)]
-    fn ivals(&self) -> Vec<i64>;
-}
-impl Vals for Tensor {
-    fn vals(&self) -> Vec<f64> {
-        if self.numel() == 0 {
-            vec![]
-        } else {
-            self.to_f64_vec()
-        }
-    }
-    fn ivals(&self) -> Vec<i64> {
-        if self.numel() == 0 {
-            vec![]
-        } else {
-            self.to_i64_vec()
-        }
-    }
-}
-
 fn make(vals: &[f64], shape: &[usize], dt: DType) -> Tensor {
     smelt::dispatch!(dt, T => Tensor::from_vec(
         vals.iter().map(|&v| <T as Element>::from_f64(v)).collect::<Vec<T>>(), shape).unwrap())
@@ -115,7 +91,7 @@ fn tol(dt: DType) -> f64 {
 }
 
 fn check_matmul(ctx: &str, a: &Tensor, b: &Tensor, got: &Tensor) {
-    let (shape, want) = ref_matmul(a.shape(), &a.vals(), b.shape(), &b.vals());
+    let (shape, want) = ref_matmul(a.shape(), &a.to_f64_vec(), b.shape(), &b.to_f64_vec());
     assert_eq!(got.shape(), &shape[..], "{ctx}: shape");
     assert_eq!(got.dtype(), a.dtype(), "{ctx}: dtype");
     let dt = a.dtype();
@@ -125,7 +101,7 @@ fn check_matmul(ctx: &str, a: &Tensor, b: &Tensor, got: &Tensor) {
         want
     };
     let scale = want.iter().fold(1.0f64, |m, w| m.max(w.abs()));
-    for (i, (g, w)) in got.vals().iter().zip(&want).enumerate() {
+    for (i, (g, w)) in got.to_f64_vec().iter().zip(&want).enumerate() {
         assert!(
             (g - w).abs() <= tol(dt) * scale,
             "{ctx}: element {i}: got {g}, want {w}"
@@ -221,7 +197,7 @@ fn empty_products() {
         let b = rand_tensor(&[0, 3], dt, 2);
         let c = a.matmul(&b).unwrap();
         assert_eq!(c.shape(), &[2, 3]);
-        assert!(c.vals().iter().all(|&v| v == 0.0), "{dt}");
+        assert!(c.to_f64_vec().iter().all(|&v| v == 0.0), "{dt}");
         let d = rand_tensor(&[0, 4], dt, 1)
             .matmul(&rand_tensor(&[4, 3], dt, 2))
             .unwrap();
@@ -302,18 +278,18 @@ fn matmul_error_messages() {
 fn ref_linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> (Vec<usize>, Vec<f64>) {
     let ws = w.shape();
     let wt: Vec<f64> = if ws.len() == 2 {
-        let wv = w.vals();
+        let wv = w.to_f64_vec();
         (0..ws[1])
             .flat_map(|j| (0..ws[0]).map(move |i| (i, j)))
             .map(|(i, j)| wv[i * ws[1] + j])
             .collect()
     } else {
-        w.vals()
+        w.to_f64_vec()
     };
     let wts: Vec<usize> = ws.iter().rev().copied().collect();
-    let (shape, mut out) = ref_matmul(x.shape(), &x.vals(), &wts, &wt);
+    let (shape, mut out) = ref_matmul(x.shape(), &x.to_f64_vec(), &wts, &wt);
     if let Some(b) = b {
-        let bv = b.vals();
+        let bv = b.to_f64_vec();
         let n = bv.len();
         for (i, o) in out.iter_mut().enumerate() {
             *o += bv[i % n];
@@ -339,7 +315,7 @@ fn linear_matches_reference_without_copying_the_weight() {
             let got = x.linear(&w, b.as_ref()).unwrap();
             let (shape, want) = ref_linear(&x, &w, b.as_ref());
             assert_eq!(got.shape(), &shape[..], "{dt} {sx:?} {sw:?}");
-            for (g, w) in got.vals().iter().zip(&want) {
+            for (g, w) in got.to_f64_vec().iter().zip(&want) {
                 let w = if dt.is_float() {
                     round_to_dtype(*w, dt)
                 } else {
@@ -418,9 +394,9 @@ proptest! {
         let b = maybe_transposed(&sb, tb, 2);
         let got = a.matmul(&b).unwrap();
         check_matmul(&format!("{sa:?} {sb:?}"), &a, &b, &got);
-        let f = a.vals();
+        let f = a.to_f64_vec();
         let a32 = make(&f, a.shape(), DType::F32);
-        let b32 = make(&b.vals(), b.shape(), DType::F32);
+        let b32 = make(&b.to_f64_vec(), b.shape(), DType::F32);
         check_matmul("f32", &a32, &b32, &a32.matmul(&b32).unwrap());
     }
 }

@@ -16,30 +16,6 @@ const ALL: [DType; 8] = [
     DType::Bool,
 ];
 
-/// Elements as f64 / i64. Empty tensors are answered here: reading an empty freshly
-/// allocated buffer through `to_vec` trips a pointer-alignment check (see the report).
-trait Vals {
-    fn vals(&self) -> Vec<f64>;
-    #[allow(dead_code)]
-    fn ivals(&self) -> Vec<i64>;
-}
-impl Vals for Tensor {
-    fn vals(&self) -> Vec<f64> {
-        if self.numel() == 0 {
-            vec![]
-        } else {
-            self.to_f64_vec()
-        }
-    }
-    fn ivals(&self) -> Vec<i64> {
-        if self.numel() == 0 {
-            vec![]
-        } else {
-            self.to_i64_vec()
-        }
-    }
-}
-
 fn make(vals: &[f64], shape: &[usize], dt: DType) -> Tensor {
     smelt::dispatch!(dt, T => Tensor::from_vec(
         vals.iter().map(|&v| <T as Element>::from_f64(v)).collect::<Vec<T>>(), shape).unwrap())
@@ -177,11 +153,11 @@ fn check(
         out_shape(x.shape(), &dims, keepdim),
         "{ctx}: shape"
     );
-    let want: Vec<f64> = groups(x.shape(), &x.vals(), &dims)
+    let want: Vec<f64> = groups(x.shape(), &x.to_f64_vec(), &dims)
         .iter()
         .map(|g| f(g))
         .collect();
-    assert_close(&got.vals(), &want, dtype, ctx);
+    assert_close(&got.to_f64_vec(), &want, dtype, ctx);
 }
 
 /// Shapes with their lists of dims to reduce.
@@ -253,7 +229,7 @@ fn mean_of_ints_is_refused_and_empty_mean_is_nan() {
         .mean_dim(&[0], false)
         .unwrap();
     assert_eq!(m.shape(), &[3]);
-    assert!(m.vals().iter().all(|v| v.is_nan()));
+    assert!(m.to_f64_vec().iter().all(|v| v.is_nan()));
     assert!(
         make(&[], &[0], DType::F32)
             .mean()
@@ -337,9 +313,9 @@ fn amax_amin_match_reference_and_propagate_nan() {
     }
     for dt in FLOATS {
         let x = make(&[1.0, f64::NAN, 3.0, -1.0, 2.0, 5.0], &[2, 3], dt);
-        let m = x.amax_dim(&[1], false).unwrap().vals();
+        let m = x.amax_dim(&[1], false).unwrap().to_f64_vec();
         assert!(m[0].is_nan() && m[1] == 5.0, "{dt}: {m:?}");
-        let m = x.amin_dim(&[1], false).unwrap().vals();
+        let m = x.amin_dim(&[1], false).unwrap().to_f64_vec();
         assert!(m[0].is_nan() && m[1] == -1.0, "{dt}: {m:?}");
         assert!(x.amax().unwrap().item_f64().unwrap().is_nan());
     }
@@ -441,7 +417,7 @@ fn logsumexp_matches_reference_and_is_stable() {
         &[4, 2],
         DType::F32,
     );
-    let got = x.logsumexp(&[1], false).unwrap().vals();
+    let got = x.logsumexp(&[1], false).unwrap().to_f64_vec();
     assert!(close(got[0], 1000.0 + 2f64.ln(), 1e-6), "{got:?}");
     assert_eq!(got[1], -inf);
     assert_eq!(got[2], inf);
@@ -490,8 +466,8 @@ fn argmax_argmin_match_reference() {
                         let dd = dims.as_deref();
                         if dim.is_none() && keepdim {
                             assert_eq!(got.shape(), vec![1; shape.len()], "{ctx}");
-                            let want = argext(&x.vals(), true);
-                            assert_eq!(got.vals(), vec![want], "{ctx}");
+                            let want = argext(&x.to_f64_vec(), true);
+                            assert_eq!(got.to_f64_vec(), vec![want], "{ctx}");
                             continue;
                         }
                         check(&ctx, &x, dd, kd, &got, DType::I64, &|g| argext(g, true));
@@ -631,8 +607,8 @@ fn along(shape: &[usize], vals: &[f64], dim: usize, f: &dyn Fn(&mut [f64])) -> V
 fn check_rows(ctx: &str, x: &Tensor, dim: i64, got: &Tensor, dt: DType, f: &dyn Fn(&mut [f64])) {
     assert_eq!(got.dtype(), dt, "{ctx}");
     assert_eq!(got.shape(), x.shape(), "{ctx}");
-    let want = along(x.shape(), &x.vals(), wrap(dim, x.dim()), f);
-    assert_close(&got.vals(), &want, dt, ctx);
+    let want = along(x.shape(), &x.to_f64_vec(), wrap(dim, x.dim()), f);
+    assert_close(&got.to_f64_vec(), &want, dt, ctx);
 }
 
 fn row_cases() -> Vec<Vec<usize>> {
@@ -703,12 +679,12 @@ fn softmax_and_log_softmax_match_reference() {
         &[2, 3],
         DType::F32,
     );
-    let s = x.softmax(1).unwrap().vals();
+    let s = x.softmax(1).unwrap().to_f64_vec();
     let e = (-1f64).exp();
     let want = [1.0 / (2.0 + e), 1.0 / (2.0 + e), e / (2.0 + e)];
     assert_close(&s[..3], &want, DType::F32, "stable softmax");
     assert!(s[3..].iter().all(|v| v.is_nan()), "{s:?}");
-    let l = x.log_softmax(-1).unwrap().vals();
+    let l = x.log_softmax(-1).unwrap().to_f64_vec();
     assert!(close(l[2], -1.0 - (2.0 + e).ln(), 1e-6), "{l:?}");
     let e = make(&[1.0], &[1], DType::I64)
         .softmax(0)
@@ -736,7 +712,7 @@ fn layer_norm_matches_reference() {
                 &norm,
                 dt,
             );
-            let (wv, bv) = (w.vals(), b.vals());
+            let (wv, bv) = (w.to_f64_vec(), b.to_f64_vec());
             for (name, x) in variants(&shape, dt) {
                 for (wo, bo) in [
                     (None, None),
@@ -751,7 +727,7 @@ fn layer_norm_matches_reference() {
                     );
                     let got = x.layer_norm(&norm, wo, bo, 1e-5).unwrap();
                     assert_eq!(got.shape(), &shape[..]);
-                    let xs = x.vals();
+                    let xs = x.to_f64_vec();
                     let mut want = vec![];
                     for row in xs.chunks(k) {
                         let mean = row.iter().sum::<f64>() / k as f64;
@@ -762,7 +738,7 @@ fn layer_norm_matches_reference() {
                             want.push(if bo.is_some() { y + bv[i] } else { y });
                         }
                     }
-                    assert_close(&got.vals(), &want, dt, &ctx);
+                    assert_close(&got.to_f64_vec(), &want, dt, &ctx);
                 }
             }
         }
@@ -806,7 +782,7 @@ fn float_sums_do_not_drift() {
         .unwrap()
         .sum_dim(&[1], false)
         .unwrap()
-        .vals();
+        .to_f64_vec();
     assert!(
         r.iter()
             .all(|&v| (v - exact / 10.0).abs() <= 1e-6 * exact / 10.0),
@@ -907,21 +883,21 @@ proptest! {
         let perm_i: Vec<i64> = perm.iter().map(|&p| p as i64).collect();
         let v = base.permute(&perm_i).unwrap();
         let c = v.contiguous();
-        prop_assert_eq!(v.sum_dim(&dims, keepdim).unwrap().vals(), c.sum_dim(&dims, keepdim).unwrap().vals());
-        prop_assert_eq!(v.any_dim(&dims, keepdim).unwrap().vals(), c.any_dim(&dims, keepdim).unwrap().vals());
-        let a = v.var(Some(&dims), 1.0, keepdim).unwrap().vals();
-        let b = c.var(Some(&dims), 1.0, keepdim).unwrap().vals();
+        prop_assert_eq!(v.sum_dim(&dims, keepdim).unwrap().to_f64_vec(), c.sum_dim(&dims, keepdim).unwrap().to_f64_vec());
+        prop_assert_eq!(v.any_dim(&dims, keepdim).unwrap().to_f64_vec(), c.any_dim(&dims, keepdim).unwrap().to_f64_vec());
+        let a = v.var(Some(&dims), 1.0, keepdim).unwrap().to_f64_vec();
+        let b = c.var(Some(&dims), 1.0, keepdim).unwrap().to_f64_vec();
         for (x, y) in a.iter().zip(&b) {
             prop_assert!(close(*x, *y, 1e-12), "{} vs {}", x, y);
         }
         if v.numel() > 0 && dims.iter().all(|&d| v.shape()[d as usize] > 0) {
-            prop_assert_eq!(v.amax_dim(&dims, keepdim).unwrap().vals(), c.amax_dim(&dims, keepdim).unwrap().vals());
+            prop_assert_eq!(v.amax_dim(&dims, keepdim).unwrap().to_f64_vec(), c.amax_dim(&dims, keepdim).unwrap().to_f64_vec());
         }
         let d = dims.first().copied().unwrap_or(0);
         if v.shape()[d as usize] > 0 {
-            prop_assert_eq!(v.argmin(Some(d), keepdim).unwrap().ivals(), c.argmin(Some(d), keepdim).unwrap().ivals());
+            prop_assert_eq!(v.argmin(Some(d), keepdim).unwrap().to_i64_vec(), c.argmin(Some(d), keepdim).unwrap().to_i64_vec());
         }
-        prop_assert_eq!(v.cumsum(d).unwrap().vals(), c.cumsum(d).unwrap().vals());
-        prop_assert_eq!(v.log_softmax(d).unwrap().vals(), c.log_softmax(d).unwrap().vals());
+        prop_assert_eq!(v.cumsum(d).unwrap().to_f64_vec(), c.cumsum(d).unwrap().to_f64_vec());
+        prop_assert_eq!(v.log_softmax(d).unwrap().to_f64_vec(), c.log_softmax(d).unwrap().to_f64_vec());
     }
 }
