@@ -5,6 +5,7 @@
 
 #[macro_use]
 pub mod macros;
+pub mod autograd;
 pub mod cli;
 pub mod codegen_cpu;
 pub mod error;

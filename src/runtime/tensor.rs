@@ -20,6 +20,8 @@ pub(crate) struct Inner {
     layout: Layout,
     /// A Python-style number (`&t * 0.5`): lowest priority in type promotion.
     wrapped: bool,
+    /// Gradient bookkeeping (`requires_grad`, `.grad`, the recording that made it).
+    pub(crate) autograd: std::sync::Mutex<crate::autograd::AutogradMeta>,
 }
 
 impl Tensor {
@@ -33,6 +35,7 @@ impl Tensor {
             storage,
             layout,
             wrapped: false,
+            autograd: Default::default(),
         }))
     }
 
@@ -106,6 +109,7 @@ impl Tensor {
             storage: t.0.storage.clone(),
             layout: t.0.layout.clone(),
             wrapped: true,
+            autograd: Default::default(),
         }))
     }
 
