@@ -10,6 +10,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+pub mod grad;
+
 /// Command-line arguments.
 #[derive(Parser, Debug)]
 #[command(
@@ -31,6 +33,8 @@ pub enum Command {
     Check(CheckArgs),
     /// Print a graph as Graphviz dot.
     Dot(DotArgs),
+    /// Gradients of the sum of all outputs w.r.t. inputs, written as DIR/grad_<input>.npy.
+    Grad(grad::GradArgs),
 }
 
 /// Arguments of `smelt run`.
@@ -125,6 +129,7 @@ pub fn execute(command: &Command) -> Result<()> {
         Command::Run(a) => run(a),
         Command::Check(a) => check(a),
         Command::Dot(a) => dot(a),
+        Command::Grad(a) => grad::grad(a),
     }
 }
 

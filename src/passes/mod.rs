@@ -1,6 +1,7 @@
 //! Graph passes, each `Graph → Graph` (meaning preserved), and the fusion partitioner that
 //! turns a graph into a kernel schedule.
 
+pub mod autodiff;
 pub mod decompose;
 pub mod fuse;
 
