@@ -1,7 +1,7 @@
 //! Activation checkpointing: a segment runs without keeping its intermediate values, and its
 //! forward runs again during backward to get them (`torch.utils.checkpoint`).
 
-use super::function::{Context, Function, apply_function};
+use super::function::{Context, Function, apply_recorded};
 use super::{enable_grad, tape::detached};
 use crate::runtime::Tensor;
 use crate::{Result, bail};
@@ -48,9 +48,10 @@ impl Function for Checkpoint {
     }
 }
 
-/// Runs `f` on `inputs` keeping only the inputs for backward, which runs `f` again.
+/// Runs `f` on `inputs` keeping only the inputs for backward, which runs `f` again. With
+/// grad mode on the result is always recorded: `f` may read parameters that require grad.
 pub fn checkpoint(f: Segment, inputs: &[&Tensor]) -> Result<Tensor> {
-    apply_function(Checkpoint { f }, inputs)
+    apply_recorded(Checkpoint { f }, inputs, true)
 }
 
 /// Runs `fns` in order on `input`, split into `segments` runs of consecutive functions; every

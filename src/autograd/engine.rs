@@ -143,6 +143,16 @@ impl Sweep {
                         &format!("i{}", self.g.inputs().len()),
                         n.out_type.clone(),
                     )?;
+                    if let Some(t) = n.value() {
+                        self.known.insert(
+                            v,
+                            Known {
+                                t,
+                                versions: vec![n.out_version],
+                                producer: Some(n.name()),
+                            },
+                        );
+                    }
                     self.nodes.insert(key(&n), v);
                     self.cuts.push((v, n.clone()));
                     self.visited.push(n.clone());

@@ -89,7 +89,17 @@ impl<F: Function> CustomBackward for Bound<F> {
 /// Runs `f` on `inputs` (`MyFunction.apply(...)`): the result records `f`'s backward when
 /// grad mode is on and an input requires grad.
 pub fn apply_function<F: Function>(f: F, inputs: &[&Tensor]) -> Result<Tensor> {
-    let record = is_grad_enabled() && inputs.iter().any(|t| t.requires_grad());
+    apply_recorded(f, inputs, false)
+}
+
+/// `apply_function`; with `always`, records even when no input requires grad (for functions
+/// whose forward reads parameters that are not inputs, as checkpointed segments do).
+pub(crate) fn apply_recorded<F: Function>(
+    f: F,
+    inputs: &[&Tensor],
+    always: bool,
+) -> Result<Tensor> {
+    let record = is_grad_enabled() && (always || inputs.iter().any(|t| t.requires_grad()));
     let mut ctx = Context {
         saved: Vec::new(),
         needs_input_grad: inputs.iter().map(|t| t.requires_grad()).collect(),
