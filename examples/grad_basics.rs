@@ -23,6 +23,10 @@ fn main() -> Result<()> {
     let grad_graph = smelt::passes::autodiff::autodiff(&graph, &["x"])?;
     println!("{}", smelt::ir::print_graph(&grad_graph));
     let out = smelt::runtime::interp::run(&grad_graph, &[("x", Tensor::scalar(2.0))])?;
-    println!("graph: y = {}, dy/dx = {}", out[0].item_f64()?, out[1].item_f64()?);
+    println!(
+        "graph: y = {}, dy/dx = {}",
+        out[0].item_f64()?,
+        out[1].item_f64()?
+    );
     Ok(())
 }

@@ -241,20 +241,30 @@ fn smelt_grad_writes_hand_computed_gradients() {
     let gx = read_npy(d.join("g/grad_x.npy")).unwrap();
     assert_eq!(gx.shape(), &[3, 2]);
     close(&gx.to_f64_vec(), &dx, 1e-6);
-    close(&read_npy(d.join("g/grad_w.npy")).unwrap().to_f64_vec(), &dw, 1e-6);
-    close(&read_npy(d.join("g/grad_b.npy")).unwrap().to_f64_vec(), &[db], 1e-6);
+    close(
+        &read_npy(d.join("g/grad_w.npy")).unwrap().to_f64_vec(),
+        &dw,
+        1e-6,
+    );
+    close(
+        &read_npy(d.join("g/grad_b.npy")).unwrap().to_f64_vec(),
+        &[db],
+        1e-6,
+    );
 
     let bad = smelt(
         &d,
-        &["grad", "m.smelt", "--wrt", "z", "--input", "x=x.npy", "--out", "g2"],
+        &[
+            "grad", "m.smelt", "--wrt", "z", "--input", "x=x.npy", "--out", "g2",
+        ],
     );
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("no input named 'z'"));
     let int = smelt(
         &d,
         &[
-            "grad", "m.smelt", "--wrt", "n", "--input", "x=x.npy", "--input", "w=w.npy",
-            "--input", "b=b.npy", "--input", "n=n.npy", "--out", "g3",
+            "grad", "m.smelt", "--wrt", "n", "--input", "x=x.npy", "--input", "w=w.npy", "--input",
+            "b=b.npy", "--input", "n=n.npy", "--out", "g3",
         ],
     );
     assert_eq!(int.status.code(), Some(1));

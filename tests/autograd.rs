@@ -2,8 +2,8 @@
 //! reports, custom functions, checkpointing and gradient clipping.
 
 use smelt::autograd::{
-    Context, Function, Segment, apply_function, checkpoint, checkpoint_sequential,
-    clip_grad_norm_, clip_grad_value_, no_grad, saved_tensor_bytes, zero_grad,
+    Context, Function, Segment, apply_function, checkpoint, checkpoint_sequential, clip_grad_norm_,
+    clip_grad_value_, no_grad, saved_tensor_bytes, zero_grad,
 };
 use smelt::{DType, Result, Scalar, Tensor};
 use std::sync::Arc;
@@ -29,7 +29,11 @@ fn close(a: &[f64], b: &[f64]) {
 fn seeds_square_plus_linear() {
     // d(x² + 3x)/dx = 2x + 3 = 7 at x = 2.
     let x = leaf(&[2.0], &[]);
-    let y = x.pow_scalar(2).unwrap().add(&x.mul_scalar(3).unwrap()).unwrap();
+    let y = x
+        .pow_scalar(2)
+        .unwrap()
+        .add(&x.mul_scalar(3).unwrap())
+        .unwrap();
     assert!(y.requires_grad() && !y.is_leaf() && x.is_leaf());
     assert_eq!(y.grad_fn_name().as_deref(), Some("AddBackward0"));
     y.backward().unwrap();
@@ -60,7 +64,12 @@ fn linear_regression_step_matches_hand_gradient() {
 fn gradients_accumulate_until_cleared() {
     let w = leaf(&[1.0, 2.0], &[2]);
     for _ in 0..3 {
-        w.mul_scalar(2.0).unwrap().sum().unwrap().backward().unwrap();
+        w.mul_scalar(2.0)
+            .unwrap()
+            .sum()
+            .unwrap()
+            .backward()
+            .unwrap();
     }
     assert_eq!(grad(&w), vec![6.0, 6.0]);
     zero_grad(std::slice::from_ref(&w));

@@ -7,10 +7,14 @@ use smelt::{DType, Result, Scalar, Tensor};
 
 /// Deterministic values in `[lo, hi)`.
 fn vals(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             lo + (hi - lo) * ((s >> 11) as f64 / (1u64 << 53) as f64)
         })
         .collect()
@@ -77,16 +81,20 @@ fn binary_ops_broadcast() {
     check1(pos(&[4], 9), |x| x.pow_scalar(-1.5));
     check2(a(), b(), |x, y| x.maximum(y));
     check2(a(), b(), |x, y| x.minimum(y));
-    check2(pos(&[5], 10), Tensor::from_vec(vec![0.7f64; 5], &[5]).unwrap(), |x, y| {
-        x.remainder(y)
-    });
+    check2(
+        pos(&[5], 10),
+        Tensor::from_vec(vec![0.7f64; 5], &[5]).unwrap(),
+        |x, y| x.remainder(y),
+    );
     check1(a(), |x| x.mul_scalar(2.5)?.add_scalar(1)?.rsub_scalar(3));
 }
 
 #[test]
 fn select_and_mask_ops() {
     let c = Tensor::from_slice(&[true, false, true], &[3]).unwrap();
-    check2(t(&[2, 3], 1), t(&[2, 1], 2), |x, y| Tensor::where_cond(&c, x, y));
+    check2(t(&[2, 3], 1), t(&[2, 1], 2), |x, y| {
+        Tensor::where_cond(&c, x, y)
+    });
     check1(t(&[2, 3], 3), |x| {
         x.clamp(Some(Scalar::Float(-0.5)), Some(Scalar::Float(0.4)))
     });
@@ -153,7 +161,9 @@ fn linear_algebra() {
     check2(t(&[2, 3], 1), t(&[4, 3], 2), |a, b| {
         Tensor::einsum("ij,kj", &[a, b])
     });
-    check2(t(&[2, 3], 1), t(&[5], 2), |a, b| Tensor::einsum("ij,k->i", &[a, b]));
+    check2(t(&[2, 3], 1), t(&[5], 2), |a, b| {
+        Tensor::einsum("ij,k->i", &[a, b])
+    });
 }
 
 #[test]
@@ -183,7 +193,9 @@ fn views() {
 #[test]
 fn joins_and_indexing() {
     check2(t(&[2, 3], 1), t(&[2, 2], 2), |a, b| Tensor::cat(&[a, b], 1));
-    check2(t(&[2, 3], 1), t(&[2, 3], 2), |a, b| Tensor::stack(&[a, b], 1));
+    check2(t(&[2, 3], 1), t(&[2, 3], 2), |a, b| {
+        Tensor::stack(&[a, b], 1)
+    });
     let i = idx(&[2, 0, 2], &[3]);
     check1(t(&[3, 4], 3), |a| a.index_select(0, &i));
     let gi = idx(&[0, 2, 1, 1, 0, 0], &[2, 3]);
@@ -192,7 +204,9 @@ fn joins_and_indexing() {
     let si = idx(&[0, 2, 1, 0], &[2, 2]);
     check2(t(&[2, 3], 5), t(&[2, 3], 6), |a, s| a.scatter(1, &si, s));
     let sa = idx(&[0, 2, 1, 1], &[2, 2]);
-    check2(t(&[2, 3], 5), t(&[2, 3], 6), |a, s| a.scatter_add(1, &sa, s));
+    check2(t(&[2, 3], 5), t(&[2, 3], 6), |a, s| {
+        a.scatter_add(1, &sa, s)
+    });
     check2(t(&[4, 2], 7), t(&[3, 2], 8), |a, s| a.index_add(0, &i, s));
     let e = idx(&[1, 0, 1, 2], &[2, 2]);
     check1(t(&[3, 2], 9), |w| Tensor::embedding(&e, w));

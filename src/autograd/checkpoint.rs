@@ -43,7 +43,13 @@ impl Function for Checkpoint {
         Ok(ins
             .iter()
             .enumerate()
-            .map(|(i, t)| if ctx.needs_input_grad(i) { t.grad() } else { None })
+            .map(|(i, t)| {
+                if ctx.needs_input_grad(i) {
+                    t.grad()
+                } else {
+                    None
+                }
+            })
             .collect())
     }
 }

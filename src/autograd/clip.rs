@@ -8,7 +8,10 @@ use crate::{Result, Scalar, bail};
 /// `max_norm` (`f64::INFINITY` for the max-norm); returns the norm before clipping.
 pub fn clip_grad_norm_(params: &[Tensor], max_norm: f64, norm_type: f64) -> Result<f64> {
     if norm_type <= 0.0 || norm_type.is_nan() {
-        bail!(Value, "clip_grad_norm_: norm_type must be positive, got {norm_type}");
+        bail!(
+            Value,
+            "clip_grad_norm_: norm_type must be positive, got {norm_type}"
+        );
     }
     let grads: Vec<Tensor> = params.iter().filter_map(|p| p.grad()).collect();
     let mut total = 0.0f64;

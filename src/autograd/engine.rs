@@ -139,10 +139,9 @@ impl Sweep {
             }
             let op = match &n.op {
                 NodeOp::Custom(_) => {
-                    let v = self.g.add_input(
-                        &format!("i{}", self.g.inputs().len()),
-                        n.out_type.clone(),
-                    )?;
+                    let v = self
+                        .g
+                        .add_input(&format!("i{}", self.g.inputs().len()), n.out_type.clone())?;
                     if let Some(t) = n.value() {
                         self.known.insert(
                             v,

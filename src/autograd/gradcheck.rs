@@ -68,7 +68,10 @@ pub fn gradcheck_with(
         .collect::<Result<_>>()?;
     let out = f(&leaves)?;
     if !out.dtype().is_float() {
-        bail!(Value, "gradcheck: the function's result must be floating point");
+        bail!(
+            Value,
+            "gradcheck: the function's result must be floating point"
+        );
     }
     let n_out = out.numel();
     let mut analytic: Vec<Vec<Vec<f64>>> = inputs

@@ -143,7 +143,10 @@ impl Tensor {
             }
             None => {
                 if self.numel() != 1 {
-                    bail!(Value, "grad can be implicitly created only for scalar outputs");
+                    bail!(
+                        Value,
+                        "grad can be implicitly created only for scalar outputs"
+                    );
                 }
                 if !self.dtype().is_float() {
                     bail!(

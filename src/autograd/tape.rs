@@ -129,8 +129,7 @@ pub(crate) fn attach(
 /// The hook `runtime::apply` calls after every op: records it when grad mode is on, the
 /// result is floating point and an operand requires grad.
 pub(crate) fn on_apply(op: &Op, inputs: &[&Tensor], out: &Tensor) {
-    if !out.dtype().is_float() || !is_grad_enabled() || !inputs.iter().any(|t| t.requires_grad())
-    {
+    if !out.dtype().is_float() || !is_grad_enabled() || !inputs.iter().any(|t| t.requires_grad()) {
         return;
     }
     let edges = inputs.iter().map(|t| edge_of(t)).collect();

@@ -168,7 +168,12 @@ impl Emit<'_> {
         self.op(Op::Unsqueeze { dim }, &[x])
     }
     pub fn squeeze(&mut self, x: ValueId, dim: i64) -> Result<ValueId> {
-        self.op(Op::Squeeze { dim: Some(vec![dim]) }, &[x])
+        self.op(
+            Op::Squeeze {
+                dim: Some(vec![dim]),
+            },
+            &[x],
+        )
     }
     /// `zeros(shape).index_add(dim, arange(start, start + len*step, step), src)`: puts a
     /// strided slice's gradient back into a tensor of the input's shape.

@@ -36,7 +36,12 @@ pub fn autodiff_with(g: &Graph, wrt: &[&str], seed: Seed) -> Result<Graph> {
     let mut out = g.clone();
     let mut targets = Vec::with_capacity(wrt.len());
     for name in wrt {
-        let Some(v) = g.inputs().iter().copied().find(|&v| g.node(v).name == *name) else {
+        let Some(v) = g
+            .inputs()
+            .iter()
+            .copied()
+            .find(|&v| g.node(v).name == *name)
+        else {
             let names: Vec<&str> = g
                 .inputs()
                 .iter()
@@ -112,7 +117,10 @@ fn blocking_op(g: &Graph, v: ValueId) -> Option<&'static str> {
         if n == v {
             continue;
         }
-        let d = g.operands(n).iter().any(|o| dep.get(o).copied().unwrap_or(false));
+        let d = g
+            .operands(n)
+            .iter()
+            .any(|o| dep.get(o).copied().unwrap_or(false));
         if d {
             dep.insert(n, true);
             if first.is_none()
@@ -123,7 +131,10 @@ fn blocking_op(g: &Graph, v: ValueId) -> Option<&'static str> {
             }
         }
     }
-    let reaches = g.outputs().iter().any(|o| dep.get(o).copied().unwrap_or(false));
+    let reaches = g
+        .outputs()
+        .iter()
+        .any(|o| dep.get(o).copied().unwrap_or(false));
     if reaches { first } else { None }
 }
 
@@ -141,8 +152,7 @@ pub(crate) fn backward(
     for &v in &order {
         let n = wrt.contains(&v)
             || (g.node(v).ty.dtype.is_float()
-                && g
-                    .operands(v)
+                && g.operands(v)
                     .iter()
                     .any(|o| needs.get(o).copied().unwrap_or(false)));
         needs.insert(v, n);

@@ -45,7 +45,15 @@ pub(crate) fn vjp(
         }
         | Op::Std {
             dim, correction, ..
-        } => var_std(e, matches!(op, Op::Std { .. }), dim, *correction, xs[0], y, g),
+        } => var_std(
+            e,
+            matches!(op, Op::Std { .. }),
+            dim,
+            *correction,
+            xs[0],
+            y,
+            g,
+        ),
         Op::Cumsum { dim } => {
             let d = wrap_dim(*dim, e.ty(xs[0]).ndim())? as i64;
             let dims = if e.ty(xs[0]).ndim() == 0 {
@@ -74,7 +82,15 @@ pub(crate) fn vjp(
             eps,
             has_weight,
             has_bias,
-        } => layer_norm(e, normalized_shape.len(), *eps, *has_weight, *has_bias, xs, g),
+        } => layer_norm(
+            e,
+            normalized_shape.len(),
+            *eps,
+            *has_weight,
+            *has_bias,
+            xs,
+            g,
+        ),
         Op::Matmul => {
             let (ga, gb) = matmul(e, xs[0], xs[1], g, needs[0], needs[1])?;
             Ok(vec![ga, gb])
@@ -139,7 +155,13 @@ pub(crate) fn vjp(
         } => {
             let shape = e.shape(xs[0]);
             let (d, s, _) = slice_range(&shape, *dim, *start, *end, *step)?;
-            Ok(vec![Some(e.place_slice(g, &shape, d, s, *step as usize)?)])
+            Ok(vec![Some(e.place_slice(
+                g,
+                &shape,
+                d,
+                s,
+                *step as usize,
+            )?)])
         }
         Op::Diagonal { offset, dim1, dim2 } => diagonal(e, xs[0], g, *offset, *dim1, *dim2),
         Op::Repeat { repeats } => repeat(e, repeats, xs[0], g),
@@ -209,7 +231,10 @@ pub(crate) fn vjp(
             let idx = flat_index(e, xs[0])?;
             let n = e.ty(idx).numel();
             let g2 = e.reshape(g, &[n, w[1]])?;
-            Ok(vec![None, Some(e.op(Op::IndexAdd { dim: 0 }, &[z, idx, g2])?)])
+            Ok(vec![
+                None,
+                Some(e.op(Op::IndexAdd { dim: 0 }, &[z, idx, g2])?),
+            ])
         }
         Op::ArgMax { .. } | Op::ArgMin { .. } => Ok(vec![None]),
     }
@@ -389,7 +414,11 @@ fn binary(
             vec![ga, gc]
         }
         Pow => {
-            let ga = if na { Some(pow_base(e, a, c, g)?) } else { None };
+            let ga = if na {
+                Some(pow_base(e, a, c, g)?)
+            } else {
+                None
+            };
             let gc = if nc {
                 // g·y·log(a), zero where a == 0 and the exponent is >= 0.
                 let la = e.unary(UnaryOp::Log, a)?;
@@ -669,7 +698,13 @@ fn matmul(
 
 /// Each operand's gradient is another einsum: the result gradient contracted with the other
 /// operands onto the operand's subscripts; labels only that operand has are broadcast back.
-fn einsum(e: &mut Emit, equation: &str, xs: &[ValueId], g: ValueId, needs: &[bool]) -> Result<Grads> {
+fn einsum(
+    e: &mut Emit,
+    equation: &str,
+    xs: &[ValueId],
+    g: ValueId,
+    needs: &[bool],
+) -> Result<Grads> {
     let eq: String = equation.chars().filter(|c| !c.is_whitespace()).collect();
     if eq.contains('.') {
         bail!(
@@ -780,7 +815,14 @@ fn cat(e: &mut Emit, xs: &[ValueId], g: ValueId, dim: i64) -> Result<Grads> {
 
 /// The diagonal's gradient laid back on the (dim1, dim2) plane: the gradient padded to the
 /// rows, broadcast along the columns and masked to the cells with `col - row == offset`.
-fn diagonal(e: &mut Emit, x: ValueId, g: ValueId, offset: i64, dim1: i64, dim2: i64) -> Result<Grads> {
+fn diagonal(
+    e: &mut Emit,
+    x: ValueId,
+    g: ValueId,
+    offset: i64,
+    dim1: i64,
+    dim2: i64,
+) -> Result<Grads> {
     let shape = e.shape(x);
     let n = shape.len();
     let (a, b) = (wrap_dim(dim1, n)?, wrap_dim(dim2, n)?);
