@@ -46,5 +46,17 @@ fn main() -> Result<()> {
         "linear regression [{n}x4]: {:.1} us per eager step (best of 5 x {steps}), loss {last:.2e}",
         best * 1e6
     );
+    // The forward alone without recording: what the kernels cost by themselves.
+    let mut fwd = f64::INFINITY;
+    for _ in 0..5 {
+        let _g = no_grad();
+        let t = Instant::now();
+        for _ in 0..steps {
+            let r = x.matmul(&w)?.add(&b)?.sub(&y)?;
+            r.mul(&r)?.mean()?.item_f64()?;
+        }
+        fwd = fwd.min(t.elapsed().as_secs_f64() / steps as f64);
+    }
+    println!("forward only, no recording: {:.1} us", fwd * 1e6);
     Ok(())
 }
