@@ -2,7 +2,15 @@
 //! turns a graph into a kernel schedule.
 
 pub mod decompose;
+pub mod fold;
 pub mod fuse;
+pub mod memplan;
+pub mod pipeline;
+pub mod simplify;
 
 pub use decompose::decompose;
+pub use fold::{FoldOptions, fold, fold_with};
 pub use fuse::{FuseOptions, compile, fuse, fuse_with};
+pub use memplan::{MemoryPlan, plan};
+pub use pipeline::{Compiled, GraphPass, PassOptions, PassStats, Pipeline, Stage};
+pub use simplify::{cse, dce};
