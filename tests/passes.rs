@@ -708,6 +708,61 @@ fn composites_decompose_for_several_dtypes_and_odd_sizes() {
     }
 }
 
+#[test]
+fn einsum_decomposes_op_for_op() {
+    let cases: Vec<(&str, Vec<Vec<usize>>)> = vec![
+        ("ij,jk->ik", vec![vec![3, 7], vec![7, 5]]),
+        ("bij,bjk->bik", vec![vec![2, 3, 4], vec![2, 4, 1]]),
+        ("ij->ji", vec![vec![3, 7]]),
+        ("ii->i", vec![vec![4, 4]]),
+        ("ii", vec![vec![5, 5]]),
+        ("i,i->", vec![vec![7], vec![7]]),
+        ("i,j->ij", vec![vec![3], vec![1]]),
+        ("...ij,...jk", vec![vec![1, 2, 3], vec![4, 3, 2]]),
+        ("ij,jk,kl->il", vec![vec![2, 3], vec![3, 4], vec![4, 5]]),
+        ("bhqd,bhkd->bhqk", vec![vec![1, 2, 3, 4], vec![1, 2, 5, 4]]),
+        ("iij->j", vec![vec![3, 3, 2]]),
+    ];
+    for dtype in [DType::F32, DType::F64, DType::I64] {
+        for (eq, shapes) in &cases {
+            let names = ["a", "b", "c"];
+            let ins: Vec<(&str, DType, &[usize])> = shapes
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (names[i], dtype, &s[..]))
+                .collect();
+            let g = one_op_graph(
+                Op::Einsum {
+                    equation: eq.to_string(),
+                },
+                &ins,
+            );
+            let d = decompose(&g).unwrap();
+            assert_eq!(count_ops(&d, |o| matches!(o, Op::Einsum { .. })), 0);
+            same_values(&g, &d, None, &format!("einsum {eq} {dtype:?}"));
+            if dtype == DType::F32 {
+                let s = compiled(&g, 1e-5);
+                let pairs = shapes.len().saturating_sub(1);
+                assert_eq!(s.gemm_count(), pairs, "{eq}\n{s}");
+                assert_eq!(s.externs().count(), pairs, "{eq}\n{s}");
+            }
+        }
+    }
+    // an operand without elements keeps the composite (the reference kernel handles it)
+    let g = one_op_graph(
+        Op::Einsum {
+            equation: "ij,jk->ik".into(),
+        },
+        &[("a", DType::F32, &[0, 3]), ("b", DType::F32, &[3, 2])],
+    );
+    same_values(
+        &g,
+        &decompose(&g).unwrap(),
+        None,
+        "einsum on an empty operand",
+    );
+}
+
 // ---- figures through the pipeline ---------------------------------------------------------
 
 fn compiled(g: &Graph, tol: f64) -> Schedule {
