@@ -9,11 +9,11 @@
 //! captures their results as constants, so nothing random is re-evaluated here.
 
 use super::simplify::{copy_op, start_copy};
-use crate::Result;
 use crate::ir::dtype::DType;
 use crate::ir::graph::{Graph, NodeKind, ValueId};
 use crate::ir::op::{Literal, Op};
 use crate::runtime::tensor::{Tensor, apply};
+use crate::{Error, Result};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -59,49 +59,43 @@ pub fn fold_with(g: &Graph, opts: &FoldOptions) -> Result<Graph> {
             && !n.ty.wrapped
             && (outputs.contains(&v) || g.users(v).iter().any(|u| !evaluable.contains(u)))
     };
+    // the input-free values the folded ones are computed from
+    let mut needed: HashSet<ValueId> = HashSet::new();
+    let mut stack: Vec<ValueId> = order.iter().copied().filter(|&v| fold_here(v)).collect();
+    while let Some(v) = stack.pop() {
+        if needed.insert(v) {
+            stack.extend(g.operands(v));
+        }
+    }
     let (mut out, mut map) = start_copy(g)?;
     let mut values: HashMap<ValueId, Tensor> = HashMap::new();
     for &v in &order {
         let n = g.node(v);
-        if !matches!(n.kind, NodeKind::Op(_)) {
-            continue;
+        let NodeKind::Op(op) = &n.kind else { continue };
+        if needed.contains(&v) {
+            // operands come first in topological order, so their values are there
+            let args = g
+                .operands(v)
+                .iter()
+                .map(|o| values.get(o).cloned())
+                .collect::<Option<Vec<Tensor>>>()
+                .ok_or_else(|| Error::Value(format!("fold: %{} has no value", n.name)))?;
+            let refs: Vec<&Tensor> = args.iter().collect();
+            values.insert(v, apply(op.clone(), &refs)?);
         }
-        let args: Vec<ValueId> = g.operands(v).iter().map(|o| map[o]).collect();
         if fold_here(v) {
-            let t = eval(g, v, &evaluable, &mut values)?;
-            let lit = literal(&t)?;
+            let t = values
+                .get(&v)
+                .ok_or_else(|| Error::Value(format!("fold: %{} has no value", n.name)))?;
+            let lit = literal(t)?;
             map.insert(v, out.add_op_named(Op::Constant(lit), &[], &n.name)?);
         } else {
+            let args: Vec<ValueId> = g.operands(v).iter().map(|o| map[o]).collect();
             map.insert(v, copy_op(&mut out, g, v, &args)?);
         }
     }
     out.set_outputs(g.outputs().iter().map(|o| map[o]).collect());
     Ok(out)
-}
-
-/// The value of an evaluable node, computed on the eager kernels (memoised).
-fn eval(
-    g: &Graph,
-    v: ValueId,
-    evaluable: &HashSet<ValueId>,
-    memo: &mut HashMap<ValueId, Tensor>,
-) -> Result<Tensor> {
-    if let Some(t) = memo.get(&v) {
-        return Ok(t.clone());
-    }
-    let mut args = Vec::new();
-    for o in g.operands(v) {
-        args.push(eval(g, o, evaluable, memo)?);
-    }
-    let op = g
-        .node(v)
-        .op()
-        .cloned()
-        .ok_or_else(|| crate::Error::Value("constant folding reached an input".into()))?;
-    let refs: Vec<&Tensor> = args.iter().collect();
-    let t = apply(op, &refs)?;
-    memo.insert(v, t.clone());
-    Ok(t)
 }
 
 /// The tensor's elements as a literal (row-major, little-endian bytes).
