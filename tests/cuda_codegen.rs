@@ -377,3 +377,68 @@ fn integer_remainder_reports_division_by_zero_through_the_flag() {
     assert!(p.kernels[0].source.contains("sm_irem<long long>(v0, v1, sm_err)"), "{}", p.kernels[0].source);
     assert!(CudaProgram::prelude(false).contains("*err = 1u"));
 }
+
+/// Runs the built `smelt` binary.
+fn smelt(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_smelt"))
+        .args(args)
+        .output()
+        .expect("the smelt binary runs")
+}
+
+fn temp_dir(test: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("smelt-cuda-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[test]
+fn smelt_compile_writes_sources_ptx_cubin_and_a_manifest() {
+    if !nvrtc_or_skip("smelt_compile_writes_sources_ptx_cubin_and_a_manifest") {
+        return;
+    }
+    let out = temp_dir("compile");
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/models/attention.smelt");
+    let o = smelt(&["compile", model, "--target", "cuda", "--out", out.to_str().unwrap(), "--arch", "sm_90"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let m = std::fs::read_to_string(out.join("manifest.json")).unwrap();
+    // the same kernels as generated here, each with its three files
+    let text = std::fs::read_to_string(model).unwrap();
+    let s = compile(&parse_module(&text, "a").unwrap().graphs[0]).unwrap();
+    let p = generate(&s, &CudaOptions::default()).unwrap();
+    assert!(!p.kernels.is_empty());
+    for k in &p.kernels {
+        let cu = std::fs::read_to_string(out.join(format!("{}.cu", k.name))).unwrap();
+        assert!(cu.contains(&k.source));
+        let ptx = std::fs::read_to_string(out.join(format!("{}.ptx", k.name))).unwrap();
+        assert!(ptx.contains(&format!(".entry {}(", k.name)));
+        let cubin = std::fs::read(out.join(format!("{}.cubin", k.name))).unwrap();
+        assert_eq!(&cubin[..4], b"\x7fELF");
+        assert!(m.contains(&format!("\"name\": \"{}\"", k.name)), "{m}");
+        let launch = format!("\"grid\": {}, \"block\": {}", k.launch.grid(), k.launch.block());
+        assert!(m.contains(&launch), "{m}");
+    }
+    // two GEMMs as extern calls; the transposed operand keeps its strides
+    assert_eq!(m.matches("\"extern\": \"matmul\"").count(), 2, "{m}");
+    assert!(m.contains("\"shape\": [2, 16, 8], \"strides\": [128, 1, 16]"), "{m}");
+    assert!(m.contains("\"bytes\": 1024"), "{m}");
+    assert!(m.contains("\"arch\": \"sm_90\""), "{m}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn smelt_compile_reports_bad_arguments() {
+    let out = temp_dir("bad");
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/models/softmax.smelt");
+    let o = smelt(&["compile", model, "--out", out.to_str().unwrap(), "--arch", "volta"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.starts_with("error: "), "{err}");
+    assert!(err.contains("unknown GPU architecture 'volta'") || err.contains("NVRTC"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!out.exists(), "nothing is written on failure");
+    let o = smelt(&["compile", model, "--target", "tpu", "--out", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = smelt(&["compile", "/nonexistent.smelt", "--out", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+}

@@ -2,6 +2,8 @@
 //! or draw it as Graphviz (`dot`). Errors print as `error: ...` and exit with status 1; usage
 //! errors exit with status 2.
 
+pub mod compile;
+
 use crate::ir::graph::{Graph, Module};
 use crate::ir::{parse_module, print_graph, print_module};
 use crate::runtime::{interp, npy};
@@ -31,6 +33,8 @@ pub enum Command {
     Check(CheckArgs),
     /// Print a graph as Graphviz dot.
     Dot(DotArgs),
+    /// Compile a graph's fused kernels for a target (CUDA: .cu, .ptx, .cubin, manifest.json).
+    Compile(compile::CompileArgs),
 }
 
 /// Arguments of `smelt run`.
@@ -125,6 +129,7 @@ pub fn execute(command: &Command) -> Result<()> {
         Command::Run(a) => run(a),
         Command::Check(a) => check(a),
         Command::Dot(a) => dot(a),
+        Command::Compile(a) => compile::run(a),
     }
 }
 

@@ -19,7 +19,7 @@ mod scalar;
 
 use crate::Result;
 use crate::ir::dtype::DType;
-use crate::kernel::{BufferId, Schedule, Step};
+use crate::kernel::{BufferId, Schedule, Step, View};
 
 /// Code generation options.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -112,7 +112,8 @@ pub struct CudaKernelSrc {
 pub struct ExternInfo {
     /// The op's name (`matmul`).
     pub op: String,
-    pub args: Vec<BufferId>,
+    /// Strided views of the operands.
+    pub args: Vec<View>,
     pub out: BufferId,
 }
 
@@ -195,7 +196,7 @@ pub fn generate(s: &Schedule, opts: &CudaOptions) -> Result<CudaProgram> {
             }
             Step::Extern(e) => steps.push(CudaStep::Extern(ExternInfo {
                 op: e.op.name().to_string(),
-                args: e.args.iter().map(|v| v.buffer).collect(),
+                args: e.args.clone(),
                 out: e.out,
             })),
         }
