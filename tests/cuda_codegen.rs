@@ -29,7 +29,11 @@ const CASES: &[(&str, &str, &str)] = &[
     ("relu", "%x: f32[7]", "%y = relu(%x)"),
     ("relu_i32", "%x: i32[7]", "%y = relu(%x)"),
     ("gelu", "%x: f32[7]", "%y = gelu(%x)"),
-    ("gelu_tanh", "%x: bf16[7]", "%y = gelu(%x, approximate=\"tanh\")"),
+    (
+        "gelu_tanh",
+        "%x: bf16[7]",
+        "%y = gelu(%x, approximate=\"tanh\")",
+    ),
     ("silu", "%x: f32[7]", "%y = silu(%x)"),
     ("erf", "%x: f64[7]", "%y = erf(%x)"),
     ("floor", "%x: f32[7]", "%y = floor(%x)"),
@@ -57,23 +61,55 @@ const CASES: &[(&str, &str, &str)] = &[
     ("div_i32", "%x: i32[4,7], %z: i32[7]", "%y = div(%x, %z)"),
     ("pow", "%x: f32[7]", "%y = pow(%x, 2.5)"),
     ("pow_i64", "%x: i64[7], %z: i64[7]", "%y = pow(%x, %z)"),
-    ("maximum", "%x: f32[4,7], %z: f32[7]", "%y = maximum(%x, %z)"),
-    ("minimum", "%x: f64[4,7], %z: f64[7]", "%y = minimum(%x, %z)"),
+    (
+        "maximum",
+        "%x: f32[4,7], %z: f32[7]",
+        "%y = maximum(%x, %z)",
+    ),
+    (
+        "minimum",
+        "%x: f64[4,7], %z: f64[7]",
+        "%y = minimum(%x, %z)",
+    ),
     ("maximum_u8", "%x: u8[7], %z: u8[7]", "%y = maximum(%x, %z)"),
     ("remainder", "%x: f32[7]", "%y = remainder(%x, -1.5)"),
-    ("remainder_i64", "%x: i64[7], %z: i64[7]", "%y = remainder(%x, %z)"),
-    ("remainder_i16", "%x: u8[7], %z: i8[7]", "%y = remainder(%x, %z)"),
+    (
+        "remainder_i64",
+        "%x: i64[7], %z: i64[7]",
+        "%y = remainder(%x, %z)",
+    ),
+    (
+        "remainder_i16",
+        "%x: u8[7], %z: i8[7]",
+        "%y = remainder(%x, %z)",
+    ),
     ("eq", "%x: f16[7], %z: f16[7]", "%y = eq(%x, %z)"),
     ("ne", "%x: i32[7], %z: i64[7]", "%y = ne(%x, %z)"),
     ("lt", "%x: f32[7]", "%y = lt(%x, 0.0)"),
     ("le", "%x: u8[7], %z: i8[7]", "%y = le(%x, %z)"),
     ("gt", "%x: bf16[7], %z: f16[7]", "%y = gt(%x, %z)"),
     ("ge", "%x: f64[7], %z: f32[7]", "%y = ge(%x, %z)"),
-    ("logical_and", "%x: bool[7], %z: f32[7]", "%y = logical_and(%x, %z)"),
-    ("logical_or", "%x: i64[7], %z: bool[7]", "%y = logical_or(%x, %z)"),
+    (
+        "logical_and",
+        "%x: bool[7], %z: f32[7]",
+        "%y = logical_and(%x, %z)",
+    ),
+    (
+        "logical_or",
+        "%x: i64[7], %z: bool[7]",
+        "%y = logical_or(%x, %z)",
+    ),
     // other pointwise
-    ("where", "%c: bool[4,7], %x: f32[7], %z: f16[4,1]", "%y = where(%c, %x, %z)"),
-    ("where_scalar", "%c: bool[7], %x: i32[7]", "%y = where(%c, %x, 3)"),
+    (
+        "where",
+        "%c: bool[4,7], %x: f32[7], %z: f16[4,1]",
+        "%y = where(%c, %x, %z)",
+    ),
+    (
+        "where_scalar",
+        "%c: bool[7], %x: i32[7]",
+        "%y = where(%c, %x, 3)",
+    ),
     ("clamp", "%x: f32[7]", "%y = clamp(%x, min=-1.0, max=1.0)"),
     ("clamp_nan", "%x: f16[7]", "%y = clamp(%x, min=nan)"),
     ("clamp_i32", "%x: i32[7]", "%y = clamp(%x, max=5)"),
@@ -83,12 +119,24 @@ const CASES: &[(&str, &str, &str)] = &[
     ("to_f32", "%x: f64[7]", "%y = to(%x, dtype=f32)"),
     ("to_bool", "%x: f32[7]", "%y = to(%x, dtype=bool)"),
     ("from_bool", "%x: bool[7]", "%y = to(%x, dtype=f64)"),
-    ("masked_fill", "%x: f32[4,7], %m: bool[7]", "%y = masked_fill(%x, %m, value=-inf)"),
-    ("masked_fill_i64", "%x: i64[4,7], %m: bool[4,1]", "%y = masked_fill(%x, %m, value=-9223372036854775808)"),
+    (
+        "masked_fill",
+        "%x: f32[4,7], %m: bool[7]",
+        "%y = masked_fill(%x, %m, value=-inf)",
+    ),
+    (
+        "masked_fill_i64",
+        "%x: i64[4,7], %m: bool[4,1]",
+        "%y = masked_fill(%x, %m, value=-9223372036854775808)",
+    ),
     // reductions
     ("sum", "%x: f32[4,7]", "%y = sum(%x, dim=1)"),
     ("sum_all", "%x: f16[3,5,7]", "%y = sum(%x)"),
-    ("sum_i32", "%x: i32[4,7]", "%y = sum(%x, dim=[0], keepdim=true)"),
+    (
+        "sum_i32",
+        "%x: i32[4,7]",
+        "%y = sum(%x, dim=[0], keepdim=true)",
+    ),
     ("sum_bool", "%x: bool[4,7]", "%y = sum(%x, dim=1)"),
     ("sum_long_row", "%x: f32[3,4097]", "%y = sum(%x, dim=1)"),
     ("sum_empty", "%x: f32[3,0]", "%y = sum(%x, dim=1)"),
@@ -99,7 +147,11 @@ const CASES: &[(&str, &str, &str)] = &[
     ("prod_i64", "%x: i64[4,7]", "%y = prod(%x, dim=0)"),
     ("argmax", "%x: f32[4,7]", "%y = argmax(%x, dim=1)"),
     ("argmin", "%x: f16[4,7]", "%y = argmin(%x)"),
-    ("argmax_i32", "%x: i32[4,7]", "%y = argmax(%x, dim=0, keepdim=true)"),
+    (
+        "argmax_i32",
+        "%x: i32[4,7]",
+        "%y = argmax(%x, dim=0, keepdim=true)",
+    ),
     ("var", "%x: f32[4,7]", "%y = var(%x, dim=1)"),
     ("std", "%x: f64[4,7]", "%y = std(%x, dim=[1], correction=0)"),
     ("logsumexp", "%x: f32[4,7]", "%y = logsumexp(%x, dim=1)"),
@@ -110,38 +162,150 @@ const CASES: &[(&str, &str, &str)] = &[
     ("softmax", "%x: f32[4,7]", "%y = softmax(%x, dim=-1)"),
     ("softmax_dim0", "%x: f16[4,7]", "%y = softmax(%x, dim=0)"),
     ("log_softmax", "%x: f32[4,7]", "%y = log_softmax(%x, dim=1)"),
-    ("layer_norm", "%x: f32[4,7], %w: f32[7], %b: f32[7]", "%y = layer_norm(%x, %w, %b, normalized_shape=[7], eps=1e-5)"),
-    ("layer_norm_plain", "%x: bf16[3,4,7]", "%y = layer_norm(%x, none, none, normalized_shape=[4,7])"),
+    (
+        "layer_norm",
+        "%x: f32[4,7], %w: f32[7], %b: f32[7]",
+        "%y = layer_norm(%x, %w, %b, normalized_shape=[7], eps=1e-5)",
+    ),
+    (
+        "layer_norm_plain",
+        "%x: bf16[3,4,7]",
+        "%y = layer_norm(%x, none, none, normalized_shape=[4,7])",
+    ),
     // linear algebra (GEMMs are extern calls; the epilogues are kernels)
-    ("matmul", "%x: f32[4,7], %w: f32[7,5]", "%m = matmul(%x, %w)\n %y = relu(%m)"),
-    ("linear", "%x: f32[4,7], %w: f32[5,7], %b: f32[5]", "%y = linear(%x, %w, %b)"),
-    ("einsum", "%x: f32[4,7], %w: f32[7,5]", "%y = einsum(%x, %w, equation=\"ij,jk->ik\")"),
+    (
+        "matmul",
+        "%x: f32[4,7], %w: f32[7,5]",
+        "%m = matmul(%x, %w)\n %y = relu(%m)",
+    ),
+    (
+        "linear",
+        "%x: f32[4,7], %w: f32[5,7], %b: f32[5]",
+        "%y = linear(%x, %w, %b)",
+    ),
+    (
+        "einsum",
+        "%x: f32[4,7], %w: f32[7,5]",
+        "%y = einsum(%x, %w, equation=\"ij,jk->ik\")",
+    ),
     // movement, each followed by a pointwise op so a kernel reads through the view
-    ("reshape", "%x: f32[4,6]", "%r = reshape(%x, shape=[2,12])\n %y = add(%r, 1.0)"),
-    ("view", "%x: f32[4,6]", "%r = view(%x, shape=[24])\n %y = add(%r, 1.0)"),
-    ("permute", "%x: f32[2,3,5]", "%r = permute(%x, dims=[2,0,1])\n %y = add(%r, 1.0)"),
-    ("transpose", "%x: f32[2,3,5]", "%r = transpose(%x, dim0=0, dim1=2)\n %y = add(%r, 1.0)"),
-    ("expand", "%x: f32[3,1]", "%r = expand(%x, size=[2,3,5])\n %y = add(%r, 1.0)"),
-    ("squeeze", "%x: f32[3,1,5]", "%r = squeeze(%x, dim=[1])\n %y = add(%r, 1.0)"),
-    ("unsqueeze", "%x: f32[3,5]", "%r = unsqueeze(%x, dim=1)\n %y = add(%r, 1.0)"),
-    ("flatten", "%x: f32[2,3,5]", "%r = flatten(%x, start_dim=1, end_dim=2)\n %y = add(%r, 1.0)"),
-    ("narrow", "%x: f32[7,5]", "%r = narrow(%x, dim=0, start=2, length=3)\n %y = add(%r, 1.0)"),
-    ("select", "%x: f32[7,5]", "%r = select(%x, dim=1, index=3)\n %y = add(%r, 1.0)"),
-    ("contiguous", "%x: f32[7,5]", "%r = t(%x)\n %c = contiguous(%r)\n %y = add(%c, 1.0)"),
-    ("repeat", "%x: f32[3,2]", "%r = repeat(%x, repeats=[2,1,3])\n %y = add(%r, 1.0)"),
-    ("cat", "%x: f32[3,2], %z: f32[3,5]", "%r = cat(%x, %z, dim=1)\n %y = add(%r, 1.0)"),
-    ("stack", "%x: f32[3,2], %z: f32[3,2]", "%r = stack(%x, %z, dim=0)\n %y = add(%r, 1.0)"),
+    (
+        "reshape",
+        "%x: f32[4,6]",
+        "%r = reshape(%x, shape=[2,12])\n %y = add(%r, 1.0)",
+    ),
+    (
+        "view",
+        "%x: f32[4,6]",
+        "%r = view(%x, shape=[24])\n %y = add(%r, 1.0)",
+    ),
+    (
+        "permute",
+        "%x: f32[2,3,5]",
+        "%r = permute(%x, dims=[2,0,1])\n %y = add(%r, 1.0)",
+    ),
+    (
+        "transpose",
+        "%x: f32[2,3,5]",
+        "%r = transpose(%x, dim0=0, dim1=2)\n %y = add(%r, 1.0)",
+    ),
+    (
+        "expand",
+        "%x: f32[3,1]",
+        "%r = expand(%x, size=[2,3,5])\n %y = add(%r, 1.0)",
+    ),
+    (
+        "squeeze",
+        "%x: f32[3,1,5]",
+        "%r = squeeze(%x, dim=[1])\n %y = add(%r, 1.0)",
+    ),
+    (
+        "unsqueeze",
+        "%x: f32[3,5]",
+        "%r = unsqueeze(%x, dim=1)\n %y = add(%r, 1.0)",
+    ),
+    (
+        "flatten",
+        "%x: f32[2,3,5]",
+        "%r = flatten(%x, start_dim=1, end_dim=2)\n %y = add(%r, 1.0)",
+    ),
+    (
+        "narrow",
+        "%x: f32[7,5]",
+        "%r = narrow(%x, dim=0, start=2, length=3)\n %y = add(%r, 1.0)",
+    ),
+    (
+        "select",
+        "%x: f32[7,5]",
+        "%r = select(%x, dim=1, index=3)\n %y = add(%r, 1.0)",
+    ),
+    (
+        "contiguous",
+        "%x: f32[7,5]",
+        "%r = t(%x)\n %c = contiguous(%r)\n %y = add(%c, 1.0)",
+    ),
+    (
+        "repeat",
+        "%x: f32[3,2]",
+        "%r = repeat(%x, repeats=[2,1,3])\n %y = add(%r, 1.0)",
+    ),
+    (
+        "cat",
+        "%x: f32[3,2], %z: f32[3,5]",
+        "%r = cat(%x, %z, dim=1)\n %y = add(%r, 1.0)",
+    ),
+    (
+        "stack",
+        "%x: f32[3,2], %z: f32[3,2]",
+        "%r = stack(%x, %z, dim=0)\n %y = add(%r, 1.0)",
+    ),
     // indexing
-    ("index_select", "%x: f32[7,5], %i: i64[3]", "%y = index_select(%x, %i, dim=0)"),
-    ("gather", "%x: f32[7,5], %i: i64[7,2]", "%y = gather(%x, %i, dim=1)"),
-    ("scatter", "%x: f32[7,5], %i: i64[7,2], %s: f32[7,2]", "%y = scatter(%x, %i, %s, dim=1)"),
-    ("scatter_add", "%x: f32[7,5], %i: i64[7,2], %s: f32[7,2]", "%y = scatter_add(%x, %i, %s, dim=1)"),
-    ("embedding", "%i: i64[3], %w: f32[7,5]", "%y = embedding(%i, %w)"),
+    (
+        "index_select",
+        "%x: f32[7,5], %i: i64[3]",
+        "%y = index_select(%x, %i, dim=0)",
+    ),
+    (
+        "gather",
+        "%x: f32[7,5], %i: i64[7,2]",
+        "%y = gather(%x, %i, dim=1)",
+    ),
+    (
+        "scatter",
+        "%x: f32[7,5], %i: i64[7,2], %s: f32[7,2]",
+        "%y = scatter(%x, %i, %s, dim=1)",
+    ),
+    (
+        "scatter_add",
+        "%x: f32[7,5], %i: i64[7,2], %s: f32[7,2]",
+        "%y = scatter_add(%x, %i, %s, dim=1)",
+    ),
+    (
+        "embedding",
+        "%i: i64[3], %w: f32[7,5]",
+        "%y = embedding(%i, %w)",
+    ),
     // creation
-    ("full", "%x: f32[3]", "%f = full(size=[3], fill_value=2.5)\n %y = mul(%x, %f)"),
-    ("zeros", "%x: i32[3]", "%f = zeros(size=[3], dtype=i32)\n %y = add(%x, %f)"),
-    ("ones", "%x: f16[3]", "%f = ones(size=[3], dtype=f16)\n %y = add(%x, %f)"),
-    ("arange", "%x: i64[5]", "%f = arange(start=1, end=11, step=2)\n %y = mul(%x, %f)"),
+    (
+        "full",
+        "%x: f32[3]",
+        "%f = full(size=[3], fill_value=2.5)\n %y = mul(%x, %f)",
+    ),
+    (
+        "zeros",
+        "%x: i32[3]",
+        "%f = zeros(size=[3], dtype=i32)\n %y = add(%x, %f)",
+    ),
+    (
+        "ones",
+        "%x: f16[3]",
+        "%f = ones(size=[3], dtype=f16)\n %y = add(%x, %f)",
+    ),
+    (
+        "arange",
+        "%x: i64[5]",
+        "%f = arange(start=1, end=11, step=2)\n %y = mul(%x, %f)",
+    ),
     // shapes: 0-d, empty, odd
     ("zero_d", "%x: f32[]", "%y = exp(%x)"),
     ("empty", "%x: f32[0,3]", "%y = exp(%x)"),
@@ -180,8 +344,8 @@ fn programs() -> Vec<(String, CudaProgram)> {
         .iter()
         .map(|(n, p, b)| {
             let s = schedule(n, p, b);
-            let prog = generate(&s, &CudaOptions::default())
-                .unwrap_or_else(|e| panic!("{n}: {e}\n{s}"));
+            let prog =
+                generate(&s, &CudaOptions::default()).unwrap_or_else(|e| panic!("{n}: {e}\n{s}"));
             (n.to_string(), prog)
         })
         .collect();
@@ -219,7 +383,15 @@ fn every_op_generates_a_kernel() {
             "{name}: nothing generated for a graph that computes something"
         );
         for k in &prog.kernels {
-            assert!(k.source.contains(&format!("void __launch_bounds__({}) {}(", k.launch.block(), k.name)), "{name}:\n{}", k.source);
+            assert!(
+                k.source.contains(&format!(
+                    "void __launch_bounds__({}) {}(",
+                    k.launch.block(),
+                    k.name
+                )),
+                "{name}:\n{}",
+                k.source
+            );
             assert_eq!(k.params.last().map(|p| p.name.as_str()), Some("sm_err"));
         }
     }
@@ -247,12 +419,13 @@ fn every_op_compiles_to_ptx_and_cubin_for_sm_90() {
         Ok(o) => o,
         Err(e) => panic!("{e}"),
     };
-    assert!(out.log.is_empty() || !out.log.contains("error"), "{}", out.log);
+    assert!(
+        out.log.is_empty() || !out.log.contains("error"),
+        "{}",
+        out.log
+    );
     for n in &names {
-        assert!(
-            out.ptx.contains(&format!(".entry {n}(")),
-            "PTX lacks {n}"
-        );
+        assert!(out.ptx.contains(&format!(".entry {n}(")), "PTX lacks {n}");
     }
     assert!(out.ptx.contains(".target sm_90"), "PTX target");
     // an ELF file for the GPU
@@ -293,7 +466,10 @@ fn broken_source_fails_with_the_nvrtc_log() {
 #[test]
 fn unknown_architecture_is_refused() {
     let e = nvrtc::compile("", "x.cu", &CompileOptions::for_arch("hopper")).unwrap_err();
-    assert!(e.to_string().contains("unknown GPU architecture 'hopper'"), "{e}");
+    assert!(
+        e.to_string().contains("unknown GPU architecture 'hopper'"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -337,11 +513,20 @@ fn softmax_is_one_row_kernel_with_two_passes() {
     assert!(src.contains("sm_block_reduce("), "{src}");
     assert!(src.contains("SmMax()"), "{src}");
     assert!(src.contains("SmSum()"), "{src}");
-    assert!(src.contains("for (unsigned int sm_row = blockIdx.x;"), "{src}");
+    assert!(
+        src.contains("for (unsigned int sm_row = blockIdx.x;"),
+        "{src}"
+    );
     assert!(src.contains("sm_j += blockDim.x"), "{src}");
     assert_eq!(
         k.launch,
-        Launch::Rows { rows: 3, row_len: 4097, block: 256, grid: 3, shared_bytes: 512 }
+        Launch::Rows {
+            rows: 3,
+            row_len: 4097,
+            block: 256,
+            grid: 3,
+            shared_bytes: 512
+        }
     );
 }
 
@@ -374,7 +559,13 @@ fn half_kernels_compute_in_f32_and_include_the_headers() {
 fn integer_remainder_reports_division_by_zero_through_the_flag() {
     let s = schedule("r", "%x: i64[7], %z: i64[7]", "%y = remainder(%x, %z)");
     let p = generate(&s, &CudaOptions::default()).unwrap();
-    assert!(p.kernels[0].source.contains("sm_irem<long long>(v0, v1, sm_err)"), "{}", p.kernels[0].source);
+    assert!(
+        p.kernels[0]
+            .source
+            .contains("sm_irem<long long>(v0, v1, sm_err)"),
+        "{}",
+        p.kernels[0].source
+    );
     assert!(CudaProgram::prelude(false).contains("*err = 1u"));
 }
 
@@ -398,8 +589,20 @@ fn smelt_compile_writes_sources_ptx_cubin_and_a_manifest() {
         return;
     }
     let out = temp_dir("compile");
-    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/models/attention.smelt");
-    let o = smelt(&["compile", model, "--target", "cuda", "--out", out.to_str().unwrap(), "--arch", "sm_90"]);
+    let model = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/models/attention.smelt"
+    );
+    let o = smelt(&[
+        "compile",
+        model,
+        "--target",
+        "cuda",
+        "--out",
+        out.to_str().unwrap(),
+        "--arch",
+        "sm_90",
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let m = std::fs::read_to_string(out.join("manifest.json")).unwrap();
     // the same kernels as generated here, each with its three files
@@ -415,12 +618,19 @@ fn smelt_compile_writes_sources_ptx_cubin_and_a_manifest() {
         let cubin = std::fs::read(out.join(format!("{}.cubin", k.name))).unwrap();
         assert_eq!(&cubin[..4], b"\x7fELF");
         assert!(m.contains(&format!("\"name\": \"{}\"", k.name)), "{m}");
-        let launch = format!("\"grid\": {}, \"block\": {}", k.launch.grid(), k.launch.block());
+        let launch = format!(
+            "\"grid\": {}, \"block\": {}",
+            k.launch.grid(),
+            k.launch.block()
+        );
         assert!(m.contains(&launch), "{m}");
     }
     // two GEMMs as extern calls; the transposed operand keeps its strides
     assert_eq!(m.matches("\"extern\": \"matmul\"").count(), 2, "{m}");
-    assert!(m.contains("\"shape\": [2, 16, 8], \"strides\": [128, 1, 16]"), "{m}");
+    assert!(
+        m.contains("\"shape\": [2, 16, 8], \"strides\": [128, 1, 16]"),
+        "{m}"
+    );
     assert!(m.contains("\"bytes\": 1024"), "{m}");
     assert!(m.contains("\"arch\": \"sm_90\""), "{m}");
     let _ = std::fs::remove_dir_all(&out);
@@ -430,15 +640,37 @@ fn smelt_compile_writes_sources_ptx_cubin_and_a_manifest() {
 fn smelt_compile_reports_bad_arguments() {
     let out = temp_dir("bad");
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/models/softmax.smelt");
-    let o = smelt(&["compile", model, "--out", out.to_str().unwrap(), "--arch", "volta"]);
+    let o = smelt(&[
+        "compile",
+        model,
+        "--out",
+        out.to_str().unwrap(),
+        "--arch",
+        "volta",
+    ]);
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.starts_with("error: "), "{err}");
-    assert!(err.contains("unknown GPU architecture 'volta'") || err.contains("NVRTC"), "{err}");
+    assert!(
+        err.contains("unknown GPU architecture 'volta'") || err.contains("NVRTC"),
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
     assert!(!out.exists(), "nothing is written on failure");
-    let o = smelt(&["compile", model, "--target", "tpu", "--out", out.to_str().unwrap()]);
+    let o = smelt(&[
+        "compile",
+        model,
+        "--target",
+        "tpu",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(2));
-    let o = smelt(&["compile", "/nonexistent.smelt", "--out", out.to_str().unwrap()]);
+    let o = smelt(&[
+        "compile",
+        "/nonexistent.smelt",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(1));
 }

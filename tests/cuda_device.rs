@@ -42,6 +42,7 @@ fn device_queries_never_panic_and_agree() {
 #[test]
 fn the_environment_report_names_every_part() {
     let r = cuda::environment_report();
+    eprintln!("{r}");
     for part in ["driver: ", "devices: ", "nvrtc: ", "headers: "] {
         assert!(r.contains(part), "{r}");
     }
@@ -67,6 +68,9 @@ fn device_memory_is_cached_and_counted() {
     assert_eq!(c.ptr(), ptr, "the freed block is reused");
     drop(c);
     memory::empty_cache(0).unwrap();
-    let e = memory::DeviceBuffer::alloc(0, 1 << 50).err().unwrap().to_string();
+    let e = memory::DeviceBuffer::alloc(0, 1 << 50)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("CUDA out of memory. Tried to allocate"), "{e}");
 }

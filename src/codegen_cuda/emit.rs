@@ -9,8 +9,8 @@
 use super::scalar::{self, var_type};
 use super::{CudaKernelSrc, CudaOptions, KernelParam, Launch, ParamAccess};
 use crate::ir::dtype::DType;
-use crate::kernel::{Combiner, Expr, IndexMap, Kernel, Level, Schedule, Store};
 use crate::ir::shape::numel;
+use crate::kernel::{Combiner, Expr, IndexMap, Kernel, Level, Schedule, Store};
 use crate::{Result, bail};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -122,7 +122,12 @@ impl Part<'_> {
 }
 
 /// Builds the source of kernel `k` of `s`.
-pub fn kernel(s: &Schedule, k: &Kernel, fn_name: &str, opts: &CudaOptions) -> Result<CudaKernelSrc> {
+pub fn kernel(
+    s: &Schedule,
+    k: &Kernel,
+    fn_name: &str,
+    opts: &CudaOptions,
+) -> Result<CudaKernelSrc> {
     let _ = opts;
     let space = k.space();
     let nouter = k.outer.len();
@@ -137,8 +142,14 @@ pub fn kernel(s: &Schedule, k: &Kernel, fn_name: &str, opts: &CudaOptions) -> Re
         access.entry(st.buffer).or_default().1 = true;
     }
     let big = numel(&space) >= i32::MAX as usize
-        || access.keys().any(|&b| s.buffers[b].len() >= i32::MAX as usize);
-    let ity = if big { "unsigned long long" } else { "unsigned int" };
+        || access
+            .keys()
+            .any(|&b| s.buffers[b].len() >= i32::MAX as usize);
+    let ity = if big {
+        "unsigned long long"
+    } else {
+        "unsigned int"
+    };
 
     let mut params = Vec::new();
     let mut sig = Vec::new();
@@ -522,9 +533,7 @@ impl Gen<'_> {
             let cone = self.inner_cone(&roots);
             self.line(
                 2,
-                &format!(
-                    "for ({ity} sm_j = threadIdx.x; sm_j < sm_len; sm_j += blockDim.x) {{"
-                ),
+                &format!("for ({ity} sm_j = threadIdx.x; sm_j < sm_len; sm_j += blockDim.x) {{"),
             );
             self.values(&cone, &along, Scope::Inner, 3)?;
             self.line(2, "}");

@@ -37,7 +37,8 @@ fn site_packages() -> Vec<PathBuf> {
     push_glob(PathBuf::from("/usr/local"));
     push_glob(PathBuf::from("/usr"));
     out.push(PathBuf::from("/usr/lib/python3/dist-packages"));
-    let script = "import site,sys\nfor p in site.getsitepackages()+[site.getusersitepackages()]: print(p)";
+    let script =
+        "import site,sys\nfor p in site.getsitepackages()+[site.getusersitepackages()]: print(p)";
     if let Ok(o) = Command::new("python3").args(["-c", script]).output()
         && o.status.success()
     {

@@ -174,8 +174,20 @@ fn arch_digits(arch: &str) -> Result<&str> {
 pub fn compile(source: &str, name: &str, opts: &CompileOptions) -> Result<Compiled> {
     let digits = arch_digits(&opts.arch)?;
     let a = api()?;
-    let ptx_run = run(a, source, name, opts, &format!("--gpu-architecture=compute_{digits}"))?;
-    let cubin_run = run(a, source, name, opts, &format!("--gpu-architecture=sm_{digits}"))?;
+    let ptx_run = run(
+        a,
+        source,
+        name,
+        opts,
+        &format!("--gpu-architecture=compute_{digits}"),
+    )?;
+    let cubin_run = run(
+        a,
+        source,
+        name,
+        opts,
+        &format!("--gpu-architecture=sm_{digits}"),
+    )?;
     Ok(Compiled {
         ptx: ptx_run.0,
         cubin: cubin_run.1,
@@ -258,7 +270,9 @@ impl Drop for ProgGuard<'_> {
 fn read_log(a: &Api, prog: Prog) -> Result<String> {
     let bytes = read_bytes(a, prog, a.log_size, a.log)?;
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    Ok(String::from_utf8_lossy(&bytes[..end]).trim_end().to_string())
+    Ok(String::from_utf8_lossy(&bytes[..end])
+        .trim_end()
+        .to_string())
 }
 
 type SizeFn = unsafe extern "C" fn(Prog, *mut usize) -> Status;

@@ -283,7 +283,8 @@ pub fn binary(op: BinaryOp, c: DType, a: &str, b: &str) -> Result<String> {
 /// element stays NaN; both bounds given and one NaN makes the result NaN.
 pub fn clamp(d: DType, x: &str, min: Option<Scalar>, max: Option<Scalar>) -> String {
     if d.is_float() {
-        let bound = |s: Option<Scalar>| s.map(|s| crate::runtime::element::round_to_dtype(s.to_f64(), d));
+        let bound =
+            |s: Option<Scalar>| s.map(|s| crate::runtime::element::round_to_dtype(s.to_f64(), d));
         let (lo, hi) = (bound(min), bound(max));
         if let (Some(l), Some(h)) = (lo, hi)
             && (l.is_nan() || h.is_nan())

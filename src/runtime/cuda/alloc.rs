@@ -312,7 +312,10 @@ mod tests {
             Ok(p)
         }
         fn raw_free(&mut self, ptr: u64) -> std::result::Result<(), RawError> {
-            let s = self.sizes.remove(&ptr).ok_or(RawError::Other("bad free".into()))?;
+            let s = self
+                .sizes
+                .remove(&ptr)
+                .ok_or(RawError::Other("bad free".into()))?;
             self.used -= s;
             Ok(())
         }
@@ -400,7 +403,10 @@ mod tests {
         let y = a.alloc(2 * MIB).unwrap();
         a.free(y).unwrap();
         let e = a.alloc(7 * MIB).unwrap_err().to_string();
-        assert!(e.contains("CUDA out of memory. Tried to allocate 7.00 MiB"), "{e}");
+        assert!(
+            e.contains("CUDA out of memory. Tried to allocate 7.00 MiB"),
+            "{e}"
+        );
         assert!(e.contains("GPU 3 has a total capacity of 10.00 MiB"), "{e}");
         assert!(e.contains("6.00 MiB is allocated"), "{e}");
         // the cached 2 MiB was released while retrying

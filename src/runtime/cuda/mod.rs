@@ -103,7 +103,10 @@ pub fn compute_capability(i: usize) -> Result<(i32, i32)> {
 
 /// Number of streaming multiprocessors of GPU `i`.
 pub fn multiprocessor_count(i: usize) -> Result<usize> {
-    Ok(attribute(i, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize)
+    Ok(attribute(
+        i,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    )? as usize)
 }
 
 /// Total memory of GPU `i` in bytes.
@@ -167,7 +170,9 @@ pub fn environment_report() -> String {
     }
     match crate::codegen_cuda::locate::cuda_include() {
         Ok(p) => out.push_str(&format!("headers: {}\n", p.display())),
-        Err(_) => out.push_str("headers: none (cuda_fp16.h not found; f16/bf16 kernels cannot compile)\n"),
+        Err(_) => {
+            out.push_str("headers: none (cuda_fp16.h not found; f16/bf16 kernels cannot compile)\n")
+        }
     }
     out
 }
