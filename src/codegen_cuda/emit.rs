@@ -42,9 +42,8 @@ fn flat_factor(strides: &[usize], shape: &[usize]) -> Option<usize> {
         if shape[d] == 1 {
             continue;
         }
-        match c {
-            None => c = Some(strides[d] / rm[d].max(1)),
-            Some(_) => {}
+        if c.is_none() {
+            c = Some(strides[d] / rm[d].max(1));
         }
         if Some(strides[d]) != c.map(|c| c * rm[d]) {
             return None;
