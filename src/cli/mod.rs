@@ -2,6 +2,8 @@
 //! or draw it as Graphviz (`dot`). Errors print as `error: ...` and exit with status 1; usage
 //! errors exit with status 2.
 
+pub mod compile;
+
 use crate::ir::graph::{Graph, Module};
 pub mod check;
 
@@ -37,6 +39,8 @@ pub enum Command {
     Dot(DotArgs),
     /// Gradients of the sum of all outputs w.r.t. inputs, written as DIR/grad_<input>.npy.
     Grad(grad::GradArgs),
+    /// Compile a graph's fused kernels for a target (CUDA: .cu, .ptx, .cubin, manifest.json).
+    Compile(compile::CompileArgs),
 }
 
 /// Arguments of `smelt run`.
@@ -122,6 +126,7 @@ pub fn execute(command: &Command) -> Result<()> {
         Command::Check(a) => check::check(a),
         Command::Dot(a) => dot(a),
         Command::Grad(a) => grad::grad(a),
+        Command::Compile(a) => compile::run(a),
     }
 }
 
