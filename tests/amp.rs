@@ -45,7 +45,7 @@ fn op_classes_under_bf16_autocast() {
     assert_eq!(h.relu().unwrap().dtype(), DType::BF16);
     assert_eq!(h.amax().unwrap().dtype(), DType::BF16);
     assert_eq!(h.add(&f32s(&[2, 6])).unwrap().dtype(), DType::F32);
-    assert_eq!((&h * 2.0).dtype(), DType::BF16);
+    assert_eq!(h.mul_scalar(2.0).unwrap().dtype(), DType::BF16);
     // f64 and integers are never cast.
     let d = a.to_dtype(DType::F64).unwrap();
     assert_eq!(d.matmul(&d.t().unwrap()).unwrap().dtype(), DType::F64);

@@ -242,7 +242,7 @@ fn fans_and_gains() {
 #[test]
 fn init_statistics_on_large_tensors() {
     smelt::manual_seed(1234);
-    let (fan_in, fan_out) = (500.0, 300.0);
+    let (fan_in, fan_out) = (500.0f64, 300.0f64);
     let w = Tensor::zeros(&[300, 500], DType::F32);
 
     init::kaiming_uniform_(&w, 0.0, FanMode::FanIn, Nonlinearity::Relu).unwrap();
