@@ -26,20 +26,34 @@ fn op_classes_under_bf16_autocast() {
     // Lower precision: matmul, linear, einsum.
     assert_eq!(a.matmul(&b).unwrap().dtype(), DType::BF16);
     assert_eq!(a.linear(&w, Some(&bias)).unwrap().dtype(), DType::BF16);
-    assert_eq!(Tensor::einsum("ij,jk->ik", &[&a, &b]).unwrap().dtype(), DType::BF16);
+    assert_eq!(
+        Tensor::einsum("ij,jk->ik", &[&a, &b]).unwrap().dtype(),
+        DType::BF16
+    );
     // Float32: softmax, log_softmax, layer_norm and reductions.
     assert_eq!(h.softmax(1).unwrap().dtype(), DType::F32);
     assert_eq!(h.log_softmax(-1).unwrap().dtype(), DType::F32);
-    assert_eq!(h.layer_norm(&[6], None, None, 1e-5).unwrap().dtype(), DType::F32);
+    assert_eq!(
+        h.layer_norm(&[6], None, None, 1e-5).unwrap().dtype(),
+        DType::F32
+    );
     assert_eq!(h.sum().unwrap().dtype(), DType::F32);
     assert_eq!(h.mean_dim(&[1], false).unwrap().dtype(), DType::F32);
     assert_eq!(h.var(None, 1.0, false).unwrap().dtype(), DType::F32);
     assert_eq!(h.cumsum(0).unwrap().dtype(), DType::F32);
     assert_eq!(h.logsumexp(&[1], false).unwrap().dtype(), DType::F32);
     // Losses compute in f32.
-    assert_eq!(F::mse_loss(&h, &h, Reduction::Mean).unwrap().dtype(), DType::F32);
+    assert_eq!(
+        F::mse_loss(&h, &h, Reduction::Mean).unwrap().dtype(),
+        DType::F32
+    );
     let target = Tensor::from_slice(&[1i64, 5], &[2]).unwrap();
-    assert_eq!(F::cross_entropy(&h, &target, &Default::default()).unwrap().dtype(), DType::F32);
+    assert_eq!(
+        F::cross_entropy(&h, &target, &Default::default())
+            .unwrap()
+            .dtype(),
+        DType::F32
+    );
     // Everything else follows its inputs.
     assert_eq!(a.relu().unwrap().dtype(), DType::F32);
     assert_eq!(h.relu().unwrap().dtype(), DType::BF16);
@@ -87,7 +101,10 @@ fn guards_nest_restore_and_stay_on_their_thread() {
             assert_eq!(amp::autocast_dtype(), DType::F16);
             let _off = amp::disable_autocast();
             assert!(!amp::is_autocast_enabled());
-            assert_eq!(f32s(&[2, 2]).matmul(&f32s(&[2, 2])).unwrap().dtype(), DType::F32);
+            assert_eq!(
+                f32s(&[2, 2]).matmul(&f32s(&[2, 2])).unwrap().dtype(),
+                DType::F32
+            );
         }
         assert_eq!(amp::autocast_dtype(), DType::BF16);
         assert!(amp::is_autocast_enabled());
@@ -96,14 +113,20 @@ fn guards_nest_restore_and_stay_on_their_thread() {
     }
     assert!(!amp::is_autocast_enabled());
     let e = amp::autocast(DType::F32).err().unwrap();
-    assert!(e.to_string().starts_with("In CPU autocast, but the target dtype is not supported"));
+    assert!(
+        e.to_string()
+            .starts_with("In CPU autocast, but the target dtype is not supported")
+    );
 }
 
 #[test]
 fn cast_policy_classes() {
     use smelt::ir::op::Op;
     assert_eq!(amp::cast_policy(&Op::Matmul), CastPolicy::LowerPrecision);
-    assert_eq!(amp::cast_policy(&Op::Softmax { dim: 0 }), CastPolicy::Float32);
+    assert_eq!(
+        amp::cast_policy(&Op::Softmax { dim: 0 }),
+        CastPolicy::Float32
+    );
     assert_eq!(amp::cast_policy(&Op::Contiguous), CastPolicy::Unchanged);
 }
 
@@ -129,7 +152,9 @@ fn finite_grads_are_unscaled_and_stepped() {
     let mut s = GradScaler::new();
     let (p, mut opt) = setup(1.0);
     // The scaled gradient of a loss whose true gradient is [0.25, -1].
-    p.set_grad(Some(Tensor::from_slice(&[0.25 * 65536.0, -65536.0], &[2]).unwrap()));
+    p.set_grad(Some(
+        Tensor::from_slice(&[0.25 * 65536.0, -65536.0], &[2]).unwrap(),
+    ));
     assert!(s.step(&mut opt).unwrap());
     assert_eq!(p.grad().unwrap().to_f64_vec(), vec![0.25, -1.0]);
     assert_eq!(p.to_f64_vec(), vec![1.0 - 0.125, 1.5]);
@@ -175,7 +200,10 @@ fn inf_or_nan_grads_skip_the_step_and_back_off() {
     let p = Tensor::ones(&[3], DType::F16);
     p.requires_grad_(true).unwrap();
     let mut opt = SGD::new(vec![p.clone()], SGDConfig::new(0.1)).unwrap();
-    let g = Tensor::from_slice(&[1.0f32, 7e4, 2.0], &[3]).unwrap().to_dtype(DType::F16).unwrap();
+    let g = Tensor::from_slice(&[1.0f32, 7e4, 2.0], &[3])
+        .unwrap()
+        .to_dtype(DType::F16)
+        .unwrap();
     p.set_grad(Some(g));
     assert!(!s.step(&mut opt).unwrap());
     assert_eq!(p.to_f64_vec(), vec![1.0; 3]);

@@ -153,7 +153,12 @@ enum Kind {
 
 fn adam_reference(p0: &[f64], c: AdamConfig, kind: Kind, steps: usize) -> Vec<Vec<f64>> {
     let n = p0.len();
-    let (mut p, mut m, mut v, mut vmax) = (p0.to_vec(), vec![0.0f64; n], vec![0.0f64; n], vec![0.0f64; n]);
+    let (mut p, mut m, mut v, mut vmax) = (
+        p0.to_vec(),
+        vec![0.0f64; n],
+        vec![0.0f64; n],
+        vec![0.0f64; n],
+    );
     let (b1, b2) = c.betas;
     let mut out = Vec::new();
     for k in 0..steps {

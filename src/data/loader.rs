@@ -110,8 +110,8 @@ impl<D: Dataset + 'static> DataLoader<D> {
         let n = self.dataset.len();
         let mut order: Vec<usize> = (0..n).collect();
         if self.shuffle && n > 1 {
-            let u = Tensor::rand_with(&[n], Some(DType::F64), &mut self.generator)?
-                .to_vec::<f64>()?;
+            let u =
+                Tensor::rand_with(&[n], Some(DType::F64), &mut self.generator)?.to_vec::<f64>()?;
             // Fisher-Yates with the uniform draws.
             for i in (1..n).rev() {
                 let j = ((u[i] * (i + 1) as f64) as usize).min(i);
@@ -207,15 +207,15 @@ impl Iterator for Batches {
         self.next += 1;
         Some(match &self.source {
             Source::Inline { dataset, plan } => load_batch(&**dataset, &plan[i]),
-            Source::Workers { receivers, .. } => receivers[i % receivers.len()]
-                .recv()
-                .unwrap_or_else(|_| {
+            Source::Workers { receivers, .. } => {
+                receivers[i % receivers.len()].recv().unwrap_or_else(|_| {
                     // The worker is gone (it panicked): nothing more will come.
                     self.next = self.total;
                     Err(Error::Value(
                         "DataLoader worker exited unexpectedly".to_string(),
                     ))
-                }),
+                })
+            }
         })
     }
 

@@ -40,7 +40,10 @@ impl TensorDataset {
             bail!(Value, "TensorDataset needs at least one tensor");
         };
         if tensors.iter().any(|t| t.dim() == 0) {
-            bail!(Shape, "TensorDataset: every tensor needs a first dim to index");
+            bail!(
+                Shape,
+                "TensorDataset: every tensor needs a first dim to index"
+            );
         }
         let n = first.shape()[0];
         if tensors.iter().any(|t| t.shape()[0] != n) {

@@ -288,7 +288,12 @@ pub fn binary_cross_entropy_with_logits(
     }
     let x = crate::amp::autocast_f32(input)?;
     let y = crate::amp::autocast_f32(target)?;
-    let softplus_neg = x.abs()?.neg()?.exp()?.log1p()?.add(&x.neg()?.clamp_min(0.0)?)?;
+    let softplus_neg = x
+        .abs()?
+        .neg()?
+        .exp()?
+        .log1p()?
+        .add(&x.neg()?.clamp_min(0.0)?)?;
     let log_weight = match pos_weight {
         Some(pw) => pw.sub_scalar(1.0)?.mul(&y)?.add_scalar(1.0)?,
         None => Tensor::ones(&[], x.dtype()),

@@ -54,7 +54,11 @@ impl Linear {
     /// A layer over existing tensors (`weight` `[out, in]`, `bias` `[out]`).
     pub fn from_tensors(weight: Tensor, bias: Option<Tensor>) -> Result<Linear> {
         if weight.dim() != 2 {
-            bail!(Shape, "Linear: weight must be 2-D, got {:?}", weight.shape());
+            bail!(
+                Shape,
+                "Linear: weight must be 2-D, got {:?}",
+                weight.shape()
+            );
         }
         if let Some(b) = &bias
             && b.shape() != [weight.shape()[0]]
@@ -106,7 +110,11 @@ pub struct LayerNorm {
 
 impl LayerNorm {
     /// A layer with weight 1 and bias 0 when `elementwise_affine` (PyTorch's eps is 1e-5).
-    pub fn new(normalized_shape: &[usize], eps: f64, elementwise_affine: bool) -> Result<LayerNorm> {
+    pub fn new(
+        normalized_shape: &[usize],
+        eps: f64,
+        elementwise_affine: bool,
+    ) -> Result<LayerNorm> {
         let (weight, bias) = if elementwise_affine {
             let w = parameter(normalized_shape)?;
             init::ones_(&w)?;

@@ -27,7 +27,10 @@ pub trait Module: Send {
 
     /// The parameters without their names.
     fn parameters(&self) -> Vec<Tensor> {
-        self.named_parameters().into_iter().map(|(_, p)| p).collect()
+        self.named_parameters()
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect()
     }
 
     /// Clears every parameter's gradient (`zero_grad(set_to_none=True)`, PyTorch's default).

@@ -67,7 +67,10 @@ fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>> {
 
 /// A tensor from little-endian bytes (any alignment); `bytes` has exactly numel elements.
 fn tensor_from_bytes(dtype: DType, shape: &[usize], bytes: &[u8], name: &str) -> Result<Tensor> {
-    fn pod<T: crate::Element + bytemuck::Pod + bytemuck::Zeroable>(b: &[u8], shape: &[usize]) -> Result<Tensor> {
+    fn pod<T: crate::Element + bytemuck::Pod + bytemuck::Zeroable>(
+        b: &[u8],
+        shape: &[usize],
+    ) -> Result<Tensor> {
         // Copy into a vector of T: the file's bytes need not be aligned for T.
         let mut v = vec![T::zeroed(); b.len() / std::mem::size_of::<T>()];
         bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(b);
@@ -116,7 +119,12 @@ pub fn to_safetensors_bytes(tensors: &[(String, Tensor)]) -> Result<Vec<u8>> {
         if !seen.insert(name.as_str()) {
             bail!(Value, "safetensors: the name \"{name}\" appears twice");
         }
-        data.push((name.clone(), t.dtype(), t.shape().to_vec(), tensor_bytes(t)?));
+        data.push((
+            name.clone(),
+            t.dtype(),
+            t.shape().to_vec(),
+            tensor_bytes(t)?,
+        ));
     }
     let views = data
         .iter()
