@@ -93,12 +93,10 @@ pub fn cast_policy(op: &Op) -> CastPolicy {
         | Op::Var { .. }
         | Op::Std { .. }
         | Op::Cumsum { .. } => CastPolicy::Float32,
-        Op::Reduce { op, .. } => match op {
-            ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Prod | ReduceOp::LogSumExp => {
-                CastPolicy::Float32
-            }
-            _ => CastPolicy::Unchanged,
-        },
+        Op::Reduce {
+            op: ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Prod | ReduceOp::LogSumExp,
+            ..
+        } => CastPolicy::Float32,
         _ => CastPolicy::Unchanged,
     }
 }

@@ -114,12 +114,15 @@ fn sequential_names_modes_and_zero_grad() {
     assert_eq!(names, ["0.0.weight", "0.0.bias"]);
 }
 
+/// An f64 reference function.
+type Reference = Box<dyn Fn(f64) -> f64>;
+
 #[test]
 fn activations_match_f64() {
     let xs = [-3.0, -0.5, 0.0, 0.25, 2.0, 7.0];
     let x = t(&xs, &[6]).to_dtype(DType::F32).unwrap();
     let sig = |v: f64| 1.0 / (1.0 + (-v).exp());
-    let cases: Vec<(Box<dyn Module>, Box<dyn Fn(f64) -> f64>)> = vec![
+    let cases: Vec<(Box<dyn Module>, Reference)> = vec![
         (Box::new(ReLU::new()), Box::new(|v: f64| v.max(0.0))),
         (Box::new(Tanh::new()), Box::new(f64::tanh)),
         (Box::new(Sigmoid::new()), Box::new(sig)),
