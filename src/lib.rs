@@ -5,14 +5,18 @@
 
 #[macro_use]
 pub mod macros;
+pub mod amp;
 pub mod autograd;
 pub mod cli;
 pub mod codegen_cpu;
 pub mod codegen_cuda;
+pub mod data;
 pub mod error;
 pub mod ir;
 pub mod jit;
 pub mod kernel;
+pub mod nn;
+pub mod optim;
 pub mod passes;
 pub mod runtime;
 

@@ -300,6 +300,9 @@ impl Tensor {
 /// Applies an op to tensors: the one entry point of eager execution. The op's shape rule
 /// (`Op::infer`, shared with the graph IR) checks the operands, then its kernel runs.
 pub fn apply(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
+    if let Some(r) = crate::amp::intercept(&op, inputs) {
+        return r;
+    }
     if let Some(first) = inputs.iter().find(|t| !t.is_wrapped_number()) {
         for t in inputs {
             if !t.is_wrapped_number() && t.device() != first.device() {

@@ -1,0 +1,309 @@
+//! Stateless forms of the layers and losses (`torch.nn.functional`).
+//!
+//! Losses are composed of tensor ops and keep PyTorch's numerics: `cross_entropy` goes
+//! through `log_softmax`, `binary_cross_entropy_with_logits` uses the overflow-free
+//! `max(-x, 0) + log1p(exp(-|x|))` form. Under autocast they compute in f32.
+
+use crate::runtime::Tensor;
+use crate::runtime::random::{Generator, with_global};
+use crate::{DType, Result, bail};
+
+/// How a loss combines its per-element values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Reduction {
+    /// The per-element losses, unreduced.
+    None,
+    /// Their mean (weighted mean for class-weighted losses).
+    #[default]
+    Mean,
+    /// Their sum.
+    Sum,
+}
+
+/// `torch.Size([2, 3])`, as PyTorch prints shapes in messages.
+pub(crate) fn torch_size(shape: &[usize]) -> String {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    format!("torch.Size([{}])", dims.join(", "))
+}
+
+fn require_float(name: &str, t: &Tensor) -> Result<()> {
+    if !t.dtype().is_float() {
+        bail!(
+            DType,
+            "\"{name}\" not implemented for '{}'",
+            t.dtype().scalar_name()
+        );
+    }
+    Ok(())
+}
+
+fn reduce(loss: Tensor, reduction: Reduction) -> Result<Tensor> {
+    match reduction {
+        Reduction::None => Ok(loss),
+        Reduction::Mean => loss.mean(),
+        Reduction::Sum => loss.sum(),
+    }
+}
+
+pub(crate) fn check_dropout_p(p: f64) -> Result<()> {
+    if !(0.0..=1.0).contains(&p) {
+        bail!(
+            Value,
+            "dropout probability has to be between 0 and 1, but got {p}"
+        );
+    }
+    Ok(())
+}
+
+/// Dropout drawing its mask from the global generator (`F.dropout`).
+pub fn dropout(x: &Tensor, p: f64, training: bool) -> Result<Tensor> {
+    with_global(|g| dropout_with(x, p, training, g))
+}
+
+/// Dropout drawing its mask from `g`: in training mode each element is kept with
+/// probability `1 - p` and scaled by `1/(1-p)`; otherwise `x` is returned unchanged.
+pub fn dropout_with(x: &Tensor, p: f64, training: bool, g: &mut Generator) -> Result<Tensor> {
+    check_dropout_p(p)?;
+    require_float("dropout", x)?;
+    if !training || p == 0.0 {
+        return Ok(x.clone());
+    }
+    if p == 1.0 {
+        return x.mul_scalar(0.0);
+    }
+    let u = Tensor::rand_with(x.shape(), Some(DType::F64), g)?;
+    let keep = u.lt_scalar(1.0 - p)?.to_dtype(x.dtype())?;
+    x.mul(&keep)?.mul_scalar(1.0 / (1.0 - p))
+}
+
+/// Mean squared error `(input - target)²`, reduced (`F.mse_loss`). Shapes must match.
+pub fn mse_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
+    require_float("mse_loss", input)?;
+    require_float("mse_loss", target)?;
+    if input.shape() != target.shape() {
+        bail!(
+            Shape,
+            "Using a target size ({}) that is different to the input size ({}). This will likely lead to incorrect results due to broadcasting. Please ensure they have the same size.",
+            torch_size(target.shape()),
+            torch_size(input.shape())
+        );
+    }
+    let input = crate::amp::autocast_f32(input)?;
+    let target = crate::amp::autocast_f32(target)?;
+    reduce(input.sub(&target)?.square()?, reduction)
+}
+
+/// Options of the class-index losses (`nll_loss`, `cross_entropy`), PyTorch's defaults.
+#[derive(Clone, Debug)]
+pub struct ClassLossOptions {
+    /// A rescaling weight per class, 1-D of size C.
+    pub weight: Option<Tensor>,
+    /// Targets equal to this contribute nothing, not even to the mean's denominator.
+    pub ignore_index: i64,
+    pub reduction: Reduction,
+    /// Mixes the one-hot target with the uniform distribution (cross-entropy only).
+    pub label_smoothing: f64,
+}
+
+impl Default for ClassLossOptions {
+    fn default() -> Self {
+        ClassLossOptions {
+            weight: None,
+            ignore_index: -100,
+            reduction: Reduction::Mean,
+            label_smoothing: 0.0,
+        }
+    }
+}
+
+impl ClassLossOptions {
+    /// The defaults with another reduction.
+    pub fn reduction(reduction: Reduction) -> Self {
+        ClassLossOptions {
+            reduction,
+            ..Default::default()
+        }
+    }
+}
+
+/// Cross-entropy between `input` logits (`[N, C]`, `[C]` or `[N, C, d1, ...]`) and class
+/// indices (`[N]`, `[]` or `[N, d1, ...]`, int64) (`F.cross_entropy`).
+pub fn cross_entropy(input: &Tensor, target: &Tensor, opts: &ClassLossOptions) -> Result<Tensor> {
+    require_float("cross_entropy", input)?;
+    if !(0.0..=1.0).contains(&opts.label_smoothing) {
+        bail!(
+            Value,
+            "label_smoothing must be between 0.0 and 1.0. Got: {}",
+            opts.label_smoothing
+        );
+    }
+    if input.dim() == 0 {
+        bail!(Shape, "Expected 1 or more dimensions (got 0)");
+    }
+    let class_dim = if input.dim() == 1 { 0 } else { 1 };
+    let input = crate::amp::autocast_f32(input)?;
+    let logp = input.log_softmax(class_dim)?;
+    class_loss(&logp, target, opts, opts.label_smoothing)
+}
+
+/// Negative log-likelihood of class indices under log-probabilities `input` (`F.nll_loss`);
+/// shapes as `cross_entropy`. `label_smoothing` is not used.
+pub fn nll_loss(input: &Tensor, target: &Tensor, opts: &ClassLossOptions) -> Result<Tensor> {
+    require_float("nll_loss", input)?;
+    if input.dim() == 0 {
+        bail!(Shape, "Expected 1 or more dimensions (got 0)");
+    }
+    let input = crate::amp::autocast_f32(input)?;
+    class_loss(&input, target, opts, 0.0)
+}
+
+/// Flattens to `[M, C]` log-probabilities and `[M]` targets, checks them, then computes the
+/// (optionally smoothed) weighted NLL.
+fn class_loss(
+    logp: &Tensor,
+    target: &Tensor,
+    opts: &ClassLossOptions,
+    smoothing: f64,
+) -> Result<Tensor> {
+    if target.dtype() != DType::I64 {
+        bail!(
+            DType,
+            "expected scalar type Long but found {}",
+            target.dtype().scalar_name()
+        );
+    }
+    let (logp2, target_shape) = match logp.dim() {
+        1 => {
+            if target.dim() != 0 {
+                bail!(
+                    Shape,
+                    "1D target tensor expects 2D input tensors, but found inputs with sizes {:?} and {:?}.",
+                    logp.shape(),
+                    target.shape()
+                );
+            }
+            (logp.unsqueeze(0)?, Vec::new())
+        }
+        2 => {
+            if target.dim() != 1 || target.shape()[0] != logp.shape()[0] {
+                if target.dim() == 1 {
+                    bail!(
+                        Shape,
+                        "Expected input batch_size ({}) to match target batch_size ({}).",
+                        logp.shape()[0],
+                        target.shape()[0]
+                    );
+                }
+                bail!(
+                    Shape,
+                    "0D or 1D target tensor expected, multi-target not supported"
+                );
+            }
+            (logp.clone(), target.shape().to_vec())
+        }
+        n => {
+            let mut expected = vec![logp.shape()[0]];
+            expected.extend_from_slice(&logp.shape()[2..]);
+            if target.shape() != expected.as_slice() {
+                bail!(
+                    Shape,
+                    "Expected target size {:?}, got {:?}",
+                    expected,
+                    target.shape()
+                );
+            }
+            // Move the class dim last, then flatten everything else.
+            let mut perm: Vec<i64> = vec![0];
+            perm.extend(2..n as i64);
+            perm.push(1);
+            let c = logp.shape()[1] as i64;
+            (logp.permute(&perm)?.reshape(&[-1, c])?, expected)
+        }
+    };
+    let classes = logp2.shape()[1];
+    let flat_target = target.reshape(&[-1])?;
+    for t in flat_target.to_i64_vec() {
+        if t != opts.ignore_index && (t < 0 || t as usize >= classes) {
+            bail!(Index, "Target {t} is out of bounds.");
+        }
+    }
+    if let Some(w) = &opts.weight
+        && (w.dim() != 1 || w.numel() != classes)
+    {
+        bail!(
+            Shape,
+            "weight tensor should be defined either for all {classes} classes or no classes but got weight tensor of shape: {:?}",
+            w.shape()
+        );
+    }
+    let valid = flat_target.ne_scalar(opts.ignore_index)?;
+    let safe = Tensor::where_scalar(&valid, &flat_target, 0i64)?;
+    let picked = logp2.gather(1, &safe.unsqueeze(1)?)?.squeeze_dim(1)?;
+    let mask = valid.to_dtype(logp2.dtype())?;
+    let w_i = match &opts.weight {
+        Some(w) => w.index_select(0, &safe)?.mul(&mask)?,
+        None => mask,
+    };
+    let mut loss = picked.mul(&w_i)?.neg()?;
+    if smoothing > 0.0 {
+        let weighted = match &opts.weight {
+            Some(w) => logp2.mul(&w.unsqueeze(0)?)?,
+            None => logp2.clone(),
+        };
+        let valid_f = valid.to_dtype(logp2.dtype())?;
+        let smooth = weighted.sum_dim(&[1], false)?.neg()?.mul(&valid_f)?;
+        loss = loss
+            .mul_scalar(1.0 - smoothing)?
+            .add(&smooth.mul_scalar(smoothing / classes as f64)?)?;
+    }
+    match opts.reduction {
+        Reduction::None => {
+            let shape: Vec<i64> = target_shape.iter().map(|&d| d as i64).collect();
+            loss.reshape(&shape)
+        }
+        Reduction::Sum => loss.sum(),
+        Reduction::Mean => loss.sum()?.div(&w_i.sum()?),
+    }
+}
+
+/// Binary cross-entropy on logits (`F.binary_cross_entropy_with_logits`), in the
+/// overflow-free form `(1 - y)·x + l·(log1p(exp(-|x|)) + max(-x, 0))` with
+/// `l = 1 + (pos_weight - 1)·y`; `weight` rescales each element.
+pub fn binary_cross_entropy_with_logits(
+    input: &Tensor,
+    target: &Tensor,
+    weight: Option<&Tensor>,
+    pos_weight: Option<&Tensor>,
+    reduction: Reduction,
+) -> Result<Tensor> {
+    require_float("binary_cross_entropy_with_logits", input)?;
+    require_float("binary_cross_entropy_with_logits", target)?;
+    if input.shape() != target.shape() {
+        bail!(
+            Shape,
+            "Target size ({}) must be the same as input size ({})",
+            torch_size(target.shape()),
+            torch_size(input.shape())
+        );
+    }
+    let x = crate::amp::autocast_f32(input)?;
+    let y = crate::amp::autocast_f32(target)?;
+    let softplus_neg = x
+        .abs()?
+        .neg()?
+        .exp()?
+        .log1p()?
+        .add(&x.neg()?.clamp_min(0.0)?)?;
+    let log_weight = match pos_weight {
+        Some(pw) => pw.sub_scalar(1.0)?.mul(&y)?.add_scalar(1.0)?,
+        None => Tensor::ones(&[], x.dtype()),
+    };
+    let mut loss = y
+        .rsub_scalar(1.0)?
+        .mul(&x)?
+        .add(&log_weight.mul(&softplus_neg)?)?;
+    if let Some(w) = weight {
+        loss = loss.mul(w)?;
+    }
+    reduce(loss, reduction)
+}

@@ -1,0 +1,20 @@
+//! Neural-network building blocks in the shape of `torch.nn`: the `Module` trait, layers,
+//! activations, losses, weight initialisation and state dicts saved as safetensors.
+//!
+//! Everything here is built from ordinary tensor ops, so gradients flow through a model
+//! wherever autograd records those ops.
+
+pub mod activation;
+pub mod functional;
+pub mod init;
+pub mod layers;
+pub mod loss;
+pub mod module;
+pub mod state_dict;
+pub mod utils;
+
+pub use activation::{GELU, ReLU, SiLU, Sigmoid, Tanh};
+pub use functional::Reduction;
+pub use layers::{Dropout, Embedding, LayerNorm, Linear, Sequential};
+pub use loss::{BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss};
+pub use module::Module;

@@ -1,0 +1,62 @@
+//! The `Module` trait: a forward function plus the parameters it owns.
+
+use crate::Result;
+use crate::runtime::Tensor;
+
+/// A layer or model (`torch.nn.Module`).
+///
+/// Parameters are shared tensors: the tensors `named_parameters` returns are the module's
+/// own, so an optimiser that updates them in place updates the module.
+pub trait Module: Send {
+    /// Runs the module on `x`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// The parameters with their dotted names (`weight`, `0.bias`), in registration order.
+    fn named_parameters(&self) -> Vec<(String, Tensor)>;
+
+    /// Switches training mode on or off (`module.train(mode)`), recursively.
+    fn train(&mut self, mode: bool);
+
+    /// Whether the module is in training mode (`module.training`).
+    fn is_training(&self) -> bool;
+
+    /// Evaluation mode (`module.eval()`): dropout becomes the identity.
+    fn eval(&mut self) {
+        self.train(false);
+    }
+
+    /// The parameters without their names.
+    fn parameters(&self) -> Vec<Tensor> {
+        self.named_parameters()
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect()
+    }
+
+    /// Clears every parameter's gradient (`zero_grad(set_to_none=True)`, PyTorch's default).
+    fn zero_grad(&self) {
+        for p in self.parameters() {
+            p.set_grad(None);
+        }
+    }
+
+    /// The number of parameter elements.
+    fn num_parameters(&self) -> usize {
+        self.parameters().iter().map(Tensor::numel).sum()
+    }
+}
+
+impl<M: Module + ?Sized> Module for Box<M> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        (**self).forward(x)
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        (**self).named_parameters()
+    }
+    fn train(&mut self, mode: bool) {
+        (**self).train(mode)
+    }
+    fn is_training(&self) -> bool {
+        (**self).is_training()
+    }
+}

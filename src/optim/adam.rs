@@ -1,0 +1,180 @@
+//! Adam and AdamW (decoupled weight decay), with optional AMSGrad.
+
+use super::{Optimizer, check_param, check_params, grad_of};
+use crate::runtime::Tensor;
+use crate::{Result, bail};
+
+/// Settings of `Adam`/`AdamW`; `Default` is PyTorch's Adam defaults (lr 1e-3, betas
+/// (0.9, 0.999), eps 1e-8, no weight decay).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamConfig {
+    pub lr: f64,
+    pub betas: (f64, f64),
+    pub eps: f64,
+    pub weight_decay: f64,
+    pub amsgrad: bool,
+}
+
+impl Default for AdamConfig {
+    fn default() -> Self {
+        AdamConfig {
+            lr: 1e-3,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.0,
+            amsgrad: false,
+        }
+    }
+}
+
+impl AdamConfig {
+    /// The defaults with learning rate `lr`.
+    pub fn new(lr: f64) -> AdamConfig {
+        AdamConfig {
+            lr,
+            ..Default::default()
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        check_param(self.lr, "learning rate")?;
+        check_param(self.eps, "epsilon value")?;
+        check_param(self.weight_decay, "weight_decay value")?;
+        for (i, b) in [self.betas.0, self.betas.1].into_iter().enumerate() {
+            if !(0.0..1.0).contains(&b) {
+                bail!(Value, "Invalid beta parameter at index {i}: {b}");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Per-parameter state: step count, first and second moments, and their running max.
+#[derive(Default)]
+struct State {
+    step: u64,
+    exp_avg: Option<Tensor>,
+    exp_avg_sq: Option<Tensor>,
+    max_exp_avg_sq: Option<Tensor>,
+}
+
+/// The shared update; `decoupled` selects AdamW's weight decay.
+struct AdamCore {
+    params: Vec<Tensor>,
+    config: AdamConfig,
+    state: Vec<State>,
+    decoupled: bool,
+}
+
+impl AdamCore {
+    fn new(params: Vec<Tensor>, config: AdamConfig, decoupled: bool) -> Result<AdamCore> {
+        config.check()?;
+        check_params(&params)?;
+        let state = params.iter().map(|_| State::default()).collect();
+        Ok(AdamCore {
+            params,
+            config,
+            state,
+            decoupled,
+        })
+    }
+
+    fn step(&mut self) -> Result<()> {
+        let _g = crate::autograd::no_grad();
+        let c = self.config;
+        let (b1, b2) = c.betas;
+        for (p, st) in self.params.iter().zip(self.state.iter_mut()) {
+            let Some(mut grad) = grad_of(p)? else {
+                continue;
+            };
+            st.step += 1;
+            if c.weight_decay != 0.0 {
+                if self.decoupled {
+                    p.mul_scalar_(1.0 - c.lr * c.weight_decay)?;
+                } else {
+                    grad = grad.add(&p.mul_scalar(c.weight_decay)?)?;
+                }
+            }
+            let zeros = || Tensor::zeros(p.shape(), p.dtype());
+            let m = st.exp_avg.get_or_insert_with(zeros);
+            m.mul_scalar_(b1)?.add_(&grad.mul_scalar(1.0 - b1)?)?;
+            let v = st.exp_avg_sq.get_or_insert_with(zeros);
+            v.mul_scalar_(b2)?
+                .add_(&grad.square()?.mul_scalar(1.0 - b2)?)?;
+            let t = st.step as i32;
+            let bias_correction1 = 1.0 - b1.powi(t);
+            let bias_correction2 = 1.0 - b2.powi(t);
+            let second = if c.amsgrad {
+                let vmax = st.max_exp_avg_sq.get_or_insert_with(zeros);
+                vmax.copy_(&vmax.maximum(v)?)?;
+                vmax.clone()
+            } else {
+                v.clone()
+            };
+            let denom = second
+                .sqrt()?
+                .div_scalar(bias_correction2.sqrt())?
+                .add_scalar(c.eps)?;
+            let step_size = c.lr / bias_correction1;
+            p.sub_(&m.div(&denom)?.mul_scalar(step_size)?)?;
+        }
+        Ok(())
+    }
+
+    fn step_count(&self, i: usize) -> u64 {
+        self.state.get(i).map_or(0, |s| s.step)
+    }
+}
+
+macro_rules! adam_optimizer {
+    ($(#[$doc:meta])* $name:ident, $decoupled:expr) => {
+        $(#[$doc])*
+        pub struct $name(AdamCore);
+
+        impl $name {
+            /// An optimiser over `params`.
+            pub fn new(params: Vec<Tensor>, config: AdamConfig) -> Result<$name> {
+                AdamCore::new(params, config, $decoupled).map($name)
+            }
+            /// The settings.
+            pub fn config(&self) -> &AdamConfig {
+                &self.0.config
+            }
+            /// How many steps parameter `i` has taken.
+            pub fn step_count(&self, i: usize) -> u64 {
+                self.0.step_count(i)
+            }
+        }
+
+        impl Optimizer for $name {
+            fn step(&mut self) -> Result<()> {
+                self.0.step()
+            }
+            fn params(&self) -> &[Tensor] {
+                &self.0.params
+            }
+            fn lr(&self) -> f64 {
+                self.0.config.lr
+            }
+            fn set_lr(&mut self, lr: f64) {
+                self.0.config.lr = lr;
+            }
+        }
+    };
+}
+
+adam_optimizer!(
+    /// `torch.optim.Adam`: `g += weight_decay·p`; `m = β1·m + (1-β1)·g`,
+    /// `v = β2·v + (1-β2)·g²`; `p -= lr/(1-β1ᵗ) · m / (sqrt(v)/sqrt(1-β2ᵗ) + eps)`, with `v`
+    /// replaced by its running maximum under AMSGrad.
+    Adam,
+    false
+);
+
+adam_optimizer!(
+    /// `torch.optim.AdamW`: Adam with decoupled weight decay, `p *= 1 - lr·weight_decay`
+    /// before the Adam update. Use `AdamConfig { weight_decay: 1e-2, .. }` for PyTorch's
+    /// AdamW default.
+    AdamW,
+    true
+);

@@ -1,0 +1,118 @@
+//! Stochastic gradient descent with momentum, dampening, Nesterov and weight decay.
+
+use super::{Optimizer, check_param, check_params, grad_of};
+use crate::runtime::Tensor;
+use crate::{Result, bail};
+
+/// Settings of `SGD`, PyTorch's defaults but for the learning rate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SGDConfig {
+    pub lr: f64,
+    pub momentum: f64,
+    pub dampening: f64,
+    pub weight_decay: f64,
+    pub nesterov: bool,
+}
+
+impl SGDConfig {
+    /// Plain SGD with learning rate `lr`.
+    pub fn new(lr: f64) -> SGDConfig {
+        SGDConfig {
+            lr,
+            momentum: 0.0,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+        }
+    }
+}
+
+/// `torch.optim.SGD`: with `g = grad + weight_decay·p`, the momentum buffer is `b = g` on
+/// the first step and `b = momentum·b + (1 - dampening)·g` after; the update direction is
+/// `g + momentum·b` (Nesterov) or `b`, and `p -= lr · direction`.
+pub struct SGD {
+    params: Vec<Tensor>,
+    config: SGDConfig,
+    momentum_buffers: Vec<Option<Tensor>>,
+}
+
+impl SGD {
+    /// An optimiser over `params`.
+    pub fn new(params: Vec<Tensor>, config: SGDConfig) -> Result<SGD> {
+        check_param(config.lr, "learning rate")?;
+        check_param(config.momentum, "momentum value")?;
+        check_param(config.weight_decay, "weight_decay value")?;
+        if config.nesterov && (config.momentum <= 0.0 || config.dampening != 0.0) {
+            bail!(
+                Value,
+                "Nesterov momentum requires a momentum and zero dampening"
+            );
+        }
+        check_params(&params)?;
+        let n = params.len();
+        Ok(SGD {
+            params,
+            config,
+            momentum_buffers: vec![None; n],
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &SGDConfig {
+        &self.config
+    }
+
+    /// The momentum buffer of parameter `i`, once a step has created it.
+    pub fn momentum_buffer(&self, i: usize) -> Option<&Tensor> {
+        self.momentum_buffers.get(i).and_then(Option::as_ref)
+    }
+}
+
+impl Optimizer for SGD {
+    fn step(&mut self) -> Result<()> {
+        let _g = crate::autograd::no_grad();
+        let c = self.config;
+        for (p, buf) in self.params.iter().zip(self.momentum_buffers.iter_mut()) {
+            let Some(grad) = grad_of(p)? else {
+                continue;
+            };
+            let mut d = if c.weight_decay != 0.0 {
+                grad.add(&p.mul_scalar(c.weight_decay)?)?
+            } else {
+                grad
+            };
+            if c.momentum != 0.0 {
+                let b = match buf.take() {
+                    None => {
+                        // A fresh buffer: it must not alias the gradient it starts from.
+                        let b = Tensor::zeros(p.shape(), p.dtype());
+                        b.copy_(&d)?;
+                        b
+                    }
+                    Some(b) => {
+                        b.mul_scalar_(c.momentum)?
+                            .add_(&d.mul_scalar(1.0 - c.dampening)?)?;
+                        b
+                    }
+                };
+                d = if c.nesterov {
+                    d.add(&b.mul_scalar(c.momentum)?)?
+                } else {
+                    b.clone()
+                };
+                *buf = Some(b);
+            }
+            p.sub_(&d.mul_scalar(c.lr)?)?;
+        }
+        Ok(())
+    }
+    fn params(&self) -> &[Tensor] {
+        &self.params
+    }
+    fn lr(&self) -> f64 {
+        self.config.lr
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.config.lr = lr;
+    }
+}
