@@ -3,6 +3,7 @@
 
 pub mod decompose;
 pub mod fuse;
+pub mod rewrite;
 
 pub use decompose::decompose;
 pub use fuse::{FuseOptions, compile, fuse, fuse_with};
