@@ -70,6 +70,7 @@ pub fn extract(g: &Graph, eg: &EG, roots: &[Id], ids: &HashMap<ValueId, Id>) -> 
             names.insert(id, name);
         }
     }
+    let mut next = 0usize;
     // Iterative post-order over chosen nodes: (class, children pushed yet).
     let mut on_path: HashSet<Id> = HashSet::new();
     for &root in roots {
@@ -107,11 +108,22 @@ pub fn extract(g: &Graph, eg: &EG, roots: &[Id], ids: &HashMap<ValueId, Id>) -> 
                         }
                     }
                     let op = k.op().clone();
-                    match names.get(&c) {
-                        Some(n) if !matches!(op, Op::Scalar(_)) && out.value(n).is_none() => {
-                            out.add_op_named(op, &operands, n)?
-                        }
-                        _ => out.add_op(op, &operands)?,
+                    if matches!(op, Op::Scalar(_)) {
+                        out.add_op(op, &operands)?
+                    } else {
+                        // New values take numbers no value of `g` uses, so that values kept
+                        // from `g` can keep their names.
+                        let name = match names.get(&c) {
+                            Some(n) if out.value(n).is_none() => n.clone(),
+                            _ => loop {
+                                let n = next.to_string();
+                                next += 1;
+                                if !used.contains(&n) && out.value(&n).is_none() {
+                                    break n;
+                                }
+                            },
+                        };
+                        out.add_op_named(op, &operands, &name)?
                     }
                 }
             };
