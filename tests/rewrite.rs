@@ -225,7 +225,10 @@ fn relu_times_constant_keeps_nan_and_signed_zeros() {
         assert!(same_bits(*a, *b), "{got:?} vs {want:?}");
     }
     assert!(got[0].is_nan());
-    assert!(got[2] == 0.0 && got[2].is_sign_negative(), "relu(-0.0) * 0 is -0.0");
+    assert!(
+        got[2] == 0.0 && got[2].is_sign_negative(),
+        "relu(-0.0) * 0 is -0.0"
+    );
 }
 
 #[test]
@@ -296,10 +299,28 @@ fn double_transpose_and_permutes_cancel() {
     let x = input(&mut g, "x", DType::F32, &[2, 3, 4]);
     let t1 = op(&mut g, Op::Transpose { dim0: 0, dim1: 2 }, &[x]);
     let t2 = op(&mut g, Op::Transpose { dim0: -1, dim1: 0 }, &[t1]);
-    let p1 = op(&mut g, Op::Permute { dims: vec![1, 2, 0] }, &[x]);
-    let p2 = op(&mut g, Op::Permute { dims: vec![2, 0, 1] }, &[p1]);
+    let p1 = op(
+        &mut g,
+        Op::Permute {
+            dims: vec![1, 2, 0],
+        },
+        &[x],
+    );
+    let p2 = op(
+        &mut g,
+        Op::Permute {
+            dims: vec![2, 0, 1],
+        },
+        &[p1],
+    );
     let s = bin(&mut g, BinaryOp::Add, t2, p2);
-    let p3 = op(&mut g, Op::Permute { dims: vec![1, 0, 2] }, &[x]);
+    let p3 = op(
+        &mut g,
+        Op::Permute {
+            dims: vec![1, 0, 2],
+        },
+        &[x],
+    );
     let p4 = op(&mut g, Op::Transpose { dim0: 1, dim1: 2 }, &[p3]);
     let g = finish(g, &[s, p4]);
     let (h, st) = rw(&g);
@@ -318,13 +339,23 @@ fn reshape_chains_and_squeeze_pairs_collapse() {
     let r2 = op(&mut g, Op::Reshape { shape: vec![3, -1] }, &[r1]);
     let u = op(&mut g, Op::Unsqueeze { dim: 1 }, &[x]);
     let sq = op(&mut g, Op::Squeeze { dim: Some(vec![1]) }, &[u]);
-    let f = op(&mut g, Op::Flatten { start_dim: 0, end_dim: -1 }, &[sq]);
+    let f = op(
+        &mut g,
+        Op::Flatten {
+            start_dim: 0,
+            end_dim: -1,
+        },
+        &[sq],
+    );
     let back = op(&mut g, Op::View { shape: vec![4, 6] }, &[f]);
     let g = finish(g, &[r2, back]);
     let (h, s) = rw(&g);
     assert!(fired(&s, "reshape-compose") >= 1);
     assert_eq!(count(&h, "reshape"), 1, "{}", print_graph(&h));
-    assert_eq!(count(&h, "unsqueeze") + count(&h, "squeeze") + count(&h, "flatten"), 0);
+    assert_eq!(
+        count(&h, "unsqueeze") + count(&h, "squeeze") + count(&h, "flatten"),
+        0
+    );
     assert_eq!(count(&h, "view"), 0);
     // the second output is x itself
     assert_eq!(h.outputs()[1], h.inputs()[0]);
@@ -335,8 +366,22 @@ fn expand_chains_and_identity_views_go() {
     let mut g = Graph::new("expands");
     let x = input(&mut g, "x", DType::I32, &[3, 1]);
     let e1 = op(&mut g, Op::Expand { size: vec![3, 4] }, &[x]);
-    let e2 = op(&mut g, Op::Expand { size: vec![2, 3, 4] }, &[e1]);
-    let n = op(&mut g, Op::Narrow { dim: 0, start: 0, length: 3 }, &[x]);
+    let e2 = op(
+        &mut g,
+        Op::Expand {
+            size: vec![2, 3, 4],
+        },
+        &[e1],
+    );
+    let n = op(
+        &mut g,
+        Op::Narrow {
+            dim: 0,
+            start: 0,
+            length: 3,
+        },
+        &[x],
+    );
     let sl = op(
         &mut g,
         Op::Slice {
@@ -401,13 +446,21 @@ fn view_of_a_contiguous_copy_keeps_working() {
     let v = op(&mut g, Op::View { shape: vec![24] }, &[c]);
     let g = finish(g, &[v]);
     let (h, _) = rw(&g);
-    assert_eq!(count(&h, "view"), 0, "view becomes reshape: {}", print_graph(&h));
+    assert_eq!(
+        count(&h, "view"),
+        0,
+        "view becomes reshape: {}",
+        print_graph(&h)
+    );
 }
 
 // ---- IEEE-exact algebra ---------------------------------------------------------------------
 
 /// `f(x)` over a fresh graph with one input; returns (graph before, graph after, stats).
-fn one_input(dtype: DType, f: impl Fn(&mut Graph, ValueId) -> ValueId) -> (Graph, Graph, RewriteStats) {
+fn one_input(
+    dtype: DType,
+    f: impl Fn(&mut Graph, ValueId) -> ValueId,
+) -> (Graph, Graph, RewriteStats) {
     let mut g = Graph::new("alg");
     let x = input(&mut g, "x", dtype, &[6, 11]);
     let y = f(&mut g, x);
@@ -457,7 +510,12 @@ fn adding_zero_goes_only_where_exact() {
     });
     assert!(fired(&s, "add-zero-exact") >= 1);
     assert!(fired(&s, "sub-zero-exact") >= 1);
-    assert_eq!(count(&h, "add") + count(&h, "sub"), 0, "{}", print_graph(&h));
+    assert_eq!(
+        count(&h, "add") + count(&h, "sub"),
+        0,
+        "{}",
+        print_graph(&h)
+    );
     let (_, h, s) = one_input(DType::F32, |g, x| {
         let z = num(g, 0.0);
         bin(g, BinaryOp::Add, x, z)
@@ -498,7 +556,12 @@ fn division_by_a_power_of_two_becomes_a_product() {
             let k = num(g, c);
             bin(g, BinaryOp::Div, x, k)
         });
-        assert_eq!(count(&h, "div"), usize::from(!rewritten), "c={c}: {}", print_graph(&h));
+        assert_eq!(
+            count(&h, "div"),
+            usize::from(!rewritten),
+            "c={c}: {}",
+            print_graph(&h)
+        );
         assert_eq!(count(&h, "mul"), usize::from(rewritten));
     }
 }
@@ -582,7 +645,10 @@ fn fast_math_rules_fire_only_with_the_option() {
         let want = interp::run(&g, &[("x", xin.clone())]).unwrap()[0].to_f64_vec();
         let got = interp::run(&h, &[("x", xin)]).unwrap()[0].to_f64_vec();
         for (a, b) in got.iter().zip(&want) {
-            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{rule}: {a} vs {b}");
+            assert!(
+                (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                "{rule}: {a} vs {b}"
+            );
         }
     }
 }

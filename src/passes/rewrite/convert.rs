@@ -14,8 +14,12 @@ pub fn to_egraph(g: &Graph) -> Result<(EG, Vec<Id>, HashMap<ValueId, Id>)> {
     let inputs = g.inputs().iter().map(|&v| g.node(v).ty.clone()).collect();
     let mut eg = EG::new(Types { inputs });
     let mut ids: HashMap<ValueId, Id> = HashMap::new();
-    let position: HashMap<ValueId, usize> =
-        g.inputs().iter().enumerate().map(|(i, &v)| (v, i)).collect();
+    let position: HashMap<ValueId, usize> = g
+        .inputs()
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (v, i))
+        .collect();
     for v in g.topo_order() {
         let node = match &g.node(v).kind {
             NodeKind::Input { .. } => match position.get(&v) {
@@ -42,7 +46,11 @@ pub fn to_egraph(g: &Graph) -> Result<(EG, Vec<Id>, HashMap<ValueId, Id>)> {
     for o in g.outputs() {
         match ids.get(o) {
             Some(&id) => roots.push(id),
-            None => bail!(Value, "rewrite: an output of graph {} is not a value", g.name),
+            None => bail!(
+                Value,
+                "rewrite: an output of graph {} is not a value",
+                g.name
+            ),
         }
     }
     eg.rebuild();

@@ -17,7 +17,7 @@
 //! Costs add over the extracted term as a tree (a shared operand counts once per use), the
 //! standard greedy approximation; the extracted graph itself keeps sharing.
 
-use super::lang::{ENode, EG, Head};
+use super::lang::{EG, ENode, Head};
 use crate::ir::op::{BinaryOp, Op, TensorType, UnaryOp};
 use egg::{CostFunction, Id};
 

@@ -229,7 +229,11 @@ macro_rules! rule {
 }
 
 const RULES: &[Rule] = &[
-    rule!("relu-mul-to-where", Op::Binary(BinaryOp::Mul), relu_mul_to_where),
+    rule!(
+        "relu-mul-to-where",
+        Op::Binary(BinaryOp::Mul),
+        relu_mul_to_where
+    ),
     rule!("binary-into-where", Op::Binary(_), binary_into_where),
     rule!("unary-into-where", Op::Unary(_), unary_into_where),
     rule!("where-same-branches", Op::Where, where_same),
@@ -360,7 +364,12 @@ fn relu_mul_to_where(s: &Site) -> Vec<Term> {
 
 /// A `where` branch with `f` applied: folded when the branch is a Python scalar, else the op
 /// node; `None` when the branch is outside the dtype `d` (its values would round otherwise).
-fn map_branch(s: &Site, br: Id, d: DType, f: &dyn Fn(Term, Option<Scalar>) -> Option<Term>) -> Option<Term> {
+fn map_branch(
+    s: &Site,
+    br: Id,
+    d: DType,
+    f: &dyn Fn(Term, Option<Scalar>) -> Option<Term>,
+) -> Option<Term> {
     match s.scalar(br) {
         Some(v) => f(Term::Class(br), Some(v)),
         None if s.is_tensor_of(br, d) => f(Term::Class(br), None),
@@ -382,7 +391,7 @@ fn binary_into_where(s: &Site) -> Vec<Term> {
         let Some(kv) = s.scalar(k) else { continue };
         for (_, wc) in s.ops(w, |o| matches!(o, Op::Where)) {
             let (c, p, q) = (wc[0], wc[1], wc[2]);
-            if !s.ty(w).is_some_and(|t| t.dtype == d) {
+            if s.ty(w).is_none_or(|t| t.dtype != d) {
                 continue;
             }
             if s.scalar(p).is_none() && s.scalar(q).is_none() {
@@ -412,7 +421,7 @@ fn unary_into_where(s: &Site) -> Vec<Term> {
     let mut out = Vec::new();
     for (_, wc) in s.ops(s.ch[0], |o| matches!(o, Op::Where)) {
         let (c, p, q) = (wc[0], wc[1], wc[2]);
-        if !s.ty(s.ch[0]).is_some_and(|t| t.dtype == d) || !d.is_float() {
+        if s.ty(s.ch[0]).is_none_or(|t| t.dtype != d) || !d.is_float() {
             continue;
         }
         if s.scalar(p).is_none() && s.scalar(q).is_none() {
@@ -444,14 +453,18 @@ fn scalar_is(s: &Site, id: Id, pred: impl Fn(Scalar) -> bool) -> bool {
 fn mul_one(s: &Site) -> Vec<Term> {
     sides(s.ch)
         .into_iter()
-        .filter(|&(_, k, _)| scalar_is(s, k, |v| !matches!(v, Scalar::Bool(_)) && v.to_f64() == 1.0))
+        .filter(|&(_, k, _)| {
+            scalar_is(s, k, |v| !matches!(v, Scalar::Bool(_)) && v.to_f64() == 1.0)
+        })
         .map(|(x, _, _)| Term::Class(x))
         .collect()
 }
 
 /// `x / 1` → `x`. IEEE-safe.
 fn div_one(s: &Site) -> Vec<Term> {
-    if scalar_is(s, s.ch[1], |v| !matches!(v, Scalar::Bool(_)) && v.to_f64() == 1.0) {
+    if scalar_is(s, s.ch[1], |v| {
+        !matches!(v, Scalar::Bool(_)) && v.to_f64() == 1.0
+    }) {
         vec![Term::Class(s.ch[0])]
     } else {
         vec![]
@@ -482,7 +495,11 @@ fn sub_zero_exact(s: &Site) -> Vec<Term> {
         Scalar::Int(i) => i == 0,
         Scalar::Bool(_) => false,
     });
-    if zero { vec![Term::Class(s.ch[0])] } else { vec![] }
+    if zero {
+        vec![Term::Class(s.ch[0])]
+    } else {
+        vec![]
+    }
 }
 
 /// `neg(neg(x))` → `x`. IEEE-safe (and exact for wrapping integers).
@@ -542,11 +559,15 @@ pub fn lossless(from: DType, to: DType) -> bool {
 /// `to(to(x, d1), d2)` → `to(x, d2)` when `x → d1` is lossless (f32→f64→f32 is the identity;
 /// f64→f32→f64 is not). IEEE-safe: the second cast sees `x`'s exact value.
 fn cast_cast(s: &Site) -> Vec<Term> {
-    let Op::To { dtype: d2 } = *s.op else { return vec![] };
+    let Op::To { dtype: d2 } = *s.op else {
+        return vec![];
+    };
     let mut out = Vec::new();
     for (op, c) in s.ops(s.ch[0], |o| matches!(o, Op::To { .. })) {
         let Op::To { dtype: d1 } = op else { continue };
-        if s.ty(c[0]).is_some_and(|t| !t.wrapped && lossless(t.dtype, d1)) {
+        if s.ty(c[0])
+            .is_some_and(|t| !t.wrapped && lossless(t.dtype, d1))
+        {
             out.push(node(Op::To { dtype: d2 }, vec![Term::Class(c[0])]));
         }
     }
@@ -556,7 +577,9 @@ fn cast_cast(s: &Site) -> Vec<Term> {
 /// `view(x, s)` → `reshape(x, s)`: the same values, and no failure if a rewrite below changes
 /// the operand's layout. Exact.
 fn view_to_reshape(s: &Site) -> Vec<Term> {
-    let Op::View { shape } = s.op else { return vec![] };
+    let Op::View { shape } = s.op else {
+        return vec![];
+    };
     vec![node(
         Op::Reshape {
             shape: shape.clone(),
@@ -613,7 +636,9 @@ fn permute_compose(s: &Site) -> Vec<Term> {
         return vec![];
     };
     let mut out = vec![permute_term(s.ch[0], outer.clone())];
-    let inner_ops = s.ops(s.ch[0], |o| matches!(o, Op::Permute { .. } | Op::Transpose { .. } | Op::T));
+    let inner_ops = s.ops(s.ch[0], |o| {
+        matches!(o, Op::Permute { .. } | Op::Transpose { .. } | Op::T)
+    });
     for (op, c) in inner_ops {
         if let Some(inner) = perm_of(&op, n) {
             let p: Vec<usize> = outer.iter().map(|&j| inner[j]).collect();
@@ -673,7 +698,9 @@ fn expand_compose(s: &Site) -> Vec<Term> {
 
 /// Narrow, slice (step 1) or expand that keep the whole operand → the operand. Exact.
 fn identity_view(s: &Site) -> Vec<Term> {
-    let Some(t) = s.ty(s.ch[0]) else { return vec![] };
+    let Some(t) = s.ty(s.ch[0]) else {
+        return vec![];
+    };
     let whole = t.shape == s.out.shape
         && match s.op {
             Op::Slice { step, .. } => *step == 1,
@@ -694,7 +721,9 @@ fn absorb_expand(s: &Site) -> Vec<Term> {
     let mut out = Vec::new();
     for (e, other, e_left) in sides(s.ch) {
         for (_, c) in s.ops(e, |o| matches!(o, Op::Expand { .. })) {
-            let (Some(te), Some(ti)) = (s.ty(e), s.ty(c[0])) else { continue };
+            let (Some(te), Some(ti)) = (s.ty(e), s.ty(c[0])) else {
+                continue;
+            };
             if ti.ndim() == 0 || ti.dtype != te.dtype || ti.wrapped {
                 continue;
             }
@@ -758,7 +787,9 @@ fn fm_sub_self(s: &Site) -> Vec<Term> {
 fn fm_add_zero(s: &Site) -> Vec<Term> {
     sides(s.ch)
         .into_iter()
-        .filter(|&(_, k, _)| scalar_is(s, k, |v| !matches!(v, Scalar::Bool(_)) && v.to_f64() == 0.0))
+        .filter(|&(_, k, _)| {
+            scalar_is(s, k, |v| !matches!(v, Scalar::Bool(_)) && v.to_f64() == 0.0)
+        })
         .map(|(x, _, _)| Term::Class(x))
         .collect()
 }
@@ -778,12 +809,18 @@ fn fm_exp_log(s: &Site) -> Vec<Term> {
 
 /// Fast math: `x / c` → `x * (1/c)` for any finite non-zero constant (one extra rounding).
 fn fm_div_to_mul(s: &Site) -> Vec<Term> {
-    let Some(c) = s.scalar(s.ch[1]) else { return vec![] };
+    let Some(c) = s.scalar(s.ch[1]) else {
+        return vec![];
+    };
     let v = c.to_f64();
     if matches!(c, Scalar::Bool(_)) || !v.is_finite() || v == 0.0 || !s.out.dtype.is_float() {
         return vec![];
     }
-    vec![bin(BinaryOp::Mul, Term::Class(s.ch[0]), scalar(Scalar::Float(1.0 / v)))]
+    vec![bin(
+        BinaryOp::Mul,
+        Term::Class(s.ch[0]),
+        scalar(Scalar::Float(1.0 / v)),
+    )]
 }
 
 /// Fast math: `(x op a) op b` → `x op (a op b)` for Python scalars `a`, `b` and op `+` or `*`
