@@ -93,3 +93,28 @@ impl CostFunction<ENode> for TrafficCost<'_> {
         own + below
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::dtype::DType;
+
+    #[test]
+    fn copies_cost_their_traffic_and_views_cost_a_unit() {
+        let t = TensorType::new(DType::F32, vec![8, 16]);
+        let copy = node_cost(&Op::Contiguous, &[&t], &t);
+        assert_eq!(copy, 1.0 + 2.0 * 512.0);
+        assert_eq!(node_cost(&Op::T, &[&t], &t), 1.0);
+        let relu = node_cost(&Op::Unary(UnaryOp::Relu), &[&t], &t);
+        let mul = node_cost(&Op::Binary(BinaryOp::Mul), &[&t, &t], &t);
+        let sel = node_cost(&Op::Where, &[&t, &t, &t], &t);
+        assert!(
+            relu + mul > sel + 2.0 * mul,
+            "relu·c must cost more than its where form"
+        );
+        assert!(
+            node_cost(&Op::View { shape: vec![128] }, &[&t], &t)
+                > node_cost(&Op::Reshape { shape: vec![128] }, &[&t], &t)
+        );
+    }
+}

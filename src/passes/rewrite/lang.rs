@@ -10,7 +10,8 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 /// An `Op` with a total order and a hash: both come from a canonical text key in which floats
-/// are written exactly (`-0.0` differs from `0.0`) and constants carry all their bytes.
+/// are written exactly (`-0.0` differs from `0.0`). A constant's key holds a hash of its
+/// bytes, and the bytes themselves break ties, so large constants are not copied into keys.
 #[derive(Clone)]
 pub struct OpKey {
     op: Arc<Op>,
@@ -21,17 +22,20 @@ pub struct OpKey {
 impl OpKey {
     /// Wraps `op`, computing its key once.
     pub fn new(op: Op) -> OpKey {
+        // `DefaultHasher::new` has fixed keys, so hashes (and so e-graph order) are repeatable.
         let key: String = match &op {
             Op::Constant(lit) => {
-                let mut s = format!("constant {:?} {:?} ", lit.dtype, lit.shape);
-                for b in lit.bytes.iter() {
-                    s.push_str(&format!("{b:02x}"));
-                }
-                s
+                let mut h = DefaultHasher::new();
+                lit.bytes.hash(&mut h);
+                format!(
+                    "constant {:?} {:?} {:016x}",
+                    lit.dtype,
+                    lit.shape,
+                    h.finish()
+                )
             }
             other => format!("{other:?}"),
         };
-        // `DefaultHasher::new` has fixed keys, so hashes (and so e-graph order) are repeatable.
         let mut h = DefaultHasher::new();
         key.hash(&mut h);
         OpKey {
@@ -44,11 +48,18 @@ impl OpKey {
     pub fn op(&self) -> &Op {
         &self.op
     }
+
+    fn bytes(&self) -> &[u8] {
+        match &*self.op {
+            Op::Constant(lit) => &lit.bytes,
+            _ => &[],
+        }
+    }
 }
 
 impl PartialEq for OpKey {
     fn eq(&self, other: &OpKey) -> bool {
-        self.hash == other.hash && self.key == other.key
+        self.hash == other.hash && self.key == other.key && self.bytes() == other.bytes()
     }
 }
 impl Eq for OpKey {}
@@ -66,17 +77,15 @@ impl PartialOrd for OpKey {
 }
 impl Ord for OpKey {
     fn cmp(&self, other: &OpKey) -> Ordering {
-        self.key.cmp(&other.key)
+        self.key
+            .cmp(&other.key)
+            .then_with(|| self.bytes().cmp(other.bytes()))
     }
 }
 
 impl fmt::Debug for OpKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if matches!(*self.op, Op::Constant(_)) {
-            f.write_str("constant")
-        } else {
-            f.write_str(&self.key)
-        }
+        f.write_str(&self.key)
     }
 }
 
@@ -169,5 +178,41 @@ impl Analysis<ENode> for Types {
             (true, false) => DidMerge(false, true),
             _ => DidMerge(false, false),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::dtype::{DType, Scalar};
+    use crate::ir::op::Literal;
+
+    #[test]
+    fn keys_tell_signed_zeros_apart_and_match_equal_ops() {
+        let z = |v: f64| OpKey::new(Op::Scalar(Scalar::Float(v)));
+        assert_ne!(z(0.0), z(-0.0));
+        assert_eq!(z(-0.0), z(-0.0));
+        assert_eq!(z(f64::NAN), z(f64::NAN));
+        let t = |a, b| OpKey::new(Op::Transpose { dim0: a, dim1: b });
+        assert_eq!(t(0, 1), t(0, 1));
+        assert_ne!(t(0, 1), t(1, 0));
+        assert_ne!(
+            OpKey::new(Op::Scalar(Scalar::Int(1))),
+            OpKey::new(Op::Scalar(Scalar::Float(1.0)))
+        );
+    }
+
+    #[test]
+    fn constants_compare_by_bytes() {
+        let c = |b: Vec<u8>| {
+            OpKey::new(Op::Constant(Literal {
+                dtype: DType::U8,
+                shape: vec![b.len()],
+                bytes: Arc::new(b),
+            }))
+        };
+        assert_eq!(c(vec![1, 2, 3]), c(vec![1, 2, 3]));
+        assert_ne!(c(vec![1, 2, 3]), c(vec![1, 2, 4]));
+        assert_eq!(c(vec![1, 2]).cmp(&c(vec![1, 2])), Ordering::Equal);
     }
 }

@@ -850,3 +850,55 @@ fn fm_reassociate(s: &Site) -> Vec<Term> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lossless_casts_are_the_exact_widenings() {
+        use DType::*;
+        assert!(lossless(F32, F64));
+        assert!(!lossless(F64, F32));
+        assert!(lossless(F16, F32) && lossless(BF16, F32));
+        assert!(!lossless(F16, BF16) && !lossless(BF16, F16));
+        assert!(lossless(I16, F32) && !lossless(I16, F16));
+        assert!(lossless(I32, F64) && !lossless(I32, F32));
+        assert!(!lossless(I64, F64));
+        assert!(lossless(U8, I16) && !lossless(U8, I8) && !lossless(I8, U8));
+        assert!(
+            DType::ALL
+                .iter()
+                .all(|&d| lossless(Bool, d) && lossless(d, d))
+        );
+    }
+
+    #[test]
+    fn every_rule_name_is_unique_and_fast_math_rules_are_marked() {
+        let names = rule_names();
+        let mut sorted: Vec<_> = names.iter().map(|(n, _)| *n).collect();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), names.len());
+        for (n, fast) in names {
+            assert_eq!(n.starts_with("fm-"), fast, "{n}");
+        }
+        assert!(rules(true).unwrap().len() > rules(false).unwrap().len());
+    }
+
+    #[test]
+    fn folding_rounds_in_the_dtype() {
+        // 0.1 in f16 is 0.0999755859375; times 3 rounds again in f16
+        let v = fold(
+            Op::Binary(BinaryOp::Mul),
+            &[Scalar::Float(0.1), Scalar::Float(3.0)],
+            DType::F16,
+        );
+        let want = round_to_dtype(round_to_dtype(0.1, DType::F16) * 3.0, DType::F16);
+        assert_eq!(v, Some(Scalar::Float(want)));
+        assert_eq!(
+            fold(Op::Unary(UnaryOp::Neg), &[Scalar::Int(5)], DType::I8),
+            Some(Scalar::Int(-5))
+        );
+    }
+}
