@@ -678,7 +678,7 @@ fn random_graph(seed: u64, n_ops: usize) -> Graph {
         let ty = g.node(x).ty.clone();
         let nd = ty.ndim() as i64;
         let c = consts[rng.random_range(0..consts.len())];
-        let made: Option<(Op, Vec<ValueId>)> = match rng.random_range(0..16) {
+        let made: Option<(Op, Vec<ValueId>)> = match rng.random_range(0..17) {
             0 => Some((Op::Unary(UnaryOp::Relu), vec![x])),
             1 => Some((Op::Unary(UnaryOp::Exp), vec![x])),
             2 => Some((Op::Unary(UnaryOp::Neg), vec![x])),
@@ -722,6 +722,19 @@ fn random_graph(seed: u64, n_ops: usize) -> Graph {
                 Some((Op::Contiguous, vec![t]))
             }
             14 => Some((Op::To { dtype: DType::F64 }, vec![x])),
+            15 if nd > 0 => {
+                let step = 2;
+                let dim = 0;
+                Some((
+                    Op::Slice {
+                        dim,
+                        start: None,
+                        end: None,
+                        step,
+                    },
+                    vec![x],
+                ))
+            }
             _ => match g.add_op(Op::Binary(BinaryOp::Gt), &[x, y]) {
                 Ok(c) => Some((Op::Where, vec![c, x, y])),
                 Err(_) => None,
@@ -872,4 +885,49 @@ fn default_options_are_bounded() {
     assert_eq!(o.node_limit, 10_000);
     assert_eq!(o.time_limit, Duration::from_millis(50));
     assert_eq!(o.iter_limit, 16);
+}
+
+#[test]
+fn a_graph_that_does_not_verify_is_refused() {
+    let mut g = relu_scale_bias(DType::F32, &[4, 5], 0.5, false);
+    let out = g.outputs()[0];
+    g.petgraph_mut()[out].ty = TensorType::new(DType::F64, vec![4, 5]);
+    assert!(rewrite(&g, &RewriteOptions::default()).is_err());
+}
+
+#[test]
+fn unused_inputs_are_kept_and_dead_values_dropped() {
+    let mut g = Graph::new("dead");
+    let x = input(&mut g, "x", DType::F32, &[3]);
+    let _unused = input(&mut g, "unused", DType::I64, &[2]);
+    let _dead = un(&mut g, UnaryOp::Exp, x);
+    let y = un(&mut g, UnaryOp::Tanh, x);
+    let g = finish(g, &[y, x]);
+    let (h, _) = rw(&g);
+    assert_eq!(h.inputs().len(), 2);
+    assert_eq!(count(&h, "exp"), 0);
+    assert_eq!(count(&h, "tanh"), 1);
+    assert_eq!(h.outputs()[1], h.inputs()[0]);
+}
+
+#[test]
+fn random_graphs_exercise_the_rules() {
+    // The generator must give the differential property above something to check.
+    let mut seen = std::collections::BTreeMap::new();
+    for seed in 0..60 {
+        let g = random_graph(seed, 15);
+        let (_, s) = rw(&g);
+        for (name, n) in s.fired {
+            *seen.entry(name).or_insert(0) += n;
+        }
+    }
+    for rule in [
+        "relu-mul-to-where",
+        "binary-into-where",
+        "permute-compose",
+        "reshape-compose",
+        "drop-contiguous-operand",
+    ] {
+        assert!(seen.contains_key(rule), "{rule} never fired: {seen:?}");
+    }
 }

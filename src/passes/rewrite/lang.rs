@@ -45,6 +45,7 @@ impl OpKey {
         }
     }
 
+    /// The wrapped op.
     pub fn op(&self) -> &Op {
         &self.op
     }
