@@ -8,6 +8,7 @@ pub mod macros;
 pub mod autograd;
 pub mod cli;
 pub mod codegen_cpu;
+pub mod codegen_cuda;
 pub mod error;
 pub mod ir;
 pub mod jit;

@@ -1,7 +1,24 @@
-//! Autograd: which tensors require gradients and where their gradients accumulate.
+//! Autograd: which tensors require gradients, where their gradients accumulate, and the
+//! eager tape. While grad mode is on, `runtime::apply` records every op whose operand
+//! requires grad ([`tape`]); `backward` differentiates the recorded graph with the
+//! `passes::autodiff` pass ([`engine`]).
+
+mod checkpoint;
+mod clip;
+mod engine;
+mod function;
+mod gradcheck;
+pub(crate) mod tape;
+
+pub use checkpoint::{Segment, checkpoint, checkpoint_sequential};
+pub use clip::{clip_grad_norm_, clip_grad_value_};
+pub use function::{Context, Function, apply_function};
+pub use gradcheck::{GradcheckOptions, gradcheck, gradcheck_with};
 
 use crate::runtime::Tensor;
 use crate::{Result, bail};
+use std::collections::HashSet;
+use std::sync::Arc;
 
 /// Per-tensor gradient state, as PyTorch keeps it on every tensor.
 #[derive(Default)]
@@ -10,10 +27,12 @@ pub(crate) struct AutogradMeta {
     pub requires_grad: bool,
     /// The accumulated gradient (`.grad`).
     pub grad: Option<Tensor>,
+    /// The recorded op that produced this tensor (`grad_fn`); `None` for leaves.
+    pub node: Option<Arc<tape::GradNode>>,
 }
 
 impl Tensor {
-    fn meta(&self) -> std::sync::MutexGuard<'_, AutogradMeta> {
+    pub(crate) fn meta(&self) -> std::sync::MutexGuard<'_, AutogradMeta> {
         // A panic while the lock was held cannot leave the plain fields half-written.
         self.0.autograd.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -45,6 +64,154 @@ impl Tensor {
     pub fn set_grad(&self, grad: Option<Tensor>) {
         self.meta().grad = grad;
     }
+
+    /// True for tensors not produced by a recorded op (every tensor that does not require
+    /// grad is a leaf, as in PyTorch).
+    pub fn is_leaf(&self) -> bool {
+        self.meta().node.is_none()
+    }
+
+    /// The name of the op that produced this tensor (`MulBackward0`), for non-leaves.
+    pub fn grad_fn_name(&self) -> Option<String> {
+        self.meta().node.as_ref().map(|n| n.name())
+    }
+
+    /// A tensor sharing this one's data, cut off from the recorded graph (`detach()`).
+    pub fn detach(&self) -> Tensor {
+        tape::detached(self)
+    }
+
+    /// Makes backward fill `.grad` of this non-leaf tensor too (`retain_grad()`).
+    pub fn retain_grad(&self) -> Result<()> {
+        let node = {
+            let m = self.meta();
+            if !m.requires_grad {
+                bail!(
+                    Value,
+                    "can't retain_grad on Tensor that has requires_grad=False"
+                );
+            }
+            m.node.clone()
+        };
+        if let Some(n) = node {
+            n.set_retained(self);
+        }
+        Ok(())
+    }
+
+    /// Whether backward fills this tensor's `.grad` (leaves that require grad, and
+    /// non-leaves after `retain_grad`).
+    pub fn retains_grad(&self) -> bool {
+        let m = self.meta();
+        match &m.node {
+            Some(n) => n
+                .retained_tensor()
+                .is_some_and(|t| Arc::ptr_eq(&t.0, &self.0)),
+            None => m.requires_grad,
+        }
+    }
+
+    /// Gradients of this scalar with respect to the leaves it depends on, added to their
+    /// `.grad`; frees the recorded graph (`loss.backward()`).
+    pub fn backward(&self) -> Result<()> {
+        self.backward_opts(None, false)
+    }
+
+    /// Backward seeded with `grad` (the gradient of some scalar with respect to `self`).
+    pub fn backward_with(&self, grad: &Tensor) -> Result<()> {
+        self.backward_opts(Some(grad), false)
+    }
+
+    /// Backward with an optional seed (required for non-scalars) and `retain_graph`.
+    pub fn backward_opts(&self, grad: Option<&Tensor>, retain_graph: bool) -> Result<()> {
+        let seed = match grad {
+            Some(g) => {
+                if g.shape() != self.shape() {
+                    bail!(
+                        Shape,
+                        "Mismatch in shape: grad_output[0] has a shape of {:?} and output[0] has a shape of {:?}.",
+                        g.shape(),
+                        self.shape()
+                    );
+                }
+                let _off = no_grad();
+                if g.dtype() != self.dtype() {
+                    g.to_dtype(self.dtype())?
+                } else {
+                    g.detach()
+                }
+            }
+            None => {
+                if self.numel() != 1 {
+                    bail!(
+                        Value,
+                        "grad can be implicitly created only for scalar outputs"
+                    );
+                }
+                if !self.dtype().is_float() {
+                    bail!(
+                        Value,
+                        "grad can be implicitly created only for real scalar outputs but got {}",
+                        self.dtype().torch_name()
+                    );
+                }
+                Tensor::ones(self.shape(), self.dtype())
+            }
+        };
+        engine::backward(self, seed, retain_graph)
+    }
+}
+
+/// Clears the gradients of `params` (`optimizer.zero_grad()`, set to `None`).
+pub fn zero_grad(params: &[Tensor]) {
+    for p in params {
+        p.set_grad(None);
+    }
+}
+
+/// Bytes of tensor data the recorded graph behind `t` keeps for backward (each storage
+/// counted once; leaves are not counted).
+pub fn saved_tensor_bytes(t: &Tensor) -> usize {
+    let mut seen_nodes: HashSet<*const tape::GradNode> = HashSet::new();
+    let mut seen_storage: HashSet<u64> = HashSet::new();
+    let mut total = 0;
+    let mut count = |id: u64, bytes: usize, total: &mut usize| {
+        if seen_storage.insert(id) {
+            *total += bytes;
+        }
+    };
+    let mut stack: Vec<Arc<tape::GradNode>> = t.meta().node.iter().cloned().collect();
+    while let Some(n) = stack.pop() {
+        if !seen_nodes.insert(Arc::as_ptr(&n)) {
+            continue;
+        }
+        match &n.op {
+            tape::NodeOp::Custom(c) => {
+                for (id, b) in c.saved() {
+                    count(id, b, &mut total);
+                }
+                if let Some(v) = n.value() {
+                    count(v.storage().id(), v.storage().nbytes(), &mut total);
+                }
+            }
+            tape::NodeOp::Op(_) => {
+                if let Some(v) = n.value() {
+                    count(v.storage().id(), v.storage().nbytes(), &mut total);
+                }
+                for e in &n.inputs {
+                    if let tape::Edge::Const(c) = e {
+                        count(c.storage().id(), c.storage().nbytes(), &mut total);
+                    }
+                }
+            }
+        }
+        for e in &n.inputs {
+            if let tape::Edge::Node(c) = e {
+                stack.push(c.clone());
+            }
+        }
+    }
+    total
 }
 
 thread_local! {

@@ -2,13 +2,19 @@
 //! or draw it as Graphviz (`dot`). Errors print as `error: ...` and exit with status 1; usage
 //! errors exit with status 2.
 
+pub mod compile;
+
 use crate::ir::graph::{Graph, Module};
-use crate::ir::{parse_module, print_graph, print_module};
+pub mod check;
+
+use crate::ir::parse_module;
 use crate::runtime::{interp, npy};
 use crate::{Error, Result, Tensor};
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+pub mod grad;
 
 /// Command-line arguments.
 #[derive(Parser, Debug)]
@@ -28,9 +34,13 @@ pub enum Command {
     /// Run a graph on .npy inputs and write its outputs as DIR/out0.npy, DIR/out1.npy, ...
     Run(RunArgs),
     /// Parse and verify a model, then print it with every type written out.
-    Check(CheckArgs),
+    Check(check::CheckArgs),
     /// Print a graph as Graphviz dot.
     Dot(DotArgs),
+    /// Gradients of the sum of all outputs w.r.t. inputs, written as DIR/grad_<input>.npy.
+    Grad(grad::GradArgs),
+    /// Compile a graph's fused kernels for a target (CUDA: .cu, .ptx, .cubin, manifest.json).
+    Compile(compile::CompileArgs),
 }
 
 /// Arguments of `smelt run`.
@@ -51,16 +61,6 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_fuse: bool,
     /// The graph to run (default: the first one in the file).
-    #[arg(long, value_name = "NAME")]
-    pub graph: Option<String>,
-}
-
-/// Arguments of `smelt check`.
-#[derive(clap::Args, Debug)]
-pub struct CheckArgs {
-    /// The .smelt file.
-    pub model: PathBuf,
-    /// Print only this graph (default: every graph in the file).
     #[arg(long, value_name = "NAME")]
     pub graph: Option<String>,
 }
@@ -123,8 +123,10 @@ pub fn main() -> ExitCode {
 pub fn execute(command: &Command) -> Result<()> {
     match command {
         Command::Run(a) => run(a),
-        Command::Check(a) => check(a),
+        Command::Check(a) => check::check(a),
         Command::Dot(a) => dot(a),
+        Command::Grad(a) => grad::grad(a),
+        Command::Compile(a) => compile::run(a),
     }
 }
 
@@ -155,25 +157,6 @@ fn check_backend(b: Backend) -> Result<()> {
     Err(Error::Unsupported(format!(
         "backend {why} is not built into this version; use --backend interp"
     )))
-}
-
-fn check(a: &CheckArgs) -> Result<()> {
-    let module = load(&a.model)?;
-    let text = match &a.graph {
-        Some(name) => {
-            let g = module.graph(name)?;
-            g.verify()?;
-            print_graph(g)
-        }
-        None => {
-            for g in &module.graphs {
-                g.verify()?;
-            }
-            print_module(&module)
-        }
-    };
-    print!("{text}");
-    Ok(())
 }
 
 fn dot(a: &DotArgs) -> Result<()> {

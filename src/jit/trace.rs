@@ -292,6 +292,7 @@ pub(crate) fn on_apply(op: &Op, inputs: &[&Tensor], out: &Tensor) {
 /// with another traced tensor (a view, or a tensor that has views) is refused, since the
 /// graph has no aliasing to carry the write over.
 pub fn record_inplace(target: &Tensor, op: Op, operands: &[&Tensor]) -> Result<()> {
+    crate::autograd::tape::on_inplace(target, &op, operands)?;
     RECORDER.with(|r| {
         let Ok(mut r) = r.try_borrow_mut() else {
             return Ok(());

@@ -8,14 +8,20 @@
 //! - `var/std`            → `sum((x - mean(x))^2) / max(0, N - correction)` (then `sqrt`)
 //! - `logsumexp`          → `log(sum(exp(x - m))) + m`, `m = amax(x)` with ±inf maxima set to 0
 //! - `linear(x, w, b)`    → `matmul(x, t(w)) + b` (the transpose is a view, never a copy)
+//! - `einsum`             → the eager kernel's own lowering, op for op: `diagonal` views for
+//!   repeated subscripts, `expand` for size-1 broadcasts, `sum` of subscripts needed nowhere
+//!   else, one batched `matmul` per pair of operands between `permute`/`reshape` views, and a
+//!   final `permute` (so the values are bit-identical to the composite's)
 //!
 //! f16/bf16 normalisations compute in f32 and round once at the end, as PyTorch's kernels
 //! accumulate in f32. Ops over empty tensors are left alone (their reductions would refuse the
-//! empty dims that the composite accepts). `gelu` and `silu` stay: they are scalar ops of the
-//! kernel IR, and spelling them out would only add rounding steps.
+//! empty dims that the composite accepts). `gelu` (both approximations) and `silu` stay: they
+//! are scalar ops of the kernel IR, so the fuser already sees through them, and spelling them
+//! out would only add rounding steps.
 
 use crate::Result;
 use crate::ir::dtype::{DType, Scalar};
+use crate::ir::einsum::EinsumSpec;
 use crate::ir::graph::{Graph, NodeKind, ValueId};
 use crate::ir::op::{BinaryOp, Op, ReduceOp, UnaryOp, reduction_dims};
 use crate::ir::shape::reduced_shape;
@@ -127,6 +133,9 @@ fn expand(b: &mut Builder, name: &str, op: &Op, args: &[ValueId]) -> Result<Opti
     };
     if b.g.node(x).ty.numel() == 0 && !matches!(op, Op::Linear { .. }) {
         return Ok(None);
+    }
+    if let Op::Einsum { equation } = op {
+        return einsum(b, name, equation, args);
     }
     let r = match op {
         Op::Softmax { dim } => softmax(b, name, x, *dim, false)?,
@@ -289,4 +298,188 @@ fn logsumexp(
     };
     let y = b.binary(name, BinaryOp::Add, l, mk)?;
     b.cast(name, y, out)
+}
+
+/// A value whose dims carry einsum labels.
+struct Term {
+    v: ValueId,
+    labels: Vec<usize>,
+}
+
+fn einsum(
+    b: &mut Builder,
+    name: &str,
+    equation: &str,
+    args: &[ValueId],
+) -> Result<Option<ValueId>> {
+    if args.iter().any(|&a| b.g.node(a).ty.numel() == 0) {
+        return Ok(None);
+    }
+    let shapes: Vec<Vec<usize>> = args.iter().map(|&a| b.g.node(a).ty.shape.clone()).collect();
+    let refs: Vec<&[usize]> = shapes.iter().map(|s| &s[..]).collect();
+    let spec = EinsumSpec::parse(equation, &refs)?;
+    let out_dtype = b.dtype(args[0]);
+    let mut terms = Vec::with_capacity(args.len());
+    for (&x, labels) in args.iter().zip(&spec.inputs) {
+        terms.push(einsum_prepare(b, name, x, labels, &spec)?);
+    }
+    let mut terms = terms.into_iter();
+    let Some(mut acc) = terms.next() else {
+        return Ok(None);
+    };
+    let rest: Vec<Term> = terms.collect();
+    for (i, t) in rest.iter().enumerate() {
+        // labels still needed after this pair: the output's and later operands'
+        let later: Vec<usize> = spec
+            .output
+            .iter()
+            .chain(rest[i + 1..].iter().flat_map(|t| t.labels.iter()))
+            .copied()
+            .collect();
+        let a = einsum_sum_unneeded(b, name, acc, &[&later, &t.labels])?;
+        let bt = Term {
+            v: t.v,
+            labels: t.labels.clone(),
+        };
+        let bt = einsum_sum_unneeded(b, name, bt, &[&later, &a.labels])?;
+        acc = einsum_contract(b, name, a, bt, &later)?;
+    }
+    let acc = einsum_sum_unneeded(b, name, acc, &[&spec.output])?;
+    let perm: Vec<i64> = spec
+        .output
+        .iter()
+        .filter_map(|l| acc.labels.iter().position(|m| m == l).map(|p| p as i64))
+        .collect();
+    let y = permute(b, name, acc.v, perm)?;
+    Ok(Some(b.cast(name, y, out_dtype)?))
+}
+
+fn permute(b: &mut Builder, name: &str, x: ValueId, dims: Vec<i64>) -> Result<ValueId> {
+    if dims.iter().enumerate().all(|(i, &d)| d == i as i64) {
+        return Ok(x);
+    }
+    b.op(name, Op::Permute { dims }, &[x])
+}
+
+/// Diagonals of repeated labels, then size-1 dims broadcast to their label's size.
+fn einsum_prepare(
+    b: &mut Builder,
+    name: &str,
+    x: ValueId,
+    labels: &[usize],
+    spec: &EinsumSpec,
+) -> Result<Term> {
+    let mut v = x;
+    let mut labels = labels.to_vec();
+    while let Some((i, j)) = (0..labels.len()).find_map(|j| {
+        labels[..j]
+            .iter()
+            .position(|&l| l == labels[j])
+            .map(|i| (i, j))
+    }) {
+        // diagonal removes dims i and j and appends their diagonal as the last dim
+        let d = Op::Diagonal {
+            offset: 0,
+            dim1: i as i64,
+            dim2: j as i64,
+        };
+        v = b.op(name, d, &[v])?;
+        let l = labels[i];
+        labels.remove(j);
+        labels.remove(i);
+        labels.push(l);
+    }
+    let full: Vec<usize> = labels.iter().map(|&l| spec.sizes[l]).collect();
+    if full != b.g.node(v).ty.shape {
+        let size = full.iter().map(|&n| n as i64).collect();
+        v = b.op(name, Op::Expand { size }, &[v])?;
+    }
+    Ok(Term { v, labels })
+}
+
+/// Sums out the dims whose labels appear in none of `keep` (in the operand's dtype).
+fn einsum_sum_unneeded(b: &mut Builder, name: &str, x: Term, keep: &[&[usize]]) -> Result<Term> {
+    let dims: Vec<usize> = (0..x.labels.len())
+        .filter(|&d| !keep.iter().any(|k| k.contains(&x.labels[d])))
+        .collect();
+    if dims.is_empty() {
+        return Ok(x);
+    }
+    let dtype = b.dtype(x.v);
+    let dim = Some(dims.iter().map(|&d| d as i64).collect());
+    let s = b.reduce(name, ReduceOp::Sum, x.v, &dim, false)?;
+    // integer sums widen to int64; einsum keeps the operands' dtype
+    let v = b.cast(name, s, dtype)?;
+    let labels = x
+        .labels
+        .iter()
+        .enumerate()
+        .filter(|(d, _)| !dims.contains(d))
+        .map(|(_, &l)| l)
+        .collect();
+    Ok(Term { v, labels })
+}
+
+/// Contracts two terms with one batched matmul `[batch, m, k] @ [batch, k, n]`.
+fn einsum_contract(b: &mut Builder, name: &str, x: Term, y: Term, later: &[usize]) -> Result<Term> {
+    let in_y = |l: &usize| y.labels.contains(l);
+    let batch: Vec<usize> = (x.labels.iter().copied())
+        .filter(|l| in_y(l) && later.contains(l))
+        .collect();
+    let k: Vec<usize> = (x.labels.iter().copied())
+        .filter(|l| in_y(l) && !later.contains(l))
+        .collect();
+    let m: Vec<usize> = x.labels.iter().copied().filter(|l| !in_y(l)).collect();
+    let n: Vec<usize> = (y.labels.iter().copied())
+        .filter(|l| !x.labels.contains(l))
+        .collect();
+    let size_of = |b: &Builder, t: &Term, ls: &[usize]| -> Vec<usize> {
+        let shape = &b.g.node(t.v).ty.shape;
+        ls.iter()
+            .map(|l| t.labels.iter().position(|m| m == l).map_or(1, |d| shape[d]))
+            .collect()
+    };
+    let prod = |v: &[usize]| v.iter().product::<usize>() as i64;
+    let (bs, ms, ks, ns) = (
+        size_of(b, &x, &batch),
+        size_of(b, &x, &m),
+        size_of(b, &x, &k),
+        size_of(b, &y, &n),
+    );
+    let x3 = arrange(
+        b,
+        name,
+        &x,
+        &[&batch, &m, &k],
+        vec![prod(&bs), prod(&ms), prod(&ks)],
+    )?;
+    let y3 = arrange(
+        b,
+        name,
+        &y,
+        &[&batch, &k, &n],
+        vec![prod(&bs), prod(&ks), prod(&ns)],
+    )?;
+    let c = b.op(name, Op::Matmul, &[x3, y3])?;
+    let shape: Vec<i64> = bs.iter().chain(&ms).chain(&ns).map(|&s| s as i64).collect();
+    let v = b.op(name, Op::Reshape { shape }, &[c])?;
+    let labels = batch.into_iter().chain(m).chain(n).collect();
+    Ok(Term { v, labels })
+}
+
+/// Permutes `x` so its labels follow `groups`, then reshapes to one dim per group.
+fn arrange(
+    b: &mut Builder,
+    name: &str,
+    x: &Term,
+    groups: &[&[usize]],
+    shape: Vec<i64>,
+) -> Result<ValueId> {
+    let perm: Vec<i64> = groups
+        .iter()
+        .flat_map(|g| g.iter())
+        .filter_map(|l| x.labels.iter().position(|m| m == l).map(|p| p as i64))
+        .collect();
+    let p = b.op(name, Op::Permute { dims: perm }, &[x.v])?;
+    b.op(name, Op::Reshape { shape }, &[p])
 }

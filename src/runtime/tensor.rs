@@ -324,6 +324,8 @@ pub fn apply(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
     let out = op.infer(&refs)?;
     let result = super::kernels::eval(&op, inputs, &out)?;
     crate::jit::trace::on_apply(&op, inputs, &result);
+    // Eager autograd: records the op on the result when an operand requires grad.
+    crate::autograd::tape::on_apply(&op, inputs, &result);
     Ok(result)
 }
 

@@ -1,0 +1,209 @@
+//! `smelt compile MODEL --target cuda --out DIR`: the fused schedule of a graph as CUDA C,
+//! PTX and CUBIN files, one set per kernel, plus `manifest.json` describing how to run them.
+
+use super::{load, pick};
+use crate::codegen_cuda::nvrtc::{self, CompileOptions};
+use crate::codegen_cuda::{CudaOptions, CudaProgram, CudaStep, Launch, c_type, generate};
+use crate::kernel::{BufferKind, Schedule, View};
+use crate::passes::fuse;
+use crate::{Error, Result};
+use clap::ValueEnum;
+use std::path::{Path, PathBuf};
+
+/// Compilation targets.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// CUDA C compiled by NVRTC to PTX and CUBIN.
+    Cuda,
+}
+
+/// Arguments of `smelt compile`.
+#[derive(clap::Args, Debug)]
+pub struct CompileArgs {
+    /// The .smelt file.
+    pub model: PathBuf,
+    /// What to generate.
+    #[arg(long, value_enum, default_value_t = Target::Cuda)]
+    pub target: Target,
+    /// Directory for the files (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// The GPU architecture of the CUBIN files (PTX is for the matching compute_XY).
+    #[arg(long, default_value = "sm_90")]
+    pub arch: String,
+    /// The graph to compile (default: the first one in the file).
+    #[arg(long, value_name = "NAME")]
+    pub graph: Option<String>,
+    /// Compile with --use_fast_math.
+    #[arg(long)]
+    pub fast_math: bool,
+}
+
+fn write(path: &Path, bytes: &[u8]) -> Result<()> {
+    std::fs::write(path, bytes).map_err(|e| Error::Io(format!("{}: {e}", path.display())))
+}
+
+/// Runs `smelt compile`.
+pub fn run(a: &CompileArgs) -> Result<()> {
+    let module = load(&a.model)?;
+    let g = pick(&module, a.graph.as_deref())?;
+    let schedule = fuse::compile(g)?;
+    let opts = CudaOptions {
+        fast_math: a.fast_math,
+    };
+    let prog = generate(&schedule, &opts)?;
+    let mut copts = CompileOptions::for_arch(&a.arch);
+    copts.fast_math = a.fast_math;
+    // compile everything before writing anything, so a failure leaves no partial output
+    let mut compiled = Vec::new();
+    for i in 0..prog.kernels.len() {
+        let unit = prog.unit(i).unwrap_or_default();
+        let name = format!("{}.cu", prog.kernels[i].name);
+        compiled.push((unit.clone(), nvrtc::compile(&unit, &name, &copts)?));
+    }
+    std::fs::create_dir_all(&a.out).map_err(|e| Error::Io(format!("{}: {e}", a.out.display())))?;
+    for (k, (unit, c)) in prog.kernels.iter().zip(&compiled) {
+        write(&a.out.join(format!("{}.cu", k.name)), unit.as_bytes())?;
+        write(&a.out.join(format!("{}.ptx", k.name)), c.ptx.as_bytes())?;
+        write(&a.out.join(format!("{}.cubin", k.name)), &c.cubin)?;
+    }
+    let nv = nvrtc::version()?;
+    let manifest = manifest(&schedule, &prog, &a.arch, nv);
+    write(&a.out.join("manifest.json"), manifest.as_bytes())
+}
+
+/// A JSON string literal.
+fn js(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn list<T: ToString>(v: &[T]) -> String {
+    let items: Vec<String> = v.iter().map(|x| x.to_string()).collect();
+    format!("[{}]", items.join(", "))
+}
+
+fn view_json(v: &View) -> String {
+    format!(
+        "{{\"buffer\": {}, \"shape\": {}, \"strides\": {}, \"offset\": {}}}",
+        v.buffer,
+        list(&v.shape),
+        list(&v.strides),
+        v.offset
+    )
+}
+
+fn launch_json(l: &Launch) -> String {
+    match *l {
+        Launch::Pointwise { n, block, grid } => format!(
+            "{{\"kind\": \"pointwise\", \"elements\": {n}, \"grid\": {grid}, \"block\": {block}, \"shared_bytes\": 0}}"
+        ),
+        Launch::Rows {
+            rows,
+            row_len,
+            block,
+            grid,
+            shared_bytes,
+        } => format!(
+            "{{\"kind\": \"rows\", \"rows\": {rows}, \"row_len\": {row_len}, \"grid\": {grid}, \"block\": {block}, \"shared_bytes\": {shared_bytes}}}"
+        ),
+    }
+}
+
+/// The manifest: buffers (with sizes), steps in order, kernels with parameters and launch
+/// configuration, extern calls, outputs.
+pub fn manifest(s: &Schedule, p: &CudaProgram, arch: &str, nvrtc: (i32, i32)) -> String {
+    let mut o = String::from("{\n");
+    o.push_str(&format!("  \"schedule\": {},\n", js(&s.name)));
+    o.push_str("  \"target\": \"cuda\",\n");
+    o.push_str(&format!("  \"arch\": {},\n", js(arch)));
+    o.push_str(&format!("  \"nvrtc\": \"{}.{}\",\n", nvrtc.0, nvrtc.1));
+    o.push_str(&format!("  \"fast_math\": {},\n", p.options.fast_math));
+    let bufs: Vec<String> = s
+        .buffers
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let kind = match &b.kind {
+                BufferKind::Input(k) => format!("\"input\", \"input\": {k}"),
+                BufferKind::Constant(_) => "\"constant\"".to_string(),
+                BufferKind::Temp => "\"temp\"".to_string(),
+            };
+            format!(
+                "    {{\"id\": {i}, \"name\": {}, \"dtype\": \"{}\", \"ctype\": \"{}\", \"shape\": {}, \"bytes\": {}, \"kind\": {kind}}}",
+                js(&b.name),
+                b.dtype.name(),
+                c_type(b.dtype),
+                list(&b.shape),
+                b.bytes()
+            )
+        })
+        .collect();
+    o.push_str(&format!("  \"buffers\": [\n{}\n  ],\n", bufs.join(",\n")));
+    o.push_str(&format!("  \"inputs\": {},\n", list(&s.inputs)));
+    let outs: Vec<String> = s
+        .outputs
+        .iter()
+        .map(|v| format!("    {}", view_json(v)))
+        .collect();
+    o.push_str(&format!("  \"outputs\": [\n{}\n  ],\n", outs.join(",\n")));
+    let steps: Vec<String> = p
+        .steps
+        .iter()
+        .map(|st| match st {
+            CudaStep::Kernel(i) => format!("    {{\"kernel\": {}}}", js(&p.kernels[*i].name)),
+            CudaStep::Extern(e) => {
+                let args: Vec<String> = e.args.iter().map(view_json).collect();
+                format!(
+                    "    {{\"extern\": {}, \"args\": [{}], \"out\": {}}}",
+                    js(&e.op),
+                    args.join(", "),
+                    e.out
+                )
+            }
+        })
+        .collect();
+    o.push_str(&format!("  \"steps\": [\n{}\n  ],\n", steps.join(",\n")));
+    let kernels: Vec<String> = p
+        .kernels
+        .iter()
+        .map(|k| {
+            let params: Vec<String> = k
+                .params
+                .iter()
+                .map(|q| {
+                    let buf = q.buffer.map_or("null".to_string(), |b| b.to_string());
+                    format!(
+                        "{{\"name\": {}, \"buffer\": {buf}, \"ctype\": {}, \"access\": \"{}\"}}",
+                        js(&q.name),
+                        js(&q.ctype),
+                        q.access.name()
+                    )
+                })
+                .collect();
+            format!(
+                "    {{\"name\": {}, \"ir_name\": {}, \"cu\": {}, \"ptx\": {}, \"cubin\": {}, \"params\": [{}], \"launch\": {}}}",
+                js(&k.name),
+                js(&k.ir_name),
+                js(&format!("{}.cu", k.name)),
+                js(&format!("{}.ptx", k.name)),
+                js(&format!("{}.cubin", k.name)),
+                params.join(", "),
+                launch_json(&k.launch)
+            )
+        })
+        .collect();
+    o.push_str(&format!("  \"kernels\": [\n{}\n  ]\n", kernels.join(",\n")));
+    o.push_str("}\n");
+    o
+}

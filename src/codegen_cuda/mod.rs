@@ -1,0 +1,215 @@
+//! CUDA C from the kernel IR: one `extern "C" __global__` function per fused kernel, compiled
+//! with NVRTC to PTX and CUBIN (no GPU needed for that).
+//!
+//! [`generate`] turns a [`Schedule`] into a [`CudaProgram`]: the shared prelude (helpers for
+//! wrapping integer ops, NaN-propagating max/min, block reductions), and per kernel its source,
+//! its parameters (one pointer per buffer it touches, then the error flag) and its launch
+//! rule. Extern calls (GEMMs, indexing ops) are not generated: they are listed for the
+//! runtime, which serves them with libraries (cuBLAS) or its own kernels.
+//!
+//! Semantics are those of the eager kernels: f16/bf16 compute in f32 and round after every
+//! op, integers wrap, max/min propagate NaN, an integer remainder by zero sets the error flag
+//! (`*sm_err = 1`) instead of trapping, float→int casts saturate (NaN gives 0).
+
+mod emit;
+pub mod locate;
+pub mod nvrtc;
+mod prelude;
+mod scalar;
+
+use crate::Result;
+use crate::ir::dtype::DType;
+use crate::kernel::{BufferId, Schedule, Step, View};
+
+/// Code generation options.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CudaOptions {
+    /// Compile with `--use_fast_math` (approximate transcendentals, flushed denormals).
+    pub fast_math: bool,
+}
+
+/// How a kernel parameter is used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamAccess {
+    Read,
+    Write,
+    ReadWrite,
+    /// A device `unsigned int` set to 1 when an integer division by zero happened.
+    ErrorFlag,
+}
+
+impl ParamAccess {
+    /// Name in manifests.
+    pub fn name(self) -> &'static str {
+        match self {
+            ParamAccess::Read => "read",
+            ParamAccess::Write => "write",
+            ParamAccess::ReadWrite => "read_write",
+            ParamAccess::ErrorFlag => "error_flag",
+        }
+    }
+}
+
+/// One pointer parameter of a kernel, in order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelParam {
+    pub name: String,
+    /// The schedule buffer it points to (`None` for the error flag).
+    pub buffer: Option<BufferId>,
+    /// Its C type (`const float*`).
+    pub ctype: String,
+    pub access: ParamAccess,
+}
+
+/// How a kernel is launched (1-d grids and blocks, no dynamic shared memory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launch {
+    /// A grid-stride loop over `n` elements.
+    Pointwise { n: u64, block: u32, grid: u64 },
+    /// One block per row (grid-stride over rows); `shared_bytes` of static shared memory.
+    Rows {
+        rows: u64,
+        row_len: u64,
+        block: u32,
+        grid: u64,
+        shared_bytes: u32,
+    },
+}
+
+impl Launch {
+    /// Threads per block.
+    pub fn block(&self) -> u32 {
+        match *self {
+            Launch::Pointwise { block, .. } | Launch::Rows { block, .. } => block,
+        }
+    }
+
+    /// Blocks in the grid; 0 means the kernel has nothing to do and is not launched.
+    pub fn grid(&self) -> u64 {
+        match *self {
+            Launch::Pointwise { grid, .. } | Launch::Rows { grid, .. } => grid,
+        }
+    }
+}
+
+/// The CUDA source of one fused kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CudaKernelSrc {
+    /// The C function name (unique in the program).
+    pub name: String,
+    /// The kernel's name in the schedule (`k0`).
+    pub ir_name: String,
+    /// The `__global__` function alone (see [`CudaProgram::unit`] for a compilable file).
+    pub source: String,
+    pub params: Vec<KernelParam>,
+    pub launch: Launch,
+    /// Whether it needs the f16/bf16 headers.
+    pub uses_half: bool,
+}
+
+/// A library call the runtime serves itself.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExternInfo {
+    /// The op's name (`matmul`).
+    pub op: String,
+    /// Strided views of the operands.
+    pub args: Vec<View>,
+    pub out: BufferId,
+}
+
+/// One step of the program, in schedule order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CudaStep {
+    /// Index into [`CudaProgram::kernels`].
+    Kernel(usize),
+    Extern(ExternInfo),
+}
+
+/// The CUDA form of a schedule.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CudaProgram {
+    pub name: String,
+    pub kernels: Vec<CudaKernelSrc>,
+    pub steps: Vec<CudaStep>,
+    pub options: CudaOptions,
+}
+
+impl CudaProgram {
+    /// True when some kernel reads or writes f16/bf16.
+    pub fn uses_half(&self) -> bool {
+        self.kernels.iter().any(|k| k.uses_half)
+    }
+
+    /// The prelude for units that do (or do not) need the half headers.
+    pub fn prelude(half: bool) -> String {
+        let mut s = String::new();
+        if half {
+            s.push_str(prelude::HALF_INCLUDES);
+            s.push_str(prelude::HALF_HELPERS);
+        }
+        s.push_str(prelude::COMMON);
+        s
+    }
+
+    /// A self-contained translation unit holding kernel `i` (what `smelt compile` writes as
+    /// `NAME.cu`).
+    pub fn unit(&self, i: usize) -> Option<String> {
+        let k = self.kernels.get(i)?;
+        Some(format!("{}\n{}", Self::prelude(k.uses_half), k.source))
+    }
+
+    /// One translation unit holding every kernel.
+    pub fn whole(&self) -> String {
+        let mut s = Self::prelude(self.uses_half());
+        for k in &self.kernels {
+            s.push('\n');
+            s.push_str(&k.source);
+        }
+        s
+    }
+}
+
+/// A C identifier made of `name`'s letters, digits and underscores.
+fn c_ident(name: &str) -> String {
+    let mut s: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    if s.is_empty() || s.starts_with(|c: char| c.is_ascii_digit()) {
+        s.insert(0, '_');
+    }
+    s
+}
+
+/// Generates CUDA C for every kernel of `s` (validated first).
+pub fn generate(s: &Schedule, opts: &CudaOptions) -> Result<CudaProgram> {
+    s.validate()?;
+    let base = c_ident(&s.name);
+    let mut kernels = Vec::new();
+    let mut steps = Vec::new();
+    for step in &s.steps {
+        match step {
+            Step::Kernel(k) => {
+                let name = format!("smelt_{base}_{}_{}", kernels.len(), c_ident(&k.name));
+                kernels.push(emit::kernel(s, k, &name, opts)?);
+                steps.push(CudaStep::Kernel(kernels.len() - 1));
+            }
+            Step::Extern(e) => steps.push(CudaStep::Extern(ExternInfo {
+                op: e.op.name().to_string(),
+                args: e.args.clone(),
+                out: e.out,
+            })),
+        }
+    }
+    Ok(CudaProgram {
+        name: s.name.clone(),
+        kernels,
+        steps,
+        options: opts.clone(),
+    })
+}
+
+/// The C element type of a buffer of `d` (for manifests).
+pub fn c_type(d: DType) -> &'static str {
+    scalar::mem_type(d)
+}

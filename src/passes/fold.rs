@@ -1,0 +1,128 @@
+//! Constant folding: a value computed only from leaves that need no input (`constant`,
+//! Python scalars, `full`, `arange`) is evaluated once, on the eager kernels the reference
+//! interpreter runs, and replaced by a captured `constant`.
+//!
+//! Limits: no value larger than [`FoldOptions::max_bytes`] is ever materialised, neither the
+//! folded value nor any intermediate of its computation, so `expand(full(...))` to a huge shape
+//! stays a broadcast the fuser computes inline. Leaves themselves are not replaced (a `full`
+//! is cheaper to compute where used than to load). Random draws never appear as ops: tracing
+//! captures their results as constants, so nothing random is re-evaluated here.
+
+use super::simplify::{copy_op, start_copy};
+use crate::ir::dtype::DType;
+use crate::ir::graph::{Graph, NodeKind, ValueId};
+use crate::ir::op::{Literal, Op};
+use crate::runtime::tensor::{Tensor, apply};
+use crate::{Error, Result};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// Limits of constant folding.
+#[derive(Clone, Debug)]
+pub struct FoldOptions {
+    /// Largest value, in bytes, that folding may materialise.
+    pub max_bytes: usize,
+}
+
+impl Default for FoldOptions {
+    fn default() -> FoldOptions {
+        FoldOptions { max_bytes: 1 << 16 }
+    }
+}
+
+/// Folds with the default limits.
+pub fn fold(g: &Graph) -> Result<Graph> {
+    fold_with(g, &FoldOptions::default())
+}
+
+/// Replaces every value that depends on no input (and fits the limit) by a `constant`, at the
+/// frontier where such values meet the rest of the graph or the outputs. The nodes it
+/// replaces are left for [`super::dce`].
+pub fn fold_with(g: &Graph, opts: &FoldOptions) -> Result<Graph> {
+    let order = g.topo_order();
+    let mut evaluable: HashSet<ValueId> = HashSet::new();
+    for &v in &order {
+        let n = g.node(v);
+        if n.op().is_none() || n.ty.numel().saturating_mul(n.ty.dtype.size()) > opts.max_bytes {
+            continue;
+        }
+        if g.operands(v).iter().all(|o| evaluable.contains(o)) {
+            evaluable.insert(v);
+        }
+    }
+    let outputs: HashSet<ValueId> = g.outputs().iter().copied().collect();
+    let fold_here = |v: ValueId| {
+        let n = g.node(v);
+        evaluable.contains(&v)
+            && !g.operands(v).is_empty()
+            // a wrapped number ranks lower in promotion than a 0-d tensor: keep it as it is
+            && !n.ty.wrapped
+            && (outputs.contains(&v) || g.users(v).iter().any(|u| !evaluable.contains(u)))
+    };
+    // the input-free values the folded ones are computed from
+    let mut needed: HashSet<ValueId> = HashSet::new();
+    let mut stack: Vec<ValueId> = order.iter().copied().filter(|&v| fold_here(v)).collect();
+    while let Some(v) = stack.pop() {
+        if needed.insert(v) {
+            stack.extend(g.operands(v));
+        }
+    }
+    let (mut out, mut map) = start_copy(g)?;
+    let mut values: HashMap<ValueId, Tensor> = HashMap::new();
+    for &v in &order {
+        let n = g.node(v);
+        let NodeKind::Op(op) = &n.kind else { continue };
+        if needed.contains(&v) {
+            // operands come first in topological order, so their values are there
+            let args = g
+                .operands(v)
+                .iter()
+                .map(|o| values.get(o).cloned())
+                .collect::<Option<Vec<Tensor>>>()
+                .ok_or_else(|| Error::Value(format!("fold: %{} has no value", n.name)))?;
+            let refs: Vec<&Tensor> = args.iter().collect();
+            values.insert(v, apply(op.clone(), &refs)?);
+        }
+        if fold_here(v) {
+            let t = values
+                .get(&v)
+                .ok_or_else(|| Error::Value(format!("fold: %{} has no value", n.name)))?;
+            let lit = literal(t)?;
+            map.insert(v, out.add_op_named(Op::Constant(lit), &[], &n.name)?);
+        } else {
+            let args: Vec<ValueId> = g.operands(v).iter().map(|o| map[o]).collect();
+            map.insert(v, copy_op(&mut out, g, v, &args)?);
+        }
+    }
+    out.set_outputs(g.outputs().iter().map(|o| map[o]).collect());
+    Ok(out)
+}
+
+/// The tensor's elements as a literal (row-major, little-endian bytes).
+fn literal(t: &Tensor) -> Result<Literal> {
+    macro_rules! le {
+        ($T:ty) => {
+            t.to_vec::<$T>()?
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect::<Vec<u8>>()
+        };
+    }
+    let bytes = match t.dtype() {
+        DType::Bool => t.to_vec::<bool>()?.into_iter().map(u8::from).collect(),
+        DType::U8 => le!(u8),
+        DType::I8 => le!(i8),
+        DType::I16 => le!(i16),
+        DType::I32 => le!(i32),
+        DType::I64 => le!(i64),
+        DType::F16 => le!(half::f16),
+        DType::BF16 => le!(half::bf16),
+        DType::F32 => le!(f32),
+        DType::F64 => le!(f64),
+    };
+    Ok(Literal {
+        dtype: t.dtype(),
+        shape: t.shape().to_vec(),
+        bytes: Arc::new(bytes),
+    })
+}

@@ -1,0 +1,170 @@
+//! Clean-up passes: common-subexpression elimination ([`cse`]) and dead-code elimination
+//! ([`dce`]). Both rebuild the graph in topological order, keeping every surviving value's
+//! name, so dumps before and after a pass line up.
+
+use crate::Result;
+use crate::ir::graph::{Graph, NodeKind, ValueId};
+use crate::ir::op::Op;
+use std::collections::{HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+/// Adds a copy of `src`'s op node `v` to `dst` on the operands `args` (already in `dst`),
+/// under the same name (anonymous scalars stay anonymous).
+pub(crate) fn copy_op(
+    dst: &mut Graph,
+    src: &Graph,
+    v: ValueId,
+    args: &[ValueId],
+) -> Result<ValueId> {
+    let n = src.node(v);
+    let NodeKind::Op(op) = &n.kind else {
+        return dst.add_input(&n.name, n.ty.clone());
+    };
+    if n.is_inline_scalar() {
+        dst.add_op(op.clone(), args)
+    } else {
+        dst.add_op_named(op.clone(), args, &n.name)
+    }
+}
+
+/// A new graph with `g`'s name and inputs (same names and types), and the map old → new.
+pub(crate) fn start_copy(g: &Graph) -> Result<(Graph, HashMap<ValueId, ValueId>)> {
+    let mut out = Graph::new(&g.name);
+    let mut map = HashMap::new();
+    for &v in g.inputs() {
+        let n = g.node(v);
+        map.insert(v, out.add_input(&n.name, n.ty.clone())?);
+    }
+    Ok((out, map))
+}
+
+/// A text key that tells ops apart exactly: every attribute, floats by their exact value
+/// (`-0.0` and `0.0` differ). Captured constants are keyed by a hash of their bytes; equal
+/// keys of constants are confirmed byte by byte.
+fn op_key(op: &Op) -> String {
+    match op {
+        Op::Constant(lit) => {
+            let mut h = DefaultHasher::new();
+            lit.bytes.hash(&mut h);
+            format!("constant {:?} {:?} {:x}", lit.dtype, lit.shape, h.finish())
+        }
+        _ => format!("{op:?}"),
+    }
+}
+
+/// True when two ops compute the same function of the same operands. Float attributes
+/// compare by bits, so `mul(x, 0.0)` and `mul(x, -0.0)` stay apart.
+fn same_op(a: &Op, b: &Op) -> bool {
+    match (a, b) {
+        (Op::Constant(x), Op::Constant(y)) => x == y,
+        _ => op_key(a) == op_key(b),
+    }
+}
+
+/// Merges structurally equal op nodes: same op and attributes, same operands in order, same
+/// type. Constants merge when their bytes are equal. Inputs are never merged. The first node
+/// in topological order survives, under its name.
+pub fn cse(g: &Graph) -> Result<Graph> {
+    let (mut out, mut map) = start_copy(g)?;
+    // key → candidates (new ids) with that key
+    let mut seen: HashMap<(String, Vec<ValueId>, bool), Vec<ValueId>> = HashMap::new();
+    for v in g.topo_order() {
+        let n = g.node(v);
+        let NodeKind::Op(op) = &n.kind else { continue };
+        let args: Vec<ValueId> = g.operands(v).iter().map(|o| map[o]).collect();
+        let key = (op_key(op), args.clone(), n.is_inline_scalar());
+        let found = seen.get(&key).and_then(|cands| {
+            cands.iter().copied().find(|&c| {
+                let m = out.node(c);
+                m.ty == n.ty && m.op().is_some_and(|o| same_op(o, op))
+            })
+        });
+        let nv = match found {
+            Some(c) => c,
+            None => {
+                let nv = copy_op(&mut out, g, v, &args)?;
+                seen.entry(key).or_default().push(nv);
+                nv
+            }
+        };
+        map.insert(v, nv);
+    }
+    out.set_outputs(g.outputs().iter().map(|o| map[o]).collect());
+    Ok(out)
+}
+
+/// The values an output depends on (outputs included).
+pub(crate) fn live_values(g: &Graph) -> HashSet<ValueId> {
+    let mut live = HashSet::new();
+    let mut stack: Vec<ValueId> = g.outputs().to_vec();
+    while let Some(v) = stack.pop() {
+        if live.insert(v) {
+            stack.extend(g.operands(v));
+        }
+    }
+    live
+}
+
+/// Removes op nodes whose value reaches no output. Inputs are kept even when unused: they
+/// are the graph's signature.
+pub fn dce(g: &Graph) -> Result<Graph> {
+    let live = live_values(g);
+    let (mut out, mut map) = start_copy(g)?;
+    for v in g.topo_order() {
+        if g.node(v).op().is_none() || !live.contains(&v) {
+            continue;
+        }
+        let args: Vec<ValueId> = g.operands(v).iter().map(|o| map[o]).collect();
+        map.insert(v, copy_op(&mut out, g, v, &args)?);
+    }
+    out.set_outputs(g.outputs().iter().map(|o| map[o]).collect());
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::dtype::{DType, Scalar};
+    use crate::ir::op::{BinaryOp, TensorType, UnaryOp};
+
+    fn x_graph() -> (Graph, ValueId) {
+        let mut g = Graph::new("t");
+        let x = g
+            .add_input("x", TensorType::new(DType::F32, vec![3]))
+            .unwrap();
+        (g, x)
+    }
+
+    #[test]
+    fn cse_merges_equal_ops_and_keeps_signed_zeros_apart() {
+        let (mut g, x) = x_graph();
+        let a = g.add_op(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
+        let b = g.add_op(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
+        let z = g.add_scalar(Scalar::Float(0.0)).unwrap();
+        let nz = g.add_scalar(Scalar::Float(-0.0)).unwrap();
+        let p = g.add_op(Op::Binary(BinaryOp::Mul), &[a, z]).unwrap();
+        let q = g.add_op(Op::Binary(BinaryOp::Mul), &[b, nz]).unwrap();
+        g.set_outputs(vec![p, q]);
+        let c = cse(&g).unwrap();
+        c.verify().unwrap();
+        // one exp, two scalars, two muls, one input
+        assert_eq!(c.len(), 6);
+        assert_ne!(c.outputs()[0], c.outputs()[1]);
+    }
+
+    #[test]
+    fn dce_keeps_unused_inputs() {
+        let (mut g, x) = x_graph();
+        g.add_input("unused", TensorType::new(DType::I64, vec![2]))
+            .unwrap();
+        let dead = g.add_op(Op::Unary(UnaryOp::Sin), &[x]).unwrap();
+        let _ = g.add_op(Op::Unary(UnaryOp::Cos), &[dead]).unwrap();
+        let y = g.add_op(Op::Unary(UnaryOp::Neg), &[x]).unwrap();
+        g.set_outputs(vec![y]);
+        let d = dce(&g).unwrap();
+        d.verify().unwrap();
+        assert_eq!(d.inputs().len(), 2);
+        assert_eq!(d.len(), 3);
+        assert!(d.value("unused").is_some());
+    }
+}

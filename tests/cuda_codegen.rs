@@ -1,0 +1,676 @@
+//! CUDA C generation: the source of every op of ir-format.md version 1 and of the example
+//! models, compiled with NVRTC to PTX and CUBIN for sm_90; plus the text of the generated
+//! index arithmetic and row-kernel structure, which needs no NVRTC.
+//!
+//! Without NVRTC the compile tests print why and pass; with `SMELT_REQUIRE_NVRTC=1` (CI)
+//! they fail instead.
+
+use smelt::codegen_cuda::nvrtc::{self, CompileOptions};
+use smelt::codegen_cuda::{CudaOptions, CudaProgram, Launch, generate};
+use smelt::ir::parse_module;
+use smelt::kernel::Schedule;
+use smelt::passes::fuse::compile;
+
+/// One small graph per op (and dtype variants), as `(name, params, body)`.
+const CASES: &[(&str, &str, &str)] = &[
+    // unary, f32 through a transposed view so the maps are not flat
+    ("neg", "%x: f32[5,3]", "%t = t(%x)\n %y = neg(%t)"),
+    ("abs", "%x: f32[5,3]", "%t = t(%x)\n %y = abs(%t)"),
+    ("exp", "%x: f32[7]", "%y = exp(%x)"),
+    ("log", "%x: f32[7]", "%y = log(%x)"),
+    ("log1p", "%x: f64[7]", "%y = log1p(%x)"),
+    ("expm1", "%x: f32[7]", "%y = expm1(%x)"),
+    ("sqrt", "%x: f16[7]", "%y = sqrt(%x)"),
+    ("rsqrt", "%x: bf16[7]", "%y = rsqrt(%x)"),
+    ("sin", "%x: f32[7]", "%y = sin(%x)"),
+    ("cos", "%x: f64[7]", "%y = cos(%x)"),
+    ("tanh", "%x: f32[7]", "%y = tanh(%x)"),
+    ("sigmoid", "%x: f16[7]", "%y = sigmoid(%x)"),
+    ("relu", "%x: f32[7]", "%y = relu(%x)"),
+    ("relu_i32", "%x: i32[7]", "%y = relu(%x)"),
+    ("gelu", "%x: f32[7]", "%y = gelu(%x)"),
+    (
+        "gelu_tanh",
+        "%x: bf16[7]",
+        "%y = gelu(%x, approximate=\"tanh\")",
+    ),
+    ("silu", "%x: f32[7]", "%y = silu(%x)"),
+    ("erf", "%x: f64[7]", "%y = erf(%x)"),
+    ("floor", "%x: f32[7]", "%y = floor(%x)"),
+    ("ceil", "%x: f16[7]", "%y = ceil(%x)"),
+    ("round", "%x: f32[7]", "%y = round(%x)"),
+    ("round_i64", "%x: i64[7]", "%y = round(%x)"),
+    ("sign", "%x: f32[7]", "%y = sign(%x)"),
+    ("sign_i8", "%x: i8[7]", "%y = sign(%x)"),
+    ("reciprocal", "%x: i32[7]", "%y = reciprocal(%x)"),
+    ("square", "%x: bool[7]", "%y = square(%x)"),
+    ("square_u8", "%x: u8[7]", "%y = square(%x)"),
+    ("neg_i64", "%x: i64[7]", "%y = neg(%x)"),
+    ("abs_i8", "%x: i8[7]", "%y = abs(%x)"),
+    ("exp_i64", "%x: i64[7]", "%y = exp(%x)"),
+    ("logical_not", "%x: f16[7]", "%y = logical_not(%x)"),
+    ("isnan", "%x: bf16[7]", "%y = isnan(%x)"),
+    ("isnan_i32", "%x: i32[7]", "%y = isnan(%x)"),
+    // binary, broadcast
+    ("add", "%x: f32[4,7], %z: f32[7]", "%y = add(%x, %z)"),
+    ("add_i8", "%x: i8[4,7], %z: i8[7]", "%y = add(%x, %z)"),
+    ("sub", "%x: f16[4,7], %z: f16[4,1]", "%y = sub(%x, %z)"),
+    ("mul", "%x: bf16[4,7]", "%y = mul(%x, 0.5)"),
+    ("mul_bool", "%x: bool[4,7], %z: bool[7]", "%y = mul(%x, %z)"),
+    ("div", "%x: f32[4,7], %z: f32[7]", "%y = div(%x, %z)"),
+    ("div_i32", "%x: i32[4,7], %z: i32[7]", "%y = div(%x, %z)"),
+    ("pow", "%x: f32[7]", "%y = pow(%x, 2.5)"),
+    ("pow_i64", "%x: i64[7], %z: i64[7]", "%y = pow(%x, %z)"),
+    (
+        "maximum",
+        "%x: f32[4,7], %z: f32[7]",
+        "%y = maximum(%x, %z)",
+    ),
+    (
+        "minimum",
+        "%x: f64[4,7], %z: f64[7]",
+        "%y = minimum(%x, %z)",
+    ),
+    ("maximum_u8", "%x: u8[7], %z: u8[7]", "%y = maximum(%x, %z)"),
+    ("remainder", "%x: f32[7]", "%y = remainder(%x, -1.5)"),
+    (
+        "remainder_i64",
+        "%x: i64[7], %z: i64[7]",
+        "%y = remainder(%x, %z)",
+    ),
+    (
+        "remainder_i16",
+        "%x: u8[7], %z: i8[7]",
+        "%y = remainder(%x, %z)",
+    ),
+    ("eq", "%x: f16[7], %z: f16[7]", "%y = eq(%x, %z)"),
+    ("ne", "%x: i32[7], %z: i64[7]", "%y = ne(%x, %z)"),
+    ("lt", "%x: f32[7]", "%y = lt(%x, 0.0)"),
+    ("le", "%x: u8[7], %z: i8[7]", "%y = le(%x, %z)"),
+    ("gt", "%x: bf16[7], %z: f16[7]", "%y = gt(%x, %z)"),
+    ("ge", "%x: f64[7], %z: f32[7]", "%y = ge(%x, %z)"),
+    (
+        "logical_and",
+        "%x: bool[7], %z: f32[7]",
+        "%y = logical_and(%x, %z)",
+    ),
+    (
+        "logical_or",
+        "%x: i64[7], %z: bool[7]",
+        "%y = logical_or(%x, %z)",
+    ),
+    // other pointwise
+    (
+        "where",
+        "%c: bool[4,7], %x: f32[7], %z: f16[4,1]",
+        "%y = where(%c, %x, %z)",
+    ),
+    (
+        "where_scalar",
+        "%c: bool[7], %x: i32[7]",
+        "%y = where(%c, %x, 3)",
+    ),
+    ("clamp", "%x: f32[7]", "%y = clamp(%x, min=-1.0, max=1.0)"),
+    ("clamp_nan", "%x: f16[7]", "%y = clamp(%x, min=nan)"),
+    ("clamp_i32", "%x: i32[7]", "%y = clamp(%x, max=5)"),
+    ("to_i8", "%x: f32[7]", "%y = to(%x, dtype=i8)"),
+    ("to_bf16", "%x: f16[7]", "%y = to(%x, dtype=bf16)"),
+    ("to_f16", "%x: i64[7]", "%y = to(%x, dtype=f16)"),
+    ("to_f32", "%x: f64[7]", "%y = to(%x, dtype=f32)"),
+    ("to_bool", "%x: f32[7]", "%y = to(%x, dtype=bool)"),
+    ("from_bool", "%x: bool[7]", "%y = to(%x, dtype=f64)"),
+    (
+        "masked_fill",
+        "%x: f32[4,7], %m: bool[7]",
+        "%y = masked_fill(%x, %m, value=-inf)",
+    ),
+    (
+        "masked_fill_i64",
+        "%x: i64[4,7], %m: bool[4,1]",
+        "%y = masked_fill(%x, %m, value=-9223372036854775808)",
+    ),
+    // reductions
+    ("sum", "%x: f32[4,7]", "%y = sum(%x, dim=1)"),
+    ("sum_all", "%x: f16[3,5,7]", "%y = sum(%x)"),
+    (
+        "sum_i32",
+        "%x: i32[4,7]",
+        "%y = sum(%x, dim=[0], keepdim=true)",
+    ),
+    ("sum_bool", "%x: bool[4,7]", "%y = sum(%x, dim=1)"),
+    ("sum_long_row", "%x: f32[3,4097]", "%y = sum(%x, dim=1)"),
+    ("sum_empty", "%x: f32[3,0]", "%y = sum(%x, dim=1)"),
+    ("mean", "%x: bf16[4,7]", "%y = mean(%x, dim=[0,1])"),
+    ("amax", "%x: f32[4,7]", "%y = amax(%x, dim=0)"),
+    ("amin", "%x: i8[4,7]", "%y = amin(%x, dim=1, keepdim=true)"),
+    ("prod", "%x: f64[4,7]", "%y = prod(%x, dim=1)"),
+    ("prod_i64", "%x: i64[4,7]", "%y = prod(%x, dim=0)"),
+    ("argmax", "%x: f32[4,7]", "%y = argmax(%x, dim=1)"),
+    ("argmin", "%x: f16[4,7]", "%y = argmin(%x)"),
+    (
+        "argmax_i32",
+        "%x: i32[4,7]",
+        "%y = argmax(%x, dim=0, keepdim=true)",
+    ),
+    ("var", "%x: f32[4,7]", "%y = var(%x, dim=1)"),
+    ("std", "%x: f64[4,7]", "%y = std(%x, dim=[1], correction=0)"),
+    ("logsumexp", "%x: f32[4,7]", "%y = logsumexp(%x, dim=1)"),
+    ("all", "%x: f32[4,7]", "%y = all(%x, dim=1)"),
+    ("any", "%x: u8[4,7]", "%y = any(%x, dim=1)"),
+    ("all_bool", "%x: bool[4,7]", "%y = all(%x)"),
+    // normalisation
+    ("softmax", "%x: f32[4,7]", "%y = softmax(%x, dim=-1)"),
+    ("softmax_dim0", "%x: f16[4,7]", "%y = softmax(%x, dim=0)"),
+    ("log_softmax", "%x: f32[4,7]", "%y = log_softmax(%x, dim=1)"),
+    (
+        "layer_norm",
+        "%x: f32[4,7], %w: f32[7], %b: f32[7]",
+        "%y = layer_norm(%x, %w, %b, normalized_shape=[7], eps=1e-5)",
+    ),
+    (
+        "layer_norm_plain",
+        "%x: bf16[3,4,7]",
+        "%y = layer_norm(%x, none, none, normalized_shape=[4,7])",
+    ),
+    // linear algebra (GEMMs are extern calls; the epilogues are kernels)
+    (
+        "matmul",
+        "%x: f32[4,7], %w: f32[7,5]",
+        "%m = matmul(%x, %w)\n %y = relu(%m)",
+    ),
+    (
+        "linear",
+        "%x: f32[4,7], %w: f32[5,7], %b: f32[5]",
+        "%y = linear(%x, %w, %b)",
+    ),
+    (
+        "einsum",
+        "%x: f32[4,7], %w: f32[7,5]",
+        "%y = einsum(%x, %w, equation=\"ij,jk->ik\")",
+    ),
+    // movement, each followed by a pointwise op so a kernel reads through the view
+    (
+        "reshape",
+        "%x: f32[4,6]",
+        "%r = reshape(%x, shape=[2,12])\n %y = add(%r, 1.0)",
+    ),
+    (
+        "view",
+        "%x: f32[4,6]",
+        "%r = view(%x, shape=[24])\n %y = add(%r, 1.0)",
+    ),
+    (
+        "permute",
+        "%x: f32[2,3,5]",
+        "%r = permute(%x, dims=[2,0,1])\n %y = add(%r, 1.0)",
+    ),
+    (
+        "transpose",
+        "%x: f32[2,3,5]",
+        "%r = transpose(%x, dim0=0, dim1=2)\n %y = add(%r, 1.0)",
+    ),
+    (
+        "expand",
+        "%x: f32[3,1]",
+        "%r = expand(%x, size=[2,3,5])\n %y = add(%r, 1.0)",
+    ),
+    (
+        "squeeze",
+        "%x: f32[3,1,5]",
+        "%r = squeeze(%x, dim=[1])\n %y = add(%r, 1.0)",
+    ),
+    (
+        "unsqueeze",
+        "%x: f32[3,5]",
+        "%r = unsqueeze(%x, dim=1)\n %y = add(%r, 1.0)",
+    ),
+    (
+        "flatten",
+        "%x: f32[2,3,5]",
+        "%r = flatten(%x, start_dim=1, end_dim=2)\n %y = add(%r, 1.0)",
+    ),
+    (
+        "narrow",
+        "%x: f32[7,5]",
+        "%r = narrow(%x, dim=0, start=2, length=3)\n %y = add(%r, 1.0)",
+    ),
+    (
+        "select",
+        "%x: f32[7,5]",
+        "%r = select(%x, dim=1, index=3)\n %y = add(%r, 1.0)",
+    ),
+    (
+        "contiguous",
+        "%x: f32[7,5]",
+        "%r = t(%x)\n %c = contiguous(%r)\n %y = add(%c, 1.0)",
+    ),
+    (
+        "repeat",
+        "%x: f32[3,2]",
+        "%r = repeat(%x, repeats=[2,1,3])\n %y = add(%r, 1.0)",
+    ),
+    (
+        "cat",
+        "%x: f32[3,2], %z: f32[3,5]",
+        "%r = cat(%x, %z, dim=1)\n %y = add(%r, 1.0)",
+    ),
+    (
+        "stack",
+        "%x: f32[3,2], %z: f32[3,2]",
+        "%r = stack(%x, %z, dim=0)\n %y = add(%r, 1.0)",
+    ),
+    // indexing
+    (
+        "index_select",
+        "%x: f32[7,5], %i: i64[3]",
+        "%y = index_select(%x, %i, dim=0)",
+    ),
+    (
+        "gather",
+        "%x: f32[7,5], %i: i64[7,2]",
+        "%y = gather(%x, %i, dim=1)",
+    ),
+    (
+        "scatter",
+        "%x: f32[7,5], %i: i64[7,2], %s: f32[7,2]",
+        "%y = scatter(%x, %i, %s, dim=1)",
+    ),
+    (
+        "scatter_add",
+        "%x: f32[7,5], %i: i64[7,2], %s: f32[7,2]",
+        "%y = scatter_add(%x, %i, %s, dim=1)",
+    ),
+    (
+        "embedding",
+        "%i: i64[3], %w: f32[7,5]",
+        "%y = embedding(%i, %w)",
+    ),
+    // creation
+    (
+        "full",
+        "%x: f32[3]",
+        "%f = full(size=[3], fill_value=2.5)\n %y = mul(%x, %f)",
+    ),
+    (
+        "zeros",
+        "%x: i32[3]",
+        "%f = zeros(size=[3], dtype=i32)\n %y = add(%x, %f)",
+    ),
+    (
+        "ones",
+        "%x: f16[3]",
+        "%f = ones(size=[3], dtype=f16)\n %y = add(%x, %f)",
+    ),
+    (
+        "arange",
+        "%x: i64[5]",
+        "%f = arange(start=1, end=11, step=2)\n %y = mul(%x, %f)",
+    ),
+    // shapes: 0-d, empty, odd
+    ("zero_d", "%x: f32[]", "%y = exp(%x)"),
+    ("empty", "%x: f32[0,3]", "%y = exp(%x)"),
+    ("odd", "%x: f32[4097]", "%y = tanh(%x)"),
+];
+
+/// The schedule of one case.
+fn schedule(name: &str, params: &str, body: &str) -> Schedule {
+    let text = format!("graph g_{name}({params}) {{\n {body}\n return %y\n}}\n");
+    let m = parse_module(&text, name).unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
+    compile(&m.graphs[0]).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn example_models() -> Vec<(String, Schedule)> {
+    let mut out = Vec::new();
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/models");
+    let mut files: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().collect();
+    files.sort_by_key(|e| e.path());
+    for e in files {
+        let p = e.path();
+        if p.extension().and_then(|x| x.to_str()) != Some("smelt") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&p).unwrap();
+        let m = parse_module(&text, &p.display().to_string()).unwrap();
+        for g in &m.graphs {
+            out.push((g.name.clone(), compile(g).unwrap()));
+        }
+    }
+    out
+}
+
+/// Every program: the op cases, then the example models.
+fn programs() -> Vec<(String, CudaProgram)> {
+    let mut out: Vec<(String, CudaProgram)> = CASES
+        .iter()
+        .map(|(n, p, b)| {
+            let s = schedule(n, p, b);
+            let prog =
+                generate(&s, &CudaOptions::default()).unwrap_or_else(|e| panic!("{n}: {e}\n{s}"));
+            (n.to_string(), prog)
+        })
+        .collect();
+    for (n, s) in example_models() {
+        let prog = generate(&s, &CudaOptions::default()).unwrap_or_else(|e| panic!("{n}: {e}"));
+        out.push((format!("model {n}"), prog));
+    }
+    out
+}
+
+/// True when NVRTC is there; otherwise prints why the test does not compile anything, or
+/// fails when the environment requires NVRTC.
+fn nvrtc_or_skip(test: &str) -> bool {
+    if nvrtc::is_available() {
+        return true;
+    }
+    let why = match nvrtc::version() {
+        Err(e) => e.to_string(),
+        Ok(_) => "unknown".into(),
+    };
+    if std::env::var("SMELT_REQUIRE_NVRTC").as_deref() == Ok("1") {
+        panic!("{test}: SMELT_REQUIRE_NVRTC=1 but NVRTC is missing: {why}");
+    }
+    eprintln!("{test}: skipped, NVRTC is not available: {why}");
+    false
+}
+
+#[test]
+fn every_op_generates_a_kernel() {
+    for (name, prog) in programs() {
+        let kernels = prog.kernels.len();
+        let externs = prog.steps.len() - kernels;
+        assert!(
+            kernels + externs > 0,
+            "{name}: nothing generated for a graph that computes something"
+        );
+        for k in &prog.kernels {
+            assert!(
+                k.source.contains(&format!(
+                    "void __launch_bounds__({}) {}(",
+                    k.launch.block(),
+                    k.name
+                )),
+                "{name}:\n{}",
+                k.source
+            );
+            assert_eq!(k.params.last().map(|p| p.name.as_str()), Some("sm_err"));
+        }
+    }
+}
+
+#[test]
+fn every_op_compiles_to_ptx_and_cubin_for_sm_90() {
+    if !nvrtc_or_skip("every_op_compiles_to_ptx_and_cubin_for_sm_90") {
+        return;
+    }
+    let progs = programs();
+    // one translation unit: the prelude once, every kernel after it
+    let half = progs.iter().any(|(_, p)| p.uses_half());
+    let mut src = CudaProgram::prelude(half);
+    let mut names = Vec::new();
+    for (_, p) in &progs {
+        for k in &p.kernels {
+            src.push('\n');
+            src.push_str(&k.source);
+            names.push(k.name.clone());
+        }
+    }
+    let opts = CompileOptions::for_arch("sm_90");
+    let out = match nvrtc::compile(&src, "all_ops.cu", &opts) {
+        Ok(o) => o,
+        Err(e) => panic!("{e}"),
+    };
+    assert!(
+        out.log.is_empty() || !out.log.contains("error"),
+        "{}",
+        out.log
+    );
+    for n in &names {
+        assert!(out.ptx.contains(&format!(".entry {n}(")), "PTX lacks {n}");
+    }
+    assert!(out.ptx.contains(".target sm_90"), "PTX target");
+    // an ELF file for the GPU
+    assert_eq!(&out.cubin[..4], b"\x7fELF");
+    assert!(out.cubin.len() > 1000);
+}
+
+#[test]
+fn each_kernel_is_a_compilable_unit_of_its_own() {
+    if !nvrtc_or_skip("each_kernel_is_a_compilable_unit_of_its_own") {
+        return;
+    }
+    // the models' units, as `smelt compile` writes them, each compiled alone
+    let opts = CompileOptions::for_arch("sm_90");
+    for (n, s) in example_models() {
+        let p = generate(&s, &CudaOptions::default()).unwrap();
+        for i in 0..p.kernels.len() {
+            let unit = p.unit(i).unwrap();
+            let out = nvrtc::compile(&unit, &format!("{n}_{i}.cu"), &opts)
+                .unwrap_or_else(|e| panic!("{n}: {e}"));
+            assert!(out.ptx.contains(&p.kernels[i].name));
+        }
+    }
+}
+
+#[test]
+fn broken_source_fails_with_the_nvrtc_log() {
+    if !nvrtc_or_skip("broken_source_fails_with_the_nvrtc_log") {
+        return;
+    }
+    let src = "extern \"C\" __global__ void bad(float* x) { x[0] = undefined_name; }";
+    let e = nvrtc::compile(src, "bad.cu", &CompileOptions::for_arch("sm_90")).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("bad.cu"), "{msg}");
+    assert!(msg.contains("undefined_name"), "{msg}");
+}
+
+#[test]
+fn unknown_architecture_is_refused() {
+    let e = nvrtc::compile("", "x.cu", &CompileOptions::for_arch("hopper")).unwrap_err();
+    assert!(
+        e.to_string().contains("unknown GPU architecture 'hopper'"),
+        "{e}"
+    );
+}
+
+#[test]
+fn transposed_input_uses_div_mod_positions() {
+    let s = schedule("tr", "%x: f32[5,3]", "%t = t(%x)\n %y = neg(%t)");
+    let p = generate(&s, &CudaOptions::default()).unwrap();
+    assert_eq!(p.kernels.len(), 1);
+    let src = &p.kernels[0].source;
+    // space [3,5]: i1 = flat % 5, i0 = flat / 5; x[i0, i1] of the transpose is x[i1*3 + i0]
+    assert!(src.contains("const unsigned int i1 = sm_ri % 5;"), "{src}");
+    assert!(src.contains("sm_ri /= 5;"), "{src}");
+    assert!(src.contains("const unsigned int i0 = sm_ri;"), "{src}");
+    assert!(src.contains("[i0 + 3*i1]"), "{src}");
+    // the output is written in order: the flat index itself
+    assert!(src.contains("[sm_i] = "), "{src}");
+}
+
+#[test]
+fn broadcast_input_reads_only_the_dims_it_moves_along() {
+    let s = schedule("bc", "%x: f32[4,7], %z: f32[4,1]", "%y = add(%x, %z)");
+    let p = generate(&s, &CudaOptions::default()).unwrap();
+    let src = &p.kernels[0].source;
+    // z[i0] only: i1 is never computed
+    assert!(src.contains("const unsigned int i0 = sm_ri;"), "{src}");
+    assert!(!src.contains("i1 ="), "{src}");
+    assert!(src.contains("[i0]"), "{src}");
+    let Launch::Pointwise { n, block, grid } = p.kernels[0].launch else {
+        panic!("not pointwise");
+    };
+    assert_eq!((n, block, grid), (28, 256, 1));
+}
+
+#[test]
+fn softmax_is_one_row_kernel_with_two_passes() {
+    let s = schedule("sm", "%x: f32[3,4097]", "%y = softmax(%x, dim=-1)");
+    let p = generate(&s, &CudaOptions::default()).unwrap();
+    assert_eq!(p.kernels.len(), 1);
+    let k = &p.kernels[0];
+    let src = &k.source;
+    assert_eq!(src.matches("/* pass ").count(), 2, "{src}");
+    assert!(src.contains("sm_block_reduce("), "{src}");
+    assert!(src.contains("SmMax()"), "{src}");
+    assert!(src.contains("SmSum()"), "{src}");
+    assert!(
+        src.contains("for (unsigned int sm_row = blockIdx.x;"),
+        "{src}"
+    );
+    assert!(src.contains("sm_j += blockDim.x"), "{src}");
+    assert_eq!(
+        k.launch,
+        Launch::Rows {
+            rows: 3,
+            row_len: 4097,
+            block: 256,
+            grid: 3,
+            shared_bytes: 512
+        }
+    );
+}
+
+#[test]
+fn short_rows_get_one_warp() {
+    let s = schedule("sh", "%x: f32[8,5]", "%y = sum(%x, dim=1)");
+    let p = generate(&s, &CudaOptions::default()).unwrap();
+    assert_eq!(p.kernels[0].launch.block(), 32);
+    // the row store is done once, by thread 0
+    assert!(p.kernels[0].source.contains("if (threadIdx.x == 0)"));
+}
+
+#[test]
+fn half_kernels_compute_in_f32_and_include_the_headers() {
+    let s = schedule("h", "%x: f16[7], %z: f16[7]", "%y = add(%x, %z)");
+    let p = generate(&s, &CudaOptions::default()).unwrap();
+    assert!(p.uses_half());
+    let unit = p.unit(0).unwrap();
+    assert!(unit.contains("#include <cuda_fp16.h>"));
+    assert!(unit.contains("__half2float("));
+    assert!(unit.contains("sm_rh("), "{unit}");
+    assert!(unit.contains("__float2half_rn("));
+    let s = schedule("f", "%x: f32[7]", "%y = exp(%x)");
+    let p = generate(&s, &CudaOptions::default()).unwrap();
+    assert!(!p.unit(0).unwrap().contains("cuda_fp16.h"));
+    assert!(p.kernels[0].source.contains("expf("));
+}
+
+#[test]
+fn integer_remainder_reports_division_by_zero_through_the_flag() {
+    let s = schedule("r", "%x: i64[7], %z: i64[7]", "%y = remainder(%x, %z)");
+    let p = generate(&s, &CudaOptions::default()).unwrap();
+    assert!(
+        p.kernels[0]
+            .source
+            .contains("sm_irem<long long>(v0, v1, sm_err)"),
+        "{}",
+        p.kernels[0].source
+    );
+    assert!(CudaProgram::prelude(false).contains("*err = 1u"));
+}
+
+/// Runs the built `smelt` binary.
+fn smelt(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_smelt"))
+        .args(args)
+        .output()
+        .expect("the smelt binary runs")
+}
+
+fn temp_dir(test: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("smelt-cuda-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[test]
+fn smelt_compile_writes_sources_ptx_cubin_and_a_manifest() {
+    if !nvrtc_or_skip("smelt_compile_writes_sources_ptx_cubin_and_a_manifest") {
+        return;
+    }
+    let out = temp_dir("compile");
+    let model = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/models/attention.smelt"
+    );
+    let o = smelt(&[
+        "compile",
+        model,
+        "--target",
+        "cuda",
+        "--out",
+        out.to_str().unwrap(),
+        "--arch",
+        "sm_90",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let m = std::fs::read_to_string(out.join("manifest.json")).unwrap();
+    // the same kernels as generated here, each with its three files
+    let text = std::fs::read_to_string(model).unwrap();
+    let s = compile(&parse_module(&text, "a").unwrap().graphs[0]).unwrap();
+    let p = generate(&s, &CudaOptions::default()).unwrap();
+    assert!(!p.kernels.is_empty());
+    for k in &p.kernels {
+        let cu = std::fs::read_to_string(out.join(format!("{}.cu", k.name))).unwrap();
+        assert!(cu.contains(&k.source));
+        let ptx = std::fs::read_to_string(out.join(format!("{}.ptx", k.name))).unwrap();
+        assert!(ptx.contains(&format!(".entry {}(", k.name)));
+        let cubin = std::fs::read(out.join(format!("{}.cubin", k.name))).unwrap();
+        assert_eq!(&cubin[..4], b"\x7fELF");
+        assert!(m.contains(&format!("\"name\": \"{}\"", k.name)), "{m}");
+        let launch = format!(
+            "\"grid\": {}, \"block\": {}",
+            k.launch.grid(),
+            k.launch.block()
+        );
+        assert!(m.contains(&launch), "{m}");
+    }
+    // two GEMMs as extern calls; the transposed operand keeps its strides
+    assert_eq!(m.matches("\"extern\": \"matmul\"").count(), 2, "{m}");
+    assert!(
+        m.contains("\"shape\": [2, 16, 8], \"strides\": [128, 1, 16]"),
+        "{m}"
+    );
+    assert!(m.contains("\"bytes\": 1024"), "{m}");
+    assert!(m.contains("\"arch\": \"sm_90\""), "{m}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn smelt_compile_reports_bad_arguments() {
+    let out = temp_dir("bad");
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/models/softmax.smelt");
+    let o = smelt(&[
+        "compile",
+        model,
+        "--out",
+        out.to_str().unwrap(),
+        "--arch",
+        "volta",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.starts_with("error: "), "{err}");
+    assert!(
+        err.contains("unknown GPU architecture 'volta'") || err.contains("NVRTC"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!out.exists(), "nothing is written on failure");
+    let o = smelt(&[
+        "compile",
+        model,
+        "--target",
+        "tpu",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = smelt(&[
+        "compile",
+        "/nonexistent.smelt",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+}

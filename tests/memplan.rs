@@ -1,0 +1,392 @@
+//! Memory planning: liveness and slot reuse on hand-built schedules with known live ranges,
+//! the example models, and random fused graphs.
+
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use smelt::ir::graph::{Graph, ValueId};
+use smelt::ir::op::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp};
+use smelt::ir::parse_module;
+use smelt::kernel::{
+    Buffer, BufferKind, Expr, IndexMap, Kernel, Schedule, Step, Store, Value, View,
+};
+use smelt::passes::memplan::{Interval, liveness};
+use smelt::passes::pipeline::Pipeline;
+use smelt::passes::{MemoryPlan, plan};
+use smelt::{DType, Scalar};
+
+/// A 1-d buffer of `n` elements of `dtype`.
+fn buf(name: &str, dtype: DType, n: usize, kind: BufferKind) -> Buffer {
+    Buffer {
+        name: name.into(),
+        dtype,
+        shape: vec![n],
+        kind,
+    }
+}
+
+/// A pointwise kernel over `[n]` that reads `reads` and stores their sum (or a constant) to
+/// every buffer of `writes`; all buffers f32 of `n` elements.
+fn kernel(n: usize, reads: &[usize], writes: &[usize]) -> Step {
+    let map = IndexMap {
+        strides: vec![1],
+        offset: 0,
+    };
+    let mut values = vec![Value {
+        expr: Expr::Const(Scalar::Float(1.0)),
+        dtype: DType::F32,
+    }];
+    for &b in reads {
+        values.push(Value {
+            expr: Expr::Load {
+                buffer: b,
+                map: map.clone(),
+            },
+            dtype: DType::F32,
+        });
+        let last = values.len() - 1;
+        values.push(Value {
+            expr: Expr::Binary(BinaryOp::Add, last - 1, last),
+            dtype: DType::F32,
+        });
+    }
+    let value = values.len() - 1;
+    Step::Kernel(Kernel {
+        name: "k".into(),
+        outer: vec![n],
+        inner: vec![],
+        values,
+        passes: vec![],
+        stores: writes
+            .iter()
+            .map(|&b| Store {
+                buffer: b,
+                map: map.clone(),
+                value,
+            })
+            .collect(),
+    })
+}
+
+fn view(b: usize, n: usize) -> View {
+    View {
+        buffer: b,
+        shape: vec![n],
+        strides: vec![1],
+        offset: 0,
+    }
+}
+
+fn schedule(buffers: Vec<Buffer>, steps: Vec<Step>, outputs: Vec<View>) -> Schedule {
+    let inputs = buffers
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| matches!(b.kind, BufferKind::Input(_)))
+        .map(|(i, _)| i)
+        .collect();
+    let s = Schedule {
+        name: "hand".into(),
+        buffers,
+        inputs,
+        outputs,
+        steps,
+    };
+    s.validate().unwrap();
+    s
+}
+
+fn temp(name: &str, n: usize) -> Buffer {
+    buf(name, DType::F32, n, BufferKind::Temp)
+}
+
+fn checked(s: &Schedule) -> MemoryPlan {
+    let p = plan(s);
+    p.validate(s).unwrap_or_else(|e| panic!("{e}\n{s}\n{p:?}"));
+    assert!(p.peak_planned <= p.peak_unplanned);
+    p
+}
+
+#[test]
+fn a_chain_needs_two_slots() {
+    // x → t1 → t2 → t3 → t4 (output): t_i is live over steps [i-1, i]
+    let n = 100;
+    let s = schedule(
+        vec![
+            buf("x", DType::F32, n, BufferKind::Input(0)),
+            temp("t1", n),
+            temp("t2", n),
+            temp("t3", n),
+            temp("t4", n),
+        ],
+        vec![
+            kernel(n, &[0], &[1]),
+            kernel(n, &[1], &[2]),
+            kernel(n, &[2], &[3]),
+            kernel(n, &[3], &[4]),
+        ],
+        vec![view(4, n)],
+    );
+    let iv = |first, last| Some(Interval { first, last });
+    assert_eq!(
+        liveness(&s),
+        vec![None, iv(0, 1), iv(1, 2), iv(2, 3), iv(3, 3)]
+    );
+    let p = checked(&s);
+    assert_eq!(p.slot_of[0], None);
+    assert_eq!(p.slots(), 2);
+    assert_eq!(p.slot_of[1], p.slot_of[3]);
+    assert_eq!(p.slot_of[2], p.slot_of[4]);
+    assert_ne!(p.slot_of[1], p.slot_of[2]);
+    assert_eq!(p.peak_unplanned, 4 * 400);
+    assert_eq!(p.peak_planned, 2 * 400);
+}
+
+#[test]
+fn outputs_live_to_the_end_and_constants_are_not_planned() {
+    let n = 7;
+    let lit = smelt::ir::op::Literal {
+        dtype: DType::F32,
+        shape: vec![n],
+        bytes: std::sync::Arc::new(vec![0; 4 * n]),
+    };
+    let s = schedule(
+        vec![
+            buf("c", DType::F32, n, BufferKind::Constant(lit)),
+            temp("out", n),
+            temp("a", n),
+            temp("b", n),
+            temp("c2", n),
+        ],
+        vec![
+            kernel(n, &[0], &[1]),
+            kernel(n, &[0], &[2]),
+            kernel(n, &[2], &[3]),
+            kernel(n, &[3], &[4]),
+        ],
+        vec![view(1, n), view(4, n)],
+    );
+    let live = liveness(&s);
+    assert_eq!(live[1], Some(Interval { first: 0, last: 3 }));
+    let p = checked(&s);
+    assert_eq!(p.slot_of[0], None);
+    for b in 2..5 {
+        assert_ne!(
+            p.slot_of[1], p.slot_of[b],
+            "the output's slot is never reused"
+        );
+    }
+    // a [1,2], b [2,3], c2 [3,3]: c2 reuses a's slot
+    assert_eq!(p.slot_of[2], p.slot_of[4]);
+    assert_eq!(p.slots(), 3);
+}
+
+#[test]
+fn reuse_is_best_fit_across_dtypes_and_grows_a_slot_when_none_fits() {
+    // steps 0 and 1 write big (f64, 1000) and small (f32, 25); step 2 reads both and writes
+    // r (u8, 64): both slots are still busy, so it gets a new one; step 3 writes h (i16, 40 =
+    // 80 bytes): best fit is the small slot (100 bytes), not the big one; step 4 writes g
+    // (f32, 2100 = 8400 bytes): nothing free fits, the big slot grows.
+    let s = Schedule {
+        name: "fit".into(),
+        buffers: vec![
+            buf("x", DType::F32, 25, BufferKind::Input(0)),
+            buf("big", DType::F64, 1000, BufferKind::Temp),
+            buf("small", DType::F32, 25, BufferKind::Temp),
+            buf("r", DType::U8, 64, BufferKind::Temp),
+            buf("h", DType::I16, 40, BufferKind::Temp),
+            buf("g", DType::F32, 2100, BufferKind::Temp),
+        ],
+        inputs: vec![0],
+        outputs: vec![view(3, 64), view(4, 40), view(5, 2100)],
+        steps: vec![
+            Step::Extern(smelt::kernel::ExternCall {
+                op: Op::Contiguous,
+                args: vec![view(0, 25)],
+                out: 1,
+            }),
+            Step::Extern(smelt::kernel::ExternCall {
+                op: Op::Contiguous,
+                args: vec![view(0, 25)],
+                out: 2,
+            }),
+            Step::Extern(smelt::kernel::ExternCall {
+                op: Op::Binary(BinaryOp::Add),
+                args: vec![view(1, 25), view(2, 25)],
+                out: 3,
+            }),
+            Step::Extern(smelt::kernel::ExternCall {
+                op: Op::Contiguous,
+                args: vec![view(0, 25)],
+                out: 4,
+            }),
+            Step::Extern(smelt::kernel::ExternCall {
+                op: Op::Contiguous,
+                args: vec![view(0, 25)],
+                out: 5,
+            }),
+        ],
+    };
+    let p = checked(&s);
+    assert_eq!(p.slot_of[4], p.slot_of[2], "h takes the small slot: {p:?}");
+    assert_eq!(p.slot_of[5], p.slot_of[1], "g grows the big slot: {p:?}");
+    let big = p.slot_of[1].unwrap();
+    assert_eq!(p.slot_bytes[big], 8400);
+    assert_eq!(p.slots(), 3);
+    assert_eq!(p.peak_planned, 8400 + 100 + 64);
+    assert_eq!(p.peak_unplanned, 8000 + 100 + 64 + 80 + 8400);
+}
+
+#[test]
+fn a_buffer_freed_by_a_step_is_not_reused_by_that_step() {
+    // t1 is last read by the step that writes t2: they overlap and need two slots
+    let n = 5;
+    let s = schedule(
+        vec![
+            buf("x", DType::F32, n, BufferKind::Input(0)),
+            temp("t1", n),
+            temp("t2", n),
+        ],
+        vec![kernel(n, &[0], &[1]), kernel(n, &[1], &[2])],
+        vec![view(2, n)],
+    );
+    let p = checked(&s);
+    assert_ne!(p.slot_of[1], p.slot_of[2]);
+}
+
+#[test]
+fn empty_and_stepless_schedules_plan() {
+    let s = schedule(
+        vec![buf("x", DType::F32, 0, BufferKind::Input(0)), temp("t", 0)],
+        vec![kernel(0, &[0], &[1])],
+        vec![view(1, 0)],
+    );
+    let p = checked(&s);
+    assert_eq!(p.peak_planned, 0);
+    let s = schedule(
+        vec![buf("x", DType::F32, 3, BufferKind::Input(0))],
+        vec![],
+        vec![view(0, 3)],
+    );
+    let p = checked(&s);
+    assert_eq!(p.slots(), 0);
+}
+
+#[test]
+fn validate_refuses_bad_plans() {
+    let n = 10;
+    let s = schedule(
+        vec![
+            buf("x", DType::F32, n, BufferKind::Input(0)),
+            temp("t1", n),
+            temp("t2", n),
+        ],
+        vec![kernel(n, &[0], &[1]), kernel(n, &[1], &[2])],
+        vec![view(2, n)],
+    );
+    let good = plan(&s);
+    good.validate(&s).unwrap();
+    let mut shared = good.clone();
+    shared.slot_of[2] = shared.slot_of[1];
+    let e = shared.validate(&s).unwrap_err().to_string();
+    assert!(e.contains("live together"), "{e}");
+    let mut small = good.clone();
+    small.slot_bytes[0] = 39;
+    small.peak_planned -= 1;
+    assert!(small.validate(&s).unwrap_err().to_string().contains("fit"));
+    let mut missing = good.clone();
+    missing.slot_of[1] = None;
+    assert!(missing.validate(&s).is_err());
+    let mut input = good.clone();
+    input.slot_of[0] = Some(0);
+    assert!(input.validate(&s).is_err());
+    let mut totals = good;
+    totals.peak_unplanned += 1;
+    assert!(totals.validate(&s).is_err());
+}
+
+#[test]
+fn example_models_plan_within_their_temporaries() {
+    for entry in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/models")).unwrap()
+    {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let m = parse_module(&text, &path.display().to_string()).unwrap();
+        for g in &m.graphs {
+            let c = Pipeline::default().run(g).unwrap();
+            checked(&c.schedule);
+            assert_eq!(c.plan, plan(&c.schedule));
+        }
+    }
+}
+
+// ---- random fused graphs ------------------------------------------------------------------
+
+fn input(g: &mut Graph, name: &str, dtype: DType, shape: &[usize]) -> ValueId {
+    g.add_input(name, TensorType::new(dtype, shape.to_vec()))
+        .unwrap()
+}
+
+/// A random graph of pointwise, reduction, view and matmul ops with several outputs.
+fn random_graph(seed: u64, n_ops: usize) -> Graph {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dims = [1usize, 3, 7];
+    let n = dims[rng.random_range(0..3)];
+    let dtype = if rng.random_bool(0.7) {
+        DType::F32
+    } else {
+        DType::F64
+    };
+    let mut g = Graph::new("random");
+    let mut pool = vec![
+        input(&mut g, "x", dtype, &[n, n]),
+        input(&mut g, "y", dtype, &[n]),
+    ];
+    for _ in 0..n_ops {
+        let x = pool[rng.random_range(0..pool.len())];
+        let y = pool[rng.random_range(0..pool.len())];
+        let nd = g.node(x).ty.ndim() as i64;
+        let r = match rng.random_range(0..7) {
+            0 => g.add_op(Op::Unary(UnaryOp::Exp), &[x]),
+            1 => g.add_op(Op::Binary(BinaryOp::Add), &[x, y]),
+            2 => g.add_op(Op::Binary(BinaryOp::Mul), &[x, y]),
+            3 if nd > 0 => g.add_op(
+                Op::Reduce {
+                    op: ReduceOp::Sum,
+                    dim: Some(vec![nd - 1]),
+                    keepdim: rng.random_bool(0.5),
+                },
+                &[x],
+            ),
+            4 if nd == 2 => g.add_op(Op::T, &[x]),
+            5 => g.add_op(Op::Matmul, &[x, y]),
+            _ => g.add_op(Op::Softmax { dim: -1 }, &[x]),
+        };
+        if let Ok(v) = r
+            && g.node(v).ty.ndim() <= 2
+        {
+            pool.push(v);
+        }
+    }
+    let k = pool.len();
+    let mut outs = vec![pool[k - 1]];
+    for _ in 0..rng.random_range(0..3) {
+        outs.push(pool[rng.random_range(0..k)]);
+    }
+    g.set_outputs(outs);
+    g
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    #[test]
+    fn plans_of_random_fused_graphs_are_valid(seed in any::<u64>(), n in 1usize..16) {
+        let g = random_graph(seed, n);
+        let c = Pipeline::default().run(&g).unwrap();
+        let p = checked(&c.schedule);
+        // every temporary is in a slot that is at least its size
+        for (b, buf) in c.schedule.buffers.iter().enumerate() {
+            let planned = p.slot_of[b].is_some();
+            prop_assert_eq!(planned, buf.kind == BufferKind::Temp);
+        }
+    }
+}
