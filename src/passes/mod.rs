@@ -7,6 +7,7 @@ pub mod fold;
 pub mod fuse;
 pub mod memplan;
 pub mod pipeline;
+pub mod rewrite;
 pub mod simplify;
 
 pub use decompose::decompose;
