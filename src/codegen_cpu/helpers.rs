@@ -125,8 +125,16 @@ pub fn symbols() -> Vec<(&'static str, *const u8, Sig)> {
         ("smelt_fmod", fmod as *const u8, F64F64F64),
         ("smelt_f64_to_f16", f64_to_f16 as *const u8, F64F32),
         ("smelt_f64_to_bf16", f64_to_bf16 as *const u8, F64F32),
-        ("smelt_f32_to_f16_bits", f32_to_f16_bits as *const u8, F32U32),
-        ("smelt_f16_bits_to_f32", f16_bits_to_f32 as *const u8, U32F32),
+        (
+            "smelt_f32_to_f16_bits",
+            f32_to_f16_bits as *const u8,
+            F32U32,
+        ),
+        (
+            "smelt_f16_bits_to_f32",
+            f16_bits_to_f32 as *const u8,
+            U32F32,
+        ),
         ("smelt_pow_i64", pow_i64 as *const u8, I64I64I64),
     ]
 }

@@ -291,9 +291,7 @@ fn check_supported(k: &Kernel) -> Result<()> {
                     bail!(Unsupported, "cpu codegen: {} of bools (v{i})", op.name());
                 }
             }
-            Expr::Where(c, _, _)
-                if k.values[*c].dtype != DType::Bool =>
-            {
+            Expr::Where(c, _, _) if k.values[*c].dtype != DType::Bool => {
                 bail!(Unsupported, "cpu codegen: v{i}: condition is not bool");
             }
             _ => {}
@@ -325,9 +323,7 @@ pub(super) fn coalesce(k: &Kernel) -> Kernel {
                 continue;
             }
             if let Some(last) = gs.last_mut()
-                && maps
-                    .iter()
-                    .all(|m| m.strides[last.1] == m.strides[d] * n)
+                && maps.iter().all(|m| m.strides[last.1] == m.strides[d] * n)
             {
                 last.0 *= n;
                 last.1 = d;
@@ -339,9 +335,18 @@ pub(super) fn coalesce(k: &Kernel) -> Kernel {
     };
     let space = k.space();
     let og = group(0..ko, &space);
-    let ig = group(ko..space.len(), &space);
+    let mut ig = group(ko..space.len(), &space);
+    // a row kernel keeps one inner dim (of size 1 when all were), so it stays a row kernel
+    let pad = !k.inner.is_empty() && ig.is_empty();
+    if pad {
+        ig.push((1, usize::MAX));
+    }
     let remap = |m: &IndexMap| IndexMap {
-        strides: og.iter().chain(&ig).map(|&(_, d)| m.strides[d]).collect(),
+        strides: og
+            .iter()
+            .chain(&ig)
+            .map(|&(_, d)| m.strides.get(d).copied().unwrap_or(0))
+            .collect(),
         offset: m.offset,
     };
     let mut out = k.clone();
@@ -524,9 +529,12 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
     }
 
     fn emit_function(&mut self) -> Result<()> {
-        let params = self.fb.b.block_params(self.fb.b.current_block().unwrap_or_else(|| {
-            unreachable!("the entry block is current while the body is built")
-        }));
+        let params =
+            self.fb
+                .b
+                .block_params(self.fb.b.current_block().unwrap_or_else(|| {
+                    unreachable!("the entry block is current while the body is built")
+                }));
         let (bufs_ptr, begin, end) = (params[0], params[1], params[2]);
         let zero = self.iconst(I32, 0);
         self.fb.b.def_var(self.err, zero);
@@ -653,7 +661,13 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
             let strides: Vec<i64> = g
                 .accesses
                 .iter()
-                .map(|a| if ko == 0 { 0 } else { a.map.strides[ko - 1] as i64 })
+                .map(|a| {
+                    if ko == 0 {
+                        0
+                    } else {
+                        a.map.strides[ko - 1] as i64
+                    }
+                })
                 .collect();
             let mut env = vec![None; g.k.values.len()];
             g.innermost(len, &offs, &strides, &body, &mut env)?;
@@ -707,7 +721,8 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
             stores: inner_stores,
         };
         self.while_lt(row, end, &mut |g, r| {
-            let idx: Vec<(usize, Value)> = g.unflatten(r, &k.outer).into_iter().enumerate().collect();
+            let idx: Vec<(usize, Value)> =
+                g.unflatten(r, &k.outer).into_iter().enumerate().collect();
             let idx = if ko == 0 { vec![] } else { idx };
             let row_offs = g.offsets_at(&idx);
             let mut env: Vec<Option<Value>> = vec![None; k.values.len()];
@@ -901,7 +916,8 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
         let buffer = self.accesses[a].buffer.unwrap_or(0);
         let size = esize(self.bufs[buffer].dtype);
         let s = self.cur_stride[a];
-        let base = self.cur_ptr[a].unwrap_or_else(|| unreachable!("index accesses have no pointer"));
+        let base =
+            self.cur_ptr[a].unwrap_or_else(|| unreachable!("index accesses have no pointer"));
         if s == 0 {
             return (base, 0);
         }

@@ -599,7 +599,14 @@ impl Gen<'_, '_, '_> {
             Combiner::Max | Combiner::Min | Combiner::ArgMax | Combiner::ArgMin => {
                 let max = matches!(c, Combiner::Max | Combiner::ArgMax);
                 if da.is_float() {
-                    self.fconst(t, if max { f64::NEG_INFINITY } else { f64::INFINITY })
+                    self.fconst(
+                        t,
+                        if max {
+                            f64::NEG_INFINITY
+                        } else {
+                            f64::INFINITY
+                        },
+                    )
                 } else {
                     let (lo, hi) = int_range(da);
                     self.iconst(t, if max { lo } else { hi })
@@ -695,11 +702,15 @@ impl Gen<'_, '_, '_> {
                     };
                     self.fb.b.ins().icmp(cc, x, a)
                 };
-                let idx_var = acc.idx.unwrap_or_else(|| unreachable!("argmax has an index"));
+                let idx_var = acc
+                    .idx
+                    .unwrap_or_else(|| unreachable!("argmax has an index"));
                 let idx = self.fb.b.use_var(idx_var);
                 let first = self.fb.b.ins().icmp_imm_s(IntCC::SignedLessThan, idx, 0);
                 let take = self.fb.b.ins().bor(first, better);
-                let pos_var = self.pos.unwrap_or_else(|| unreachable!("argmax tracks positions"));
+                let pos_var = self
+                    .pos
+                    .unwrap_or_else(|| unreachable!("argmax tracks positions"));
                 let pos = self.fb.b.use_var(pos_var);
                 let ni = self.fb.b.ins().select(take, pos, idx);
                 self.fb.b.def_var(idx_var, ni);
@@ -743,7 +754,9 @@ impl Gen<'_, '_, '_> {
             Combiner::All | Combiner::Any => a,
             Combiner::Max | Combiner::Min => self.cast(a, da, d),
             Combiner::ArgMax | Combiner::ArgMin => {
-                let idx_var = acc.idx.unwrap_or_else(|| unreachable!("argmax has an index"));
+                let idx_var = acc
+                    .idx
+                    .unwrap_or_else(|| unreachable!("argmax has an index"));
                 let idx = self.fb.b.use_var(idx_var);
                 let z = self.iconst(I64, 0);
                 let neg = self.fb.b.ins().icmp_imm_s(IntCC::SignedLessThan, idx, 0);

@@ -143,10 +143,14 @@ impl Gen<'_, '_, '_> {
             .vals
             .iter()
             .flat_map(|&v| self.k.values[v].expr.operands())
-            .chain(body.reds.iter().filter_map(|&r| match self.k.values[r].expr {
-                Expr::Reduce { arg, .. } => Some(arg),
-                _ => None,
-            }))
+            .chain(
+                body.reds
+                    .iter()
+                    .filter_map(|&r| match self.k.values[r].expr {
+                        Expr::Reduce { arg, .. } => Some(arg),
+                        _ => None,
+                    }),
+            )
             .chain(body.stores.iter().map(|&s| self.k.stores[s].value))
             .filter(|o| !inside.contains(o))
             .collect();
