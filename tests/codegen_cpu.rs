@@ -737,6 +737,7 @@ fn run_rows_checks_its_arguments_and_the_cache_shares_kernels() {
     let fast = compile_kernel(k, &s.buffers, &CodegenOptions { fast_math: true }).unwrap();
     assert!(!Arc::ptr_eq(&a, &fast));
     assert_eq!(a.rows(), 24);
+    assert_eq!(a.vector_loops(), 1, "a dense f32 relu is one vector loop");
     let mut mem = vec![vec![0f32; 24]; s.buffers.len()];
     let ptrs: Vec<*mut u8> = mem.iter_mut().map(|v| v.as_mut_ptr() as *mut u8).collect();
     // SAFETY (all three): the pointers hold whole buffers; bad arguments are refused first.
@@ -767,6 +768,8 @@ fn one_kernel_runs_on_several_threads_at_once() {
         panic!("one kernel expected")
     };
     let ck = compile_kernel(k, &s.buffers, &CodegenOptions::default()).unwrap();
+    // max pass, sum pass and the stores all run on F32X4 lanes
+    assert_eq!(ck.vector_loops(), 3);
     let xv = values(&mut rng, DType::F32, &[64, 129], false);
     let mut mem: Vec<Vec<u64>> = s
         .buffers

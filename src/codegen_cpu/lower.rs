@@ -52,6 +52,7 @@ pub struct CpuKernel {
     func: KernelFn,
     rows: usize,
     nbufs: usize,
+    vector_loops: usize,
     /// Owns the machine code `func` points into; never used after construction.
     _jit: Jit,
 }
@@ -75,6 +76,11 @@ impl CpuKernel {
     /// Number of rows: numel(k.outer) (1 for a 0-d outer space; 0 if empty).
     pub fn rows(&self) -> usize {
         self.rows
+    }
+
+    /// Number of innermost loops emitted as F32X4 vector loops (0: all scalar).
+    pub fn vector_loops(&self) -> usize {
+        self.vector_loops
     }
 
     /// Runs rows `[begin, end)`. `bufs[i]` points to element 0 of buffer `i` of the schedule
@@ -193,9 +199,12 @@ fn compile_uncached(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Re
         imports.insert(name, jit.import(name, &s)?);
     }
     let sig = jit.signature(&[ptr, I64, I64], &[I32]);
+    let mut vector_loops = 0;
     let id = jit.define(&k.name_for_symbol(), &sig, |fb| {
         let mut g = Gen::new(fb, &ck, buffers, &imports, ptr, opts.clone());
-        g.emit_function()
+        g.emit_function()?;
+        vector_loops = g.vector_loops;
+        Ok(())
     })?;
     jit.finalize()?;
     let code = jit.code_ptr(id)?;
@@ -207,6 +216,7 @@ fn compile_uncached(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Re
         func,
         rows: numel(&k.outer),
         nbufs: buffers.len(),
+        vector_loops,
         _jit: jit,
     })
 }
@@ -436,6 +446,8 @@ pub(super) struct Gen<'g, 'a, 'b> {
     /// Flat position inside the inner space (argmax/argmin), when needed.
     pub pos: Option<Variable>,
     pub levels: Vec<Level>,
+    /// Innermost loops emitted vectorised so far.
+    pub vector_loops: usize,
 }
 
 impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
@@ -499,6 +511,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
             accs: HashMap::new(),
             pos: None,
             levels,
+            vector_loops: 0,
         }
     }
 
@@ -883,6 +896,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
         let z = self.iconst(I64, 0);
         self.fb.b.def_var(i, z);
         if self.vectorizable(body) {
+            self.vector_loops += 1;
             self.vector_loop(i, len, body, env)?;
         }
         let saved = env.clone();
