@@ -838,7 +838,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
         d: usize,
         offs: &[Value],
         body: &Body,
-        env: &mut Vec<Option<Value>>,
+        env: &mut [Option<Value>],
     ) -> Result<()> {
         let ko = self.k.outer.len();
         let ni = self.k.inner.len();
@@ -889,7 +889,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
         offs: &[Value],
         strides: &[i64],
         body: &Body,
-        env: &mut Vec<Option<Value>>,
+        env: &mut [Option<Value>],
     ) -> Result<()> {
         self.set_position(offs, Some(strides));
         let i = self.fb.b.declare_var(I64);
@@ -899,7 +899,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
             self.vector_loops += 1;
             self.vector_loop(i, len, body, env)?;
         }
-        let saved = env.clone();
+        let saved = env.to_vec();
         self.while_lt(i, len, &mut |g, iv| {
             let mut local = saved.clone();
             for &v in &body.vals {

@@ -50,7 +50,7 @@ impl Gen<'_, '_, '_> {
     }
 
     /// `v` (dtype `d`, integer or bool) as an i64, sign- or zero-extended.
-    pub fn to_i64(&mut self, v: Value, d: DType) -> Value {
+    pub fn widen_int(&mut self, v: Value, d: DType) -> Value {
         if cty(d) == I64 {
             v
         } else if signed(d) {
@@ -61,7 +61,7 @@ impl Gen<'_, '_, '_> {
     }
 
     /// A float value of dtype `d` as f64 (exact).
-    pub fn to_f64(&mut self, v: Value, d: DType) -> Value {
+    pub fn widen_float(&mut self, v: Value, d: DType) -> Value {
         if d == DType::F64 {
             v
         } else {
@@ -99,21 +99,21 @@ impl Gen<'_, '_, '_> {
         }
         match (from.is_float(), to.is_float()) {
             (true, true) => {
-                let w = self.to_f64(v, from);
+                let w = self.widen_float(v, from);
                 self.narrow_f64(w, to)
             }
             (false, true) => {
-                let w = self.to_i64(v, from);
+                let w = self.widen_int(v, from);
                 let f = self.fb.b.ins().fcvt_from_sint(F64, w);
                 self.narrow_f64(f, to)
             }
             (true, false) => {
-                let w = self.to_f64(v, from);
+                let w = self.widen_float(v, from);
                 let i = self.fb.b.ins().fcvt_to_sint_sat(I64, w);
                 self.reduce_int(i, to)
             }
             (false, false) => {
-                let w = self.to_i64(v, from);
+                let w = self.widen_int(v, from);
                 self.reduce_int(w, to)
             }
         }
@@ -298,7 +298,7 @@ impl Gen<'_, '_, '_> {
             if d == DType::F32 {
                 self.unary_f32(u, x)
             } else {
-                let w = self.to_f64(x, d);
+                let w = self.widen_float(x, d);
                 let r = self.unary_f64(u, w);
                 self.narrow_f64(r, d)
             }
@@ -474,7 +474,7 @@ impl Gen<'_, '_, '_> {
             if c == DType::F32 && b != Remainder {
                 return self.binary_float(b, x, y);
             }
-            let (xw, yw) = (self.to_f64(x, c), self.to_f64(y, c));
+            let (xw, yw) = (self.widen_float(x, c), self.widen_float(y, c));
             let r = self.binary_float(b, xw, yw);
             return self.narrow_f64(r, c);
         }
@@ -539,14 +539,14 @@ impl Gen<'_, '_, '_> {
             Minimum if s => self.fb.b.ins().smin(x, y),
             Minimum => self.fb.b.ins().umin(x, y),
             Pow => {
-                let (xw, yw) = (self.to_i64(x, c), self.to_i64(y, c));
+                let (xw, yw) = (self.widen_int(x, c), self.widen_int(y, c));
                 let r = self.call("smelt_pow_i64", &[xw, yw]);
                 self.reduce_int(r, c)
             }
             _ => {
                 // remainder; a zero divisor is an error, and x % -1 == x % 1 == 0 avoids the
                 // trap of MIN % -1
-                let (xw, yw) = (self.to_i64(x, c), self.to_i64(y, c));
+                let (xw, yw) = (self.widen_int(x, c), self.widen_int(y, c));
                 let zero = self.fb.b.ins().icmp_imm_s(IntCC::Equal, yw, 0);
                 self.flag_error(zero, ERR_ZERO_DIV);
                 let m1 = self.fb.b.ins().icmp_imm_s(IntCC::Equal, yw, -1);
@@ -636,14 +636,14 @@ impl Gen<'_, '_, '_> {
             Combiner::Sum | Combiner::Mean | Combiner::Prod => {
                 let prod = c == Combiner::Prod;
                 if da.is_float() {
-                    let w = self.to_f64(x, da);
+                    let w = self.widen_float(x, da);
                     if prod {
                         self.fb.b.ins().fmul(a, w)
                     } else {
                         self.fb.b.ins().fadd(a, w)
                     }
                 } else {
-                    let w = self.to_i64(x, da);
+                    let w = self.widen_int(x, da);
                     if prod {
                         self.fb.b.ins().imul(a, w)
                     } else {
