@@ -70,7 +70,7 @@ extern "C" fn pow(a: f64, b: f64) -> f64 {
 extern "C" fn fmod(a: f64, b: f64) -> f64 {
     a % b
 }
-/// Round-to-nearest-even from f64 straight to f16 (no double rounding), held in an f32.
+/// f64 to f16 as the eager kernels convert (`half`'s `from_f64`), held in an f32.
 extern "C" fn f64_to_f16(x: f64) -> f32 {
     f16::from_f64(x).to_f32()
 }
@@ -153,10 +153,13 @@ mod tests {
     }
 
     #[test]
-    fn half_conversions_round_from_f64_once() {
-        // 1 + 2^-11 + 2^-30 rounds up in one step; through f32 first it would tie to even.
-        let x = 1.0 + 2f64.powi(-11) + 2f64.powi(-30);
-        assert_eq!(f64_to_f16(x), 1.0 + 2f32.powi(-10));
+    fn half_conversions_round_to_nearest_even() {
+        // f16: 65519 is below the overflow threshold 65520, which ties to even (infinity)
+        assert_eq!(f64_to_f16(65519.0), 65504.0);
+        assert_eq!(f64_to_f16(65520.0), f32::INFINITY);
+        // bf16: 1 + 2^-8 is a tie between 1 and 1 + 2^-7
+        assert_eq!(f64_to_bf16(1.0 + 2f64.powi(-8)), 1.0);
         assert_eq!(f16_bits_to_f32(f32_to_f16_bits(-2.5)), -2.5);
     }
+}
 }
