@@ -162,4 +162,3 @@ mod tests {
         assert_eq!(f16_bits_to_f32(f32_to_f16_bits(-2.5)), -2.5);
     }
 }
-}
