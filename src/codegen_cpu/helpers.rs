@@ -1,0 +1,164 @@
+//! Host functions that generated kernels call: f64 math (the formulas of the eager kernels,
+//! so f64 results are bit-identical to eager ones), f16 conversions, integer power.
+//!
+//! Every function is `extern "C"`, pure and re-entrant; [`SYMBOLS`] lists them with their
+//! Cranelift signatures so a JIT can import them by name.
+
+use half::{bf16, f16};
+
+/// The parameter and result kinds of a helper.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sig {
+    /// `f64 -> f64`
+    F64F64,
+    /// `(f64, f64) -> f64`
+    F64F64F64,
+    /// `f64 -> f32`
+    F64F32,
+    /// `f32 -> u32`
+    F32U32,
+    /// `u32 -> f32`
+    U32F32,
+    /// `(i64, i64) -> i64`
+    I64I64I64,
+}
+
+extern "C" fn exp(x: f64) -> f64 {
+    x.exp()
+}
+extern "C" fn log(x: f64) -> f64 {
+    x.ln()
+}
+extern "C" fn log1p(x: f64) -> f64 {
+    x.ln_1p()
+}
+extern "C" fn expm1(x: f64) -> f64 {
+    x.exp_m1()
+}
+extern "C" fn sin(x: f64) -> f64 {
+    x.sin()
+}
+extern "C" fn cos(x: f64) -> f64 {
+    x.cos()
+}
+extern "C" fn tanh(x: f64) -> f64 {
+    x.tanh()
+}
+fn sigmoid_f64(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+extern "C" fn sigmoid(x: f64) -> f64 {
+    sigmoid_f64(x)
+}
+extern "C" fn silu(x: f64) -> f64 {
+    x * sigmoid_f64(x)
+}
+extern "C" fn erf(x: f64) -> f64 {
+    libm::erf(x)
+}
+extern "C" fn gelu(x: f64) -> f64 {
+    0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2))
+}
+extern "C" fn gelu_tanh(x: f64) -> f64 {
+    const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+    let inner = SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
+    0.5 * x * (1.0 + inner.tanh())
+}
+extern "C" fn pow(a: f64, b: f64) -> f64 {
+    a.powf(b)
+}
+extern "C" fn fmod(a: f64, b: f64) -> f64 {
+    a % b
+}
+/// f64 to f16 as the eager kernels convert (`half`'s `from_f64`), held in an f32.
+extern "C" fn f64_to_f16(x: f64) -> f32 {
+    f16::from_f64(x).to_f32()
+}
+extern "C" fn f64_to_bf16(x: f64) -> f32 {
+    bf16::from_f64(x).to_f32()
+}
+/// Bits of an f32 that holds an f16 value exactly.
+extern "C" fn f32_to_f16_bits(x: f32) -> u32 {
+    u32::from(f16::from_f32(x).to_bits())
+}
+extern "C" fn f16_bits_to_f32(b: u32) -> f32 {
+    f16::from_bits(b as u16).to_f32()
+}
+/// Integer power by squaring, wrapping; negative exponents as PyTorch's integer `pow`.
+extern "C" fn pow_i64(mut a: i64, mut b: i64) -> i64 {
+    if b < 0 {
+        return match a {
+            1 => 1,
+            -1 if b % 2 != 0 => -1,
+            -1 => 1,
+            _ => 0,
+        };
+    }
+    let mut r: i64 = 1;
+    while b != 0 {
+        if b & 1 == 1 {
+            r = r.wrapping_mul(a);
+        }
+        b >>= 1;
+        a = a.wrapping_mul(a);
+    }
+    r
+}
+
+/// Every helper: symbol name, address, signature.
+pub fn symbols() -> Vec<(&'static str, *const u8, Sig)> {
+    use Sig::*;
+    vec![
+        ("smelt_exp", exp as *const u8, F64F64),
+        ("smelt_log", log as *const u8, F64F64),
+        ("smelt_log1p", log1p as *const u8, F64F64),
+        ("smelt_expm1", expm1 as *const u8, F64F64),
+        ("smelt_sin", sin as *const u8, F64F64),
+        ("smelt_cos", cos as *const u8, F64F64),
+        ("smelt_tanh", tanh as *const u8, F64F64),
+        ("smelt_sigmoid", sigmoid as *const u8, F64F64),
+        ("smelt_silu", silu as *const u8, F64F64),
+        ("smelt_erf", erf as *const u8, F64F64),
+        ("smelt_gelu", gelu as *const u8, F64F64),
+        ("smelt_gelu_tanh", gelu_tanh as *const u8, F64F64),
+        ("smelt_pow", pow as *const u8, F64F64F64),
+        ("smelt_fmod", fmod as *const u8, F64F64F64),
+        ("smelt_f64_to_f16", f64_to_f16 as *const u8, F64F32),
+        ("smelt_f64_to_bf16", f64_to_bf16 as *const u8, F64F32),
+        (
+            "smelt_f32_to_f16_bits",
+            f32_to_f16_bits as *const u8,
+            F32U32,
+        ),
+        (
+            "smelt_f16_bits_to_f32",
+            f16_bits_to_f32 as *const u8,
+            U32F32,
+        ),
+        ("smelt_pow_i64", pow_i64 as *const u8, I64I64I64),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integer_power_follows_pytorch() {
+        assert_eq!(pow_i64(3, 4), 81);
+        assert_eq!(pow_i64(-1, -3), -1);
+        assert_eq!(pow_i64(-1, -2), 1);
+        assert_eq!(pow_i64(2, -1), 0);
+        assert_eq!(pow_i64(2, 64), 0);
+    }
+
+    #[test]
+    fn half_conversions_round_to_nearest_even() {
+        // f16: 65519 is below the overflow threshold 65520, which ties to even (infinity)
+        assert_eq!(f64_to_f16(65519.0), 65504.0);
+        assert_eq!(f64_to_f16(65520.0), f32::INFINITY);
+        // bf16: 1 + 2^-8 is a tie between 1 and 1 + 2^-7
+        assert_eq!(f64_to_bf16(1.0 + 2f64.powi(-8)), 1.0);
+        assert_eq!(f16_bits_to_f32(f32_to_f16_bits(-2.5)), -2.5);
+    }
+}

@@ -1,0 +1,962 @@
+//! Lowering of one [`Kernel`] to a Cranelift function, and the process-wide kernel cache.
+//!
+//! Each kernel becomes `fn(bufs: *const *mut u8, begin: i64, end: i64) -> i32` that runs the
+//! rows `[begin, end)` of the kernel's outer space and returns an error code (0 = success).
+//!
+//! - Adjacent dims that every index map walks contiguously are merged first ([`coalesce`]), so
+//!   a dense pointwise kernel is one flat loop and a row kernel has one or two loops.
+//! - Pointwise kernels walk the flat row range in segments along the last outer dim; row
+//!   kernels compute outer-level values once per row, run each reduction pass over the inner
+//!   space (a loop nest), then the row stores and the inner stores.
+//! - Addresses: each map's element offset is computed once per segment or loop level
+//!   (`offset + Σ i_d·s_d`); inside the innermost loop an access is `base + i·stride`.
+//! - The innermost loop is vectorised ([`super::vector`]) with two F32X4 groups per iteration
+//!   and a scalar tail when every access there has stride 0 or 1 and every value is f32 or a
+//!   mask; otherwise it is the scalar loop ([`super::scalar`]).
+//! - Integer remainder by zero sets error code 1 (PyTorch's ZeroDivisionError); the division
+//!   itself then runs on a safe divisor, so no instruction traps.
+
+use super::helpers::{self, Sig};
+use super::jit::{FnBody, Jit};
+use crate::ir::dtype::DType;
+use crate::ir::op::{BinaryOp, Op};
+use crate::ir::shape::numel;
+use crate::kernel::{
+    Buffer, BufferId, Combiner, Expr, IndexMap, Kernel, Level, Schedule, Step, ValId,
+};
+use crate::runtime::{Tensor, apply};
+use crate::{Error, Result, bail};
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::types::{F32, F64, I32, I64};
+use cranelift_codegen::ir::{FuncRef, InstBuilder, MemFlagsData, Signature, Type, Value};
+use cranelift_frontend::Variable;
+use cranelift_module::FuncId;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Options of code generation.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CodegenOptions {
+    /// Vectorised f32 sums accumulate in f32 lanes instead of f64 lanes (faster, less exact).
+    pub fast_math: bool,
+}
+
+type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64) -> i32;
+
+/// Error code of an integer division or remainder by zero.
+pub(super) const ERR_ZERO_DIV: i64 = 1;
+
+/// One kernel of a schedule as machine code.
+pub struct CpuKernel {
+    name: String,
+    func: KernelFn,
+    rows: usize,
+    nbufs: usize,
+    vector_loops: usize,
+    /// Owns the machine code `func` points into; never used after construction.
+    _jit: Jit,
+}
+
+// SAFETY: after `compile_kernel` returns, the `Jit` is never touched again except by `Drop`
+// (which frees the code once no `CpuKernel` reference exists, so no call can be running). The
+// generated function reads only its arguments and its own stack (no globals, no mutable
+// state shared between calls), and the helpers it calls are pure `extern "C"` functions, so
+// any number of threads may call it at once.
+unsafe impl Send for CpuKernel {}
+// SAFETY: as for `Send`: `&CpuKernel` only gives access to immutable data and re-entrant code.
+unsafe impl Sync for CpuKernel {}
+
+impl std::fmt::Debug for CpuKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CpuKernel({}, {} rows)", self.name, self.rows)
+    }
+}
+
+impl CpuKernel {
+    /// Number of rows: numel(k.outer) (1 for a 0-d outer space; 0 if empty).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Number of innermost loops emitted as F32X4 vector loops (0: all scalar).
+    pub fn vector_loops(&self) -> usize {
+        self.vector_loops
+    }
+
+    /// Runs rows `[begin, end)`. `bufs[i]` points to element 0 of buffer `i` of the schedule
+    /// (dense, row-major, of the schedule's dtype and length). Errors raised by the kernel
+    /// come back as `Error`.
+    ///
+    /// # Safety
+    /// Every pointer is valid for its buffer's length; buffers written by this kernel are not
+    /// accessed by anyone else meanwhile.
+    pub unsafe fn run_rows(&self, bufs: &[*mut u8], begin: usize, end: usize) -> Result<()> {
+        if bufs.len() != self.nbufs {
+            bail!(
+                Value,
+                "kernel {}: {} buffer pointers given for a schedule of {} buffers",
+                self.name,
+                bufs.len(),
+                self.nbufs
+            );
+        }
+        if begin > end || end > self.rows {
+            bail!(
+                Value,
+                "kernel {}: rows {begin}..{end} out of 0..{}",
+                self.name,
+                self.rows
+            );
+        }
+        if begin == end {
+            return Ok(());
+        }
+        // SAFETY: the signature matches the one the function was defined with; the caller
+        // guarantees the buffer pointers, and every index map was validated to stay inside its
+        // buffer for rows below `self.rows`.
+        let rc = unsafe { (self.func)(bufs.as_ptr(), begin as i64, end as i64) };
+        match i64::from(rc) {
+            0 => Ok(()),
+            ERR_ZERO_DIV => bail!(Value, "ZeroDivisionError"),
+            c => bail!(Value, "kernel {}: error code {c}", self.name),
+        }
+    }
+}
+
+fn cache() -> &'static Mutex<HashMap<String, Arc<CpuKernel>>> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Arc<CpuKernel>>>> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The structural cache key: the kernel without its name, the dtypes and lengths of the
+/// buffers it touches, the buffer count, and the options. `Debug` prints floats exactly.
+fn cache_key(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> String {
+    let mut touched: Vec<BufferId> = k
+        .values
+        .iter()
+        .filter_map(|v| match v.expr {
+            Expr::Load { buffer, .. } => Some(buffer),
+            _ => None,
+        })
+        .chain(k.stores.iter().map(|s| s.buffer))
+        .collect();
+    touched.sort_unstable();
+    touched.dedup();
+    let bufs: Vec<(BufferId, DType, usize)> = touched
+        .iter()
+        .filter_map(|&b| buffers.get(b).map(|x| (b, x.dtype, x.len())))
+        .collect();
+    format!(
+        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{:?}",
+        k.outer,
+        k.inner,
+        k.values,
+        k.passes,
+        k.stores,
+        bufs,
+        buffers.len(),
+        opts
+    )
+}
+
+/// Compiles `k` (a kernel of a schedule whose buffers are `buffers`). Cached process-wide by a
+/// structural key of (kernel, the dtypes/lengths of the buffers it touches, options).
+pub fn compile_kernel(
+    k: &Kernel,
+    buffers: &[Buffer],
+    opts: &CodegenOptions,
+) -> Result<Arc<CpuKernel>> {
+    let key = cache_key(k, buffers, opts);
+    {
+        let c = cache().lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(hit) = c.get(&key) {
+            return Ok(hit.clone());
+        }
+    }
+    let compiled = Arc::new(compile_uncached(k, buffers, opts)?);
+    let mut c = cache().lock().unwrap_or_else(|e| e.into_inner());
+    Ok(c.entry(key).or_insert(compiled).clone())
+}
+
+fn compile_uncached(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Result<CpuKernel> {
+    let s = Schedule {
+        name: k.name.clone(),
+        buffers: buffers.to_vec(),
+        inputs: vec![],
+        outputs: vec![],
+        steps: vec![Step::Kernel(k.clone())],
+    };
+    s.validate()?;
+    check_supported(k)?;
+    let ck = coalesce(k);
+    let syms = helpers::symbols();
+    let pairs: Vec<(&str, *const u8)> = syms.iter().map(|&(n, p, _)| (n, p)).collect();
+    let mut jit = Jit::with_symbols(&pairs)?;
+    let ptr = jit.pointer_type();
+    let mut imports = HashMap::new();
+    for &(name, _, sig) in &syms {
+        let s = helper_signature(&jit, sig);
+        imports.insert(name, jit.import(name, &s)?);
+    }
+    let sig = jit.signature(&[ptr, I64, I64], &[I32]);
+    let mut vector_loops = 0;
+    let id = jit.define(&k.name_for_symbol(), &sig, |fb| {
+        let mut g = Gen::new(fb, &ck, buffers, &imports, ptr, opts.clone());
+        g.emit_function()?;
+        vector_loops = g.vector_loops;
+        Ok(())
+    })?;
+    jit.finalize()?;
+    let code = jit.code_ptr(id)?;
+    // SAFETY: `code` is the entry of the function just defined with signature
+    // (pointer, i64, i64) -> i32 in the host's C calling convention, which is `KernelFn`.
+    let func = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };
+    Ok(CpuKernel {
+        name: k.name.clone(),
+        func,
+        rows: numel(&k.outer),
+        nbufs: buffers.len(),
+        vector_loops,
+        _jit: jit,
+    })
+}
+
+trait SymbolName {
+    fn name_for_symbol(&self) -> String;
+}
+impl SymbolName for Kernel {
+    /// A symbol name made of the kernel's name (any characters) kept to `[A-Za-z0-9_]`.
+    fn name_for_symbol(&self) -> String {
+        let clean: String = self
+            .name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        format!("kernel_{clean}")
+    }
+}
+
+fn helper_signature(jit: &Jit, s: Sig) -> Signature {
+    match s {
+        Sig::F64F64 => jit.signature(&[F64], &[F64]),
+        Sig::F64F64F64 => jit.signature(&[F64, F64], &[F64]),
+        Sig::F64F32 => jit.signature(&[F64], &[F32]),
+        Sig::F32U32 => jit.signature(&[F32], &[I32]),
+        Sig::U32F32 => jit.signature(&[I32], &[F32]),
+        Sig::I64I64I64 => jit.signature(&[I64, I64], &[I64]),
+    }
+}
+
+/// Refuses what the backend cannot lower, and runs the eager argument checks of `clamp` and
+/// `masked_fill` (a bound that does not fit the dtype is an error before anything runs).
+fn check_supported(k: &Kernel) -> Result<()> {
+    for (i, v) in k.values.iter().enumerate() {
+        match &v.expr {
+            Expr::Clamp { min, max, .. } => {
+                let probe = Tensor::alloc(v.dtype, &[]);
+                apply(
+                    Op::Clamp {
+                        min: *min,
+                        max: *max,
+                    },
+                    &[&probe],
+                )?;
+            }
+            Expr::MaskedFill { value, mask, .. } => {
+                if k.values[*mask].dtype != DType::Bool {
+                    bail!(Unsupported, "cpu codegen: v{i}: mask is not bool");
+                }
+                let probe = Tensor::alloc(v.dtype, &[]);
+                let mask = Tensor::alloc(DType::Bool, &[]);
+                apply(Op::MaskedFill { value: *value }, &[&probe, &mask])?;
+            }
+            Expr::Unary(u, a) => {
+                let da = k.values[*a].dtype;
+                let want = u.out_dtype(da)?;
+                if want != v.dtype {
+                    bail!(
+                        Unsupported,
+                        "cpu codegen: v{i} = {}({da}) declared {}",
+                        u.name(),
+                        v.dtype
+                    );
+                }
+            }
+            Expr::Binary(op, a, b) => {
+                let (da, db) = (k.values[*a].dtype, k.values[*b].dtype);
+                if da != db {
+                    bail!(
+                        Unsupported,
+                        "cpu codegen: v{i} = {} of {da} and {db}: operands must share a dtype",
+                        op.name()
+                    );
+                }
+                if *op == BinaryOp::Div && !da.is_float() {
+                    bail!(
+                        Unsupported,
+                        "cpu codegen: integer div (v{i}) is not lowered: div computes in floats"
+                    );
+                }
+                if (*op == BinaryOp::Sub || *op == BinaryOp::Remainder) && da == DType::Bool {
+                    bail!(Unsupported, "cpu codegen: {} of bools (v{i})", op.name());
+                }
+            }
+            Expr::Where(c, _, _) if k.values[*c].dtype != DType::Bool => {
+                bail!(Unsupported, "cpu codegen: v{i}: condition is not bool");
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Merges adjacent dims (separately inside `outer` and `inner`) that every map walks as one,
+/// and drops size-1 dims. The result has the same flat row order and the same elements.
+pub(super) fn coalesce(k: &Kernel) -> Kernel {
+    if numel(&k.space()) == 0 {
+        return k.clone();
+    }
+    let ko = k.outer.len();
+    let mut maps: Vec<&IndexMap> = Vec::new();
+    for v in &k.values {
+        if let Expr::Load { map, .. } | Expr::Index { map } = &v.expr {
+            maps.push(map);
+        }
+    }
+    maps.extend(k.stores.iter().map(|s| &s.map));
+    // groups: (size, first dim, last dim); strides of a group are those of its last dim
+    let group = |dims: std::ops::Range<usize>, sizes: &[usize]| {
+        let mut gs: Vec<(usize, usize)> = Vec::new(); // (size, last dim)
+        for d in dims {
+            let n = sizes[d];
+            if n == 1 {
+                continue;
+            }
+            if let Some(last) = gs.last_mut()
+                && maps.iter().all(|m| m.strides[last.1] == m.strides[d] * n)
+            {
+                last.0 *= n;
+                last.1 = d;
+                continue;
+            }
+            gs.push((n, d));
+        }
+        gs
+    };
+    let space = k.space();
+    let og = group(0..ko, &space);
+    let mut ig = group(ko..space.len(), &space);
+    // a row kernel keeps one inner dim (of size 1 when all were), so it stays a row kernel
+    let pad = !k.inner.is_empty() && ig.is_empty();
+    if pad {
+        ig.push((1, usize::MAX));
+    }
+    let remap = |m: &IndexMap| IndexMap {
+        strides: og
+            .iter()
+            .chain(&ig)
+            .map(|&(_, d)| m.strides.get(d).copied().unwrap_or(0))
+            .collect(),
+        offset: m.offset,
+    };
+    let mut out = k.clone();
+    out.outer = og.iter().map(|g| g.0).collect();
+    out.inner = ig.iter().map(|g| g.0).collect();
+    for v in &mut out.values {
+        if let Expr::Load { map, .. } | Expr::Index { map } = &mut v.expr {
+            *map = remap(map);
+        }
+    }
+    for s in &mut out.stores {
+        s.map = remap(&s.map);
+    }
+    out
+}
+
+/// The Cranelift type holding a value of dtype `d`: f16/bf16 values are held exactly in f32,
+/// bool as an i8 of 0 or 1, u8 as i8.
+pub(super) fn cty(d: DType) -> Type {
+    use cranelift_codegen::ir::types::{I8, I16};
+    match d {
+        DType::F32 | DType::F16 | DType::BF16 => F32,
+        DType::F64 => F64,
+        DType::I64 => I64,
+        DType::I32 => I32,
+        DType::I16 => I16,
+        DType::I8 | DType::U8 | DType::Bool => I8,
+    }
+}
+
+/// Element size in bytes as an i64.
+pub(super) fn esize(d: DType) -> i64 {
+    d.size() as i64
+}
+
+pub(super) fn flags() -> MemFlagsData {
+    MemFlagsData::new().with_notrap()
+}
+
+/// An accumulator of a reduction: scalar variables, and vector ones inside a vector loop.
+#[derive(Clone, Copy)]
+pub(super) struct Acc {
+    pub val: Variable,
+    /// Argmax/argmin: the position of the best element (-1 before the first).
+    pub idx: Option<Variable>,
+}
+
+/// A distinct access pattern: the buffer (None for `Expr::Index`) and the map.
+pub(super) struct Access {
+    pub buffer: Option<BufferId>,
+    pub map: IndexMap,
+}
+
+/// What one innermost loop computes.
+pub(super) struct Body {
+    /// Inner-level values, in order.
+    pub vals: Vec<ValId>,
+    /// Reductions updated per element.
+    pub reds: Vec<ValId>,
+    /// Stores done per element.
+    pub stores: Vec<usize>,
+}
+
+/// State of the code generator of one kernel.
+pub(super) struct Gen<'g, 'a, 'b> {
+    pub fb: &'g mut FnBody<'a, 'b>,
+    pub k: &'g Kernel,
+    pub bufs: &'g [Buffer],
+    imports: &'g HashMap<&'static str, FuncId>,
+    frefs: HashMap<&'static str, FuncRef>,
+    pub ptr: Type,
+    pub opts: CodegenOptions,
+    /// Base pointer of every buffer the kernel touches.
+    pub base: Vec<Option<Value>>,
+    pub err: Variable,
+    pub accesses: Vec<Access>,
+    /// Access of every load/index value, and of every store.
+    pub access_of_val: HashMap<ValId, usize>,
+    pub access_of_store: Vec<usize>,
+    /// Current element offset of each access at element 0 of the innermost loop.
+    pub cur_off: Vec<Value>,
+    /// Byte pointer of each access at element 0 of the innermost loop (None for Index).
+    pub cur_ptr: Vec<Option<Value>>,
+    /// Stride of each access along the innermost loop, in elements.
+    pub cur_stride: Vec<i64>,
+    pub accs: HashMap<ValId, Acc>,
+    /// Flat position inside the inner space (argmax/argmin), when needed.
+    pub pos: Option<Variable>,
+    pub levels: Vec<Level>,
+    /// Innermost loops emitted vectorised so far.
+    pub vector_loops: usize,
+}
+
+impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
+    fn new(
+        fb: &'g mut FnBody<'a, 'b>,
+        k: &'g Kernel,
+        bufs: &'g [Buffer],
+        imports: &'g HashMap<&'static str, FuncId>,
+        ptr: Type,
+        opts: CodegenOptions,
+    ) -> Self {
+        let err = fb.b.declare_var(I32);
+        let mut accesses: Vec<Access> = Vec::new();
+        let mut find = |buffer: Option<BufferId>, map: &IndexMap| {
+            if let Some(i) = accesses
+                .iter()
+                .position(|a| a.buffer == buffer && &a.map == map)
+            {
+                return i;
+            }
+            accesses.push(Access {
+                buffer,
+                map: map.clone(),
+            });
+            accesses.len() - 1
+        };
+        let mut access_of_val = HashMap::new();
+        for (i, v) in k.values.iter().enumerate() {
+            match &v.expr {
+                Expr::Load { buffer, map } => {
+                    access_of_val.insert(i, find(Some(*buffer), map));
+                }
+                Expr::Index { map } => {
+                    access_of_val.insert(i, find(None, map));
+                }
+                _ => {}
+            }
+        }
+        let access_of_store = k
+            .stores
+            .iter()
+            .map(|s| find(Some(s.buffer), &s.map))
+            .collect();
+        let levels = k.levels();
+        Gen {
+            fb,
+            k,
+            bufs,
+            imports,
+            frefs: HashMap::new(),
+            ptr,
+            opts,
+            base: vec![None; bufs.len()],
+            err,
+            accesses,
+            access_of_val,
+            access_of_store,
+            cur_off: vec![],
+            cur_ptr: vec![],
+            cur_stride: vec![],
+            accs: HashMap::new(),
+            pos: None,
+            levels,
+            vector_loops: 0,
+        }
+    }
+
+    /// Calls helper `name` with `args`, returning its result.
+    pub fn call(&mut self, name: &'static str, args: &[Value]) -> Value {
+        let fref = match self.frefs.get(name) {
+            Some(&f) => f,
+            None => {
+                // Every helper of `helpers::symbols` was imported before the body was built.
+                let id = self.imports[name];
+                let f = self.fb.func_ref(id);
+                self.frefs.insert(name, f);
+                f
+            }
+        };
+        let inst = self.fb.b.ins().call(fref, args);
+        self.fb.b.inst_results(inst)[0]
+    }
+
+    pub fn iconst(&mut self, t: Type, v: i64) -> Value {
+        let bits = t.bits();
+        let v = if bits < 64 {
+            v & ((1i64 << bits) - 1)
+        } else {
+            v
+        };
+        self.fb.b.ins().iconst(t, v)
+    }
+
+    fn emit_function(&mut self) -> Result<()> {
+        let params =
+            self.fb
+                .b
+                .block_params(self.fb.b.current_block().unwrap_or_else(|| {
+                    unreachable!("the entry block is current while the body is built")
+                }));
+        let (bufs_ptr, begin, end) = (params[0], params[1], params[2]);
+        let zero = self.iconst(I32, 0);
+        self.fb.b.def_var(self.err, zero);
+        let mut used: Vec<BufferId> = self
+            .accesses
+            .iter()
+            .filter_map(|a| a.buffer)
+            .collect::<Vec<_>>();
+        used.sort_unstable();
+        used.dedup();
+        let psize = self.ptr.bytes() as i64;
+        for b in used {
+            let off = i32::try_from(b as i64 * psize)
+                .map_err(|_| Error::Unsupported("cpu codegen: too many buffers".into()))?;
+            let p = self.fb.b.ins().load(self.ptr, flags(), bufs_ptr, off);
+            self.base[b] = Some(p);
+        }
+        if self.k.inner.is_empty() {
+            self.emit_pointwise(begin, end)?;
+        } else {
+            self.emit_rows(begin, end)?;
+        }
+        let e = self.fb.b.use_var(self.err);
+        self.fb.b.ins().return_(&[e]);
+        Ok(())
+    }
+
+    /// `while var < end { body; var += step }` where `body` returns the step to add.
+    fn while_lt(
+        &mut self,
+        var: Variable,
+        end: Value,
+        body: &mut dyn FnMut(&mut Self, Value) -> Result<Value>,
+    ) -> Result<()> {
+        let header = self.fb.b.create_block();
+        let bodyb = self.fb.b.create_block();
+        let exit = self.fb.b.create_block();
+        self.fb.b.ins().jump(header, &[]);
+        self.fb.b.switch_to_block(header);
+        let cur = self.fb.b.use_var(var);
+        let c = self.fb.b.ins().icmp(IntCC::SignedLessThan, cur, end);
+        self.fb.b.ins().brif(c, bodyb, &[], exit, &[]);
+        self.fb.b.switch_to_block(bodyb);
+        let step = body(self, cur)?;
+        let cur = self.fb.b.use_var(var);
+        let next = self.fb.b.ins().iadd(cur, step);
+        self.fb.b.def_var(var, next);
+        self.fb.b.ins().jump(header, &[]);
+        self.fb.b.switch_to_block(exit);
+        Ok(())
+    }
+
+    /// Element offset of every access at the point whose outer (or, for pointwise kernels,
+    /// leading) multi-index is `idx` over `dims` (dims numbered in the full space).
+    fn offsets_at(&mut self, idx: &[(usize, Value)]) -> Vec<Value> {
+        let mut out = Vec::with_capacity(self.accesses.len());
+        for a in 0..self.accesses.len() {
+            let m = &self.accesses[a].map;
+            let offset = m.offset as i64;
+            let terms: Vec<(i64, Value)> = idx
+                .iter()
+                .map(|&(d, v)| (m.strides[d] as i64, v))
+                .filter(|&(s, _)| s != 0)
+                .collect();
+            let mut o = self.iconst(I64, offset);
+            for (s, v) in terms {
+                let t = self.fb.b.ins().imul_imm_s(v, s);
+                o = self.fb.b.ins().iadd(o, t);
+            }
+            out.push(o);
+        }
+        out
+    }
+
+    /// The multi-index of flat `r` over `sizes` (row-major), innermost last.
+    fn unflatten(&mut self, mut r: Value, sizes: &[usize]) -> Vec<Value> {
+        let mut idx = vec![r; sizes.len()];
+        for d in (0..sizes.len()).rev() {
+            if d == 0 {
+                idx[d] = r;
+                break;
+            }
+            let n = sizes[d] as i64;
+            idx[d] = self.fb.b.ins().urem_imm_s(r, n);
+            r = self.fb.b.ins().udiv_imm_s(r, n);
+        }
+        idx
+    }
+
+    fn emit_pointwise(&mut self, begin: Value, end: Value) -> Result<()> {
+        let ko = self.k.outer.len();
+        let last = if ko == 0 { 1 } else { self.k.outer[ko - 1] } as i64;
+        let lead: Vec<usize> = self.k.outer[..ko.saturating_sub(1)].to_vec();
+        let body = Body {
+            vals: (0..self.k.values.len()).collect(),
+            reds: vec![],
+            stores: (0..self.k.stores.len()).collect(),
+        };
+        let cur = self.fb.b.declare_var(I64);
+        self.fb.b.def_var(cur, begin);
+        self.while_lt(cur, end, &mut |g, c| {
+            let (j0, r) = if last == 1 {
+                (g.iconst(I64, 0), c)
+            } else {
+                (
+                    g.fb.b.ins().urem_imm_s(c, last),
+                    g.fb.b.ins().udiv_imm_s(c, last),
+                )
+            };
+            let mut idx: Vec<(usize, Value)> = if lead.is_empty() {
+                vec![]
+            } else {
+                let li = g.unflatten(r, &lead);
+                li.into_iter().enumerate().collect()
+            };
+            if ko > 0 {
+                idx.push((ko - 1, j0));
+            }
+            let offs = g.offsets_at(&idx);
+            let left = g.fb.b.ins().isub(end, c);
+            let lastv = g.iconst(I64, last);
+            let room = g.fb.b.ins().isub(lastv, j0);
+            let len = g.fb.b.ins().smin(left, room);
+            let strides: Vec<i64> = g
+                .accesses
+                .iter()
+                .map(|a| {
+                    if ko == 0 {
+                        0
+                    } else {
+                        a.map.strides[ko - 1] as i64
+                    }
+                })
+                .collect();
+            let mut env = vec![None; g.k.values.len()];
+            g.innermost(len, &offs, &strides, &body, &mut env)?;
+            Ok(len)
+        })
+    }
+
+    fn emit_rows(&mut self, begin: Value, end: Value) -> Result<()> {
+        let k = self.k;
+        let ko = k.outer.len();
+        let row = self.fb.b.declare_var(I64);
+        self.fb.b.def_var(row, begin);
+        let needs_pos = k.values.iter().any(|v| {
+            matches!(
+                v.expr,
+                Expr::Reduce {
+                    combiner: Combiner::ArgMax | Combiner::ArgMin,
+                    ..
+                }
+            )
+        });
+        if needs_pos {
+            self.pos = Some(self.fb.b.declare_var(I64));
+        }
+        // inner-level values each pass and the inner stores need
+        let mut pass_bodies = Vec::new();
+        for p in &k.passes {
+            let args: Vec<ValId> = p
+                .iter()
+                .filter_map(|&r| match k.values[r].expr {
+                    Expr::Reduce { arg, .. } => Some(arg),
+                    _ => None,
+                })
+                .collect();
+            pass_bodies.push(Body {
+                vals: self.inner_closure(&args),
+                reds: p.clone(),
+                stores: vec![],
+            });
+        }
+        let inner_stores: Vec<usize> = (0..k.stores.len())
+            .filter(|&s| !k.stores[s].map.ignores_from(ko))
+            .collect();
+        let row_stores: Vec<usize> = (0..k.stores.len())
+            .filter(|&s| k.stores[s].map.ignores_from(ko))
+            .collect();
+        let store_vals: Vec<ValId> = inner_stores.iter().map(|&s| k.stores[s].value).collect();
+        let store_body = Body {
+            vals: self.inner_closure(&store_vals),
+            reds: vec![],
+            stores: inner_stores,
+        };
+        self.while_lt(row, end, &mut |g, r| {
+            let idx: Vec<(usize, Value)> =
+                g.unflatten(r, &k.outer).into_iter().enumerate().collect();
+            let idx = if ko == 0 { vec![] } else { idx };
+            let row_offs = g.offsets_at(&idx);
+            let mut env: Vec<Option<Value>> = vec![None; k.values.len()];
+            g.set_position(&row_offs, None);
+            g.outer_values(&mut env)?;
+            for body in &pass_bodies {
+                for &r in &body.reds {
+                    g.init_acc(r);
+                }
+                if let Some(p) = g.pos {
+                    let z = g.iconst(I64, 0);
+                    g.fb.b.def_var(p, z);
+                }
+                g.nest(0, &row_offs, body, &mut env)?;
+                for &r in &body.reds {
+                    let v = g.finish_acc(r);
+                    env[r] = Some(v);
+                }
+                g.set_position(&row_offs, None);
+                g.outer_values(&mut env)?;
+            }
+            g.set_position(&row_offs, None);
+            for &s in &row_stores {
+                let st = &k.stores[s];
+                let v = env[st.value].ok_or_else(|| {
+                    Error::Unsupported(format!(
+                        "cpu codegen: kernel {}: a row store of an inner value",
+                        k.name
+                    ))
+                })?;
+                let zero = g.iconst(I64, 0);
+                g.store_scalar(s, v, zero, 0);
+            }
+            if !store_body.stores.is_empty() {
+                g.nest(0, &row_offs, &store_body, &mut env)?;
+            }
+            Ok(g.iconst(I64, 1))
+        })
+    }
+
+    /// The inner-level values `roots` need, in order.
+    fn inner_closure(&self, roots: &[ValId]) -> Vec<ValId> {
+        let mut need = vec![false; self.k.values.len()];
+        let mut stack: Vec<ValId> = roots.to_vec();
+        while let Some(v) = stack.pop() {
+            if need[v] || self.levels[v] == Level::Outer {
+                continue;
+            }
+            need[v] = true;
+            stack.extend(self.k.values[v].expr.operands());
+        }
+        (0..need.len()).filter(|&v| need[v]).collect()
+    }
+
+    /// Computes every outer-level value whose operands are all available.
+    fn outer_values(&mut self, env: &mut [Option<Value>]) -> Result<()> {
+        let zero = self.iconst(I64, 0);
+        for v in 0..self.k.values.len() {
+            if env[v].is_some()
+                || self.levels[v] != Level::Outer
+                || matches!(self.k.values[v].expr, Expr::Reduce { .. })
+            {
+                continue;
+            }
+            if self.k.values[v]
+                .expr
+                .operands()
+                .iter()
+                .all(|&o| env[o].is_some())
+            {
+                let x = self.scalar_value(v, env, zero, 0)?;
+                env[v] = Some(x);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the innermost-loop origin of every access to the element offsets `offs`, with
+    /// innermost strides `strides` (None: all zero).
+    fn set_position(&mut self, offs: &[Value], strides: Option<&[i64]>) {
+        self.cur_off = offs.to_vec();
+        self.cur_stride = match strides {
+            Some(s) => s.to_vec(),
+            None => vec![0; offs.len()],
+        };
+        self.cur_ptr = (0..offs.len())
+            .map(|a| {
+                let buffer = self.accesses[a].buffer?;
+                let base = self.base[buffer]?;
+                let size = esize(self.bufs[buffer].dtype);
+                let bytes = self.fb.b.ins().imul_imm_s(offs[a], size);
+                Some(self.fb.b.ins().iadd(base, bytes))
+            })
+            .collect();
+    }
+
+    /// The loop nest over inner dims `d..` starting from element offsets `offs`.
+    fn nest(
+        &mut self,
+        d: usize,
+        offs: &[Value],
+        body: &Body,
+        env: &mut [Option<Value>],
+    ) -> Result<()> {
+        let ko = self.k.outer.len();
+        let ni = self.k.inner.len();
+        if ni == 0 {
+            let one = self.iconst(I64, 1);
+            let z = vec![0; self.accesses.len()];
+            return self.innermost(one, offs, &z, body, env);
+        }
+        let dim = ko + d;
+        let strides: Vec<i64> = self
+            .accesses
+            .iter()
+            .map(|a| a.map.strides[dim] as i64)
+            .collect();
+        let n = self.k.inner[d] as i64;
+        if d + 1 == ni {
+            let len = self.iconst(I64, n);
+            return self.innermost(len, offs, &strides, body, env);
+        }
+        let i = self.fb.b.declare_var(I64);
+        let z = self.iconst(I64, 0);
+        self.fb.b.def_var(i, z);
+        let end = self.iconst(I64, n);
+        let offs = offs.to_vec();
+        self.while_lt(i, end, &mut |g, iv| {
+            let sub: Vec<Value> = offs
+                .iter()
+                .zip(&strides)
+                .map(|(&o, &s)| {
+                    if s == 0 {
+                        o
+                    } else {
+                        let t = g.fb.b.ins().imul_imm_s(iv, s);
+                        g.fb.b.ins().iadd(o, t)
+                    }
+                })
+                .collect();
+            g.nest(d + 1, &sub, body, env)?;
+            Ok(g.iconst(I64, 1))
+        })
+    }
+
+    /// The innermost loop: `len` elements from offsets `offs` with strides `strides`,
+    /// vectorised when possible.
+    fn innermost(
+        &mut self,
+        len: Value,
+        offs: &[Value],
+        strides: &[i64],
+        body: &Body,
+        env: &mut [Option<Value>],
+    ) -> Result<()> {
+        self.set_position(offs, Some(strides));
+        let i = self.fb.b.declare_var(I64);
+        let z = self.iconst(I64, 0);
+        self.fb.b.def_var(i, z);
+        if self.vectorizable(body) {
+            self.vector_loops += 1;
+            self.vector_loop(i, len, body, env)?;
+        }
+        let saved = env.to_vec();
+        self.while_lt(i, len, &mut |g, iv| {
+            let mut local = saved.clone();
+            for &v in &body.vals {
+                let x = g.scalar_value(v, &local, iv, 0)?;
+                local[v] = Some(x);
+            }
+            for &r in &body.reds {
+                g.update_acc(r, &local);
+            }
+            if let Some(p) = g.pos {
+                let pv = g.fb.b.use_var(p);
+                let n = g.fb.b.ins().iadd_imm_s(pv, 1);
+                g.fb.b.def_var(p, n);
+            }
+            for &s in &body.stores {
+                let v = local[g.k.stores[s].value].ok_or_else(|| {
+                    Error::Unsupported("cpu codegen: a store of an uncomputed value".into())
+                })?;
+                g.store_scalar(s, v, iv, 0);
+            }
+            Ok(g.iconst(I64, 1))
+        })
+    }
+
+    /// Byte address of access `a` at element `i + lane` of the innermost loop, as (pointer,
+    /// constant byte offset).
+    pub fn addr(&mut self, a: usize, i: Value, lane: i64) -> (Value, i32) {
+        let buffer = self.accesses[a].buffer.unwrap_or(0);
+        let size = esize(self.bufs[buffer].dtype);
+        let s = self.cur_stride[a];
+        let base =
+            self.cur_ptr[a].unwrap_or_else(|| unreachable!("index accesses have no pointer"));
+        if s == 0 {
+            return (base, 0);
+        }
+        let t = self.fb.b.ins().imul_imm_s(i, s * size);
+        let p = self.fb.b.ins().iadd(base, t);
+        (p, (lane * s * size) as i32)
+    }
+
+    /// Element offset of access `a` at element `i + lane` (for `Expr::Index`).
+    pub fn elem_offset(&mut self, a: usize, i: Value, lane: i64) -> Value {
+        let s = self.cur_stride[a];
+        let o = self.cur_off[a];
+        if s == 0 {
+            return o;
+        }
+        let t = self.fb.b.ins().imul_imm_s(i, s);
+        let o = self.fb.b.ins().iadd(o, t);
+        self.fb.b.ins().iadd_imm_s(o, lane * s)
+    }
+
+    /// Sets the error code to `code` where `cond` (an i8 bool) holds.
+    pub fn flag_error(&mut self, cond: Value, code: i64) {
+        let e = self.fb.b.use_var(self.err);
+        let c = self.iconst(I32, code);
+        let n = self.fb.b.ins().select(cond, c, e);
+        self.fb.b.def_var(self.err, n);
+    }
+}

@@ -1,0 +1,550 @@
+//! The vectorised innermost loop: F32X4 lanes (masks as I32X4), two groups per iteration.
+//!
+//! Taken when every access of the loop has stride 0 (splat) or 1 along it, every value is
+//! f32 or bool, and every reduction is a sum, mean, max or min of f32. Max/min use
+//! compare + bitselect and keep PyTorch's NaN propagation; sums accumulate in f64 lanes
+//! (`fast_math`: f32 lanes), merged lane by lane into the scalar accumulator before the tail.
+
+use super::lower::{Body, Gen, flags};
+use super::math;
+use crate::Result;
+use crate::ir::dtype::DType;
+use crate::ir::op::{BinaryOp, UnaryOp};
+use crate::kernel::{Combiner, Expr, ValId};
+use crate::runtime::element::round_to_dtype;
+use cranelift_codegen::ir::condcodes::FloatCC;
+use cranelift_codegen::ir::types::{F32, F32X4, F64, F64X2, I8X16, I32, I32X4};
+use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_frontend::Variable;
+use std::collections::HashSet;
+
+const LANES: i64 = 4;
+const GROUPS: i64 = 2;
+
+/// Vector accumulators of one reduction.
+enum VAcc {
+    /// f64 lanes for elements 0,1 and 2,3 of each group.
+    SumF64(Variable, Variable),
+    SumF32(Variable),
+    Extreme(Variable),
+}
+
+fn vbitcast(g: &mut Gen, t: Type, v: Value) -> Value {
+    if g.fb.b.func.dfg.value_type(v) == t {
+        return v;
+    }
+    let fl = MemFlagsData::new().with_endianness(Endianness::Little);
+    g.fb.b.ins().bitcast(t, fl, v)
+}
+
+/// `m ? a : b` lane-wise for an I32X4 mask.
+fn vsel(g: &mut Gen, m: Value, a: Value, b: Value) -> Value {
+    let t = g.fb.b.func.dfg.value_type(a);
+    let m = vbitcast(g, t, m);
+    g.fb.b.ins().bitselect(m, a, b)
+}
+
+fn vf(g: &mut Gen, v: f64) -> Value {
+    let s = g.fb.b.ins().f32const(v as f32);
+    g.fb.b.ins().splat(F32X4, s)
+}
+
+fn vmask_const(g: &mut Gen, on: bool) -> Value {
+    let s = g.iconst(I32, if on { -1 } else { 0 });
+    g.fb.b.ins().splat(I32X4, s)
+}
+
+impl Gen<'_, '_, '_> {
+    fn stride_ok(&self, a: usize, allow_zero: bool) -> bool {
+        let s = self.cur_stride[a];
+        s == 1 || (allow_zero && s == 0)
+    }
+
+    /// Whether `body` can run in the vector loop at the current position.
+    pub fn vectorizable(&self, body: &Body) -> bool {
+        let k = self.k;
+        let inside: HashSet<ValId> = body.vals.iter().copied().collect();
+        let vtype = |v: ValId| matches!(k.values[v].dtype, DType::F32 | DType::Bool);
+        for &v in &body.vals {
+            let val = &k.values[v];
+            if !vtype(v) || !val.expr.operands().iter().all(|&o| vtype(o)) {
+                return false;
+            }
+            let f32_ops = val
+                .expr
+                .operands()
+                .first()
+                .is_none_or(|&o| k.values[o].dtype == DType::F32);
+            let ok = match &val.expr {
+                Expr::Load { .. } => {
+                    val.dtype == DType::F32 && self.stride_ok(self.access_of_val[&v], true)
+                }
+                Expr::Const(_) => true,
+                Expr::Index { .. } | Expr::Cast(_) | Expr::Reduce { .. } => false,
+                Expr::Unary(u, _) => match u {
+                    UnaryOp::LogicalNot => true,
+                    _ => f32_ops,
+                },
+                Expr::Binary(b, x, _) => {
+                    if k.values[*x].dtype == DType::F32 {
+                        *b != BinaryOp::Remainder
+                    } else {
+                        !matches!(b, BinaryOp::Pow | BinaryOp::Sub | BinaryOp::Div)
+                            && *b != BinaryOp::Remainder
+                    }
+                }
+                Expr::Clamp { .. } => val.dtype == DType::F32,
+                Expr::Where(..) | Expr::MaskedFill { .. } => true,
+            };
+            if !ok {
+                return false;
+            }
+        }
+        for &s in &body.stores {
+            let st = &k.stores[s];
+            if k.values[st.value].dtype != DType::F32
+                || !self.stride_ok(self.access_of_store[s], false)
+            {
+                return false;
+            }
+        }
+        for &r in &body.reds {
+            let Expr::Reduce { combiner, arg, .. } = k.values[r].expr else {
+                return false;
+            };
+            let ok_comb = matches!(
+                combiner,
+                Combiner::Sum | Combiner::Mean | Combiner::Max | Combiner::Min
+            );
+            if !ok_comb || k.values[arg].dtype != DType::F32 {
+                return false;
+            }
+            if !inside.contains(&arg) && self.levels[arg] != crate::kernel::Level::Outer {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Runs the vector part of an innermost loop: elements `[i, len & !7)`; leaves `i` at
+    /// the first element of the scalar tail and merges vector accumulators.
+    pub fn vector_loop(
+        &mut self,
+        i: Variable,
+        len: Value,
+        body: &Body,
+        env: &mut [Option<Value>],
+    ) -> Result<()> {
+        let step = LANES * GROUPS;
+        let nv = self.fb.b.ins().band_imm_s(len, -step);
+        // loop-invariant operands from outside the body, splatted once
+        let inside: HashSet<ValId> = body.vals.iter().copied().collect();
+        let mut outside: Vec<ValId> = body
+            .vals
+            .iter()
+            .flat_map(|&v| self.k.values[v].expr.operands())
+            .chain(
+                body.reds
+                    .iter()
+                    .filter_map(|&r| match self.k.values[r].expr {
+                        Expr::Reduce { arg, .. } => Some(arg),
+                        _ => None,
+                    }),
+            )
+            .chain(body.stores.iter().map(|&s| self.k.stores[s].value))
+            .filter(|o| !inside.contains(o))
+            .collect();
+        outside.sort_unstable();
+        outside.dedup();
+        let mut splat: Vec<Option<Value>> = vec![None; self.k.values.len()];
+        for o in outside {
+            let x = env[o].ok_or_else(|| {
+                crate::Error::Unsupported("cpu codegen: an operand is not computed".into())
+            })?;
+            splat[o] = Some(self.splat_value(x, self.k.values[o].dtype));
+        }
+        let mut vaccs = Vec::new();
+        for &r in &body.reds {
+            let Expr::Reduce { combiner, .. } = self.k.values[r].expr else {
+                continue;
+            };
+            let acc = match combiner {
+                Combiner::Sum | Combiner::Mean if self.opts.fast_math => {
+                    let v = self.fb.b.declare_var(F32X4);
+                    let z = vf(self, 0.0);
+                    self.fb.b.def_var(v, z);
+                    VAcc::SumF32(v)
+                }
+                Combiner::Sum | Combiner::Mean => {
+                    let z = self.fb.b.ins().f64const(0.0);
+                    let z = self.fb.b.ins().splat(F64X2, z);
+                    let lo = self.fb.b.declare_var(F64X2);
+                    let hi = self.fb.b.declare_var(F64X2);
+                    self.fb.b.def_var(lo, z);
+                    self.fb.b.def_var(hi, z);
+                    VAcc::SumF64(lo, hi)
+                }
+                _ => {
+                    let init = if combiner == Combiner::Max {
+                        f64::NEG_INFINITY
+                    } else {
+                        f64::INFINITY
+                    };
+                    let v = self.fb.b.declare_var(F32X4);
+                    let c = vf(self, init);
+                    self.fb.b.def_var(v, c);
+                    VAcc::Extreme(v)
+                }
+            };
+            vaccs.push((r, combiner, acc));
+        }
+        self.while_lt_vec(i, nv, step, &mut |g, iv| {
+            for grp in 0..GROUPS {
+                let lane = grp * LANES;
+                let mut venv = splat.clone();
+                for &v in &body.vals {
+                    let x = g.vector_value(v, &venv, iv, lane)?;
+                    venv[v] = Some(x);
+                }
+                for (r, comb, acc) in &vaccs {
+                    let Expr::Reduce { arg, .. } = g.k.values[*r].expr else {
+                        continue;
+                    };
+                    let x = venv[arg].unwrap_or_else(|| unreachable!("argument computed"));
+                    g.vfold(*comb, acc, x);
+                }
+                for &s in &body.stores {
+                    let x = venv[g.k.stores[s].value].unwrap_or_else(|| unreachable!());
+                    let a = g.access_of_store[s];
+                    let (p, off) = g.addr(a, iv, lane);
+                    g.fb.b.ins().store(flags(), x, p, off);
+                }
+            }
+            Ok(())
+        })?;
+        for (r, comb, acc) in &vaccs {
+            self.vmerge(*r, *comb, acc);
+        }
+        Ok(())
+    }
+
+    /// `while var < end { body; var += step }` for the vector loop.
+    fn while_lt_vec(
+        &mut self,
+        var: Variable,
+        end: Value,
+        step: i64,
+        body: &mut dyn FnMut(&mut Self, Value) -> Result<()>,
+    ) -> Result<()> {
+        use cranelift_codegen::ir::condcodes::IntCC;
+        let header = self.fb.b.create_block();
+        let bodyb = self.fb.b.create_block();
+        let exit = self.fb.b.create_block();
+        self.fb.b.ins().jump(header, &[]);
+        self.fb.b.switch_to_block(header);
+        let cur = self.fb.b.use_var(var);
+        let c = self.fb.b.ins().icmp(IntCC::SignedLessThan, cur, end);
+        self.fb.b.ins().brif(c, bodyb, &[], exit, &[]);
+        self.fb.b.switch_to_block(bodyb);
+        body(self, cur)?;
+        let next = self.fb.b.ins().iadd_imm_s(cur, step);
+        self.fb.b.def_var(var, next);
+        self.fb.b.ins().jump(header, &[]);
+        self.fb.b.switch_to_block(exit);
+        Ok(())
+    }
+
+    /// A scalar (f32 or i8 bool) broadcast to all lanes.
+    fn splat_value(&mut self, x: Value, d: DType) -> Value {
+        if d == DType::F32 {
+            self.fb.b.ins().splat(F32X4, x)
+        } else {
+            let on = self.iconst(I32, -1);
+            let off = self.iconst(I32, 0);
+            let m = self.fb.b.ins().select(x, on, off);
+            self.fb.b.ins().splat(I32X4, m)
+        }
+    }
+
+    fn vector_value(
+        &mut self,
+        v: ValId,
+        env: &[Option<Value>],
+        i: Value,
+        lane: i64,
+    ) -> Result<Value> {
+        let k = self.k;
+        let val = &k.values[v];
+        let op = |o: ValId| -> Result<Value> {
+            env[o].ok_or_else(|| {
+                crate::Error::Unsupported(format!("cpu codegen: v{v} reads v{o} too early"))
+            })
+        };
+        Ok(match &val.expr {
+            Expr::Load { .. } => {
+                let a = self.access_of_val[&v];
+                let (p, off) = self.addr(a, i, lane);
+                if self.cur_stride[a] == 0 {
+                    let s = self.fb.b.ins().load(F32, flags(), p, off);
+                    self.fb.b.ins().splat(F32X4, s)
+                } else {
+                    self.fb.b.ins().load(F32X4, flags(), p, off)
+                }
+            }
+            Expr::Const(s) => {
+                if val.dtype == DType::F32 {
+                    let c = round_to_dtype(s.to_f64(), DType::F32);
+                    vf(self, c)
+                } else {
+                    vmask_const(self, s.to_f64() != 0.0)
+                }
+            }
+            Expr::Unary(u, a) => {
+                let x = op(*a)?;
+                self.vunary(*u, x, k.values[*a].dtype)
+            }
+            Expr::Binary(b, x, y) => {
+                let (xv, yv) = (op(*x)?, op(*y)?);
+                self.vbinary(*b, xv, yv, k.values[*x].dtype)
+            }
+            Expr::Where(c, a, b) => {
+                let (c, a, b) = (op(*c)?, op(*a)?, op(*b)?);
+                vsel(self, c, a, b)
+            }
+            Expr::MaskedFill { x, mask, value } => {
+                let (xv, m) = (op(*x)?, op(*mask)?);
+                let c = if val.dtype == DType::F32 {
+                    let c = round_to_dtype(value.to_f64(), DType::F32);
+                    vf(self, c)
+                } else {
+                    vmask_const(self, value.to_f64() != 0.0)
+                };
+                vsel(self, m, c, xv)
+            }
+            Expr::Clamp { x, min, max } => {
+                let mut xv = op(*x)?;
+                let lo = min.map(|s| round_to_dtype(s.to_f64(), DType::F32));
+                let hi = max.map(|s| round_to_dtype(s.to_f64(), DType::F32));
+                if let (Some(l), Some(h)) = (lo, hi)
+                    && (l.is_nan() || h.is_nan())
+                {
+                    return Ok(vf(self, f64::NAN));
+                }
+                if let Some(l) = lo {
+                    let c = vf(self, l);
+                    let m = self.fb.b.ins().fcmp(FloatCC::LessThan, xv, c);
+                    xv = vsel(self, m, c, xv);
+                }
+                if let Some(h) = hi {
+                    let c = vf(self, h);
+                    let m = self.fb.b.ins().fcmp(FloatCC::LessThan, c, xv);
+                    xv = vsel(self, m, c, xv);
+                }
+                xv
+            }
+            Expr::Index { .. } | Expr::Cast(_) | Expr::Reduce { .. } => {
+                return Err(crate::Error::Unsupported(
+                    "cpu codegen: not vectorisable".into(),
+                ));
+            }
+        })
+    }
+
+    fn vunary(&mut self, u: UnaryOp, x: Value, da: DType) -> Value {
+        use UnaryOp::*;
+        if da == DType::Bool {
+            // only logical_not reaches here with a mask
+            return self.fb.b.ins().bnot(x);
+        }
+        let b = &mut *self.fb.b;
+        match u {
+            LogicalNot => {
+                let z = vf(self, 0.0);
+                self.fb.b.ins().fcmp(FloatCC::Equal, x, z)
+            }
+            IsNan => b.ins().fcmp(FloatCC::Unordered, x, x),
+            Neg => b.ins().fneg(x),
+            Abs => b.ins().fabs(x),
+            Sqrt => math::sqrt(b, x),
+            Rsqrt => math::rsqrt(b, x),
+            Floor => b.ins().floor(x),
+            Ceil => b.ins().ceil(x),
+            Round => b.ins().nearest(x),
+            Square => b.ins().fmul(x, x),
+            Reciprocal => {
+                let one = vf(self, 1.0);
+                self.fb.b.ins().fdiv(one, x)
+            }
+            Relu => {
+                let z = vf(self, 0.0);
+                let m = self.fb.b.ins().fcmp(FloatCC::LessThan, x, z);
+                vsel(self, m, z, x)
+            }
+            Sign => {
+                let z = vf(self, 0.0);
+                let one = vf(self, 1.0);
+                let mone = vf(self, -1.0);
+                let gt = self.fb.b.ins().fcmp(FloatCC::GreaterThan, x, z);
+                let lt = self.fb.b.ins().fcmp(FloatCC::LessThan, x, z);
+                let r = vsel(self, lt, mone, z);
+                vsel(self, gt, one, r)
+            }
+            Exp => math::exp(b, x),
+            Log => math::log(b, x),
+            Log1p => math::log1p(b, x),
+            Expm1 => math::expm1(b, x),
+            Sin => math::sin(b, x),
+            Cos => math::cos(b, x),
+            Tanh => math::tanh(b, x),
+            Sigmoid => math::sigmoid(b, x),
+            Erf => math::erf(b, x),
+            Gelu { tanh: false } => math::gelu(b, x),
+            Gelu { tanh: true } => math::gelu_tanh(b, x),
+            Silu => {
+                let s = math::sigmoid(b, x);
+                b.ins().fmul(x, s)
+            }
+        }
+    }
+
+    fn vbinary(&mut self, op: BinaryOp, x: Value, y: Value, c: DType) -> Value {
+        use BinaryOp::*;
+        if c == DType::Bool {
+            return match op {
+                Add | Maximum | LogicalOr => self.fb.b.ins().bor(x, y),
+                Mul | Minimum | LogicalAnd => self.fb.b.ins().band(x, y),
+                Eq => {
+                    let d = self.fb.b.ins().bxor(x, y);
+                    self.fb.b.ins().bnot(d)
+                }
+                Ne => self.fb.b.ins().bxor(x, y),
+                Lt => self.fb.b.ins().band_not(y, x),
+                Gt => self.fb.b.ins().band_not(x, y),
+                Le => {
+                    let nx = self.fb.b.ins().bnot(x);
+                    self.fb.b.ins().bor(nx, y)
+                }
+                _ => {
+                    let ny = self.fb.b.ins().bnot(y);
+                    self.fb.b.ins().bor(x, ny)
+                }
+            };
+        }
+        let b = &mut *self.fb.b;
+        match op {
+            Add => b.ins().fadd(x, y),
+            Sub => b.ins().fsub(x, y),
+            Mul => b.ins().fmul(x, y),
+            Div => b.ins().fdiv(x, y),
+            Pow => math::pow(b, x, y),
+            Maximum | Minimum => {
+                let pick_y = if op == Maximum {
+                    b.ins().fcmp(FloatCC::LessThan, x, y)
+                } else {
+                    b.ins().fcmp(FloatCC::LessThan, y, x)
+                };
+                let nan = b.ins().fcmp(FloatCC::Unordered, x, y);
+                let sum = b.ins().fadd(x, y);
+                let r = vsel(self, pick_y, y, x);
+                vsel(self, nan, sum, r)
+            }
+            Eq => b.ins().fcmp(FloatCC::Equal, x, y),
+            Ne => b.ins().fcmp(FloatCC::NotEqual, x, y),
+            Lt => b.ins().fcmp(FloatCC::LessThan, x, y),
+            Le => b.ins().fcmp(FloatCC::LessThanOrEqual, x, y),
+            Gt => b.ins().fcmp(FloatCC::GreaterThan, x, y),
+            Ge => b.ins().fcmp(FloatCC::GreaterThanOrEqual, x, y),
+            LogicalAnd | LogicalOr => {
+                let z = vf(self, 0.0);
+                let a = self.fb.b.ins().fcmp(FloatCC::NotEqual, x, z);
+                let bb = self.fb.b.ins().fcmp(FloatCC::NotEqual, y, z);
+                if op == LogicalAnd {
+                    self.fb.b.ins().band(a, bb)
+                } else {
+                    self.fb.b.ins().bor(a, bb)
+                }
+            }
+            // refused by `vectorizable`
+            Remainder => x,
+        }
+    }
+
+    fn vfold(&mut self, comb: Combiner, acc: &VAcc, x: Value) {
+        match *acc {
+            VAcc::SumF32(v) => {
+                let a = self.fb.b.use_var(v);
+                let n = self.fb.b.ins().fadd(a, x);
+                self.fb.b.def_var(v, n);
+            }
+            VAcc::SumF64(lo, hi) => {
+                let xl = self.fb.b.ins().fvpromote_low(x);
+                let h = high_half(self, x);
+                let xh = self.fb.b.ins().fvpromote_low(h);
+                let a = self.fb.b.use_var(lo);
+                let n = self.fb.b.ins().fadd(a, xl);
+                self.fb.b.def_var(lo, n);
+                let a = self.fb.b.use_var(hi);
+                let n = self.fb.b.ins().fadd(a, xh);
+                self.fb.b.def_var(hi, n);
+            }
+            VAcc::Extreme(v) => {
+                let a = self.fb.b.use_var(v);
+                let cc = if comb == Combiner::Max {
+                    FloatCC::GreaterThan
+                } else {
+                    FloatCC::LessThan
+                };
+                let better = self.fb.b.ins().fcmp(cc, x, a);
+                let nan = self.fb.b.ins().fcmp(FloatCC::Unordered, x, x);
+                let take = self.fb.b.ins().bor(better, nan);
+                let n = vsel(self, take, x, a);
+                self.fb.b.def_var(v, n);
+            }
+        }
+    }
+
+    /// Folds the lanes of a vector accumulator into the scalar one, lane by lane in order.
+    fn vmerge(&mut self, r: ValId, comb: Combiner, acc: &VAcc) {
+        let scalar = self.accs[&r].val;
+        match *acc {
+            VAcc::SumF64(lo, hi) => {
+                let mut s = self.fb.b.use_var(scalar);
+                for v in [lo, hi] {
+                    let x = self.fb.b.use_var(v);
+                    for l in 0..2u8 {
+                        let e = self.fb.b.ins().extractlane(x, l);
+                        s = self.fb.b.ins().fadd(s, e);
+                    }
+                }
+                self.fb.b.def_var(scalar, s);
+            }
+            VAcc::SumF32(v) => {
+                let mut s = self.fb.b.use_var(scalar);
+                let x = self.fb.b.use_var(v);
+                for l in 0..4u8 {
+                    let e = self.fb.b.ins().extractlane(x, l);
+                    let e = self.fb.b.ins().fpromote(F64, e);
+                    s = self.fb.b.ins().fadd(s, e);
+                }
+                self.fb.b.def_var(scalar, s);
+            }
+            VAcc::Extreme(v) => {
+                let _ = comb;
+                let x = self.fb.b.use_var(v);
+                for l in 0..4u8 {
+                    let e = self.fb.b.ins().extractlane(x, l);
+                    self.fold(r, e);
+                }
+            }
+        }
+    }
+}
+
+/// Lanes 2 and 3 of an F32X4 moved to lanes 0 and 1.
+fn high_half(g: &mut Gen, x: Value) -> Value {
+    let bytes = vbitcast(g, I8X16, x);
+    let mask: Vec<u8> = (8..16).chain(8..16).collect();
+    let imm = g.fb.b.func.dfg.immediates.push(ConstantData::from(mask));
+    let r = g.fb.b.ins().shuffle(bytes, bytes, imm);
+    vbitcast(g, F32X4, r)
+}

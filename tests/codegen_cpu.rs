@@ -1,0 +1,906 @@
+//! Cranelift kernels against the kernel-IR interpreter: every step of a fused schedule runs
+//! through `compile_kernel` + `run_rows` (in chunks of rows), extern steps through the eager
+//! op, and the outputs are compared with `kernel::interp::run` (itself checked against the
+//! graph interpreter in tests/fusion.rs).
+
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use smelt::codegen_cpu::{CodegenOptions, compile_kernel};
+use smelt::dispatch;
+use smelt::ir::graph::{Graph, ValueId};
+use smelt::ir::op::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp};
+use smelt::kernel::{BufferKind, Schedule, Step, View};
+use smelt::passes::compile;
+use smelt::runtime::apply;
+use smelt::{DType, Result, Scalar, Tensor};
+use std::sync::Arc;
+
+const ALL: [DType; 10] = [
+    DType::F32,
+    DType::F64,
+    DType::F16,
+    DType::BF16,
+    DType::I64,
+    DType::I32,
+    DType::I16,
+    DType::I8,
+    DType::U8,
+    DType::Bool,
+];
+
+// ---- harness ------------------------------------------------------------------------------
+
+/// Little-endian bytes of a slice, in 8-byte words (aligned for every dtype).
+fn words_of<T: Copy>(v: &[T]) -> Vec<u64> {
+    let n = std::mem::size_of_val(v);
+    let mut w = vec![0u64; n.div_ceil(8).max(1)];
+    // SAFETY: `w` holds at least `n` bytes; `T` is plain data.
+    unsafe { std::ptr::copy_nonoverlapping(v.as_ptr() as *const u8, w.as_mut_ptr() as *mut u8, n) };
+    w
+}
+
+fn tensor_words(t: &Tensor) -> Vec<u64> {
+    dispatch!(t.dtype(), T => words_of(&t.to_vec::<T>().unwrap()))
+}
+
+/// The strided view `v` of a buffer held in `w`, as a new contiguous tensor.
+fn gather(w: &[u64], dtype: DType, shape: &[usize], strides: &[usize], offset: usize) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut idx = vec![0usize; shape.len()];
+    dispatch!(dtype, T => {
+        let p = w.as_ptr() as *const T;
+        let mut out: Vec<T> = Vec::with_capacity(n);
+        for _ in 0..n {
+            let o = offset + idx.iter().zip(strides).map(|(i, s)| i * s).sum::<usize>();
+            // SAFETY: views are validated to stay inside their buffer.
+            out.push(unsafe { *p.add(o) });
+            for d in (0..shape.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < shape[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        Tensor::from_vec(out, shape).unwrap()
+    })
+}
+
+fn view(mem: &[Vec<u64>], s: &Schedule, v: &View) -> Tensor {
+    let d = s.buffers[v.buffer].dtype;
+    gather(&mem[v.buffer], d, &v.shape, &v.strides, v.offset)
+}
+
+/// Runs `s` with compiled kernels, each over its rows in `chunks` pieces.
+fn run_compiled(
+    s: &Schedule,
+    inputs: &[Tensor],
+    chunks: usize,
+    opts: &CodegenOptions,
+) -> Result<Vec<Tensor>> {
+    s.validate()?;
+    let mut mem: Vec<Vec<u64>> = Vec::new();
+    for b in &s.buffers {
+        mem.push(match &b.kind {
+            BufferKind::Input(k) => {
+                let t = &inputs[*k];
+                assert_eq!((t.dtype(), t.shape()), (b.dtype, b.shape.as_slice()));
+                tensor_words(t)
+            }
+            BufferKind::Constant(lit) => words_of(&lit.bytes[..]),
+            BufferKind::Temp => vec![0u64; b.bytes().div_ceil(8).max(1)],
+        });
+    }
+    for step in &s.steps {
+        match step {
+            Step::Kernel(k) => {
+                let ck = compile_kernel(k, &s.buffers, opts)?;
+                let ptrs: Vec<*mut u8> =
+                    mem.iter_mut().map(|w| w.as_mut_ptr() as *mut u8).collect();
+                let rows = ck.rows();
+                let mut start = 0;
+                for c in 0..chunks {
+                    let end = rows * (c + 1) / chunks;
+                    // SAFETY: every pointer holds its whole buffer.
+                    unsafe { ck.run_rows(&ptrs, start, end)? };
+                    start = end;
+                }
+            }
+            Step::Extern(e) => {
+                let args: Vec<Tensor> = e.args.iter().map(|v| view(&mem, s, v)).collect();
+                let refs: Vec<&Tensor> = args.iter().collect();
+                let r = apply(e.op.clone(), &refs)?;
+                mem[e.out] = tensor_words(&r);
+            }
+        }
+    }
+    Ok(s.outputs.iter().map(|v| view(&mem, s, v)).collect())
+}
+
+/// Distance in units in the last place between two f32 values.
+fn ulps(a: f32, b: f32) -> u64 {
+    let key = |x: f32| {
+        let i = x.to_bits() as i32;
+        if i < 0 {
+            i64::from(i32::MIN) - i64::from(i)
+        } else {
+            i64::from(i)
+        }
+    };
+    (key(a) - key(b)).unsigned_abs()
+}
+
+/// How outputs are compared.
+#[derive(Clone, Copy)]
+struct Tol {
+    /// f32 outputs may differ by this many ulps.
+    ulps: u64,
+    /// Any output may differ by `rel · max(1, |expected|)`.
+    rel: f64,
+}
+const EXACT: Tol = Tol { ulps: 0, rel: 0.0 };
+
+fn assert_close(got: &Tensor, want: &Tensor, tol: Tol, what: &str) {
+    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    let f32s = got.dtype() == DType::F32;
+    for (i, (a, b)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
+        let ok = *a == b
+            || (a.is_nan() && b.is_nan())
+            || (f32s && ulps(*a as f32, b as f32) <= tol.ulps)
+            || (a - b).abs() <= tol.rel * b.abs().max(1.0);
+        assert!(ok, "{what}: element {i}: got {a}, expected {b}");
+    }
+}
+
+/// Compiles `g`, runs it compiled (in 1 and 3 chunks) and interpreted, and compares.
+fn check_with(g: &Graph, ins: &[Tensor], tol: Tol) -> Schedule {
+    let s = compile(g).unwrap_or_else(|e| panic!("compile {}: {e}", g.name));
+    let want =
+        smelt::kernel::interp::run(&s, ins).unwrap_or_else(|e| panic!("interp {}: {e}", g.name));
+    for chunks in [1, 3] {
+        let got = run_compiled(&s, ins, chunks, &CodegenOptions::default())
+            .unwrap_or_else(|e| panic!("run {}: {e}\n{s}", g.name));
+        assert_eq!(got.len(), want.len());
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_close(
+                a,
+                b,
+                tol,
+                &format!("{} output {i} ({chunks} chunks)\n{s}", g.name),
+            );
+        }
+    }
+    s
+}
+
+// ---- inputs -------------------------------------------------------------------------------
+
+const SPECIALS: [f64; 10] = [
+    f64::NAN,
+    f64::INFINITY,
+    f64::NEG_INFINITY,
+    -0.0,
+    0.0,
+    0.5,
+    -2.5,
+    1e10,
+    -1e10,
+    300.7,
+];
+
+/// Values of `dtype` and `shape`: random, with special values first for floats.
+fn values(rng: &mut StdRng, dtype: DType, shape: &[usize], specials: bool) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = (0..n)
+        .map(|i| {
+            if specials && dtype.is_float() && i < SPECIALS.len() && n > 20 {
+                SPECIALS[i]
+            } else if dtype.is_float() {
+                rng.random_range(-4.0..4.0)
+            } else if dtype == DType::Bool {
+                f64::from(rng.random_bool(0.5) as u8)
+            } else if dtype == DType::U8 {
+                rng.random_range(0..256) as f64
+            } else {
+                rng.random_range(-120..120) as f64
+            }
+        })
+        .collect();
+    let t = Tensor::from_vec(v, shape).unwrap();
+    apply(Op::To { dtype }, &[&t]).unwrap()
+}
+
+fn nonzero(t: &Tensor) -> Tensor {
+    let one = Tensor::from_vec(vec![true], &[]).unwrap();
+    let z = apply(Op::Scalar(Scalar::Int(0)), &[]).unwrap();
+    let is0 = apply(Op::Binary(BinaryOp::Eq), &[t, &z]).unwrap();
+    let three = apply(Op::Scalar(Scalar::Int(3)), &[]).unwrap();
+    let _ = one;
+    apply(
+        Op::Where,
+        &[
+            &is0,
+            &apply(Op::To { dtype: t.dtype() }, &[&three]).unwrap(),
+            t,
+        ],
+    )
+    .unwrap()
+}
+
+fn input(g: &mut Graph, name: &str, dtype: DType, shape: &[usize]) -> ValueId {
+    g.add_input(name, TensorType::new(dtype, shape.to_vec()))
+        .unwrap()
+}
+
+const UNARY: [UnaryOp; 25] = [
+    UnaryOp::Neg,
+    UnaryOp::Abs,
+    UnaryOp::Exp,
+    UnaryOp::Log,
+    UnaryOp::Log1p,
+    UnaryOp::Expm1,
+    UnaryOp::Sqrt,
+    UnaryOp::Rsqrt,
+    UnaryOp::Sin,
+    UnaryOp::Cos,
+    UnaryOp::Tanh,
+    UnaryOp::Sigmoid,
+    UnaryOp::Relu,
+    UnaryOp::Gelu { tanh: false },
+    UnaryOp::Gelu { tanh: true },
+    UnaryOp::Silu,
+    UnaryOp::Erf,
+    UnaryOp::Floor,
+    UnaryOp::Ceil,
+    UnaryOp::Round,
+    UnaryOp::Sign,
+    UnaryOp::Reciprocal,
+    UnaryOp::Square,
+    UnaryOp::LogicalNot,
+    UnaryOp::IsNan,
+];
+
+const BINARY: [BinaryOp; 16] = [
+    BinaryOp::Add,
+    BinaryOp::Sub,
+    BinaryOp::Mul,
+    BinaryOp::Div,
+    BinaryOp::Pow,
+    BinaryOp::Maximum,
+    BinaryOp::Minimum,
+    BinaryOp::Remainder,
+    BinaryOp::Eq,
+    BinaryOp::Ne,
+    BinaryOp::Lt,
+    BinaryOp::Le,
+    BinaryOp::Gt,
+    BinaryOp::Ge,
+    BinaryOp::LogicalAnd,
+    BinaryOp::LogicalOr,
+];
+
+/// f32 transcendentals are polynomials (≤ 4.5 ulp, see codegen_cpu::math); everything else
+/// must match exactly.
+fn unary_tol(u: UnaryOp) -> Tol {
+    use UnaryOp::*;
+    match u {
+        Exp | Log | Log1p | Expm1 | Sin | Cos | Tanh | Sigmoid | Gelu { .. } | Silu | Erf => {
+            Tol { ulps: 6, rel: 0.0 }
+        }
+        // rsqrt rounds twice
+        Rsqrt => Tol { ulps: 2, rel: 0.0 },
+        _ => EXACT,
+    }
+}
+
+// ---- pointwise ops ------------------------------------------------------------------------
+
+#[test]
+fn every_unary_op_in_every_dtype() {
+    let mut rng = StdRng::seed_from_u64(1);
+    for u in UNARY {
+        for d in ALL {
+            if u.out_dtype(d).is_err() {
+                continue;
+            }
+            // 37 elements: two vector iterations and a tail; 4097 for f32 only
+            for shape in [&[37usize][..], &[4097], &[], &[0]] {
+                if shape == [4097] && d != DType::F32 {
+                    continue;
+                }
+                let mut g = Graph::new(&format!("{}_{d}", u.name()));
+                let x = input(&mut g, "x", d, shape);
+                let y = g.add_op(Op::Unary(u), &[x]).unwrap();
+                g.set_outputs(vec![y]);
+                let ins = vec![values(&mut rng, d, shape, true)];
+                check_with(&g, &ins, unary_tol(u));
+            }
+        }
+    }
+}
+
+#[test]
+fn every_binary_op_in_every_dtype_with_broadcast() {
+    let mut rng = StdRng::seed_from_u64(2);
+    for b in BINARY {
+        for d in ALL {
+            let mut g = Graph::new(&format!("{}_{d}", b.name()));
+            let x = input(&mut g, "x", d, &[5, 23]);
+            let y = input(&mut g, "y", d, &[23]);
+            let Ok(r) = g.add_op(Op::Binary(b), &[x, y]) else {
+                continue;
+            };
+            g.set_outputs(vec![r]);
+            let xv = values(&mut rng, d, &[5, 23], true);
+            let mut yv = values(&mut rng, d, &[23], true);
+            if !d.is_float() && b == BinaryOp::Remainder {
+                yv = nonzero(&yv);
+            }
+            let tol = if b == BinaryOp::Pow && d == DType::F32 {
+                Tol { ulps: 1, rel: 0.0 }
+            } else {
+                EXACT
+            };
+            check_with(&g, &[xv, yv], tol);
+        }
+    }
+}
+
+#[test]
+fn casts_between_all_dtypes() {
+    let mut rng = StdRng::seed_from_u64(3);
+    let specials = [
+        f64::NAN,
+        f64::INFINITY,
+        -1e10,
+        1e10,
+        -0.5,
+        0.7,
+        255.5,
+        256.0,
+        300.0,
+        -129.0,
+        65519.0,
+        65520.0,
+        1.0 + 2f64.powi(-11) + 2f64.powi(-30),
+        3.0e38,
+        -0.0,
+        1.0,
+    ];
+    for from in ALL {
+        for to in ALL {
+            let mut g = Graph::new(&format!("cast_{from}_{to}"));
+            let x = input(&mut g, "x", from, &[41]);
+            let y = g.add_op(Op::To { dtype: to }, &[x]).unwrap();
+            let z = g.add_op(Op::Unary(UnaryOp::Abs), &[y]);
+            let out = match z {
+                Ok(z) if to != DType::Bool && to != DType::U8 => vec![y, z],
+                _ => vec![y],
+            };
+            g.set_outputs(out);
+            let mut v: Vec<f64> = specials.to_vec();
+            v.extend((0..41 - specials.len()).map(|_| rng.random_range(-300.0..300.0)));
+            let t = Tensor::from_vec(v, &[41]).unwrap();
+            let t = apply(Op::To { dtype: from }, &[&t]).unwrap();
+            check_with(&g, &[t], EXACT);
+        }
+    }
+}
+
+#[test]
+fn where_clamp_masked_fill_and_scalars() {
+    let mut rng = StdRng::seed_from_u64(4);
+    for d in [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::I32,
+        DType::U8,
+        DType::I64,
+    ] {
+        let mut g = Graph::new(&format!("wcm_{d}"));
+        let x = input(&mut g, "x", d, &[3, 37]);
+        let y = input(&mut g, "y", d, &[37]);
+        let m = input(&mut g, "m", DType::Bool, &[3, 1]);
+        let c = g.add_op(Op::Binary(BinaryOp::Gt), &[x, y]).unwrap();
+        let w = g.add_op(Op::Where, &[c, x, y]).unwrap();
+        let cl = g
+            .add_op(
+                Op::Clamp {
+                    min: Some(Scalar::Int(2)),
+                    max: Some(Scalar::Float(50.5)),
+                },
+                &[w],
+            )
+            .unwrap();
+        let lo = g
+            .add_op(
+                Op::Clamp {
+                    min: Some(Scalar::Int(1)),
+                    max: None,
+                },
+                &[x],
+            )
+            .unwrap();
+        let f = g
+            .add_op(
+                Op::MaskedFill {
+                    value: Scalar::Int(7),
+                },
+                &[cl, m],
+            )
+            .unwrap();
+        let s = g.add_scalar(Scalar::Float(2.5)).unwrap();
+        let k = g.add_op(Op::Binary(BinaryOp::Mul), &[f, s]).unwrap();
+        g.set_outputs(vec![f, k, lo]);
+        let ins = vec![
+            values(&mut rng, d, &[3, 37], true),
+            values(&mut rng, d, &[37], true),
+            values(&mut rng, DType::Bool, &[3, 1], false),
+        ];
+        check_with(&g, &ins, EXACT);
+    }
+}
+
+#[test]
+fn clamp_with_nan_bounds_and_out_of_range_bounds() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut g = Graph::new("clamp_nan");
+    let x = input(&mut g, "x", DType::F32, &[40]);
+    let a = g
+        .add_op(
+            Op::Clamp {
+                min: Some(Scalar::Float(f64::NAN)),
+                max: Some(Scalar::Float(1.0)),
+            },
+            &[x],
+        )
+        .unwrap();
+    let b = g
+        .add_op(
+            Op::Clamp {
+                min: Some(Scalar::Float(-1.0)),
+                max: None,
+            },
+            &[x],
+        )
+        .unwrap();
+    g.set_outputs(vec![a, b]);
+    check_with(&g, &[values(&mut rng, DType::F32, &[40], true)], EXACT);
+
+    let mut g = Graph::new("clamp_overflow");
+    let x = input(&mut g, "x", DType::I8, &[4]);
+    let a = g
+        .add_op(
+            Op::Clamp {
+                min: Some(Scalar::Int(1000)),
+                max: None,
+            },
+            &[x],
+        )
+        .unwrap();
+    g.set_outputs(vec![a]);
+    let s = compile(&g).unwrap();
+    let t = values(&mut rng, DType::I8, &[4], false);
+    let e = run_compiled(&s, &[t], 1, &CodegenOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("without overflow"), "{e}");
+}
+
+#[test]
+fn non_contiguous_inputs_and_odd_sizes() {
+    let mut rng = StdRng::seed_from_u64(6);
+    for n in [1usize, 7, 4097] {
+        let mut g = Graph::new("views");
+        let x = input(&mut g, "x", DType::F32, &[n, 3]);
+        let xt = g.add_op(Op::T, &[x]).unwrap(); // [3, n]
+        let y = input(&mut g, "y", DType::F32, &[3, 2 * n]);
+        let ys = g
+            .add_op(
+                Op::Slice {
+                    dim: 1,
+                    start: Some(0),
+                    end: None,
+                    step: 2,
+                },
+                &[y],
+            )
+            .unwrap(); // [3, n]
+        let z = input(&mut g, "z", DType::F32, &[1, n]);
+        let ze = g
+            .add_op(
+                Op::Expand {
+                    size: vec![3, n as i64],
+                },
+                &[z],
+            )
+            .unwrap();
+        let a = g.add_op(Op::Binary(BinaryOp::Add), &[xt, ys]).unwrap();
+        let m = g.add_op(Op::Binary(BinaryOp::Mul), &[a, ze]).unwrap();
+        let e = g.add_op(Op::Unary(UnaryOp::Exp), &[m]).unwrap();
+        g.set_outputs(vec![m, e]);
+        let ins = vec![
+            values(&mut rng, DType::F32, &[n, 3], false),
+            values(&mut rng, DType::F32, &[3, 2 * n], false),
+            values(&mut rng, DType::F32, &[1, n], false),
+        ];
+        check_with(&g, &ins, Tol { ulps: 6, rel: 0.0 });
+    }
+}
+
+// ---- row kernels --------------------------------------------------------------------------
+
+fn reduce_graph(op: Op, d: DType, shape: &[usize]) -> Graph {
+    let mut g = Graph::new(op.name());
+    let x = input(&mut g, "x", d, shape);
+    let y = g.add_op(op, &[x]).unwrap();
+    g.set_outputs(vec![y]);
+    g
+}
+
+#[test]
+fn reductions_and_normalisations() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let red = |op, dim: i64| Op::Reduce {
+        op,
+        dim: Some(vec![dim]),
+        keepdim: false,
+    };
+    for d in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        for shape in [
+            &[5usize, 37][..],
+            &[3, 4097],
+            &[1, 1],
+            &[4, 0],
+            &[0, 3],
+            &[7],
+        ] {
+            let last = shape.len() as i64 - 1;
+            let mut ops = vec![
+                red(ReduceOp::Sum, last),
+                red(ReduceOp::Mean, last),
+                red(ReduceOp::Sum, 0),
+                red(ReduceOp::Prod, last),
+                red(ReduceOp::All, last),
+                red(ReduceOp::Any, 0),
+                Op::Softmax { dim: -1 },
+                Op::LogSoftmax { dim: -1 },
+                Op::Var {
+                    dim: Some(vec![-1]),
+                    correction: 1.0,
+                    keepdim: true,
+                },
+            ];
+            if !shape.contains(&0) {
+                ops.extend([
+                    red(ReduceOp::Amax, last),
+                    red(ReduceOp::Amin, 0),
+                    Op::ArgMax {
+                        dim: Some(-1),
+                        keepdim: false,
+                    },
+                    Op::ArgMin {
+                        dim: Some(0),
+                        keepdim: true,
+                    },
+                ]);
+            }
+            if shape.len() == 2 {
+                ops.push(Op::LayerNorm {
+                    normalized_shape: vec![shape[1]],
+                    eps: 1e-5,
+                    has_weight: false,
+                    has_bias: false,
+                });
+            }
+            for op in ops {
+                let g = reduce_graph(op.clone(), d, shape);
+                let ins = vec![values(&mut rng, d, shape, false)];
+                let tol = match d {
+                    DType::F32 => Tol { ulps: 8, rel: 1e-6 },
+                    DType::F64 => Tol {
+                        ulps: 0,
+                        rel: 1e-12,
+                    },
+                    // one rounding of the half result may land on the other side
+                    _ => Tol { ulps: 0, rel: 1e-2 },
+                };
+                check_with(&g, &ins, tol);
+            }
+        }
+    }
+}
+
+#[test]
+fn reductions_with_nan_and_integer_dtypes() {
+    let mut rng = StdRng::seed_from_u64(8);
+    for d in [
+        DType::F32,
+        DType::I32,
+        DType::U8,
+        DType::I64,
+        DType::Bool,
+        DType::I8,
+    ] {
+        for op in [
+            Op::Reduce {
+                op: ReduceOp::Sum,
+                dim: Some(vec![1]),
+                keepdim: false,
+            },
+            Op::Reduce {
+                op: ReduceOp::Amax,
+                dim: Some(vec![1]),
+                keepdim: false,
+            },
+            Op::Reduce {
+                op: ReduceOp::Amin,
+                dim: Some(vec![0]),
+                keepdim: false,
+            },
+            Op::Reduce {
+                op: ReduceOp::Prod,
+                dim: Some(vec![1]),
+                keepdim: false,
+            },
+            Op::Reduce {
+                op: ReduceOp::Any,
+                dim: Some(vec![1]),
+                keepdim: false,
+            },
+            Op::ArgMax {
+                dim: Some(1),
+                keepdim: false,
+            },
+            Op::ArgMin {
+                dim: Some(1),
+                keepdim: false,
+            },
+        ] {
+            if (op.name() == "sum" || op.name().starts_with("arg")) && d == DType::Bool {
+                continue;
+            }
+            let g = reduce_graph(op, d, &[4, 33]);
+            // specials in row 0 (NaN first, then infinities) for floats
+            let t = values(&mut rng, d, &[4, 33], true);
+            check_with(&g, &[t], Tol { ulps: 0, rel: 1e-6 });
+        }
+    }
+}
+
+#[test]
+fn zero_dim_tensors() {
+    let mut rng = StdRng::seed_from_u64(9);
+    let mut g = Graph::new("zero_dim");
+    let x = input(&mut g, "x", DType::F32, &[]);
+    let y = input(&mut g, "y", DType::F32, &[6]);
+    let a = g.add_op(Op::Binary(BinaryOp::Mul), &[x, y]).unwrap();
+    let s = g
+        .add_op(
+            Op::Reduce {
+                op: ReduceOp::Sum,
+                dim: None,
+                keepdim: false,
+            },
+            &[a],
+        )
+        .unwrap();
+    let e = g.add_op(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
+    g.set_outputs(vec![a, s, e]);
+    let ins = vec![
+        values(&mut rng, DType::F32, &[], false),
+        values(&mut rng, DType::F32, &[6], false),
+    ];
+    check_with(&g, &ins, Tol { ulps: 4, rel: 1e-6 });
+}
+
+// ---- errors, threads, cache ---------------------------------------------------------------
+
+#[test]
+fn integer_remainder_by_zero_is_an_error() {
+    for d in [DType::I32, DType::I64, DType::U8, DType::I8] {
+        let mut g = Graph::new("rem0");
+        let x = input(&mut g, "x", d, &[9]);
+        let y = input(&mut g, "y", d, &[9]);
+        let r = g.add_op(Op::Binary(BinaryOp::Remainder), &[x, y]).unwrap();
+        g.set_outputs(vec![r]);
+        let s = compile(&g).unwrap();
+        let xv = Tensor::from_vec(vec![5i64, -7, 3, 0, 8, -128, 127, 1, 2], &[9]).unwrap();
+        let yv = Tensor::from_vec(vec![2i64, 3, -1, 4, 0, -1, 5, 1, 1], &[9]).unwrap();
+        let to = |t: &Tensor| apply(Op::To { dtype: d }, &[t]).unwrap();
+        let e = run_compiled(&s, &[to(&xv), to(&yv)], 1, &CodegenOptions::default()).unwrap_err();
+        assert!(e.to_string().contains("ZeroDivisionError"), "{e}");
+        assert!(smelt::kernel::interp::run(&s, &[to(&xv), to(&yv)]).is_err());
+        // without the zero, MIN % -1 and the Python sign rule
+        let yv = Tensor::from_vec(vec![2i64, 3, -1, 4, 7, -1, 5, 1, 1], &[9]).unwrap();
+        check_with(&g, &[to(&xv), to(&yv)], EXACT);
+    }
+}
+
+#[test]
+fn run_rows_checks_its_arguments_and_the_cache_shares_kernels() {
+    let mut g = Graph::new("args");
+    let x = input(&mut g, "x", DType::F32, &[8, 3]);
+    let y = g.add_op(Op::Unary(UnaryOp::Relu), &[x]).unwrap();
+    g.set_outputs(vec![y]);
+    let s = compile(&g).unwrap();
+    let Step::Kernel(k) = &s.steps[0] else {
+        panic!("one kernel expected")
+    };
+    let opts = CodegenOptions::default();
+    let a = compile_kernel(k, &s.buffers, &opts).unwrap();
+    let mut renamed = k.clone();
+    renamed.name = "other".into();
+    let b = compile_kernel(&renamed, &s.buffers, &opts).unwrap();
+    assert!(Arc::ptr_eq(&a, &b), "a renamed kernel is the same kernel");
+    let fast = compile_kernel(k, &s.buffers, &CodegenOptions { fast_math: true }).unwrap();
+    assert!(!Arc::ptr_eq(&a, &fast));
+    assert_eq!(a.rows(), 24);
+    assert_eq!(a.vector_loops(), 1, "a dense f32 relu is one vector loop");
+    let mut mem = vec![vec![0f32; 24]; s.buffers.len()];
+    let ptrs: Vec<*mut u8> = mem.iter_mut().map(|v| v.as_mut_ptr() as *mut u8).collect();
+    // SAFETY (all three): the pointers hold whole buffers; bad arguments are refused first.
+    let e = unsafe { a.run_rows(&ptrs[..ptrs.len() - 1], 0, 1) }.unwrap_err();
+    assert!(e.to_string().contains("buffer pointers"), "{e}");
+    let e = unsafe { a.run_rows(&ptrs, 3, 2) }.unwrap_err();
+    assert!(e.to_string().contains("out of"), "{e}");
+    let e = unsafe { a.run_rows(&ptrs, 0, 25) }.unwrap_err();
+    assert!(e.to_string().contains("out of"), "{e}");
+}
+
+/// Raw buffer pointers handed to worker threads.
+struct Ptrs(Vec<*mut u8>);
+// SAFETY: the threads write disjoint rows of the output and only read the inputs.
+unsafe impl Send for Ptrs {}
+unsafe impl Sync for Ptrs {}
+
+#[test]
+fn one_kernel_runs_on_several_threads_at_once() {
+    let mut rng = StdRng::seed_from_u64(10);
+    let mut g = Graph::new("softmax_threads");
+    let x = input(&mut g, "x", DType::F32, &[64, 129]);
+    let y = g.add_op(Op::Softmax { dim: -1 }, &[x]).unwrap();
+    g.set_outputs(vec![y]);
+    let s = compile(&g).unwrap();
+    assert_eq!(s.kernel_count(), 1);
+    let Step::Kernel(k) = &s.steps[0] else {
+        panic!("one kernel expected")
+    };
+    let ck = compile_kernel(k, &s.buffers, &CodegenOptions::default()).unwrap();
+    // max pass, sum pass and the stores all run on F32X4 lanes
+    assert_eq!(ck.vector_loops(), 3);
+    let xv = values(&mut rng, DType::F32, &[64, 129], false);
+    let mut mem: Vec<Vec<u64>> = s
+        .buffers
+        .iter()
+        .map(|b| match b.kind {
+            BufferKind::Input(_) => tensor_words(&xv),
+            _ => vec![0; b.bytes().div_ceil(8)],
+        })
+        .collect();
+    let ptrs = Ptrs(mem.iter_mut().map(|w| w.as_mut_ptr() as *mut u8).collect());
+    let rows = ck.rows();
+    std::thread::scope(|sc| {
+        for t in 0..4 {
+            let (ck, ptrs) = (&ck, &ptrs);
+            sc.spawn(move || {
+                for rep in 0..20 {
+                    let (b, e) = (rows * t / 4, rows * (t + 1) / 4);
+                    let _ = rep;
+                    // SAFETY: disjoint row ranges; buffers outlive the scope.
+                    unsafe { ck.run_rows(&ptrs.0, b, e).unwrap() };
+                }
+            });
+        }
+    });
+    let got = view(&mem, &s, &s.outputs[0]);
+    let want = smelt::kernel::interp::run(&s, &[xv]).unwrap();
+    assert_close(&got, &want[0], Tol { ulps: 8, rel: 1e-6 }, "threads");
+}
+
+// ---- random graphs (the generator of tests/fusion.rs) -------------------------------------
+
+fn num(g: &mut Graph, v: f64) -> ValueId {
+    g.add_scalar(Scalar::Float(v)).unwrap()
+}
+
+fn random_graph(seed: u64, n_ops: usize) -> Graph {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dims = [1usize, 3, 7];
+    let (a, b) = (dims[rng.random_range(0..3)], dims[rng.random_range(0..3)]);
+    let dtype = if rng.random_bool(0.8) {
+        DType::F32
+    } else {
+        DType::F64
+    };
+    let mut g = Graph::new("random");
+    let mut pool = vec![
+        input(&mut g, "x", dtype, &[a, b]),
+        input(&mut g, "y", dtype, &[b]),
+        input(&mut g, "z", dtype, &[a, 1]),
+    ];
+    let xt = input(&mut g, "xt", dtype, &[b, a]);
+    pool.push(g.add_op(Op::T, &[xt]).unwrap());
+    for _ in 0..n_ops {
+        let pick = |rng: &mut StdRng, pool: &[ValueId]| pool[rng.random_range(0..pool.len())];
+        let x = pick(&mut rng, &pool);
+        let y = pick(&mut rng, &pool);
+        let nd = g.node(x).ty.ndim() as i64;
+        let op: (Op, Vec<ValueId>) = match rng.random_range(0..10) {
+            0 => (Op::Unary(UnaryOp::Relu), vec![x]),
+            1 => (Op::Unary(UnaryOp::Exp), vec![x]),
+            2 => (Op::Unary(UnaryOp::Tanh), vec![x]),
+            3 | 4 => {
+                let ops = [
+                    BinaryOp::Add,
+                    BinaryOp::Sub,
+                    BinaryOp::Mul,
+                    BinaryOp::Maximum,
+                ];
+                (Op::Binary(ops[rng.random_range(0..4)]), vec![x, y])
+            }
+            5 => {
+                let s = num(&mut g, rng.random_range(-2.0..2.0));
+                (Op::Binary(BinaryOp::Mul), vec![x, s])
+            }
+            6 if nd > 0 => {
+                let ops = [ReduceOp::Sum, ReduceOp::Amax, ReduceOp::Mean];
+                let dim = Some(vec![rng.random_range(-nd..nd)]);
+                let keepdim = rng.random_bool(0.7);
+                (
+                    Op::Reduce {
+                        op: ops[rng.random_range(0..3)],
+                        dim,
+                        keepdim,
+                    },
+                    vec![x],
+                )
+            }
+            7 if nd == 2 => (Op::T, vec![x]),
+            8 => (Op::Unsqueeze { dim: 0 }, vec![x]),
+            9 if nd > 0 && g.node(x).ty.shape[0] > 1 => (
+                Op::Narrow {
+                    dim: 0,
+                    start: 1,
+                    length: g.node(x).ty.shape[0] as i64 - 1,
+                },
+                vec![x],
+            ),
+            _ => match g.add_op(Op::Binary(BinaryOp::Gt), &[x, y]) {
+                Ok(c) => (Op::Where, vec![c, x, y]),
+                Err(_) => (Op::Unary(UnaryOp::Neg), vec![x]),
+            },
+        };
+        match g.add_op(op.0, &op.1) {
+            Ok(v) if g.node(v).ty.ndim() <= 3 => pool.push(v),
+            _ => {}
+        }
+    }
+    let n = pool.len();
+    let mut outs = vec![pool[n - 1]];
+    for _ in 0..rng.random_range(0..3) {
+        outs.push(pool[rng.random_range(4..n.max(5)).min(n - 1)]);
+    }
+    g.set_outputs(outs);
+    g
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+    #[test]
+    fn random_graphs_match_the_interpreter(seed in any::<u64>(), n in 1usize..14) {
+        let g = random_graph(seed, n);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let ins: Vec<Tensor> = g
+            .inputs()
+            .iter()
+            .map(|&v| {
+                let ty = &g.node(v).ty;
+                values(&mut rng, ty.dtype, &ty.shape, false)
+            })
+            .collect();
+        // exp/tanh chains: a few ulps per op, amplified by sums
+        check_with(&g, &ins, Tol { ulps: 64, rel: 1e-4 });
+    }
+}
