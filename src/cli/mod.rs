@@ -1,7 +1,10 @@
-//! The `smelt` command line: `run` a `.smelt` graph on `.npy` inputs, `check` and print it,
-//! or draw it as Graphviz (`dot`). Errors print as `error: ...` and exit with status 1; usage
+//! The `smelt` command line: `run` a `.smelt` graph on `.npy` inputs, `profile` it, `check`
+//! and print it, or draw it as Graphviz (`dot`). Errors print as `error: ...` and exit with status 1; usage
 //! errors exit with status 2.
 
+mod profile;
+
+use crate::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend};
 use crate::ir::graph::{Graph, Module};
 use crate::ir::{parse_module, print_graph, print_module};
 use crate::runtime::{interp, npy};
@@ -31,6 +34,8 @@ pub enum Command {
     Check(CheckArgs),
     /// Print a graph as Graphviz dot.
     Dot(DotArgs),
+    /// Time a graph eager, compiled unfused and compiled fused, kernel by kernel.
+    Profile(profile::ProfileArgs),
 }
 
 /// Arguments of `smelt run`.
@@ -45,7 +50,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
     /// Where the graph runs.
-    #[arg(long, value_enum, default_value_t = Backend::Interp)]
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     pub backend: Backend,
     /// Compile every op as its own kernel (no effect on the interpreter).
     #[arg(long)]
@@ -125,11 +130,14 @@ pub fn execute(command: &Command) -> Result<()> {
         Command::Run(a) => run(a),
         Command::Check(a) => check(a),
         Command::Dot(a) => dot(a),
+        Command::Profile(a) => profile::profile(a),
     }
 }
 
 fn run(a: &RunArgs) -> Result<()> {
-    check_backend(a.backend)?;
+    if a.backend == Backend::Cuda {
+        bail_cuda()?;
+    }
     let module = load(&a.model)?;
     let g = pick(&module, a.graph.as_deref())?;
     let inputs = a
@@ -137,7 +145,13 @@ fn run(a: &RunArgs) -> Result<()> {
         .iter()
         .map(|(name, file)| Ok((name.as_str(), npy::read_npy(file)?)))
         .collect::<Result<Vec<(&str, Tensor)>>>()?;
-    let outputs = interp::run(g, &inputs)?;
+    let outputs = match a.backend {
+        Backend::Interp => interp::run(g, &inputs)?,
+        _ => {
+            let opts = CompileOptions::with_backend(KernelBackend::Cranelift).fused(!a.no_fuse);
+            CompiledFn::compile(g, &opts)?.call_named(&inputs)?
+        }
+    };
     std::fs::create_dir_all(&a.out).map_err(|e| Error::Io(format!("{}: {e}", a.out.display())))?;
     for (i, t) in outputs.iter().enumerate() {
         npy::write_npy(a.out.join(format!("out{i}.npy")), t)?;
@@ -145,16 +159,11 @@ fn run(a: &RunArgs) -> Result<()> {
     Ok(())
 }
 
-/// Refuses backends this build lacks rather than silently using another one.
-fn check_backend(b: Backend) -> Result<()> {
-    let why = match b {
-        Backend::Interp => return Ok(()),
-        Backend::Cpu => "'cpu' is not available yet: the Cranelift compiler",
-        Backend::Cuda => "'cuda' is not available yet: the CUDA code generator",
-    };
-    Err(Error::Unsupported(format!(
-        "backend {why} is not built into this version; use --backend interp"
-    )))
+/// Refuses the CUDA backend, which this build lacks, rather than silently using another one.
+fn bail_cuda() -> Result<()> {
+    Err(Error::Unsupported(
+        "backend 'cuda' is not available yet: the CUDA code generator is not built into this version; use --backend interp or --backend cpu".into(),
+    ))
 }
 
 fn check(a: &CheckArgs) -> Result<()> {
