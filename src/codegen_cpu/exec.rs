@@ -35,8 +35,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Kernels whose index space has fewer elements than this run on the calling thread: below
-/// it, handing chunks to other threads costs more than it saves (measured with
-/// `cargo bench --bench compiled`, see BENCHMARKS.md).
+/// it, handing chunks to other threads costs more than it saves. The eager kernels' value
+/// (`strided::PAR_THRESHOLD`); the "small kernels" table of `cargo bench --bench compiled`
+/// measures it for generated code.
 pub const PAR_MIN_ELEMS: usize = 1 << 15;
 
 /// Chunks per thread for a parallel kernel, so uneven rows still balance.
