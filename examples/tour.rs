@@ -126,7 +126,10 @@ fn main() -> Result<()> {
 
     section("softmax over the last dim");
     let x = Tensor::randn(&[512, 1024], None)?;
-    let traced = smelt::jit::trace(|xs: &[Tensor]| Ok(vec![xs[0].softmax(-1)?]), &[x.clone()])?;
+    let traced = smelt::jit::trace(
+        |xs: &[Tensor]| Ok(vec![xs[0].softmax(-1)?]),
+        std::slice::from_ref(&x),
+    )?;
     compile_and_profile(traced.graph(), &[x])?;
 
     section("layer_norm");
