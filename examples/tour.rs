@@ -1,7 +1,11 @@
-//! A walk through smelt's tensor surface, then a traced function: the main job of the README.
+//! A walk through smelt's tensor surface, then traced functions compiled into fused kernels
+//! (the seeds' `relu(x) * 0.5 + b`, an MLP block, softmax, layer_norm): each schedule is
+//! printed unfused and fused, checked against the interpreter and timed kernel by kernel.
 //!
 //! Run: `cargo run --release --example tour`
 
+use smelt::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend};
+use smelt::ir::graph::Graph;
 use smelt::{DType, Result, Tensor, tensor};
 use std::time::Instant;
 
@@ -92,12 +96,11 @@ fn main() -> Result<()> {
     };
     let x = Tensor::randn(&[1024, 1024], None)?;
     let traced = smelt::jit::trace(f, &[x.clone(), b.clone()])?;
-    println!("{}", smelt::ir::print_graph(traced.graph()));
     let t0 = Instant::now();
     let eager = f(&[x.clone(), b.clone()])?;
     let t_eager = t0.elapsed();
     let t0 = Instant::now();
-    let out = traced.call(&[x, b])?;
+    let out = traced.call(&[x.clone(), b.clone()])?;
     let t_graph = t0.elapsed();
     println!(
         "eager {:?}, interpreted graph {:?}, max |diff| = {}",
@@ -105,5 +108,106 @@ fn main() -> Result<()> {
         t_graph,
         out[0].sub(&eager[0])?.abs()?.amax()?.item_f64()?
     );
+    compile_and_profile(traced.graph(), &[x, b])?;
+
+    section("an MLP block: linear, gelu, linear");
+    let w1 = Tensor::randn(&[256, 512], None)?.mul_scalar(0.05)?;
+    let b1 = Tensor::randn(&[512], None)?;
+    let w2 = Tensor::randn(&[512, 256], None)?.mul_scalar(0.05)?;
+    let b2 = Tensor::randn(&[256], None)?;
+    let mlp = |xs: &[Tensor]| -> Result<Vec<Tensor>> {
+        let h = xs[0].matmul(&xs[1])?.add(&xs[2])?.gelu()?;
+        Ok(vec![h.matmul(&xs[3])?.add(&xs[4])?])
+    };
+    let x = Tensor::randn(&[128, 256], None)?;
+    let ins = [x, w1, b1, w2, b2];
+    let traced = smelt::jit::trace(mlp, &ins)?;
+    compile_and_profile(traced.graph(), &ins)?;
+
+    section("softmax over the last dim");
+    let x = Tensor::randn(&[512, 1024], None)?;
+    let traced = smelt::jit::trace(
+        |xs: &[Tensor]| Ok(vec![xs[0].softmax(-1)?]),
+        std::slice::from_ref(&x),
+    )?;
+    compile_and_profile(traced.graph(), &[x])?;
+
+    section("layer_norm");
+    let x = Tensor::randn(&[512, 1024], None)?;
+    let w = Tensor::randn(&[1024], None)?;
+    let b = Tensor::randn(&[1024], None)?;
+    let ln = |xs: &[Tensor]| -> Result<Vec<Tensor>> {
+        Ok(vec![xs[0].layer_norm(
+            &[1024],
+            Some(&xs[1]),
+            Some(&xs[2]),
+            1e-5,
+        )?])
+    };
+    let ins = [x, w, b];
+    let traced = smelt::jit::trace(ln, &ins)?;
+    compile_and_profile(traced.graph(), &ins)?;
     Ok(())
+}
+
+/// The kernel backend of this build: Cranelift code when the lowering is built in, else the
+/// kernel-IR interpreter (said once).
+fn backend(g: &Graph) -> KernelBackend {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    match CompiledFn::compile(g, &CompileOptions::default()) {
+        Ok(_) => KernelBackend::Cranelift,
+        Err(e) => {
+            SAID.call_once(|| println!("(kernels run on the kernel-IR interpreter: {e})"));
+            KernelBackend::Interp
+        }
+    }
+}
+
+/// Compiles `g` fused and unfused, prints both schedules' kernels, checks them against the
+/// interpreter and times each kernel.
+fn compile_and_profile(g: &Graph, inputs: &[Tensor]) -> Result<()> {
+    let be = backend(g);
+    println!("graph:\n{}", smelt::ir::print_graph(g));
+    let want = smelt::jit::run_graph(g, inputs)?;
+    for fuse in [false, true] {
+        let f = CompiledFn::compile(g, &CompileOptions::with_backend(be).fused(fuse))?;
+        if fuse {
+            println!("fused schedule:\n{}", f.schedule());
+        }
+        let got = f.call(inputs)?;
+        let diff = got[0].sub(&want[0])?.abs()?.amax()?.item_f64()?;
+        let mut times: Vec<Vec<f64>> = vec![Vec::new(); f.steps().len()];
+        let mut total = Vec::new();
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            let (_, t) = f.call_timed(inputs)?;
+            total.push(t0.elapsed().as_secs_f64() * 1e3);
+            for (i, d) in t.0.iter().enumerate() {
+                times[i].push(d.as_secs_f64() * 1e3);
+            }
+        }
+        println!(
+            "{} ({}): {} steps, median {:.3} ms, max |diff| vs interpreter {diff:e}",
+            if fuse { "fused" } else { "unfused" },
+            be.name(),
+            f.steps().len(),
+            median(total)
+        );
+        for (s, t) in f.steps().iter().zip(times) {
+            let ms = median(t);
+            println!(
+                "  {:<22} {:>9.4} ms {:>8.2} GB/s  {}",
+                s.name,
+                ms,
+                s.bytes as f64 / (ms * 1e6),
+                s.ops.join(" ")
+            );
+        }
+    }
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }

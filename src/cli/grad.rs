@@ -1,9 +1,9 @@
 //! `smelt grad`: gradients of the sum of every element of every output of a graph with
 //! respect to chosen inputs, written as `DIR/grad_<input>.npy`.
 
-use super::{Backend, check_backend, load, parse_input, pick};
-use crate::runtime::{interp, npy};
-use crate::{Error, Result, Tensor, bail};
+use super::{Backend, evaluate, load, parse_input, pick, read_inputs};
+use crate::runtime::npy;
+use crate::{Error, Result, bail};
 use std::path::PathBuf;
 
 /// Arguments of `smelt grad`.
@@ -21,7 +21,7 @@ pub struct GradArgs {
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
     /// Where the gradient graph runs.
-    #[arg(long, value_enum, default_value_t = Backend::Interp)]
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     pub backend: Backend,
     /// Compile every op as its own kernel (no effect on the interpreter).
     #[arg(long)]
@@ -33,7 +33,6 @@ pub struct GradArgs {
 
 /// Runs `smelt grad`.
 pub fn grad(a: &GradArgs) -> Result<()> {
-    check_backend(a.backend)?;
     let module = load(&a.model)?;
     let g = pick(&module, a.graph.as_deref())?;
     let wrt: Vec<&str> = a
@@ -50,12 +49,8 @@ pub fn grad(a: &GradArgs) -> Result<()> {
         }
     }
     let grad_graph = crate::passes::autodiff::autodiff(g, &wrt)?;
-    let inputs = a
-        .inputs
-        .iter()
-        .map(|(name, file)| Ok((name.as_str(), npy::read_npy(file)?)))
-        .collect::<Result<Vec<(&str, Tensor)>>>()?;
-    let outputs = interp::run(&grad_graph, &inputs)?;
+    let inputs = read_inputs(&a.inputs)?;
+    let outputs = evaluate(&grad_graph, &inputs, a.backend, a.no_fuse)?;
     std::fs::create_dir_all(&a.out).map_err(|e| Error::Io(format!("{}: {e}", a.out.display())))?;
     let first = g.outputs().len();
     for (name, t) in wrt.iter().zip(&outputs[first..]) {

@@ -1,12 +1,14 @@
-//! The `smelt` command line: `run` a `.smelt` graph on `.npy` inputs, `check` and print it,
-//! or draw it as Graphviz (`dot`). Errors print as `error: ...` and exit with status 1; usage
-//! errors exit with status 2.
+//! The `smelt` command line: `run` a `.smelt` graph on `.npy` inputs, `profile` it, take its
+//! gradients (`grad`), `compile` it ahead of time for CUDA, `check` and print it, or draw it as
+//! Graphviz (`dot`). Errors print as `error: ...` and exit with status 1; usage errors exit
+//! with status 2.
 
-pub mod compile;
-
-use crate::ir::graph::{Graph, Module};
 pub mod check;
+pub mod compile;
+mod profile;
 
+use crate::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend};
+use crate::ir::graph::{Graph, Module};
 use crate::ir::parse_module;
 use crate::runtime::{interp, npy};
 use crate::{Error, Result, Tensor};
@@ -14,7 +16,6 @@ use clap::{Parser, Subcommand, ValueEnum};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-pub mod grad;
 
 /// Command-line arguments.
 #[derive(Parser, Debug)]
@@ -41,6 +42,8 @@ pub enum Command {
     Grad(grad::GradArgs),
     /// Compile a graph's fused kernels for a target (CUDA: .cu, .ptx, .cubin, manifest.json).
     Compile(compile::CompileArgs),
+    /// Time a graph eager, compiled unfused and compiled fused, kernel by kernel.
+    Profile(profile::ProfileArgs),
 }
 
 /// Arguments of `smelt run`.
@@ -55,7 +58,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
     /// Where the graph runs.
-    #[arg(long, value_enum, default_value_t = Backend::Interp)]
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     pub backend: Backend,
     /// Compile every op as its own kernel (no effect on the interpreter).
     #[arg(long)]
@@ -127,19 +130,15 @@ pub fn execute(command: &Command) -> Result<()> {
         Command::Dot(a) => dot(a),
         Command::Grad(a) => grad::grad(a),
         Command::Compile(a) => compile::run(a),
+        Command::Profile(a) => profile::profile(a),
     }
 }
 
 fn run(a: &RunArgs) -> Result<()> {
-    check_backend(a.backend)?;
     let module = load(&a.model)?;
     let g = pick(&module, a.graph.as_deref())?;
-    let inputs = a
-        .inputs
-        .iter()
-        .map(|(name, file)| Ok((name.as_str(), npy::read_npy(file)?)))
-        .collect::<Result<Vec<(&str, Tensor)>>>()?;
-    let outputs = interp::run(g, &inputs)?;
+    let inputs = read_inputs(&a.inputs)?;
+    let outputs = evaluate(g, &inputs, a.backend, a.no_fuse)?;
     std::fs::create_dir_all(&a.out).map_err(|e| Error::Io(format!("{}: {e}", a.out.display())))?;
     for (i, t) in outputs.iter().enumerate() {
         npy::write_npy(a.out.join(format!("out{i}.npy")), t)?;
@@ -147,16 +146,31 @@ fn run(a: &RunArgs) -> Result<()> {
     Ok(())
 }
 
-/// Refuses backends this build lacks rather than silently using another one.
-fn check_backend(b: Backend) -> Result<()> {
-    let why = match b {
-        Backend::Interp => return Ok(()),
-        Backend::Cpu => "'cpu' is not available yet: the Cranelift compiler",
-        Backend::Cuda => "'cuda' is not available yet: the CUDA code generator",
-    };
-    Err(Error::Unsupported(format!(
-        "backend {why} is not built into this version; use --backend interp"
-    )))
+/// Reads every `NAME=FILE.npy` input.
+fn read_inputs(inputs: &[(String, PathBuf)]) -> Result<Vec<(&str, Tensor)>> {
+    inputs
+        .iter()
+        .map(|(name, file)| Ok((name.as_str(), npy::read_npy(file)?)))
+        .collect()
+}
+
+/// Runs `g` on the chosen backend. CUDA is refused rather than silently replaced.
+fn evaluate(
+    g: &Graph,
+    inputs: &[(&str, Tensor)],
+    backend: Backend,
+    no_fuse: bool,
+) -> Result<Vec<Tensor>> {
+    match backend {
+        Backend::Interp => interp::run(g, inputs),
+        Backend::Cpu => {
+            let opts = CompileOptions::with_backend(KernelBackend::Cranelift).fused(!no_fuse);
+            CompiledFn::compile(g, &opts)?.call_named(inputs)
+        }
+        Backend::Cuda => Err(Error::Unsupported(
+            "backend 'cuda': running on a GPU is not built into this version (`smelt compile --target cuda` generates the kernels); use --backend cpu or --backend interp".into(),
+        )),
+    }
 }
 
 fn dot(a: &DotArgs) -> Result<()> {

@@ -1,5 +1,7 @@
-//! CPU backend: Cranelift JIT and the IR emitters it is built from.
+//! CPU backend: kernels lowered to Cranelift machine code, and the executor that runs a
+//! compiled schedule.
 
+pub mod exec;
 pub mod helpers;
 pub mod jit;
 pub mod lower;
@@ -7,4 +9,5 @@ pub mod math;
 mod scalar;
 mod vector;
 
+pub use exec::{CompileOptions, CompiledFn, KernelBackend, StepInfo, StepTimes};
 pub use lower::{CodegenOptions, CpuKernel, compile_kernel};

@@ -202,6 +202,17 @@ impl Traced<'_> {
         Ok(outs)
     }
 
+    /// Compiles the traced graph for the CPU. The parameters are bound to their tensors (an
+    /// in-place update of a parameter shows in later calls); call the result with the
+    /// example inputs' types. Other types are an error, not a re-trace.
+    pub fn compile(
+        &self,
+        opts: &crate::codegen_cpu::CompileOptions,
+    ) -> Result<crate::codegen_cpu::CompiledFn> {
+        let f = crate::codegen_cpu::CompiledFn::compile(&self.graph, opts)?;
+        f.bind_trailing(self.opts.params.iter().map(|(_, t)| t.clone()).collect())
+    }
+
     fn run(&self, g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let mut all = inputs.to_vec();
         all.extend(self.opts.params.iter().map(|(_, t)| t.clone()));

@@ -40,30 +40,47 @@ pub fn run(s: &Schedule, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         };
     }
     for step in &s.steps {
-        match step {
-            Step::Kernel(k) => run_kernel(s, k, &mut bufs)?,
-            Step::Extern(e) => {
-                let args: Vec<Tensor> = e
-                    .args
-                    .iter()
-                    .map(|v| view_of(&bufs, v))
-                    .collect::<Result<_>>()?;
-                let refs: Vec<&Tensor> = args.iter().collect();
-                let r = apply(e.op.clone(), &refs)?;
-                let b = &s.buffers[e.out];
-                if r.dtype() != b.dtype || r.shape() != b.shape.as_slice() {
-                    bail!(
-                        Value,
-                        "extern {}: result does not fit b{}",
-                        e.op.name(),
-                        e.out
-                    );
-                }
-                bufs[e.out] = Some(copy::contiguous(&r));
-            }
-        }
+        run_step(s, step, &mut bufs)?;
     }
     s.outputs.iter().map(|v| view_of(&bufs, v)).collect()
+}
+
+/// Runs one step of `s` on its buffers (`bufs[i]` holds buffer `i`, contiguous, or `None`
+/// while unwritten). A kernel writes into the tensors already there (allocating missing
+/// ones); an extern call replaces its output buffer with the eager result.
+pub fn run_step(s: &Schedule, step: &Step, bufs: &mut [Option<Tensor>]) -> Result<()> {
+    if bufs.len() != s.buffers.len() {
+        bail!(
+            Value,
+            "schedule {}: {} buffers given for {}",
+            s.name,
+            bufs.len(),
+            s.buffers.len()
+        );
+    }
+    match step {
+        Step::Kernel(k) => run_kernel(s, k, bufs),
+        Step::Extern(e) => {
+            let args: Vec<Tensor> = e
+                .args
+                .iter()
+                .map(|v| view_of(bufs, v))
+                .collect::<Result<_>>()?;
+            let refs: Vec<&Tensor> = args.iter().collect();
+            let r = apply(e.op.clone(), &refs)?;
+            let b = &s.buffers[e.out];
+            if r.dtype() != b.dtype || r.shape() != b.shape.as_slice() {
+                bail!(
+                    Value,
+                    "extern {}: result does not fit b{}",
+                    e.op.name(),
+                    e.out
+                );
+            }
+            bufs[e.out] = Some(copy::contiguous(&r));
+            Ok(())
+        }
+    }
 }
 
 fn bind_input(b: &Buffer, t: Option<&Tensor>) -> Result<Tensor> {

@@ -66,6 +66,9 @@ pub struct FuseOptions {
     pub max_cone: u32,
     /// Largest distance in topological order between the first and the last root of a kernel.
     pub max_distance: usize,
+    /// False for the unfused baseline: every pointwise op and reduction is its own kernel
+    /// (views are still folded into index maps, matmul is still an extern call).
+    pub fuse: bool,
 }
 
 impl Default for FuseOptions {
@@ -74,6 +77,7 @@ impl Default for FuseOptions {
             expensive: 8,
             max_cone: 256,
             max_distance: 64,
+            fuse: true,
         }
     }
 }
@@ -93,6 +97,9 @@ pub fn fuse_with(g: &Graph, opts: &FuseOptions) -> Result<Schedule> {
     g.verify()?;
     let mut f = Fuser::new(g, opts.clone());
     f.realize_boundaries()?;
+    if !opts.fuse {
+        f.separate_all();
+    }
     for _ in 0..4 * g.len() + 16 {
         f.cut_large_cones();
         let plan = f.plan();
@@ -415,6 +422,16 @@ impl<'g> Fuser<'g> {
             }
         }
         Ok(())
+    }
+
+    /// Stores every pointwise op and reduction in a kernel of its own (the unfused mode).
+    fn separate_all(&mut self) {
+        for &v in &self.order {
+            if matches!(self.class[&v], Class::Pointwise | Class::Reduction) {
+                self.realized.insert(v);
+                self.isolated.insert(v);
+            }
+        }
     }
 
     /// Cost of recomputing `v` where it is read (0 for buffers and roots, which are loaded).

@@ -1,0 +1,261 @@
+//! Compiled graphs against eager execution and against a plain memory copy of the same bytes.
+//!
+//! Run: `cargo bench --bench compiled` (add `-- quick` for fewer repetitions). For each model
+//! it prints the median time eager (reference interpreter), compiled unfused (one kernel per
+//! op) and compiled fused, the fused bandwidth as a share of a same-run copy of the same bytes
+//! (`copy_from_slice` split across the threads), and the fused/unfused and compiled/eager
+//! ratios; then the first-call compile time of each model and of a 100-op graph, and the
+//! per-size cost of running a small kernel on one thread against splitting it across all
+//! (what `PAR_MIN_ELEMS` is chosen from). Kernels run on Cranelift code when the lowering is
+//! built in, else on the kernel-IR interpreter (the header says which).
+
+use rayon::prelude::*;
+use smelt::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend};
+use smelt::ir::graph::{Graph, ValueId};
+use smelt::ir::op::{BinaryOp, Op, TensorType, UnaryOp};
+use smelt::jit::run_graph;
+use smelt::{DType, Error, Scalar, Tensor};
+use std::time::Instant;
+
+fn median_ms(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut v: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Median time of copying `bytes` bytes (half read, half written) split across the threads.
+fn copy_ms(bytes: usize, reps: usize) -> f64 {
+    let n = (bytes / 2 / 4).max(1);
+    let src = vec![1.0f32; n];
+    let mut dst = vec![0.0f32; n];
+    let chunk = n.div_ceil(rayon::current_num_threads()).max(1 << 12);
+    median_ms(reps, || {
+        dst.par_chunks_mut(chunk)
+            .zip(src.par_chunks(chunk))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+    })
+}
+
+fn input(g: &mut Graph, name: &str, shape: &[usize]) -> ValueId {
+    g.add_input(name, TensorType::new(DType::F32, shape.to_vec()))
+        .unwrap()
+}
+
+fn op(g: &mut Graph, o: Op, xs: &[ValueId]) -> ValueId {
+    g.add_op(o, xs).unwrap()
+}
+
+fn un(g: &mut Graph, u: UnaryOp, x: ValueId) -> ValueId {
+    op(g, Op::Unary(u), &[x])
+}
+
+fn scalar_op(g: &mut Graph, b: BinaryOp, x: ValueId, s: f64) -> ValueId {
+    let c = g.add_scalar(Scalar::Float(s)).unwrap();
+    op(g, Op::Binary(b), &[x, c])
+}
+
+fn finish(mut g: Graph, outs: Vec<ValueId>) -> Graph {
+    g.set_outputs(outs);
+    g
+}
+
+const N: usize = 4096;
+
+fn models() -> Vec<Graph> {
+    let mut v = Vec::new();
+
+    let mut g = Graph::new("relu(x)*0.5+b");
+    let x = input(&mut g, "x", &[N, N]);
+    let b = input(&mut g, "b", &[N]);
+    let r = un(&mut g, UnaryOp::Relu, x);
+    let m = scalar_op(&mut g, BinaryOp::Mul, r, 0.5);
+    let y = op(&mut g, Op::Binary(BinaryOp::Add), &[m, b]);
+    v.push(finish(g, vec![y]));
+
+    let mut g = Graph::new("chain4 tanh(relu(x*2+1))");
+    let x = input(&mut g, "x", &[N, N]);
+    let a = scalar_op(&mut g, BinaryOp::Mul, x, 2.0);
+    let a = scalar_op(&mut g, BinaryOp::Add, a, 1.0);
+    let a = un(&mut g, UnaryOp::Relu, a);
+    let a = un(&mut g, UnaryOp::Tanh, a);
+    v.push(finish(g, vec![a]));
+
+    let mut g = Graph::new("gelu(tanh)");
+    let x = input(&mut g, "x", &[N, N]);
+    let y = un(&mut g, UnaryOp::Gelu { tanh: true }, x);
+    v.push(finish(g, vec![y]));
+
+    let mut g = Graph::new("softmax(-1)");
+    let x = input(&mut g, "x", &[N, N]);
+    let y = op(&mut g, Op::Softmax { dim: -1 }, &[x]);
+    v.push(finish(g, vec![y]));
+
+    for (name, dim) in [("sum(dim=1)", Some(vec![1])), ("sum()", None)] {
+        let mut g = Graph::new(name);
+        let x = input(&mut g, "x", &[N, N]);
+        let o = Op::Reduce {
+            op: smelt::ir::op::ReduceOp::Sum,
+            dim,
+            keepdim: false,
+        };
+        let y = op(&mut g, o, &[x]);
+        v.push(finish(g, vec![y]));
+    }
+
+    let mut g = Graph::new("layer_norm [16384,1024]");
+    let x = input(&mut g, "x", &[16384, 1024]);
+    let w = input(&mut g, "w", &[1024]);
+    let b = input(&mut g, "b", &[1024]);
+    let o = Op::LayerNorm {
+        normalized_shape: vec![1024],
+        eps: 1e-5,
+        has_weight: true,
+        has_bias: true,
+    };
+    let y = op(&mut g, o, &[x, w, b]);
+    v.push(finish(g, vec![y]));
+
+    let mut g = Graph::new("mlp 256x1024x4096");
+    let x = input(&mut g, "x", &[256, 1024]);
+    let w1 = input(&mut g, "w1", &[1024, 4096]);
+    let b1 = input(&mut g, "b1", &[4096]);
+    let w2 = input(&mut g, "w2", &[4096, 1024]);
+    let b2 = input(&mut g, "b2", &[1024]);
+    let h = op(&mut g, Op::Matmul, &[x, w1]);
+    let h = op(&mut g, Op::Binary(BinaryOp::Add), &[h, b1]);
+    let a = un(&mut g, UnaryOp::Gelu { tanh: true }, h);
+    let y = op(&mut g, Op::Matmul, &[a, w2]);
+    let y = op(&mut g, Op::Binary(BinaryOp::Add), &[y, b2]);
+    v.push(finish(g, vec![y]));
+
+    let mut g = Graph::new("gemm alone (the mlp's two)");
+    let x = input(&mut g, "x", &[256, 1024]);
+    let w1 = input(&mut g, "w1", &[1024, 4096]);
+    let w2 = input(&mut g, "w2", &[4096, 1024]);
+    let h = op(&mut g, Op::Matmul, &[x, w1]);
+    let y = op(&mut g, Op::Matmul, &[h, w2]);
+    v.push(finish(g, vec![y]));
+    v
+}
+
+/// A chain of 100 pointwise ops over a small tensor: the compile-time stress case.
+fn hundred_ops() -> Graph {
+    let mut g = Graph::new("100 ops");
+    let mut x = input(&mut g, "x", &[64, 64]);
+    for i in 0..100 {
+        x = match i % 4 {
+            0 => scalar_op(&mut g, BinaryOp::Mul, x, 0.9),
+            1 => scalar_op(&mut g, BinaryOp::Add, x, 0.1),
+            2 => un(&mut g, UnaryOp::Tanh, x),
+            _ => un(&mut g, UnaryOp::Relu, x),
+        };
+    }
+    finish(g, vec![x])
+}
+
+fn bytes_min(g: &Graph) -> usize {
+    g.inputs()
+        .iter()
+        .chain(g.outputs())
+        .map(|&v| {
+            let t = &g.node(v).ty;
+            t.shape.iter().product::<usize>() * t.dtype.size()
+        })
+        .sum()
+}
+
+fn inputs(g: &Graph) -> Vec<Tensor> {
+    smelt::manual_seed(0);
+    g.inputs()
+        .iter()
+        .map(|&v| Tensor::randn(&g.node(v).ty.shape, None).unwrap())
+        .collect()
+}
+
+fn backend() -> KernelBackend {
+    let g = hundred_ops();
+    match CompiledFn::compile(&g, &CompileOptions::default()) {
+        Ok(_) => KernelBackend::Cranelift,
+        Err(Error::Unsupported(why)) => {
+            println!("kernels: the kernel-IR interpreter ({why})");
+            KernelBackend::Interp
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "quick");
+    let reps = if quick { 3 } else { 9 };
+    let threads = rayon::current_num_threads();
+    let be = backend();
+    println!(
+        "backend {}, {threads} threads, median of {reps} calls after one warm-up\n",
+        be.name()
+    );
+    println!(
+        "{:<28} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9} {:>10}",
+        "model", "eager", "unfused", "fused", "copy", "%copy", "fus/unf", "comp/eag", "compile"
+    );
+    for g in models() {
+        let t0 = Instant::now();
+        let fused = CompiledFn::compile(&g, &CompileOptions::with_backend(be)).unwrap();
+        let compile = t0.elapsed().as_secs_f64() * 1e3;
+        let unfused =
+            CompiledFn::compile(&g, &CompileOptions::with_backend(be).fused(false)).unwrap();
+        let ins = inputs(&g);
+        let e = median_ms(reps, || drop(run_graph(&g, &ins).unwrap()));
+        let u = median_ms(reps, || drop(unfused.call(&ins).unwrap()));
+        let f = median_ms(reps, || drop(fused.call(&ins).unwrap()));
+        let bytes = bytes_min(&g);
+        let c = copy_ms(bytes, reps);
+        println!(
+            "{:<28} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>7.0}% {:>9.2} {:>9.2} {:>8.2}ms",
+            g.name,
+            e,
+            u,
+            f,
+            c,
+            100.0 * c / f,
+            f / u,
+            f / e,
+            compile
+        );
+    }
+    let g = hundred_ops();
+    for fuse in [true, false] {
+        let t0 = Instant::now();
+        let f = CompiledFn::compile(&g, &CompileOptions::with_backend(be).fused(fuse)).unwrap();
+        println!(
+            "first compile of the 100-op graph ({}): {:.2} ms, {} kernels",
+            if fuse { "fused" } else { "unfused" },
+            t0.elapsed().as_secs_f64() * 1e3,
+            f.schedule().kernel_count()
+        );
+    }
+
+    println!("\nsmall kernels: one thread against all (relu(x)*0.5+b over [rows, 1024])");
+    println!("{:>10} {:>12} {:>12}", "elements", "1 thread", "all");
+    for rows in [1usize, 4, 16, 32, 64, 256] {
+        let mut g = Graph::new("small");
+        let x = input(&mut g, "x", &[rows, 1024]);
+        let b = input(&mut g, "b", &[1024]);
+        let r = un(&mut g, UnaryOp::Relu, x);
+        let m = scalar_op(&mut g, BinaryOp::Mul, r, 0.5);
+        let y = op(&mut g, Op::Binary(BinaryOp::Add), &[m, b]);
+        let g = finish(g, vec![y]);
+        let ins = inputs(&g);
+        let one = CompiledFn::compile(&g, &CompileOptions::with_backend(be).threads(1)).unwrap();
+        let all = CompiledFn::compile(&g, &CompileOptions::with_backend(be)).unwrap();
+        let t1 = median_ms(reps * 10, || drop(one.call(&ins).unwrap()));
+        let ta = median_ms(reps * 10, || drop(all.call(&ins).unwrap()));
+        println!("{:>10} {:>10.4}ms {:>10.4}ms", rows * 1024, t1, ta);
+    }
+}

@@ -1,0 +1,520 @@
+//! `smelt profile`: times a graph three ways — the reference interpreter (eager kernels, node
+//! by node), the compiled unfused schedule (one kernel per op) and the compiled fused
+//! schedule — and prints a table per way (kernel, ops, time, bytes, GB/s, GFLOP/s) and a
+//! summary with the speedups; `--json FILE` writes the same figures as JSON.
+
+use super::{load, parse_input, pick};
+use crate::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend, StepInfo};
+use crate::ir::dtype::DType;
+use crate::ir::graph::{Graph, NodeKind, ValueId};
+use crate::ir::op::Op;
+use crate::ir::shape::numel;
+use crate::runtime::{Tensor, apply, npy};
+use crate::{Error, Result, bail};
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Arguments of `smelt profile`.
+#[derive(clap::Args, Debug)]
+pub struct ProfileArgs {
+    /// The .smelt file.
+    pub model: PathBuf,
+    /// A graph input: NAME=FILE.npy (once per input).
+    #[arg(long = "input", value_name = "NAME=FILE", value_parser = parse_input)]
+    pub inputs: Vec<(String, PathBuf)>,
+    /// Random values for every input not given with --input (the default without --input).
+    #[arg(long)]
+    pub random_inputs: bool,
+    /// Timed calls of each way (after one warm-up call); medians are reported.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub repeat: usize,
+    /// Also write the figures to this file as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// The graph to profile (default: the first one in the file).
+    #[arg(long, value_name = "NAME")]
+    pub graph: Option<String>,
+    /// What runs the compiled kernels.
+    #[arg(long, value_enum, default_value_t = Kernels::Cranelift)]
+    pub kernels: Kernels,
+}
+
+/// Kernel backends selectable on the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernels {
+    /// Machine code generated with Cranelift.
+    Cranelift,
+    /// The kernel-IR interpreter.
+    Interp,
+}
+
+/// One timed way of running the graph.
+struct Way {
+    /// Per step: name, ops, bytes, flops.
+    steps: Vec<StepInfo>,
+    /// Per timed call: per-step times.
+    samples: Vec<Vec<Duration>>,
+    /// Per timed call: the whole call.
+    totals: Vec<Duration>,
+}
+
+impl Way {
+    fn median_ms(&self) -> f64 {
+        median(self.totals.iter().map(ms).collect())
+    }
+    fn step_ms(&self, i: usize) -> f64 {
+        median(
+            self.samples
+                .iter()
+                .filter_map(|s| s.get(i))
+                .map(ms)
+                .collect(),
+        )
+    }
+}
+
+fn ms(d: &Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Runs `smelt profile`.
+pub fn profile(a: &ProfileArgs) -> Result<()> {
+    if a.repeat == 0 {
+        bail!(Value, "--repeat must be at least 1");
+    }
+    crate::runtime::random::manual_seed(0);
+    let backend = match a.kernels {
+        Kernels::Cranelift => KernelBackend::Cranelift,
+        Kernels::Interp => KernelBackend::Interp,
+    };
+    // Parse, passes and code generation of the fused schedule, on a cold kernel cache.
+    let t0 = Instant::now();
+    let module = load(&a.model)?;
+    let g = pick(&module, a.graph.as_deref())?;
+    let fused = CompiledFn::compile(g, &CompileOptions::with_backend(backend))?;
+    let compile_ms = ms(&t0.elapsed());
+    let unfused = CompiledFn::compile(g, &CompileOptions::with_backend(backend).fused(false))?;
+    let inputs = gather_inputs(g, a)?;
+
+    let eager = time_eager(g, &inputs, a.repeat)?;
+    let unf = time_compiled(&unfused, &inputs, a.repeat)?;
+    let fus = time_compiled(&fused, &inputs, a.repeat)?;
+    let (reference, _) = eager_run(g, &inputs)?;
+    let diff = max_abs_diff(&reference, &fused.call(&inputs)?);
+    let bytes_min = bytes_min(g);
+
+    let mut out = String::new();
+    let title = format!("{} ({} kernels: {})", g.name, "compiled", backend.name());
+    let _ = writeln!(out, "profile of {title}, median of {} calls\n", a.repeat);
+    table(
+        &mut out,
+        "eager (reference interpreter, one op at a time)",
+        &eager,
+    );
+    table(&mut out, "unfused (one kernel per op)", &unf);
+    table(&mut out, "fused", &fus);
+    let (e, u, f) = (eager.median_ms(), unf.median_ms(), fus.median_ms());
+    let _ = writeln!(out, "summary");
+    let _ = writeln!(
+        out,
+        "  compile (parse + passes + codegen, cold): {compile_ms:.3} ms"
+    );
+    let _ = writeln!(
+        out,
+        "  eager {e:.3} ms | unfused {u:.3} ms ({} steps) | fused {f:.3} ms ({} steps)",
+        unf.steps.len(),
+        fus.steps.len()
+    );
+    let _ = writeln!(
+        out,
+        "  fused is {:.2}x eager, {:.2}x unfused",
+        ratio(e, f),
+        ratio(u, f)
+    );
+    let _ = writeln!(
+        out,
+        "  minimum traffic {} (inputs read once, outputs written once): {:.2} GB/s fused",
+        human_bytes(bytes_min),
+        gbps(bytes_min, f)
+    );
+    let _ = writeln!(out, "  max |fused - eager| = {diff:e}");
+    print!("{out}");
+
+    if let Some(path) = &a.json {
+        let j = Json::Obj(vec![
+            ("graph".into(), Json::Str(g.name.clone())),
+            ("backend".into(), Json::Str(backend.name().into())),
+            ("repeat".into(), Json::Num(a.repeat as f64)),
+            ("compile_ms".into(), Json::Num(compile_ms)),
+            ("bytes_min".into(), Json::Num(bytes_min as f64)),
+            ("max_abs_diff".into(), Json::Num(diff)),
+            ("eager".into(), way_json(&eager)),
+            ("unfused".into(), way_json(&unf)),
+            ("fused".into(), way_json(&fus)),
+        ]);
+        let mut text = String::new();
+        j.write(&mut text);
+        text.push('\n');
+        std::fs::write(path, text).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
+    }
+    Ok(())
+}
+
+fn ratio(base: f64, x: f64) -> f64 {
+    if x > 0.0 { base / x } else { f64::NAN }
+}
+
+fn gbps(bytes: usize, ms: f64) -> f64 {
+    if ms > 0.0 {
+        bytes as f64 / (ms * 1e6)
+    } else {
+        f64::NAN
+    }
+}
+
+fn human_bytes(b: usize) -> String {
+    let f = b as f64;
+    if f >= 1e9 {
+        format!("{:.2} GB", f / 1e9)
+    } else if f >= 1e6 {
+        format!("{:.2} MB", f / 1e6)
+    } else if f >= 1e3 {
+        format!("{:.1} kB", f / 1e3)
+    } else {
+        format!("{b} B")
+    }
+}
+
+/// Each graph input read once plus each graph output written once, in bytes.
+pub fn bytes_min(g: &Graph) -> usize {
+    g.inputs()
+        .iter()
+        .chain(g.outputs())
+        .map(|&v| {
+            let t = &g.node(v).ty;
+            numel(&t.shape) * t.dtype.size()
+        })
+        .sum()
+}
+
+fn table(out: &mut String, title: &str, w: &Way) {
+    let _ = writeln!(out, "{title}: {:.3} ms", w.median_ms());
+    let _ = writeln!(
+        out,
+        "  {:<28} {:>10} {:>11} {:>9} {:>9}  ops",
+        "kernel", "ms", "bytes", "GB/s", "GFLOP/s"
+    );
+    for (i, s) in w.steps.iter().enumerate() {
+        let t = w.step_ms(i);
+        let _ = writeln!(
+            out,
+            "  {:<28} {:>10.4} {:>11} {:>9.2} {:>9.2}  {}",
+            s.name,
+            t,
+            human_bytes(s.bytes),
+            gbps(s.bytes, t),
+            if t > 0.0 {
+                s.flops as f64 / (t * 1e6)
+            } else {
+                f64::NAN
+            },
+            s.ops.join(" ")
+        );
+    }
+    let _ = writeln!(out);
+}
+
+fn way_json(w: &Way) -> Json {
+    let kernels = w
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            Json::Obj(vec![
+                ("name".into(), Json::Str(s.name.clone())),
+                (
+                    "ops".into(),
+                    Json::Arr(s.ops.iter().map(|o| Json::Str(o.clone())).collect()),
+                ),
+                ("median_ms".into(), Json::Num(w.step_ms(i))),
+                ("bytes".into(), Json::Num(s.bytes as f64)),
+                ("flops".into(), Json::Num(s.flops as f64)),
+                ("extern".into(), Json::Bool(s.is_extern)),
+            ])
+        })
+        .collect();
+    Json::Obj(vec![
+        ("median_ms".into(), Json::Num(w.median_ms())),
+        ("kernels".into(), Json::Arr(kernels)),
+    ])
+}
+
+/// The inputs in graph order: read from files, random for the rest when asked (or when no
+/// file is given at all).
+fn gather_inputs(g: &Graph, a: &ProfileArgs) -> Result<Vec<Tensor>> {
+    let mut given: HashMap<&str, Tensor> = HashMap::new();
+    for (name, file) in &a.inputs {
+        if !g.inputs().iter().any(|&v| g.node(v).name == *name) {
+            bail!(Value, "graph {} has no input named '{name}'", g.name);
+        }
+        if given.insert(name.as_str(), npy::read_npy(file)?).is_some() {
+            bail!(Value, "input {name} is given more than once");
+        }
+    }
+    let random = a.random_inputs || a.inputs.is_empty();
+    let high = index_bound(g);
+    let mut out = Vec::new();
+    for &v in g.inputs() {
+        let n = g.node(v);
+        match given.remove(n.name.as_str()) {
+            Some(t) => out.push(t),
+            None if random => out.push(random_tensor(n.ty.dtype, &n.ty.shape, high)?),
+            None => bail!(
+                Value,
+                "missing input {} (give it with --input or use --random-inputs)",
+                n.name
+            ),
+        }
+    }
+    Ok(out)
+}
+
+/// Integer inputs are drawn below the smallest dim of any input (so they are valid indices
+/// into any of them) and below 100.
+fn index_bound(g: &Graph) -> i64 {
+    g.inputs()
+        .iter()
+        .flat_map(|&v| g.node(v).ty.shape.clone())
+        .filter(|&d| d > 0)
+        .min()
+        .map_or(100, |d| d.min(100) as i64)
+}
+
+fn random_tensor(dtype: DType, shape: &[usize], high: i64) -> Result<Tensor> {
+    if dtype.is_float() {
+        Tensor::randn(shape, Some(dtype))
+    } else if dtype.is_bool() {
+        let t = Tensor::randint(0, 2, shape, Some(DType::I64))?;
+        apply(Op::To { dtype }, &[&t])
+    } else {
+        Tensor::randint(0, high, shape, Some(dtype))
+    }
+}
+
+fn time_compiled(f: &CompiledFn, inputs: &[Tensor], repeat: usize) -> Result<Way> {
+    f.call(inputs)?;
+    let mut w = Way {
+        steps: f.steps().to_vec(),
+        samples: Vec::new(),
+        totals: Vec::new(),
+    };
+    for _ in 0..repeat {
+        let t0 = Instant::now();
+        let (out, times) = f.call_timed(inputs)?;
+        drop(out);
+        w.totals.push(t0.elapsed());
+        w.samples.push(times.0);
+    }
+    Ok(w)
+}
+
+fn time_eager(g: &Graph, inputs: &[Tensor], repeat: usize) -> Result<Way> {
+    let (_, first) = eager_run(g, inputs)?;
+    let mut w = Way {
+        steps: first.1,
+        samples: Vec::new(),
+        totals: Vec::new(),
+    };
+    for _ in 0..repeat {
+        let t0 = Instant::now();
+        let (out, (times, _)) = eager_run(g, inputs)?;
+        drop(out);
+        w.totals.push(t0.elapsed());
+        w.samples.push(times);
+    }
+    Ok(w)
+}
+
+type EagerSteps = (Vec<Duration>, Vec<StepInfo>);
+
+/// Evaluates `g` node by node on the eager kernels, timing every op.
+fn eager_run(g: &Graph, inputs: &[Tensor]) -> Result<(Vec<Tensor>, EagerSteps)> {
+    let mut vals: HashMap<ValueId, Tensor> = HashMap::new();
+    for (&v, t) in g.inputs().iter().zip(inputs) {
+        vals.insert(v, t.clone());
+    }
+    let mut times = Vec::new();
+    let mut infos = Vec::new();
+    for v in g.topo_order() {
+        let node = g.node(v);
+        let NodeKind::Op(op) = &node.kind else {
+            continue;
+        };
+        let args: Vec<Tensor> = g
+            .operands(v)
+            .iter()
+            .map(|o| {
+                vals.get(o)
+                    .cloned()
+                    .ok_or_else(|| Error::Value(format!("graph {}: operand not computed", g.name)))
+            })
+            .collect::<Result<_>>()?;
+        let refs: Vec<&Tensor> = args.iter().collect();
+        let t0 = Instant::now();
+        let t = apply(op.clone(), &refs)?;
+        times.push(t0.elapsed());
+        let bytes = args
+            .iter()
+            .chain(std::iter::once(&t))
+            .map(|x| x.numel() * x.element_size())
+            .sum();
+        let flops = match op {
+            Op::Matmul | Op::Linear { .. } => {
+                2 * t.numel() as u64 * args[0].shape().last().copied().unwrap_or(1) as u64
+            }
+            _ if op.is_view() => 0,
+            _ => t.numel() as u64,
+        };
+        infos.push(StepInfo {
+            name: format!("%{}", node.name),
+            ops: vec![op.name().to_string()],
+            bytes,
+            flops,
+            is_extern: false,
+        });
+        vals.insert(v, t);
+    }
+    let outs = g
+        .outputs()
+        .iter()
+        .map(|o| {
+            vals.get(o)
+                .cloned()
+                .ok_or_else(|| Error::Value(format!("graph {}: output not computed", g.name)))
+        })
+        .collect::<Result<_>>()?;
+    Ok((outs, (times, infos)))
+}
+
+/// Largest absolute difference between two lists of outputs (NaN where both are NaN counts
+/// as equal; a NaN on one side only gives NaN).
+fn max_abs_diff(a: &[Tensor], b: &[Tensor]) -> f64 {
+    let mut m = 0.0f64;
+    for (x, y) in a.iter().zip(b) {
+        for (p, q) in x.to_f64_vec().into_iter().zip(y.to_f64_vec()) {
+            if p == q || (p.is_nan() && q.is_nan()) {
+                continue;
+            }
+            let d = (p - q).abs();
+            m = if d.is_nan() { f64::NAN } else { m.max(d) };
+        }
+    }
+    m
+}
+
+/// A JSON value, written with proper string escaping.
+enum Json {
+    Num(f64),
+    Str(String),
+    Bool(bool),
+    Arr(Vec<Json>),
+    Obj(Vec<(String, Json)>),
+}
+
+impl Json {
+    fn write(&self, out: &mut String) {
+        match self {
+            Json::Num(x) if x.is_finite() => {
+                let _ = write!(out, "{x}");
+            }
+            Json::Num(_) => out.push_str("null"),
+            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            Json::Str(s) => write_str(out, s),
+            Json::Arr(v) => {
+                out.push('[');
+                for (i, x) in v.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    x.write(out);
+                }
+                out.push(']');
+            }
+            Json::Obj(v) => {
+                out.push('{');
+                for (i, (k, x)) in v.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    write_str(out, k);
+                    out.push_str(": ");
+                    x.write(out);
+                }
+                out.push('}');
+            }
+        }
+    }
+}
+
+fn write_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_escapes_strings_and_nonfinite_numbers() {
+        let j = Json::Obj(vec![
+            ("a\"b\\".into(), Json::Str("x\ny\u{1}".into())),
+            ("n".into(), Json::Num(f64::NAN)),
+            (
+                "v".into(),
+                Json::Arr(vec![Json::Num(1.5), Json::Bool(true)]),
+            ),
+        ]);
+        let mut s = String::new();
+        j.write(&mut s);
+        assert_eq!(
+            s,
+            r#"{"a\"b\\": "x\ny\u0001", "n": null, "v": [1.5, true]}"#
+        );
+    }
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(vec![]), 0.0);
+    }
+}

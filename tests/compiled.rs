@@ -1,0 +1,543 @@
+//! Compiled functions (fused and unfused, every kernel backend of this build) against the
+//! reference graph interpreter: example models, random graphs, strided and broadcast
+//! inputs, odd and empty sizes, several dtypes, errors, and concurrent calls.
+
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use smelt::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend};
+use smelt::ir::graph::{Graph, ValueId};
+use smelt::ir::op::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp};
+use smelt::ir::parse_module;
+use smelt::jit::run_graph;
+use smelt::{DType, Error, Scalar, Tensor};
+
+// ---- helpers ------------------------------------------------------------------------------
+
+/// Every (backend, fusion) combination; each test runs all the ones this build can compile.
+fn configs() -> Vec<CompileOptions> {
+    let mut v = Vec::new();
+    for b in [KernelBackend::Interp, KernelBackend::Cranelift] {
+        for fuse in [true, false] {
+            v.push(CompileOptions::with_backend(b).fused(fuse));
+        }
+    }
+    v
+}
+
+/// Compiles `g`; `None` (with the reason printed) only when the Cranelift lowering is not
+/// in this build.
+fn compile(g: &Graph, opts: &CompileOptions) -> Option<CompiledFn> {
+    match CompiledFn::compile(g, opts) {
+        Ok(f) => Some(f),
+        Err(Error::Unsupported(why)) if opts.backend == KernelBackend::Cranelift => {
+            println!("skipping {} on cranelift: {why}", g.name);
+            None
+        }
+        Err(e) => panic!("compile {} with {opts:?}: {e}", g.name),
+    }
+}
+
+fn random(rng: &mut StdRng, dtype: DType, shape: &[usize]) -> Tensor {
+    let n: usize = shape.iter().product();
+    match dtype {
+        DType::Bool => {
+            let b: Vec<bool> = (0..n).map(|_| rng.random_bool(0.3)).collect();
+            Tensor::from_vec(b, shape).unwrap()
+        }
+        d if d.is_float() => {
+            let v: Vec<f64> = (0..n).map(|_| rng.random_range(-3.0..3.0)).collect();
+            let t = Tensor::from_vec(v, shape).unwrap();
+            smelt::runtime::apply(Op::To { dtype: d }, &[&t]).unwrap()
+        }
+        d => {
+            let v: Vec<i64> = (0..n).map(|_| rng.random_range(0..5)).collect();
+            let t = Tensor::from_vec(v, shape).unwrap();
+            smelt::runtime::apply(Op::To { dtype: d }, &[&t]).unwrap()
+        }
+    }
+}
+
+fn inputs_for(g: &Graph, seed: u64) -> Vec<Tensor> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    g.inputs()
+        .iter()
+        .map(|&v| {
+            let ty = &g.node(v).ty;
+            random(&mut rng, ty.dtype, &ty.shape)
+        })
+        .collect()
+}
+
+/// Equal dtypes, shapes and values within `tol` (relative to max(1, |expected|)).
+fn assert_close(got: &Tensor, want: &Tensor, tol: f64, what: &str) {
+    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    for (i, (a, b)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
+        let same = *a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= tol * b.abs().max(1.0);
+        assert!(same, "{what}: element {i}: got {a}, expected {b}");
+    }
+}
+
+/// Runs `g` on `ins` with the interpreter and with every compiled configuration; returns
+/// how many configurations ran.
+fn check_on(g: &Graph, ins: &[Tensor], tol: f64) -> usize {
+    let want = run_graph(g, ins).unwrap_or_else(|e| panic!("oracle {}: {e}", g.name));
+    let mut ran = 0;
+    for opts in configs() {
+        let Some(f) = compile(g, &opts) else { continue };
+        let got = f
+            .call(ins)
+            .unwrap_or_else(|e| panic!("{} {opts:?}: {e}\n{}", g.name, f.schedule()));
+        assert_eq!(got.len(), want.len());
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            let what = format!("{} output {i} {opts:?}\n{}", g.name, f.schedule());
+            assert_close(a, b, tol, &what);
+        }
+        ran += 1;
+    }
+    assert!(ran >= 2, "the interpreter backend always runs");
+    ran
+}
+
+fn check(g: &Graph, tol: f64) {
+    for seed in 0..2 {
+        check_on(g, &inputs_for(g, seed), tol);
+    }
+}
+
+fn input(g: &mut Graph, name: &str, dtype: DType, shape: &[usize]) -> ValueId {
+    g.add_input(name, TensorType::new(dtype, shape.to_vec()))
+        .unwrap()
+}
+
+fn op(g: &mut Graph, o: Op, xs: &[ValueId]) -> ValueId {
+    g.add_op(o, xs).unwrap()
+}
+
+fn relu_scale_bias(dtype: DType, xshape: &[usize], bshape: &[usize]) -> Graph {
+    let mut g = Graph::new("relu_scale_bias");
+    let x = input(&mut g, "x", dtype, xshape);
+    let b = input(&mut g, "b", dtype, bshape);
+    let r = op(&mut g, Op::Unary(UnaryOp::Relu), &[x]);
+    let h = g.add_scalar(Scalar::Float(0.5)).unwrap();
+    let m = op(&mut g, Op::Binary(BinaryOp::Mul), &[r, h]);
+    let y = op(&mut g, Op::Binary(BinaryOp::Add), &[m, b]);
+    g.set_outputs(vec![y]);
+    g
+}
+
+fn softmax_sum(shape: &[usize]) -> Graph {
+    let mut g = Graph::new("softmax_sum");
+    let x = input(&mut g, "x", DType::F32, shape);
+    let s = op(&mut g, Op::Softmax { dim: -1 }, &[x]);
+    let r = op(
+        &mut g,
+        Op::Reduce {
+            op: ReduceOp::Sum,
+            dim: None,
+            keepdim: false,
+        },
+        &[x],
+    );
+    g.set_outputs(vec![s, r]);
+    g
+}
+
+// ---- models and random graphs ---------------------------------------------------------------
+
+#[test]
+fn example_models_match_the_interpreter() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/models");
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "smelt"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 5);
+    for p in files {
+        let text = std::fs::read_to_string(&p).unwrap();
+        let m = parse_module(&text, &p.display().to_string()).unwrap();
+        for g in &m.graphs {
+            check(g, 1e-4);
+        }
+    }
+}
+
+/// A random graph of pointwise, broadcast, view and reduction ops over `[a, b]`.
+fn random_graph(seed: u64, n_ops: usize) -> Graph {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dims = [1usize, 3, 7];
+    let (a, b) = (dims[rng.random_range(0..3)], dims[rng.random_range(0..3)]);
+    let dtype = if rng.random_bool(0.8) {
+        DType::F32
+    } else {
+        DType::F64
+    };
+    let mut g = Graph::new("random");
+    let mut pool = vec![
+        input(&mut g, "x", dtype, &[a, b]),
+        input(&mut g, "y", dtype, &[b]),
+        input(&mut g, "z", dtype, &[a, 1]),
+    ];
+    let xt = input(&mut g, "xt", dtype, &[b, a]);
+    pool.push(op(&mut g, Op::T, &[xt]));
+    for _ in 0..n_ops {
+        let x = pool[rng.random_range(0..pool.len())];
+        let y = pool[rng.random_range(0..pool.len())];
+        let nd = g.node(x).ty.ndim() as i64;
+        let (o, args): (Op, Vec<ValueId>) = match rng.random_range(0..10) {
+            0 => (Op::Unary(UnaryOp::Relu), vec![x]),
+            1 => (Op::Unary(UnaryOp::Exp), vec![x]),
+            2 => (Op::Unary(UnaryOp::Tanh), vec![x]),
+            3 | 4 => {
+                let ops = [
+                    BinaryOp::Add,
+                    BinaryOp::Sub,
+                    BinaryOp::Mul,
+                    BinaryOp::Maximum,
+                ];
+                (Op::Binary(ops[rng.random_range(0..4)]), vec![x, y])
+            }
+            5 => {
+                let s = g
+                    .add_scalar(Scalar::Float(rng.random_range(-2.0..2.0)))
+                    .unwrap();
+                (Op::Binary(BinaryOp::Mul), vec![x, s])
+            }
+            6 if nd > 0 => {
+                let ops = [ReduceOp::Sum, ReduceOp::Amax, ReduceOp::Mean];
+                let o = Op::Reduce {
+                    op: ops[rng.random_range(0..3)],
+                    dim: Some(vec![rng.random_range(-nd..nd)]),
+                    keepdim: rng.random_bool(0.7),
+                };
+                (o, vec![x])
+            }
+            7 if nd == 2 => (Op::T, vec![x]),
+            8 => (Op::Unsqueeze { dim: 0 }, vec![x]),
+            9 if nd == 2
+                && g.node(x).ty.shape[1] == g.node(y).ty.shape.first().copied().unwrap_or(0)
+                && g.node(y).ty.ndim() == 2 =>
+            {
+                (Op::Matmul, vec![x, y])
+            }
+            _ => match g.add_op(Op::Binary(BinaryOp::Gt), &[x, y]) {
+                Ok(c) => (Op::Where, vec![c, x, y]),
+                Err(_) => (Op::Unary(UnaryOp::Neg), vec![x]),
+            },
+        };
+        if let Ok(v) = g.add_op(o, &args)
+            && g.node(v).ty.ndim() <= 3
+        {
+            pool.push(v);
+        }
+    }
+    let n = pool.len();
+    let mut outs = vec![pool[n - 1]];
+    for _ in 0..rng.random_range(0..3) {
+        outs.push(pool[rng.random_range(4..n.max(5)).min(n - 1)]);
+    }
+    g.set_outputs(outs);
+    g
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn random_graphs_match_the_interpreter(seed in any::<u64>(), n in 1usize..12) {
+        let g = random_graph(seed, n);
+        check_on(&g, &inputs_for(&g, seed), 1e-5);
+    }
+}
+
+// ---- fusion modes -------------------------------------------------------------------------
+
+#[test]
+fn unfused_mode_gives_one_kernel_per_op() {
+    let g = relu_scale_bias(DType::F32, &[7, 33], &[33]);
+    let opts = CompileOptions::with_backend(KernelBackend::Interp);
+    let fused = CompiledFn::compile(&g, &opts).unwrap();
+    let unfused = CompiledFn::compile(&g, &opts.clone().fused(false)).unwrap();
+    assert_eq!(fused.schedule().kernel_count(), 1);
+    assert_eq!(
+        unfused.schedule().kernel_count(),
+        3,
+        "{}",
+        unfused.schedule()
+    );
+    let ops: Vec<Vec<String>> = unfused.steps().iter().map(|s| s.ops.clone()).collect();
+    assert_eq!(ops, vec![vec!["relu"], vec!["mul"], vec!["add"]]);
+    assert_eq!(fused.steps()[0].ops, vec!["relu", "mul", "add"]);
+    // softmax decomposes into max, sub, exp, sum, div
+    let g = softmax_sum(&[5, 9]);
+    let unfused = CompiledFn::compile(&g, &opts.clone().fused(false)).unwrap();
+    let fused = CompiledFn::compile(&g, &opts).unwrap();
+    assert!(
+        unfused.schedule().kernel_count() >= 6,
+        "{}",
+        unfused.schedule()
+    );
+    assert!(fused.schedule().kernel_count() <= 2, "{}", fused.schedule());
+    check(&g, 1e-6);
+}
+
+#[test]
+fn temporaries_reuse_freed_slots() {
+    // eight unary ops in a chain, unfused: each temporary dies after the next step reads it
+    let mut g = Graph::new("chain");
+    let mut x = input(&mut g, "x", DType::F32, &[64, 65]);
+    for i in 0..8 {
+        let u = [UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Relu, UnaryOp::Tanh][i % 4];
+        x = op(&mut g, Op::Unary(u), &[x]);
+    }
+    g.set_outputs(vec![x]);
+    let f = CompiledFn::compile(
+        &g,
+        &CompileOptions::with_backend(KernelBackend::Interp).fused(false),
+    )
+    .unwrap();
+    assert_eq!(f.schedule().kernel_count(), 8);
+    let p = f.temp_plan();
+    assert!(
+        p.slots.len() <= 3,
+        "{} slots for 8 temporaries",
+        p.slots.len()
+    );
+    check(&g, 1e-6);
+}
+
+// ---- inputs: strided views, broadcasting, sizes, dtypes ----------------------------------------
+
+#[test]
+fn strided_inputs_are_read_correctly() {
+    let g = relu_scale_bias(DType::F32, &[7, 5], &[5]);
+    let mut rng = StdRng::seed_from_u64(3);
+    let base = random(&mut rng, DType::F32, &[5, 7]);
+    let transposed = base.t().unwrap();
+    let wide = random(&mut rng, DType::F32, &[14, 5]);
+    let stepped = wide.slice(0, Some(0), Some(14), 2).unwrap();
+    let b = random(&mut rng, DType::F32, &[10])
+        .slice(0, Some(1), Some(10), 2)
+        .unwrap();
+    let expanded = random(&mut rng, DType::F32, &[1, 5])
+        .expand(&[7, 5])
+        .unwrap();
+    assert!(!transposed.is_contiguous() && !stepped.is_contiguous() && !b.is_contiguous());
+    for x in [transposed, stepped, expanded] {
+        check_on(&g, &[x, b.clone()], 0.0);
+    }
+}
+
+#[test]
+fn broadcasting_inputs_of_several_ranks() {
+    for (xs, bs) in [
+        (vec![4, 7, 33], vec![7, 1]),
+        (vec![7, 1], vec![1, 33]),
+        (vec![1], vec![3, 4]),
+        (vec![], vec![2, 3]),
+    ] {
+        check(&relu_scale_bias(DType::F32, &xs, &bs), 0.0);
+    }
+}
+
+#[test]
+fn odd_and_empty_sizes() {
+    for n in [1usize, 7, 4097, 0] {
+        check(&relu_scale_bias(DType::F32, &[3, n], &[n]), 0.0);
+        check(&softmax_sum(&[3, n]), 1e-5);
+        check(&softmax_sum(&[n, 5]), 1e-5);
+    }
+}
+
+#[test]
+fn zero_dim_tensors() {
+    check(&relu_scale_bias(DType::F32, &[], &[]), 0.0);
+    check(&softmax_sum(&[]), 1e-6);
+}
+
+#[test]
+fn several_dtypes() {
+    for d in [DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64] {
+        let mut g = Graph::new("dtypes");
+        let x = input(&mut g, "x", d, &[5, 9]);
+        let y = input(&mut g, "y", d, &[9]);
+        let m = input(&mut g, "m", DType::Bool, &[5, 1]);
+        let a = op(&mut g, Op::Binary(BinaryOp::Mul), &[x, y]);
+        let b = op(&mut g, Op::Binary(BinaryOp::Add), &[a, x]);
+        let c = op(&mut g, Op::Where, &[m, b, x]);
+        let s = op(
+            &mut g,
+            Op::Reduce {
+                op: ReduceOp::Sum,
+                dim: Some(vec![1]),
+                keepdim: false,
+            },
+            &[c],
+        );
+        let am = op(
+            &mut g,
+            Op::ArgMax {
+                dim: Some(1),
+                keepdim: false,
+            },
+            &[c],
+        );
+        g.set_outputs(vec![c, s, am]);
+        let tol = if matches!(d, DType::F16 | DType::BF16) {
+            1e-2
+        } else {
+            1e-9
+        };
+        check(&g, tol);
+    }
+}
+
+#[test]
+fn matmul_with_a_transposed_weight_and_epilogue() {
+    let mut g = Graph::new("linear_gelu");
+    let x = input(&mut g, "x", DType::F32, &[9, 16]);
+    let w = input(&mut g, "w", DType::F32, &[7, 16]);
+    let wt = op(&mut g, Op::T, &[w]);
+    let h = op(&mut g, Op::Matmul, &[x, wt]);
+    let a = op(&mut g, Op::Unary(UnaryOp::Gelu { tanh: true }), &[h]);
+    let at = op(&mut g, Op::T, &[a]);
+    g.set_outputs(vec![a, at]);
+    check(&g, 1e-5);
+}
+
+#[test]
+fn outputs_that_are_views_of_inputs_or_temporaries() {
+    let mut g = Graph::new("views_out");
+    let x = input(&mut g, "x", DType::F32, &[4, 6]);
+    let xt = op(&mut g, Op::T, &[x]);
+    let e = op(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+    let n = op(
+        &mut g,
+        Op::Narrow {
+            dim: 1,
+            start: 2,
+            length: 3,
+        },
+        &[e],
+    );
+    g.set_outputs(vec![xt, n, e]);
+    check(&g, 1e-6);
+}
+
+// ---- errors ---------------------------------------------------------------------------------
+
+#[test]
+fn wrong_inputs_are_refused_with_clear_errors() {
+    let g = relu_scale_bias(DType::F32, &[3, 4], &[4]);
+    let f = CompiledFn::compile(&g, &CompileOptions::with_backend(KernelBackend::Interp)).unwrap();
+    let x = Tensor::zeros(&[3, 4], DType::F32);
+    let b = Tensor::zeros(&[4], DType::F32);
+    let msg = |r: smelt::Result<Vec<Tensor>>| r.err().map(|e| e.to_string()).unwrap_or_default();
+    let m = msg(f.call(std::slice::from_ref(&x)));
+    assert!(
+        m.contains("takes 2 inputs")
+            && m.contains("x: f32[3,4], b: f32[4]")
+            && m.contains("but 1 was given"),
+        "{m}"
+    );
+    let m = msg(f.call(&[x.clone(), b.clone(), b.clone()]));
+    assert!(m.contains("but 3 were given"), "{m}");
+    let m = msg(f.call(&[Tensor::zeros(&[4, 3], DType::F32), b.clone()]));
+    assert_eq!(m, "input 0 (x): expected f32[3,4] but got f32[4,3]");
+    let m = msg(f.call(&[x.clone(), Tensor::zeros(&[4], DType::F64)]));
+    assert_eq!(m, "input 1 (b): expected f32[4] but got f64[4]");
+    let m = msg(f.call_named(&[("x", x.clone())]));
+    assert_eq!(m, "missing input b: f32[4]");
+    let m = msg(f.call_named(&[("x", x.clone()), ("b", b.clone()), ("c", b.clone())]));
+    assert!(m.contains("no input named 'c'"), "{m}");
+    let m = msg(f.call_named(&[("x", x.clone()), ("x", x.clone())]));
+    assert!(m.contains("given more than once"), "{m}");
+    assert!(f.call_named(&[("b", b), ("x", x)]).is_ok());
+}
+
+// ---- tracing and threads ------------------------------------------------------------------------
+
+#[test]
+fn traced_functions_compile_with_bound_parameters() {
+    let b = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3]).unwrap();
+    let bc = b.clone();
+    let f = move |xs: &[Tensor]| -> smelt::Result<Vec<Tensor>> {
+        Ok(vec![xs[0].relu()?.mul_scalar(0.5)?.add(&bc)?])
+    };
+    let x = Tensor::from_vec(vec![-2.0f32, 4.0, 6.0, 8.0, -1.0, 0.0], &[2, 3]).unwrap();
+    let traced = smelt::jit::trace_with_params(f, std::slice::from_ref(&x), &[("b", &b)]).unwrap();
+    for opts in configs() {
+        let c = match traced.compile(&opts) {
+            Ok(c) => c,
+            Err(Error::Unsupported(why)) if opts.backend == KernelBackend::Cranelift => {
+                println!("skipping cranelift: {why}");
+                continue;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(c.free_inputs(), &["x0".to_string()]);
+        let y = c.call(std::slice::from_ref(&x)).unwrap();
+        assert_eq!(
+            y[0].to_vec::<f32>().unwrap(),
+            vec![1.0, 4.0, 6.0, 5.0, 2.0, 3.0]
+        );
+    }
+    // a parameter updated in place shows in later calls
+    let c = traced
+        .compile(&CompileOptions::with_backend(KernelBackend::Interp))
+        .unwrap();
+    b.with_slice_mut::<f32, _>(|s| s[0] = 10.0).unwrap();
+    let y = c.call(std::slice::from_ref(&x)).unwrap();
+    assert_eq!(y[0].to_vec::<f32>().unwrap()[0], 10.0);
+    assert!(c.call(&[Tensor::zeros(&[3, 2], DType::F32)]).is_err());
+}
+
+#[test]
+fn concurrent_calls_of_one_compiled_function() {
+    let g = softmax_sum(&[33, 65]);
+    for opts in configs() {
+        for threads in [None, Some(2)] {
+            let mut opts = opts.clone();
+            opts.threads = threads;
+            let Some(f) = compile(&g, &opts) else {
+                continue;
+            };
+            std::thread::scope(|s| {
+                for t in 0..4u64 {
+                    let f = &f;
+                    let g = &g;
+                    s.spawn(move || {
+                        for round in 0..3 {
+                            let ins = inputs_for(g, 100 * t + round);
+                            let want = run_graph(g, &ins).unwrap();
+                            let got = f.call(&ins).unwrap();
+                            for (a, b) in got.iter().zip(&want) {
+                                assert_close(a, b, 1e-5, "concurrent");
+                            }
+                        }
+                    });
+                }
+            });
+        }
+    }
+}
+
+#[test]
+fn step_times_cover_every_step() {
+    let g = softmax_sum(&[8, 16]);
+    let f = CompiledFn::compile(
+        &g,
+        &CompileOptions::with_backend(KernelBackend::Interp).fused(false),
+    )
+    .unwrap();
+    let (out, times) = f.call_timed(&inputs_for(&g, 0)).unwrap();
+    assert_eq!(out.len(), 2);
+    assert_eq!(times.0.len(), f.schedule().steps.len());
+    assert_eq!(f.steps().len(), f.schedule().steps.len());
+    // bytes of the first unfused step (amax over x: reads x, writes one value per row)
+    let s0 = &f.steps()[0];
+    assert_eq!(s0.ops, vec!["max"]);
+    assert_eq!(s0.bytes, 8 * 16 * 4 + 8 * 4);
+}

@@ -1,0 +1,248 @@
+//! `smelt profile`: the printed tables and the JSON report, checked against the schedules the
+//! library builds for the same model and sizes computed from the model's types.
+
+use smelt::Tensor;
+use smelt::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend};
+use smelt::ir::parse_module;
+use smelt::runtime::npy::write_npy;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn temp_dir(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("smelt-profile-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn smelt(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_smelt"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("the smelt binary runs")
+}
+
+fn model(name: &str) -> String {
+    format!(
+        "{}/examples/models/{name}.smelt",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// Kernel backends to profile with: the interpreter always, Cranelift when it is built.
+fn kernel_backends(dir: &Path) -> Vec<&'static str> {
+    let o = smelt(
+        dir,
+        &[
+            "profile",
+            &model("relu_scale"),
+            "--repeat",
+            "1",
+            "--kernels",
+            "cranelift",
+        ],
+    );
+    if o.status.success() {
+        vec!["interp", "cranelift"]
+    } else {
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(err.contains("not built yet"), "{err}");
+        println!("skipping cranelift: {err}");
+        vec!["interp"]
+    }
+}
+
+fn steps_of(path: &str, fuse: bool) -> usize {
+    let text = std::fs::read_to_string(path).unwrap();
+    let m = parse_module(&text, path).unwrap();
+    let opts = CompileOptions::with_backend(KernelBackend::Interp).fused(fuse);
+    CompiledFn::compile(&m.graphs[0], &opts)
+        .unwrap()
+        .schedule()
+        .steps
+        .len()
+}
+
+fn num(v: &serde_json::Value, what: &str) -> f64 {
+    v.as_f64()
+        .unwrap_or_else(|| panic!("{what} is not a number: {v}"))
+}
+
+fn check_way(j: &serde_json::Value, way: &str, steps: Option<usize>) {
+    let w = &j[way];
+    let total = num(&w["median_ms"], way);
+    assert!(total > 0.0 && total < 60_000.0, "{way}: {total}");
+    let ks = w["kernels"].as_array().unwrap();
+    if let Some(n) = steps {
+        assert_eq!(ks.len(), n, "{way} kernels");
+    }
+    let mut sum = 0.0;
+    for k in ks {
+        assert!(!k["name"].as_str().unwrap().is_empty());
+        assert!(!k["ops"].as_array().unwrap().is_empty());
+        let t = num(&k["median_ms"], "median_ms");
+        assert!(t >= 0.0);
+        sum += t;
+        assert!(num(&k["bytes"], "bytes") >= 0.0);
+    }
+    // the steps run inside the call: their medians add up to about the call's median
+    assert!(
+        sum <= total * 3.0 + 1.0,
+        "{way}: steps {sum} ms vs call {total} ms"
+    );
+}
+
+#[test]
+fn profile_json_has_every_field_with_sane_values() {
+    let d = temp_dir("json");
+    for kernels in kernel_backends(&d) {
+        for name in ["mlp_block", "softmax", "layer_norm", "attention"] {
+            let path = model(name);
+            let json = d.join(format!("{name}-{kernels}.json"));
+            let o = smelt(
+                &d,
+                &[
+                    "profile",
+                    &path,
+                    "--repeat",
+                    "3",
+                    "--kernels",
+                    kernels,
+                    "--json",
+                    json.to_str().unwrap(),
+                ],
+            );
+            let out = String::from_utf8_lossy(&o.stdout).to_string();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            for s in ["eager", "unfused", "fused", "summary", "GB/s", "GFLOP/s"] {
+                assert!(out.contains(s), "missing {s} in\n{out}");
+            }
+            let j: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+            assert_eq!(j["graph"], name);
+            assert!(num(&j["compile_ms"], "compile_ms") > 0.0);
+            check_way(&j, "eager", None);
+            check_way(&j, "unfused", Some(steps_of(&path, false)));
+            check_way(&j, "fused", Some(steps_of(&path, true)));
+            let m = parse_module(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+            let g = &m.graphs[0];
+            let want: usize = g
+                .inputs()
+                .iter()
+                .chain(g.outputs())
+                .map(|&v| {
+                    let t = &g.node(v).ty;
+                    t.shape.iter().product::<usize>() * t.dtype.size()
+                })
+                .sum();
+            assert_eq!(num(&j["bytes_min"], "bytes_min"), want as f64);
+            assert!(num(&j["max_abs_diff"], "max_abs_diff") < 1e-4);
+        }
+    }
+}
+
+#[test]
+fn profile_reads_given_inputs_and_reports_errors() {
+    let d = temp_dir("inputs");
+    let x = Tensor::from_vec(
+        (0..128).map(|i| i as f32 - 64.0).collect::<Vec<_>>(),
+        &[8, 16],
+    )
+    .unwrap();
+    write_npy(d.join("x.npy"), &x).unwrap();
+    let path = model("relu_scale");
+    let o = smelt(
+        &d,
+        &[
+            "profile",
+            &path,
+            "--input",
+            "x=x.npy",
+            "--repeat",
+            "2",
+            "--kernels",
+            "interp",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("max |fused - eager| = 0e0"), "{out}");
+    let bad = Tensor::zeros(&[16, 8], smelt::DType::F32);
+    write_npy(d.join("bad.npy"), &bad).unwrap();
+    let o = smelt(
+        &d,
+        &[
+            "profile",
+            &path,
+            "--input",
+            "x=bad.npy",
+            "--kernels",
+            "interp",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("expected f32[8,16] but got f32[16,8]"),
+        "{err}"
+    );
+    let o = smelt(
+        &d,
+        &[
+            "profile",
+            &path,
+            "--input",
+            "y=x.npy",
+            "--kernels",
+            "interp",
+        ],
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no input named 'y'"));
+    let o = smelt(
+        &d,
+        &["profile", &path, "--repeat", "0", "--kernels", "interp"],
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--repeat must be at least 1"));
+}
+
+#[test]
+fn run_refuses_cuda_and_compiles_by_default() {
+    let d = temp_dir("run");
+    let x = Tensor::from_vec(
+        (0..128).map(|i| i as f32 - 64.0).collect::<Vec<_>>(),
+        &[8, 16],
+    )
+    .unwrap();
+    write_npy(d.join("x.npy"), &x).unwrap();
+    let path = model("relu_scale");
+    let o = smelt(
+        &d,
+        &[
+            "run",
+            &path,
+            "--input",
+            "x=x.npy",
+            "--out",
+            "o",
+            "--backend",
+            "cuda",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("backend 'cuda' is not available yet"));
+    for extra in [&[][..], &["--no-fuse"][..]] {
+        let mut args = vec!["run", &path, "--input", "x=x.npy", "--out", "o"];
+        args.extend_from_slice(extra);
+        let o = smelt(&d, &args);
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        if !o.status.success() && err.contains("not built yet") {
+            println!("skipping the default cpu backend: {err}");
+            continue;
+        }
+        assert!(o.status.success(), "{err}");
+        let y = smelt::runtime::npy::read_npy(d.join("o/out0.npy")).unwrap();
+        let want: Vec<f32> = (0..128).map(|i| (i as f32 - 64.0).max(0.0) * 0.5).collect();
+        assert_eq!(y.to_vec::<f32>().unwrap(), want);
+    }
+}
