@@ -13,7 +13,13 @@ fn linear_regression_converges_to_the_true_line() {
         .unwrap()
         .mul_scalar(0.05)
         .unwrap();
-    let y = x.mul_scalar(2.0).unwrap().add_scalar(1.0).unwrap().add(&noise).unwrap();
+    let y = x
+        .mul_scalar(2.0)
+        .unwrap()
+        .add_scalar(1.0)
+        .unwrap()
+        .add(&noise)
+        .unwrap();
     let model = Linear::new(1, 1, true).unwrap();
     let mut opt = SGD::new(model.parameters(), SGDConfig::new(0.1)).unwrap();
     let mut first = None;
@@ -32,7 +38,10 @@ fn linear_regression_converges_to_the_true_line() {
     assert!((w - 2.0).abs() < 0.02, "w = {w}");
     assert!((b - 1.0).abs() < 0.02, "b = {b}");
     // The noise variance (0.05²) is the floor the loss reaches.
-    assert!(last < 0.01 && last < first.unwrap() / 100.0, "loss {first:?} -> {last}");
+    assert!(
+        last < 0.01 && last < first.unwrap() / 100.0,
+        "loss {first:?} -> {last}"
+    );
 }
 
 #[test]
@@ -62,7 +71,7 @@ fn mlp_learns_two_separable_classes() {
     let correct = logits
         .chunks(2)
         .zip(&labels)
-        .filter(|(l, &c)| i64::from(l[1] > l[0]) == c)
+        .filter(|(l, c)| i64::from(l[1] > l[0]) == **c)
         .count();
     assert!(correct >= 122, "{correct}/128 correct");
 }

@@ -5,6 +5,7 @@
 
 pub mod check;
 pub mod compile;
+pub mod grad;
 mod profile;
 
 use crate::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend};
@@ -15,7 +16,6 @@ use crate::{Error, Result, Tensor};
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-
 
 /// Command-line arguments.
 #[derive(Parser, Debug)]
@@ -165,7 +165,9 @@ fn evaluate(
         Backend::Interp => interp::run(g, inputs),
         Backend::Cpu => {
             let opts = CompileOptions::with_backend(KernelBackend::Cranelift).fused(!no_fuse);
-            CompiledFn::compile(g, &opts)?.call_named(inputs)
+            // The interpreter's binding gives the same messages on either backend.
+            let ordered = interp::ordered_inputs(g, inputs)?;
+            CompiledFn::compile(g, &opts)?.call(&ordered)
         }
         Backend::Cuda => Err(Error::Unsupported(
             "backend 'cuda': running on a GPU is not built into this version (`smelt compile --target cuda` generates the kernels); use --backend cpu or --backend interp".into(),

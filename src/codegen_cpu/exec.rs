@@ -24,7 +24,7 @@ use crate::ir::op::{Op, TensorType};
 use crate::ir::shape::numel;
 use crate::ir::text::fmt_type;
 use crate::kernel::{self, BufferId, BufferKind, ExternCall, Schedule, Step, View};
-use crate::passes::{FuseOptions, decompose::decompose, fuse_with};
+use crate::passes::Pipeline;
 use crate::runtime::device::Device;
 use crate::runtime::kernels::{self as eager, copy};
 use crate::runtime::layout::Layout;
@@ -156,14 +156,20 @@ impl Ptrs {
 }
 
 impl CompiledFn {
-    /// Decomposes, partitions (fused or not) and compiles `g`.
+    /// Runs the pass pipeline (partitioning fused or not) and compiles every kernel of `g`.
     pub fn compile(g: &Graph, opts: &CompileOptions) -> Result<CompiledFn> {
         let t0 = Instant::now();
-        let fo = FuseOptions {
-            fuse: opts.fuse,
-            ..FuseOptions::default()
-        };
-        let s = fuse_with(&decompose(g)?, &fo)?;
+        let mut pipeline = Pipeline::default();
+        pipeline.options.fuse.fuse = opts.fuse;
+        if !opts.fuse {
+            // The unfused baseline runs the ops as written, one kernel each.
+            pipeline.graph_passes.retain(|p| p.name() != "rewrite");
+        }
+        pipeline.options.rewrite.fast_math = opts.fast_math;
+        let s = pipeline
+            .run_until(g, "fuse")?
+            .schedule
+            .ok_or_else(|| crate::Error::Value("the pass pipeline produced no schedule".into()))?;
         let names = g.inputs().iter().map(|&v| g.node(v).name.clone()).collect();
         let mut f = CompiledFn::from_schedule(s, names, opts)?;
         f.compile_time = t0.elapsed();

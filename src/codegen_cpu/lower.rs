@@ -346,8 +346,9 @@ pub(super) fn coalesce(k: &Kernel) -> Kernel {
     let space = k.space();
     let og = group(0..ko, &space);
     let mut ig = group(ko..space.len(), &space);
-    // a row kernel keeps one inner dim (of size 1 when all were), so it stays a row kernel
-    let pad = !k.inner.is_empty() && ig.is_empty();
+    // a row kernel keeps one inner dim (of size 1 when all were, or when it reduces over a
+    // 0-d space), so it stays a row kernel
+    let pad = (!k.inner.is_empty() || k.reductions() > 0) && ig.is_empty();
     if pad {
         ig.push((1, usize::MAX));
     }

@@ -92,10 +92,16 @@ pub fn fuse(g: &Graph) -> Result<Schedule> {
     fuse_with(g, &FuseOptions::default())
 }
 
+/// Fails where eager execution of `g` would fail a `view` for its operand's layout.
+pub fn check_views(g: &Graph) -> Result<()> {
+    Fuser::new(g, FuseOptions::default()).check_views()
+}
+
 /// Partitions `g` into a schedule.
 pub fn fuse_with(g: &Graph, opts: &FuseOptions) -> Result<Schedule> {
     g.verify()?;
     let mut f = Fuser::new(g, opts.clone());
+    f.check_views()?;
     f.realize_boundaries()?;
     if !opts.fuse {
         f.separate_all();
@@ -320,6 +326,28 @@ impl<'g> Fuser<'g> {
             realized: HashSet::new(),
             isolated: HashSet::new(),
         }
+    }
+
+    /// Eager `view` fails where its operand's layout (strided after transposes and the like,
+    /// dense after any computing op) cannot take the new shape; a compiled graph keeps that
+    /// error even though its kernels could read the values through an index map.
+    fn check_views(&self) -> Result<()> {
+        let eager_buffer = |u: ValueId| self.class[&u] != Class::View;
+        for &v in &self.order {
+            if !matches!(self.op(v), Some(Op::View { .. })) {
+                continue;
+            }
+            let src = self.g.operands(v)[0];
+            if let Some((_, l)) = self.layout_of(src, &eager_buffer)
+                && l.view(&self.ty(v).shape).is_none()
+            {
+                return Err(Error::Shape(format!(
+                    "%{}: view size is not compatible with input tensor's size and stride (at least one dimension spans across two contiguous subspaces). Use .reshape(...) instead.",
+                    self.g.node(v).name
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn ty(&self, v: ValueId) -> &TensorType {

@@ -1,6 +1,6 @@
 //! The pass manager: the ordered passes from a traced or parsed graph to a planned schedule,
 //!
-//! `decompose → cse → fold → dce → cse2 → dce2 → fuse → memplan`,
+//! `decompose → cse → fold → dce → rewrite → cse2 → dce2 → fuse → memplan`,
 //!
 //! each callable alone, with statistics per pass. Graph passes implement [`GraphPass`]; a pass
 //! that runs twice is labelled with its run number from the second run on (`cse2`), so every
@@ -9,6 +9,7 @@
 use super::fold::{FoldOptions, fold_with};
 use super::fuse::{FuseOptions, fuse_with};
 use super::memplan::{MemoryPlan, plan};
+use super::rewrite::{RewriteOptions, rewrite};
 use super::simplify::{cse, dce};
 use crate::ir::graph::Graph;
 use crate::kernel::{BufferId, Expr, IndexMap, Kernel, Schedule, Step};
@@ -19,6 +20,7 @@ use std::collections::HashSet;
 #[derive(Clone, Debug, Default)]
 pub struct PassOptions {
     pub fold: FoldOptions,
+    pub rewrite: RewriteOptions,
     pub fuse: FuseOptions,
 }
 
@@ -38,6 +40,8 @@ pub struct Cse;
 pub struct Fold;
 /// Dead-code elimination ([`super::dce`]).
 pub struct Dce;
+/// Equality saturation with IEEE-exact (and, if asked, fast-math) rules ([`super::rewrite`]).
+pub struct Rewrite;
 
 impl GraphPass for Decompose {
     fn name(&self) -> &'static str {
@@ -72,6 +76,15 @@ impl GraphPass for Dce {
     }
     fn run(&self, g: &Graph, _: &PassOptions) -> Result<Graph> {
         dce(g)
+    }
+}
+
+impl GraphPass for Rewrite {
+    fn name(&self) -> &'static str {
+        "rewrite"
+    }
+    fn run(&self, g: &Graph, opts: &PassOptions) -> Result<Graph> {
+        Ok(rewrite(g, &opts.rewrite)?.0)
     }
 }
 
@@ -135,8 +148,8 @@ impl Default for Pipeline {
                 Box::new(Cse),
                 Box::new(Fold),
                 Box::new(Dce),
-                // the algebraic rewriting pass (passes::rewrite) goes here, before the
-                // second cse/dce round that cleans up after it
+                // the second cse/dce round cleans up after the rewrites
+                Box::new(Rewrite),
                 Box::new(Cse),
                 Box::new(Dce),
             ],
@@ -190,6 +203,8 @@ impl Pipeline {
             )));
         };
         g.verify()?;
+        // `view` errors depend on the layouts of the graph as written, before any rewrite.
+        super::fuse::check_views(g)?;
         let mut graph = g.clone();
         let mut stats = Vec::new();
         for (i, p) in self.graph_passes.iter().enumerate() {

@@ -60,6 +60,21 @@ pub fn run<S: AsRef<str>>(g: &Graph, inputs: &[(S, Tensor)]) -> Result<Vec<Tenso
         .collect()
 }
 
+/// The given named inputs in the graph's parameter order, checked as [`run`] checks them.
+pub fn ordered_inputs<S: AsRef<str>>(g: &Graph, inputs: &[(S, Tensor)]) -> Result<Vec<Tensor>> {
+    let given = bind_inputs(g, inputs)?;
+    g.inputs()
+        .iter()
+        .map(|&v| {
+            let name = g.node(v).name.as_str();
+            given
+                .get(name)
+                .map(|t| (*t).clone())
+                .ok_or_else(|| Error::Value(format!("missing input {name}")))
+        })
+        .collect()
+}
+
 /// Checks the given inputs against the graph's parameters: each exactly once, none missing,
 /// none unknown, each of the declared dtype and shape.
 fn bind_inputs<'a, S: AsRef<str>>(
