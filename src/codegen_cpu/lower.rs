@@ -412,6 +412,19 @@ pub(super) struct Access {
 }
 
 /// What one innermost loop computes.
+/// The values the stores depend on, in order: dead values (unused constants the fuser left
+/// behind, often of another dtype) would otherwise keep a loop from being vectorised.
+fn live_values(k: &Kernel) -> Vec<ValId> {
+    let mut live = vec![false; k.values.len()];
+    let mut stack: Vec<ValId> = k.stores.iter().map(|s| s.value).collect();
+    while let Some(v) = stack.pop() {
+        if !std::mem::replace(&mut live[v], true) {
+            stack.extend(k.values[v].expr.operands());
+        }
+    }
+    (0..k.values.len()).filter(|&v| live[v]).collect()
+}
+
 pub(super) struct Body {
     /// Inner-level values, in order.
     pub vals: Vec<ValId>,
@@ -643,7 +656,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
         let last = if ko == 0 { 1 } else { self.k.outer[ko - 1] } as i64;
         let lead: Vec<usize> = self.k.outer[..ko.saturating_sub(1)].to_vec();
         let body = Body {
-            vals: (0..self.k.values.len()).collect(),
+            vals: live_values(self.k),
             reds: vec![],
             stores: (0..self.k.stores.len()).collect(),
         };

@@ -1358,7 +1358,7 @@ impl<'a, 'g> KernelBuilder<'a, 'g> {
     fn check_broadcast(&self, v: ValueId, m: &AMap) -> R<()> {
         let space: Vec<usize> = self.outer.iter().chain(&self.inner).copied().collect();
         let ko = self.outer.len();
-        let moves = |d: usize| m.coef.iter().any(|row| row[d] != 0);
+        let moves = |d: usize| m.coef.iter().any(|row| row.get(d).is_some_and(|&c| c != 0));
         let inner_level = (ko..space.len()).any(moves);
         let factor: usize = (0..space.len())
             .filter(|&d| !moves(d) && (d < ko || inner_level))
