@@ -349,6 +349,11 @@ fn random_graph(seed: u64, n_ops: usize) -> Graph {
     g
 }
 
+/// Decomposed composites round differently from their fused reference kernels; a
+/// layer_norm of nearly equal values (the std of rows that differ by a constant) divides
+/// those rounding differences by a tiny deviation, so they reach ~3e-5 there.
+const DECOMPOSE_TOL: f64 = 1e-4;
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(40))]
 
@@ -365,7 +370,7 @@ proptest! {
     #[test]
     fn decompose_agrees_with_the_composites(seed in any::<u64>(), n in 1usize..14) {
         let g = random_graph(seed, n);
-        same_values(&g, &decompose(&g).unwrap(), Some(1e-5), "decompose");
+        same_values(&g, &decompose(&g).unwrap(), Some(DECOMPOSE_TOL), "decompose");
     }
 
     #[test]
@@ -377,7 +382,7 @@ proptest! {
         for label in &labels[..labels.len() - 2] {
             let st = p.run_until(&g, label).unwrap();
             // every stage after decompose is bit-exact against the stage before
-            let tol = (label == "decompose").then_some(1e-5);
+            let tol = (label == "decompose").then_some(DECOMPOSE_TOL);
             same_values(&prev, &st.graph, tol, label);
             prop_assert!(st.schedule.is_none());
             prev = st.graph;
