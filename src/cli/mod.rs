@@ -7,6 +7,7 @@ pub mod check;
 pub mod compile;
 pub mod grad;
 mod profile;
+mod profile_cuda;
 
 use crate::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend};
 use crate::ir::graph::{Graph, Module};
@@ -154,7 +155,7 @@ fn read_inputs(inputs: &[(String, PathBuf)]) -> Result<Vec<(&str, Tensor)>> {
         .collect()
 }
 
-/// Runs `g` on the chosen backend. CUDA is refused rather than silently replaced.
+/// Runs `g` on the chosen backend (outputs on the host).
 fn evaluate(
     g: &Graph,
     inputs: &[(&str, Tensor)],
@@ -169,9 +170,18 @@ fn evaluate(
             let ordered = interp::ordered_inputs(g, inputs)?;
             CompiledFn::compile(g, &opts)?.call(&ordered)
         }
-        Backend::Cuda => Err(Error::Unsupported(
-            "backend 'cuda': running on a GPU is not built into this version (`smelt compile --target cuda` generates the kernels); use --backend cpu or --backend interp".into(),
-        )),
+        Backend::Cuda => {
+            let opts = crate::runtime::cuda::CudaCompileOptions {
+                fuse: !no_fuse,
+                ..Default::default()
+            };
+            let f = crate::runtime::cuda::CudaFn::compile(g, &opts)?;
+            let ordered = interp::ordered_inputs(g, inputs)?
+                .iter()
+                .map(|t| t.to_device(f.device()))
+                .collect::<Result<Vec<_>>>()?;
+            f.call(&ordered)?.iter().map(Tensor::cpu).collect()
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 //! schedule — and prints a table per way (kernel, ops, time, bytes, GB/s, GFLOP/s) and a
 //! summary with the speedups; `--json FILE` writes the same figures as JSON.
 
-use super::{load, parse_input, pick};
+use super::{Backend, load, parse_input, pick};
 use crate::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend, StepInfo};
 use crate::ir::dtype::DType;
 use crate::ir::graph::{Graph, NodeKind, ValueId};
@@ -36,9 +36,13 @@ pub struct ProfileArgs {
     /// The graph to profile (default: the first one in the file).
     #[arg(long, value_name = "NAME")]
     pub graph: Option<String>,
-    /// What runs the compiled kernels.
+    /// What runs the compiled kernels on the CPU.
     #[arg(long, value_enum, default_value_t = Kernels::Cranelift)]
     pub kernels: Kernels,
+    /// Where the graph runs: cpu (the compiled kernels above), interp (the kernel-IR
+    /// interpreter) or cuda (GPU 0, timed with CUDA events).
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    pub backend: Backend,
 }
 
 /// Kernel backends selectable on the command line.
@@ -51,17 +55,17 @@ pub enum Kernels {
 }
 
 /// One timed way of running the graph.
-struct Way {
+pub(super) struct Way {
     /// Per step: name, ops, bytes, flops.
-    steps: Vec<StepInfo>,
+    pub(super) steps: Vec<StepInfo>,
     /// Per timed call: per-step times.
-    samples: Vec<Vec<Duration>>,
+    pub(super) samples: Vec<Vec<Duration>>,
     /// Per timed call: the whole call.
-    totals: Vec<Duration>,
+    pub(super) totals: Vec<Duration>,
 }
 
 impl Way {
-    fn median_ms(&self) -> f64 {
+    pub(super) fn median_ms(&self) -> f64 {
         median(self.totals.iter().map(ms).collect())
     }
     fn step_ms(&self, i: usize) -> f64 {
@@ -97,11 +101,12 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
     if a.repeat == 0 {
         bail!(Value, "--repeat must be at least 1");
     }
-    crate::runtime::random::manual_seed(0);
-    let backend = match a.kernels {
-        Kernels::Cranelift => KernelBackend::Cranelift,
-        Kernels::Interp => KernelBackend::Interp,
+    let backend = match (a.backend, a.kernels) {
+        (Backend::Cuda, _) => return super::profile_cuda::profile(a),
+        (Backend::Interp, _) | (_, Kernels::Interp) => KernelBackend::Interp,
+        (Backend::Cpu, Kernels::Cranelift) => KernelBackend::Cranelift,
     };
+    crate::runtime::random::manual_seed(0);
     // Parse, passes and code generation of the fused schedule, on a cold kernel cache.
     let t0 = Instant::now();
     let module = load(&a.model)?;
@@ -175,11 +180,11 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
     Ok(())
 }
 
-fn ratio(base: f64, x: f64) -> f64 {
+pub(super) fn ratio(base: f64, x: f64) -> f64 {
     if x > 0.0 { base / x } else { f64::NAN }
 }
 
-fn gbps(bytes: usize, ms: f64) -> f64 {
+pub(super) fn gbps(bytes: usize, ms: f64) -> f64 {
     if ms > 0.0 {
         bytes as f64 / (ms * 1e6)
     } else {
@@ -187,7 +192,7 @@ fn gbps(bytes: usize, ms: f64) -> f64 {
     }
 }
 
-fn human_bytes(b: usize) -> String {
+pub(super) fn human_bytes(b: usize) -> String {
     let f = b as f64;
     if f >= 1e9 {
         format!("{:.2} GB", f / 1e9)
@@ -212,7 +217,7 @@ pub fn bytes_min(g: &Graph) -> usize {
         .sum()
 }
 
-fn table(out: &mut String, title: &str, w: &Way) {
+pub(super) fn table(out: &mut String, title: &str, w: &Way) {
     let _ = writeln!(out, "{title}: {:.3} ms", w.median_ms());
     let _ = writeln!(
         out,
@@ -239,7 +244,7 @@ fn table(out: &mut String, title: &str, w: &Way) {
     let _ = writeln!(out);
 }
 
-fn way_json(w: &Way) -> Json {
+pub(super) fn way_json(w: &Way) -> Json {
     let kernels = w
         .steps
         .iter()
@@ -266,7 +271,7 @@ fn way_json(w: &Way) -> Json {
 
 /// The inputs in graph order: read from files, random for the rest when asked (or when no
 /// file is given at all).
-fn gather_inputs(g: &Graph, a: &ProfileArgs) -> Result<Vec<Tensor>> {
+pub(super) fn gather_inputs(g: &Graph, a: &ProfileArgs) -> Result<Vec<Tensor>> {
     let mut given: HashMap<&str, Tensor> = HashMap::new();
     for (name, file) in &a.inputs {
         if !g.inputs().iter().any(|&v| g.node(v).name == *name) {
@@ -350,10 +355,19 @@ fn time_eager(g: &Graph, inputs: &[Tensor], repeat: usize) -> Result<Way> {
     Ok(w)
 }
 
-type EagerSteps = (Vec<Duration>, Vec<StepInfo>);
+pub(super) type EagerSteps = (Vec<Duration>, Vec<StepInfo>);
 
 /// Evaluates `g` node by node on the eager kernels, timing every op.
-fn eager_run(g: &Graph, inputs: &[Tensor]) -> Result<(Vec<Tensor>, EagerSteps)> {
+pub(super) fn eager_run(g: &Graph, inputs: &[Tensor]) -> Result<(Vec<Tensor>, EagerSteps)> {
+    eager_run_synced(g, inputs, &|| Ok(()))
+}
+
+/// [`eager_run`] that calls `sync` after every op (a GPU's work is asynchronous).
+pub(super) fn eager_run_synced(
+    g: &Graph,
+    inputs: &[Tensor],
+    sync: &dyn Fn() -> Result<()>,
+) -> Result<(Vec<Tensor>, EagerSteps)> {
     let mut vals: HashMap<ValueId, Tensor> = HashMap::new();
     for (&v, t) in g.inputs().iter().zip(inputs) {
         vals.insert(v, t.clone());
@@ -377,6 +391,7 @@ fn eager_run(g: &Graph, inputs: &[Tensor]) -> Result<(Vec<Tensor>, EagerSteps)> 
         let refs: Vec<&Tensor> = args.iter().collect();
         let t0 = Instant::now();
         let t = apply(op.clone(), &refs)?;
+        sync()?;
         times.push(t0.elapsed());
         let bytes = args
             .iter()
@@ -413,7 +428,7 @@ fn eager_run(g: &Graph, inputs: &[Tensor]) -> Result<(Vec<Tensor>, EagerSteps)> 
 
 /// Largest absolute difference between two lists of outputs (NaN where both are NaN counts
 /// as equal; a NaN on one side only gives NaN).
-fn max_abs_diff(a: &[Tensor], b: &[Tensor]) -> f64 {
+pub(super) fn max_abs_diff(a: &[Tensor], b: &[Tensor]) -> f64 {
     let mut m = 0.0f64;
     for (x, y) in a.iter().zip(b) {
         for (p, q) in x.to_f64_vec().into_iter().zip(y.to_f64_vec()) {
@@ -428,7 +443,7 @@ fn max_abs_diff(a: &[Tensor], b: &[Tensor]) -> f64 {
 }
 
 /// A JSON value, written with proper string escaping.
-enum Json {
+pub(super) enum Json {
     Num(f64),
     Str(String),
     Bool(bool),
@@ -437,7 +452,7 @@ enum Json {
 }
 
 impl Json {
-    fn write(&self, out: &mut String) {
+    pub(super) fn write(&self, out: &mut String) {
         match self {
             Json::Num(x) if x.is_finite() => {
                 let _ = write!(out, "{x}");

@@ -195,6 +195,13 @@ pub fn compile(source: &str, name: &str, opts: &CompileOptions) -> Result<Compil
     })
 }
 
+/// Compiles `source` straight to CUBIN for `sm_XX` (one NVRTC run: what the runtime loads).
+pub fn compile_cubin(source: &str, name: &str, opts: &CompileOptions) -> Result<Vec<u8>> {
+    let digits = arch_digits(&opts.arch)?;
+    let a = api()?;
+    Ok(run(a, source, name, opts, &format!("--gpu-architecture=sm_{digits}"))?.1)
+}
+
 /// One NVRTC compile: (PTX, CUBIN when the target is real, log).
 fn run(
     a: &Api,

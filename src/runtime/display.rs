@@ -27,6 +27,19 @@ fn repr(t: &Tensor) -> String {
     if t.device() != Device::Cpu {
         suffixes.push(format!("device='{}'", t.device()));
     }
+    // a GPU tensor prints its host copy
+    let host;
+    let t = if t.device() == Device::Cpu {
+        t
+    } else {
+        match t.cpu() {
+            Ok(h) => {
+                host = h;
+                &host
+            }
+            Err(e) => return format!("tensor(<not readable: {e}>, device='{}')", t.device()),
+        }
+    };
     let body = if t.numel() == 0 {
         // numpy-style: the shape is shown unless it is (0,); the dtype unless it is the
         // default float (an empty tensor has no values to tell ints apart).

@@ -22,6 +22,8 @@ enum Owner {
     Empty,
     /// A caller's `Vec` adopted without copying; dropping it frees the memory.
     Adopted(#[allow(dead_code)] Box<dyn Any + Send + Sync>),
+    /// GPU memory from the caching allocator (`ptr` is a device address, never read here).
+    Cuda(#[allow(dead_code)] crate::runtime::cuda::memory::DeviceBuffer),
 }
 
 pub struct Storage {
@@ -99,6 +101,23 @@ impl Storage {
         Storage::from_parts(ptr, nbytes, Owner::Adopted(Box::new(v)), T::DTYPE)
     }
 
+    /// `len` elements of `dtype` on GPU `device`, contents unspecified (every kernel output
+    /// overwrites them).
+    pub fn cuda_for_overwrite(device: usize, dtype: DType, len: usize) -> crate::Result<Storage> {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        let nbytes = len * dtype.size();
+        let buf = crate::runtime::cuda::memory::DeviceBuffer::alloc(device, nbytes)?;
+        let ptr = NonNull::new(buf.ptr() as *mut u8).unwrap_or(NonNull::dangling());
+        let mut s = Storage::from_parts(ptr, nbytes, Owner::Cuda(buf), dtype);
+        s.device = Device::Cuda(device);
+        Ok(s)
+    }
+
+    /// The device address of a GPU storage (`None` on the CPU).
+    pub fn device_ptr(&self) -> Option<u64> {
+        matches!(self.owner, Owner::Cuda(_)).then(|| self.ptr.as_ptr() as u64)
+    }
+
     fn from_parts(ptr: NonNull<u8>, nbytes: usize, owner: Owner, dtype: DType) -> Storage {
         Storage {
             ptr,
@@ -140,12 +159,23 @@ impl Storage {
     pub fn bump_version(&self) {
         self.version.fetch_add(1, Ordering::AcqRel);
     }
+    /// Host code never dereferences device memory: the CUDA paths move data with the
+    /// driver. Reaching this with a GPU storage is a bug in smelt, not bad input.
+    fn assert_host(&self) {
+        assert!(
+            self.device == Device::Cpu,
+            "internal error: host access to a {} storage",
+            self.device
+        );
+    }
+
     /// Address of the first byte (for identity checks and zero-copy tests).
     pub fn data_addr(&self) -> usize {
         self.ptr.as_ptr() as usize
     }
 
     pub fn read(&self) -> ReadGuard<'_> {
+        self.assert_host();
         ReadGuard {
             storage: self,
             _g: self.lock.read().unwrap_or_else(|e| e.into_inner()),
@@ -153,6 +183,7 @@ impl Storage {
     }
 
     pub fn write(&self) -> WriteGuard<'_> {
+        self.assert_host();
         WriteGuard {
             storage: self,
             _g: self.lock.write().unwrap_or_else(|e| e.into_inner()),

@@ -9,7 +9,7 @@ use super::storage::Storage;
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::op::{Op, TensorType};
 use crate::ir::shape::numel;
-use crate::{Error, Result, bail};
+use crate::{Result, bail};
 use std::sync::Arc;
 
 #[derive(Clone)]
@@ -168,6 +168,10 @@ impl Tensor {
     pub(crate) fn storage(&self) -> &Storage {
         &self.0.storage
     }
+    /// The shared storage itself (to build other views of it).
+    pub(crate) fn storage_arc(&self) -> &Arc<Storage> {
+        &self.0.storage
+    }
     /// Dtype, shape and wrapped-ness: what op shape rules see.
     pub fn ttype(&self) -> TensorType {
         TensorType {
@@ -188,6 +192,9 @@ impl Tensor {
                 self.dtype(),
                 T::DTYPE
             );
+        }
+        if self.device() != Device::Cpu {
+            return self.cpu()?.to_vec();
         }
         let c = self.contiguous();
         let acc = access::lock(&[&c], &[]);
@@ -314,18 +321,18 @@ pub fn apply(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
                 );
             }
         }
-        if first.device() != Device::Cpu {
-            return Err(Error::Device(format!(
-                "{}: no kernels for device {} in this build",
-                op.name(),
-                first.device()
-            )));
-        }
     }
     let types: Vec<TensorType> = inputs.iter().map(|t| t.ttype()).collect();
     let refs: Vec<&TensorType> = types.iter().collect();
     let out = op.infer(&refs)?;
-    let result = super::kernels::eval(&op, inputs, &out)?;
+    let device = inputs
+        .iter()
+        .find(|t| !t.is_wrapped_number())
+        .map_or(Device::Cpu, |t| t.device());
+    let result = match device {
+        Device::Cpu => super::kernels::eval(&op, inputs, &out)?,
+        Device::Cuda(i) => super::cuda::eager::apply(&op, inputs, &out, i)?,
+    };
     crate::jit::trace::on_apply(&op, inputs, &result);
     // Eager autograd: records the op on the result when an operand requires grad.
     crate::autograd::tape::on_apply(&op, inputs, &result);

@@ -6,7 +6,16 @@
 //! when the library is missing, and driver calls run under `catch_unwind` as a second guard.
 
 pub mod alloc;
+pub mod blas;
+pub mod copy;
+pub mod driver;
+pub mod eager;
+pub mod exec;
 pub mod memory;
+pub mod program;
+pub mod tensor;
+
+pub use exec::{CudaCompileOptions, CudaFn};
 
 use crate::codegen_cuda::nvrtc;
 use crate::{Error, Result};

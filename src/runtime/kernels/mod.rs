@@ -8,7 +8,7 @@ pub mod index;
 pub mod linalg;
 pub mod pointwise;
 pub mod reduce;
-mod views;
+pub(crate) mod views;
 
 use super::tensor::Tensor;
 use crate::Result;

@@ -1,9 +1,10 @@
-//! Moving tensors between devices. This build has only the CPU backend, so asking for a
-//! CUDA device is an error, never a panic.
+//! Moving tensors between the CPU and GPUs (`to`, `cpu()`, `cuda()`). Without a GPU, asking
+//! for one is an error that says why, never a panic.
 
+use crate::Result;
+use crate::runtime::cuda::tensor::{download, upload};
 use crate::runtime::device::Device;
 use crate::runtime::tensor::Tensor;
-use crate::{Result, bail};
 
 impl Tensor {
     /// The tensor on `device`: itself when it is already there (no copy, as in PyTorch).
@@ -11,17 +12,11 @@ impl Tensor {
         if device == self.device() {
             return Ok(self.clone());
         }
-        match device {
-            Device::Cpu => bail!(
-                Device,
-                "cannot copy a tensor from {} to cpu: this build of smelt has no {} backend",
-                self.device(),
-                self.device()
-            ),
-            Device::Cuda(_) => bail!(
-                Device,
-                "CUDA is not available: this build of smelt has no CUDA backend (asked for {device})"
-            ),
+        match (self.device(), device) {
+            (Device::Cpu, Device::Cuda(i)) => upload(self, i),
+            (Device::Cuda(_), Device::Cpu) => download(self),
+            (Device::Cuda(_), Device::Cuda(i)) => upload(&download(self)?, i),
+            (Device::Cpu, Device::Cpu) => Ok(self.clone()),
         }
     }
     /// The tensor on the CPU (itself for a CPU tensor).

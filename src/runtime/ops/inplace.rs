@@ -11,7 +11,8 @@
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::op::{BinaryOp, Op, TensorType, UnaryOp};
 use crate::ir::shape::{expand_shape, wrap_dim};
-use crate::runtime::access;
+use crate::runtime::device::Device;
+use crate::runtime::{access, cuda};
 use crate::runtime::kernels::copy::{cast_new, copy_into};
 use crate::runtime::kernels::creation::scalar_to;
 use crate::runtime::kernels::{index, pointwise};
@@ -55,6 +56,16 @@ fn check_devices(inputs: &[&Tensor], dst: &Tensor) -> Result<()> {
     Ok(())
 }
 
+/// Writes `src` (broadcast to `dst`'s shape, cast to its dtype) into GPU tensor `dst`.
+fn gpu_write(dst: &Tensor, src: &Tensor) -> Result<()> {
+    let src = if src.dtype() == dst.dtype() {
+        src.clone()
+    } else {
+        src.to_dtype(dst.dtype())?
+    };
+    cuda::tensor::copy_into(dst, &src)
+}
+
 impl Tensor {
     /// Marks the storage as modified (what every in-place op does).
     pub fn bump_version(&self) {
@@ -74,6 +85,11 @@ impl Tensor {
         check_devices(inputs, out)?;
         checked_type(&op, inputs, out)?;
         crate::jit::trace::record_inplace(out, op.clone(), inputs)?;
+        if out.device() != Device::Cpu {
+            // the result computed on the GPU, then written through `out`'s layout
+            let r = crate::runtime::apply(op, inputs)?;
+            return gpu_write(out, &r);
+        }
         pointwise::eval_into(&op, inputs, out)
     }
     /// `torch.add(a, b, out=out)`.
@@ -178,6 +194,11 @@ impl Tensor {
             dtype: Some(self.dtype()),
         };
         crate::jit::trace::record_inplace(self, full, &[])?;
+        if self.device() != Device::Cpu {
+            let v = Tensor::scalar(value).to_dtype(self.dtype())?.to_device(self.device())?;
+            gpu_write(self, &v)?;
+            return Ok(self);
+        }
         let acc = access::lock(&[], &[self]);
         dispatch!(self.dtype(), T => {
             let v: T = scalar_to::<T>(value);
@@ -202,6 +223,15 @@ impl Tensor {
         expand_shape(src.shape(), &to)?;
         check_no_overlap(self.layout())?;
         crate::jit::trace::record_inplace(self, Op::Expand { size: to }, &[src])?;
+        if self.device() != Device::Cpu {
+            let src = if src.shares_storage(self) {
+                cuda::tensor::contiguous_copy(src)?
+            } else {
+                src.clone()
+            };
+            gpu_write(self, &src)?;
+            return Ok(self);
+        }
         let copied;
         let src = if src.shares_storage(self) && src.layout() != self.layout() {
             copied = cast_new(src, src.dtype());
@@ -221,6 +251,13 @@ impl Tensor {
         checked_type(&op, &[self, index, source], self)?;
         check_no_overlap(self.layout())?;
         crate::jit::trace::record_inplace(self, op, &[self, index, source])?;
+        if self.device() != Device::Cpu {
+            // the CPU's kernel on host copies, written back
+            let h = self.cpu()?;
+            index::index_add_into(&h, wrap_dim(dim, h.dim())?, &index.cpu()?, &source.cpu()?)?;
+            gpu_write(self, &h.to_device(self.device())?)?;
+            return Ok(self);
+        }
         index::index_add_into(self, wrap_dim(dim, self.dim())?, index, source)?;
         Ok(self)
     }

@@ -1,0 +1,505 @@
+//! Compiled graphs on a GPU: the same pass pipeline and schedule as the CPU backend, its
+//! kernels as CUDA C (one module per schedule, through the program caches), GEMMs through
+//! cuBLAS, and the remaining library ops on the CPU's eager kernels (their operands are
+//! copied over and back: correct, not fast).
+//!
+//! Buffers are device storages from the caching allocator, taken per call (after the first
+//! call they come from the cache without driver calls). Inputs must be on the function's
+//! device; a non-contiguous one is copied dense first. Outputs are device tensors, views of
+//! their buffers where the schedule says so.
+
+use super::blas::{self, Mat};
+use super::driver::{Function, Gpu, Module, Timer};
+use super::program::{self, Origin};
+use super::memory::DeviceBuffer;
+use crate::codegen_cpu::exec::StepInfo;
+use crate::codegen_cuda::{self, CudaProgram, CudaStep, ParamAccess};
+use crate::ir::graph::Graph;
+use crate::ir::op::{Op, TensorType};
+use crate::ir::shape::broadcast_shapes;
+use crate::ir::text::fmt_type;
+use crate::kernel::{BufferKind, ExternCall, Schedule, View};
+use crate::passes::Pipeline;
+use crate::runtime::device::Device;
+use crate::runtime::layout::Layout;
+use crate::runtime::storage::Storage;
+use crate::runtime::{Tensor, apply};
+use crate::{Error, Result, bail};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How to compile a graph for a GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CudaCompileOptions {
+    /// Fuse ops into kernels; false gives one kernel per op.
+    pub fuse: bool,
+    /// `--use_fast_math` and the fast-math rewrites.
+    pub fast_math: bool,
+    /// The GPU's ordinal.
+    pub device: usize,
+}
+
+impl Default for CudaCompileOptions {
+    fn default() -> Self {
+        CudaCompileOptions {
+            fuse: true,
+            fast_math: false,
+            device: 0,
+        }
+    }
+}
+
+/// A buffer during a call: a device storage and the element where the buffer starts.
+#[derive(Clone)]
+struct Buf {
+    storage: Arc<Storage>,
+    offset: usize,
+}
+
+impl Buf {
+    fn ptr(&self) -> u64 {
+        let base = self.storage.device_ptr().unwrap_or(0);
+        base + (self.offset * self.storage.dtype().size()) as u64
+    }
+
+    fn view(&self, v: &View) -> Tensor {
+        Tensor::from_parts(
+            self.storage.clone(),
+            Layout {
+                shape: v.shape.clone(),
+                strides: v.strides.clone(),
+                offset: self.offset + v.offset,
+            },
+        )
+    }
+}
+
+/// A graph compiled for one GPU.
+pub struct CudaFn {
+    gpu: Arc<Gpu>,
+    schedule: Schedule,
+    program: CudaProgram,
+    _module: Option<Arc<Module>>,
+    /// The function of every program kernel.
+    functions: Vec<Function>,
+    input_names: Vec<String>,
+    constants: Vec<Option<Buf>>,
+    error_flag: DeviceBuffer,
+    /// Some kernel has an integer remainder (and so may set the flag).
+    checks_errors: bool,
+    info: Vec<StepInfo>,
+    compile_time: Duration,
+    origin: Origin,
+}
+
+impl CudaFn {
+    /// Runs the pass pipeline and compiles every kernel of `g` for GPU `opts.device`.
+    pub fn compile(g: &Graph, opts: &CudaCompileOptions) -> Result<CudaFn> {
+        let t0 = Instant::now();
+        let gpu = Gpu::get(opts.device)?;
+        let mut pipeline = Pipeline::default();
+        pipeline.options.fuse.fuse = opts.fuse;
+        if !opts.fuse {
+            pipeline.graph_passes.retain(|p| p.name() != "rewrite");
+        }
+        pipeline.options.rewrite.fast_math = opts.fast_math;
+        let s = pipeline
+            .run_until(g, "fuse")?
+            .schedule
+            .ok_or_else(|| Error::Value("the pass pipeline produced no schedule".into()))?;
+        let names = g.inputs().iter().map(|&v| g.node(v).name.clone()).collect();
+        let mut f = CudaFn::from_schedule(&gpu, s, names, opts.fast_math)?;
+        f.compile_time = t0.elapsed();
+        Ok(f)
+    }
+
+    /// Generates, compiles and loads the kernels of an already partitioned schedule.
+    pub fn from_schedule(
+        gpu: &Arc<Gpu>,
+        s: Schedule,
+        input_names: Vec<String>,
+        fast_math: bool,
+    ) -> Result<CudaFn> {
+        let t0 = Instant::now();
+        let program = codegen_cuda::generate(
+            &s,
+            &codegen_cuda::CudaOptions {
+                fast_math,
+                ..Default::default()
+            },
+        )?;
+        let (module, origin, functions) = if program.kernels.is_empty() {
+            (None, Origin::Memory, Vec::new())
+        } else {
+            let name = format!("{}.cu", program.name);
+            let (m, origin) = program::load(gpu, &program.whole(), &name, fast_math)?;
+            let fs = program
+                .kernels
+                .iter()
+                .map(|k| m.function(&k.name))
+                .collect::<Result<Vec<_>>>()?;
+            (Some(m), origin, fs)
+        };
+        let constants = s
+            .buffers
+            .iter()
+            .map(|b| match &b.kind {
+                BufferKind::Constant(lit) => {
+                    let host = apply(Op::Constant(lit.clone()), &[])?;
+                    let dev = super::tensor::upload(&host, gpu.ordinal())?;
+                    Ok(Some(Buf {
+                        offset: dev.storage_offset(),
+                        storage: dev.storage_arc().clone(),
+                    }))
+                }
+                _ => Ok(None),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let checks_errors = program
+            .kernels
+            .iter()
+            .any(|k| k.source.contains("sm_irem"));
+        let mut names = input_names;
+        names.resize_with(s.inputs.len(), String::new);
+        Ok(CudaFn {
+            gpu: gpu.clone(),
+            info: StepInfo::of_schedule(&s),
+            error_flag: DeviceBuffer::alloc(gpu.ordinal(), 4)?,
+            checks_errors,
+            program,
+            _module: module,
+            functions,
+            input_names: names,
+            constants,
+            compile_time: t0.elapsed(),
+            origin,
+            schedule: s,
+        })
+    }
+
+    /// The schedule this function runs.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+    /// The generated CUDA program.
+    pub fn program(&self) -> &CudaProgram {
+        &self.program
+    }
+    /// Static facts of every step, in step order.
+    pub fn steps(&self) -> &[StepInfo] {
+        &self.info
+    }
+    /// Wall time of the compilation (passes, code generation, NVRTC or cache, loading).
+    pub fn compile_time(&self) -> Duration {
+        self.compile_time
+    }
+    /// Where the kernels' module came from.
+    pub fn origin(&self) -> Origin {
+        self.origin
+    }
+    /// The device it runs on.
+    pub fn device(&self) -> Device {
+        Device::Cuda(self.gpu.ordinal())
+    }
+
+    /// Runs the function on device tensors, in the graph's input order.
+    pub fn call(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        self.run(inputs, None)
+    }
+
+    /// Runs the function and also returns the GPU time of every step (CUDA events), in ms.
+    pub fn call_timed(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, Vec<f32>)> {
+        let mut t = Vec::with_capacity(self.schedule.steps.len());
+        let out = self.run(inputs, Some(&mut t))?;
+        Ok((out, t))
+    }
+
+    fn input_type(&self, i: usize) -> String {
+        let b = &self.schedule.buffers[self.schedule.inputs[i]];
+        fmt_type(&TensorType::new(b.dtype, b.shape.clone()))
+    }
+
+    fn check_inputs(&self, inputs: &[Tensor]) -> Result<()> {
+        let want = self.schedule.inputs.len();
+        if inputs.len() != want {
+            bail!(
+                Value,
+                "graph {} takes {want} input{} but {} {} given",
+                self.schedule.name,
+                if want == 1 { "" } else { "s" },
+                inputs.len(),
+                if inputs.len() == 1 { "was" } else { "were" }
+            );
+        }
+        for (i, t) in inputs.iter().enumerate() {
+            let b = &self.schedule.buffers[self.schedule.inputs[i]];
+            if t.device() != self.device() {
+                bail!(
+                    Device,
+                    "input {i} ({}) is on {}, but the function is compiled for {}",
+                    self.input_names[i],
+                    t.device(),
+                    self.device()
+                );
+            }
+            if t.dtype() != b.dtype || t.shape() != b.shape.as_slice() {
+                bail!(
+                    Value,
+                    "input {i} ({}): expected {} but got {}",
+                    self.input_names[i],
+                    self.input_type(i),
+                    fmt_type(&TensorType::new(t.dtype(), t.shape().to_vec()))
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn run(&self, inputs: &[Tensor], mut times: Option<&mut Vec<f32>>) -> Result<Vec<Tensor>> {
+        self.check_inputs(inputs)?;
+        self.gpu.bind()?;
+        let s = &self.schedule;
+        let mut bufs: Vec<Option<Buf>> = self.constants.clone();
+        for (&b, t) in s.inputs.iter().zip(inputs) {
+            let dense = super::tensor::contiguous(t)?;
+            bufs[b] = Some(Buf {
+                offset: dense.storage_offset(),
+                storage: dense.storage_arc().clone(),
+            });
+        }
+        // every kernel-written buffer, from the caching allocator
+        for (b, buf) in s.buffers.iter().enumerate() {
+            if bufs[b].is_none() && matches!(buf.kind, BufferKind::Temp) {
+                let st = Storage::cuda_for_overwrite(self.gpu.ordinal(), buf.dtype, buf.len())?;
+                bufs[b] = Some(Buf {
+                    storage: Arc::new(st),
+                    offset: 0,
+                });
+            }
+        }
+        if self.checks_errors {
+            self.gpu.zero(self.error_flag.ptr(), 4)?;
+        }
+        for (step, cstep) in s.steps.iter().zip(&self.program.steps) {
+            let timer = match times {
+                Some(_) => {
+                    let t = Timer::new(&self.gpu)?;
+                    t.start()?;
+                    Some(t)
+                }
+                None => None,
+            };
+            match cstep {
+                CudaStep::Kernel(i) => {
+                    self.launch(*i, &bufs)?;
+                }
+                CudaStep::Extern(_) => {
+                    let crate::kernel::Step::Extern(e) = step else {
+                        bail!(Value, "schedule and CUDA program disagree");
+                    };
+                    self.run_extern(e, &mut bufs)?;
+                }
+            }
+            if let (Some(t), Some(times)) = (timer, times.as_deref_mut()) {
+                t.stop()?;
+                times.push(t.elapsed_ms()?);
+            }
+        }
+        if self.checks_errors {
+            let mut flag = [0u8; 4];
+            self.gpu.dtoh(&mut flag, self.error_flag.ptr())?;
+            if u32::from_ne_bytes(flag) != 0 {
+                bail!(Value, "ZeroDivisionError");
+            }
+        }
+        s.outputs
+            .iter()
+            .map(|v| match bufs.get(v.buffer).and_then(Option::as_ref) {
+                Some(b) => Ok(b.view(v)),
+                None => bail!(Value, "schedule: output b{} is never written", v.buffer),
+            })
+            .collect()
+    }
+
+    fn launch(&self, i: usize, bufs: &[Option<Buf>]) -> Result<()> {
+        let k = &self.program.kernels[i];
+        let grid = k.launch.grid();
+        if grid == 0 {
+            return Ok(());
+        }
+        let mut args = Vec::with_capacity(k.params.len());
+        for p in &k.params {
+            args.push(match (p.access, p.buffer) {
+                (ParamAccess::ErrorFlag, _) => self.error_flag.ptr(),
+                (_, Some(b)) => match bufs.get(b).and_then(Option::as_ref) {
+                    Some(buf) => buf.ptr(),
+                    None => bail!(Value, "kernel {}: b{b} is used before it is written", k.name),
+                },
+                (_, None) => bail!(Value, "kernel {}: parameter without a buffer", k.name),
+            });
+        }
+        let grid = u32::try_from(grid)
+            .map_err(|_| Error::Value(format!("kernel {}: grid {grid} too large", k.name)))?;
+        // SAFETY: the parameters are the kernel's buffers in its parameter order, each a
+        // live device allocation of its schedule size (validated when generated).
+        unsafe { self.functions[i].launch(grid, k.launch.block(), 0, &args) }
+    }
+
+    fn run_extern(&self, e: &ExternCall, bufs: &mut [Option<Buf>]) -> Result<()> {
+        let args: Vec<Tensor> = e
+            .args
+            .iter()
+            .map(|v| match bufs.get(v.buffer).and_then(Option::as_ref) {
+                Some(b) => Ok(b.view(v)),
+                None => bail!(Value, "schedule: b{} is read before it is written", v.buffer),
+            })
+            .collect::<Result<_>>()?;
+        let out = &self.schedule.buffers[e.out];
+        if matches!(e.op, Op::Matmul) && args.len() == 2 && blas::supports(out.dtype) {
+            let dst = Storage::cuda_for_overwrite(self.gpu.ordinal(), out.dtype, out.len())?;
+            let dst = Arc::new(dst);
+            matmul_into(&self.gpu, &args[0], &args[1], dst.device_ptr().unwrap_or(0))?;
+            bufs[e.out] = Some(Buf {
+                storage: dst,
+                offset: 0,
+            });
+            return Ok(());
+        }
+        // the CPU's kernel on copies of the operands
+        let host: Vec<Tensor> = args
+            .iter()
+            .map(super::tensor::download)
+            .collect::<Result<_>>()?;
+        let refs: Vec<&Tensor> = host.iter().collect();
+        let types: Vec<TensorType> = host.iter().map(Tensor::ttype).collect();
+        let ty = e.op.infer(&types.iter().collect::<Vec<_>>())?;
+        if ty.dtype != out.dtype || ty.shape != out.shape {
+            bail!(
+                Value,
+                "extern {}: result {} does not fit b{}",
+                e.op.name(),
+                fmt_type(&ty),
+                e.out
+            );
+        }
+        let r = crate::runtime::kernels::eval(&e.op, &refs, &ty)?;
+        let dev = super::tensor::upload(&r, self.gpu.ordinal())?;
+        bufs[e.out] = Some(Buf {
+            offset: dev.storage_offset(),
+            storage: dev.storage_arc().clone(),
+        });
+        Ok(())
+    }
+}
+
+/// The matrix of the last two dims of a view (a vector is `[1,K]` on the left, `[K,1]` on
+/// the right), with its batch shape and strides.
+fn as_batched(t: &Tensor, left: bool) -> (Mat, Vec<usize>, Vec<usize>) {
+    let (sh, st) = (t.shape(), t.strides());
+    let base = t
+        .storage()
+        .device_ptr()
+        .map_or(0, |p| p + (t.storage_offset() * t.element_size()) as u64);
+    let n = sh.len();
+    let m = match (n, left) {
+        (1, true) => Mat {
+            ptr: base,
+            rows: 1,
+            cols: sh[0],
+            rs: 0,
+            cs: st[0],
+        },
+        (1, false) => Mat {
+            ptr: base,
+            rows: sh[0],
+            cols: 1,
+            rs: st[0],
+            cs: 0,
+        },
+        _ => Mat {
+            ptr: base,
+            rows: sh[n - 2],
+            cols: sh[n - 1],
+            rs: st[n - 2],
+            cs: st[n - 1],
+        },
+    };
+    let nb = n.saturating_sub(2);
+    (m, sh[..nb].to_vec(), st[..nb].to_vec())
+}
+
+/// Strides of a batch shape broadcast to `to` (0 for broadcast and missing dims).
+fn batch_strides(shape: &[usize], strides: &[usize], to: &[usize]) -> Vec<usize> {
+    let pad = to.len() - shape.len();
+    (0..to.len())
+        .map(|d| {
+            if d < pad || shape[d - pad] == 1 {
+                0
+            } else {
+                strides[d - pad]
+            }
+        })
+        .collect()
+}
+
+/// `torch.matmul(a, b)` of device views into the dense buffer at `c_ptr` (of the result's
+/// shape), through cuBLAS. Operands cuBLAS cannot read are copied dense first.
+pub fn matmul_into(gpu: &Arc<Gpu>, a: &Tensor, b: &Tensor, c_ptr: u64) -> Result<()> {
+    let dtype = a.dtype();
+    if b.dtype() != dtype || !blas::supports(dtype) {
+        bail!(
+            DType,
+            "matmul on the GPU: expected two float tensors of one dtype, got {} and {}",
+            a.dtype(),
+            b.dtype()
+        );
+    }
+    let fix = |t: &Tensor, left: bool| -> Result<Tensor> {
+        let (m, _, _) = as_batched(t, left);
+        if blas::is_blas_layout(&m) {
+            Ok(t.clone())
+        } else {
+            super::tensor::contiguous_copy(t)
+        }
+    };
+    let (a, b) = (fix(a, true)?, fix(b, false)?);
+    let (ma, sa, ta) = as_batched(&a, true);
+    let (mb, sb, tb) = as_batched(&b, false);
+    let batch = broadcast_shapes(&sa, &sb)?;
+    let (ba, bb) = (
+        batch_strides(&sa, &ta, &batch),
+        batch_strides(&sb, &tb, &batch),
+    );
+    let esize = dtype.size() as u64;
+    let mn = (ma.rows * mb.cols) as u64;
+    // the last batch dim goes to the strided-batched call, the others are looped over
+    let (outer, inner) = match batch.split_last() {
+        Some((&last, rest)) => (rest.to_vec(), last),
+        None => (Vec::new(), 1),
+    };
+    let (ia, ib) = (
+        ba.last().copied().unwrap_or(0),
+        bb.last().copied().unwrap_or(0),
+    );
+    let count: usize = outer.iter().product();
+    for o in 0..count {
+        let (mut oa, mut ob, mut r) = (0usize, 0usize, o);
+        for d in (0..outer.len()).rev() {
+            let p = r % outer[d];
+            r /= outer[d];
+            oa += p * ba[d];
+            ob += p * bb[d];
+        }
+        let am = Mat {
+            ptr: ma.ptr + oa as u64 * esize,
+            ..ma
+        };
+        let bm = Mat {
+            ptr: mb.ptr + ob as u64 * esize,
+            ..mb
+        };
+        let c = c_ptr + o as u64 * inner as u64 * mn * esize;
+        blas::gemm_batched(gpu, dtype, am, ia, bm, ib, c, inner)?;
+    }
+    Ok(())
+}

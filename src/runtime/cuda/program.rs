@@ -1,0 +1,139 @@
+//! Generated CUDA C → loaded modules, with two caches: in memory (per device and source)
+//! and on disk (CUBIN files keyed by source hash, architecture and NVRTC version), so a
+//! model compiled once loads without NVRTC in later processes.
+//!
+//! The disk cache lives in `$SMELT_CACHE_DIR/cuda`, else `$XDG_CACHE_HOME/smelt/cuda`, else
+//! `~/.cache/smelt/cuda`; `SMELT_CACHE_DIR=off` turns it off.
+
+use super::driver::{Gpu, Module};
+use crate::Result;
+use crate::codegen_cuda::nvrtc;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Where a module came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// Already loaded in this process.
+    Memory,
+    /// A CUBIN from the disk cache.
+    Disk,
+    /// Compiled by NVRTC now.
+    Nvrtc,
+}
+
+impl Origin {
+    /// Name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::Memory => "memory",
+            Origin::Disk => "disk",
+            Origin::Nvrtc => "nvrtc",
+        }
+    }
+}
+
+/// FNV-1a: stable across builds and platforms, unlike `std`'s hasher.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The disk cache folder, if enabled.
+pub fn cache_dir() -> Option<PathBuf> {
+    let base = match std::env::var_os("SMELT_CACHE_DIR") {
+        Some(v) if v == "off" => return None,
+        Some(v) if !v.is_empty() => PathBuf::from(v),
+        _ => match std::env::var_os("XDG_CACHE_HOME") {
+            Some(v) if !v.is_empty() => PathBuf::from(v).join("smelt"),
+            _ => PathBuf::from(std::env::var_os("HOME")?)
+                .join(".cache")
+                .join("smelt"),
+        },
+    };
+    Some(base.join("cuda"))
+}
+
+type MemCache = Mutex<HashMap<(usize, u64), Arc<Module>>>;
+
+fn memory() -> &'static MemCache {
+    static M: OnceLock<MemCache> = OnceLock::new();
+    M.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Loads `source` on `gpu`: from memory, the disk cache, or NVRTC (which then fills both).
+pub fn load(
+    gpu: &Arc<Gpu>,
+    source: &str,
+    name: &str,
+    fast_math: bool,
+) -> Result<(Arc<Module>, Origin)> {
+    let arch = super::arch(gpu.ordinal())?;
+    let (ma, mi) = nvrtc::version()?;
+    let flags = if fast_math { "fast" } else { "exact" };
+    let key = fnv1a(&[source.as_bytes(), flags.as_bytes(), arch.as_bytes()]);
+    if let Some(m) = memory()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&(gpu.ordinal(), key))
+    {
+        return Ok((m.clone(), Origin::Memory));
+    }
+    let file = cache_dir().map(|d| d.join(format!("{key:016x}-{arch}-nvrtc{ma}.{mi}.cubin")));
+    let cached = file.as_ref().and_then(|f| std::fs::read(f).ok());
+    // a damaged cache file is not fatal: compile afresh and overwrite it
+    let from_disk = cached.and_then(|image| gpu.load(&image).ok());
+    let (module, origin) = match from_disk {
+        Some(m) => (m, Origin::Disk),
+        None => {
+            let mut opts = nvrtc::CompileOptions::for_arch(&arch);
+            opts.fast_math = fast_math;
+            let cubin = nvrtc::compile_cubin(source, name, &opts)?;
+            if let Some(f) = &file {
+                store(f, &cubin);
+            }
+            (gpu.load(&cubin)?, Origin::Nvrtc)
+        }
+    };
+    let module = Arc::new(module);
+    memory()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert((gpu.ordinal(), key), module.clone());
+    Ok((module, origin))
+}
+
+/// Writes a cache file through a temporary name, so readers never see half a file. A
+/// cache that cannot be written only costs a later compile.
+fn store(file: &std::path::Path, bytes: &[u8]) {
+    let Some(dir) = file.parent() else { return };
+    if std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+    if std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, file).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_is_stable_and_separates_parts() {
+        // FNV-1a of the empty input is its offset basis; the part separator changes it
+        assert_ne!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"a", b"bc"]));
+        assert_eq!(fnv1a(&[b"kernel"]), fnv1a(&[b"kernel"]));
+        assert_ne!(fnv1a(&[b"kernel", b"sm_90"]), fnv1a(&[b"kernel", b"sm_80"]));
+    }
+}

@@ -1,0 +1,419 @@
+//! Execution on a GPU, checked against the CPU interpreter: every op of ir-format.md
+//! version 1 and every example model (fused and unfused), eager device tensors (copies,
+//! views, matmul through cuBLAS, in-place ops), memory statistics and errors.
+//!
+//! Without a GPU the execution tests print why and pass (with `SMELT_REQUIRE_GPU=1` they
+//! fail instead), and the tests of the missing-GPU errors run.
+
+#[path = "common/cuda_cases.rs"]
+mod cuda_cases;
+
+use cuda_cases::CASES;
+use smelt::ir::graph::Graph;
+use smelt::ir::parse_module;
+use smelt::runtime::cuda::{self, CudaCompileOptions, CudaFn, memory};
+use smelt::runtime::interp;
+use smelt::{DType, Device, Tensor};
+
+fn gpu_or_skip(test: &str) -> bool {
+    if cuda::is_available() && smelt::codegen_cuda::nvrtc::is_available() {
+        return true;
+    }
+    let why = match cuda::device_count() {
+        Err(e) => e.to_string(),
+        Ok(0) => "no CUDA device".into(),
+        Ok(_) => "NVRTC is not available".into(),
+    };
+    if std::env::var("SMELT_REQUIRE_GPU").as_deref() == Ok("1") {
+        panic!("{test}: SMELT_REQUIRE_GPU=1 but {why}");
+    }
+    eprintln!("{test}: skipped, {why}");
+    false
+}
+
+const GPU: Device = Device::Cuda(0);
+
+/// Random inputs for `g`: normal floats, small integers (no zero, so integer division is
+/// defined), random bools.
+fn inputs(g: &Graph) -> Vec<Tensor> {
+    g.inputs()
+        .iter()
+        .map(|&v| {
+            let ty = &g.node(v).ty;
+            let t = if ty.dtype.is_float() {
+                Tensor::randn(&ty.shape, Some(DType::F32))
+                    .and_then(|t| t.mul_scalar(3.0))
+                    .and_then(|t| t.to_dtype(ty.dtype))
+            } else if ty.dtype.is_bool() {
+                Tensor::randint(0, 2, &ty.shape, Some(DType::I64)).and_then(|t| t.to_dtype(ty.dtype))
+            } else {
+                let lo = if ty.dtype == DType::U8 { 1 } else { -6 };
+                Tensor::randint(lo, 7, &ty.shape, Some(DType::I64))
+                    .and_then(|t| {
+                        // no zeros: add 7 to them
+                        let z = t.eq_scalar(0)?;
+                        t.masked_fill(&z, 7)
+                    })
+                    .and_then(|t| t.to_dtype(ty.dtype))
+            };
+            t.unwrap()
+        })
+        .collect()
+}
+
+/// Tolerance of a dtype, relative and absolute: the GPU's math library and the CPU's agree
+/// to a few ulps; halves round after every op.
+fn tol(d: DType) -> f64 {
+    match d {
+        DType::F16 | DType::BF16 => 2e-2,
+        DType::F32 => 2e-5,
+        DType::F64 => 1e-12,
+        _ => 0.0,
+    }
+}
+
+fn assert_close(what: &str, got: &Tensor, want: &Tensor) {
+    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    let t = tol(want.dtype());
+    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        let ok = if b.is_nan() {
+            a.is_nan()
+        } else if b.is_infinite() {
+            a == b
+        } else {
+            (a - b).abs() <= t * (1.0 + b.abs())
+        };
+        assert!(ok, "{what}: element {i}: got {a}, want {b}");
+    }
+}
+
+/// Runs `g` on the interpreter and on the GPU (fused and unfused) and compares.
+fn check_graph(name: &str, g: &Graph) {
+    let host = inputs(g);
+    let named: Vec<(&str, Tensor)> = g
+        .inputs()
+        .iter()
+        .zip(&host)
+        .map(|(&v, t)| (g.node(v).name.as_str(), t.clone()))
+        .collect();
+    let want = interp::run(g, &named);
+    let dev: Vec<Tensor> = host.iter().map(|t| t.to_device(GPU).unwrap()).collect();
+    for fuse in [true, false] {
+        let opts = CudaCompileOptions {
+            fuse,
+            ..Default::default()
+        };
+        let f = CudaFn::compile(g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = f.call(&dev);
+        match (&want, got) {
+            (Ok(want), Ok(got)) => {
+                assert_eq!(got.len(), want.len(), "{name}: outputs");
+                for (i, (gt, wt)) in got.iter().zip(want).enumerate() {
+                    assert_eq!(gt.device(), GPU, "{name}: output on the GPU");
+                    let host = gt.cpu().unwrap();
+                    assert_close(&format!("{name} (fuse={fuse}) output {i}"), &host, wt);
+                }
+            }
+            (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{name}: errors"),
+            (w, g) => panic!("{name} (fuse={fuse}): interpreter {w:?} vs GPU {g:?}"),
+        }
+    }
+}
+
+fn graph_of(name: &str, params: &str, body: &str) -> Graph {
+    let text = format!("graph g_{name}({params}) {{\n {body}\n return %y\n}}\n");
+    let m = parse_module(&text, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    m.graphs[0].clone()
+}
+
+#[test]
+fn every_op_matches_the_interpreter_on_the_gpu() {
+    if !gpu_or_skip("every_op_matches_the_interpreter_on_the_gpu") {
+        return;
+    }
+    smelt::runtime::random::manual_seed(1);
+    for (name, params, body) in CASES {
+        check_graph(name, &graph_of(name, params, body));
+    }
+}
+
+#[test]
+fn every_example_model_matches_the_interpreter_on_the_gpu() {
+    if !gpu_or_skip("every_example_model_matches_the_interpreter_on_the_gpu") {
+        return;
+    }
+    smelt::runtime::random::manual_seed(2);
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/models");
+    let mut files: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().collect();
+    files.sort_by_key(|e| e.path());
+    for e in files {
+        let p = e.path();
+        if p.extension().and_then(|x| x.to_str()) != Some("smelt") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&p).unwrap();
+        let m = parse_module(&text, &p.display().to_string()).unwrap();
+        for g in &m.graphs {
+            check_graph(&format!("{}:{}", p.display(), g.name), g);
+        }
+    }
+}
+
+#[test]
+fn large_and_odd_sizes_match_the_interpreter() {
+    if !gpu_or_skip("large_and_odd_sizes_match_the_interpreter") {
+        return;
+    }
+    smelt::runtime::random::manual_seed(3);
+    let cases = [
+        ("chain", "%x: f32[1000,4097], %b: f32[4097]", "%r = relu(%x)\n %h = mul(%r, 0.5)\n %y = add(%h, %b)"),
+        ("softmax_long", "%x: f32[3,5000]", "%y = softmax(%x, dim=-1)"),
+        ("softmax_cols", "%x: f32[300,7]", "%t = t(%x)\n %y = softmax(%t, dim=-1)"),
+        ("layer_norm", "%x: f32[33,1025], %w: f32[1025], %b: f32[1025]", "%y = layer_norm(%x, %w, %b, normalized_shape=[1025])"),
+        ("sum_rows", "%x: f32[513,2049]", "%y = sum(%x, dim=[1])"),
+        ("sum_cols", "%x: f32[513,2049]", "%y = sum(%x, dim=[0])"),
+        ("mean_all", "%x: f64[100001]", "%y = mean(%x)"),
+        ("amax", "%x: bf16[65,257]", "%y = amax(%x, dim=[1])"),
+        ("size_one", "%x: f32[1,1]", "%y = exp(%x)"),
+    ];
+    for (name, params, body) in cases {
+        check_graph(name, &graph_of(name, params, body));
+    }
+}
+
+#[test]
+fn tensors_move_between_host_and_gpu_unchanged() {
+    if !gpu_or_skip("tensors_move_between_host_and_gpu_unchanged") {
+        return;
+    }
+    for d in [
+        DType::Bool,
+        DType::U8,
+        DType::I8,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+    ] {
+        let x = Tensor::arange(0.0, 24.0, 1.0, None)
+            .unwrap()
+            .to_dtype(d)
+            .unwrap()
+            .reshape(&[2, 3, 4])
+            .unwrap();
+        let g = x.cuda().unwrap();
+        assert_eq!(g.device(), GPU);
+        assert_eq!(g.cpu().unwrap().to_f64_vec(), x.to_f64_vec(), "{d}");
+        // a transposed, sliced view travels as its elements
+        let v = x.transpose(0, 2).unwrap().slice(0, Some(1), Some(4), 2).unwrap();
+        let gv = g.transpose(0, 2).unwrap().slice(0, Some(1), Some(4), 2).unwrap();
+        assert_eq!(gv.cpu().unwrap().to_f64_vec(), v.to_f64_vec(), "{d} view");
+        assert_eq!(v.cuda().unwrap().cpu().unwrap().to_f64_vec(), v.to_f64_vec());
+    }
+    // the same device: no copy
+    let g = Tensor::ones(&[3], DType::F32).cuda().unwrap();
+    assert!(g.to_device(GPU).unwrap().shares_storage(&g));
+}
+
+#[test]
+fn eager_ops_on_gpu_views_match_the_cpu() {
+    if !gpu_or_skip("eager_ops_on_gpu_views_match_the_cpu") {
+        return;
+    }
+    smelt::runtime::random::manual_seed(4);
+    let a = Tensor::randn(&[6, 5], None).unwrap();
+    let b = Tensor::randn(&[5], None).unwrap();
+    let (ga, gb) = (a.cuda().unwrap(), b.cuda().unwrap());
+    let cpu = a.t().unwrap().relu().unwrap().mul_scalar(0.5).unwrap();
+    let gpu = ga.t().unwrap().relu().unwrap().mul_scalar(0.5).unwrap();
+    assert_eq!(gpu.device(), GPU);
+    assert_close("relu(t(a))*0.5", &gpu.cpu().unwrap(), &cpu);
+    let cpu = a.add(&b).unwrap().softmax(-1).unwrap().sum_dim(&[0], false).unwrap();
+    let gpu = ga.add(&gb).unwrap().softmax(-1).unwrap().sum_dim(&[0], false).unwrap();
+    assert_close("sum(softmax(a+b))", &gpu.cpu().unwrap(), &cpu);
+    // a reshape that needs a copy
+    let cpu = a.t().unwrap().reshape(&[30]).unwrap();
+    let gpu = ga.t().unwrap().reshape(&[30]).unwrap();
+    assert_close("reshape(t(a))", &gpu.cpu().unwrap(), &cpu);
+    // printing shows the values and the device
+    let s = format!("{}", Tensor::ones(&[2], DType::F32).cuda().unwrap());
+    assert!(s.contains("1.") && s.contains("device='cuda:0'"), "{s}");
+}
+
+#[test]
+fn matmul_through_cublas_matches_the_cpu() {
+    if !gpu_or_skip("matmul_through_cublas_matches_the_cpu") {
+        return;
+    }
+    smelt::runtime::random::manual_seed(5);
+    let cases: &[(&[usize], &[usize])] = &[
+        (&[7, 5], &[5, 3]),
+        (&[5], &[5, 3]),
+        (&[7, 5], &[5]),
+        (&[5], &[5]),
+        (&[2, 1, 7, 5], &[4, 5, 3]),
+        (&[3, 7, 5], &[5, 9]),
+        (&[64, 0], &[0, 8]),
+        (&[0, 4], &[4, 2]),
+        (&[129, 257], &[257, 65]),
+    ];
+    for &(sa, sb) in cases {
+        let a = Tensor::randn(sa, None).unwrap();
+        let b = Tensor::randn(sb, None).unwrap();
+        let want = a.matmul(&b).unwrap();
+        let got = a.cuda().unwrap().matmul(&b.cuda().unwrap()).unwrap();
+        assert_close(&format!("{sa:?}@{sb:?}"), &got.cpu().unwrap(), &want);
+    }
+    // transposed and sliced operands (read through strides or copied)
+    let a = Tensor::randn(&[9, 7], None).unwrap();
+    let b = Tensor::randn(&[11, 9], None).unwrap();
+    let want = a.t().unwrap().matmul(&b.t().unwrap()).unwrap();
+    let (ga, gb) = (a.cuda().unwrap(), b.cuda().unwrap());
+    let got = ga.t().unwrap().matmul(&gb.t().unwrap()).unwrap();
+    assert_close("a.t()@b.t()", &got.cpu().unwrap(), &want);
+    let want = a.slice(1, Some(0), Some(7), 2).unwrap();
+    let want = b.matmul(&want).unwrap();
+    let got = gb.matmul(&ga.slice(1, Some(0), Some(7), 2).unwrap()).unwrap();
+    assert_close("b@a[:, ::2]", &got.cpu().unwrap(), &want);
+    // f64 exactly as cuBLAS computes it: close to the CPU's
+    let a = Tensor::randn(&[31, 17], Some(DType::F64)).unwrap();
+    let got = a.cuda().unwrap().matmul(&a.t().unwrap().cuda().unwrap()).unwrap();
+    assert_close("f64", &got.cpu().unwrap(), &a.matmul(&a.t().unwrap()).unwrap());
+    // f16 on tensor cores, f32 accumulation: within half precision of the f32 product
+    let a = Tensor::randn(&[64, 128], None).unwrap();
+    let b = Tensor::randn(&[128, 32], None).unwrap();
+    let want = a.matmul(&b).unwrap();
+    let got = a
+        .to_dtype(DType::F16)
+        .unwrap()
+        .cuda()
+        .unwrap()
+        .matmul(&b.to_dtype(DType::F16).unwrap().cuda().unwrap())
+        .unwrap();
+    let got = got.cpu().unwrap().to_dtype(DType::F32).unwrap().to_f64_vec();
+    let norm: f64 = want.to_f64_vec().iter().map(|x| x * x).sum::<f64>().sqrt();
+    let err: f64 = got
+        .iter()
+        .zip(want.to_f64_vec())
+        .map(|(g, w)| (g - w) * (g - w))
+        .sum::<f64>()
+        .sqrt();
+    assert!(err / norm < 5e-3, "f16 matmul relative error {}", err / norm);
+}
+
+#[test]
+fn in_place_ops_write_through_gpu_views() {
+    if !gpu_or_skip("in_place_ops_write_through_gpu_views") {
+        return;
+    }
+    let x = Tensor::arange(0.0, 12.0, 1.0, None).unwrap().reshape(&[3, 4]).unwrap();
+    let g = x.cuda().unwrap();
+    let v = g.slice(1, Some(1), Some(4), 2).unwrap(); // columns 1 and 3
+    v.add_scalar_(100.0).unwrap();
+    g.select(0, 0).unwrap().fill_(-1.0).unwrap();
+    let col = Tensor::from_vec(vec![7.0f32, 8.0, 9.0], &[3, 1]).unwrap().cuda().unwrap();
+    g.narrow(1, 0, 1).unwrap().copy_(&col).unwrap();
+    let want = vec![
+        7.0, -1.0, -1.0, -1.0, //
+        8.0, 105.0, 6.0, 107.0, //
+        9.0, 109.0, 10.0, 111.0,
+    ];
+    assert_eq!(g.cpu().unwrap().to_f64_vec(), want);
+    // the version counter moved with the writes
+    assert!(g.version() >= 3);
+}
+
+#[test]
+fn device_memory_is_counted_and_cached() {
+    if !gpu_or_skip("device_memory_is_counted_and_cached") {
+        return;
+    }
+    let before = memory::memory_allocated(0).unwrap();
+    let t = Tensor::zeros(&[1 << 20], DType::F32).cuda().unwrap();
+    let held = memory::memory_allocated(0).unwrap();
+    assert!(held >= before + (4 << 20), "{before} -> {held}");
+    let reserved = memory::memory_reserved(0).unwrap();
+    drop(t);
+    assert!(memory::memory_allocated(0).unwrap() < held);
+    // freed blocks stay reserved until empty_cache
+    assert_eq!(memory::memory_reserved(0).unwrap(), reserved);
+    assert!(memory::max_memory_allocated(0).unwrap() >= held);
+    memory::empty_cache(0).unwrap();
+}
+
+#[test]
+fn gpu_errors_are_clean() {
+    if !gpu_or_skip("gpu_errors_are_clean") {
+        return;
+    }
+    let a = Tensor::ones(&[3], DType::F32);
+    let g = a.cuda().unwrap();
+    let e = g.add(&a).unwrap_err().to_string();
+    assert!(
+        e.contains("Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"),
+        "{e}"
+    );
+    // integer remainder by zero, as on the CPU
+    let x = Tensor::from_vec(vec![5i64, 6], &[2]).unwrap().cuda().unwrap();
+    let z = Tensor::from_vec(vec![1i64, 0], &[2]).unwrap().cuda().unwrap();
+    let e = x.remainder(&z).unwrap_err().to_string();
+    assert!(e.contains("ZeroDivisionError"), "{e}");
+    // a compiled function refuses host inputs
+    let g2 = graph_of("neg", "%x: f32[3]", "%y = neg(%x)");
+    let f = CudaFn::compile(&g2, &CudaCompileOptions::default()).unwrap();
+    let e = f.call(&[a]).err().unwrap().to_string();
+    assert!(e.contains("is on cpu"), "{e}");
+    let e = Tensor::ones(&[1], DType::F32)
+        .to_device(Device::Cuda(99))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("invalid device ordinal"), "{e}");
+}
+
+#[test]
+fn smelt_profile_runs_on_the_gpu() {
+    if !gpu_or_skip("smelt_profile_runs_on_the_gpu") {
+        return;
+    }
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/models/softmax.smelt");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_smelt"))
+        .args(["profile", model, "--backend", "cuda", "--repeat", "2"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("of the measured copy"), "{text}");
+}
+
+#[test]
+fn without_a_gpu_asking_for_one_is_an_error() {
+    if cuda::is_available() {
+        eprintln!("without_a_gpu_asking_for_one_is_an_error: skipped, a GPU is present");
+        return;
+    }
+    let e = Tensor::ones(&[2], DType::F32).cuda().unwrap_err().to_string();
+    assert!(e.to_lowercase().contains("cuda") || e.contains("driver"), "{e}");
+    let e = CudaFn::compile(&graph_of("neg", "%x: f32[3]", "%y = neg(%x)"), &Default::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(!e.is_empty());
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/models/softmax.smelt");
+    for cmd in [
+        vec!["profile", model, "--backend", "cuda"],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_smelt"))
+            .args(&cmd)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(err.contains("driver") || err.contains("CUDA"), "{err}");
+    }
+}
