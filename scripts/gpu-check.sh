@@ -1,92 +1,79 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU and no network: build, run the CUDA tests, compile the
-# example models for this GPU, and time reference workloads. Crates must already be in the
-# cargo cache (`cargo fetch` beforehand); NVRTC comes from a CUDA toolkit or NVIDIA's pip
-# wheels (PyTorch installs them), found as described in docs/cuda.md.
+# On a machine with an NVIDIA GPU and no network: run the CUDA tests (every op and example
+# model on the GPU against the CPU interpreter), measure compile times with a cold and a
+# warm disk cache, profile benches/models/gpu.smelt with smelt and PyTorch, and print a
+# table last.
 #
-# What is not measured, and why: running smelt's compiled schedules on the GPU (device
-# tensors and kernel launches) is not implemented yet, so there are no smelt kernel times;
-# the table shows the references a later version must be compared with.
+# Binaries: with SMELT_PREBUILT=DIR, DIR holds `smelt` and the test executables
+# `cuda_exec`, `cuda_codegen`, `cuda_device` (built elsewhere with
+# `cargo test --release --no-run`); otherwise they are built here with cargo (--offline:
+# the crates must already be in the cargo cache). NVRTC, the CUDA headers and cuBLAS come
+# from a CUDA toolkit or NVIDIA's pip wheels (docs/cuda.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export CARGO_TERM_COLOR=never
-export SMELT_REQUIRE_NVRTC=1
+export CARGO_TERM_COLOR=never SMELT_REQUIRE_NVRTC=1 SMELT_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
 start=$(date +%s)
 status=0
+out=${GPU_CHECK_OUT:-$(mktemp -d)}
+mkdir -p "$out"
 
 echo "== GPU"
-if command -v nvidia-smi >/dev/null; then
-  nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader
-  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')
+nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader || true
+
+# cuBLAS and NVRTC from the toolkit or the wheels; cudarc opens libcublas.so by that name
+libs=$out/libs
+mkdir -p "$libs"
+site=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)
+for d in /usr/local/cuda/lib64 /usr/local/nvidia/lib64 $(for s in $site; do ls -d "$s"/nvidia/*/lib 2>/dev/null; done); do
+  [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+if ! ldconfig -p 2>/dev/null | grep -q 'libcublas.so '; then
+  for d in ${LD_LIBRARY_PATH//:/ }; do
+    f=$(ls "$d"/libcublas.so* 2>/dev/null | head -1)
+    if [ -n "$f" ]; then ln -sf "$f" "$libs/libcublas.so"; break; fi
+  done
+fi
+export LD_LIBRARY_PATH="$libs:${LD_LIBRARY_PATH:-}"
+
+if [ -n "${SMELT_PREBUILT:-}" ]; then
+  bin=$SMELT_PREBUILT/smelt
+  run_test() { "$SMELT_PREBUILT/$1" --test-threads=1 2>&1; }
 else
-  echo "nvidia-smi not found"
-  cap=90
+  echo "== build"
+  cargo build --release --offline --bin smelt || { echo "build failed"; exit 1; }
+  bin=${CARGO_TARGET_DIR:-target}/release/smelt
+  run_test() { cargo test --release --offline --test "$1" -- --test-threads=1 2>&1; }
 fi
-arch="sm_${cap:-90}"
+export SMELT_BIN=$bin
 
-echo "== build"
-if ! cargo build --offline --bin smelt; then
-  echo "build failed (are the crates in the cargo cache? run 'cargo fetch' with network first)"
-  exit 1
-fi
+echo "== CUDA tests"
+for t in cuda_device cuda_codegen cuda_exec; do
+  if ! run_test "$t" > "$out/test_$t.log"; then status=1; fi
+  grep -E "^test |test result|panicked|skipped" "$out/test_$t.log" | grep -v " ok$" | head -40
+done
 
-echo "== CUDA tests (device queries, allocator, NVRTC compile of every op)"
-if ! cargo test --offline --test cuda_device --test cuda_codegen -- --nocapture 2>&1 | grep -E "^test |test result|skipped|no CUDA|driver:|devices:|cuda:[0-9]|nvrtc:|headers:|panicked"; then
-  status=1
-fi
-cargo test --offline --test cuda_device --test cuda_codegen >/dev/null 2>&1 || status=1
+echo "== compile times (cold disk cache, then warm), mlp_block"
+export SMELT_CACHE_DIR=$out/cache
+for run in cold warm; do
+  "$bin" profile examples/models/mlp_block.smelt --backend cuda --repeat 1 --json "$out/compile_$run.json" > /dev/null || status=1
+  python3 -c "import json; j=json.load(open('$out/compile_$run.json')); print(f\"  $run: {j['compile_ms']:.1f} ms ({j['compile_origin']})\")" || true
+done
 
-echo "== compile the example models for $arch"
-bin=${CARGO_TARGET_DIR:-target}/debug/smelt
-out=$(mktemp -d)
-for m in examples/models/*.smelt; do
-  t0=$(date +%s%N)
-  if "$bin" compile "$m" --target cuda --arch "$arch" --out "$out/$(basename "$m" .smelt)"; then
-    t1=$(date +%s%N)
-    n=$(ls "$out/$(basename "$m" .smelt)"/*.cubin 2>/dev/null | wc -l)
-    printf "  %-22s %2d kernels  %6.0f ms\n" "$(basename "$m")" "$n" "$(( (t1 - t0) / 1000000 ))"
+echo "== smelt profiles (benches/models/gpu.smelt)"
+for g in chain chain4 gelu softmax layer_norm rowsum colsum mlp matmul_bf16; do
+  extra=()
+  [ "$g" = matmul_bf16 ] && extra=(--no-check)
+  if ! timeout 60 "$bin" profile benches/models/gpu.smelt --graph "$g" --backend cuda --repeat 10 \
+      "${extra[@]}" --json "$out/smelt_$g.json" > "$out/profile_$g.txt" 2>&1; then
+    status=1; echo "  $g failed:"; tail -5 "$out/profile_$g.txt"
   else
-    status=1
+    grep -E "fused is|of the measured copy|max \|" "$out/profile_$g.txt" | sed "s/^/  $g:/"
   fi
 done
-rm -rf "$out"
 
-echo "== reference timings (smelt on GPU: skipped, execution not implemented yet)"
-if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
-  timeout 180 python3 - <<'PY'
-import time, torch
-dev = "cuda"
-def bench(f, *a, n=50):
-    for _ in range(3): f(*a)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n): f(*a)
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e3
-x = torch.randn(4096, 4096, device=dev)
-b = torch.randn(4096, device=dev)
-y = torch.empty_like(x)
-copy_ms = bench(lambda: y.copy_(x))
-gbs = lambda ms, nbytes: nbytes / ms / 1e6
-print(f"{'workload':<28}{'eager ms':>10}{'compile ms':>12}{'GB/s eager':>12}")
-print(f"{'d2d copy 64 MiB':<28}{copy_ms:>10.3f}{'':>12}{gbs(copy_ms, 2 * x.numel() * 4):>12.0f}")
-work = {
-    "relu(x)*0.5+b [4096,4096]": (lambda x, b: torch.relu(x) * 0.5 + b, (x, b), 2 * x.numel() * 4),
-    "softmax dim=-1": (lambda x: torch.softmax(x, -1), (x,), 2 * x.numel() * 4),
-    "layer_norm": (lambda x: torch.nn.functional.layer_norm(x, (4096,)), (x,), 2 * x.numel() * 4),
-    "sum dim=1": (lambda x: x.sum(1), (x,), x.numel() * 4),
-}
-for name, (f, args, nbytes) in work.items():
-    e = bench(f, *args)
-    try:
-        c = bench(torch.compile(f), *args)
-        cs = f"{c:>12.3f}"
-    except Exception as ex:
-        cs = f"{'failed':>12}"
-    print(f"{name:<28}{e:>10.3f}{cs}{gbs(e, nbytes):>12.0f}")
-PY
-else
-  echo "  PyTorch with CUDA not installed: reference timings skipped"
-fi
+echo "== PyTorch"
+timeout 170 python3 scripts/gpu_bench.py torch "$out/torch.json" || echo "  PyTorch timings incomplete"
+
 echo "== done in $(( $(date +%s) - start )) s, status $status"
+python3 scripts/gpu_bench.py table "$out"
 exit $status

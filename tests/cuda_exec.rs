@@ -404,8 +404,11 @@ fn without_a_gpu_asking_for_one_is_an_error() {
         .to_string();
     assert!(!e.is_empty());
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/models/softmax.smelt");
+    let dir = std::env::temp_dir().join(format!("smelt-cuda-exec-{}", std::process::id()));
+    let dir = dir.display().to_string();
     for cmd in [
         vec!["profile", model, "--backend", "cuda"],
+        vec!["run", model, "--backend", "cuda", "--out", &dir],
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_smelt"))
             .args(&cmd)
@@ -415,5 +418,75 @@ fn without_a_gpu_asking_for_one_is_an_error() {
         assert!(!out.status.success());
         assert!(!err.contains("panicked"), "{err}");
         assert!(err.contains("driver") || err.contains("CUDA"), "{err}");
+    }
+}
+
+#[test]
+fn autocast_runs_gpu_matmuls_in_low_precision() {
+    if !gpu_or_skip("autocast_runs_gpu_matmuls_in_low_precision") {
+        return;
+    }
+    let a = Tensor::randn(&[16, 32], None).unwrap();
+    let b = Tensor::randn(&[32, 8], None).unwrap();
+    let want = a.matmul(&b).unwrap();
+    for d in [DType::BF16, DType::F16] {
+        let _guard = smelt::amp::autocast(d).unwrap();
+        let y = a.cuda().unwrap().matmul(&b.cuda().unwrap()).unwrap();
+        assert_eq!((y.dtype(), y.device()), (d, GPU));
+        let got = y.cpu().unwrap().to_dtype(DType::F32).unwrap();
+        for (g, w) in got.to_f64_vec().iter().zip(want.to_f64_vec()) {
+            assert!((g - w).abs() <= 0.1 * (1.0 + w.abs()), "{d}: {g} vs {w}");
+        }
+    }
+}
+
+#[test]
+fn smelt_grad_and_run_on_the_gpu_match_the_cpu() {
+    if !gpu_or_skip("smelt_grad_and_run_on_the_gpu_match_the_cpu") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("smelt-cuda-grad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/models/mlp_block.smelt");
+    let m = parse_module(&std::fs::read_to_string(model).unwrap(), model).unwrap();
+    let g = &m.graphs[0];
+    let mut args: Vec<String> = Vec::new();
+    for (&v, t) in g.inputs().iter().zip(inputs(g)) {
+        let name = &g.node(v).name;
+        let f = dir.join(format!("{name}.npy"));
+        smelt::runtime::npy::write_npy(&f, &t).unwrap();
+        args.push("--input".into());
+        args.push(format!("{name}={}", f.display()));
+    }
+    for cmd in ["grad", "run"] {
+        let mut outs = Vec::new();
+        for backend in ["cpu", "cuda"] {
+            let out_dir = dir.join(format!("{cmd}-{backend}"));
+            let mut a: Vec<String> = vec![cmd.into(), model.into()];
+            if cmd == "grad" {
+                a.extend(["--wrt".into(), "x,w1".into()]);
+            }
+            a.extend(args.iter().cloned());
+            a.extend([
+                "--backend".into(),
+                backend.into(),
+                "--out".into(),
+                out_dir.display().to_string(),
+            ]);
+            let o = std::process::Command::new(env!("CARGO_BIN_EXE_smelt"))
+                .args(&a)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{cmd} {backend}: {}", String::from_utf8_lossy(&o.stderr));
+            outs.push(out_dir);
+        }
+        let mut files: Vec<_> = std::fs::read_dir(&outs[0]).unwrap().flatten().map(|e| e.file_name()).collect();
+        files.sort();
+        assert!(!files.is_empty());
+        for f in files {
+            let c = smelt::runtime::npy::read_npy(outs[0].join(&f)).unwrap();
+            let d = smelt::runtime::npy::read_npy(outs[1].join(&f)).unwrap();
+            assert_close(&format!("{cmd} {f:?}"), &d, &c);
+        }
     }
 }

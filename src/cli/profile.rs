@@ -43,6 +43,9 @@ pub struct ProfileArgs {
     /// interpreter) or cuda (GPU 0, timed with CUDA events).
     #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     pub backend: Backend,
+    /// Skip the comparison with the CPU interpreter (for graphs too large to run there).
+    #[arg(long)]
+    pub no_check: bool,
 }
 
 /// Kernel backends selectable on the command line.
