@@ -137,6 +137,24 @@ fn every_op_compiles_to_ptx_and_cubin_for_sm_90() {
 }
 
 #[test]
+fn runtime_copy_kernels_compile_for_sm_90() {
+    if !nvrtc_or_skip("runtime_copy_kernels_compile_for_sm_90") {
+        return;
+    }
+    let src = smelt::runtime::cuda::copy::SOURCE;
+    let cubin = nvrtc::compile_cubin(src, "smelt_copy.cu", &CompileOptions::for_arch("sm_90"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(&cubin[..4], b"\x7fELF");
+    let out = nvrtc::compile(src, "smelt_copy.cu", &CompileOptions::for_arch("sm_90")).unwrap();
+    for n in [1, 2, 4, 8] {
+        assert!(
+            out.ptx.contains(&format!(".entry smelt_copy_{n}(")),
+            "PTX lacks smelt_copy_{n}"
+        );
+    }
+}
+
+#[test]
 fn each_kernel_is_a_compilable_unit_of_its_own() {
     if !nvrtc_or_skip("each_kernel_is_a_compilable_unit_of_its_own") {
         return;

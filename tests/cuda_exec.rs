@@ -45,7 +45,8 @@ fn inputs(g: &Graph) -> Vec<Tensor> {
                     .and_then(|t| t.mul_scalar(3.0))
                     .and_then(|t| t.to_dtype(ty.dtype))
             } else if ty.dtype.is_bool() {
-                Tensor::randint(0, 2, &ty.shape, Some(DType::I64)).and_then(|t| t.to_dtype(ty.dtype))
+                Tensor::randint(0, 2, &ty.shape, Some(DType::I64))
+                    .and_then(|t| t.to_dtype(ty.dtype))
             } else {
                 let lo = if ty.dtype == DType::U8 { 1 } else { -6 };
                 Tensor::randint(lo, 7, &ty.shape, Some(DType::I64))
@@ -168,10 +169,26 @@ fn large_and_odd_sizes_match_the_interpreter() {
     }
     smelt::runtime::random::manual_seed(3);
     let cases = [
-        ("chain", "%x: f32[1000,4097], %b: f32[4097]", "%r = relu(%x)\n %h = mul(%r, 0.5)\n %y = add(%h, %b)"),
-        ("softmax_long", "%x: f32[3,5000]", "%y = softmax(%x, dim=-1)"),
-        ("softmax_cols", "%x: f32[300,7]", "%t = t(%x)\n %y = softmax(%t, dim=-1)"),
-        ("layer_norm", "%x: f32[33,1025], %w: f32[1025], %b: f32[1025]", "%y = layer_norm(%x, %w, %b, normalized_shape=[1025])"),
+        (
+            "chain",
+            "%x: f32[1000,4097], %b: f32[4097]",
+            "%r = relu(%x)\n %h = mul(%r, 0.5)\n %y = add(%h, %b)",
+        ),
+        (
+            "softmax_long",
+            "%x: f32[3,5000]",
+            "%y = softmax(%x, dim=-1)",
+        ),
+        (
+            "softmax_cols",
+            "%x: f32[300,7]",
+            "%t = t(%x)\n %y = softmax(%t, dim=-1)",
+        ),
+        (
+            "layer_norm",
+            "%x: f32[33,1025], %w: f32[1025], %b: f32[1025]",
+            "%y = layer_norm(%x, %w, %b, normalized_shape=[1025])",
+        ),
         ("sum_rows", "%x: f32[513,2049]", "%y = sum(%x, dim=[1])"),
         ("sum_cols", "%x: f32[513,2049]", "%y = sum(%x, dim=[0])"),
         ("mean_all", "%x: f64[100001]", "%y = mean(%x)"),
@@ -210,10 +227,21 @@ fn tensors_move_between_host_and_gpu_unchanged() {
         assert_eq!(g.device(), GPU);
         assert_eq!(g.cpu().unwrap().to_f64_vec(), x.to_f64_vec(), "{d}");
         // a transposed, sliced view travels as its elements
-        let v = x.transpose(0, 2).unwrap().slice(0, Some(1), Some(4), 2).unwrap();
-        let gv = g.transpose(0, 2).unwrap().slice(0, Some(1), Some(4), 2).unwrap();
+        let v = x
+            .transpose(0, 2)
+            .unwrap()
+            .slice(0, Some(1), Some(4), 2)
+            .unwrap();
+        let gv = g
+            .transpose(0, 2)
+            .unwrap()
+            .slice(0, Some(1), Some(4), 2)
+            .unwrap();
         assert_eq!(gv.cpu().unwrap().to_f64_vec(), v.to_f64_vec(), "{d} view");
-        assert_eq!(v.cuda().unwrap().cpu().unwrap().to_f64_vec(), v.to_f64_vec());
+        assert_eq!(
+            v.cuda().unwrap().cpu().unwrap().to_f64_vec(),
+            v.to_f64_vec()
+        );
     }
     // the same device: no copy
     let g = Tensor::ones(&[3], DType::F32).cuda().unwrap();
@@ -233,8 +261,20 @@ fn eager_ops_on_gpu_views_match_the_cpu() {
     let gpu = ga.t().unwrap().relu().unwrap().mul_scalar(0.5).unwrap();
     assert_eq!(gpu.device(), GPU);
     assert_close("relu(t(a))*0.5", &gpu.cpu().unwrap(), &cpu);
-    let cpu = a.add(&b).unwrap().softmax(-1).unwrap().sum_dim(&[0], false).unwrap();
-    let gpu = ga.add(&gb).unwrap().softmax(-1).unwrap().sum_dim(&[0], false).unwrap();
+    let cpu = a
+        .add(&b)
+        .unwrap()
+        .softmax(-1)
+        .unwrap()
+        .sum_dim(&[0], false)
+        .unwrap();
+    let gpu = ga
+        .add(&gb)
+        .unwrap()
+        .softmax(-1)
+        .unwrap()
+        .sum_dim(&[0], false)
+        .unwrap();
     assert_close("sum(softmax(a+b))", &gpu.cpu().unwrap(), &cpu);
     // a reshape that needs a copy
     let cpu = a.t().unwrap().reshape(&[30]).unwrap();
@@ -278,12 +318,22 @@ fn matmul_through_cublas_matches_the_cpu() {
     assert_close("a.t()@b.t()", &got.cpu().unwrap(), &want);
     let want = a.slice(1, Some(0), Some(7), 2).unwrap();
     let want = b.matmul(&want).unwrap();
-    let got = gb.matmul(&ga.slice(1, Some(0), Some(7), 2).unwrap()).unwrap();
+    let got = gb
+        .matmul(&ga.slice(1, Some(0), Some(7), 2).unwrap())
+        .unwrap();
     assert_close("b@a[:, ::2]", &got.cpu().unwrap(), &want);
     // f64 exactly as cuBLAS computes it: close to the CPU's
     let a = Tensor::randn(&[31, 17], Some(DType::F64)).unwrap();
-    let got = a.cuda().unwrap().matmul(&a.t().unwrap().cuda().unwrap()).unwrap();
-    assert_close("f64", &got.cpu().unwrap(), &a.matmul(&a.t().unwrap()).unwrap());
+    let got = a
+        .cuda()
+        .unwrap()
+        .matmul(&a.t().unwrap().cuda().unwrap())
+        .unwrap();
+    assert_close(
+        "f64",
+        &got.cpu().unwrap(),
+        &a.matmul(&a.t().unwrap()).unwrap(),
+    );
     // f16 on tensor cores, f32 accumulation: within half precision of the f32 product
     let a = Tensor::randn(&[64, 128], None).unwrap();
     let b = Tensor::randn(&[128, 32], None).unwrap();
@@ -295,7 +345,12 @@ fn matmul_through_cublas_matches_the_cpu() {
         .unwrap()
         .matmul(&b.to_dtype(DType::F16).unwrap().cuda().unwrap())
         .unwrap();
-    let got = got.cpu().unwrap().to_dtype(DType::F32).unwrap().to_f64_vec();
+    let got = got
+        .cpu()
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_f64_vec();
     let norm: f64 = want.to_f64_vec().iter().map(|x| x * x).sum::<f64>().sqrt();
     let err: f64 = got
         .iter()
@@ -303,7 +358,11 @@ fn matmul_through_cublas_matches_the_cpu() {
         .map(|(g, w)| (g - w) * (g - w))
         .sum::<f64>()
         .sqrt();
-    assert!(err / norm < 5e-3, "f16 matmul relative error {}", err / norm);
+    assert!(
+        err / norm < 5e-3,
+        "f16 matmul relative error {}",
+        err / norm
+    );
 }
 
 #[test]
@@ -311,12 +370,18 @@ fn in_place_ops_write_through_gpu_views() {
     if !gpu_or_skip("in_place_ops_write_through_gpu_views") {
         return;
     }
-    let x = Tensor::arange(0.0, 12.0, 1.0, None).unwrap().reshape(&[3, 4]).unwrap();
+    let x = Tensor::arange(0.0, 12.0, 1.0, None)
+        .unwrap()
+        .reshape(&[3, 4])
+        .unwrap();
     let g = x.cuda().unwrap();
     let v = g.slice(1, Some(1), Some(4), 2).unwrap(); // columns 1 and 3
     v.add_scalar_(100.0).unwrap();
     g.select(0, 0).unwrap().fill_(-1.0).unwrap();
-    let col = Tensor::from_vec(vec![7.0f32, 8.0, 9.0], &[3, 1]).unwrap().cuda().unwrap();
+    let col = Tensor::from_vec(vec![7.0f32, 8.0, 9.0], &[3, 1])
+        .unwrap()
+        .cuda()
+        .unwrap();
     g.narrow(1, 0, 1).unwrap().copy_(&col).unwrap();
     let want = vec![
         7.0, -1.0, -1.0, -1.0, //
@@ -359,8 +424,14 @@ fn gpu_errors_are_clean() {
         "{e}"
     );
     // integer remainder by zero, as on the CPU
-    let x = Tensor::from_vec(vec![5i64, 6], &[2]).unwrap().cuda().unwrap();
-    let z = Tensor::from_vec(vec![1i64, 0], &[2]).unwrap().cuda().unwrap();
+    let x = Tensor::from_vec(vec![5i64, 6], &[2])
+        .unwrap()
+        .cuda()
+        .unwrap();
+    let z = Tensor::from_vec(vec![1i64, 0], &[2])
+        .unwrap()
+        .cuda()
+        .unwrap();
     let e = x.remainder(&z).unwrap_err().to_string();
     assert!(e.contains("ZeroDivisionError"), "{e}");
     // a compiled function refuses host inputs
@@ -386,7 +457,11 @@ fn smelt_profile_runs_on_the_gpu() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(text.contains("of the measured copy"), "{text}");
 }
 
@@ -396,12 +471,21 @@ fn without_a_gpu_asking_for_one_is_an_error() {
         eprintln!("without_a_gpu_asking_for_one_is_an_error: skipped, a GPU is present");
         return;
     }
-    let e = Tensor::ones(&[2], DType::F32).cuda().unwrap_err().to_string();
-    assert!(e.to_lowercase().contains("cuda") || e.contains("driver"), "{e}");
-    let e = CudaFn::compile(&graph_of("neg", "%x: f32[3]", "%y = neg(%x)"), &Default::default())
-        .err()
-        .unwrap()
+    let e = Tensor::ones(&[2], DType::F32)
+        .cuda()
+        .unwrap_err()
         .to_string();
+    assert!(
+        e.to_lowercase().contains("cuda") || e.contains("driver"),
+        "{e}"
+    );
+    let e = CudaFn::compile(
+        &graph_of("neg", "%x: f32[3]", "%y = neg(%x)"),
+        &Default::default(),
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(!e.is_empty());
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/models/softmax.smelt");
     let dir = std::env::temp_dir().join(format!("smelt-cuda-exec-{}", std::process::id()));
@@ -447,7 +531,10 @@ fn smelt_grad_and_run_on_the_gpu_match_the_cpu() {
     }
     let dir = std::env::temp_dir().join(format!("smelt-cuda-grad-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/models/mlp_block.smelt");
+    let model = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/models/mlp_block.smelt"
+    );
     let m = parse_module(&std::fs::read_to_string(model).unwrap(), model).unwrap();
     let g = &m.graphs[0];
     let mut args: Vec<String> = Vec::new();
@@ -477,10 +564,18 @@ fn smelt_grad_and_run_on_the_gpu_match_the_cpu() {
                 .args(&a)
                 .output()
                 .unwrap();
-            assert!(o.status.success(), "{cmd} {backend}: {}", String::from_utf8_lossy(&o.stderr));
+            assert!(
+                o.status.success(),
+                "{cmd} {backend}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
             outs.push(out_dir);
         }
-        let mut files: Vec<_> = std::fs::read_dir(&outs[0]).unwrap().flatten().map(|e| e.file_name()).collect();
+        let mut files: Vec<_> = std::fs::read_dir(&outs[0])
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
         files.sort();
         assert!(!files.is_empty());
         for f in files {

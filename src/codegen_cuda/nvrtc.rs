@@ -199,7 +199,14 @@ pub fn compile(source: &str, name: &str, opts: &CompileOptions) -> Result<Compil
 pub fn compile_cubin(source: &str, name: &str, opts: &CompileOptions) -> Result<Vec<u8>> {
     let digits = arch_digits(&opts.arch)?;
     let a = api()?;
-    Ok(run(a, source, name, opts, &format!("--gpu-architecture=sm_{digits}"))?.1)
+    Ok(run(
+        a,
+        source,
+        name,
+        opts,
+        &format!("--gpu-architecture=sm_{digits}"),
+    )?
+    .1)
 }
 
 /// One NVRTC compile: (PTX, CUBIN when the target is real, log).

@@ -28,23 +28,26 @@ fn with_handle<T>(gpu: &Gpu, f: impl FnOnce(sys::cublasHandle_t) -> Result<T>) -
     let all = ALL.get_or_init(|| Mutex::new(HashMap::new()));
     let mut all = all.lock().unwrap_or_else(|e| e.into_inner());
     gpu.bind()?;
-    if !all.contains_key(&gpu.ordinal()) {
-        // SAFETY: only tries to open the library by its names.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(Error::Device(
-                "the cuBLAS library (libcublas.so) was not found: add its folder to LD_LIBRARY_PATH"
-                    .into(),
-            ));
+    let h = match all.entry(gpu.ordinal()) {
+        std::collections::hash_map::Entry::Occupied(e) => e.get().0,
+        std::collections::hash_map::Entry::Vacant(e) => {
+            // SAFETY: only tries to open the library by its names.
+            if !unsafe { sys::is_culib_present() } {
+                return Err(Error::Device(
+                    "the cuBLAS library (libcublas.so) was not found: add its folder to LD_LIBRARY_PATH"
+                        .into(),
+                ));
+            }
+            let h = super::guarded("cublasCreate", || {
+                result::create_handle().map_err(|e| blas_err("cublasCreate", e))
+            })?;
+            // SAFETY: a fresh handle; the null stream is the legacy default stream.
+            unsafe { result::set_stream(h, std::ptr::null_mut()) }
+                .map_err(|e| blas_err("cublasSetStream", e))?;
+            e.insert(Handle(h)).0
         }
-        let h = super::guarded("cublasCreate", || {
-            result::create_handle().map_err(|e| blas_err("cublasCreate", e))
-        })?;
-        // SAFETY: a fresh handle; the null stream is the legacy default stream.
-        unsafe { result::set_stream(h, std::ptr::null_mut()) }
-            .map_err(|e| blas_err("cublasSetStream", e))?;
-        all.insert(gpu.ordinal(), Handle(h));
-    }
-    f(all[&gpu.ordinal()].0)
+    };
+    f(h)
 }
 
 /// A row-major matrix `[rows, cols]` at `ptr` with element strides `(rs, cs)`.
@@ -98,37 +101,163 @@ fn data_type(d: DType) -> Result<sys::cudaDataType> {
     })
 }
 
-/// `C[b] = A[b]·B[b]` for `b < batch`, each operand `batch_stride` elements apart (0 to
-/// broadcast); `c` is dense (`[M,N]` row-major, `M·N` apart).
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_batched(
-    gpu: &Gpu,
-    dtype: DType,
-    a: Mat,
-    a_batch_stride: usize,
-    b: Mat,
-    b_batch_stride: usize,
-    c_ptr: u64,
-    batch: usize,
-) -> Result<()> {
-    let (m, k, n) = (a.rows, a.cols, b.cols);
-    if b.rows != k {
+/// The arguments of one `cublasGemmStridedBatchedEx` call, in cuBLAS's column-major terms
+/// (operand 1 is the row-major `B`, operand 2 the row-major `A`); pointers are element
+/// offsets from the operands' buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmCall {
+    pub trans1: bool,
+    pub trans2: bool,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub off1: usize,
+    pub ld1: usize,
+    pub stride1: usize,
+    pub off2: usize,
+    pub ld2: usize,
+    pub stride2: usize,
+    /// Element offset of the first `C` matrix; `C` is dense, `ldc = m`, `m·n` apart.
+    pub off_c: usize,
+    pub batch: usize,
+}
+
+/// A strided view: shape, strides and offset in elements.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Geom {
+    pub shape: Vec<usize>,
+    pub strides: Vec<usize>,
+    pub offset: usize,
+}
+
+/// The matrix of the last two dims of a view (a vector is `[1,K]` on the left, `[K,1]` on
+/// the right), with its batch shape and strides.
+fn split_batch(g: &Geom, left: bool) -> (Mat, Vec<usize>, Vec<usize>) {
+    let (sh, st) = (&g.shape, &g.strides);
+    let n = sh.len();
+    let ptr = g.offset as u64;
+    let m = match (n, left) {
+        (1, true) => Mat {
+            ptr,
+            rows: 1,
+            cols: sh[0],
+            rs: 0,
+            cs: st[0],
+        },
+        (1, false) => Mat {
+            ptr,
+            rows: sh[0],
+            cols: 1,
+            rs: st[0],
+            cs: 0,
+        },
+        _ => Mat {
+            ptr,
+            rows: sh[n - 2],
+            cols: sh[n - 1],
+            rs: st[n - 2],
+            cs: st[n - 1],
+        },
+    };
+    let nb = n.saturating_sub(2);
+    (m, sh[..nb].to_vec(), st[..nb].to_vec())
+}
+
+/// Strides of a batch shape broadcast to `to` (0 for broadcast and missing dims).
+fn batch_strides(shape: &[usize], strides: &[usize], to: &[usize]) -> Vec<usize> {
+    let pad = to.len() - shape.len();
+    (0..to.len())
+        .map(|d| {
+            if d < pad || shape[d - pad] == 1 {
+                0
+            } else {
+                strides[d - pad]
+            }
+        })
+        .collect()
+}
+
+/// Whether cuBLAS reads operand `a` (left) and `b` (right) of a matmul without copies.
+pub fn readable(a: &Geom, b: &Geom) -> (bool, bool) {
+    (
+        is_blas_layout(&split_batch(a, true).0),
+        is_blas_layout(&split_batch(b, false).0),
+    )
+}
+
+/// The cuBLAS calls of `torch.matmul(a, b)` (both 1-d or more, operands readable by
+/// cuBLAS) into a dense `C` of the result's shape: the last batch dim goes to the strided
+/// batch, the others are looped over. No call when the result is empty; `k == 0` calls
+/// need `C` zeroed instead (cuBLAS leaves it).
+pub fn plan(a: &Geom, b: &Geom) -> Result<Vec<GemmCall>> {
+    if a.shape.is_empty() || b.shape.is_empty() {
+        return Err(Error::Shape(
+            "matmul: both arguments need at least 1 dim".into(),
+        ));
+    }
+    let (ma, sa, ta) = split_batch(a, true);
+    let (mb, sb, tb) = split_batch(b, false);
+    if ma.cols != mb.rows {
         return Err(Error::Shape(format!(
-            "matmul: inner dims differ ({m}x{k} and {}x{n})",
-            b.rows
+            "matmul: inner dims differ ({}x{} and {}x{})",
+            ma.rows, ma.cols, mb.rows, mb.cols
         )));
     }
-    if batch == 0 || m == 0 || n == 0 {
-        return Ok(());
-    }
-    let esize = dtype.size();
-    if k == 0 {
-        return gpu.zero(c_ptr, batch * m * n * esize);
-    }
-    let (tb, ldb) = as_col_major(&b)
+    let (t1, ld1) = as_col_major(&mb)
         .ok_or_else(|| Error::Value("matmul: operand B needs a unit stride".into()))?;
-    let (ta, lda) = as_col_major(&a)
+    let (t2, ld2) = as_col_major(&ma)
         .ok_or_else(|| Error::Value("matmul: operand A needs a unit stride".into()))?;
+    let batch = crate::ir::shape::broadcast_shapes(&sa, &sb)?;
+    let (ba, bb) = (
+        batch_strides(&sa, &ta, &batch),
+        batch_strides(&sb, &tb, &batch),
+    );
+    let (outer, inner) = match batch.split_last() {
+        Some((&last, rest)) => (rest.to_vec(), last),
+        None => (Vec::new(), 1),
+    };
+    let mn = ma.rows * mb.cols;
+    let count: usize = outer.iter().product();
+    if count == 0 || inner == 0 || mn == 0 {
+        return Ok(Vec::new());
+    }
+    let mut calls = Vec::with_capacity(count);
+    for o in 0..count {
+        let (mut oa, mut ob, mut r) = (0usize, 0usize, o);
+        for d in (0..outer.len()).rev() {
+            let p = r % outer[d];
+            r /= outer[d];
+            oa += p * ba[d];
+            ob += p * bb[d];
+        }
+        calls.push(GemmCall {
+            trans1: t1,
+            trans2: t2,
+            m: mb.cols,
+            n: ma.rows,
+            k: ma.cols,
+            off1: b.offset + ob,
+            ld1,
+            stride1: bb.last().copied().unwrap_or(0),
+            off2: a.offset + oa,
+            ld2,
+            stride2: ba.last().copied().unwrap_or(0),
+            off_c: o * inner * mn,
+            batch: inner,
+        });
+    }
+    Ok(calls)
+}
+
+/// Runs one planned call on device buffers `p1` (B), `p2` (A) and `pc` (C) of `dtype`.
+pub fn gemm(gpu: &Gpu, dtype: DType, c: &GemmCall, p1: u64, p2: u64, pc: u64) -> Result<()> {
+    let esize = dtype.size() as u64;
+    if c.k == 0 {
+        return gpu.zero(
+            pc + c.off_c as u64 * esize,
+            c.batch * c.m * c.n * dtype.size(),
+        );
+    }
     let ty = data_type(dtype)?;
     let op = |t: bool| {
         if t {
@@ -155,35 +284,35 @@ pub fn gemm_batched(
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
         )
     };
-    let (mi, ni, ki) = (int(n, "N")?, int(m, "M")?, int(k, "K")?);
-    let (ldbi, ldai, ldc) = (int(ldb, "ld")?, int(lda, "ld")?, int(n, "ld")?);
-    let batch_i = int(batch, "batch")?;
+    let (m, n, k) = (int(c.m, "M")?, int(c.n, "N")?, int(c.k, "K")?);
+    let (ld1, ld2, ldc) = (int(c.ld1, "ld")?, int(c.ld2, "ld")?, int(c.m, "ld")?);
+    let batch = int(c.batch, "batch")?;
     with_handle(gpu, |h| {
-        // SAFETY: the views lie inside live device allocations (checked by the caller's
-        // schedule validation), alpha/beta are host scalars of the compute type.
+        // SAFETY: the planned views lie inside live device allocations (the schedule's
+        // buffers), alpha/beta are host scalars of the compute type.
         unsafe {
             result::gemm_strided_batched_ex(
                 h,
-                op(tb),
-                op(ta),
-                mi,
-                ni,
-                ki,
+                op(c.trans1),
+                op(c.trans2),
+                m,
+                n,
+                k,
                 alpha,
-                b.ptr as *const c_void,
+                (p1 + c.off1 as u64 * esize) as *const c_void,
                 ty,
-                ldbi,
-                b_batch_stride as i64,
-                a.ptr as *const c_void,
+                ld1,
+                c.stride1 as i64,
+                (p2 + c.off2 as u64 * esize) as *const c_void,
                 ty,
-                ldai,
-                a_batch_stride as i64,
+                ld2,
+                c.stride2 as i64,
                 beta,
-                c_ptr as *mut c_void,
+                (pc + c.off_c as u64 * esize) as *mut c_void,
                 ty,
                 ldc,
-                (m * n) as i64,
-                batch_i,
+                (c.m * c.n) as i64,
+                batch,
                 compute,
                 sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
@@ -221,5 +350,126 @@ mod tests {
         assert_eq!(as_col_major(&mat(3, 4, 8, 2)), None);
         // an expanded (stride 0) matrix has no valid ld
         assert_eq!(as_col_major(&mat(3, 4, 0, 1)), None);
+    }
+
+    /// cuBLAS's strided-batched GEMM on host arrays, from its documented column-major
+    /// semantics: `C_i = op(X_i)·op(Y_i)`, element `(r, c)` of a stored matrix at `r + c·ld`.
+    fn emulate(call: &GemmCall, x: &[f64], y: &[f64], c: &mut [f64]) {
+        let at = |buf: &[f64], off: usize, ld: usize, t: bool, r: usize, col: usize| {
+            if t {
+                buf[off + col + r * ld]
+            } else {
+                buf[off + r + col * ld]
+            }
+        };
+        for i in 0..call.batch {
+            for r in 0..call.m {
+                for col in 0..call.n {
+                    let mut acc = 0.0;
+                    for p in 0..call.k {
+                        let u = at(x, call.off1 + i * call.stride1, call.ld1, call.trans1, r, p);
+                        let v = at(
+                            y,
+                            call.off2 + i * call.stride2,
+                            call.ld2,
+                            call.trans2,
+                            p,
+                            col,
+                        );
+                        acc += u * v;
+                    }
+                    c[call.off_c + i * call.m * call.n + r + col * call.m] = acc;
+                }
+            }
+        }
+    }
+
+    /// Every element of `t`'s storage, in memory order.
+    fn storage_f64(t: &crate::Tensor) -> Vec<f64> {
+        let len = t.storage().len();
+        crate::Tensor::from_parts(
+            t.storage_arc().clone(),
+            crate::runtime::layout::Layout::contiguous(&[len]),
+        )
+        .to_f64_vec()
+    }
+
+    fn geom(t: &crate::Tensor) -> Geom {
+        Geom {
+            shape: t.shape().to_vec(),
+            strides: t.strides().to_vec(),
+            offset: t.storage_offset(),
+        }
+    }
+
+    #[test]
+    fn planned_calls_compute_torch_matmul() {
+        use crate::Tensor;
+        crate::runtime::random::manual_seed(11);
+        let base = |shape: &[usize]| Tensor::randn(shape, Some(DType::F64)).unwrap();
+        // (a, b) as views: plain, transposed, sliced, broadcast batches, vectors, empty
+        let cases: Vec<(Tensor, Tensor)> = vec![
+            (base(&[7, 5]), base(&[5, 3])),
+            (base(&[5]), base(&[5, 3])),
+            (base(&[7, 5]), base(&[5])),
+            (base(&[5]), base(&[5])),
+            (base(&[2, 1, 7, 5]), base(&[4, 5, 3])),
+            (base(&[3, 7, 5]), base(&[5, 9])),
+            (base(&[5, 7]).t().unwrap(), base(&[3, 5]).t().unwrap()),
+            (
+                base(&[7, 10]).slice(1, Some(2), Some(7), 1).unwrap(),
+                base(&[6, 5]).narrow(0, 1, 5).unwrap(),
+            ),
+            (
+                base(&[4, 5, 7]).transpose(1, 2).unwrap(),
+                base(&[5, 2]).expand(&[3, 4, 5, 2]).unwrap(),
+            ),
+            (base(&[1, 5]), base(&[5, 1])),
+            (base(&[0, 4]), base(&[4, 2])),
+            (base(&[3, 0]), base(&[0, 2])),
+        ];
+        for (a, b) in cases {
+            let want = a.matmul(&b).unwrap();
+            let (ga, gb) = (geom(&a), geom(&b));
+            assert_eq!(readable(&ga, &gb), (true, true), "{:?} {:?}", ga, gb);
+            let calls = plan(&ga, &gb).unwrap();
+            let x = storage_f64(&b);
+            let y = storage_f64(&a);
+            let mut c = vec![f64::NAN; want.numel()];
+            for call in &calls {
+                if call.k == 0 {
+                    c[call.off_c..call.off_c + call.batch * call.m * call.n].fill(0.0);
+                } else {
+                    emulate(call, &x, &y, &mut c);
+                }
+            }
+            let w = want.to_f64_vec();
+            for (i, (g, w)) in c.iter().zip(&w).enumerate() {
+                assert!(
+                    (g - w).abs() < 1e-12,
+                    "{:?}@{:?} [{i}]: {g} vs {w}",
+                    a.shape(),
+                    b.shape()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn operands_without_unit_stride_are_reported() {
+        let a = Geom {
+            shape: vec![3, 4],
+            strides: vec![8, 2],
+            offset: 0,
+        };
+        let b = Geom {
+            shape: vec![4, 2],
+            strides: vec![2, 1],
+            offset: 0,
+        };
+        assert_eq!(readable(&a, &b), (false, true));
+        assert!(plan(&a, &b).is_err());
+        let e = plan(&b, &b).unwrap_err().to_string();
+        assert!(e.contains("inner dims"), "{e}");
     }
 }

@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// Most dims a strided copy walks.
 pub const MAX_DIMS: usize = 8;
 
-const SOURCE: &str = r#"
+/// The CUDA C of the copy kernels (compiled once per device).
+pub const SOURCE: &str = r#"
 struct SmeltGeo {
     unsigned long long n, ndim, doff, soff;
     unsigned long long size[8], dst[8], src[8];
@@ -72,17 +73,9 @@ struct Geo {
     src: [u64; MAX_DIMS],
 }
 
-/// Copies the elements of view `src` (of the buffer at `src_ptr`) to view `dst` (of the
-/// buffer at `dst_ptr`), both of `elem` bytes per element and of the same shape. Dims of
-/// size 1 are dropped first, so only views of more than 8 real dims are refused.
-pub fn strided(
-    gpu: &Arc<Gpu>,
-    elem: usize,
-    dst_ptr: u64,
-    dst: &Layout,
-    src_ptr: u64,
-    src: &Layout,
-) -> Result<()> {
+/// The kernel's geometry for copying view `src` to view `dst` (same shape): dims of size
+/// 1 dropped, so only views of more than 8 real dims are refused.
+fn geometry(dst: &Layout, src: &Layout) -> Result<Geo> {
     if dst.shape != src.shape {
         bail!(
             Shape,
@@ -90,10 +83,6 @@ pub fn strided(
             dst.shape,
             src.shape
         );
-    }
-    let n: usize = dst.shape.iter().product();
-    if n == 0 {
-        return Ok(());
     }
     let dims: Vec<usize> = (0..dst.shape.len())
         .filter(|&d| dst.shape[d] != 1)
@@ -106,7 +95,7 @@ pub fn strided(
         );
     }
     let mut g = Geo {
-        n: n as u64,
+        n: dst.shape.iter().product::<usize>() as u64,
         ndim: dims.len() as u64,
         doff: dst.offset as u64,
         soff: src.offset as u64,
@@ -118,6 +107,24 @@ pub fn strided(
         g.size[k] = dst.shape[d] as u64;
         g.dst[k] = dst.strides[d] as u64;
         g.src[k] = src.strides[d] as u64;
+    }
+    Ok(g)
+}
+
+/// Copies the elements of view `src` (of the buffer at `src_ptr`) to view `dst` (of the
+/// buffer at `dst_ptr`), both of `elem` bytes per element and of the same shape.
+pub fn strided(
+    gpu: &Arc<Gpu>,
+    elem: usize,
+    dst_ptr: u64,
+    dst: &Layout,
+    src_ptr: u64,
+    src: &Layout,
+) -> Result<()> {
+    let mut g = geometry(dst, src)?;
+    let n = g.n as usize;
+    if n == 0 {
+        return Ok(());
     }
     let slot = match elem {
         1 => 0,
@@ -138,4 +145,58 @@ pub fn strided(
     // SAFETY: both views lie inside their buffers (the callers' layouts are checked against
     // their storages), and the parameters match the kernel's signature.
     unsafe { k.by_size[slot].launch_raw(grid, block, 0, &mut params) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel's loop on the host: element `i` of the walk, its two offsets.
+    fn emulate(g: &Geo, dst: &mut [i64], src: &[i64]) {
+        for i in 0..g.n {
+            let (mut r, mut od, mut os) = (i, g.doff, g.soff);
+            for k in (0..g.ndim as usize).rev() {
+                let p = r % g.size[k];
+                r /= g.size[k];
+                od += p * g.dst[k];
+                os += p * g.src[k];
+            }
+            dst[od as usize] = src[os as usize];
+        }
+    }
+
+    #[test]
+    fn the_walk_copies_views_as_the_cpu_does() {
+        let base = crate::Tensor::arange(0, 120, 1, None)
+            .unwrap()
+            .reshape(&[2, 3, 4, 5])
+            .unwrap();
+        let views = [
+            base.clone(),
+            base.permute(&[3, 1, 0, 2]).unwrap(),
+            base.slice(3, Some(1), Some(5), 2)
+                .unwrap()
+                .select(1, 2)
+                .unwrap(),
+            base.narrow(2, 1, 1).unwrap().transpose(0, 3).unwrap(),
+            base.select(0, 1)
+                .unwrap()
+                .select(0, 0)
+                .unwrap()
+                .select(0, 3)
+                .unwrap(),
+        ];
+        let storage: Vec<i64> = (0..120).collect();
+        for v in views {
+            let dst = Layout::contiguous(v.shape());
+            let g = geometry(&dst, v.layout()).unwrap();
+            let mut out = vec![-1i64; v.numel()];
+            emulate(&g, &mut out, &storage);
+            assert_eq!(out, v.to_i64_vec(), "{:?}", v.layout());
+        }
+        let e = geometry(&Layout::contiguous(&[2, 3]), &Layout::contiguous(&[3, 2]));
+        assert!(e.is_err());
+        let nine = Layout::contiguous(&[2; 9]);
+        assert!(geometry(&nine, &nine).is_err());
+    }
 }

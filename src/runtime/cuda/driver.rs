@@ -56,7 +56,9 @@ impl Gpu {
 
     /// Makes the context current on this thread (cheap when it already is).
     pub fn bind(&self) -> Result<()> {
-        self.ctx.bind_to_thread().map_err(|e| err("cuCtxSetCurrent", e))
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| err("cuCtxSetCurrent", e))
     }
 
     /// Copies host bytes to device address `dst`.

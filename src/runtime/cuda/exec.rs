@@ -8,15 +8,14 @@
 //! device; a non-contiguous one is copied dense first. Outputs are device tensors, views of
 //! their buffers where the schedule says so.
 
-use super::blas::{self, Mat};
+use super::blas;
 use super::driver::{Function, Gpu, Module, Timer};
-use super::program::{self, Origin};
 use super::memory::DeviceBuffer;
+use super::program::{self, Origin};
 use crate::codegen_cpu::exec::StepInfo;
 use crate::codegen_cuda::{self, CudaProgram, CudaStep, ParamAccess};
 use crate::ir::graph::Graph;
 use crate::ir::op::{Op, TensorType};
-use crate::ir::shape::broadcast_shapes;
 use crate::ir::text::fmt_type;
 use crate::kernel::{BufferKind, ExternCall, Schedule, View};
 use crate::passes::Pipeline;
@@ -121,13 +120,7 @@ impl CudaFn {
         fast_math: bool,
     ) -> Result<CudaFn> {
         let t0 = Instant::now();
-        let program = codegen_cuda::generate(
-            &s,
-            &codegen_cuda::CudaOptions {
-                fast_math,
-                ..Default::default()
-            },
-        )?;
+        let program = codegen_cuda::generate(&s, &codegen_cuda::CudaOptions { fast_math })?;
         let (module, origin, functions) = if program.kernels.is_empty() {
             (None, Origin::Memory, Vec::new())
         } else {
@@ -155,10 +148,7 @@ impl CudaFn {
                 _ => Ok(None),
             })
             .collect::<Result<Vec<_>>>()?;
-        let checks_errors = program
-            .kernels
-            .iter()
-            .any(|k| k.source.contains("sm_irem"));
+        let checks_errors = program.kernels.iter().any(|k| k.source.contains("sm_irem"));
         let mut names = input_names;
         names.resize_with(s.inputs.len(), String::new);
         Ok(CudaFn {
@@ -333,7 +323,11 @@ impl CudaFn {
                 (ParamAccess::ErrorFlag, _) => self.error_flag.ptr(),
                 (_, Some(b)) => match bufs.get(b).and_then(Option::as_ref) {
                     Some(buf) => buf.ptr(),
-                    None => bail!(Value, "kernel {}: b{b} is used before it is written", k.name),
+                    None => bail!(
+                        Value,
+                        "kernel {}: b{b} is used before it is written",
+                        k.name
+                    ),
                 },
                 (_, None) => bail!(Value, "kernel {}: parameter without a buffer", k.name),
             });
@@ -351,7 +345,11 @@ impl CudaFn {
             .iter()
             .map(|v| match bufs.get(v.buffer).and_then(Option::as_ref) {
                 Some(b) => Ok(b.view(v)),
-                None => bail!(Value, "schedule: b{} is read before it is written", v.buffer),
+                None => bail!(
+                    Value,
+                    "schedule: b{} is read before it is written",
+                    v.buffer
+                ),
             })
             .collect::<Result<_>>()?;
         let out = &self.schedule.buffers[e.out];
@@ -392,54 +390,12 @@ impl CudaFn {
     }
 }
 
-/// The matrix of the last two dims of a view (a vector is `[1,K]` on the left, `[K,1]` on
-/// the right), with its batch shape and strides.
-fn as_batched(t: &Tensor, left: bool) -> (Mat, Vec<usize>, Vec<usize>) {
-    let (sh, st) = (t.shape(), t.strides());
-    let base = t
-        .storage()
-        .device_ptr()
-        .map_or(0, |p| p + (t.storage_offset() * t.element_size()) as u64);
-    let n = sh.len();
-    let m = match (n, left) {
-        (1, true) => Mat {
-            ptr: base,
-            rows: 1,
-            cols: sh[0],
-            rs: 0,
-            cs: st[0],
-        },
-        (1, false) => Mat {
-            ptr: base,
-            rows: sh[0],
-            cols: 1,
-            rs: st[0],
-            cs: 0,
-        },
-        _ => Mat {
-            ptr: base,
-            rows: sh[n - 2],
-            cols: sh[n - 1],
-            rs: st[n - 2],
-            cs: st[n - 1],
-        },
-    };
-    let nb = n.saturating_sub(2);
-    (m, sh[..nb].to_vec(), st[..nb].to_vec())
-}
-
-/// Strides of a batch shape broadcast to `to` (0 for broadcast and missing dims).
-fn batch_strides(shape: &[usize], strides: &[usize], to: &[usize]) -> Vec<usize> {
-    let pad = to.len() - shape.len();
-    (0..to.len())
-        .map(|d| {
-            if d < pad || shape[d - pad] == 1 {
-                0
-            } else {
-                strides[d - pad]
-            }
-        })
-        .collect()
+fn geom(t: &Tensor) -> blas::Geom {
+    blas::Geom {
+        shape: t.shape().to_vec(),
+        strides: t.strides().to_vec(),
+        offset: t.storage_offset(),
+    }
 }
 
 /// `torch.matmul(a, b)` of device views into the dense buffer at `c_ptr` (of the result's
@@ -454,52 +410,20 @@ pub fn matmul_into(gpu: &Arc<Gpu>, a: &Tensor, b: &Tensor, c_ptr: u64) -> Result
             b.dtype()
         );
     }
-    let fix = |t: &Tensor, left: bool| -> Result<Tensor> {
-        let (m, _, _) = as_batched(t, left);
-        if blas::is_blas_layout(&m) {
-            Ok(t.clone())
-        } else {
-            super::tensor::contiguous_copy(t)
-        }
+    let (ra, rb) = blas::readable(&geom(a), &geom(b));
+    let a = if ra {
+        a.clone()
+    } else {
+        super::tensor::contiguous_copy(a)?
     };
-    let (a, b) = (fix(a, true)?, fix(b, false)?);
-    let (ma, sa, ta) = as_batched(&a, true);
-    let (mb, sb, tb) = as_batched(&b, false);
-    let batch = broadcast_shapes(&sa, &sb)?;
-    let (ba, bb) = (
-        batch_strides(&sa, &ta, &batch),
-        batch_strides(&sb, &tb, &batch),
-    );
-    let esize = dtype.size() as u64;
-    let mn = (ma.rows * mb.cols) as u64;
-    // the last batch dim goes to the strided-batched call, the others are looped over
-    let (outer, inner) = match batch.split_last() {
-        Some((&last, rest)) => (rest.to_vec(), last),
-        None => (Vec::new(), 1),
+    let b = if rb {
+        b.clone()
+    } else {
+        super::tensor::contiguous_copy(b)?
     };
-    let (ia, ib) = (
-        ba.last().copied().unwrap_or(0),
-        bb.last().copied().unwrap_or(0),
-    );
-    let count: usize = outer.iter().product();
-    for o in 0..count {
-        let (mut oa, mut ob, mut r) = (0usize, 0usize, o);
-        for d in (0..outer.len()).rev() {
-            let p = r % outer[d];
-            r /= outer[d];
-            oa += p * ba[d];
-            ob += p * bb[d];
-        }
-        let am = Mat {
-            ptr: ma.ptr + oa as u64 * esize,
-            ..ma
-        };
-        let bm = Mat {
-            ptr: mb.ptr + ob as u64 * esize,
-            ..mb
-        };
-        let c = c_ptr + o as u64 * inner as u64 * mn * esize;
-        blas::gemm_batched(gpu, dtype, am, ia, bm, ib, c, inner)?;
+    let base = |t: &Tensor| t.storage().device_ptr().unwrap_or(0);
+    for call in blas::plan(&geom(&a), &geom(&b))? {
+        blas::gemm(gpu, dtype, &call, base(&b), base(&a), c_ptr)?;
     }
     Ok(())
 }

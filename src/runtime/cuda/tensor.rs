@@ -41,7 +41,8 @@ pub fn download(t: &Tensor) -> Result<Tensor> {
     let c = contiguous(t)?;
     let out = Tensor::alloc_for_overwrite(c.dtype(), c.shape());
     let nbytes = c.numel() * c.element_size();
-    let src = c.storage().device_ptr().unwrap_or(0) + (c.storage_offset() * c.element_size()) as u64;
+    let src =
+        c.storage().device_ptr().unwrap_or(0) + (c.storage_offset() * c.element_size()) as u64;
     {
         let acc = access::lock(&[], &[&out]);
         // SAFETY: `out` is a fresh contiguous tensor of exactly `nbytes`.

@@ -12,13 +12,13 @@ use crate::ir::dtype::{DType, Scalar};
 use crate::ir::op::{BinaryOp, Op, TensorType, UnaryOp};
 use crate::ir::shape::{expand_shape, wrap_dim};
 use crate::runtime::device::Device;
-use crate::runtime::{access, cuda};
 use crate::runtime::kernels::copy::{cast_new, copy_into};
 use crate::runtime::kernels::creation::scalar_to;
 use crate::runtime::kernels::{index, pointwise};
 use crate::runtime::layout::check_no_overlap;
 use crate::runtime::strided::{SendPtr, Walk};
 use crate::runtime::tensor::Tensor;
+use crate::runtime::{access, cuda};
 use crate::{Result, bail, dispatch};
 
 /// PyTorch's `canCast`: no float into an integer or bool, no integer into bool.
@@ -195,7 +195,9 @@ impl Tensor {
         };
         crate::jit::trace::record_inplace(self, full, &[])?;
         if self.device() != Device::Cpu {
-            let v = Tensor::scalar(value).to_dtype(self.dtype())?.to_device(self.device())?;
+            let v = Tensor::scalar(value)
+                .to_dtype(self.dtype())?
+                .to_device(self.device())?;
             gpu_write(self, &v)?;
             return Ok(self);
         }
