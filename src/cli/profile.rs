@@ -175,12 +175,17 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
             ("unfused".into(), way_json(&unf)),
             ("fused".into(), way_json(&fus)),
         ]);
-        let mut text = String::new();
-        j.write(&mut text);
-        text.push('\n');
-        std::fs::write(path, text).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
+        write_json(path, &j)?;
     }
     Ok(())
+}
+
+/// Writes `j` to `path` as one line of JSON.
+pub(super) fn write_json(path: &std::path::Path, j: &Json) -> Result<()> {
+    let mut text = String::new();
+    j.write(&mut text);
+    text.push('\n');
+    std::fs::write(path, text).map_err(|e| Error::Io(format!("{}: {e}", path.display())))
 }
 
 pub(super) fn ratio(base: f64, x: f64) -> f64 {

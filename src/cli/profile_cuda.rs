@@ -5,16 +5,16 @@
 
 use super::profile::{
     Json, ProfileArgs, Way, eager_run, eager_run_synced, gather_inputs, gbps, human_bytes,
-    max_abs_diff, ratio, table, way_json,
+    max_abs_diff, ratio, table, way_json, write_json,
 };
 use super::{load, pick};
+use crate::Result;
 use crate::ir::graph::Graph;
 use crate::runtime::cuda::driver::{Gpu, Timer};
 use crate::runtime::cuda::memory::DeviceBuffer;
 use crate::runtime::cuda::program::cache_dir;
 use crate::runtime::cuda::{CudaCompileOptions, CudaFn};
 use crate::runtime::{Device, Tensor};
-use crate::{Error, Result};
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -188,10 +188,7 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
             ("unfused".into(), way_json(&unf)),
             ("fused".into(), way_json(&fus)),
         ]);
-        let mut text = String::new();
-        j.write(&mut text);
-        text.push('\n');
-        std::fs::write(path, text).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
+        write_json(path, &j)?;
     }
     Ok(())
 }

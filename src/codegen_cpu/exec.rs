@@ -320,8 +320,7 @@ impl CompiledFn {
     }
 
     fn input_type(&self, i: usize) -> String {
-        let b = &self.schedule.buffers[self.schedule.inputs[i]];
-        fmt_type(&TensorType::new(b.dtype, b.shape.clone()))
+        input_type(&self.schedule, i)
     }
 
     fn signature(&self) -> String {
@@ -357,25 +356,7 @@ impl CompiledFn {
     }
 
     fn check_input(&self, i: usize, t: &Tensor) -> Result<()> {
-        let b = &self.schedule.buffers[self.schedule.inputs[i]];
-        if t.device() != Device::Cpu {
-            bail!(
-                Device,
-                "input {i} ({}) is on {}, but the function is compiled for cpu",
-                self.input_names[i],
-                t.device()
-            );
-        }
-        if t.dtype() != b.dtype || t.shape() != b.shape.as_slice() {
-            bail!(
-                Value,
-                "input {i} ({}): expected {} but got {}",
-                self.input_names[i],
-                self.input_type(i),
-                fmt_type(&TensorType::new(t.dtype(), t.shape().to_vec()))
-            );
-        }
-        Ok(())
+        check_input(&self.schedule, i, &self.input_names[i], t, Device::Cpu)
     }
 
     fn run(&self, inputs: &[Tensor], times: Option<&mut StepTimes>) -> Result<Vec<Tensor>> {
@@ -482,6 +463,39 @@ impl CompiledFn {
             unsafe { code.run_rows(ptrs.all(), begin, end) }
         })
     }
+}
+
+/// The type of input `i` of `s`, as the text format writes it.
+pub(crate) fn input_type(s: &Schedule, i: usize) -> String {
+    let b = &s.buffers[s.inputs[i]];
+    fmt_type(&TensorType::new(b.dtype, b.shape.clone()))
+}
+
+/// Checks input `i` (named `name`) of `s`: on `device`, with the schedule's dtype and shape.
+pub(crate) fn check_input(
+    s: &Schedule,
+    i: usize,
+    name: &str,
+    t: &Tensor,
+    device: Device,
+) -> Result<()> {
+    let b = &s.buffers[s.inputs[i]];
+    if t.device() != device {
+        bail!(
+            Device,
+            "input {i} ({name}) is on {}, but the function is compiled for {device}",
+            t.device()
+        );
+    }
+    if t.dtype() != b.dtype || t.shape() != b.shape.as_slice() {
+        bail!(
+            Value,
+            "input {i} ({name}): expected {} but got {}",
+            input_type(s, i),
+            fmt_type(&TensorType::new(t.dtype(), t.shape().to_vec()))
+        );
+    }
+    Ok(())
 }
 
 /// Runs a library call on the eager kernels: GEMMs through the strided gemm path, anything

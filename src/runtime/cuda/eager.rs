@@ -16,17 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// Runs `op` on `inputs` (GPU tensors of device `device`, and Python numbers).
 pub fn apply(op: &Op, inputs: &[&Tensor], out: &TensorType, device: usize) -> Result<Tensor> {
     match op {
-        Op::View { .. }
-        | Op::Permute { .. }
-        | Op::Transpose { .. }
-        | Op::T
-        | Op::Expand { .. }
-        | Op::Squeeze { .. }
-        | Op::Unsqueeze { .. }
-        | Op::Narrow { .. }
-        | Op::Select { .. }
-        | Op::Slice { .. }
-        | Op::Diagonal { .. } => return views::eval(op, inputs[0], out),
+        _ if op.is_view() => return views::eval(op, inputs[0], out),
         Op::Reshape { .. } | Op::Flatten { .. } => {
             let x = if inputs[0].layout().view(&out.shape).is_some() {
                 inputs[0].clone()

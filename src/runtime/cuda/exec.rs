@@ -12,7 +12,7 @@ use super::blas;
 use super::driver::{Function, Gpu, Module, Timer};
 use super::memory::DeviceBuffer;
 use super::program::{self, Origin};
-use crate::codegen_cpu::exec::StepInfo;
+use crate::codegen_cpu::exec::{StepInfo, check_input};
 use crate::codegen_cuda::{self, CudaProgram, CudaStep, ParamAccess};
 use crate::ir::graph::Graph;
 use crate::ir::op::{Op, TensorType};
@@ -204,11 +204,6 @@ impl CudaFn {
         Ok((out, t))
     }
 
-    fn input_type(&self, i: usize) -> String {
-        let b = &self.schedule.buffers[self.schedule.inputs[i]];
-        fmt_type(&TensorType::new(b.dtype, b.shape.clone()))
-    }
-
     fn check_inputs(&self, inputs: &[Tensor]) -> Result<()> {
         let want = self.schedule.inputs.len();
         if inputs.len() != want {
@@ -222,25 +217,7 @@ impl CudaFn {
             );
         }
         for (i, t) in inputs.iter().enumerate() {
-            let b = &self.schedule.buffers[self.schedule.inputs[i]];
-            if t.device() != self.device() {
-                bail!(
-                    Device,
-                    "input {i} ({}) is on {}, but the function is compiled for {}",
-                    self.input_names[i],
-                    t.device(),
-                    self.device()
-                );
-            }
-            if t.dtype() != b.dtype || t.shape() != b.shape.as_slice() {
-                bail!(
-                    Value,
-                    "input {i} ({}): expected {} but got {}",
-                    self.input_names[i],
-                    self.input_type(i),
-                    fmt_type(&TensorType::new(t.dtype(), t.shape().to_vec()))
-                );
-            }
+            check_input(&self.schedule, i, &self.input_names[i], t, self.device())?;
         }
         Ok(())
     }
