@@ -1,6 +1,6 @@
 //! Cost of one training step, eager (autograd + `optim::SGD`) against one compiled step
 //! (`train::CompiledStep`), in the same run:
-//! `cargo run --release --example grad_step_bench`.
+//! `cargo run --release --example grad_step_bench [-- linreg | mlp]`.
 //!
 //! - the seeds' linear regression: y = 2x + 1 + noise, 100 points, `nn::Linear(1, 1)`,
 //!   `mse_loss`, SGD; µs per step;
@@ -165,6 +165,13 @@ fn mlp() -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    linear_regression()?;
-    mlp()
+    // `-- linreg` or `-- mlp` runs one part alone (for profiling).
+    let only = std::env::args().nth(1);
+    if only.as_deref() != Some("mlp") {
+        linear_regression()?;
+    }
+    if only.as_deref() != Some("linreg") {
+        mlp()?;
+    }
+    Ok(())
 }

@@ -85,8 +85,10 @@ pub(crate) fn backward(root: &Tensor, seed: Tensor, retain_graph: bool) -> Resul
     if node.is_freed() {
         bail!(Value, "{SECOND_BACKWARD}");
     }
-    // Post-order positions of the custom functions: they run from the highest down.
-    let order = custom_order(&node);
+    // Post-order positions of the custom functions: they run from the highest down. Only
+    // needed once a custom function is reached, so computed then.
+    let root = node.clone();
+    let mut order: Option<HashMap<Key, usize>> = None;
     let mut pending: HashMap<Key, (Arc<GradNode>, Tensor)> = HashMap::new();
     let mut seeds: Vec<(Arc<GradNode>, Tensor)> = vec![(node, seed)];
     let mut visited: Vec<Arc<GradNode>> = Vec::new();
@@ -100,6 +102,10 @@ pub(crate) fn backward(root: &Tensor, seed: Tensor, retain_graph: bool) -> Resul
         if !ir.is_empty() {
             sweep(&ir, &mut pending, &mut visited)?;
         }
+        if pending.is_empty() {
+            break;
+        }
+        let order = order.get_or_insert_with(|| custom_order(&root));
         let Some(next) = pending
             .keys()
             .copied()

@@ -9,12 +9,13 @@
 
 use super::engine::{SECOND_BACKWARD, modified_error};
 use super::tape::{Edge, GradNode, NodeOp};
+use crate::codegen_cpu::{CompileOptions, CompiledFn};
 use crate::ir::graph::{Graph, NodeKind, ValueId};
 use crate::ir::op::{Op, TensorType};
 use crate::runtime::Tensor;
 use crate::runtime::tensor::{Inner, apply};
 use crate::{Result, bail};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -22,8 +23,32 @@ use std::sync::Arc;
 /// Plans kept per thread (a loop typically alternates between a few structures).
 const CACHE_SIZE: usize = 16;
 
+/// Runs of one plan after which it is compiled into fused kernels (a structure seen this
+/// often is a training loop's; compiling costs milliseconds once).
+const COMPILE_AFTER: u32 = 10;
+
 /// Walks longer than this are not cached (comparing them costs about as much as planning).
 const MAX_CACHED_ITEMS: usize = 4096;
+
+/// Hashes a pointer key by mixing its address (SipHash costs more than the lookups here).
+#[derive(Clone, Copy, Default)]
+struct PtrHasher(u64);
+
+impl std::hash::Hasher for PtrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = ((n as u64) ^ (n as u64 >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type PtrHash = std::hash::BuildHasherDefault<PtrHasher>;
 
 /// One value of the walked graph, as far as the plan depends on it.
 #[derive(Clone, Debug, PartialEq)]
@@ -57,9 +82,10 @@ struct Known {
 pub(crate) struct Walk {
     items: Vec<Item>,
     seeds: Vec<(usize, usize)>,
-    known: HashMap<usize, Known>,
-    nodes: HashMap<*const GradNode, usize>,
-    leaves: HashMap<*const Inner, usize>,
+    /// Per item: its data, when known.
+    known: Vec<Option<Known>>,
+    nodes: HashMap<*const GradNode, usize, PtrHash>,
+    leaves: HashMap<*const Inner, usize, PtrHash>,
     /// Leaves, in item order, with their tensors.
     pub leaf_list: Vec<(usize, Tensor)>,
     /// Custom-function outputs below the seeds.
@@ -74,9 +100,7 @@ impl Walk {
     fn push(&mut self, item: Item, known: Option<Known>) -> usize {
         let i = self.items.len();
         self.items.push(item);
-        if let Some(k) = known {
-            self.known.insert(i, k);
-        }
+        self.known.push(known);
         i
     }
 
@@ -86,7 +110,7 @@ impl Walk {
             Edge::Leaf(t) => {
                 let k = Arc::as_ptr(&t.0);
                 if let Some(&i) = self.leaves.get(&k) {
-                    if let Some(kn) = self.known.get_mut(&i) {
+                    if let Some(Some(kn)) = self.known.get_mut(i) {
                         kn.versions.push(version);
                     }
                     return i;
@@ -215,9 +239,22 @@ impl Walk {
 struct Plan {
     /// `(slot, item)`: slots filled from the walk's known values.
     inputs: Vec<(usize, usize)>,
-    /// Ops in order; op `i` writes slot `inputs.len() + i`.
-    steps: Vec<(Op, Vec<usize>)>,
+    /// Steps in order; step `i` writes slot `inputs.len() + i`.
+    steps: Vec<Step>,
     /// The slot of each gradient (leaves, cuts, retained values).
+    grads: Vec<Option<usize>>,
+    /// Times the plan has run.
+    runs: Cell<u32>,
+    /// The steps compiled into one function, once the plan is hot (`Some(None)`: tried
+    /// and not compilable, so the steps keep running op by op).
+    compiled: RefCell<Option<Option<Compiled>>>,
+}
+
+/// A plan compiled with the CPU backend: its inputs are the plan's inputs, its outputs the
+/// distinct gradient slots.
+struct Compiled {
+    f: CompiledFn,
+    /// For each gradient, its output index.
     grads: Vec<Option<usize>>,
 }
 
@@ -265,7 +302,7 @@ impl Plan {
             if !needed.insert(v) || known.contains_key(&v) {
                 continue;
             }
-            stack.extend(g.operands(v));
+            stack.extend(operands_of(&g, v));
         }
         let mut inputs = Vec::new();
         let mut slot: HashMap<ValueId, usize> = HashMap::new();
@@ -278,7 +315,7 @@ impl Plan {
                 inputs.push((inputs.len(), i));
             }
         }
-        let mut steps: Vec<(Op, Vec<usize>)> = Vec::new();
+        let mut steps: Vec<Step> = Vec::new();
         // Identical ops over identical slots are computed once (the rules emit some twice,
         // e.g. both halves of `x * x`).
         let mut seen: HashMap<(&'static str, Vec<usize>), Vec<usize>> = HashMap::new();
@@ -290,21 +327,30 @@ impl Plan {
                 NodeKind::Op(op) => op.clone(),
                 NodeKind::Input { name } => bail!(Value, "backward: no value for input %{name}"),
             };
-            let args: Vec<usize> = g.operands(v).iter().map(|o| slot[o]).collect();
+            let args: Vec<usize> = operands_of(&g, v).iter().map(|o| slot[o]).collect();
             let same = seen.entry((op.name(), args.clone())).or_default();
-            if let Some(&j) = same.iter().find(|&&j| steps[j].0 == op) {
+            if let Some(&j) = same.iter().find(|&&j| steps[j].op() == &op) {
                 slot.insert(v, inputs.len() + j);
                 continue;
             }
             same.push(steps.len());
             slot.insert(v, inputs.len() + steps.len());
-            steps.push((op, args));
+            // A Python number is made once, not on every run.
+            let step = if matches!(op, Op::Scalar(_)) {
+                let _off = super::no_grad();
+                Step::Fixed(apply(op.clone(), &[])?, op)
+            } else {
+                Step::Run(op, args)
+            };
+            steps.push(step);
         }
         let grads = grads.iter().map(|gv| gv.map(|v| slot[&v])).collect();
         Ok(Plan {
             inputs,
             steps,
             grads,
+            runs: Cell::new(0),
+            compiled: RefCell::new(None),
         })
     }
 
@@ -312,7 +358,7 @@ impl Plan {
         let mut slots: Vec<Option<Tensor>> =
             Vec::with_capacity(self.inputs.len() + self.steps.len());
         for &(_, item) in &self.inputs {
-            let Some(k) = w.known.get(&item) else {
+            let Some(Some(k)) = w.known.get(item) else {
                 bail!(Value, "backward: no value for input %i{item}");
             };
             if let Some(&bad) = k.versions.iter().find(|&&ver| ver != k.t.version()) {
@@ -325,7 +371,31 @@ impl Plan {
             slots.push(Some(k.t.clone()));
         }
         let _off = super::no_grad();
-        for (op, args) in &self.steps {
+        let runs = self.runs.get().saturating_add(1);
+        self.runs.set(runs);
+        if runs >= COMPILE_AFTER {
+            let mut c = self.compiled.borrow_mut();
+            if c.is_none() {
+                *c = Some(self.compile(&slots).ok());
+            }
+            if let Some(Some(c)) = c.as_ref() {
+                let inputs: Vec<Tensor> = slots.into_iter().flatten().collect();
+                let outs = c.f.call(&inputs)?;
+                return Ok(c
+                    .grads
+                    .iter()
+                    .map(|o| o.and_then(|o| outs.get(o).cloned()))
+                    .collect());
+            }
+        }
+        for step in &self.steps {
+            let (op, args) = match step {
+                Step::Fixed(t, _) => {
+                    slots.push(Some(t.clone()));
+                    continue;
+                }
+                Step::Run(op, args) => (op, args),
+            };
             let mut refs: Vec<&Tensor> = Vec::with_capacity(args.len());
             for &a in args {
                 match slots.get(a).and_then(Option::as_ref) {
@@ -342,6 +412,89 @@ impl Plan {
             .map(|s| s.and_then(|s| slots.get(s).cloned().flatten()))
             .collect())
     }
+}
+
+impl Plan {
+    /// The steps as one graph over the plan's inputs (typed as `inputs`), compiled with
+    /// fusion. Refused when a gradient is an input itself or an input is a Python number.
+    fn compile(&self, inputs: &[Option<Tensor>]) -> Result<Compiled> {
+        let mut g = Graph::new("backward");
+        let mut ids: Vec<ValueId> = Vec::with_capacity(inputs.len() + self.steps.len());
+        for (i, t) in inputs.iter().enumerate() {
+            let Some(t) = t else {
+                bail!(Value, "backward: input {i} has no value");
+            };
+            if t.is_wrapped_number() {
+                bail!(Unsupported, "backward: a Python number as input");
+            }
+            ids.push(g.add_input(&format!("i{i}"), t.ttype())?);
+        }
+        for step in &self.steps {
+            let v = match step {
+                Step::Fixed(_, op) => g.add_op(op.clone(), &[])?,
+                Step::Run(op, args) => {
+                    let xs: Vec<ValueId> = args.iter().map(|&a| ids[a]).collect();
+                    g.add_op(op.clone(), &xs)?
+                }
+            };
+            ids.push(v);
+        }
+        let mut outputs: Vec<usize> = Vec::new();
+        let mut grads = Vec::with_capacity(self.grads.len());
+        for s in &self.grads {
+            grads.push(match *s {
+                None => None,
+                Some(s) if s < inputs.len() => {
+                    bail!(Unsupported, "backward: a gradient that is an input")
+                }
+                Some(s) => Some(match outputs.iter().position(|&o| o == s) {
+                    Some(j) => j,
+                    None => {
+                        outputs.push(s);
+                        outputs.len() - 1
+                    }
+                }),
+            });
+        }
+        g.set_outputs(outputs.iter().map(|&s| ids[s]).collect());
+        g.verify()?;
+        let f = CompiledFn::compile(&g, &CompileOptions::default())?;
+        Ok(Compiled { f, grads })
+    }
+}
+
+/// One step of a plan.
+enum Step {
+    /// An op over earlier slots.
+    Run(Op, Vec<usize>),
+    /// A value computed when the plan was made (a Python number), and its op.
+    Fixed(Tensor, Op),
+}
+
+impl Step {
+    fn op(&self) -> &Op {
+        match self {
+            Step::Run(op, _) | Step::Fixed(_, op) => op,
+        }
+    }
+}
+
+/// The operands `v` is computed from, skipping a reshape that only adds leading size-1
+/// dims in front of an expand (the expand adds them itself): the gradient of a mean or sum
+/// is such a pair.
+fn operands_of(g: &Graph, v: ValueId) -> Vec<ValueId> {
+    let xs = g.operands(v);
+    if let (Some(Op::Expand { .. }), [r]) = (g.node(v).op(), xs.as_slice())
+        && let Some(Op::Reshape { .. }) = g.node(*r).op()
+        && let [x] = g.operands(*r).as_slice()
+    {
+        let (from, to) = (&g.node(*x).ty.shape, &g.node(*r).ty.shape);
+        let lead = to.len().saturating_sub(from.len());
+        if to.len() >= from.len() && to[lead..] == from[..] && to[..lead].iter().all(|&d| d == 1) {
+            return vec![*x];
+        }
+    }
+    xs
 }
 
 type Entry = (Vec<Item>, Vec<(usize, usize)>, Rc<Plan>);
@@ -407,6 +560,71 @@ mod tests {
         // d/dw sum(w·x·w) = 2·w·x.
         assert_eq!(grads[0], vec![1.0, -4.0, 12.0]);
         assert_eq!(grads[1], vec![4.0, -10.0, 24.0]);
+    }
+
+    #[test]
+    fn a_cached_plan_reads_this_call_s_numbers_and_saved_values() {
+        let w = Tensor::from_vec(vec![1.0f32, -2.0], &[2]).unwrap();
+        w.requires_grad_(true).unwrap();
+        for c in [2.0, -0.5, 3.0] {
+            // Same structure every time; the Python number and exp(w·c) change.
+            let y = w.mul_scalar(c).unwrap().exp().unwrap().sum().unwrap();
+            y.backward().unwrap();
+            let want: Vec<f64> = [1.0f64, -2.0].iter().map(|x| c * (x * c).exp()).collect();
+            let got = w.grad().unwrap().to_f64_vec();
+            for (g, e) in got.iter().zip(&want) {
+                assert!(
+                    (g - e).abs() <= 1e-5 * e.abs().max(1.0),
+                    "c = {c}: {got:?} vs {want:?}"
+                );
+            }
+            w.set_grad(None);
+        }
+    }
+
+    #[test]
+    fn a_hot_plan_is_compiled_and_gives_the_same_gradients() {
+        // A linear layer, a bias and a mean squared error: the training loop's structure.
+        let x =
+            Tensor::from_vec((0..21).map(|i| i as f32 * 0.25 - 2.0).collect(), &[7, 3]).unwrap();
+        let w = Tensor::from_vec(vec![0.5f32, -1.0, 0.25, 2.0, 0.0, -0.5], &[2, 3]).unwrap();
+        let b = Tensor::from_vec(vec![0.1f32, -0.2], &[2]).unwrap();
+        w.requires_grad_(true).unwrap();
+        b.requires_grad_(true).unwrap();
+        let (xs, ws, bs) = (x.to_f64_vec(), w.to_f64_vec(), b.to_f64_vec());
+        // f64 reference: loss = mean((x·wᵀ + b)²) over 7×2 values.
+        let mut gw = [0.0f64; 6];
+        let mut gb = [0.0f64; 2];
+        for r in 0..7 {
+            for o in 0..2 {
+                let y: f64 = (0..3).map(|k| xs[r * 3 + k] * ws[o * 3 + k]).sum::<f64>() + bs[o];
+                let d = 2.0 * y / 14.0;
+                gb[o] += d;
+                for k in 0..3 {
+                    gw[o * 3 + k] += d * xs[r * 3 + k];
+                }
+            }
+        }
+        let mut plan = None;
+        for _ in 0..COMPILE_AFTER + 2 {
+            let y = x.linear(&w, Some(&b)).unwrap();
+            let loss = y.square().unwrap().mean().unwrap();
+            let node = loss.meta().node.clone().unwrap();
+            let mut walk = Walk::default();
+            walk.seed(&node, &Tensor::ones(&[], crate::DType::F32))
+                .unwrap();
+            let g = walk.gradients().unwrap();
+            for (got, want) in [(&g[0], &gw[..]), (&g[1], &gb[..])] {
+                let got = got.as_ref().unwrap().to_f64_vec();
+                for (a, e) in got.iter().zip(want) {
+                    assert!((a - e).abs() < 1e-5, "{got:?} vs {want:?}");
+                }
+            }
+            plan = lookup(&walk.items, &walk.seeds);
+        }
+        let plan = plan.unwrap();
+        assert!(plan.runs.get() >= COMPILE_AFTER);
+        assert!(matches!(*plan.compiled.borrow(), Some(Some(_))));
     }
 
     #[test]
