@@ -13,13 +13,14 @@
 
 use crate::autograd::no_grad;
 use crate::codegen_cpu::{CompileOptions, CompiledFn};
+use crate::ir::dtype::DType;
 use crate::ir::dtype::Scalar;
 use crate::ir::graph::{Graph, ValueId};
 use crate::ir::op::{BinaryOp, Op};
 use crate::jit::{TraceOptions, trace_with};
 use crate::optim::SGDConfig;
 use crate::passes::autodiff::autodiff;
-use crate::runtime::Tensor;
+use crate::runtime::{Element, Tensor};
 use crate::{Result, bail};
 
 /// A training step (forward, loss, backward, SGD update) compiled into one function.
@@ -132,7 +133,7 @@ impl CompiledStep {
             let _off = no_grad();
             for ((_, p), _) in self.params.iter().zip(&self.updated).filter(|(_, u)| **u) {
                 if let Some(new) = it.next() {
-                    p.copy_(&new)?;
+                    write_back(p, &new)?;
                 }
             }
         }
@@ -310,6 +311,29 @@ pub fn build_step_graph(
     g.set_outputs(outputs);
     g.verify()?;
     Ok((g, updated))
+}
+
+/// Parameters up to this many elements are written back with a plain slice copy (the
+/// in-place op's bookkeeping costs more than the copy for them).
+const SMALL_PARAM: usize = 1 << 14;
+
+/// Writes the updated value `new` into the parameter `p` (gradient recording is off).
+fn write_back(p: &Tensor, new: &Tensor) -> Result<()> {
+    let plain = p.is_contiguous()
+        && new.is_contiguous()
+        && p.numel() <= SMALL_PARAM
+        && p.shape() == new.shape()
+        && p.dtype() == new.dtype()
+        && !p.shares_storage(new);
+    match p.dtype() {
+        DType::F32 if plain => copy_slice::<f32>(p, new),
+        DType::F64 if plain => copy_slice::<f64>(p, new),
+        _ => p.copy_(new).map(|_| ()),
+    }
+}
+
+fn copy_slice<T: Element>(p: &Tensor, new: &Tensor) -> Result<()> {
+    p.with_slice_mut(|dst: &mut [T]| new.with_slice(|src: &[T]| dst.copy_from_slice(src)))?
 }
 
 fn bin(g: &mut Graph, op: BinaryOp, x: ValueId, y: ValueId) -> Result<ValueId> {
