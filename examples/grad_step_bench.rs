@@ -1,62 +1,182 @@
-//! Eager cost of one training step of linear regression (forward, backward, SGD update):
-//! `cargo run --release --example grad_step_bench`.
+//! Cost of one training step, eager (autograd + `optim::SGD`) against one compiled step
+//! (`train::CompiledStep`), in the same run:
+//! `cargo run --release --example grad_step_bench [-- linreg | mlp]`.
+//!
+//! - the seeds' linear regression: y = 2x + 1 + noise, 100 points, `nn::Linear(1, 1)`,
+//!   `mse_loss`, SGD; µs per step;
+//! - an MLP step: [256,1024] → Linear(1024,4096) → ReLU → Linear(4096,1024) → MSE, forward +
+//!   backward + SGD; ms per step and the eager/compiled ratio.
 
-use smelt::autograd::{no_grad, zero_grad};
-use smelt::{Result, Tensor};
+use smelt::codegen_cpu::CompileOptions;
+use smelt::nn::functional::{Reduction, mse_loss};
+use smelt::nn::{Linear, Module, ReLU, Sequential};
+use smelt::optim::{Optimizer, SGD, SGDConfig};
+use smelt::train::CompiledStep;
+use smelt::{Generator, Result, Tensor};
 use std::time::Instant;
 
-fn main() -> Result<()> {
-    let n = 64;
-    let x: Vec<f32> = (0..n * 4).map(|i| ((i * 7) % 13) as f32 / 13.0).collect();
-    let x = Tensor::from_vec(x, &[n, 4])?;
-    let true_w = Tensor::from_slice(&[1.5f32, -2.0, 0.5, 3.0], &[4, 1])?;
-    let y = x.matmul(&true_w)?.add_scalar(0.25)?;
-    let w = Tensor::zeros(&[4, 1], smelt::DType::F32);
-    let b = Tensor::zeros(&[1], smelt::DType::F32);
-    w.requires_grad_(true)?;
-    b.requires_grad_(true)?;
-    let step = |lr: f64| -> Result<f64> {
-        let r = x.matmul(&w)?.add(&b)?.sub(&y)?;
-        let loss = r.mul(&r)?.mean()?;
-        loss.backward()?;
-        {
-            let _g = no_grad();
-            if let (Some(gw), Some(gb)) = (w.grad(), b.grad()) {
-                w.sub_(&gw.mul_scalar(lr)?)?;
-                b.sub_(&gb.mul_scalar(lr)?)?;
-            }
-        }
-        zero_grad(&[w.clone(), b.clone()]);
-        loss.item_f64()
-    };
-    for _ in 0..100 {
-        step(0.05)?;
-    }
-    let steps = 100;
+/// Best time per call of `f` over `rounds` rounds of `calls` calls, in seconds.
+fn best_of(rounds: usize, calls: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     let mut best = f64::INFINITY;
-    let mut last = 0.0;
-    for _ in 0..5 {
+    for _ in 0..rounds {
         let t = Instant::now();
-        for _ in 0..steps {
-            last = step(0.05)?;
+        for _ in 0..calls {
+            f()?;
         }
-        best = best.min(t.elapsed().as_secs_f64() / steps as f64);
+        best = best.min(t.elapsed().as_secs_f64() / calls as f64);
     }
+    Ok(best)
+}
+
+/// A model of `Linear` layers with ReLUs between them, built twice from the same weights.
+fn twin_mlps(widths: &[usize], g: &mut Generator) -> Result<(Sequential, Sequential)> {
+    let (mut a, mut b) = (Sequential::new(), Sequential::new());
+    for (i, io) in widths.windows(2).enumerate() {
+        if i > 0 {
+            a = a.add(ReLU::new());
+            b = b.add(ReLU::new());
+        }
+        let bound = 1.0 / (io[0] as f64).sqrt();
+        let w = Tensor::rand_with(&[io[1], io[0]], None, g)?
+            .mul_scalar(2.0 * bound)?
+            .sub_scalar(bound)?;
+        let bias = Tensor::rand_with(&[io[1]], None, g)?
+            .mul_scalar(2.0 * bound)?
+            .sub_scalar(bound)?;
+        for (m, (w, bias)) in [(&mut a, (w.clone(), bias.clone())), (&mut b, (w, bias))] {
+            let (w, bias) = (own_copy(&w)?, own_copy(&bias)?);
+            w.requires_grad_(true)?;
+            bias.requires_grad_(true)?;
+            *m = std::mem::take(m).add(Linear::from_tensors(w, Some(bias))?);
+        }
+    }
+    Ok((a, b))
+}
+
+/// A tensor with its own storage holding `t`'s values.
+fn own_copy(t: &Tensor) -> Result<Tensor> {
+    Tensor::from_vec(t.to_vec::<f32>()?, t.shape())
+}
+
+fn mse(out: &Tensor, y: &Tensor) -> Result<Tensor> {
+    mse_loss(out, y, Reduction::Mean)
+}
+
+fn linear_regression() -> Result<()> {
+    let mut g = Generator::new(0);
+    let x = Tensor::randn_with(&[100, 1], None, &mut g)?;
+    let noise = Tensor::randn_with(&[100, 1], None, &mut g)?.mul_scalar(0.1)?;
+    let y = x.mul_scalar(2.0)?.add_scalar(1.0)?.add(&noise)?;
+    let (eager, compiled) = twin_mlps(&[1, 1], &mut g)?;
+    let mut opt = SGD::new(eager.parameters(), SGDConfig::new(0.1))?;
+    let mut eager_step = || -> Result<()> {
+        opt.zero_grad();
+        let loss = mse(&eager.forward(&x)?, &y)?;
+        loss.backward()?;
+        opt.step()?;
+        loss.item_f64()?;
+        Ok(())
+    };
+    let steps = 100;
+    // Warm-up: the first steps plan (and, once hot, compile) the backward.
+    best_of(1, steps, &mut eager_step)?;
+    let t_eager = best_of(10, steps, &mut eager_step)?;
+
+    let t0 = Instant::now();
+    let mut step = CompiledStep::new(
+        |xs: &[Tensor]| mse(&compiled.forward(&xs[0])?, &xs[1]),
+        &[x.clone(), y.clone()],
+        compiled.named_parameters(),
+        SGDConfig::new(0.1),
+        &CompileOptions::default(),
+    )?;
+    let compile = t0.elapsed().as_secs_f64();
+    let s = step.compiled().schedule();
+    let (kernels, gemms) = (s.kernel_count(), s.gemm_count());
+    let batch = [x.clone(), y.clone()];
+    let mut compiled_step = || -> Result<()> {
+        step.step(&batch)?.item_f64()?;
+        Ok(())
+    };
+    best_of(1, steps, &mut compiled_step)?;
+    let t_comp = best_of(10, steps, &mut compiled_step)?;
+    let w =
+        |m: &Sequential| -> Vec<f64> { m.parameters().iter().map(|p| p.to_f64_vec()[0]).collect() };
     println!(
-        "linear regression [{n}x4]: {:.1} us per eager step (best of 5 x {steps}), loss {last:.2e}",
-        best * 1e6
+        "linear regression (100 points, Linear(1,1), MSE, SGD lr 0.1; best of 10 x {steps} steps after {steps} warm-up steps):"
     );
-    // The forward alone without recording: what the kernels cost by themselves.
-    let mut fwd = f64::INFINITY;
-    for _ in 0..5 {
-        let _g = no_grad();
-        let t = Instant::now();
-        for _ in 0..steps {
-            let r = x.matmul(&w)?.add(&b)?.sub(&y)?;
-            r.mul(&r)?.mean()?.item_f64()?;
-        }
-        fwd = fwd.min(t.elapsed().as_secs_f64() / steps as f64);
+    println!("  eager step    {:8.2} us", t_eager * 1e6);
+    println!(
+        "  compiled step {:8.2} us   (compile {:.1} ms; {kernels} kernels, {gemms} GEMMs)   eager/compiled {:.1}x",
+        t_comp * 1e6,
+        compile * 1e3,
+        t_eager / t_comp
+    );
+    println!(
+        "  w, b: eager {:.4?}, compiled {:.4?}",
+        w(&eager),
+        w(&compiled)
+    );
+    Ok(())
+}
+
+fn mlp() -> Result<()> {
+    let mut g = Generator::new(1);
+    let x = Tensor::randn_with(&[256, 1024], None, &mut g)?;
+    let y = Tensor::randn_with(&[256, 1024], None, &mut g)?;
+    let (eager, compiled) = twin_mlps(&[1024, 4096, 1024], &mut g)?;
+    let cfg = SGDConfig::new(0.01);
+    let mut opt = SGD::new(eager.parameters(), cfg)?;
+    let mut eager_step = || -> Result<()> {
+        opt.zero_grad();
+        let loss = mse(&eager.forward(&x)?, &y)?;
+        loss.backward()?;
+        opt.step()?;
+        loss.item_f64()?;
+        Ok(())
+    };
+    eager_step()?;
+    let t_eager = best_of(5, 1, &mut eager_step)?;
+    let t0 = Instant::now();
+    let mut step = CompiledStep::new(
+        |xs: &[Tensor]| mse(&compiled.forward(&xs[0])?, &xs[1]),
+        &[x.clone(), y.clone()],
+        compiled.named_parameters(),
+        cfg,
+        &CompileOptions::default(),
+    )?;
+    let compile = t0.elapsed().as_secs_f64();
+    let s = step.compiled().schedule();
+    let (kernels, gemms) = (s.kernel_count(), s.gemm_count());
+    let batch = [x.clone(), y.clone()];
+    let mut compiled_step = || -> Result<()> {
+        step.step(&batch)?.item_f64()?;
+        Ok(())
+    };
+    compiled_step()?;
+    let t_comp = best_of(5, 1, &mut compiled_step)?;
+    println!(
+        "MLP step ([256,1024] -> 4096 -> 1024, ReLU, MSE, SGD; best of 5, {} threads):",
+        rayon::current_num_threads()
+    );
+    println!("  eager step    {:8.2} ms", t_eager * 1e3);
+    println!(
+        "  compiled step {:8.2} ms   (compile {:.1} ms; {kernels} kernels, {gemms} GEMMs)",
+        t_comp * 1e3,
+        compile * 1e3
+    );
+    println!("  eager/compiled {:.2}x", t_eager / t_comp);
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    // `-- linreg` or `-- mlp` runs one part alone (for profiling).
+    let only = std::env::args().nth(1);
+    if only.as_deref() != Some("mlp") {
+        linear_regression()?;
     }
-    println!("forward only, no recording: {:.1} us", fwd * 1e6);
+    if only.as_deref() != Some("linreg") {
+        mlp()?;
+    }
     Ok(())
 }

@@ -19,6 +19,7 @@ pub mod nn;
 pub mod optim;
 pub mod passes;
 pub mod runtime;
+pub mod train;
 
 pub use error::{Error, Result};
 pub use ir::dtype::{DType, Scalar};

@@ -8,6 +8,7 @@ mod clip;
 mod engine;
 mod function;
 mod gradcheck;
+mod plan;
 pub(crate) mod tape;
 
 pub use checkpoint::{Segment, checkpoint, checkpoint_sequential};

@@ -98,8 +98,16 @@ pub(crate) fn vjp(
         Op::Linear { has_bias } => {
             // y = x · wᵀ (+ b): the matmul rule with wᵀ as right operand.
             let wt = e.op(Op::T, &[xs[1]])?;
-            let (gx, gwt) = matmul(e, xs[0], wt, g, needs[0], needs[1])?;
-            let gw = gwt.map(|v| e.op(Op::T, &[v])).transpose()?;
+            let two_d = e.ty(xs[0]).ndim() == 2;
+            let (gx, gwt) = matmul(e, xs[0], wt, g, needs[0], needs[1] && !two_d)?;
+            let gw = if needs[1] && two_d {
+                // gᵀ · x is w's gradient in w's own layout (a GEMM straight into [out, in]
+                // rather than a transposed view of (xᵀ · g)).
+                let gt = e.op(Op::T, &[g])?;
+                Some(e.op(Op::Matmul, &[gt, xs[0]])?)
+            } else {
+                gwt.map(|v| e.op(Op::T, &[v])).transpose()?
+            };
             let mut out = vec![gx, gw];
             if *has_bias {
                 out.push(Some(g));
