@@ -1099,3 +1099,78 @@ fn check_refuses_an_unknown_pass_with_the_list() {
         "{err}"
     );
 }
+
+/// A full reduction of `x: dtype[shape]` (all dims, keepdim as given).
+fn full_reduction(r: ReduceOp, dtype: DType, shape: &[usize], keepdim: bool) -> Graph {
+    let mut g = Graph::new("full");
+    let x = input(&mut g, "x", dtype, shape);
+    let y = op(
+        &mut g,
+        Op::Reduce {
+            op: r,
+            dim: None,
+            keepdim,
+        },
+        &[x],
+    );
+    g.set_outputs(vec![y]);
+    g
+}
+
+#[test]
+fn large_full_reductions_split_into_row_partials() {
+    let is_reduce = |o: &Op| matches!(o, Op::Reduce { .. });
+    for (r, dtype, keepdim) in [
+        (ReduceOp::Sum, DType::F32, false),
+        (ReduceOp::Mean, DType::F64, true),
+        (ReduceOp::Amax, DType::I32, false),
+        (ReduceOp::Amin, DType::F16, true),
+    ] {
+        let g = full_reduction(r, dtype, &[512, 3, 129], keepdim);
+        let d = decompose(&g).unwrap();
+        assert_eq!(count_ops(&d, is_reduce), 2, "{r:?} {dtype}");
+        // the first kernel has one row per leading index: parallel work
+        let s = smelt::passes::fuse::compile(&d).unwrap();
+        assert_eq!(s.kernel_count(), 2, "{s}");
+        let first = s
+            .steps
+            .iter()
+            .find_map(|st| match st {
+                smelt::kernel::Step::Kernel(k) => Some(k),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(first.outer.iter().product::<usize>(), 512 * 3, "{s}");
+        // amax/amin are exact in any order; sums agree to rounding
+        let tol = if matches!(r, ReduceOp::Amax | ReduceOp::Amin) {
+            None
+        } else {
+            Some(1e-6)
+        };
+        same_values(&g, &d, tol, &format!("{r:?}"));
+    }
+    // against an f64 sum of the same f32 values
+    let g = full_reduction(ReduceOp::Sum, DType::F32, &[600, 300], false);
+    let x = Tensor::randn(&[600, 300], None).unwrap();
+    let got = run_graph(&decompose(&g).unwrap(), std::slice::from_ref(&x)).unwrap();
+    let want: f64 = x.to_f64_vec().iter().sum();
+    let got = got[0].to_f64_vec()[0];
+    assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "{got} vs {want}");
+    // left alone: small, one-dimensional, a single row, f16 sums (their partials would round
+    // to f16), integer sums, partial reductions
+    for (r, dtype, shape) in [
+        (ReduceOp::Sum, DType::F32, &[8, 16][..]),
+        (ReduceOp::Sum, DType::F32, &[1 << 17][..]),
+        (ReduceOp::Sum, DType::F32, &[4, 1 << 16][..]),
+        (ReduceOp::Sum, DType::F16, &[512, 512][..]),
+        (ReduceOp::Sum, DType::I64, &[512, 512][..]),
+    ] {
+        let g = full_reduction(r, dtype, shape, false);
+        assert_eq!(count_ops(&decompose(&g).unwrap(), is_reduce), 1, "{dtype} {shape:?}");
+    }
+    let mut g = Graph::new("partial");
+    let x = input(&mut g, "x", DType::F32, &[512, 512]);
+    let y = red(&mut g, ReduceOp::Sum, x, 1, false);
+    g.set_outputs(vec![y]);
+    assert_eq!(count_ops(&decompose(&g).unwrap(), is_reduce), 1);
+}

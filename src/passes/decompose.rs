@@ -13,6 +13,11 @@
 //!   else, one batched `matmul` per pair of operands between `permute`/`reshape` views, and a
 //!   final `permute` (so the values are bit-identical to the composite's)
 //!
+//! - a large reduction over every dim (`sum`, `mean` of f32/f64, `amax`, `amin`)
+//!   → the same reduction over the last dim, then over the rest: one row per leading index
+//!   instead of a single row, so the rows spread over threads (CPU) or blocks (GPU). Exact for
+//!   `amax`/`amin`; a sum or mean is reassociated, as every parallel reduction is.
+//!
 //! f16/bf16 normalisations compute in f32 and round once at the end, as PyTorch's kernels
 //! accumulate in f32. Ops over empty tensors are left alone (their reductions would refuse the
 //! empty dims that the composite accepts). `gelu` (both approximations) and `silu` stay: they
@@ -165,6 +170,12 @@ fn expand(b: &mut Builder, name: &str, op: &Op, args: &[ValueId]) -> Result<Opti
             dim,
             keepdim,
         } => logsumexp(b, name, x, dim, *keepdim)?,
+        Op::Reduce { op, dim, keepdim } => {
+            match split_full_reduction(b, name, *op, x, dim, *keepdim)? {
+                Some(r) => r,
+                None => return Ok(None),
+            }
+        }
         Op::Linear { has_bias } => {
             let wt = b.op(name, Op::T, &[args[1]])?;
             let mm = b.op(name, Op::Matmul, &[x, wt])?;
@@ -177,6 +188,35 @@ fn expand(b: &mut Builder, name: &str, op: &Op, args: &[ValueId]) -> Result<Opti
         _ => return Ok(None),
     };
     Ok(Some(r))
+}
+
+/// Fewest elements for which a full reduction is split: below it one row is quick anyway.
+const SPLIT_MIN_ELEMS: usize = 1 << 16;
+
+/// `r(x)` over every dim as `r(r(x, dim=-1))` when `x` is large and has at least 8 rows.
+fn split_full_reduction(
+    b: &mut Builder,
+    name: &str,
+    op: ReduceOp,
+    x: ValueId,
+    dim: &Option<Vec<i64>>,
+    keepdim: bool,
+) -> Result<Option<ValueId>> {
+    let ty = b.g.node(x).ty.clone();
+    let n = ty.shape.len();
+    let exact_order = matches!(op, ReduceOp::Amax | ReduceOp::Amin);
+    let float_sum =
+        matches!(op, ReduceOp::Sum | ReduceOp::Mean) && matches!(ty.dtype, DType::F32 | DType::F64);
+    if !(exact_order || float_sum)
+        || n < 2
+        || reduction_dims(dim, n)?.len() != n
+        || ty.numel() < SPLIT_MIN_ELEMS
+        || ty.numel() / ty.shape[n - 1] < 8
+    {
+        return Ok(None);
+    }
+    let rows = b.reduce(name, op, x, &Some(vec![-1]), keepdim)?;
+    Ok(Some(b.reduce(name, op, rows, &None, keepdim)?))
 }
 
 fn softmax(b: &mut Builder, name: &str, x: ValueId, dim: i64, log: bool) -> Result<ValueId> {
