@@ -1155,7 +1155,10 @@ fn large_full_reductions_split_into_row_partials() {
     let got = run_graph(&decompose(&g).unwrap(), std::slice::from_ref(&x)).unwrap();
     let want: f64 = x.to_f64_vec().iter().sum();
     let got = got[0].to_f64_vec()[0];
-    assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "{got} vs {want}");
+    assert!(
+        (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+        "{got} vs {want}"
+    );
     // left alone: small, one-dimensional, a single row, f16 sums (their partials would round
     // to f16), integer sums, partial reductions
     for (r, dtype, shape) in [
@@ -1166,7 +1169,11 @@ fn large_full_reductions_split_into_row_partials() {
         (ReduceOp::Sum, DType::I64, &[512, 512][..]),
     ] {
         let g = full_reduction(r, dtype, shape, false);
-        assert_eq!(count_ops(&decompose(&g).unwrap(), is_reduce), 1, "{dtype} {shape:?}");
+        assert_eq!(
+            count_ops(&decompose(&g).unwrap(), is_reduce),
+            1,
+            "{dtype} {shape:?}"
+        );
     }
     let mut g = Graph::new("partial");
     let x = input(&mut g, "x", DType::F32, &[512, 512]);
