@@ -454,3 +454,18 @@ fn nested_vectors_report_shape_and_data() {
     assert!(ragged.shape_and_data().is_err());
     assert_eq!(Tensor::from_nested(2.5).unwrap().shape(), &[] as &[usize]);
 }
+
+#[test]
+fn too_large_results_are_errors_not_aborts() {
+    for size in [&[1usize << 62][..], &[1 << 40, 1 << 40][..]] {
+        let e = Tensor::full(size, 1.0, Some(DType::F32))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("too large"), "{e}");
+    }
+    let x = Tensor::full(&[1], 1.0, None).unwrap();
+    // an expanded view costs nothing; materialising it is refused
+    let big = x.expand(&[1 << 31, 1 << 31]).unwrap();
+    let e = smelt::runtime::apply(smelt::ir::op::Op::Contiguous, &[&big]).unwrap_err();
+    assert!(e.to_string().contains("too large"), "{e}");
+}

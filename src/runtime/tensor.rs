@@ -304,6 +304,24 @@ impl Tensor {
     }
 }
 
+/// Refuses results whose bytes do not fit an allocation (rather than aborting in it). Views
+/// allocate nothing and are exempt: an expanded view may describe more than memory holds.
+fn check_size(t: &TensorType) -> Result<()> {
+    let bytes = t
+        .shape
+        .iter()
+        .try_fold(t.dtype.size(), |acc, &d| acc.checked_mul(d));
+    match bytes {
+        Some(b) if b <= isize::MAX as usize => Ok(()),
+        _ => bail!(
+            Value,
+            "a tensor of shape {:?} and dtype {} is too large to allocate",
+            t.shape,
+            t.dtype
+        ),
+    }
+}
+
 /// Applies an op to tensors: the one entry point of eager execution. The op's shape rule
 /// (`Op::infer`, shared with the graph IR) checks the operands, then its kernel runs.
 pub fn apply(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
@@ -325,6 +343,9 @@ pub fn apply(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
     let types: Vec<TensorType> = inputs.iter().map(|t| t.ttype()).collect();
     let refs: Vec<&TensorType> = types.iter().collect();
     let out = op.infer(&refs)?;
+    if !op.is_view() {
+        check_size(&out)?;
+    }
     let device = inputs
         .iter()
         .find(|t| !t.is_wrapped_number())
