@@ -2,6 +2,9 @@
 //! reference graph interpreter: example models, random graphs, strided and broadcast
 //! inputs, odd and empty sizes, several dtypes, errors, and concurrent calls.
 
+mod common;
+
+use common::random_graph;
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -158,84 +161,6 @@ fn example_models_match_the_interpreter() {
             check(g, 1e-4);
         }
     }
-}
-
-/// A random graph of pointwise, broadcast, view and reduction ops over `[a, b]`.
-fn random_graph(seed: u64, n_ops: usize) -> Graph {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let dims = [1usize, 3, 7];
-    let (a, b) = (dims[rng.random_range(0..3)], dims[rng.random_range(0..3)]);
-    let dtype = if rng.random_bool(0.8) {
-        DType::F32
-    } else {
-        DType::F64
-    };
-    let mut g = Graph::new("random");
-    let mut pool = vec![
-        input(&mut g, "x", dtype, &[a, b]),
-        input(&mut g, "y", dtype, &[b]),
-        input(&mut g, "z", dtype, &[a, 1]),
-    ];
-    let xt = input(&mut g, "xt", dtype, &[b, a]);
-    pool.push(op(&mut g, Op::T, &[xt]));
-    for _ in 0..n_ops {
-        let x = pool[rng.random_range(0..pool.len())];
-        let y = pool[rng.random_range(0..pool.len())];
-        let nd = g.node(x).ty.ndim() as i64;
-        let (o, args): (Op, Vec<ValueId>) = match rng.random_range(0..10) {
-            0 => (Op::Unary(UnaryOp::Relu), vec![x]),
-            1 => (Op::Unary(UnaryOp::Exp), vec![x]),
-            2 => (Op::Unary(UnaryOp::Tanh), vec![x]),
-            3 | 4 => {
-                let ops = [
-                    BinaryOp::Add,
-                    BinaryOp::Sub,
-                    BinaryOp::Mul,
-                    BinaryOp::Maximum,
-                ];
-                (Op::Binary(ops[rng.random_range(0..4)]), vec![x, y])
-            }
-            5 => {
-                let s = g
-                    .add_scalar(Scalar::Float(rng.random_range(-2.0..2.0)))
-                    .unwrap();
-                (Op::Binary(BinaryOp::Mul), vec![x, s])
-            }
-            6 if nd > 0 => {
-                let ops = [ReduceOp::Sum, ReduceOp::Amax, ReduceOp::Mean];
-                let o = Op::Reduce {
-                    op: ops[rng.random_range(0..3)],
-                    dim: Some(vec![rng.random_range(-nd..nd)]),
-                    keepdim: rng.random_bool(0.7),
-                };
-                (o, vec![x])
-            }
-            7 if nd == 2 => (Op::T, vec![x]),
-            8 => (Op::Unsqueeze { dim: 0 }, vec![x]),
-            9 if nd == 2
-                && g.node(x).ty.shape[1] == g.node(y).ty.shape.first().copied().unwrap_or(0)
-                && g.node(y).ty.ndim() == 2 =>
-            {
-                (Op::Matmul, vec![x, y])
-            }
-            _ => match g.add_op(Op::Binary(BinaryOp::Gt), &[x, y]) {
-                Ok(c) => (Op::Where, vec![c, x, y]),
-                Err(_) => (Op::Unary(UnaryOp::Neg), vec![x]),
-            },
-        };
-        if let Ok(v) = g.add_op(o, &args)
-            && g.node(v).ty.ndim() <= 3
-        {
-            pool.push(v);
-        }
-    }
-    let n = pool.len();
-    let mut outs = vec![pool[n - 1]];
-    for _ in 0..rng.random_range(0..3) {
-        outs.push(pool[rng.random_range(4..n.max(5)).min(n - 1)]);
-    }
-    g.set_outputs(outs);
-    g
 }
 
 proptest! {

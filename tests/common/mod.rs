@@ -16,7 +16,7 @@ fn num(g: &mut Graph, v: f64) -> ValueId {
     g.add_scalar(Scalar::Float(v)).unwrap()
 }
 
-/// Builds a random graph of pointwise, broadcast, view and reduction ops over `[a, b]`.
+/// Builds a random graph of pointwise, broadcast, view, reduction and matmul ops over `[a, b]`.
 pub fn random_graph(seed: u64, n_ops: usize) -> Graph {
     let mut rng = StdRng::seed_from_u64(seed);
     let dims = [1usize, 3, 7];
@@ -39,7 +39,7 @@ pub fn random_graph(seed: u64, n_ops: usize) -> Graph {
         let x = pick(&mut rng, &pool);
         let y = pick(&mut rng, &pool);
         let nd = g.node(x).ty.ndim() as i64;
-        let op: (Op, Vec<ValueId>) = match rng.random_range(0..10) {
+        let op: (Op, Vec<ValueId>) = match rng.random_range(0..11) {
             0 => (Op::Unary(UnaryOp::Relu), vec![x]),
             1 => (Op::Unary(UnaryOp::Exp), vec![x]),
             2 => (Op::Unary(UnaryOp::Tanh), vec![x]),
@@ -79,6 +79,12 @@ pub fn random_graph(seed: u64, n_ops: usize) -> Graph {
                 },
                 vec![x],
             ),
+            10 if nd == 2
+                && g.node(y).ty.ndim() == 2
+                && g.node(x).ty.shape[1] == g.node(y).ty.shape[0] =>
+            {
+                (Op::Matmul, vec![x, y])
+            }
             _ => match g.add_op(Op::Binary(BinaryOp::Gt), &[x, y]) {
                 Ok(c) => (Op::Where, vec![c, x, y]),
                 Err(_) => (Op::Unary(UnaryOp::Neg), vec![x]),
