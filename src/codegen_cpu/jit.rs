@@ -161,7 +161,12 @@ impl Jit {
             b.seal_all_blocks();
             b.finalize(config);
         }
+        let dump = dump_asm();
+        ctx.set_disasm(dump);
         let res = module.define_function(id, ctx).map_err(module_err);
+        if dump && let Some(code) = ctx.compiled_code().and_then(|c| c.vcode.as_deref()) {
+            eprintln!("; smelt kernel {name}\n{code}");
+        }
         module.clear_context(ctx);
         res?;
         self.pending.insert(id);
@@ -195,6 +200,12 @@ impl Jit {
         }
         Ok(module.get_finalized_function(id))
     }
+}
+
+/// `SMELT_DUMP_ASM=1` prints the machine code of every compiled function to stderr.
+fn dump_asm() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("SMELT_DUMP_ASM").is_some_and(|v| v != "0"))
 }
 
 impl Drop for Jit {
