@@ -31,9 +31,9 @@ use crate::runtime::device::Device;
 use crate::runtime::kernels::{self as eager, copy};
 use crate::runtime::layout::Layout;
 use crate::runtime::{Tensor, access, apply};
+use crate::{Result, bail};
 use frame::{Frame, FramePool, ReadLocks};
 use gemm::DirectGemm;
-use crate::{Result, bail};
 use rayon::prelude::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -529,8 +529,14 @@ impl CompiledFn {
         elems: usize,
         bufs: &[Option<Tensor>],
     ) -> Result<()> {
-        let rt: Vec<&Tensor> = reads.iter().map(|&b| buffer(bufs, b)).collect::<Result<_>>()?;
-        let wt: Vec<&Tensor> = writes.iter().map(|&b| buffer(bufs, b)).collect::<Result<_>>()?;
+        let rt: Vec<&Tensor> = reads
+            .iter()
+            .map(|&b| buffer(bufs, b))
+            .collect::<Result<_>>()?;
+        let wt: Vec<&Tensor> = writes
+            .iter()
+            .map(|&b| buffer(bufs, b))
+            .collect::<Result<_>>()?;
         let acc = access::lock(&rt, &wt);
         let mut ptrs = vec![std::ptr::null_mut::<u8>(); bufs.len()];
         for (j, &b) in reads.iter().enumerate() {
@@ -612,7 +618,12 @@ fn extern_type(s: &Schedule, e: &ExternCall) -> Option<TensorType> {
     let types: Vec<TensorType> = e
         .args
         .iter()
-        .map(|v| Some(TensorType::new(s.buffers.get(v.buffer)?.dtype, v.shape.clone())))
+        .map(|v| {
+            Some(TensorType::new(
+                s.buffers.get(v.buffer)?.dtype,
+                v.shape.clone(),
+            ))
+        })
         .collect::<Option<_>>()?;
     let refs: Vec<&TensorType> = types.iter().collect();
     e.op.infer(&refs).ok()
