@@ -12,7 +12,7 @@ use smelt::ir::parse_module;
 use smelt::jit::run_graph;
 use smelt::nn::functional::{Reduction, mse_loss};
 use smelt::nn::{Linear, Module};
-use smelt::optim::SGDConfig;
+use smelt::optim::{Optimizer, SGD, SGDConfig};
 use smelt::runtime::storage::allocation_count;
 use smelt::train::CompiledStep;
 use smelt::{DType, Tensor};
@@ -275,4 +275,165 @@ fn losses_of_earlier_training_steps_keep_their_values() {
         );
     }
     assert!(losses[4].1 < losses[0].1, "the loss goes down");
+}
+
+/// Copies of `ins` with storages of their own (the oracle's inputs, kept apart from what
+/// `call_into` overwrites).
+fn copies(ins: &[Tensor]) -> Vec<Tensor> {
+    ins.iter()
+        .map(|t| Tensor::from_vec(t.to_f64_vec(), t.shape()).unwrap())
+        .zip(ins)
+        .map(|(t, o)| smelt::runtime::apply(Op::To { dtype: o.dtype() }, &[&t]).unwrap())
+        .collect()
+}
+
+#[test]
+fn call_into_writes_an_update_into_the_parameter_it_reads() {
+    for dtype in ["f32", "f64"] {
+        let g = step_like(dtype, 7, 3, 5);
+        for opts in configs() {
+            let f = CompiledFn::compile(&g, &opts).unwrap();
+            for seed in 0..3 {
+                let ins = inputs_for(&g, seed);
+                let want = run_graph(&g, &copies(&ins)).unwrap();
+                let w = ins[1].clone();
+                let got = f.call_into(&ins, &[None, Some(&w), None]).unwrap();
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert_close(a, b, 1e-5, &format!("{dtype} {opts:?} out {i}"));
+                }
+                if got[1].shares_storage(&w) {
+                    assert_close(&w, &want[1], 1e-5, "the parameter holds the update");
+                } else {
+                    assert_ne!(w.to_f64_vec(), want[1].to_f64_vec(), "{opts:?}");
+                }
+                // compiled kernels do it in place; the interpreter backend never does
+                let native = opts.backend == KernelBackend::Cranelift;
+                assert_eq!(got[1].shares_storage(&w), native, "{dtype} {opts:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn call_into_refuses_destinations_it_cannot_write_safely() {
+    let g = step_like("f32", 6, 4, 3);
+    let f = CompiledFn::compile(&g, &CompileOptions::default()).unwrap();
+    let ins = inputs_for(&g, 9);
+    let want = run_graph(&g, &copies(&ins)).unwrap();
+    let before: Vec<Vec<f64>> = ins.iter().map(Tensor::to_f64_vec).collect();
+    let transposed = Tensor::zeros(&[3, 4], DType::F32).t().unwrap();
+    let other_dtype = Tensor::zeros(&[4, 3], DType::F64);
+    let fresh = Tensor::zeros(&[4, 3], DType::F32);
+    let into_cases: Vec<Vec<Option<&Tensor>>> = vec![
+        // an input the output's kernel does not read element by element
+        vec![None, Some(&ins[0]), None],
+        vec![None, None, Some(&ins[2])],
+        vec![None, Some(&transposed), None],
+        vec![None, Some(&other_dtype), None],
+        // the same tensor for two outputs
+        vec![None, Some(&fresh), Some(&fresh)],
+    ];
+    for into in &into_cases {
+        let got = f.call_into(&ins, into).unwrap();
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_close(a, b, 1e-5, &format!("out {i}"));
+        }
+        for (t, v) in ins.iter().zip(&before) {
+            assert_eq!(&t.to_f64_vec(), v, "an input changed");
+        }
+        for d in into.iter().flatten() {
+            assert!(got.iter().all(|o| !o.shares_storage(d)));
+        }
+    }
+    assert_eq!(fresh.to_f64_vec(), vec![0.0; 12]);
+    // a free tensor of the right type is written
+    let got = f.call_into(&ins, &[None, Some(&fresh), None]).unwrap();
+    assert!(got[1].shares_storage(&fresh));
+    assert_close(&fresh, &want[1], 1e-5, "fresh destination");
+}
+
+#[test]
+fn call_into_matches_the_interpreter_when_the_parameter_is_read_again() {
+    // the parameter is read again, at other elements or after its update: wherever the
+    // executor writes, every result must still be the interpreter's
+    let graphs = [
+        "graph g(%w: f32[5,5], %x: f32[5,5]) {
+           %a = add(%w, 1.0)
+           %t = transpose(%w, dim0=0, dim1=1)
+           %o = add(%a, %t)
+           return %a, %o
+         }",
+        "graph g(%w: f32[4,4], %x: f32[4,4]) {
+           %a = mul(%w, 0.5)
+           %m = matmul(%a, %w)
+           %s = sum(%w, dim=[1], keepdim=true)
+           %o = add(%m, %s)
+           return %a, %o
+         }",
+        "graph g(%w: f32[3,6], %x: f32[6,2]) {
+           %m = matmul(%w, %x)
+           %a = sub(%w, 0.25)
+           %r = relu(%m)
+           return %a, %r, %w
+         }",
+    ];
+    for text in graphs {
+        let g = graph(text);
+        for opts in configs() {
+            let f = CompiledFn::compile(&g, &opts).unwrap();
+            let ins = inputs_for(&g, 4);
+            let want = run_graph(&g, &copies(&ins)).unwrap();
+            let w = ins[0].clone();
+            let got = f.call_into(&ins, &[Some(&w)]).unwrap();
+            // a returned input is a view of the caller's tensor: compare the others
+            for (i, (a, b)) in got.iter().zip(&want).enumerate().take(2) {
+                assert_close(a, b, 1e-5, &format!("{opts:?} out {i}\n{}", f.schedule()));
+            }
+        }
+    }
+}
+
+#[test]
+fn compiled_step_updates_the_parameter_tensors_in_place() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let x = random(&mut rng, DType::F32, &[20, 3]);
+    let y = random(&mut rng, DType::F32, &[20, 2]);
+    let (wv, bv) = (
+        random(&mut rng, DType::F32, &[2, 3]),
+        random(&mut rng, DType::F32, &[2]),
+    );
+    let layer = || {
+        let w = copies(std::slice::from_ref(&wv)).remove(0);
+        let b = copies(std::slice::from_ref(&bv)).remove(0);
+        w.requires_grad_(true).unwrap();
+        b.requires_grad_(true).unwrap();
+        Linear::from_tensors(w, Some(b)).unwrap()
+    };
+    let (m, eager) = (layer(), layer());
+    let addrs: Vec<usize> = m.parameters().iter().map(Tensor::data_ptr).collect();
+    let mut step = CompiledStep::new(
+        |xs: &[Tensor]| mse_loss(&m.forward(&xs[0])?, &xs[1], Reduction::Mean),
+        &[x.clone(), y.clone()],
+        m.named_parameters(),
+        SGDConfig::new(0.05),
+        &CompileOptions::default(),
+    )
+    .unwrap();
+    let mut opt = SGD::new(eager.parameters(), SGDConfig::new(0.05)).unwrap();
+    for _ in 0..4 {
+        let versions: Vec<u64> = m.parameters().iter().map(Tensor::version).collect();
+        step.step(&[x.clone(), y.clone()]).unwrap();
+        opt.zero_grad();
+        mse_loss(&eager.forward(&x).unwrap(), &y, Reduction::Mean)
+            .unwrap()
+            .backward()
+            .unwrap();
+        opt.step().unwrap();
+        for ((p, q), v) in m.parameters().iter().zip(eager.parameters()).zip(versions) {
+            assert_close(p, &q, 1e-5, "parameter after the step");
+            assert!(p.version() > v, "the update counts as an in-place write");
+        }
+    }
+    let after: Vec<usize> = m.parameters().iter().map(Tensor::data_ptr).collect();
+    assert_eq!(addrs, after);
 }

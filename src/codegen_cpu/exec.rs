@@ -15,6 +15,7 @@
 mod frame;
 mod gemm;
 mod info;
+mod inplace;
 mod plan;
 
 pub use info::StepInfo;
@@ -152,6 +153,8 @@ pub struct CompiledFn {
     owned: Vec<bool>,
     /// Scratch of the calls, kept between them.
     frames: FramePool,
+    /// Which outputs `call_into` may write into a caller's tensor.
+    in_place: Vec<Option<inplace::InPlace>>,
 }
 
 /// Per-step wall times of one call, in step order.
@@ -263,6 +266,7 @@ impl CompiledFn {
                 .map(|b| Layout::contiguous(&b.shape))
                 .collect(),
             frames: FramePool::new(s.buffers.len(), places),
+            in_place: inplace::analyse(&s),
             owned,
             plan,
             info: StepInfo::of_schedule(&s),
@@ -321,13 +325,24 @@ impl CompiledFn {
 
     /// Runs the function on `inputs`, in the graph's input order.
     pub fn call(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
-        self.run(inputs, None)
+        self.run(inputs, None, &[])
+    }
+
+    /// Runs the function, writing output `i` straight into `into[i]` (when given) where
+    /// that is safe: `into[i]` contiguous, of the output's dtype and shape, sharing no
+    /// storage with another destination nor with any input except one the output's kernel
+    /// only reads element by element before overwriting it (an SGD update of the
+    /// parameter it reads). The returned output `i` is then a tensor over `into[i]`'s
+    /// storage, whose version is bumped as by an in-place op; otherwise it is a new tensor
+    /// and `into[i]` is left alone.
+    pub fn call_into(&self, inputs: &[Tensor], into: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+        self.run(inputs, None, into)
     }
 
     /// Runs the function and also returns the wall time of every step.
     pub fn call_timed(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, StepTimes)> {
         let mut t = StepTimes(Vec::with_capacity(self.execs.len()));
-        let out = self.run(inputs, Some(&mut t))?;
+        let out = self.run(inputs, Some(&mut t), &[])?;
         Ok((out, t))
     }
 
@@ -397,19 +412,73 @@ impl CompiledFn {
         check_input(&self.schedule, i, &self.input_names[i], t, Device::Cpu)
     }
 
-    fn run(&self, inputs: &[Tensor], times: Option<&mut StepTimes>) -> Result<Vec<Tensor>> {
+    fn run(
+        &self,
+        inputs: &[Tensor],
+        times: Option<&mut StepTimes>,
+        into: &[Option<&Tensor>],
+    ) -> Result<Vec<Tensor>> {
         self.check_inputs(inputs)?;
         match &self.pool {
-            Some(p) => p.install(|| self.run_steps(inputs, times)),
-            None => self.run_steps(inputs, times),
+            Some(p) => p.install(|| self.run_steps(inputs, times, into)),
+            None => self.run_steps(inputs, times, into),
         }
     }
 
-    fn run_steps(&self, inputs: &[Tensor], times: Option<&mut StepTimes>) -> Result<Vec<Tensor>> {
+    fn run_steps(
+        &self,
+        inputs: &[Tensor],
+        times: Option<&mut StepTimes>,
+        into: &[Option<&Tensor>],
+    ) -> Result<Vec<Tensor>> {
         let mut frame = self.frames.take();
-        let out = self.run_frame(&mut frame, inputs, times);
+        let out = self.run_frame(&mut frame, inputs, times, into);
         self.frames.give(frame);
         out
+    }
+
+    /// Chooses which outputs go into the caller's tensors `into` (the inputs are already
+    /// in `f.bufs`).
+    fn choose_into(&self, f: &mut Frame, into: &[Option<&Tensor>]) {
+        let s = &self.schedule;
+        for (i, dest) in into.iter().enumerate() {
+            let (Some(dest), Some(Some(ip))) = (dest, self.in_place.get(i)) else {
+                continue;
+            };
+            let buf = &s.buffers[ip.buffer];
+            if !matches!(self.execs[ip.step], Exec::Native { .. })
+                || dest.device() != Device::Cpu
+                || dest.dtype() != buf.dtype
+                || dest.shape() != buf.shape.as_slice()
+                || !dest.is_contiguous()
+                || f.into[ip.buffer].is_some()
+            {
+                continue;
+            }
+            let other_dest = into
+                .iter()
+                .enumerate()
+                .any(|(j, d)| j != i && d.is_some_and(|d| d.shares_storage(dest)));
+            let input_ok = s
+                .inputs
+                .iter()
+                .enumerate()
+                .all(|(j, &ib)| match f.bufs[ib].as_ref() {
+                    Some(t) if t.shares_storage(dest) => {
+                        ip.inputs.contains(&j) && t.storage_offset() == dest.storage_offset()
+                    }
+                    _ => true,
+                });
+            let constant = self
+                .constants
+                .iter()
+                .flatten()
+                .any(|c| c.shares_storage(dest));
+            if !other_dest && input_ok && !constant {
+                f.into[ip.buffer] = Some((*dest).clone());
+                f.any_into = true;
+            }
+        }
     }
 
     fn run_frame(
@@ -417,6 +486,7 @@ impl CompiledFn {
         f: &mut Frame,
         inputs: &[Tensor],
         mut times: Option<&mut StepTimes>,
+        into: &[Option<&Tensor>],
     ) -> Result<Vec<Tensor>> {
         let s = &self.schedule;
         for (b, c) in f.bufs.iter_mut().zip(&self.constants) {
@@ -425,9 +495,16 @@ impl CompiledFn {
         for (&b, t) in s.inputs.iter().zip(inputs.iter().chain(&self.bound)) {
             f.bufs[b] = Some(copy::contiguous(t));
         }
+        if into.iter().any(Option::is_some) {
+            self.choose_into(f, into);
+        }
         for (i, (step, exec)) in s.steps.iter().zip(&self.execs).enumerate() {
             for &b in &self.plan.alloc_before[i] {
                 let buf = &s.buffers[b];
+                if let Some(dest) = f.into[b].clone() {
+                    f.bufs[b] = Some(dest);
+                    continue;
+                }
                 let t = match self.plan.slot_of[b] {
                     Some(slot) => f.storage_tensor(slot, buf.dtype, buf.len(), &self.layouts[b]),
                     None => Tensor::alloc_for_overwrite(buf.dtype, &buf.shape),
@@ -447,7 +524,8 @@ impl CompiledFn {
                     },
                     _,
                 ) => {
-                    if *owns_writes {
+                    let into = f.any_into && writes.iter().any(|&b| f.into[b].is_some());
+                    if *owns_writes && !into {
                         self.run_native_owned(code, reads, writes, *elems, f)?
                     } else {
                         self.run_native(code, reads, writes, *elems, &f.bufs)?

@@ -8,7 +8,9 @@
 //! fuses with the pointwise tail of the backward.
 //!
 //! A call writes the updated parameters into the parameter tensors (the tensors a module
-//! and an eager optimiser hold), so compiled and eager steps can be mixed. The momentum
+//! and an eager optimiser hold), so compiled and eager steps can be mixed: the update
+//! kernel stores into them directly where the executor allows it
+//! (`CompiledFn::call_into`), otherwise the new values are copied back. The momentum
 //! buffers live in the step: the outputs of one call are the inputs of the next.
 
 use crate::autograd::no_grad;
@@ -117,7 +119,17 @@ impl CompiledStep {
                 &self.f
             }
         };
-        let outs = f.call(&args)?;
+        // The updated parameters are written into the parameters themselves where the
+        // executor can do so safely; the others are copied back below.
+        let mut into: Vec<Option<&Tensor>> = vec![None];
+        into.extend(
+            self.params
+                .iter()
+                .zip(&self.updated)
+                .filter(|(_, u)| **u)
+                .map(|((_, p), _)| Some(p)),
+        );
+        let outs = f.call_into(&args, &into)?;
         let n_upd = self.updated.iter().filter(|u| **u).count();
         if outs.len() != 1 + n_upd + self.buffers.len() {
             bail!(
@@ -132,7 +144,9 @@ impl CompiledStep {
         {
             let _off = no_grad();
             for ((_, p), _) in self.params.iter().zip(&self.updated).filter(|(_, u)| **u) {
-                if let Some(new) = it.next() {
+                if let Some(new) = it.next()
+                    && !new.shares_storage(p)
+                {
                     write_back(p, &new)?;
                 }
             }

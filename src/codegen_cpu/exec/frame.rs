@@ -23,6 +23,11 @@ pub(super) struct Frame {
     /// The storage last used by each cached place (temporary slots, then direct GEMM
     /// results).
     pub cache: Vec<Option<Arc<Storage>>>,
+    /// Caller tensors that buffers are written into instead of their own storage
+    /// (`call_into`), by buffer id.
+    pub into: Vec<Option<Tensor>>,
+    /// Whether any entry of `into` is set.
+    pub any_into: bool,
 }
 
 // SAFETY: between calls the pointer table holds stale addresses that are never read (each
@@ -35,6 +40,8 @@ impl Frame {
             bufs: vec![None; buffers],
             ptrs: vec![std::ptr::null_mut(); buffers],
             cache: vec![None; cached],
+            into: vec![None; buffers],
+            any_into: false,
         }
     }
 
@@ -63,6 +70,12 @@ impl Frame {
     pub fn clear(&mut self) {
         for b in &mut self.bufs {
             *b = None;
+        }
+        if self.any_into {
+            for b in &mut self.into {
+                *b = None;
+            }
+            self.any_into = false;
         }
     }
 }
