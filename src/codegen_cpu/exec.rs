@@ -33,7 +33,7 @@ use crate::runtime::kernels::{self as eager, copy};
 use crate::runtime::layout::Layout;
 use crate::runtime::{Tensor, access, apply};
 use crate::{Result, bail};
-use frame::{Frame, FramePool, ReadLocks};
+use frame::{Frame, FramePool, Locks};
 use gemm::DirectGemm;
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -151,6 +151,8 @@ pub struct CompiledFn {
     layouts: Vec<Layout>,
     /// The buffers a call uses alone (temporaries in its own storages): no locks needed.
     owned: Vec<bool>,
+    /// The buffers an output shows.
+    returned: Vec<bool>,
     /// Scratch of the calls, kept between them.
     frames: FramePool,
     /// Which outputs `call_into` may write into a caller's tensor.
@@ -267,6 +269,9 @@ impl CompiledFn {
                 .collect(),
             frames: FramePool::new(s.buffers.len(), places),
             in_place: inplace::analyse(&s),
+            returned: (0..s.buffers.len())
+                .map(|b| s.outputs.iter().any(|v| v.buffer == b))
+                .collect(),
             owned,
             plan,
             info: StepInfo::of_schedule(&s),
@@ -506,7 +511,13 @@ impl CompiledFn {
                     continue;
                 }
                 let t = match self.plan.slot_of[b] {
-                    Some(slot) => f.storage_tensor(slot, buf.dtype, buf.len(), &self.layouts[b]),
+                    Some(slot) => f.storage_tensor(
+                        slot,
+                        buf.dtype,
+                        buf.len(),
+                        &self.layouts[b],
+                        self.returned[b],
+                    ),
                     None => Tensor::alloc_for_overwrite(buf.dtype, &buf.shape),
                 };
                 f.bufs[b] = Some(t);
@@ -524,8 +535,7 @@ impl CompiledFn {
                     },
                     _,
                 ) => {
-                    let into = f.any_into && writes.iter().any(|&b| f.into[b].is_some());
-                    if *owns_writes && !into {
+                    if *owns_writes {
                         self.run_native_owned(code, reads, writes, *elems, f)?
                     } else {
                         self.run_native(code, reads, writes, *elems, &f.bufs)?
@@ -552,10 +562,16 @@ impl CompiledFn {
 
     /// Runs a direct GEMM into its cached result buffer.
     fn run_gemm(&self, g: &DirectGemm, place: usize, f: &mut Frame) -> Result<()> {
-        let out = f.storage_tensor(place, g.dtype, g.m * g.n, &self.layouts[g.out]);
+        let out = f.storage_tensor(
+            place,
+            g.dtype,
+            g.m * g.n,
+            &self.layouts[g.out],
+            self.returned[g.out],
+        );
         let a = buffer(&f.bufs, g.a.buffer)?;
         let b = buffer(&f.bufs, g.b.buffer)?;
-        let locks = ReadLocks::lock([a, b]);
+        let locks = Locks::lock([(a, false), (b, false)]);
         // SAFETY: the operands are locked for reading (two storages never exceed the lock
         // capacity) and hold their buffers' dtype and size; `out` is a storage of this call
         // alone, of the result's dtype and size.
@@ -565,8 +581,9 @@ impl CompiledFn {
         Ok(())
     }
 
-    /// Runs a compiled kernel whose written buffers belong to this call alone: only the
-    /// buffers it reads that others may share are locked, with no allocation.
+    /// Runs a compiled kernel whose written buffers belong to this call alone (or are
+    /// caller tensors given to `call_into`): only the buffers others may share are locked,
+    /// with no allocation.
     fn run_native_owned(
         &self,
         code: &CpuKernel,
@@ -575,24 +592,29 @@ impl CompiledFn {
         elems: usize,
         f: &mut Frame,
     ) -> Result<()> {
-        let mut shared: [Option<&Tensor>; frame::MAX_LOCKS] = [None; frame::MAX_LOCKS];
+        let mut shared: [Option<(&Tensor, bool)>; frame::MAX_LOCKS] = [None; frame::MAX_LOCKS];
         let mut n = 0;
-        for &b in reads.iter().chain(writes) {
+        for (j, &b) in reads.iter().chain(writes).enumerate() {
             let t = buffer(&f.bufs, b)?;
             f.ptrs[b] = elem0(t);
-            if !self.owned[b] {
+            let into = f.any_into && f.into[b].is_some();
+            if !self.owned[b] || into {
                 if n == shared.len() {
                     return self.run_native(code, reads, writes, elems, &f.bufs);
                 }
-                shared[n] = Some(t);
+                let write = j >= reads.len();
+                if write {
+                    t.storage().bump_version();
+                }
+                shared[n] = Some((t, write));
                 n += 1;
             }
         }
-        let Some(locks) = ReadLocks::lock(shared[..n].iter().flatten().copied()) else {
+        let Some(locks) = Locks::lock(shared[..n].iter().flatten().copied()) else {
             return self.run_native(code, reads, writes, elems, &f.bufs);
         };
-        // SAFETY: the pointers address the buffers of this call: the shared ones locked for
-        // reading above, the others (every written one among them) used by nobody else.
+        // SAFETY: the pointers address the buffers of this call: the shared ones locked above
+        // (for writing where written), the others used by nobody else.
         let out = unsafe { run_rows(code, elems, &f.ptrs) };
         drop(locks);
         out

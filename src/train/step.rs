@@ -41,6 +41,8 @@ pub struct CompiledStep {
     buffers: Vec<Tensor>,
     config: SGDConfig,
     steps: u64,
+    /// Whether a parameter is large enough to be updated in place.
+    large: bool,
 }
 
 impl CompiledStep {
@@ -88,6 +90,7 @@ impl CompiledStep {
             f,
             first,
             n_inputs: example_inputs.len(),
+            large: params.iter().any(|(_, p)| p.numel() > SMALL_PARAM),
             params,
             updated,
             buffers,
@@ -119,17 +122,22 @@ impl CompiledStep {
                 &self.f
             }
         };
-        // The updated parameters are written into the parameters themselves where the
-        // executor can do so safely; the others are copied back below.
-        let mut into: Vec<Option<&Tensor>> = vec![None];
-        into.extend(
-            self.params
-                .iter()
-                .zip(&self.updated)
-                .filter(|(_, u)| **u)
-                .map(|((_, p), _)| Some(p)),
-        );
-        let outs = f.call_into(&args, &into)?;
+        // Large updated parameters are written into the parameters themselves where the
+        // executor can do so safely; the others are copied back below (for small ones
+        // the copy costs less than the in-place bookkeeping).
+        let outs = if self.large {
+            let mut into: Vec<Option<&Tensor>> = vec![None];
+            into.extend(
+                self.params
+                    .iter()
+                    .zip(&self.updated)
+                    .filter(|(_, u)| **u)
+                    .map(|((_, p), _)| (p.numel() > SMALL_PARAM).then_some(p)),
+            );
+            f.call_into(&args, &into)?
+        } else {
+            f.call(&args)?
+        };
         let n_upd = self.updated.iter().filter(|u| **u).count();
         if outs.len() != 1 + n_upd + self.buffers.len() {
             bail!(

@@ -4,14 +4,15 @@
 //! A call takes a frame from its function's pool (or makes one when the pool is busy or
 //! empty) and gives it back at the end, so several threads can call one function at once,
 //! each with its own frame. A frame keeps one reference to the storage last used by each of
-//! its slots; the storage is taken again only when that reference is the only one left
-//! (`Arc::get_mut`), that is when no live buffer of this call and no tensor handed to a
-//! caller still uses it. A returned output is therefore never overwritten by a later call.
+//! its slots (through a tensor never handed out); the storage is taken again only when that
+//! reference is the only one left, that is when no live buffer of this call and no tensor
+//! handed to a caller still uses it. A returned output is therefore never overwritten by a
+//! later call.
 
 use crate::ir::dtype::DType;
 use crate::runtime::Tensor;
 use crate::runtime::layout::Layout;
-use crate::runtime::storage::{ReadGuard, Storage};
+use crate::runtime::storage::{ReadGuard, Storage, WriteGuard};
 use std::sync::{Arc, Mutex};
 
 /// Scratch of one call.
@@ -20,9 +21,9 @@ pub(super) struct Frame {
     pub bufs: Vec<Option<Tensor>>,
     /// Kernel argument table: the element pointer of every buffer a kernel touches.
     pub ptrs: Vec<*mut u8>,
-    /// The storage last used by each cached place (temporary slots, then direct GEMM
-    /// results).
-    pub cache: Vec<Option<Arc<Storage>>>,
+    /// A tensor over the storage last used by each cached place (temporary slots, then
+    /// direct GEMM results); never handed to a caller.
+    pub cache: Vec<Option<Tensor>>,
     /// Caller tensors that buffers are written into instead of their own storage
     /// (`call_into`), by buffer id.
     pub into: Vec<Option<Tensor>>,
@@ -47,23 +48,34 @@ impl Frame {
 
     /// A tensor of `layout` over the storage of cache place `place` (`len` elements of
     /// `dtype`): the kept storage when nothing else uses it any more, a new one otherwise.
+    /// A buffer no output shows (`returned` false) gets the kept tensor itself when its
+    /// layout fits, which allocates nothing.
     pub fn storage_tensor(
         &mut self,
         place: usize,
         dtype: DType,
         len: usize,
         layout: &Layout,
+        returned: bool,
     ) -> Tensor {
-        let kept = self.cache[place]
-            .as_mut()
-            .filter(|s| s.dtype() == dtype && s.len() == len)
-            .and_then(|s| Arc::get_mut(s).is_some().then(|| s.clone()));
-        let storage = kept.unwrap_or_else(|| {
-            let s = Arc::new(Storage::for_overwrite(dtype, len));
-            self.cache[place] = Some(s.clone());
-            s
-        });
-        Tensor::from_parts(storage, layout.clone())
+        if let Some(t) = &self.cache[place]
+            && t.dtype() == dtype
+            && t.storage().len() == len
+            && sole_owner(t)
+        {
+            if !returned && t.shape() == layout.shape.as_slice() {
+                return t.clone();
+            }
+            return Tensor::from_parts(t.storage_arc().clone(), layout.clone());
+        }
+        let t = Tensor::from_parts(Arc::new(Storage::for_overwrite(dtype, len)), layout.clone());
+        let kept = if returned {
+            Tensor::from_parts(t.storage_arc().clone(), layout.clone())
+        } else {
+            t.clone()
+        };
+        self.cache[place] = Some(kept);
+        t
     }
 
     /// Drops every buffer's tensor (inputs included: a frame keeps no caller tensor alive).
@@ -78,6 +90,15 @@ impl Frame {
             self.any_into = false;
         }
     }
+}
+
+/// Whether `t` (a frame's kept tensor) is the only handle on itself and its storage: then
+/// no other thread can make a new one, and the storage is free for this call.
+fn sole_owner(t: &Tensor) -> bool {
+    Arc::strong_count(&t.0) == 1
+        && Arc::weak_count(&t.0) == 0
+        && Arc::strong_count(t.storage_arc()) == 1
+        && Arc::weak_count(t.storage_arc()) == 0
 }
 
 /// The frames of one compiled function that no call is using.
@@ -117,36 +138,51 @@ impl FramePool {
     }
 }
 
-/// Most storages one step read-locks without allocating.
+/// Most storages one step locks without allocating.
 pub(super) const MAX_LOCKS: usize = 8;
 
-/// Read locks on a few storages, taken in storage-id order (the global lock order).
-pub(super) struct ReadLocks<'a> {
-    // held only for their drop, which releases the locks
-    _guards: [Option<ReadGuard<'a>>; MAX_LOCKS],
+/// A held lock of either kind.
+enum Guard<'a> {
+    Read(#[allow(dead_code)] ReadGuard<'a>),
+    Write(#[allow(dead_code)] WriteGuard<'a>),
 }
 
-impl<'a> ReadLocks<'a> {
-    /// Locks the distinct storages of `ts` (at most `MAX_LOCKS` of them; `None` if more).
-    pub fn lock(ts: impl IntoIterator<Item = &'a Tensor>) -> Option<ReadLocks<'a>> {
-        let mut order: [Option<&'a Storage>; MAX_LOCKS] = [None; MAX_LOCKS];
+/// Locks on a few storages, taken in storage-id order (the global lock order); a storage
+/// asked for both reading and writing is locked once, for writing.
+pub(super) struct Locks<'a> {
+    // held only for their drop, which releases the locks
+    _guards: [Option<Guard<'a>>; MAX_LOCKS],
+}
+
+impl<'a> Locks<'a> {
+    /// Locks the distinct storages of `ts`, each for writing when any entry for it says so
+    /// (at most `MAX_LOCKS` storages; `None` if more).
+    pub fn lock(ts: impl IntoIterator<Item = (&'a Tensor, bool)>) -> Option<Locks<'a>> {
+        let mut order: [Option<(&'a Storage, bool)>; MAX_LOCKS] = [None; MAX_LOCKS];
         let mut n = 0;
-        for t in ts {
+        for (t, write) in ts {
             let s = t.storage();
-            if order[..n].iter().flatten().any(|x| x.id() == s.id()) {
+            if let Some(e) = order[..n].iter_mut().flatten().find(|x| x.0.id() == s.id()) {
+                e.1 |= write;
                 continue;
             }
             if n == MAX_LOCKS {
                 return None;
             }
-            order[n] = Some(s);
+            order[n] = Some((s, write));
             n += 1;
         }
-        order[..n].sort_unstable_by_key(|s| s.map_or(0, Storage::id));
-        let mut guards: [Option<ReadGuard<'a>>; MAX_LOCKS] = Default::default();
-        for (g, s) in guards.iter_mut().zip(&order[..n]) {
-            *g = s.map(Storage::read);
+        order[..n].sort_unstable_by_key(|s| s.map_or(0, |(s, _)| s.id()));
+        let mut guards: [Option<Guard<'a>>; MAX_LOCKS] = Default::default();
+        for (g, e) in guards.iter_mut().zip(&order[..n]) {
+            *g = e.map(|(s, write)| {
+                if write {
+                    Guard::Write(s.write())
+                } else {
+                    Guard::Read(s.read())
+                }
+            });
         }
-        Some(ReadLocks { _guards: guards })
+        Some(Locks { _guards: guards })
     }
 }
