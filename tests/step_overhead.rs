@@ -437,3 +437,42 @@ fn compiled_step_updates_the_parameter_tensors_in_place() {
     let after: Vec<usize> = m.parameters().iter().map(Tensor::data_ptr).collect();
     assert_eq!(addrs, after);
 }
+
+#[test]
+fn an_mlp_step_graph_updates_its_weights_in_place() {
+    let mut rng = StdRng::seed_from_u64(12);
+    let x = random(&mut rng, DType::F32, &[8, 160]);
+    let y = random(&mut rng, DType::F32, &[8, 7]);
+    let m = smelt::nn::Sequential::new()
+        .add(Linear::new(160, 200, true).unwrap())
+        .add(smelt::nn::ReLU::new())
+        .add(Linear::new(200, 7, true).unwrap());
+    let step = CompiledStep::new(
+        |xs: &[Tensor]| mse_loss(&m.forward(&xs[0])?, &xs[1], Reduction::Mean),
+        &[x.clone(), y.clone()],
+        m.named_parameters(),
+        SGDConfig::new(0.1),
+        &CompileOptions::default(),
+    )
+    .unwrap();
+    let params = m.parameters();
+    let copied: Vec<Tensor> = copies(&params);
+    let mut args = vec![x.clone(), y.clone()];
+    args.extend(params.iter().cloned());
+    let mut oracle_args = vec![x.clone(), y.clone()];
+    oracle_args.extend(copied);
+    let want = run_graph(step.graph(), &oracle_args).unwrap();
+    let mut into: Vec<Option<&Tensor>> = vec![None];
+    into.extend(params.iter().map(Some));
+    let got = step.compiled().call_into(&args, &into).unwrap();
+    for (i, p) in params.iter().enumerate() {
+        // the weights' updates are pointwise kernels; a bias update fuses into the
+        // reduction of its gradient, which stays out of place (and is copied back)
+        if p.dim() == 2 {
+            assert!(got[1 + i].shares_storage(p), "weight {i} updated in place");
+            assert_close(p, &want[1 + i], 1e-5, &format!("parameter {i}"));
+        }
+        assert_close(&got[1 + i], &want[1 + i], 1e-5, &format!("parameter {i}"));
+    }
+    assert_close(&got[0], &want[0], 1e-5, "loss");
+}

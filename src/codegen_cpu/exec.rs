@@ -9,6 +9,11 @@
 //! eager kernels through strided views — and returns the outputs as tensors (views of the
 //! buffers where the schedule says so).
 //!
+//! What a call needs besides its data is kept between calls (`frame`): the buffer and
+//! pointer tables and the temporaries' storages, taken again once nothing else holds them,
+//! so a small call allocates little; 2-D float GEMMs are called directly (`gemm`), and
+//! [`CompiledFn::call_into`] can write an update into the tensor it reads (`inplace`).
+//!
 //! Two kernel backends run through the same executor: machine code from the Cranelift
 //! lowering, and the kernel-IR interpreter (one step at a time), which needs no codegen.
 
