@@ -9,10 +9,18 @@
 //! eager kernels through strided views — and returns the outputs as tensors (views of the
 //! buffers where the schedule says so).
 //!
+//! What a call needs besides its data is kept between calls (`frame`): the buffer and
+//! pointer tables and the temporaries' storages, taken again once nothing else holds them,
+//! so a small call allocates little; 2-D float GEMMs are called directly (`gemm`), and
+//! [`CompiledFn::call_into`] can write an update into the tensor it reads (`inplace`).
+//!
 //! Two kernel backends run through the same executor: machine code from the Cranelift
 //! lowering, and the kernel-IR interpreter (one step at a time), which needs no codegen.
 
+mod frame;
+mod gemm;
 mod info;
+mod inplace;
 mod plan;
 
 pub use info::StepInfo;
@@ -30,6 +38,8 @@ use crate::runtime::kernels::{self as eager, copy};
 use crate::runtime::layout::Layout;
 use crate::runtime::{Tensor, access, apply};
 use crate::{Result, bail};
+use frame::{Frame, FramePool, Locks};
+use gemm::DirectGemm;
 use rayon::prelude::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -116,11 +126,17 @@ enum Exec {
         reads: Vec<BufferId>,
         writes: Vec<BufferId>,
         elems: usize,
+        /// Every buffer it writes is a temporary only this call uses, so only the others
+        /// (inputs, constants, extern results) need locks.
+        owns_writes: bool,
     },
     /// The kernel-IR interpreter runs the whole step.
     Interp,
-    /// A library call on the eager kernels.
-    Extern,
+    /// A library call on the eager kernels; `ty` is its result type when the shape rule
+    /// accepted the argument types at compile time.
+    Extern { ty: Option<TensorType> },
+    /// A 2-D float GEMM called directly, into the storage of cache place `place`.
+    Gemm { gemm: DirectGemm, place: usize },
 }
 
 /// A graph compiled for the CPU: call it with input tensors in the graph's order.
@@ -136,6 +152,16 @@ pub struct CompiledFn {
     compile_time: Duration,
     /// Tensors bound to the trailing inputs (a traced function's parameters).
     bound: Vec<Tensor>,
+    /// The contiguous layout of every buffer.
+    layouts: Vec<Layout>,
+    /// The buffers a call uses alone (temporaries in its own storages): no locks needed.
+    owned: Vec<bool>,
+    /// The buffers an output shows.
+    returned: Vec<bool>,
+    /// Scratch of the calls, kept between them.
+    frames: FramePool,
+    /// Which outputs `call_into` may write into a caller's tensor.
+    in_place: Vec<Option<inplace::InPlace>>,
 }
 
 /// Per-step wall times of one call, in step order.
@@ -143,15 +169,15 @@ pub struct CompiledFn {
 pub struct StepTimes(pub Vec<Duration>);
 
 /// Raw buffer pointers handed to the chunks of one kernel call.
-struct Ptrs(Vec<*mut u8>);
+struct Ptrs<'a>(&'a [*mut u8]);
 // SAFETY: the pointers are only dereferenced by generated code while the storages are
 // locked by the calling thread, and each chunk writes disjoint rows.
-unsafe impl Send for Ptrs {}
-unsafe impl Sync for Ptrs {}
+unsafe impl Send for Ptrs<'_> {}
+unsafe impl Sync for Ptrs<'_> {}
 
-impl Ptrs {
+impl Ptrs<'_> {
     fn all(&self) -> &[*mut u8] {
-        &self.0
+        self.0
     }
 }
 
@@ -187,16 +213,31 @@ impl CompiledFn {
         let cg = CodegenOptions {
             fast_math: opts.fast_math,
         };
+        let plan = TempPlan::build(&s);
+        let owned = owned_buffers(&s, &plan);
         let mut execs = Vec::with_capacity(s.steps.len());
+        let mut places = plan.slots.len();
         for step in &s.steps {
             execs.push(match (step, opts.backend) {
-                (Step::Extern(_), _) => Exec::Extern,
+                (Step::Extern(e), _) => match DirectGemm::of(&s, e) {
+                    Some(gemm) if owned_by_gemm(&s, e.out) => {
+                        places += 1;
+                        Exec::Gemm {
+                            gemm,
+                            place: places - 1,
+                        }
+                    }
+                    _ => Exec::Extern {
+                        ty: extern_type(&s, e),
+                    },
+                },
                 (Step::Kernel(_), KernelBackend::Interp) => Exec::Interp,
                 (Step::Kernel(k), KernelBackend::Cranelift) => {
                     let code = compile_kernel(k, &s.buffers, &cg)?;
                     let (reads, writes) = plan::step_buffers(step);
                     Exec::Native {
                         code,
+                        owns_writes: writes.iter().all(|&b| owned[b]),
                         reads,
                         writes,
                         elems: numel(&k.space()),
@@ -226,7 +267,18 @@ impl CompiledFn {
         let mut names: Vec<String> = input_names;
         names.resize_with(s.inputs.len(), String::new);
         Ok(CompiledFn {
-            plan: TempPlan::build(&s),
+            layouts: s
+                .buffers
+                .iter()
+                .map(|b| Layout::contiguous(&b.shape))
+                .collect(),
+            frames: FramePool::new(s.buffers.len(), places),
+            in_place: inplace::analyse(&s),
+            returned: (0..s.buffers.len())
+                .map(|b| s.outputs.iter().any(|v| v.buffer == b))
+                .collect(),
+            owned,
+            plan,
             info: StepInfo::of_schedule(&s),
             input_names: names,
             constants,
@@ -283,13 +335,24 @@ impl CompiledFn {
 
     /// Runs the function on `inputs`, in the graph's input order.
     pub fn call(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
-        self.run(inputs, None)
+        self.run(inputs, None, &[])
+    }
+
+    /// Runs the function, writing output `i` straight into `into[i]` (when given) where
+    /// that is safe: `into[i]` contiguous, of the output's dtype and shape, sharing no
+    /// storage with another destination nor with any input except one the output's kernel
+    /// only reads element by element before overwriting it (an SGD update of the
+    /// parameter it reads). The returned output `i` is then a tensor over `into[i]`'s
+    /// storage, whose version is bumped as by an in-place op; otherwise it is a new tensor
+    /// and `into[i]` is left alone.
+    pub fn call_into(&self, inputs: &[Tensor], into: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+        self.run(inputs, None, into)
     }
 
     /// Runs the function and also returns the wall time of every step.
     pub fn call_timed(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, StepTimes)> {
         let mut t = StepTimes(Vec::with_capacity(self.execs.len()));
-        let out = self.run(inputs, Some(&mut t))?;
+        let out = self.run(inputs, Some(&mut t), &[])?;
         Ok((out, t))
     }
 
@@ -359,28 +422,110 @@ impl CompiledFn {
         check_input(&self.schedule, i, &self.input_names[i], t, Device::Cpu)
     }
 
-    fn run(&self, inputs: &[Tensor], times: Option<&mut StepTimes>) -> Result<Vec<Tensor>> {
+    fn run(
+        &self,
+        inputs: &[Tensor],
+        times: Option<&mut StepTimes>,
+        into: &[Option<&Tensor>],
+    ) -> Result<Vec<Tensor>> {
         self.check_inputs(inputs)?;
         match &self.pool {
-            Some(p) => p.install(|| self.run_steps(inputs, times)),
-            None => self.run_steps(inputs, times),
+            Some(p) => p.install(|| self.run_steps(inputs, times, into)),
+            None => self.run_steps(inputs, times, into),
         }
     }
 
     fn run_steps(
         &self,
         inputs: &[Tensor],
+        times: Option<&mut StepTimes>,
+        into: &[Option<&Tensor>],
+    ) -> Result<Vec<Tensor>> {
+        let mut frame = self.frames.take();
+        let out = self.run_frame(&mut frame, inputs, times, into);
+        self.frames.give(frame);
+        out
+    }
+
+    /// Chooses which outputs go into the caller's tensors `into` (the inputs are already
+    /// in `f.bufs`).
+    fn choose_into(&self, f: &mut Frame, into: &[Option<&Tensor>]) {
+        let s = &self.schedule;
+        for (i, dest) in into.iter().enumerate() {
+            let (Some(dest), Some(Some(ip))) = (dest, self.in_place.get(i)) else {
+                continue;
+            };
+            let buf = &s.buffers[ip.buffer];
+            if !matches!(self.execs[ip.step], Exec::Native { .. })
+                || dest.device() != Device::Cpu
+                || dest.dtype() != buf.dtype
+                || dest.shape() != buf.shape.as_slice()
+                || !dest.is_contiguous()
+                || f.into[ip.buffer].is_some()
+            {
+                continue;
+            }
+            let other_dest = into
+                .iter()
+                .enumerate()
+                .any(|(j, d)| j != i && d.is_some_and(|d| d.shares_storage(dest)));
+            let input_ok = s
+                .inputs
+                .iter()
+                .enumerate()
+                .all(|(j, &ib)| match f.bufs[ib].as_ref() {
+                    Some(t) if t.shares_storage(dest) => {
+                        ip.inputs.contains(&j) && t.storage_offset() == dest.storage_offset()
+                    }
+                    _ => true,
+                });
+            let constant = self
+                .constants
+                .iter()
+                .flatten()
+                .any(|c| c.shares_storage(dest));
+            if !other_dest && input_ok && !constant {
+                f.into[ip.buffer] = Some((*dest).clone());
+                f.any_into = true;
+            }
+        }
+    }
+
+    fn run_frame(
+        &self,
+        f: &mut Frame,
+        inputs: &[Tensor],
         mut times: Option<&mut StepTimes>,
+        into: &[Option<&Tensor>],
     ) -> Result<Vec<Tensor>> {
         let s = &self.schedule;
-        let mut bufs: Vec<Option<Tensor>> = self.constants.clone();
-        for (&b, t) in s.inputs.iter().zip(inputs.iter().chain(&self.bound)) {
-            bufs[b] = Some(copy::contiguous(t));
+        for (b, c) in f.bufs.iter_mut().zip(&self.constants) {
+            b.clone_from(c);
         }
-        let mut slots: Vec<Option<Tensor>> = vec![None; self.plan.slots.len()];
+        for (&b, t) in s.inputs.iter().zip(inputs.iter().chain(&self.bound)) {
+            f.bufs[b] = Some(copy::contiguous(t));
+        }
+        if into.iter().any(Option::is_some) {
+            self.choose_into(f, into);
+        }
         for (i, (step, exec)) in s.steps.iter().zip(&self.execs).enumerate() {
             for &b in &self.plan.alloc_before[i] {
-                bufs[b] = Some(self.take_slot(&mut slots, b));
+                let buf = &s.buffers[b];
+                if let Some(dest) = f.into[b].clone() {
+                    f.bufs[b] = Some(dest);
+                    continue;
+                }
+                let t = match self.plan.slot_of[b] {
+                    Some(slot) => f.storage_tensor(
+                        slot,
+                        buf.dtype,
+                        buf.len(),
+                        &self.layouts[b],
+                        self.returned[b],
+                    ),
+                    None => Tensor::alloc_for_overwrite(buf.dtype, &buf.shape),
+                };
+                f.bufs[b] = Some(t);
             }
             // the clock is read only when timing: an untimed small call is a few µs
             let t0 = times.is_some().then(Instant::now);
@@ -391,12 +536,22 @@ impl CompiledFn {
                         reads,
                         writes,
                         elems,
+                        owns_writes,
                     },
                     _,
-                ) => self.run_native(code, reads, writes, *elems, &bufs)?,
-                (Exec::Interp, _) => kernel::interp::run_step(s, step, &mut bufs)?,
-                (Exec::Extern, Step::Extern(e)) => run_extern(s, e, &mut bufs)?,
-                (Exec::Extern, Step::Kernel(k)) => {
+                ) => {
+                    if *owns_writes {
+                        self.run_native_owned(code, reads, writes, *elems, f)?
+                    } else {
+                        self.run_native(code, reads, writes, *elems, &f.bufs)?
+                    }
+                }
+                (Exec::Interp, _) => kernel::interp::run_step(s, step, &mut f.bufs)?,
+                (Exec::Extern { ty }, Step::Extern(e)) => {
+                    run_extern(s, e, ty.as_ref(), &mut f.bufs)?
+                }
+                (Exec::Gemm { gemm, place }, _) => self.run_gemm(gemm, *place, f)?,
+                (Exec::Extern { .. }, Step::Kernel(k)) => {
                     bail!(Value, "kernel {} has no compiled code", k.name)
                 }
             }
@@ -404,22 +559,70 @@ impl CompiledFn {
                 t.0.push(t0.elapsed());
             }
             for &b in &self.plan.free_after[i] {
-                if let (Some(slot), Some(t)) = (self.plan.slot_of[b], bufs[b].take()) {
-                    slots[slot] = Some(t);
-                }
+                f.bufs[b] = None;
             }
         }
-        s.outputs.iter().map(|v| view_of(&bufs, v)).collect()
+        s.outputs.iter().map(|v| output_of(&f.bufs, v)).collect()
     }
 
-    /// The tensor of temporary `b`: its slot's memory when a released one is there.
-    fn take_slot(&self, slots: &mut [Option<Tensor>], b: BufferId) -> Tensor {
-        let buf = &self.schedule.buffers[b];
-        let held = self.plan.slot_of[b].and_then(|s| slots[s].take());
-        match held {
-            Some(t) => t.with_layout(Layout::contiguous(&buf.shape)),
-            None => Tensor::alloc_for_overwrite(buf.dtype, &buf.shape),
+    /// Runs a direct GEMM into its cached result buffer.
+    fn run_gemm(&self, g: &DirectGemm, place: usize, f: &mut Frame) -> Result<()> {
+        let out = f.storage_tensor(
+            place,
+            g.dtype,
+            g.m * g.n,
+            &self.layouts[g.out],
+            self.returned[g.out],
+        );
+        let a = buffer(&f.bufs, g.a.buffer)?;
+        let b = buffer(&f.bufs, g.b.buffer)?;
+        let locks = Locks::lock([(a, false), (b, false)]);
+        // SAFETY: the operands are locked for reading (two storages never exceed the lock
+        // capacity) and hold their buffers' dtype and size; `out` is a storage of this call
+        // alone, of the result's dtype and size.
+        unsafe { g.run(elem0(a), elem0(b), elem0(&out)) };
+        drop(locks);
+        f.bufs[g.out] = Some(out);
+        Ok(())
+    }
+
+    /// Runs a compiled kernel whose written buffers belong to this call alone (or are
+    /// caller tensors given to `call_into`): only the buffers others may share are locked,
+    /// with no allocation.
+    fn run_native_owned(
+        &self,
+        code: &CpuKernel,
+        reads: &[BufferId],
+        writes: &[BufferId],
+        elems: usize,
+        f: &mut Frame,
+    ) -> Result<()> {
+        let mut shared: [Option<(&Tensor, bool)>; frame::MAX_LOCKS] = [None; frame::MAX_LOCKS];
+        let mut n = 0;
+        for (j, &b) in reads.iter().chain(writes).enumerate() {
+            let t = buffer(&f.bufs, b)?;
+            f.ptrs[b] = elem0(t);
+            let into = f.any_into && f.into[b].is_some();
+            if !self.owned[b] || into {
+                if n == shared.len() {
+                    return self.run_native(code, reads, writes, elems, &f.bufs);
+                }
+                let write = j >= reads.len();
+                if write {
+                    t.storage().bump_version();
+                }
+                shared[n] = Some((t, write));
+                n += 1;
+            }
         }
+        let Some(locks) = Locks::lock(shared[..n].iter().flatten().copied()) else {
+            return self.run_native(code, reads, writes, elems, &f.bufs);
+        };
+        // SAFETY: the pointers address the buffers of this call: the shared ones locked above
+        // (for writing where written), the others used by nobody else.
+        let out = unsafe { run_rows(code, elems, &f.ptrs) };
+        drop(locks);
+        out
     }
 
     /// Runs a compiled kernel over its rows, in parallel chunks when it is large.
@@ -431,14 +634,14 @@ impl CompiledFn {
         elems: usize,
         bufs: &[Option<Tensor>],
     ) -> Result<()> {
-        let get = |b: BufferId| -> Result<&Tensor> {
-            match bufs.get(b).and_then(Option::as_ref) {
-                Some(t) => Ok(t),
-                None => bail!(Value, "schedule: b{b} is used before it is written"),
-            }
-        };
-        let rt: Vec<&Tensor> = reads.iter().map(|&b| get(b)).collect::<Result<_>>()?;
-        let wt: Vec<&Tensor> = writes.iter().map(|&b| get(b)).collect::<Result<_>>()?;
+        let rt: Vec<&Tensor> = reads
+            .iter()
+            .map(|&b| buffer(bufs, b))
+            .collect::<Result<_>>()?;
+        let wt: Vec<&Tensor> = writes
+            .iter()
+            .map(|&b| buffer(bufs, b))
+            .collect::<Result<_>>()?;
         let acc = access::lock(&rt, &wt);
         let mut ptrs = vec![std::ptr::null_mut::<u8>(); bufs.len()];
         for (j, &b) in reads.iter().enumerate() {
@@ -450,20 +653,85 @@ impl CompiledFn {
         for t in &wt {
             t.storage().bump_version();
         }
-        let ptrs = Ptrs(ptrs);
-        let rows = code.rows();
-        let threads = rayon::current_num_threads();
         // SAFETY: every buffer the kernel touches is allocated with its schedule dtype and
-        // size and locked above (reads shared, writes exclusive); chunks cover disjoint rows.
-        if elems < PAR_MIN_ELEMS || threads < 2 || rows < 2 {
-            return unsafe { code.run_rows(ptrs.all(), 0, rows) };
-        }
-        let chunks = rows.min(threads * CHUNKS_PER_THREAD);
-        (0..chunks).into_par_iter().try_for_each(|c| {
-            let (begin, end) = (c * rows / chunks, (c + 1) * rows / chunks);
-            unsafe { code.run_rows(ptrs.all(), begin, end) }
-        })
+        // size and locked above (reads shared, writes exclusive).
+        unsafe { run_rows(code, elems, &ptrs) }
     }
+}
+
+/// Runs a compiled kernel over its rows, in parallel chunks when it is large.
+///
+/// # Safety
+/// `ptrs` must hold, for every buffer the kernel touches, a pointer to element 0 of memory
+/// of the buffer's dtype and size that stays readable (and writable where the kernel
+/// writes) and unused by others for the call.
+unsafe fn run_rows(code: &CpuKernel, elems: usize, ptrs: &[*mut u8]) -> Result<()> {
+    let rows = code.rows();
+    let threads = rayon::current_num_threads();
+    // SAFETY: as the caller promises; chunks cover disjoint rows.
+    if elems < PAR_MIN_ELEMS || threads < 2 || rows < 2 {
+        return unsafe { code.run_rows(ptrs, 0, rows) };
+    }
+    let ptrs = Ptrs(ptrs);
+    let chunks = rows.min(threads * CHUNKS_PER_THREAD);
+    (0..chunks).into_par_iter().try_for_each(|c| {
+        let (begin, end) = (c * rows / chunks, (c + 1) * rows / chunks);
+        unsafe { code.run_rows(ptrs.all(), begin, end) }
+    })
+}
+
+/// The tensor of buffer `b`, or an error when the schedule reads it before writing it.
+fn buffer(bufs: &[Option<Tensor>], b: BufferId) -> Result<&Tensor> {
+    match bufs.get(b).and_then(Option::as_ref) {
+        Some(t) => Ok(t),
+        None => bail!(Value, "schedule: b{b} is used before it is written"),
+    }
+}
+
+/// Pointer to element 0 of `t` (its offset applied). The address is only formed here;
+/// whoever dereferences it holds the storage's lock or owns the storage.
+fn elem0(t: &Tensor) -> *mut u8 {
+    // wrapping_add: an empty tensor's offset may point one past its (empty) buffer
+    (t.storage().data_addr() as *mut u8).wrapping_add(t.storage_offset() * t.dtype().size())
+}
+
+/// Which buffers a call uses alone: temporaries that a kernel writes first into a slot of
+/// the call's frame and that no extern call replaces, and direct GEMM results.
+fn owned_buffers(s: &Schedule, plan: &TempPlan) -> Vec<bool> {
+    let mut owned: Vec<bool> = plan.slot_of.iter().map(Option::is_some).collect();
+    for step in &s.steps {
+        if let Step::Extern(e) = step {
+            owned[e.out] = DirectGemm::of(s, e).is_some() && owned_by_gemm(s, e.out);
+        }
+    }
+    owned
+}
+
+/// Whether the temporary `b` is written by one extern call and by nothing else (so a direct
+/// GEMM can own its storage).
+fn owned_by_gemm(s: &Schedule, b: BufferId) -> bool {
+    let writers = s
+        .steps
+        .iter()
+        .filter(|step| plan::step_buffers(step).1.contains(&b))
+        .count();
+    writers == 1 && s.buffers[b].kind == BufferKind::Temp && !s.inputs.contains(&b)
+}
+
+/// The result type of extern call `e` as the shape rule gives it for its argument views.
+fn extern_type(s: &Schedule, e: &ExternCall) -> Option<TensorType> {
+    let types: Vec<TensorType> = e
+        .args
+        .iter()
+        .map(|v| {
+            Some(TensorType::new(
+                s.buffers.get(v.buffer)?.dtype,
+                v.shape.clone(),
+            ))
+        })
+        .collect::<Option<_>>()?;
+    let refs: Vec<&TensorType> = types.iter().collect();
+    e.op.infer(&refs).ok()
 }
 
 /// The type of input `i` of `s`, as the text format writes it.
@@ -501,16 +769,26 @@ pub(crate) fn check_input(
 
 /// Runs a library call on the eager kernels: GEMMs through the strided gemm path, anything
 /// else through the op's reference kernel.
-fn run_extern(s: &Schedule, e: &ExternCall, bufs: &mut [Option<Tensor>]) -> Result<()> {
+fn run_extern(
+    s: &Schedule,
+    e: &ExternCall,
+    ty: Option<&TensorType>,
+    bufs: &mut [Option<Tensor>],
+) -> Result<()> {
     let args: Vec<Tensor> = e
         .args
         .iter()
         .map(|v| view_of(bufs, v))
         .collect::<Result<_>>()?;
     let refs: Vec<&Tensor> = args.iter().collect();
-    let types: Vec<TensorType> = args.iter().map(Tensor::ttype).collect();
-    let trefs: Vec<&TensorType> = types.iter().collect();
-    let ty = e.op.infer(&trefs)?;
+    let ty = match ty {
+        Some(t) => t.clone(),
+        None => {
+            let types: Vec<TensorType> = args.iter().map(Tensor::ttype).collect();
+            let trefs: Vec<&TensorType> = types.iter().collect();
+            e.op.infer(&trefs)?
+        }
+    };
     let b = &s.buffers[e.out];
     if ty.dtype != b.dtype || ty.shape != b.shape {
         bail!(
@@ -524,6 +802,16 @@ fn run_extern(s: &Schedule, e: &ExternCall, bufs: &mut [Option<Tensor>]) -> Resu
     let r = eager::eval(&e.op, &refs, &ty)?;
     bufs[e.out] = Some(copy::contiguous(&r));
     Ok(())
+}
+
+/// Output view `v`: the buffer's tensor itself when the view is the whole buffer as it is
+/// laid out.
+fn output_of(bufs: &[Option<Tensor>], v: &View) -> Result<Tensor> {
+    let t = buffer(bufs, v.buffer)?;
+    if v.offset == 0 && t.shape() == v.shape.as_slice() && t.strides() == v.strides.as_slice() {
+        return Ok(t.clone());
+    }
+    view_of(bufs, v)
 }
 
 /// The strided view `v` of its buffer.

@@ -8,7 +8,9 @@
 //! fuses with the pointwise tail of the backward.
 //!
 //! A call writes the updated parameters into the parameter tensors (the tensors a module
-//! and an eager optimiser hold), so compiled and eager steps can be mixed. The momentum
+//! and an eager optimiser hold), so compiled and eager steps can be mixed: the update
+//! kernel stores into them directly where the executor allows it
+//! (`CompiledFn::call_into`), otherwise the new values are copied back. The momentum
 //! buffers live in the step: the outputs of one call are the inputs of the next.
 
 use crate::autograd::no_grad;
@@ -39,6 +41,8 @@ pub struct CompiledStep {
     buffers: Vec<Tensor>,
     config: SGDConfig,
     steps: u64,
+    /// Whether a parameter is large enough to be updated in place.
+    large: bool,
 }
 
 impl CompiledStep {
@@ -86,6 +90,7 @@ impl CompiledStep {
             f,
             first,
             n_inputs: example_inputs.len(),
+            large: params.iter().any(|(_, p)| p.numel() > SMALL_PARAM),
             params,
             updated,
             buffers,
@@ -117,7 +122,22 @@ impl CompiledStep {
                 &self.f
             }
         };
-        let outs = f.call(&args)?;
+        // Large updated parameters are written into the parameters themselves where the
+        // executor can do so safely; the others are copied back below (for small ones
+        // the copy costs less than the in-place bookkeeping).
+        let outs = if self.large {
+            let mut into: Vec<Option<&Tensor>> = vec![None];
+            into.extend(
+                self.params
+                    .iter()
+                    .zip(&self.updated)
+                    .filter(|(_, u)| **u)
+                    .map(|((_, p), _)| (p.numel() > SMALL_PARAM).then_some(p)),
+            );
+            f.call_into(&args, &into)?
+        } else {
+            f.call(&args)?
+        };
         let n_upd = self.updated.iter().filter(|u| **u).count();
         if outs.len() != 1 + n_upd + self.buffers.len() {
             bail!(
@@ -132,7 +152,9 @@ impl CompiledStep {
         {
             let _off = no_grad();
             for ((_, p), _) in self.params.iter().zip(&self.updated).filter(|(_, u)| **u) {
-                if let Some(new) = it.next() {
+                if let Some(new) = it.next()
+                    && !new.shares_storage(p)
+                {
                     write_back(p, &new)?;
                 }
             }
