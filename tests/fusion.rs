@@ -153,20 +153,24 @@ fn softmax_graph(shape: &[usize], dim: i64, dtype: DType, log: bool) -> Graph {
 }
 
 #[test]
-fn softmax_and_log_softmax_are_one_kernel() {
+fn softmax_and_log_softmax_are_one_kernel_along_rows() {
     for log in [false, true] {
-        for (shape, dim) in [
-            (vec![5, 33], -1),
-            (vec![5, 33], 0),
-            (vec![3, 1, 7], 1),
-            (vec![2, 7, 3], 1),
-            (vec![1], 0),
-        ] {
+        // Along the last dim: one kernel, max then sum, the result stored along the row.
+        for (shape, dim) in [(vec![5, 33], -1), (vec![2, 7], 1), (vec![1], 0)] {
             let g = softmax_graph(&shape, dim, DType::F32, log);
             let s = check(&g, 1e-6);
             assert_eq!(s.kernel_count(), 1, "{s}");
             let k = s.kernels().next().unwrap();
             assert_eq!(k.passes.len(), 2, "max then sum: {s}");
+        }
+        // Across rows: the reductions in one kernel, the full-size result in a pointwise kernel
+        // so that it is stored contiguously rather than column by column.
+        for (shape, dim) in [(vec![5, 33], 0), (vec![3, 1, 7], 1), (vec![2, 7, 3], 1)] {
+            let g = softmax_graph(&shape, dim, DType::F32, log);
+            let s = check(&g, 1e-6);
+            assert_eq!(s.kernel_count(), 2, "{s}");
+            let passes: Vec<usize> = s.kernels().map(|k| k.passes.len()).collect();
+            assert_eq!(passes, [2, 0], "reductions, then the pointwise result: {s}");
         }
     }
 }
@@ -518,4 +522,30 @@ fn mixed_dtype_chains_get_explicit_casts() {
             .any(|v| matches!(v.expr, Expr::Index { .. })),
         "{s}"
     );
+}
+
+/// The bias gradient of a ReLU layer: `d = where(h > 0, g, 0)` is an output and is summed over
+/// the batch. Summing across rows walks memory with a stride, so `d` is stored by its own
+/// pointwise kernel and the reduction reads it back; the bias update joins the reduction.
+#[test]
+fn column_reductions_leave_full_size_outputs_to_a_pointwise_kernel() {
+    let text = "graph bias_grad(%g: f32[6,33], %h: f32[6,33], %b: f32[33]) {
+  %z = gt(%h, 0.0)
+  %d = where(%z, %g, 0.0)
+  %s = sum(%d, dim=[0])
+  %m = mul(%s, 0.1)
+  %nb = sub(%b, %m)
+  return %d, %nb
+}";
+    let m = smelt::ir::text::parse_module(text, "bias_grad.smelt").unwrap();
+    let s = check(m.entry(), 1e-5);
+    assert_eq!(s.kernel_count(), 2, "{s}");
+    let passes: Vec<usize> = s.kernels().map(|k| k.passes.len()).collect();
+    assert_eq!(passes, [0, 1], "pointwise d, then sum and update: {s}");
+    // Along rows the same graph stays one kernel.
+    let row = text
+        .replace("dim=[0]", "dim=[1]")
+        .replace("%b: f32[33]", "%b: f32[6]");
+    let m = smelt::ir::text::parse_module(&row, "bias_grad_rows.smelt").unwrap();
+    assert_eq!(check(m.entry(), 1e-5).kernel_count(), 1);
 }

@@ -193,6 +193,13 @@ struct RowKey {
 }
 
 impl RowKey {
+    /// A reduction across rows (the last dim is kept, and is not 1): its row walks memory with
+    /// a stride, so full-size values stored from its kernel would be written column by column.
+    fn is_column(&self) -> bool {
+        let nd = self.shape.len();
+        nd > 0 && !self.dims.is_empty() && !self.dims.contains(&(nd - 1)) && self.shape[nd - 1] > 1
+    }
+
     fn outer(&self) -> Vec<usize> {
         (0..self.shape.len())
             .filter(|d| !self.dims.contains(d))
@@ -643,10 +650,12 @@ impl<'g> Fuser<'g> {
             if u.roots.iter().any(|r| self.isolated.contains(r)) {
                 return false;
             }
+            // Full-size values stay out of column reductions: a pointwise kernel stores them
+            // contiguously, and the reduction reads them back (strided stores cost ~4×).
             match (&key, &u.row) {
                 (Some(k), Some(r)) => k == r,
-                (Some(k), None) => u.shape == k.shape,
-                (None, Some(r)) => self.fits_row(r, shape),
+                (Some(k), None) => u.shape == k.shape && !k.is_column(),
+                (None, Some(r)) => self.fits_row(r, shape) && !(r.is_column() && *shape == r.shape),
                 (None, None) => u.shape == *shape,
             }
         };
