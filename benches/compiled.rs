@@ -97,7 +97,11 @@ fn models() -> Vec<Graph> {
     let y = op(&mut g, Op::Softmax { dim: -1 }, &[x]);
     v.push(finish(g, vec![y]));
 
-    for (name, dim) in [("sum(dim=1)", Some(vec![1])), ("sum()", None)] {
+    for (name, dim) in [
+        ("sum(dim=1)", Some(vec![1])),
+        ("sum(dim=0)", Some(vec![0])),
+        ("sum()", None),
+    ] {
         let mut g = Graph::new(name);
         let x = input(&mut g, "x", &[N, N]);
         let o = Op::Reduce {
