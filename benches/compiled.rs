@@ -247,7 +247,7 @@ fn main() {
 
     println!("\nsmall kernels: one thread against all (relu(x)*0.5+b over [rows, 1024])");
     println!("{:>10} {:>12} {:>12}", "elements", "1 thread", "all");
-    for rows in [1usize, 4, 16, 32, 64, 256] {
+    for rows in [1usize, 4, 16, 32, 64, 128, 256, 512] {
         let mut g = Graph::new("small");
         let x = input(&mut g, "x", &[rows, 1024]);
         let b = input(&mut g, "b", &[1024]);

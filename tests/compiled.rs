@@ -462,3 +462,37 @@ fn step_times_cover_every_step() {
     assert_eq!(s0.ops, vec!["max"]);
     assert_eq!(s0.bytes, 8 * 16 * 4 + 8 * 4);
 }
+
+/// Kernels above the parallel threshold run in chunks on a pool; with `threads(1)` every
+/// kernel runs on the calling thread. Both give the interpreter's results, for pointwise and
+/// row kernels and for rows that do not divide evenly into chunks.
+#[test]
+fn large_kernels_in_parallel_chunks_and_on_one_thread() {
+    use smelt::codegen_cpu::PAR_MIN_ELEMS;
+    let rows = PAR_MIN_ELEMS / 1000 + 7;
+    for g in [
+        relu_scale_bias(DType::F32, &[rows, 1000], &[1000]),
+        softmax_sum(&[rows, 1000]),
+    ] {
+        let ins = inputs_for(&g, 3);
+        let want = run_graph(&g, &ins).unwrap();
+        for threads in [None, Some(1), Some(2), Some(3)] {
+            let mut opts = CompileOptions::with_backend(KernelBackend::Cranelift);
+            if let Some(n) = threads {
+                opts = opts.threads(n);
+            }
+            let Some(f) = compile(&g, &opts) else {
+                continue;
+            };
+            let got = f.call(&ins).unwrap();
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert_close(
+                    a,
+                    b,
+                    1e-5,
+                    &format!("{} output {i}, threads {threads:?}", g.name),
+                );
+            }
+        }
+    }
+}

@@ -45,10 +45,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Kernels whose index space has fewer elements than this run on the calling thread: below
-/// it, handing chunks to other threads costs more than it saves. The eager kernels' value
-/// (`strided::PAR_THRESHOLD`); the "small kernels" table of `cargo bench --bench compiled`
-/// measures it for generated code.
-pub const PAR_MIN_ELEMS: usize = 1 << 15;
+/// it, handing chunks to other threads (about 35 µs of wake-up on a 2-core machine) costs
+/// more than it saves. Chosen from the "small kernels" table of `cargo bench --bench
+/// compiled`: one thread 0.054 ms against 0.042 ms on both at 262144 elements, 0.028 against
+/// 0.046 ms at 131072.
+pub const PAR_MIN_ELEMS: usize = 1 << 18;
 
 /// Chunks per thread for a parallel kernel, so uneven rows still balance.
 const CHUNKS_PER_THREAD: usize = 4;
@@ -111,7 +112,8 @@ impl CompileOptions {
         self.fuse = fuse;
         self
     }
-    /// The same options with a fixed number of threads.
+    /// The same options with a fixed number of threads (a pool of its own; with 1, every
+    /// kernel runs on the calling thread).
     pub fn threads(mut self, n: usize) -> CompileOptions {
         self.threads = Some(n);
         self
@@ -255,14 +257,15 @@ impl CompiledFn {
                 _ => Ok(None),
             })
             .collect::<Result<Vec<_>>>()?;
+        // One thread runs on the caller's thread: a one-thread pool would cost a hand-off.
         let pool = match opts.threads {
-            Some(n) => Some(
+            Some(n) if n > 1 => Some(
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(n.max(1))
                     .build()
                     .map_err(|e| crate::Error::Unsupported(format!("thread pool: {e}")))?,
             ),
-            None => None,
+            _ => None,
         };
         let mut names: Vec<String> = input_names;
         names.resize_with(s.inputs.len(), String::new);
@@ -431,6 +434,9 @@ impl CompiledFn {
         self.check_inputs(inputs)?;
         match &self.pool {
             Some(p) => p.install(|| self.run_steps(inputs, times, into)),
+            None if self.opts.threads == Some(1) => {
+                crate::runtime::threads::serial(|| self.run_steps(inputs, times, into))
+            }
             None => self.run_steps(inputs, times, into),
         }
     }
@@ -667,7 +673,7 @@ impl CompiledFn {
 /// writes) and unused by others for the call.
 unsafe fn run_rows(code: &CpuKernel, elems: usize, ptrs: &[*mut u8]) -> Result<()> {
     let rows = code.rows();
-    let threads = rayon::current_num_threads();
+    let threads = crate::runtime::threads::available();
     // SAFETY: as the caller promises; chunks cover disjoint rows.
     if elems < PAR_MIN_ELEMS || threads < 2 || rows < 2 {
         return unsafe { code.run_rows(ptrs, 0, rows) };

@@ -9,5 +9,5 @@ pub mod math;
 mod scalar;
 mod vector;
 
-pub use exec::{CompileOptions, CompiledFn, KernelBackend, StepInfo, StepTimes};
+pub use exec::{CompileOptions, CompiledFn, KernelBackend, PAR_MIN_ELEMS, StepInfo, StepTimes};
 pub use lower::{CodegenOptions, CpuKernel, compile_kernel};

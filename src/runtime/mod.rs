@@ -14,6 +14,7 @@ pub mod random;
 pub mod storage;
 pub mod strided;
 pub mod tensor;
+pub mod threads;
 
 pub use device::Device;
 pub use element::Element;

@@ -126,11 +126,11 @@ impl<const K: usize> Walk<K> {
 
     fn par_run_dyn(&self, f: &(dyn Fn([usize; K], usize, [usize; K]) + Sync)) {
         let n = self.numel;
-        if n < PAR_THRESHOLD || rayon::current_num_threads() == 1 {
+        if n < PAR_THRESHOLD || crate::runtime::threads::available() == 1 {
             self.run_range(0, n, &mut |b, l, s| f(b, l, s));
             return;
         }
-        let chunks = (rayon::current_num_threads() * 4)
+        let chunks = (crate::runtime::threads::available() * 4)
             .min(n / (PAR_THRESHOLD / 2))
             .max(1);
         // chunk edges on multiples of 16 elements keep SIMD loops and cache lines whole

@@ -100,7 +100,7 @@ impl DirectGemm {
         b: *const u8,
         out: *mut u8,
     ) {
-        let threads = rayon::current_num_threads();
+        let threads = crate::runtime::threads::available();
         let par = if self.m * self.n * self.k >= PAR_FLOPS && threads > 1 {
             Parallelism::Rayon(threads)
         } else {

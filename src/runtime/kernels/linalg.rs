@@ -188,7 +188,7 @@ unsafe fn gemm_batches<T: Element>(
         SendPtr(pb as *mut T),
         SendPtr(po as *mut T),
     );
-    let threads = rayon::current_num_threads();
+    let threads = crate::runtime::threads::available();
     let flops = m * n * k;
     let one = T::from_f64(1.0);
     let run = |&[o, a, b]: &[usize; 3], par: Parallelism| unsafe {

@@ -484,7 +484,9 @@ unsafe fn fold_block<T: Copy, R: Reducer<T>>(
 
 /// Splits `0..n` into chunks (edges on multiples of `align`) and runs `f` on each in parallel.
 fn par_chunks(n: usize, align: usize, f: impl Fn(usize, usize) + Sync) {
-    let chunks = (rayon::current_num_threads() * 4).min(n / align).max(1);
+    let chunks = (crate::runtime::threads::available() * 4)
+        .min(n / align)
+        .max(1);
     let step = n.div_ceil(chunks).next_multiple_of(align);
     (0..n.div_ceil(step)).into_par_iter().for_each(|c| {
         let lo = c * step;
@@ -493,7 +495,7 @@ fn par_chunks(n: usize, align: usize, f: impl Fn(usize, usize) + Sync) {
 }
 
 fn parallel_worth(work: usize) -> bool {
-    work >= PAR_THRESHOLD && rayon::current_num_threads() > 1
+    work >= PAR_THRESHOLD && crate::runtime::threads::available() > 1
 }
 
 /// Runs reducer `r` over `dims` of `x`, into a new tensor of type `ty`.
@@ -531,7 +533,7 @@ fn drive<T: Num, R: Reducer<T>>(x: &Tensor, dims: &[usize], ty: &TensorType, r: 
             }
         });
     };
-    let threads = rayon::current_num_threads();
+    let threads = crate::runtime::threads::available();
     if !parallel_worth(n_out.saturating_mul(n_in)) {
         run_outputs(0, n_out);
     } else if n_out >= 4 * threads || n_in < PAR_THRESHOLD {
