@@ -822,3 +822,175 @@ proptest! {
         check_with(&g, &ins, Tol { ulps: 64, rel: 1e-4 });
     }
 }
+
+#[test]
+fn softmax_keeps_its_exponentials_in_a_row_cache() {
+    let mut rng = StdRng::seed_from_u64(11);
+    // rows of 8193 f32 (32.8 KB) are over the cache's budget and recompute instead
+    for (d, shape, cached) in [
+        (DType::F32, &[6usize, 7][..], 1),
+        (DType::F32, &[3, 1], 0),
+        (DType::F32, &[2, 4097], 1),
+        (DType::F32, &[2, 8193], 0),
+        (DType::F64, &[5, 37], 1),
+        (DType::F16, &[4, 33], 1),
+    ] {
+        let mut g = Graph::new("softmax_and_exp");
+        let x = input(&mut g, "x", d, shape);
+        let y = g.add_op(Op::Softmax { dim: -1 }, &[x]).unwrap();
+        g.set_outputs(vec![y]);
+        // NaN, infinities and huge values in the first row
+        let ins = vec![values(&mut rng, d, shape, true)];
+        let tol = match d {
+            DType::F32 => Tol { ulps: 8, rel: 1e-6 },
+            DType::F64 => Tol {
+                ulps: 0,
+                rel: 1e-12,
+            },
+            _ => Tol { ulps: 0, rel: 1e-2 },
+        };
+        let s = check_with(&g, &ins, tol);
+        let Some(Step::Kernel(k)) = s.steps.first() else {
+            panic!("{d:?} {shape:?}: one kernel expected\n{s}")
+        };
+        let ck = compile_kernel(k, &s.buffers, &CodegenOptions::default()).unwrap();
+        assert_eq!(ck.cached_rows(), cached, "{d:?} {shape:?}");
+    }
+    // layer_norm has no costly value to share: nothing is cached
+    let mut g = Graph::new("layer_norm");
+    let x = input(&mut g, "x", DType::F32, &[4, 64]);
+    let op = Op::LayerNorm {
+        normalized_shape: vec![64],
+        eps: 1e-5,
+        has_weight: false,
+        has_bias: false,
+    };
+    let y = g.add_op(op, &[x]).unwrap();
+    g.set_outputs(vec![y]);
+    let ins = vec![values(&mut rng, DType::F32, &[4, 64], false)];
+    let s = check_with(&g, &ins, Tol { ulps: 8, rel: 1e-6 });
+    let Step::Kernel(k) = &s.steps[0] else {
+        panic!("one kernel expected")
+    };
+    let ck = compile_kernel(k, &s.buffers, &CodegenOptions::default()).unwrap();
+    assert_eq!(ck.cached_rows(), 0);
+}
+
+#[test]
+fn vector_max_and_min_propagate_nan_from_any_lane() {
+    // row r holds NaN at position r (every lane of both vector groups and the tail), the
+    // last row none; infinities elsewhere must not mask it
+    let (rows, n) = (20usize, 19usize);
+    let mut v = vec![0f32; rows * n];
+    for r in 0..rows {
+        for c in 0..n {
+            v[r * n + c] = ((r * 7 + c * 3) % 11) as f32 - 5.0;
+        }
+        v[r * n + (r + 1) % n] = f32::INFINITY;
+        v[r * n + (r + 2) % n] = f32::NEG_INFINITY;
+        if r < n {
+            v[r * n + r] = f32::NAN;
+        }
+    }
+    let x = Tensor::from_vec(v, &[rows, n]).unwrap();
+    for op in [ReduceOp::Amax, ReduceOp::Amin] {
+        let o = Op::Reduce {
+            op,
+            dim: Some(vec![1]),
+            keepdim: false,
+        };
+        let g = reduce_graph(o, DType::F32, &[rows, n]);
+        let s = check_with(&g, std::slice::from_ref(&x), EXACT);
+        let got = run_compiled(&s, std::slice::from_ref(&x), 1, &CodegenOptions::default())
+            .unwrap()
+            .remove(0)
+            .to_f64_vec();
+        for (r, g) in got.iter().enumerate() {
+            // PyTorch: amax/amin of a row holding NaN is NaN; else ±inf
+            let want = if r < n {
+                f64::NAN
+            } else if op == ReduceOp::Amax {
+                f64::INFINITY
+            } else {
+                f64::NEG_INFINITY
+            };
+            assert!(
+                (g.is_nan() && want.is_nan()) || *g == want,
+                "{op:?} row {r}: {g}"
+            );
+        }
+    }
+}
+
+#[test]
+fn reductions_across_rows_run_rows_as_lanes() {
+    let mut rng = StdRng::seed_from_u64(12);
+    let red = |op, dim: Vec<i64>, keepdim| Op::Reduce {
+        op,
+        dim: Some(dim),
+        keepdim,
+    };
+    // (shape, reduced dims): the last kept dim must be contiguous and at least one block wide
+    for (shape, dims) in [
+        (&[9usize, 16][..], vec![0i64]),
+        (&[5, 37], vec![0]),
+        (&[3, 7, 33], vec![1]),
+        (&[2, 130, 17], vec![1]),
+        (&[3, 4097], vec![0]),
+        (&[64, 3, 20], vec![0, 1]),
+    ] {
+        let mut ops = vec![
+            red(ReduceOp::Sum, dims.clone(), false),
+            red(ReduceOp::Mean, dims.clone(), true),
+            red(ReduceOp::Amax, dims.clone(), false),
+            red(ReduceOp::Amin, dims.clone(), true),
+        ];
+        if dims.len() == 1 {
+            ops.push(Op::Softmax { dim: dims[0] });
+            ops.push(Op::Var {
+                dim: Some(dims.clone()),
+                correction: 1.0,
+                keepdim: true,
+            });
+        }
+        for op in ops {
+            let g = reduce_graph(op.clone(), DType::F32, shape);
+            // specials (NaN, infinities, huge values) at the start of the input
+            let ins = vec![values(&mut rng, DType::F32, shape, true)];
+            let s = check_with(&g, &ins, Tol { ulps: 8, rel: 1e-6 });
+            let lanes: Vec<usize> = s
+                .steps
+                .iter()
+                .filter_map(|st| match st {
+                    Step::Kernel(k) => Some(
+                        compile_kernel(k, &s.buffers, &CodegenOptions::default())
+                            .unwrap()
+                            .lane_rows(),
+                    ),
+                    Step::Extern(_) => None,
+                })
+                .collect();
+            assert!(
+                lanes.contains(&16),
+                "{} over {dims:?} of {shape:?}: kernels' lane rows {lanes:?}\n{s}",
+                op.name()
+            );
+        }
+    }
+    // sums of rows as lanes are the same f64 sums in the same order as one row at a time
+    let x = values(&mut rng, DType::F32, &[300, 48], false);
+    let g = reduce_graph(red(ReduceOp::Sum, vec![0], false), DType::F32, &[300, 48]);
+    check_with(&g, std::slice::from_ref(&x), EXACT);
+    let t = x.transpose(0, 1).unwrap().contiguous();
+    let g = reduce_graph(red(ReduceOp::Sum, vec![1], false), DType::F32, &[48, 300]);
+    let s = compile(&g).unwrap();
+    let by_rows = run_compiled(&s, &[t], 1, &CodegenOptions::default()).unwrap();
+    let s = compile(&reduce_graph(
+        red(ReduceOp::Sum, vec![0], false),
+        DType::F32,
+        &[300, 48],
+    ))
+    .unwrap();
+    let by_lanes = run_compiled(&s, &[x], 1, &CodegenOptions::default()).unwrap();
+    assert_close(&by_lanes[0], &by_rows[0], EXACT, "lanes against rows");
+}

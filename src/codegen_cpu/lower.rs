@@ -53,6 +53,8 @@ pub struct CpuKernel {
     rows: usize,
     nbufs: usize,
     vector_loops: usize,
+    cached_rows: usize,
+    lane_rows: usize,
     /// Owns the machine code `func` points into; never used after construction.
     _jit: Jit,
 }
@@ -81,6 +83,16 @@ impl CpuKernel {
     /// Number of innermost loops emitted as F32X4 vector loops (0: all scalar).
     pub fn vector_loops(&self) -> usize {
         self.vector_loops
+    }
+
+    /// Number of values kept in the row cache (computed once per row, read back after).
+    pub fn cached_rows(&self) -> usize {
+        self.cached_rows
+    }
+
+    /// Rows run side by side as vector lanes (0: one row at a time; see `lanes`).
+    pub fn lane_rows(&self) -> usize {
+        self.lane_rows
     }
 
     /// Runs rows `[begin, end)`. `bufs[i]` points to element 0 of buffer `i` of the schedule
@@ -199,11 +211,13 @@ fn compile_uncached(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Re
         imports.insert(name, jit.import(name, &s)?);
     }
     let sig = jit.signature(&[ptr, I64, I64], &[I32]);
-    let mut vector_loops = 0;
+    let (mut vector_loops, mut cached_rows, mut lane_rows) = (0, 0, 0);
     let id = jit.define(&k.name_for_symbol(), &sig, |fb| {
         let mut g = Gen::new(fb, &ck, buffers, &imports, ptr, opts.clone());
         g.emit_function()?;
         vector_loops = g.vector_loops;
+        cached_rows = g.row_cache.len();
+        lane_rows = g.lane_rows;
         Ok(())
     })?;
     jit.finalize()?;
@@ -217,6 +231,8 @@ fn compile_uncached(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Re
         rows: numel(&k.outer),
         nbufs: buffers.len(),
         vector_loops,
+        cached_rows,
+        lane_rows,
         _jit: jit,
     })
 }
@@ -432,6 +448,30 @@ pub(super) struct Body {
     pub reds: Vec<ValId>,
     /// Stores done per element.
     pub stores: Vec<usize>,
+    /// Values read from the row cache instead of computed ([`super::rowcache`]).
+    pub cache_in: Vec<ValId>,
+    /// Values written to the row cache once computed.
+    pub cache_out: Vec<ValId>,
+}
+
+/// The bodies of a row kernel: one per reduction pass, then the inner stores; and the stores
+/// of row-level values.
+pub(super) struct RowPlan {
+    pub passes: Vec<Body>,
+    pub stores: Body,
+    pub row_stores: Vec<usize>,
+}
+
+impl Body {
+    fn new(vals: Vec<ValId>, reds: Vec<ValId>, stores: Vec<usize>) -> Self {
+        Body {
+            vals,
+            reds,
+            stores,
+            cache_in: vec![],
+            cache_out: vec![],
+        }
+    }
 }
 
 /// State of the code generator of one kernel.
@@ -462,6 +502,12 @@ pub(super) struct Gen<'g, 'a, 'b> {
     pub levels: Vec<Level>,
     /// Innermost loops emitted vectorised so far.
     pub vector_loops: usize,
+    /// Stack address of the cached row of each value in the row cache.
+    pub row_cache: HashMap<ValId, Value>,
+    /// Stride of each access along the last outer dim while a block of rows runs as lanes.
+    pub lane_stride: Option<Vec<i64>>,
+    /// Rows per block when rows run as lanes (0: never).
+    pub lane_rows: usize,
 }
 
 impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
@@ -526,6 +572,9 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
             pos: None,
             levels,
             vector_loops: 0,
+            row_cache: HashMap::new(),
+            lane_stride: None,
+            lane_rows: 0,
         }
     }
 
@@ -590,7 +639,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
     }
 
     /// `while var < end { body; var += step }` where `body` returns the step to add.
-    fn while_lt(
+    pub(super) fn while_lt(
         &mut self,
         var: Variable,
         end: Value,
@@ -616,7 +665,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
 
     /// Element offset of every access at the point whose outer (or, for pointwise kernels,
     /// leading) multi-index is `idx` over `dims` (dims numbered in the full space).
-    fn offsets_at(&mut self, idx: &[(usize, Value)]) -> Vec<Value> {
+    pub(super) fn offsets_at(&mut self, idx: &[(usize, Value)]) -> Vec<Value> {
         let mut out = Vec::with_capacity(self.accesses.len());
         for a in 0..self.accesses.len() {
             let m = &self.accesses[a].map;
@@ -637,7 +686,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
     }
 
     /// The multi-index of flat `r` over `sizes` (row-major), innermost last.
-    fn unflatten(&mut self, mut r: Value, sizes: &[usize]) -> Vec<Value> {
+    pub(super) fn unflatten(&mut self, mut r: Value, sizes: &[usize]) -> Vec<Value> {
         let mut idx = vec![r; sizes.len()];
         for d in (0..sizes.len()).rev() {
             if d == 0 {
@@ -655,11 +704,11 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
         let ko = self.k.outer.len();
         let last = if ko == 0 { 1 } else { self.k.outer[ko - 1] } as i64;
         let lead: Vec<usize> = self.k.outer[..ko.saturating_sub(1)].to_vec();
-        let body = Body {
-            vals: live_values(self.k),
-            reds: vec![],
-            stores: (0..self.k.stores.len()).collect(),
-        };
+        let body = Body::new(
+            live_values(self.k),
+            vec![],
+            (0..self.k.stores.len()).collect(),
+        );
         let cur = self.fb.b.declare_var(I64);
         self.fb.b.def_var(cur, begin);
         self.while_lt(cur, end, &mut |g, c| {
@@ -720,7 +769,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
             self.pos = Some(self.fb.b.declare_var(I64));
         }
         // inner-level values each pass and the inner stores need
-        let mut pass_bodies = Vec::new();
+        let mut parts = Vec::new();
         for p in &k.passes {
             let args: Vec<ValId> = p
                 .iter()
@@ -729,11 +778,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
                     _ => None,
                 })
                 .collect();
-            pass_bodies.push(Body {
-                vals: self.inner_closure(&args),
-                reds: p.clone(),
-                stores: vec![],
-            });
+            parts.push((args, Body::new(vec![], p.clone(), vec![])));
         }
         let inner_stores: Vec<usize> = (0..k.stores.len())
             .filter(|&s| !k.stores[s].map.ignores_from(ko))
@@ -742,66 +787,71 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
             .filter(|&s| k.stores[s].map.ignores_from(ko))
             .collect();
         let store_vals: Vec<ValId> = inner_stores.iter().map(|&s| k.stores[s].value).collect();
-        let store_body = Body {
-            vals: self.inner_closure(&store_vals),
-            reds: vec![],
-            stores: inner_stores,
+        parts.push((store_vals, Body::new(vec![], vec![], inner_stores)));
+        let lanes = self.lane_width();
+        self.lane_rows = lanes.unwrap_or(0) as usize;
+        let mut passes = self.row_bodies(parts, lanes.is_none());
+        let stores = passes.pop().unwrap_or_else(|| unreachable!("pushed above"));
+        let plan = RowPlan {
+            passes,
+            stores,
+            row_stores,
         };
-        self.while_lt(row, end, &mut |g, r| {
-            let idx: Vec<(usize, Value)> =
-                g.unflatten(r, &k.outer).into_iter().enumerate().collect();
-            let idx = if ko == 0 { vec![] } else { idx };
-            let row_offs = g.offsets_at(&idx);
-            let mut env: Vec<Option<Value>> = vec![None; k.values.len()];
-            g.set_position(&row_offs, None);
-            g.outer_values(&mut env)?;
-            for body in &pass_bodies {
-                for &r in &body.reds {
-                    g.init_acc(r);
-                }
-                if let Some(p) = g.pos {
-                    let z = g.iconst(I64, 0);
-                    g.fb.b.def_var(p, z);
-                }
-                g.nest(0, &row_offs, body, &mut env)?;
-                for &r in &body.reds {
-                    let v = g.finish_acc(r);
-                    env[r] = Some(v);
-                }
-                g.set_position(&row_offs, None);
-                g.outer_values(&mut env)?;
+        self.while_lt(row, end, &mut |g, r| match lanes {
+            Some(w) => g.lanes_or_row(r, end, w, &plan),
+            None => {
+                g.one_row(r, &plan)?;
+                Ok(g.iconst(I64, 1))
             }
-            g.set_position(&row_offs, None);
-            for &s in &row_stores {
-                let st = &k.stores[s];
-                let v = env[st.value].ok_or_else(|| {
-                    Error::Unsupported(format!(
-                        "cpu codegen: kernel {}: a row store of an inner value",
-                        k.name
-                    ))
-                })?;
-                let zero = g.iconst(I64, 0);
-                g.store_scalar(s, v, zero, 0);
-            }
-            if !store_body.stores.is_empty() {
-                g.nest(0, &row_offs, &store_body, &mut env)?;
-            }
-            Ok(g.iconst(I64, 1))
         })
     }
 
-    /// The inner-level values `roots` need, in order.
-    fn inner_closure(&self, roots: &[ValId]) -> Vec<ValId> {
-        let mut need = vec![false; self.k.values.len()];
-        let mut stack: Vec<ValId> = roots.to_vec();
-        while let Some(v) = stack.pop() {
-            if need[v] || self.levels[v] == Level::Outer {
-                continue;
+    /// One row of a row kernel: outer values, each pass, the row stores, the inner stores.
+    pub(super) fn one_row(&mut self, r: Value, plan: &RowPlan) -> Result<()> {
+        let k = self.k;
+        let ko = k.outer.len();
+        let idx: Vec<(usize, Value)> = self
+            .unflatten(r, &k.outer)
+            .into_iter()
+            .enumerate()
+            .collect();
+        let idx = if ko == 0 { vec![] } else { idx };
+        let row_offs = self.offsets_at(&idx);
+        let mut env: Vec<Option<Value>> = vec![None; k.values.len()];
+        self.set_position(&row_offs, None);
+        self.outer_values(&mut env)?;
+        for body in &plan.passes {
+            for &r in &body.reds {
+                self.init_acc(r);
             }
-            need[v] = true;
-            stack.extend(self.k.values[v].expr.operands());
+            if let Some(p) = self.pos {
+                let z = self.iconst(I64, 0);
+                self.fb.b.def_var(p, z);
+            }
+            self.nest(0, &row_offs, body, &mut env)?;
+            for &r in &body.reds {
+                let v = self.finish_acc(r);
+                env[r] = Some(v);
+            }
+            self.set_position(&row_offs, None);
+            self.outer_values(&mut env)?;
         }
-        (0..need.len()).filter(|&v| need[v]).collect()
+        self.set_position(&row_offs, None);
+        for &s in &plan.row_stores {
+            let st = &k.stores[s];
+            let v = env[st.value].ok_or_else(|| {
+                Error::Unsupported(format!(
+                    "cpu codegen: kernel {}: a row store of an inner value",
+                    k.name
+                ))
+            })?;
+            let zero = self.iconst(I64, 0);
+            self.store_scalar(s, v, zero, 0);
+        }
+        if !plan.stores.stores.is_empty() {
+            self.nest(0, &row_offs, &plan.stores, &mut env)?;
+        }
+        Ok(())
     }
 
     /// Computes every outer-level value whose operands are all available.
@@ -829,7 +879,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
 
     /// Sets the innermost-loop origin of every access to the element offsets `offs`, with
     /// innermost strides `strides` (None: all zero).
-    fn set_position(&mut self, offs: &[Value], strides: Option<&[i64]>) {
+    pub(super) fn set_position(&mut self, offs: &[Value], strides: Option<&[i64]>) {
         self.cur_off = offs.to_vec();
         self.cur_stride = match strides {
             Some(s) => s.to_vec(),
@@ -917,7 +967,14 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
         self.while_lt(i, len, &mut |g, iv| {
             let mut local = saved.clone();
             for &v in &body.vals {
-                let x = g.scalar_value(v, &local, iv, 0)?;
+                let x = if body.cache_in.contains(&v) {
+                    g.cache_load(v, cty(g.k.values[v].dtype), iv, 0)
+                } else {
+                    g.scalar_value(v, &local, iv, 0)?
+                };
+                if body.cache_out.contains(&v) {
+                    g.cache_store(v, x, iv, 0);
+                }
                 local[v] = Some(x);
             }
             for &r in &body.reds {
@@ -938,20 +995,30 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
         })
     }
 
-    /// Byte address of access `a` at element `i + lane` of the innermost loop, as (pointer,
-    /// constant byte offset).
+    /// Byte address of access `a` at element `i` of the innermost loop and lane `lane`, as
+    /// (pointer, constant byte offset). Lanes run along the innermost loop, or along the last
+    /// outer dim in a block of rows as lanes ([`super::lanes`]).
     pub fn addr(&mut self, a: usize, i: Value, lane: i64) -> (Value, i32) {
         let buffer = self.accesses[a].buffer.unwrap_or(0);
         let size = esize(self.bufs[buffer].dtype);
         let s = self.cur_stride[a];
         let base =
             self.cur_ptr[a].unwrap_or_else(|| unreachable!("index accesses have no pointer"));
-        if s == 0 {
-            return (base, 0);
+        let p = if s == 0 {
+            base
+        } else {
+            let t = self.fb.b.ins().imul_imm_s(i, s * size);
+            self.fb.b.ins().iadd(base, t)
+        };
+        (p, (lane * self.lane_step(a) * size) as i32)
+    }
+
+    /// Elements between adjacent lanes of access `a`.
+    pub fn lane_step(&self, a: usize) -> i64 {
+        match &self.lane_stride {
+            Some(l) => l[a],
+            None => self.cur_stride[a],
         }
-        let t = self.fb.b.ins().imul_imm_s(i, s * size);
-        let p = self.fb.b.ins().iadd(base, t);
-        (p, (lane * s * size) as i32)
     }
 
     /// Element offset of access `a` at element `i + lane` (for `Expr::Index`).

@@ -4,8 +4,10 @@
 pub mod exec;
 pub mod helpers;
 pub mod jit;
+mod lanes;
 pub mod lower;
 pub mod math;
+mod rowcache;
 mod scalar;
 mod vector;
 

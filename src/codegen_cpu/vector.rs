@@ -22,11 +22,13 @@ const LANES: i64 = 4;
 const GROUPS: i64 = 2;
 
 /// Vector accumulators of one reduction.
-enum VAcc {
+pub(super) enum VAcc {
     /// f64 lanes for elements 0,1 and 2,3 of each group.
     SumF64(Variable, Variable),
     SumF32(Variable),
-    Extreme(Variable),
+    /// Max/min lanes, and the lanes that have seen a NaN (kept apart so that the max/min
+    /// itself is one `maxps`/`minps` on the loop-carried chain).
+    Extreme(Variable, Variable),
 }
 
 fn vbitcast(g: &mut Gen, t: Type, v: Value) -> Value {
@@ -63,40 +65,30 @@ impl Gen<'_, '_, '_> {
     /// Whether `body` can run in the vector loop at the current position.
     pub fn vectorizable(&self, body: &Body) -> bool {
         let k = self.k;
-        let inside: HashSet<ValId> = body.vals.iter().copied().collect();
-        let vtype = |v: ValId| matches!(k.values[v].dtype, DType::F32 | DType::Bool);
         for &v in &body.vals {
-            let val = &k.values[v];
-            if !vtype(v) || !val.expr.operands().iter().all(|&o| vtype(o)) {
+            if body.cache_in.contains(&v) {
+                if k.values[v].dtype != DType::F32 {
+                    return false;
+                }
+                continue;
+            }
+            if !self.vector_value_ok(v) {
                 return false;
             }
-            let f32_ops = val
-                .expr
-                .operands()
-                .first()
-                .is_none_or(|&o| k.values[o].dtype == DType::F32);
-            let ok = match &val.expr {
-                Expr::Load { .. } => {
-                    val.dtype == DType::F32 && self.stride_ok(self.access_of_val[&v], true)
-                }
-                Expr::Const(_) => true,
-                Expr::Index { .. } | Expr::Cast(_) | Expr::Reduce { .. } => false,
-                Expr::Unary(u, _) => match u {
-                    UnaryOp::LogicalNot => true,
-                    _ => f32_ops,
-                },
-                Expr::Binary(b, x, _) => {
-                    if k.values[*x].dtype == DType::F32 {
-                        *b != BinaryOp::Remainder
-                    } else {
-                        !matches!(b, BinaryOp::Pow | BinaryOp::Sub | BinaryOp::Div)
-                            && *b != BinaryOp::Remainder
-                    }
-                }
-                Expr::Clamp { .. } => val.dtype == DType::F32,
-                Expr::Where(..) | Expr::MaskedFill { .. } => true,
+            if matches!(k.values[v].expr, Expr::Load { .. })
+                && !self.stride_ok(self.access_of_val[&v], true)
+            {
+                return false;
+            }
+        }
+        let inside: HashSet<ValId> = body.vals.iter().copied().collect();
+        for &r in &body.reds {
+            let Expr::Reduce { arg, .. } = k.values[r].expr else {
+                return false;
             };
-            if !ok {
+            if !self.vector_reduce_ok(r)
+                || !inside.contains(&arg) && self.levels[arg] != crate::kernel::Level::Outer
+            {
                 return false;
             }
         }
@@ -108,22 +100,53 @@ impl Gen<'_, '_, '_> {
                 return false;
             }
         }
-        for &r in &body.reds {
-            let Expr::Reduce { combiner, arg, .. } = k.values[r].expr else {
-                return false;
-            };
-            let ok_comb = matches!(
-                combiner,
-                Combiner::Sum | Combiner::Mean | Combiner::Max | Combiner::Min
-            );
-            if !ok_comb || k.values[arg].dtype != DType::F32 {
-                return false;
-            }
-            if !inside.contains(&arg) && self.levels[arg] != crate::kernel::Level::Outer {
-                return false;
-            }
-        }
         true
+    }
+
+    /// Whether value `v` (not a reduction) has a lane-wise F32X4/mask form; loads are checked
+    /// for dtype only (their stride is the caller's business).
+    pub fn vector_value_ok(&self, v: ValId) -> bool {
+        let k = self.k;
+        let vtype = |v: ValId| matches!(k.values[v].dtype, DType::F32 | DType::Bool);
+        let val = &k.values[v];
+        if !vtype(v) || !val.expr.operands().iter().all(|&o| vtype(o)) {
+            return false;
+        }
+        let f32_ops = val
+            .expr
+            .operands()
+            .first()
+            .is_none_or(|&o| k.values[o].dtype == DType::F32);
+        match &val.expr {
+            Expr::Load { .. } => val.dtype == DType::F32,
+            Expr::Const(_) => true,
+            Expr::Index { .. } | Expr::Cast(_) | Expr::Reduce { .. } => false,
+            Expr::Unary(u, _) => match u {
+                UnaryOp::LogicalNot => true,
+                _ => f32_ops,
+            },
+            Expr::Binary(b, x, _) => {
+                if k.values[*x].dtype == DType::F32 {
+                    *b != BinaryOp::Remainder
+                } else {
+                    !matches!(b, BinaryOp::Pow | BinaryOp::Sub | BinaryOp::Div)
+                        && *b != BinaryOp::Remainder
+                }
+            }
+            Expr::Clamp { .. } => val.dtype == DType::F32,
+            Expr::Where(..) | Expr::MaskedFill { .. } => true,
+        }
+    }
+
+    /// Whether reduction `r` has vector accumulators: a sum, mean, max or min of f32.
+    pub fn vector_reduce_ok(&self, r: ValId) -> bool {
+        let Expr::Reduce { combiner, arg, .. } = self.k.values[r].expr else {
+            return false;
+        };
+        matches!(
+            combiner,
+            Combiner::Sum | Combiner::Mean | Combiner::Max | Combiner::Min
+        ) && self.k.values[arg].dtype == DType::F32
     }
 
     /// Runs the vector part of an innermost loop: elements `[i, len & !7)`; leaves `i` at
@@ -142,6 +165,7 @@ impl Gen<'_, '_, '_> {
         let mut outside: Vec<ValId> = body
             .vals
             .iter()
+            .filter(|v| !body.cache_in.contains(v))
             .flat_map(|&v| self.k.values[v].expr.operands())
             .chain(
                 body.reds
@@ -163,55 +187,36 @@ impl Gen<'_, '_, '_> {
             })?;
             splat[o] = Some(self.splat_value(x, self.k.values[o].dtype));
         }
+        // one accumulator per group, so that the groups' dependency chains run side by side
         let mut vaccs = Vec::new();
         for &r in &body.reds {
             let Expr::Reduce { combiner, .. } = self.k.values[r].expr else {
                 continue;
             };
-            let acc = match combiner {
-                Combiner::Sum | Combiner::Mean if self.opts.fast_math => {
-                    let v = self.fb.b.declare_var(F32X4);
-                    let z = vf(self, 0.0);
-                    self.fb.b.def_var(v, z);
-                    VAcc::SumF32(v)
-                }
-                Combiner::Sum | Combiner::Mean => {
-                    let z = self.fb.b.ins().f64const(0.0);
-                    let z = self.fb.b.ins().splat(F64X2, z);
-                    let lo = self.fb.b.declare_var(F64X2);
-                    let hi = self.fb.b.declare_var(F64X2);
-                    self.fb.b.def_var(lo, z);
-                    self.fb.b.def_var(hi, z);
-                    VAcc::SumF64(lo, hi)
-                }
-                _ => {
-                    let init = if combiner == Combiner::Max {
-                        f64::NEG_INFINITY
-                    } else {
-                        f64::INFINITY
-                    };
-                    let v = self.fb.b.declare_var(F32X4);
-                    let c = vf(self, init);
-                    self.fb.b.def_var(v, c);
-                    VAcc::Extreme(v)
-                }
-            };
-            vaccs.push((r, combiner, acc));
+            let accs: Vec<VAcc> = (0..GROUPS).map(|_| self.vacc(combiner)).collect();
+            vaccs.push((r, combiner, accs));
         }
         self.while_lt_vec(i, nv, step, &mut |g, iv| {
             for grp in 0..GROUPS {
                 let lane = grp * LANES;
                 let mut venv = splat.clone();
                 for &v in &body.vals {
-                    let x = g.vector_value(v, &venv, iv, lane)?;
+                    let x = if body.cache_in.contains(&v) {
+                        g.cache_load(v, F32X4, iv, lane)
+                    } else {
+                        g.vector_value(v, &venv, iv, lane)?
+                    };
+                    if body.cache_out.contains(&v) {
+                        g.cache_store(v, x, iv, lane);
+                    }
                     venv[v] = Some(x);
                 }
-                for (r, comb, acc) in &vaccs {
+                for (r, comb, accs) in &vaccs {
                     let Expr::Reduce { arg, .. } = g.k.values[*r].expr else {
                         continue;
                     };
                     let x = venv[arg].unwrap_or_else(|| unreachable!("argument computed"));
-                    g.vfold(*comb, acc, x);
+                    g.vfold(*comb, &accs[grp as usize], x);
                 }
                 for &s in &body.stores {
                     let x = venv[g.k.stores[s].value].unwrap_or_else(|| unreachable!());
@@ -222,10 +227,47 @@ impl Gen<'_, '_, '_> {
             }
             Ok(())
         })?;
-        for (r, comb, acc) in &vaccs {
-            self.vmerge(*r, *comb, acc);
+        for (r, comb, accs) in &vaccs {
+            for acc in accs {
+                self.vmerge(*r, *comb, acc);
+            }
         }
         Ok(())
+    }
+
+    /// A fresh vector accumulator for `combiner` (sum, mean, max or min of f32).
+    pub(super) fn vacc(&mut self, combiner: Combiner) -> VAcc {
+        match combiner {
+            Combiner::Sum | Combiner::Mean if self.opts.fast_math => {
+                let v = self.fb.b.declare_var(F32X4);
+                let z = vf(self, 0.0);
+                self.fb.b.def_var(v, z);
+                VAcc::SumF32(v)
+            }
+            Combiner::Sum | Combiner::Mean => {
+                let z = self.fb.b.ins().f64const(0.0);
+                let z = self.fb.b.ins().splat(F64X2, z);
+                let lo = self.fb.b.declare_var(F64X2);
+                let hi = self.fb.b.declare_var(F64X2);
+                self.fb.b.def_var(lo, z);
+                self.fb.b.def_var(hi, z);
+                VAcc::SumF64(lo, hi)
+            }
+            _ => {
+                let init = if combiner == Combiner::Max {
+                    f64::NEG_INFINITY
+                } else {
+                    f64::INFINITY
+                };
+                let v = self.fb.b.declare_var(F32X4);
+                let c = vf(self, init);
+                self.fb.b.def_var(v, c);
+                let nan = self.fb.b.declare_var(I32X4);
+                let none = vmask_const(self, false);
+                self.fb.b.def_var(nan, none);
+                VAcc::Extreme(v, nan)
+            }
+        }
     }
 
     /// `while var < end { body; var += step }` for the vector loop.
@@ -266,7 +308,7 @@ impl Gen<'_, '_, '_> {
         }
     }
 
-    fn vector_value(
+    pub(super) fn vector_value(
         &mut self,
         v: ValId,
         env: &[Option<Value>],
@@ -284,7 +326,7 @@ impl Gen<'_, '_, '_> {
             Expr::Load { .. } => {
                 let a = self.access_of_val[&v];
                 let (p, off) = self.addr(a, i, lane);
-                if self.cur_stride[a] == 0 {
+                if self.lane_step(a) == 0 {
                     let s = self.fb.b.ins().load(F32, flags(), p, off);
                     self.fb.b.ins().splat(F32X4, s)
                 } else {
@@ -469,7 +511,7 @@ impl Gen<'_, '_, '_> {
         }
     }
 
-    fn vfold(&mut self, comb: Combiner, acc: &VAcc, x: Value) {
+    pub(super) fn vfold(&mut self, comb: Combiner, acc: &VAcc, x: Value) {
         match *acc {
             VAcc::SumF32(v) => {
                 let a = self.fb.b.use_var(v);
@@ -487,18 +529,60 @@ impl Gen<'_, '_, '_> {
                 let n = self.fb.b.ins().fadd(a, xh);
                 self.fb.b.def_var(hi, n);
             }
-            VAcc::Extreme(v) => {
+            VAcc::Extreme(v, nan) => {
                 let a = self.fb.b.use_var(v);
-                let cc = if comb == Combiner::Max {
-                    FloatCC::GreaterThan
+                // `a < x ? x : a` (max) is one maxps; `x < a ? x : a` (min) one minps
+                let better = if comb == Combiner::Max {
+                    self.fb.b.ins().fcmp(FloatCC::LessThan, a, x)
                 } else {
-                    FloatCC::LessThan
+                    self.fb.b.ins().fcmp(FloatCC::LessThan, x, a)
                 };
-                let better = self.fb.b.ins().fcmp(cc, x, a);
-                let nan = self.fb.b.ins().fcmp(FloatCC::Unordered, x, x);
-                let take = self.fb.b.ins().bor(better, nan);
-                let n = vsel(self, take, x, a);
+                let n = vsel(self, better, x, a);
                 self.fb.b.def_var(v, n);
+                let seen = self.fb.b.use_var(nan);
+                let is_nan = self.fb.b.ins().fcmp(FloatCC::Unordered, x, x);
+                let seen = self.fb.b.ins().bor(seen, is_nan);
+                self.fb.b.def_var(nan, seen);
+            }
+        }
+    }
+
+    /// The result of a vector accumulator lane by lane (rows as lanes: lane `l` is one output),
+    /// rounded as the scalar accumulator's result is.
+    pub(super) fn vfinish(&mut self, comb: Combiner, acc: &VAcc) -> Value {
+        let n = crate::ir::shape::numel(&self.k.inner) as f64;
+        match *acc {
+            VAcc::SumF64(lo, hi) => {
+                let halves = [lo, hi].map(|h| {
+                    let mut x = self.fb.b.use_var(h);
+                    if comb == Combiner::Mean {
+                        let c = self.fb.b.ins().f64const(n);
+                        let c = self.fb.b.ins().splat(F64X2, c);
+                        x = self.fb.b.ins().fdiv(x, c);
+                    }
+                    let x = self.fb.b.ins().fvdemote(x);
+                    vbitcast(self, I8X16, x)
+                });
+                // lanes 0, 1 of the low half, then lanes 0, 1 of the high half
+                let mask: Vec<u8> = (0..8).chain(16..24).collect();
+                let imm = self.fb.b.func.dfg.immediates.push(ConstantData::from(mask));
+                let r = self.fb.b.ins().shuffle(halves[0], halves[1], imm);
+                vbitcast(self, F32X4, r)
+            }
+            VAcc::SumF32(v) => {
+                let x = self.fb.b.use_var(v);
+                if comb == Combiner::Mean {
+                    let c = vf(self, n);
+                    self.fb.b.ins().fdiv(x, c)
+                } else {
+                    x
+                }
+            }
+            VAcc::Extreme(v, nan) => {
+                let x = self.fb.b.use_var(v);
+                let seen = self.fb.b.use_var(nan);
+                let qnan = vf(self, f64::NAN);
+                vsel(self, seen, qnan, x)
             }
         }
     }
@@ -528,9 +612,12 @@ impl Gen<'_, '_, '_> {
                 }
                 self.fb.b.def_var(scalar, s);
             }
-            VAcc::Extreme(v) => {
+            VAcc::Extreme(v, nan) => {
                 let _ = comb;
                 let x = self.fb.b.use_var(v);
+                let seen = self.fb.b.use_var(nan);
+                let qnan = vf(self, f64::NAN);
+                let x = vsel(self, seen, qnan, x);
                 for l in 0..4u8 {
                     let e = self.fb.b.ins().extractlane(x, l);
                     self.fold(r, e);

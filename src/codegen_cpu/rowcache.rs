@@ -1,0 +1,152 @@
+//! The row cache: in a row kernel whose reduction passes and stores need the same costly
+//! inner value (softmax's `exp(x - max)`, needed by the sum and by the division), the first
+//! body that needs it computes it and keeps the row in a stack buffer; later bodies read it
+//! back from there (the row stays in L1) instead of evaluating the transcendental again.
+//!
+//! Only for a one-dimensional inner space after coalescing (the flat position is the loop
+//! index) and rows of at most [`ROW_CACHE_BYTES`] in all.
+
+use super::lower::{Body, Gen, cty, flags};
+use crate::ir::op::{BinaryOp, UnaryOp};
+use crate::kernel::{Expr, Level, ValId};
+use cranelift_codegen::ir::{InstBuilder, StackSlotData, StackSlotKind, Value};
+
+/// Stack bytes the cached rows of one kernel may take.
+pub const ROW_CACHE_BYTES: usize = 32 << 10;
+
+/// Whether an expression costs a polynomial evaluation or more per element.
+fn costly(e: &Expr) -> bool {
+    use UnaryOp::*;
+    match e {
+        Expr::Unary(u, _) => matches!(
+            u,
+            Exp | Log | Log1p | Expm1 | Sin | Cos | Tanh | Sigmoid | Erf | Gelu { .. } | Silu
+        ),
+        Expr::Binary(b, ..) => *b == BinaryOp::Pow,
+        _ => false,
+    }
+}
+
+impl Gen<'_, '_, '_> {
+    /// The inner-level values `roots` need, in order; values in `leaves` are included but
+    /// their operands are not followed (they come from the row cache).
+    pub(super) fn closure_upto(&self, roots: &[ValId], leaves: &[ValId]) -> Vec<ValId> {
+        let mut need = vec![false; self.k.values.len()];
+        let mut stack: Vec<ValId> = roots.to_vec();
+        while let Some(v) = stack.pop() {
+            if need[v] || self.levels[v] == Level::Outer {
+                continue;
+            }
+            need[v] = true;
+            if !leaves.contains(&v) {
+                stack.extend(self.k.values[v].expr.operands());
+            }
+        }
+        (0..need.len()).filter(|&v| need[v]).collect()
+    }
+
+    /// The bodies of a row kernel (the passes in order, then the stores), given the values
+    /// each must produce; with `cache`, costly values shared by two or more bodies are cached.
+    pub(super) fn row_bodies(&mut self, parts: Vec<(Vec<ValId>, Body)>, cache: bool) -> Vec<Body> {
+        let closures: Vec<Vec<ValId>> = parts
+            .iter()
+            .map(|(roots, _)| self.closure_upto(roots, &[]))
+            .collect();
+        let cached = if cache {
+            self.choose_cached(&closures)
+        } else {
+            vec![]
+        };
+        let mut done: Vec<ValId> = Vec::new();
+        let mut bodies = Vec::new();
+        for (roots, mut body) in parts {
+            body.vals = self.closure_upto(&roots, &done);
+            body.cache_in = body
+                .vals
+                .iter()
+                .copied()
+                .filter(|v| done.contains(v))
+                .collect();
+            body.cache_out = body
+                .vals
+                .iter()
+                .copied()
+                .filter(|v| cached.contains(v) && !done.contains(v))
+                .collect();
+            done.extend(&body.cache_out);
+            bodies.push(body);
+        }
+        bodies
+    }
+
+    /// Costly float values needed by two or more bodies, skipping those whose every user
+    /// is itself cached; each gets a stack row.
+    fn choose_cached(&mut self, closures: &[Vec<ValId>]) -> Vec<ValId> {
+        let k = self.k;
+        if k.inner.len() != 1 || closures.len() < 2 {
+            return vec![];
+        }
+        let n = k.inner[0];
+        let mut shared: Vec<ValId> = (0..k.values.len())
+            .filter(|&v| {
+                k.values[v].dtype.is_float()
+                    && costly(&k.values[v].expr)
+                    && closures.iter().filter(|c| c.contains(&v)).count() >= 2
+            })
+            .collect();
+        // A value whose every user is cached too is not needed again (a store is a use).
+        let snapshot = shared.clone();
+        shared.retain(|&v| {
+            let stored = k.stores.iter().any(|s| s.value == v);
+            let mut users = (0..k.values.len())
+                .filter(|&u| k.values[u].expr.operands().contains(&v))
+                .peekable();
+            stored || users.peek().is_none() || !users.all(|u| snapshot.contains(&u))
+        });
+        let mut budget = ROW_CACHE_BYTES;
+        let mut chosen = Vec::new();
+        for v in shared {
+            let bytes = n * cty(k.values[v].dtype).bytes() as usize;
+            if bytes == 0 || bytes > budget {
+                continue;
+            }
+            budget -= bytes;
+            let slot = self.fb.b.create_sized_stack_slot(StackSlotData::new(
+                StackSlotKind::ExplicitSlot,
+                bytes as u32,
+                4,
+            ));
+            let p = self.fb.b.ins().stack_addr(self.ptr, slot, 0);
+            self.row_cache.insert(v, p);
+            chosen.push(v);
+        }
+        chosen
+    }
+
+    /// Address of element `i + lane` of the cached row of `v`.
+    fn cache_addr(&mut self, v: ValId, i: Value, lane: i64) -> (Value, i32) {
+        let size = cty(self.k.values[v].dtype).bytes() as i64;
+        let base = self.row_cache[&v];
+        let t = self.fb.b.ins().imul_imm_s(i, size);
+        let p = self.fb.b.ins().iadd(base, t);
+        (p, (lane * size) as i32)
+    }
+
+    /// Reads `v` (of type `t`: its scalar type, or F32X4 in a vector loop) at element `i + lane`.
+    pub(super) fn cache_load(
+        &mut self,
+        v: ValId,
+        t: cranelift_codegen::ir::Type,
+        i: Value,
+        lane: i64,
+    ) -> Value {
+        let (p, off) = self.cache_addr(v, i, lane);
+        self.fb.b.ins().load(t, flags(), p, off)
+    }
+
+    /// Keeps `x`, the value of `v` at element `i + lane`, in its cached row.
+    pub(super) fn cache_store(&mut self, v: ValId, x: Value, i: Value, lane: i64) {
+        let (p, off) = self.cache_addr(v, i, lane);
+        self.fb.b.ins().store(flags(), x, p, off);
+    }
+}
