@@ -158,12 +158,19 @@ impl Gen<'_, '_, '_> {
                 })
                 .collect();
             self.lane_loop(body, &mut envs, &accs)?;
+            let mut done = Vec::new();
             for (&r, accs) in body.reds.iter().zip(&accs) {
                 let Expr::Reduce { combiner, .. } = k.values[r].expr else {
                     unreachable!("a pass lists reductions")
                 };
-                for (env, acc) in envs.iter_mut().zip(accs) {
-                    env[r] = Some(self.vfinish(combiner, acc));
+                for acc in accs {
+                    done.push(self.vfinish(combiner, acc));
+                }
+            }
+            let mut done = self.settle(&done).into_iter();
+            for &r in &body.reds {
+                for env in envs.iter_mut() {
+                    env[r] = done.next();
                 }
             }
             self.lane_outer_values(&mut envs, zero)?;
@@ -219,11 +226,23 @@ impl Gen<'_, '_, '_> {
         let z = self.iconst(I64, 0);
         self.fb.b.def_var(i, z);
         let n = self.iconst(I64, k.inner[0] as i64);
-        let outer: Vec<Vec<Option<Value>>> = envs.to_vec();
+        // loop-invariant operands pinned before the loop (see `pin`)
+        let outside = self.outside_operands(body);
+        let mut pinned = Vec::new();
+        for env in envs.iter() {
+            let mut p = Vec::new();
+            for &o in &outside {
+                let x = env[o].ok_or_else(|| {
+                    crate::Error::Unsupported("cpu codegen: an operand is not computed".into())
+                })?;
+                p.push((o, self.pin(x)));
+            }
+            pinned.push(p);
+        }
         self.while_lt(i, n, &mut |g, iv| {
-            for (grp, base) in outer.iter().enumerate() {
+            for (grp, p) in pinned.iter().enumerate() {
                 let lane = grp as i64 * LANES;
-                let mut env = base.clone();
+                let mut env = g.unpin_all(p, k.values.len());
                 for &v in &body.vals {
                     env[v] = Some(g.vector_value(v, &env, iv, lane)?);
                 }

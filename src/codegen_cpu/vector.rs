@@ -14,7 +14,10 @@ use crate::kernel::{Combiner, Expr, ValId};
 use crate::runtime::element::round_to_dtype;
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::types::{F32, F32X4, F64, F64X2, I8X16, I32, I32X4};
-use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_codegen::ir::{
+    ConstantData, Endianness, InstBuilder, MemFlagsData, StackSlot, StackSlotData, StackSlotKind,
+    Type, Value,
+};
 use cranelift_frontend::Variable;
 use std::collections::HashSet;
 
@@ -161,31 +164,13 @@ impl Gen<'_, '_, '_> {
         let step = LANES * GROUPS;
         let nv = self.fb.b.ins().band_imm_s(len, -step);
         // loop-invariant operands from outside the body, splatted once
-        let inside: HashSet<ValId> = body.vals.iter().copied().collect();
-        let mut outside: Vec<ValId> = body
-            .vals
-            .iter()
-            .filter(|v| !body.cache_in.contains(v))
-            .flat_map(|&v| self.k.values[v].expr.operands())
-            .chain(
-                body.reds
-                    .iter()
-                    .filter_map(|&r| match self.k.values[r].expr {
-                        Expr::Reduce { arg, .. } => Some(arg),
-                        _ => None,
-                    }),
-            )
-            .chain(body.stores.iter().map(|&s| self.k.stores[s].value))
-            .filter(|o| !inside.contains(o))
-            .collect();
-        outside.sort_unstable();
-        outside.dedup();
-        let mut splat: Vec<Option<Value>> = vec![None; self.k.values.len()];
-        for o in outside {
+        let mut pinned = Vec::new();
+        for o in self.outside_operands(body) {
             let x = env[o].ok_or_else(|| {
                 crate::Error::Unsupported("cpu codegen: an operand is not computed".into())
             })?;
-            splat[o] = Some(self.splat_value(x, self.k.values[o].dtype));
+            let v = self.splat_value(x, self.k.values[o].dtype);
+            pinned.push((o, self.pin(v)));
         }
         // one accumulator per group, so that the groups' dependency chains run side by side
         let mut vaccs = Vec::new();
@@ -197,9 +182,10 @@ impl Gen<'_, '_, '_> {
             vaccs.push((r, combiner, accs));
         }
         self.while_lt_vec(i, nv, step, &mut |g, iv| {
+            let invariant = g.unpin_all(&pinned, g.k.values.len());
             for grp in 0..GROUPS {
                 let lane = grp * LANES;
-                let mut venv = splat.clone();
+                let mut venv = invariant.clone();
                 for &v in &body.vals {
                     let x = if body.cache_in.contains(&v) {
                         g.cache_load(v, F32X4, iv, lane)
@@ -294,6 +280,59 @@ impl Gen<'_, '_, '_> {
         self.fb.b.ins().jump(header, &[]);
         self.fb.b.switch_to_block(exit);
         Ok(())
+    }
+
+    /// The values `body` reads that it does not compute itself, sorted.
+    pub(super) fn outside_operands(&self, body: &Body) -> Vec<ValId> {
+        let inside: HashSet<ValId> = body.vals.iter().copied().collect();
+        let mut outside: Vec<ValId> = body
+            .vals
+            .iter()
+            .filter(|v| !body.cache_in.contains(v))
+            .flat_map(|&v| self.k.values[v].expr.operands())
+            .chain(
+                body.reds
+                    .iter()
+                    .filter_map(|&r| match self.k.values[r].expr {
+                        Expr::Reduce { arg, .. } => Some(arg),
+                        _ => None,
+                    }),
+            )
+            .chain(body.stores.iter().map(|&s| self.k.stores[s].value))
+            .filter(|o| !inside.contains(o))
+            .collect();
+        outside.sort_unstable();
+        outside.dedup();
+        outside
+    }
+
+    /// Keeps a loop-invariant vector in a stack slot, to be read inside the loop with
+    /// [`Self::unpin_all`]. Cranelift places pure values at their uses and, for values
+    /// computed after a reduction loop, does not hoist them out of the next loop: a mean or an
+    /// rsqrt would be recomputed (divisions, a square root) on every iteration. The store
+    /// pins the computation before the loop; the loop pays one L1 load instead.
+    pub(super) fn pin(&mut self, v: Value) -> (StackSlot, Type) {
+        let t = self.fb.b.func.dfg.value_type(v);
+        let slot = self.fb.b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            t.bytes(),
+            4,
+        ));
+        self.fb.b.ins().stack_store(self.ptr, v, slot, 0);
+        (slot, t)
+    }
+
+    /// An environment holding the pinned values, loaded from their slots.
+    pub(super) fn unpin_all(
+        &mut self,
+        pinned: &[(ValId, (StackSlot, Type))],
+        n: usize,
+    ) -> Vec<Option<Value>> {
+        let mut env = vec![None; n];
+        for &(o, (slot, t)) in pinned {
+            env[o] = Some(self.fb.b.ins().stack_load(self.ptr, t, slot, 0));
+        }
+        env
     }
 
     /// A scalar (f32 or i8 bool) broadcast to all lanes.
