@@ -158,19 +158,12 @@ impl Gen<'_, '_, '_> {
                 })
                 .collect();
             self.lane_loop(body, &mut envs, &accs)?;
-            let mut done = Vec::new();
             for (&r, accs) in body.reds.iter().zip(&accs) {
                 let Expr::Reduce { combiner, .. } = k.values[r].expr else {
                     unreachable!("a pass lists reductions")
                 };
-                for acc in accs {
-                    done.push(self.vfinish(combiner, acc));
-                }
-            }
-            let mut done = self.settle(&done).into_iter();
-            for &r in &body.reds {
-                for env in envs.iter_mut() {
-                    env[r] = done.next();
+                for (env, acc) in envs.iter_mut().zip(accs) {
+                    env[r] = Some(self.vfinish(combiner, acc));
                 }
             }
             self.lane_outer_values(&mut envs, zero)?;

@@ -663,22 +663,6 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
         Ok(())
     }
 
-    /// Passes `vals` into a new block as its parameters and continues there. Results of a
-    /// reduction loop are otherwise the loop header's parameters, and Cranelift's loop-invariant
-    /// code motion, which compares loop depths, then keeps everything computed from them (a
-    /// mean, an rsqrt) inside the next loop at the same depth instead of before it.
-    pub(super) fn settle(&mut self, vals: &[Value]) -> Vec<Value> {
-        let block = self.fb.b.create_block();
-        for &v in vals {
-            let t = self.fb.b.func.dfg.value_type(v);
-            self.fb.b.append_block_param(block, t);
-        }
-        let args: Vec<_> = vals.iter().map(|&v| v.into()).collect();
-        self.fb.b.ins().jump(block, &args);
-        self.fb.b.switch_to_block(block);
-        self.fb.b.block_params(block).to_vec()
-    }
-
     /// Element offset of every access at the point whose outer (or, for pointwise kernels,
     /// leading) multi-index is `idx` over `dims` (dims numbered in the full space).
     pub(super) fn offsets_at(&mut self, idx: &[(usize, Value)]) -> Vec<Value> {
@@ -845,9 +829,8 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
                 self.fb.b.def_var(p, z);
             }
             self.nest(0, &row_offs, body, &mut env)?;
-            let done: Vec<Value> = body.reds.iter().map(|&r| self.finish_acc(r)).collect();
-            let done = self.settle(&done);
-            for (&r, v) in body.reds.iter().zip(done) {
+            for &r in &body.reds {
+                let v = self.finish_acc(r);
                 env[r] = Some(v);
             }
             self.set_position(&row_offs, None);
