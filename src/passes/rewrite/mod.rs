@@ -15,26 +15,46 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Limits and semantics of a rewrite run.
+///
+/// Saturation stops at an e-node budget that grows with the graph,
+/// `min(node_limit, max(MIN_NODE_BUDGET, nodes_per_node × input e-nodes))`, or after
+/// `iter_limit` iterations, whichever comes first: both make the result a function of the
+/// graph alone. `time_limit` is only a backstop against a pathological rule set; with the
+/// defaults the budgets bind long before it.
 #[derive(Clone, Debug)]
 pub struct RewriteOptions {
     /// Also use rules that can change IEEE results (reassociation, `x*0 → 0`, ...).
     pub fast_math: bool,
-    /// Stop saturating once the e-graph holds this many e-nodes.
+    /// Never let the e-graph grow past this many e-nodes, whatever the graph's size.
     pub node_limit: usize,
+    /// E-nodes the e-graph may grow to per e-node of the input graph (see above).
+    pub nodes_per_node: usize,
     /// Stop saturating after this long.
     pub time_limit: Duration,
     /// Stop saturating after this many iterations.
     pub iter_limit: usize,
 }
 
+/// The smallest e-node budget a graph gets, however small it is.
+pub const MIN_NODE_BUDGET: usize = 1_000;
+
 impl Default for RewriteOptions {
     fn default() -> RewriteOptions {
         RewriteOptions {
             fast_math: false,
             node_limit: 10_000,
-            time_limit: Duration::from_millis(50),
+            nodes_per_node: 16,
+            time_limit: Duration::from_secs(1),
             iter_limit: 16,
         }
+    }
+}
+
+impl RewriteOptions {
+    /// The e-node budget for an input graph of `start_size` e-nodes.
+    pub fn node_budget(&self, start_size: usize) -> usize {
+        self.node_limit
+            .min(MIN_NODE_BUDGET.max(self.nodes_per_node.saturating_mul(start_size)))
     }
 }
 
@@ -67,7 +87,8 @@ pub fn rewrite(g: &Graph, opts: &RewriteOptions) -> Result<(Graph, RewriteStats)
         ..RewriteStats::default()
     };
     let start_size = eg.total_size();
-    let eg = if start_size > opts.node_limit {
+    let budget = opts.node_budget(start_size);
+    let eg = if start_size > budget {
         stats.stop_reason = format!("{:?}", StopReason::NodeLimit(start_size));
         eg
     } else if opts.iter_limit == 0 {
@@ -76,7 +97,7 @@ pub fn rewrite(g: &Graph, opts: &RewriteOptions) -> Result<(Graph, RewriteStats)
     } else {
         let runner: Runner<lang::ENode, lang::Types> = Runner::new(lang::Types::default())
             .with_egraph(eg)
-            .with_node_limit(opts.node_limit)
+            .with_node_limit(budget)
             .with_time_limit(opts.time_limit)
             .with_iter_limit(opts.iter_limit)
             .run(&rules);

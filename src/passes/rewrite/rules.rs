@@ -324,6 +324,20 @@ fn fold(op: Op, vals: &[Scalar], d: DType) -> Option<Scalar> {
     }
 }
 
+/// True when `relu(x) * c` may become a `where` in dtype `d`: `c` is finite with its sign bit
+/// clear in `d`.
+fn relu_safe_factor(c: Scalar, d: DType) -> bool {
+    match c {
+        Scalar::Bool(_) => false,
+        _ if d.is_float() => {
+            let v = round_to_dtype(c.to_f64(), d);
+            v.is_finite() && v.is_sign_positive()
+        }
+        Scalar::Int(i) => d.is_int() && i >= 0,
+        Scalar::Float(_) => false,
+    }
+}
+
 /// `relu(x) * c` → `where(x < 0, 0, x * c)` for a constant `c` that is finite with its sign
 /// bit clear in the compute dtype. IEEE-safe: for `x < 0` both give `+0` (`0 * c`); otherwise
 /// `relu(x)` is `x` itself (NaN and `-0.0` included, as `relu` is `x < 0 ? 0 : x`).
@@ -332,16 +346,7 @@ fn relu_mul_to_where(s: &Site) -> Vec<Term> {
     let mut out = Vec::new();
     for (r, k, r_left) in sides(s.ch) {
         let Some(c) = s.scalar(k) else { continue };
-        let ok = match c {
-            Scalar::Bool(_) => false,
-            _ if d.is_float() => {
-                let v = round_to_dtype(c.to_f64(), d);
-                v.is_finite() && v.is_sign_positive()
-            }
-            Scalar::Int(i) => d.is_int() && i >= 0,
-            Scalar::Float(_) => false,
-        };
-        if !ok {
+        if !relu_safe_factor(c, d) {
             continue;
         }
         for (_, rc) in s.ops(r, |o| matches!(o, Op::Unary(UnaryOp::Relu))) {
@@ -377,9 +382,66 @@ fn map_branch(
     }
 }
 
+/// A pointwise op being moved into the branches of a `where`: a unary op, or a binary op
+/// with a Python-scalar operand on one side.
+#[derive(Clone, Copy)]
+enum Pushed {
+    Unary(UnaryOp),
+    Binary { op: BinaryOp, k: Scalar },
+}
+
+/// How deep `push_pays_off` follows nested `where`s.
+const PUSH_DEPTH: usize = 3;
+
+/// True when applying `p` to the tensor branch `q` (of dtype `d`) lets a rule remove work
+/// there: `neg` meets a `neg`, `* c` meets a `relu` (`relu-mul-to-where`), an op meets a
+/// `contiguous` copy it can read through, or a nested `where` whose own push pays off.
+///
+/// Moving an op into a `where` with a Python-scalar branch is cost-neutral in itself (the op
+/// still runs on every element of the other branch), so the `*-into-where` rules fire only
+/// when this holds or both branches fold. Pushing unconditionally case-splits every pointwise
+/// op after a `relu(x) * c` in a chain, and every later `relu(x) * c` splits each case again:
+/// the e-graph grows exponentially with the chain length without finding anything cheaper.
+fn push_pays_off(s: &Site, q: Id, d: DType, p: Pushed, depth: usize) -> bool {
+    s.eg[q].nodes.iter().any(|n| match (n.as_op(), p) {
+        (Some(Op::Unary(UnaryOp::Neg)), Pushed::Unary(UnaryOp::Neg)) => true,
+        (
+            Some(Op::Unary(UnaryOp::Relu)),
+            Pushed::Binary {
+                op: BinaryOp::Mul,
+                k,
+                ..
+            },
+        ) => relu_safe_factor(k, d) && s.is_tensor_of(n.children[0], d),
+        (Some(Op::Contiguous), _) => true,
+        (Some(Op::Where), _) if depth > 0 => {
+            let (a, b) = (n.children[1], n.children[2]);
+            match (s.scalar(a), s.scalar(b)) {
+                (Some(_), Some(_)) => true,
+                (Some(_), None) => push_pays_off(s, b, d, p, depth - 1),
+                (None, Some(_)) => push_pays_off(s, a, d, p, depth - 1),
+                (None, None) => false,
+            }
+        }
+        _ => false,
+    })
+}
+
+/// Whether moving `p` into `where(_, a, b)` pays off: both branches fold, or the tensor
+/// branch meets something `p` cancels against (`push_pays_off`).
+fn push_into_where_pays_off(s: &Site, a: Id, b: Id, d: DType, p: Pushed) -> bool {
+    match (s.scalar(a), s.scalar(b)) {
+        (Some(_), Some(_)) => true,
+        (Some(_), None) => push_pays_off(s, b, d, p, PUSH_DEPTH),
+        (None, Some(_)) => push_pays_off(s, a, d, p, PUSH_DEPTH),
+        (None, None) => false,
+    }
+}
+
 /// `where(c, a, b) op k` → `where(c, a op k, b op k)` for a Python scalar `k` and a `where`
-/// with a Python-scalar branch (folded), all in the result dtype. IEEE-safe: selecting
-/// commutes with an elementwise op when both forms round in the same dtype.
+/// with a Python-scalar branch (folded), all in the result dtype, when that pays off (see
+/// `push_pays_off`). IEEE-safe: selecting commutes with an elementwise op when both forms
+/// round in the same dtype.
 fn binary_into_where(s: &Site) -> Vec<Term> {
     let Op::Binary(b) = *s.op else { return vec![] };
     let d = s.out.dtype;
@@ -394,7 +456,8 @@ fn binary_into_where(s: &Site) -> Vec<Term> {
             if s.ty(w).is_none_or(|t| t.dtype != d) {
                 continue;
             }
-            if s.scalar(p).is_none() && s.scalar(q).is_none() {
+            let pushed = Pushed::Binary { op: b, k: kv };
+            if !push_into_where_pays_off(s, p, q, d, pushed) {
                 continue;
             }
             let f = |t: Term, v: Option<Scalar>| match v {
@@ -414,7 +477,7 @@ fn binary_into_where(s: &Site) -> Vec<Term> {
 }
 
 /// `u(where(c, a, b))` → `where(c, u(a), u(b))` with a Python-scalar branch (folded), for a
-/// unary op that keeps the dtype. IEEE-safe for the same reason as `binary-into-where`.
+/// unary op that keeps the dtype, when that pays off. IEEE-safe for the same reason as `binary-into-where`.
 fn unary_into_where(s: &Site) -> Vec<Term> {
     let Op::Unary(u) = *s.op else { return vec![] };
     let d = s.out.dtype;
@@ -424,7 +487,7 @@ fn unary_into_where(s: &Site) -> Vec<Term> {
         if s.ty(s.ch[0]).is_none_or(|t| t.dtype != d) || !d.is_float() {
             continue;
         }
-        if s.scalar(p).is_none() && s.scalar(q).is_none() {
+        if !push_into_where_pays_off(s, p, q, d, Pushed::Unary(u)) {
             continue;
         }
         let f = |t: Term, v: Option<Scalar>| match v {
