@@ -1181,3 +1181,86 @@ fn large_full_reductions_split_into_row_partials() {
     g.set_outputs(vec![y]);
     assert_eq!(count_ops(&decompose(&g).unwrap(), is_reduce), 1);
 }
+
+#[test]
+fn long_reductions_across_rows_reduce_tiles_first() {
+    let is_reduce = |o: &Op| matches!(o, Op::Reduce { .. });
+    let across = |r: ReduceOp, dtype: DType, shape: &[usize], dim: usize, keepdim: bool| {
+        let mut g = Graph::new("across");
+        let x = input(&mut g, "x", dtype, shape);
+        let y = red(&mut g, r, x, dim as i64, keepdim);
+        g.set_outputs(vec![y]);
+        g
+    };
+    // 2048 rows: tiles of 64; 1200 rows: 1200 = 50·24, the largest divisor up to 64 is 60
+    for (r, dtype, shape, dim, keepdim, tile) in [
+        (
+            ReduceOp::Sum,
+            DType::F32,
+            &[2048usize, 40][..],
+            0usize,
+            false,
+            64usize,
+        ),
+        (ReduceOp::Mean, DType::F64, &[3, 1200, 20][..], 1, true, 60),
+        (ReduceOp::Amax, DType::F32, &[2048, 33][..], 0, true, 64),
+        (ReduceOp::Amin, DType::I32, &[1024, 70][..], 0, false, 64),
+    ] {
+        let g = across(r, dtype, shape, dim, keepdim);
+        let d = decompose(&g).unwrap();
+        assert_eq!(count_ops(&d, is_reduce), 2, "{r:?} {shape:?}");
+        let reshaped: Vec<Vec<usize>> = d
+            .topo_order()
+            .into_iter()
+            .filter(|&v| matches!(d.node(v).op(), Some(Op::Reshape { .. })))
+            .map(|v| d.node(v).ty.shape.clone())
+            .collect();
+        let mut want = shape.to_vec();
+        want.splice(dim..=dim, [shape[dim] / tile, tile]);
+        assert_eq!(reshaped, vec![want], "{r:?} {shape:?}");
+        let tol = if matches!(r, ReduceOp::Amax | ReduceOp::Amin) {
+            None
+        } else {
+            Some(1e-6)
+        };
+        same_values(&g, &d, tol, &format!("{r:?} {shape:?}"));
+    }
+    // against an f64 sum of the same f32 values, column by column
+    let g = across(ReduceOp::Sum, DType::F32, &[4096, 17], 0, false);
+    let x = Tensor::randn(&[4096, 17], None).unwrap();
+    let got = run_graph(&decompose(&g).unwrap(), std::slice::from_ref(&x)).unwrap();
+    let xs = x.to_f64_vec();
+    for (c, got) in got[0].to_f64_vec().iter().enumerate() {
+        let want: f64 = (0..4096).map(|r| xs[r * 17 + c]).sum();
+        assert!(
+            (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+            "{got} vs {want}"
+        );
+    }
+    // left alone: under 1024 rows, a prime row count, the last dim, several dims, f16 sums,
+    // integer sums, small tensors
+    for (r, dtype, shape, dims) in [
+        (ReduceOp::Sum, DType::F32, &[1000usize, 100][..], vec![0i64]),
+        (ReduceOp::Sum, DType::F32, &[1031, 100][..], vec![0]),
+        (ReduceOp::Sum, DType::F32, &[100, 2048][..], vec![1]),
+        (ReduceOp::Sum, DType::F32, &[2048, 4, 16][..], vec![0, 1]),
+        (ReduceOp::Sum, DType::F16, &[2048, 64][..], vec![0]),
+        (ReduceOp::Sum, DType::I64, &[2048, 64][..], vec![0]),
+        (ReduceOp::Sum, DType::F32, &[2048, 8][..], vec![0]),
+    ] {
+        let mut g = Graph::new("kept");
+        let x = input(&mut g, "x", dtype, shape);
+        let o = Op::Reduce {
+            op: r,
+            dim: Some(dims.clone()),
+            keepdim: false,
+        };
+        let y = op(&mut g, o, &[x]);
+        g.set_outputs(vec![y]);
+        assert_eq!(
+            count_ops(&decompose(&g).unwrap(), is_reduce),
+            1,
+            "{dtype} {shape:?} {dims:?}"
+        );
+    }
+}

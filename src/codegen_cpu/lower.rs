@@ -13,6 +13,9 @@
 //! - The innermost loop is vectorised ([`super::vector`]) with two F32X4 groups per iteration
 //!   and a scalar tail when every access there has stride 0 or 1 and every value is f32 or a
 //!   mask; otherwise it is the scalar loop ([`super::scalar`]).
+//! - Row kernels whose rows walk memory with a stride (reductions across rows) run 16
+//!   adjacent rows at once as vector lanes ([`super::lanes`]); row kernels whose passes and
+//!   stores share a costly value keep it in a stack row ([`super::rowcache`]).
 //! - Integer remainder by zero sets error code 1 (PyTorch's ZeroDivisionError); the division
 //!   itself then runs on a safe divisor, so no instruction traps.
 

@@ -262,7 +262,13 @@ fn tile_column_reduction(
     shape.splice(d..=d, [(rows / t) as i64, t as i64]);
     let tiled = b.op(name, Op::Reshape { shape }, &[x])?;
     let partial = b.reduce(name, op, tiled, &Some(vec![d as i64 + 1]), false)?;
-    Ok(Some(b.reduce(name, op, partial, &Some(vec![d as i64]), keepdim)?))
+    Ok(Some(b.reduce(
+        name,
+        op,
+        partial,
+        &Some(vec![d as i64]),
+        keepdim,
+    )?))
 }
 
 fn softmax(b: &mut Builder, name: &str, x: ValueId, dim: i64, log: bool) -> Result<ValueId> {
