@@ -14,8 +14,8 @@
 //! | `tanh` | `expm1(2a) / (expm1(2a) + 2)`, `a = abs(x)`, with the sign of `x` | 2.26 |
 //! | `sigmoid` | `e = exp(-abs(x))`; `1/(1+e)` or `e/(1+e)` (no overflow for `x < 0`) | 2.05 |
 //! | `erf` | `x·P(x²)` for `abs(x) < 1`, else `1 - erfc(abs(x))` | 2.27 |
-//! | `gelu` | `x·Φ(x)`: Φ from `erf` near 0, from `erfc` (tail form) elsewhere | 4.36 (x < -0.7; see below) |
-//! | `gelu_tanh` | `x·sigmoid(2u)` in f64 lanes, `e^{-abs(2u)}` by a degree-7 polynomial, one rounding | 0.59 |
+//! | `gelu` | `x·Φ(x)`: Φ from `erf` near 0, from `erfc` (tail form) elsewhere; subnormal results flushed to ±0 | 4.36 (x < -0.7; see below) |
+//! | `gelu_tanh` | `x·sigmoid(2u)` in f64 lanes, `e^{-abs(2u)}` by a degree-7 polynomial, one rounding; subnormal results flushed to ±0 | 0.59 |
 //! | `sin`, `cos` | f64 inside: Cody-Waite by π/2 (3 parts) up to 2^30, beyond an exact chunked product with 2/π (Payne-Hanek style); Taylor polynomials | 0.50 |
 //! | `pow` | f64 inside: `2^(y·log2(abs(x)))`, then the C99/PyTorch special cases | 0.50 |
 //! | `rsqrt` | `1 / sqrt(x)` (bit-identical to PyTorch's vectorised CPU kernel) | 1.48 |
@@ -630,10 +630,23 @@ pub fn gelu(b: B, x: Value) -> Value {
     let hi_ok = fcmpc(b, FloatCC::LessThan, x, SQRT2);
     let near0 = b.ins().band(lo_ok, hi_ok);
     let y = sel(b, near0, y_small, y_tail);
+    let y = flush_subnormal(b, y);
     neg_inf_to_nan(b, x, y)
 }
 
 /// PyTorch's GELU formulas give `-inf · 0 = NaN` at `x = -inf`.
+/// `y`, or `±0` with the sign of `y` where `|y|` is below the smallest normal f32. PyTorch's
+/// GELU formulas, `x/2·(1 + erf(..))` and `x/2·(1 + tanh(..))`, give exactly ±0 long before
+/// the exact value turns subnormal. Returning the subnormal would be more exact but slows all
+/// later arithmetic on it: a matmul over such activations ran 2.3× slower on an Intel CPU,
+/// which takes a microcode assist for every subnormal operand.
+fn flush_subnormal(b: B, y: Value) -> Value {
+    let a = b.ins().fabs(y);
+    let tiny = fcmpc(b, FloatCC::LessThan, a, f64::from(f32::MIN_POSITIVE));
+    let z = fmul_c(b, y, 0.0);
+    sel(b, tiny, z, y)
+}
+
 fn neg_inf_to_nan(b: B, x: Value, y: Value) -> Value {
     let m = fcmpc(b, FloatCC::Equal, x, f64::NEG_INFINITY);
     selc(b, m, f64::NAN, y)
@@ -672,6 +685,7 @@ pub fn gelu_tanh(b: B, x: Value) -> Value {
         let xn = b.ins().fmul(x, num);
         b.ins().fdiv(xn, den)
     });
+    let y = flush_subnormal(b, y);
     neg_inf_to_nan(b, x, y)
 }
 
