@@ -542,6 +542,19 @@ fn reduce_graph(op: Op, d: DType, shape: &[usize]) -> Graph {
     g
 }
 
+/// Tolerance of reductions and normalisations computed in dtype `d`.
+fn reduction_tol(d: DType) -> Tol {
+    match d {
+        DType::F32 => Tol { ulps: 8, rel: 1e-6 },
+        DType::F64 => Tol {
+            ulps: 0,
+            rel: 1e-12,
+        },
+        // one rounding of the half result may land on the other side
+        _ => Tol { ulps: 0, rel: 1e-2 },
+    }
+}
+
 #[test]
 fn reductions_and_normalisations() {
     let mut rng = StdRng::seed_from_u64(7);
@@ -600,16 +613,7 @@ fn reductions_and_normalisations() {
             for op in ops {
                 let g = reduce_graph(op.clone(), d, shape);
                 let ins = vec![values(&mut rng, d, shape, false)];
-                let tol = match d {
-                    DType::F32 => Tol { ulps: 8, rel: 1e-6 },
-                    DType::F64 => Tol {
-                        ulps: 0,
-                        rel: 1e-12,
-                    },
-                    // one rounding of the half result may land on the other side
-                    _ => Tol { ulps: 0, rel: 1e-2 },
-                };
-                check_with(&g, &ins, tol);
+                check_with(&g, &ins, reduction_tol(d));
             }
         }
     }
@@ -841,15 +845,7 @@ fn softmax_keeps_its_exponentials_in_a_row_cache() {
         g.set_outputs(vec![y]);
         // NaN, infinities and huge values in the first row
         let ins = vec![values(&mut rng, d, shape, true)];
-        let tol = match d {
-            DType::F32 => Tol { ulps: 8, rel: 1e-6 },
-            DType::F64 => Tol {
-                ulps: 0,
-                rel: 1e-12,
-            },
-            _ => Tol { ulps: 0, rel: 1e-2 },
-        };
-        let s = check_with(&g, &ins, tol);
+        let s = check_with(&g, &ins, reduction_tol(d));
         let Some(Step::Kernel(k)) = s.steps.first() else {
             panic!("{d:?} {shape:?}: one kernel expected\n{s}")
         };

@@ -118,12 +118,7 @@ impl Gen<'_, '_, '_> {
     fn lane_block(&mut self, r: Value, plan: &RowPlan) -> Result<()> {
         let k = self.k;
         let ko = k.outer.len();
-        let idx: Vec<(usize, Value)> = self
-            .unflatten(r, &k.outer)
-            .into_iter()
-            .enumerate()
-            .collect();
-        let row_offs = self.offsets_at(&idx);
+        let row_offs = self.row_offsets(r);
         let inner: Vec<i64> = self
             .accesses
             .iter()

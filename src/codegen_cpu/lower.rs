@@ -809,17 +809,21 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
         })
     }
 
+    /// Element offset of every access at the start of row `r` (flat over the outer dims).
+    pub(super) fn row_offsets(&mut self, r: Value) -> Vec<Value> {
+        let idx: Vec<(usize, Value)> = if self.k.outer.is_empty() {
+            vec![]
+        } else {
+            let outer = self.k.outer.clone();
+            self.unflatten(r, &outer).into_iter().enumerate().collect()
+        };
+        self.offsets_at(&idx)
+    }
+
     /// One row of a row kernel: outer values, each pass, the row stores, the inner stores.
     pub(super) fn one_row(&mut self, r: Value, plan: &RowPlan) -> Result<()> {
         let k = self.k;
-        let ko = k.outer.len();
-        let idx: Vec<(usize, Value)> = self
-            .unflatten(r, &k.outer)
-            .into_iter()
-            .enumerate()
-            .collect();
-        let idx = if ko == 0 { vec![] } else { idx };
-        let row_offs = self.offsets_at(&idx);
+        let row_offs = self.row_offsets(r);
         let mut env: Vec<Option<Value>> = vec![None; k.values.len()];
         self.set_position(&row_offs, None);
         self.outer_values(&mut env)?;

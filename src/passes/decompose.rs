@@ -193,6 +193,14 @@ fn expand(b: &mut Builder, name: &str, op: &Op, args: &[ValueId]) -> Result<Opti
     Ok(Some(r))
 }
 
+/// Whether a reduction may run as a reduction of partial results: amax/amin in any order
+/// exactly, f32/f64 sums and means within one more rounding (f16 partials would round to
+/// f16, integer sums are left whole).
+fn partials_combine(op: ReduceOp, dtype: DType) -> bool {
+    matches!(op, ReduceOp::Amax | ReduceOp::Amin)
+        || matches!(op, ReduceOp::Sum | ReduceOp::Mean) && matches!(dtype, DType::F32 | DType::F64)
+}
+
 /// Fewest elements for which a full reduction is split: below it one row is quick anyway.
 const SPLIT_MIN_ELEMS: usize = 1 << 16;
 
@@ -207,10 +215,7 @@ fn split_full_reduction(
 ) -> Result<Option<ValueId>> {
     let ty = b.g.node(x).ty.clone();
     let n = ty.shape.len();
-    let exact_order = matches!(op, ReduceOp::Amax | ReduceOp::Amin);
-    let float_sum =
-        matches!(op, ReduceOp::Sum | ReduceOp::Mean) && matches!(ty.dtype, DType::F32 | DType::F64);
-    if !(exact_order || float_sum)
+    if !partials_combine(op, ty.dtype)
         || n < 2
         || reduction_dims(dim, n)?.len() != n
         || ty.numel() < SPLIT_MIN_ELEMS
@@ -241,10 +246,7 @@ fn tile_column_reduction(
 ) -> Result<Option<ValueId>> {
     let ty = b.g.node(x).ty.clone();
     let n = ty.shape.len();
-    let exact_order = matches!(op, ReduceOp::Amax | ReduceOp::Amin);
-    let float_sum =
-        matches!(op, ReduceOp::Sum | ReduceOp::Mean) && matches!(ty.dtype, DType::F32 | DType::F64);
-    if !(exact_order || float_sum) || n < 2 || ty.numel() < SPLIT_MIN_ELEMS {
+    if !partials_combine(op, ty.dtype) || n < 2 || ty.numel() < SPLIT_MIN_ELEMS {
         return Ok(None);
     }
     let dims = reduction_dims(dim, n)?;
@@ -255,7 +257,7 @@ fn tile_column_reduction(
     if d + 1 == n || rows < TILE_MIN_ROWS {
         return Ok(None);
     }
-    let Some(t) = (8..=64).rev().find(|t| rows % t == 0) else {
+    let Some(t) = (8..=64).rev().find(|&t| rows.is_multiple_of(t)) else {
         return Ok(None);
     };
     let mut shape: Vec<i64> = ty.shape.iter().map(|&s| s as i64).collect();
