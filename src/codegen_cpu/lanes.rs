@@ -152,7 +152,7 @@ impl Gen<'_, '_, '_> {
                     (0..GROUPS).map(|_| self.vacc(combiner)).collect()
                 })
                 .collect();
-            self.lane_loop(body, &mut envs, &accs)?;
+            self.lane_loop(body, &envs, &accs)?;
             for (&r, accs) in body.reds.iter().zip(&accs) {
                 let Expr::Reduce { combiner, .. } = k.values[r].expr else {
                     unreachable!("a pass lists reductions")
@@ -174,7 +174,7 @@ impl Gen<'_, '_, '_> {
             }
         }
         if !plan.stores.stores.is_empty() {
-            self.lane_loop(&plan.stores, &mut envs, &[])?;
+            self.lane_loop(&plan.stores, &envs, &[])?;
         }
         Ok(())
     }
@@ -206,7 +206,7 @@ impl Gen<'_, '_, '_> {
     fn lane_loop(
         &mut self,
         body: &Body,
-        envs: &mut [Vec<Option<Value>>],
+        envs: &[Vec<Option<Value>>],
         accs: &[Vec<super::vector::VAcc>],
     ) -> Result<()> {
         let k = self.k;
