@@ -309,6 +309,9 @@ fn call_into_writes_an_update_into_the_parameter_it_reads() {
                 // compiled kernels do it in place; the interpreter backend never does
                 let native = opts.backend == KernelBackend::Cranelift;
                 assert_eq!(got[1].shares_storage(&w), native, "{dtype} {opts:?}");
+                // fused and in place, the weight-gradient GEMM accumulates into w itself
+                let fused = native && opts.fuse;
+                assert_eq!(f.gemm_updates(), fused as usize, "{dtype} {opts:?}");
             }
         }
     }
@@ -350,6 +353,90 @@ fn call_into_refuses_destinations_it_cannot_write_safely() {
     let got = f.call_into(&ins, &[None, Some(&fresh), None]).unwrap();
     assert!(got[1].shares_storage(&fresh));
     assert_close(&fresh, &want[1], 1e-5, "fresh destination");
+}
+
+#[test]
+fn gemm_updates_only_where_the_update_is_theirs_alone() {
+    // (graph, GEMMs that may update w in place)
+    let cases = [
+        // w - 0.1·(xᵀ·g), and the same written as w + (-0.1)·(xᵀ·g) with the factor first
+        (
+            "graph g(%w: f32[6,5], %x: f32[7,6], %g: f32[7,5]) {
+               %xt = transpose(%x, dim0=0, dim1=1)
+               %d = matmul(%xt, %g)
+               %s = mul(%d, 0.1)
+               %n = sub(%w, %s)
+               return %n
+             }",
+            1,
+        ),
+        (
+            "graph g(%w: f32[6,5], %x: f32[7,6], %g: f32[7,5]) {
+               %xt = transpose(%x, dim0=0, dim1=1)
+               %d = matmul(%xt, %g)
+               %s = mul(-0.1, %d)
+               %n = add(%s, %w)
+               return %n
+             }",
+            1,
+        ),
+        // w is an operand of the product: accumulating into it would change what it reads
+        (
+            "graph g(%w: f32[5,5], %x: f32[5,5], %g: f32[5,5]) {
+               %d = matmul(%w, %x)
+               %s = mul(%d, 0.1)
+               %n = sub(%w, %s)
+               return %n
+             }",
+            0,
+        ),
+        // the gradient is also returned
+        (
+            "graph g(%w: f32[6,5], %x: f32[7,6], %g: f32[7,5]) {
+               %xt = transpose(%x, dim0=0, dim1=1)
+               %d = matmul(%xt, %g)
+               %s = mul(%d, 0.1)
+               %n = sub(%w, %s)
+               return %n, %d
+             }",
+            0,
+        ),
+        // not a scaled update
+        (
+            "graph g(%w: f32[6,5], %x: f32[7,6], %g: f32[7,5]) {
+               %xt = transpose(%x, dim0=0, dim1=1)
+               %d = matmul(%xt, %g)
+               %s = mul(%d, %w)
+               %n = sub(%w, %s)
+               return %n
+             }",
+            0,
+        ),
+    ];
+    for (text, updates) in cases {
+        let g = graph(text);
+        let f = CompiledFn::compile(&g, &CompileOptions::default()).unwrap();
+        assert_eq!(f.gemm_updates(), updates, "{}", f.schedule());
+        for seed in 0..2 {
+            let want = run_graph(&g, &inputs_for(&g, seed)).unwrap();
+            // out of place, into w itself, into a fresh tensor; each on new inputs
+            for dest in 0..3 {
+                let ins = inputs_for(&g, seed);
+                let w = ins[0].clone();
+                let fresh = Tensor::zeros(w.shape(), DType::F32);
+                let mut into = vec![[None, Some(&w), Some(&fresh)][dest]];
+                into.resize(want.len(), None);
+                let got = f.call_into(&ins, &into).unwrap();
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert_close(a, b, 1e-5, &format!("{text} dest {dest} out {i}"));
+                }
+                if dest == 1 && updates == 1 {
+                    assert!(got[0].shares_storage(&w));
+                    assert_close(&w, &want[0], 1e-5, "w updated in place");
+                }
+            }
+        }
+    }
 }
 
 #[test]
@@ -455,6 +542,8 @@ fn an_mlp_step_graph_updates_its_weights_in_place() {
         &CompileOptions::default(),
     )
     .unwrap();
+    // both weight updates are done by their gradient's GEMM
+    assert_eq!(step.compiled().gemm_updates(), 2);
     let params = m.parameters();
     let copied: Vec<Tensor> = copies(&params);
     let mut args = vec![x.clone(), y.clone()];

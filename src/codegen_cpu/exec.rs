@@ -137,8 +137,13 @@ enum Exec {
     /// A library call on the eager kernels; `ty` is its result type when the shape rule
     /// accepted the argument types at compile time.
     Extern { ty: Option<TensorType> },
-    /// A 2-D float GEMM called directly, into the storage of cache place `place`.
-    Gemm { gemm: DirectGemm, place: usize },
+    /// A 2-D float GEMM called directly, into the storage of cache place `place`; `update`:
+    /// the next step's `w + beta·result`, done by the GEMM itself when written in place.
+    Gemm {
+        gemm: DirectGemm,
+        place: usize,
+        update: Option<gemm::Update>,
+    },
 }
 
 /// A graph compiled for the CPU: call it with input tensors in the graph's order.
@@ -219,14 +224,19 @@ impl CompiledFn {
         let owned = owned_buffers(&s, &plan);
         let mut execs = Vec::with_capacity(s.steps.len());
         let mut places = plan.slots.len();
-        for step in &s.steps {
+        for (i, step) in s.steps.iter().enumerate() {
             execs.push(match (step, opts.backend) {
                 (Step::Extern(e), _) => match DirectGemm::of(&s, e) {
                     Some(gemm) if owned_by_gemm(&s, e.out) => {
                         places += 1;
+                        let update = match opts.backend {
+                            KernelBackend::Cranelift => gemm::Update::of(&s, i, &gemm),
+                            KernelBackend::Interp => None,
+                        };
                         Exec::Gemm {
                             gemm,
                             place: places - 1,
+                            update,
                         }
                     }
                     _ => Exec::Extern {
@@ -292,6 +302,24 @@ impl CompiledFn {
             bound: Vec::new(),
             schedule: s,
         })
+    }
+
+    /// Number of GEMMs whose result only feeds `w ± c·result` for an input `w`: written in
+    /// place (`call_into` with `w`'s tensor), the GEMM accumulates into `w` itself and the
+    /// update kernel does not run (SGD's weight updates).
+    pub fn gemm_updates(&self) -> usize {
+        self.execs
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    Exec::Gemm {
+                        update: Some(_),
+                        ..
+                    }
+                )
+            })
+            .count()
     }
 
     /// The schedule this function runs.
@@ -514,6 +542,8 @@ impl CompiledFn {
         if into.iter().any(Option::is_some) {
             self.choose_into(f, into);
         }
+        // the kernel step a GEMM has already done (an in-place update, see `gemm::Update`)
+        let mut done_by_gemm = None;
         for (i, (step, exec)) in s.steps.iter().zip(&self.execs).enumerate() {
             for &b in &self.plan.alloc_before[i] {
                 let buf = &s.buffers[b];
@@ -536,6 +566,7 @@ impl CompiledFn {
             // the clock is read only when timing: an untimed small call is a few µs
             let t0 = times.is_some().then(Instant::now);
             match (exec, step) {
+                _ if done_by_gemm == Some(i) => {}
                 (
                     Exec::Native {
                         code,
@@ -556,7 +587,21 @@ impl CompiledFn {
                 (Exec::Extern { ty }, Step::Extern(e)) => {
                     run_extern(s, e, ty.as_ref(), &mut f.bufs)?
                 }
-                (Exec::Gemm { gemm, place }, _) => self.run_gemm(gemm, *place, f)?,
+                (
+                    Exec::Gemm {
+                        gemm,
+                        place,
+                        update,
+                    },
+                    _,
+                ) => {
+                    if let Some(u) = update.as_ref().filter(|u| self.updates_in_place(u, f)) {
+                        self.run_gemm_update(gemm, u, f)?;
+                        done_by_gemm = Some(u.step);
+                    } else {
+                        self.run_gemm(gemm, *place, f)?
+                    }
+                }
                 (Exec::Extern { .. }, Step::Kernel(k)) => {
                     bail!(Value, "kernel {} has no compiled code", k.name)
                 }
@@ -569,6 +614,39 @@ impl CompiledFn {
             }
         }
         s.outputs.iter().map(|v| output_of(&f.bufs, v)).collect()
+    }
+
+    /// Whether this call writes update `u`'s result into the storage of its `w` (at the same
+    /// offset and layout), so that the GEMM can accumulate into it.
+    fn updates_in_place(&self, u: &gemm::Update, f: &Frame) -> bool {
+        match (&f.into[u.out], &f.bufs[u.w]) {
+            (Some(dest), Some(w)) => {
+                dest.shares_storage(w)
+                    && dest.storage_offset() == w.storage_offset()
+                    && dest.is_contiguous()
+                    && w.is_contiguous()
+            }
+            _ => false,
+        }
+    }
+
+    /// Runs a direct GEMM that accumulates into the caller's tensor of `u.out`, which holds
+    /// `u.w`: `w += beta·(a·b)`.
+    fn run_gemm_update(&self, g: &DirectGemm, u: &gemm::Update, f: &mut Frame) -> Result<()> {
+        let dest = f.into[u.out]
+            .clone()
+            .ok_or_else(|| crate::Error::Value("an in-place update without its tensor".into()))?;
+        let a = buffer(&f.bufs, g.a.buffer)?;
+        let b = buffer(&f.bufs, g.b.buffer)?;
+        let locks = Locks::lock([(a, false), (b, false), (&dest, true)]);
+        // SAFETY: the operands are locked for reading and the destination for writing (three
+        // storages never exceed the lock capacity); the destination holds `w`'s values in
+        // the result's dtype, shape and contiguous layout, and is not an operand (`Update::of`
+        // refuses w as an operand; `choose_into` refuses a destination sharing an operand's
+        // storage).
+        unsafe { g.run(elem0(a), elem0(b), elem0(&dest), Some(u.beta)) };
+        drop(locks);
+        Ok(())
     }
 
     /// Runs a direct GEMM into its cached result buffer.
@@ -586,7 +664,7 @@ impl CompiledFn {
         // SAFETY: the operands are locked for reading (two storages never exceed the lock
         // capacity) and hold their buffers' dtype and size; `out` is a storage of this call
         // alone, of the result's dtype and size.
-        unsafe { g.run(elem0(a), elem0(b), elem0(&out)) };
+        unsafe { g.run(elem0(a), elem0(b), elem0(&out), None) };
         drop(locks);
         f.bufs[g.out] = Some(out);
         Ok(())

@@ -5,8 +5,9 @@
 //! rule), so the results are the same.
 
 use crate::ir::dtype::DType;
-use crate::ir::op::Op;
-use crate::kernel::{BufferId, ExternCall, Schedule, View};
+use crate::ir::op::{BinaryOp, Op};
+use crate::ir::shape::{contiguous_strides, numel};
+use crate::kernel::{BufferId, Expr, ExternCall, Schedule, Step, ValId, View};
 use gemm::Parallelism;
 
 /// Products with at least this many multiply-adds use several threads (the eager kernel's
@@ -78,18 +79,19 @@ impl DirectGemm {
         })
     }
 
-    /// Runs the product.
+    /// Runs the product: `out = a·b`, or with `update = Some(beta)`, `out += beta·(a·b)`
+    /// (`out` holding the value to update).
     ///
     /// # Safety
     /// `a`, `b` and `out` must point at element 0 of the operands' buffers (allocated with
     /// the schedule's dtype and size, the operands' views inside them as the schedule
     /// validation checked), readable and, for `out`, writable with nothing else accessing it.
-    pub unsafe fn run(&self, a: *const u8, b: *const u8, out: *mut u8) {
+    pub unsafe fn run(&self, a: *const u8, b: *const u8, out: *mut u8, update: Option<f64>) {
         // SAFETY: as the caller promises.
         unsafe {
             match self.dtype {
-                DType::F64 => self.run_typed::<f64>(a, b, out),
-                _ => self.run_typed::<f32>(a, b, out),
+                DType::F64 => self.run_typed::<f64>(a, b, out, update),
+                _ => self.run_typed::<f32>(a, b, out, update.map(|x| x as f32)),
             }
         }
     }
@@ -99,6 +101,7 @@ impl DirectGemm {
         a: *const u8,
         b: *const u8,
         out: *mut u8,
+        update: Option<T>,
     ) {
         let threads = crate::runtime::threads::available();
         let par = if self.m * self.n * self.k >= PAR_FLOPS && threads > 1 {
@@ -107,6 +110,10 @@ impl DirectGemm {
             Parallelism::None
         };
         let one = T::one();
+        let (read_dst, beta) = match update {
+            Some(beta) => (true, beta),
+            None => (false, one),
+        };
         // SAFETY: offsets and strides come from views checked against their buffers.
         unsafe {
             gemm::gemm(
@@ -116,7 +123,7 @@ impl DirectGemm {
                 out as *mut T,
                 1,
                 self.n as isize,
-                false,
+                read_dst,
                 (a as *const T).add(self.a.offset),
                 self.a.cs,
                 self.a.rs,
@@ -124,12 +131,98 @@ impl DirectGemm {
                 self.b.cs,
                 self.b.rs,
                 one,
-                one,
+                beta,
                 false,
                 false,
                 false,
                 par,
             )
         }
+    }
+}
+
+/// The step after a direct GEMM computing `out = w + beta·g` from the GEMM's result `g`
+/// (which nothing else reads) and a graph input `w`, element by element: SGD's
+/// `w - lr·grad`. When `out` is written into `w`'s own storage (`call_into`), the GEMM
+/// accumulates into it (`w += beta·(a·b)`, one gemm call reading and writing `w`) and the
+/// step is skipped: no gradient buffer is written and read again, no update pass runs.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Update {
+    /// The kernel step this replaces (the one after the GEMM).
+    pub step: usize,
+    pub out: BufferId,
+    pub w: BufferId,
+    pub beta: f64,
+}
+
+impl Update {
+    /// The update that step `step + 1` of `s` applies to the result of GEMM `g` at `step`.
+    pub fn of(s: &Schedule, step: usize, g: &DirectGemm) -> Option<Update> {
+        let Some(Step::Kernel(k)) = s.steps.get(step + 1) else {
+            return None;
+        };
+        let [st] = &k.stores[..] else {
+            return None;
+        };
+        let whole = crate::kernel::IndexMap {
+            strides: contiguous_strides(&k.outer),
+            offset: 0,
+        };
+        let out = &s.buffers[st.buffer];
+        if !k.inner.is_empty()
+            || !k.passes.is_empty()
+            || st.map != whole
+            || out.dtype != g.dtype
+            || out.shape != [g.m, g.n]
+            || numel(&k.outer) != g.m * g.n
+        {
+            return None;
+        }
+        let load = |v: ValId| match &k.values[v].expr {
+            Expr::Load { buffer, map } if *map == whole => Some(*buffer),
+            _ => None,
+        };
+        let constant = |v: ValId| match k.values[v].expr {
+            Expr::Const(c) => Some(c.to_f64()),
+            _ => None,
+        };
+        // out = w ± g·c (or c·g)
+        let (w, scaled, sign) = match k.values[st.value].expr {
+            Expr::Binary(BinaryOp::Sub, x, y) => (x, y, -1.0),
+            Expr::Binary(BinaryOp::Add, x, y) if load(x).is_none() => (y, x, 1.0),
+            Expr::Binary(BinaryOp::Add, x, y) => (x, y, 1.0),
+            _ => return None,
+        };
+        let Expr::Binary(BinaryOp::Mul, p, q) = k.values[scaled].expr else {
+            return None;
+        };
+        let c = if load(p) == Some(g.out) {
+            constant(q)?
+        } else if load(q) == Some(g.out) {
+            constant(p)?
+        } else {
+            return None;
+        };
+        let w = load(w)?;
+        let read_elsewhere = s.outputs.iter().any(|o| o.buffer == g.out)
+            || s.steps
+                .iter()
+                .enumerate()
+                .any(|(i, st)| i != step + 1 && super::plan::step_buffers(st).0.contains(&g.out));
+        if read_elsewhere
+            || !s.inputs.contains(&w)
+            || w == g.out
+            || w == g.a.buffer
+            || w == g.b.buffer
+            || s.buffers[w].dtype != g.dtype
+        {
+            return None;
+        }
+        Some(Update {
+            step: step + 1,
+            out: st.buffer,
+            w,
+            beta: sign * c,
+        })
     }
 }
