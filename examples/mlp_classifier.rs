@@ -1,8 +1,9 @@
 //! An MLP classifier on two interleaved spirals, trained twice from the same initial
 //! weights: eagerly (autograd + `optim::SGD`) and as one compiled step per batch
-//! (`train::CompiledStep`). Prints both accuracies and the speedup:
-//! `cargo run --release --example mlp_classifier`.
+//! (`train::CompiledStep`), each loop with a progress bar. Prints both accuracies and the
+//! speedup: `cargo run --release --example mlp_classifier`.
 
+use indicatif::{ProgressBar, ProgressStyle};
 use smelt::autograd::no_grad;
 use smelt::codegen_cpu::CompileOptions;
 use smelt::nn::functional::{ClassLossOptions, cross_entropy};
@@ -75,6 +76,25 @@ fn twin_models(g: &mut Generator) -> Result<(Sequential, Sequential)> {
     Ok((a, b))
 }
 
+/// A progress bar over `steps` training steps (drawn on a terminal only).
+fn progress(steps: usize, label: &str) -> ProgressBar {
+    let bar = ProgressBar::new(steps as u64);
+    bar.set_style(
+        ProgressStyle::with_template(&format!("{label:>8} {{bar:30}} {{pos}}/{{len}} {{msg}}"))
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+/// Advances `bar` past step `i`; every 50 steps it shows the loss and the step rate.
+fn tick(bar: &ProgressBar, i: usize, loss: f64, t0: Instant) {
+    if (i + 1).is_multiple_of(50) {
+        let rate = (i + 1) as f64 / t0.elapsed().as_secs_f64();
+        bar.set_message(format!("loss {loss:.4}  {rate:.0} steps/s"));
+    }
+    bar.inc(1);
+}
+
 /// Share of the points whose largest logit is their class.
 fn accuracy(model: &Sequential, x: &Tensor, y: &Tensor) -> Result<f64> {
     let _off = no_grad();
@@ -106,6 +126,7 @@ fn main() -> Result<()> {
     let steps = EPOCHS * batches.len();
 
     let mut opt = SGD::new(eager.parameters(), cfg)?;
+    let bar = progress(steps, "eager");
     let t0 = Instant::now();
     let mut eager_loss = f64::NAN;
     for i in 0..steps {
@@ -115,8 +136,10 @@ fn main() -> Result<()> {
         loss.backward()?;
         opt.step()?;
         eager_loss = loss.item_f64()?;
+        tick(&bar, i, eager_loss, t0);
     }
     let t_eager = t0.elapsed().as_secs_f64();
+    bar.finish_and_clear();
 
     let t0 = Instant::now();
     let mut step = CompiledStep::new(
@@ -127,13 +150,16 @@ fn main() -> Result<()> {
         &CompileOptions::default(),
     )?;
     let compile = t0.elapsed().as_secs_f64();
+    let bar = progress(steps, "compiled");
     let t0 = Instant::now();
     let mut compiled_loss = f64::NAN;
     for i in 0..steps {
         let (xb, yb) = &batches[i % batches.len()];
         compiled_loss = step.step(&[xb.clone(), yb.clone()])?.item_f64()?;
+        tick(&bar, i, compiled_loss, t0);
     }
     let t_compiled = t0.elapsed().as_secs_f64();
+    bar.finish_and_clear();
 
     println!(
         "two spirals: {n} training points, {} test points; MLP 2-{HIDDEN}-{HIDDEN}-2, cross-entropy, SGD lr {} momentum {}, {steps} steps of {BATCH}",
