@@ -357,27 +357,25 @@ fn call_into_refuses_destinations_it_cannot_write_safely() {
 
 #[test]
 fn gemm_updates_only_where_the_update_is_theirs_alone() {
+    // `d = xᵀ·g`, the weight gradient of w [6,5], followed by `tail`
+    let after_gradient = |tail: &str| {
+        format!(
+            "graph g(%w: f32[6,5], %x: f32[7,6], %g: f32[7,5]) {{
+               %xt = transpose(%x, dim0=0, dim1=1)
+               %d = matmul(%xt, %g)
+               {tail}
+             }}"
+        )
+    };
     // (graph, GEMMs that may update w in place)
     let cases = [
         // w - 0.1·(xᵀ·g), and the same written as w + (-0.1)·(xᵀ·g) with the factor first
         (
-            "graph g(%w: f32[6,5], %x: f32[7,6], %g: f32[7,5]) {
-               %xt = transpose(%x, dim0=0, dim1=1)
-               %d = matmul(%xt, %g)
-               %s = mul(%d, 0.1)
-               %n = sub(%w, %s)
-               return %n
-             }",
+            after_gradient("%s = mul(%d, 0.1)\n %n = sub(%w, %s)\n return %n"),
             1,
         ),
         (
-            "graph g(%w: f32[6,5], %x: f32[7,6], %g: f32[7,5]) {
-               %xt = transpose(%x, dim0=0, dim1=1)
-               %d = matmul(%xt, %g)
-               %s = mul(-0.1, %d)
-               %n = add(%s, %w)
-               return %n
-             }",
+            after_gradient("%s = mul(-0.1, %d)\n %n = add(%s, %w)\n return %n"),
             1,
         ),
         // w is an operand of the product: accumulating into it would change what it reads
@@ -387,33 +385,23 @@ fn gemm_updates_only_where_the_update_is_theirs_alone() {
                %s = mul(%d, 0.1)
                %n = sub(%w, %s)
                return %n
-             }",
+             }"
+            .to_string(),
             0,
         ),
         // the gradient is also returned
         (
-            "graph g(%w: f32[6,5], %x: f32[7,6], %g: f32[7,5]) {
-               %xt = transpose(%x, dim0=0, dim1=1)
-               %d = matmul(%xt, %g)
-               %s = mul(%d, 0.1)
-               %n = sub(%w, %s)
-               return %n, %d
-             }",
+            after_gradient("%s = mul(%d, 0.1)\n %n = sub(%w, %s)\n return %n, %d"),
             0,
         ),
         // not a scaled update
         (
-            "graph g(%w: f32[6,5], %x: f32[7,6], %g: f32[7,5]) {
-               %xt = transpose(%x, dim0=0, dim1=1)
-               %d = matmul(%xt, %g)
-               %s = mul(%d, %w)
-               %n = sub(%w, %s)
-               return %n
-             }",
+            after_gradient("%s = mul(%d, %w)\n %n = sub(%w, %s)\n return %n"),
             0,
         ),
     ];
-    for (text, updates) in cases {
+    for (text, updates) in &cases {
+        let (text, updates) = (text.as_str(), *updates);
         let g = graph(text);
         let f = CompiledFn::compile(&g, &CompileOptions::default()).unwrap();
         assert_eq!(f.gemm_updates(), updates, "{}", f.schedule());

@@ -28,7 +28,7 @@ use crate::Result;
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::einsum::EinsumSpec;
 use crate::ir::graph::{Graph, NodeKind, ValueId};
-use crate::ir::op::{BinaryOp, Op, ReduceOp, UnaryOp, reduction_dims};
+use crate::ir::op::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp, reduction_dims};
 use crate::ir::shape::reduced_shape;
 use std::collections::{HashMap, HashSet};
 
@@ -193,12 +193,16 @@ fn expand(b: &mut Builder, name: &str, op: &Op, args: &[ValueId]) -> Result<Opti
     Ok(Some(r))
 }
 
-/// Whether a reduction may run as a reduction of partial results: amax/amin in any order
-/// exactly, f32/f64 sums and means within one more rounding (f16 partials would round to
-/// f16, integer sums are left whole).
-fn partials_combine(op: ReduceOp, dtype: DType) -> bool {
-    matches!(op, ReduceOp::Amax | ReduceOp::Amin)
-        || matches!(op, ReduceOp::Sum | ReduceOp::Mean) && matches!(dtype, DType::F32 | DType::F64)
+/// The type of `x` when `op` over it may run as a reduction of partial results: `x` has two
+/// or more dims and `SPLIT_MIN_ELEMS` elements; amax/amin combine exactly in any order, f32/f64
+/// sums and means within one more rounding (f16 partials would round to f16, integer sums are
+/// left whole).
+fn splittable(b: &Builder, op: ReduceOp, x: ValueId) -> Option<TensorType> {
+    let ty = &b.g.node(x).ty;
+    let combine = matches!(op, ReduceOp::Amax | ReduceOp::Amin)
+        || matches!(op, ReduceOp::Sum | ReduceOp::Mean)
+            && matches!(ty.dtype, DType::F32 | DType::F64);
+    (combine && ty.shape.len() >= 2 && ty.numel() >= SPLIT_MIN_ELEMS).then(|| ty.clone())
 }
 
 /// Fewest elements for which a full reduction is split: below it one row is quick anyway.
@@ -213,14 +217,11 @@ fn split_full_reduction(
     dim: &Option<Vec<i64>>,
     keepdim: bool,
 ) -> Result<Option<ValueId>> {
-    let ty = b.g.node(x).ty.clone();
+    let Some(ty) = splittable(b, op, x) else {
+        return Ok(None);
+    };
     let n = ty.shape.len();
-    if !partials_combine(op, ty.dtype)
-        || n < 2
-        || reduction_dims(dim, n)?.len() != n
-        || ty.numel() < SPLIT_MIN_ELEMS
-        || ty.numel() / ty.shape[n - 1] < 8
-    {
+    if reduction_dims(dim, n)?.len() != n || ty.numel() / ty.shape[n - 1] < 8 {
         return Ok(None);
     }
     let rows = b.reduce(name, op, x, &Some(vec![-1]), keepdim)?;
@@ -244,11 +245,10 @@ fn tile_column_reduction(
     dim: &Option<Vec<i64>>,
     keepdim: bool,
 ) -> Result<Option<ValueId>> {
-    let ty = b.g.node(x).ty.clone();
-    let n = ty.shape.len();
-    if !partials_combine(op, ty.dtype) || n < 2 || ty.numel() < SPLIT_MIN_ELEMS {
+    let Some(ty) = splittable(b, op, x) else {
         return Ok(None);
-    }
+    };
+    let n = ty.shape.len();
     let dims = reduction_dims(dim, n)?;
     let [d] = dims[..] else {
         return Ok(None);
