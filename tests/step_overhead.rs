@@ -248,14 +248,7 @@ fn losses_of_earlier_training_steps_keep_their_values() {
     let x = random(&mut rng, DType::F32, &[100, 1]);
     let y = random(&mut rng, DType::F32, &[100, 1]);
     let m = Linear::new(1, 1, true).unwrap();
-    let mut step = CompiledStep::new(
-        |xs: &[Tensor]| mse_loss(&m.forward(&xs[0])?, &xs[1], Reduction::Mean),
-        &[x.clone(), y.clone()],
-        m.named_parameters(),
-        SGDConfig::new(0.1),
-        &CompileOptions::default(),
-    )
-    .unwrap();
+    let mut step = mse_sgd_step(&m, &x, &y, 0.1);
     let mut losses = Vec::new();
     for _ in 0..5 {
         // the loss of this step, from the eager forward on the current parameters
@@ -279,6 +272,18 @@ fn losses_of_earlier_training_steps_keep_their_values() {
 
 /// Copies of `ins` with storages of their own (the oracle's inputs, kept apart from what
 /// `call_into` overwrites).
+/// `m`'s MSE loss on (x, y) and its SGD update (learning rate `lr`) as one compiled step.
+fn mse_sgd_step(m: &impl Module, x: &Tensor, y: &Tensor, lr: f64) -> CompiledStep {
+    CompiledStep::new(
+        |xs: &[Tensor]| mse_loss(&m.forward(&xs[0])?, &xs[1], Reduction::Mean),
+        &[x.clone(), y.clone()],
+        m.named_parameters(),
+        SGDConfig::new(lr),
+        &CompileOptions::default(),
+    )
+    .unwrap()
+}
+
 fn copies(ins: &[Tensor]) -> Vec<Tensor> {
     ins.iter()
         .map(|t| Tensor::from_vec(t.to_f64_vec(), t.shape()).unwrap())
@@ -486,14 +491,7 @@ fn compiled_step_updates_the_parameter_tensors_in_place() {
     };
     let (m, eager) = (layer(), layer());
     let addrs: Vec<usize> = m.parameters().iter().map(Tensor::data_ptr).collect();
-    let mut step = CompiledStep::new(
-        |xs: &[Tensor]| mse_loss(&m.forward(&xs[0])?, &xs[1], Reduction::Mean),
-        &[x.clone(), y.clone()],
-        m.named_parameters(),
-        SGDConfig::new(0.05),
-        &CompileOptions::default(),
-    )
-    .unwrap();
+    let mut step = mse_sgd_step(&m, &x, &y, 0.05);
     let mut opt = SGD::new(eager.parameters(), SGDConfig::new(0.05)).unwrap();
     for _ in 0..4 {
         let versions: Vec<u64> = m.parameters().iter().map(Tensor::version).collect();
@@ -522,14 +520,7 @@ fn an_mlp_step_graph_updates_its_weights_in_place() {
         .add(Linear::new(160, 200, true).unwrap())
         .add(smelt::nn::ReLU::new())
         .add(Linear::new(200, 7, true).unwrap());
-    let step = CompiledStep::new(
-        |xs: &[Tensor]| mse_loss(&m.forward(&xs[0])?, &xs[1], Reduction::Mean),
-        &[x.clone(), y.clone()],
-        m.named_parameters(),
-        SGDConfig::new(0.1),
-        &CompileOptions::default(),
-    )
-    .unwrap();
+    let step = mse_sgd_step(&m, &x, &y, 0.1);
     // both weight updates are done by their gradient's GEMM
     assert_eq!(step.compiled().gemm_updates(), 2);
     let params = m.parameters();
