@@ -741,7 +741,15 @@ fn run_rows_checks_its_arguments_and_the_cache_shares_kernels() {
     renamed.name = "other".into();
     let b = compile_kernel(&renamed, &s.buffers, &opts).unwrap();
     assert!(Arc::ptr_eq(&a, &b), "a renamed kernel is the same kernel");
-    let fast = compile_kernel(k, &s.buffers, &CodegenOptions { fast_math: true }).unwrap();
+    let fast = compile_kernel(
+        k,
+        &s.buffers,
+        &CodegenOptions {
+            fast_math: true,
+            ..CodegenOptions::default()
+        },
+    )
+    .unwrap();
     assert!(!Arc::ptr_eq(&a, &fast));
     assert_eq!(a.rows(), 24);
     assert_eq!(a.vector_loops(), 1, "a dense f32 relu is one vector loop");
@@ -775,8 +783,9 @@ fn one_kernel_runs_on_several_threads_at_once() {
         panic!("one kernel expected")
     };
     let ck = compile_kernel(k, &s.buffers, &CodegenOptions::default()).unwrap();
-    // max pass, sum pass and the stores all run on F32X4 lanes
-    assert_eq!(ck.vector_loops(), 3);
+    // max pass, sum pass and the stores all run on F32X4 lanes (the sum pass in strips
+    // where native helpers take the exponentials)
+    assert_eq!(ck.vector_loops() + ck.strip_loops(), 3);
     let xv = values(&mut rng, DType::F32, &[64, 129], false);
     let mut mem: Vec<Vec<u64>> = s
         .buffers
@@ -804,6 +813,101 @@ fn one_kernel_runs_on_several_threads_at_once() {
     let got = view(&mem, &s, &s.outputs[0]);
     let want = smelt::kernel::interp::run(&s, &[xv]).unwrap();
     assert_close(&got, &want[0], Tol { ulps: 8, rel: 1e-6 }, "threads");
+}
+
+/// Every output of `s` run compiled with strips and with inline math: (strips, inline), and
+/// the strip loops of its kernels.
+fn strips_and_inline(s: &Schedule, ins: &[Tensor]) -> (Vec<Tensor>, Vec<Tensor>, usize) {
+    let inline = CodegenOptions {
+        inline_math: true,
+        ..CodegenOptions::default()
+    };
+    let strips = run_compiled(s, ins, 3, &CodegenOptions::default()).unwrap();
+    let plain = run_compiled(s, ins, 3, &inline).unwrap();
+    let mut loops = 0;
+    for step in &s.steps {
+        if let Step::Kernel(k) = step {
+            let ck = compile_kernel(k, &s.buffers, &CodegenOptions::default()).unwrap();
+            loops += ck.strip_loops();
+            let ci = compile_kernel(k, &s.buffers, &inline).unwrap();
+            assert_eq!(ci.strip_loops(), 0, "inline math never strips");
+        }
+    }
+    (strips, plain, loops)
+}
+
+#[test]
+fn transcendentals_run_in_strips_with_the_inline_results() {
+    let strips_here = smelt::codegen_cpu::vmath::available();
+    let mut rng = StdRng::seed_from_u64(12);
+    // strips of 512: one short strip, a strip and a tail, several strips; empty and 1
+    for u in [
+        UnaryOp::Exp,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Silu,
+        UnaryOp::Gelu { tanh: true },
+    ] {
+        for shape in [&[7usize][..], &[3, 1030], &[2, 1, 1543], &[1], &[0]] {
+            let mut g = Graph::new(&format!("strip_{}", u.name()));
+            let x = input(&mut g, "x", DType::F32, shape);
+            let y = g.add_op(Op::Unary(u), &[x]).unwrap();
+            // a cheap op after it: the body reads the helper's row back
+            let z = g.add_op(Op::Binary(BinaryOp::Mul), &[y, x]).unwrap();
+            g.set_outputs(vec![y, z]);
+            let ins = vec![values(&mut rng, DType::F32, shape, true)];
+            let s = check_with(&g, &ins, Tol { ulps: 8, rel: 0.0 });
+            let (a, b, loops) = strips_and_inline(&s, &ins);
+            for (a, b) in a.iter().zip(&b) {
+                let (a, b) = (a.to_f64_vec(), b.to_f64_vec());
+                for ((x, p), q) in ins[0].to_f64_vec().iter().zip(&a).zip(&b) {
+                    assert!(
+                        p.to_bits() == q.to_bits() || p.is_nan() && q.is_nan(),
+                        "{}({x:e}) {shape:?}: strips {p:e}, inline {q:e}",
+                        u.name()
+                    );
+                }
+            }
+            // (a single element has no innermost loop to strip)
+            if strips_here && shape.iter().product::<usize>() > 1 {
+                assert!(loops > 0, "{} {shape:?}: no strip loop\n{s}", u.name());
+            }
+        }
+    }
+    // softmax (row cache + strip), a nested pair in a row sum, a strided input (no strips)
+    let shape = [33usize, 517];
+    let mut g = Graph::new("strip_mix");
+    let x = input(&mut g, "x", DType::F32, &shape);
+    let sm = g.add_op(Op::Softmax { dim: -1 }, &[x]).unwrap();
+    let e = g.add_op(Op::Unary(UnaryOp::Exp), &[x]).unwrap();
+    let t = g.add_op(Op::Unary(UnaryOp::Tanh), &[e]).unwrap();
+    let red = Op::Reduce {
+        op: ReduceOp::Sum,
+        dim: Some(vec![1]),
+        keepdim: false,
+    };
+    let rs = g.add_op(red, &[t]).unwrap();
+    let xt = g.add_op(Op::T, &[x]).unwrap();
+    let st = g.add_op(Op::Unary(UnaryOp::Sigmoid), &[xt]).unwrap();
+    g.set_outputs(vec![sm, rs, st]);
+    let ins = vec![values(&mut rng, DType::F32, &shape, false)];
+    let s = check_with(
+        &g,
+        &ins,
+        Tol {
+            ulps: 16,
+            rel: 1e-6,
+        },
+    );
+    let (a, b, loops) = strips_and_inline(&s, &ins);
+    for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+        // sums merge their vector accumulators once per strip: they may round differently
+        assert_close(a, b, Tol { ulps: 2, rel: 0.0 }, &format!("output {i}"));
+    }
+    assert_eq!(tensor_words(&a[2]), tensor_words(&b[2]));
+    if strips_here {
+        assert!(loops >= 2, "softmax and the row sum strip\n{s}");
+    }
 }
 
 // ---- random graphs (the generator of tests/common) -----------------------------------------

@@ -11,6 +11,7 @@ use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
 use cranelift_frontend::FunctionBuilder;
 use smelt::codegen_cpu::jit::Jit;
 use smelt::codegen_cpu::math;
+use smelt::codegen_cpu::vmath::{self, StripOp};
 
 type Emit = dyn Fn(&mut FunctionBuilder, &[Value]) -> Value;
 
@@ -382,6 +383,32 @@ fn gelu_sweep() {
 #[test]
 fn gelu_tanh_sweep() {
     check_unary_with("gelu_tanh", math::gelu_tanh, &gelu_tanh_ref, 4.0, true);
+}
+
+fn silu(b: &mut FunctionBuilder, x: Value) -> Value {
+    let s = math::sigmoid(b, x);
+    b.ins().fmul(x, s)
+}
+
+/// The strip helpers (native loops, `codegen_cpu::vmath`) return the inline code's bits on the
+/// whole sweep, so the accuracy figures above hold for them too.
+#[test]
+fn strip_helpers_match_the_inline_math() {
+    let emitters: [(StripOp, math::UnaryEmitter); 5] = [
+        (StripOp::Exp, math::exp),
+        (StripOp::Tanh, math::tanh),
+        (StripOp::Sigmoid, math::sigmoid),
+        (StripOp::Silu, silu),
+        (StripOp::GeluTanh, math::gelu_tanh),
+    ];
+    let xs = sweep();
+    println!("strip helpers: {}", vmath::isa());
+    for (op, emit) in emitters {
+        let want = eval1(&format!("{op:?}"), emit, &xs);
+        let mut got = xs.clone();
+        vmath::apply(op, &mut got);
+        assert_same(&format!("strip {op:?}"), &xs, &got, &want);
+    }
 }
 
 #[test]

@@ -84,6 +84,9 @@ pub struct CompileOptions {
     pub backend: KernelBackend,
     /// Allow approximate math in generated code.
     pub fast_math: bool,
+    /// Keep transcendentals in inline Cranelift code instead of native strip helpers (same
+    /// results; for comparisons).
+    pub inline_math: bool,
     /// Threads for one call (`None`: rayon's global pool).
     pub threads: Option<usize>,
 }
@@ -94,6 +97,7 @@ impl Default for CompileOptions {
             fuse: true,
             backend: KernelBackend::Cranelift,
             fast_math: false,
+            inline_math: false,
             threads: None,
         }
     }
@@ -219,6 +223,7 @@ impl CompiledFn {
         s.validate()?;
         let cg = CodegenOptions {
             fast_math: opts.fast_math,
+            inline_math: opts.inline_math,
         };
         let plan = TempPlan::build(&s);
         let owned = owned_buffers(&s, &plan);

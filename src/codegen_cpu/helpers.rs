@@ -21,6 +21,8 @@ pub enum Sig {
     U32F32,
     /// `(i64, i64) -> i64`
     I64I64I64,
+    /// `(i32, pointer, i64)`, no result: a strip helper ([`super::vmath`]).
+    Strip,
 }
 
 extern "C" fn exp(x: f64) -> f64 {
@@ -136,6 +138,11 @@ pub fn symbols() -> Vec<(&'static str, *const u8, Sig)> {
             U32F32,
         ),
         ("smelt_pow_i64", pow_i64 as *const u8, I64I64I64),
+        (
+            super::vmath::SYMBOL,
+            super::vmath::strip_math as *const u8,
+            Strip,
+        ),
     ]
 }
 

@@ -31,7 +31,7 @@ use crate::runtime::{Tensor, apply};
 use crate::{Error, Result, bail};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{F32, F64, I32, I64};
-use cranelift_codegen::ir::{FuncRef, InstBuilder, MemFlagsData, Signature, Type, Value};
+use cranelift_codegen::ir::{FuncRef, Inst, InstBuilder, MemFlagsData, Signature, Type, Value};
 use cranelift_frontend::Variable;
 use cranelift_module::FuncId;
 use std::collections::HashMap;
@@ -42,6 +42,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub struct CodegenOptions {
     /// Vectorised f32 sums accumulate in f32 lanes instead of f64 lanes (faster, less exact).
     pub fast_math: bool,
+    /// Transcendentals stay in the inline Cranelift code, never in strips
+    /// ([`super::strip`]); the results are the same bits, only slower where strips apply.
+    pub inline_math: bool,
 }
 
 type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64) -> i32;
@@ -58,6 +61,7 @@ pub struct CpuKernel {
     vector_loops: usize,
     cached_rows: usize,
     lane_rows: usize,
+    strip_loops: usize,
     /// Owns the machine code `func` points into; never used after construction.
     _jit: Jit,
 }
@@ -91,6 +95,12 @@ impl CpuKernel {
     /// Number of values kept in the row cache (computed once per row, read back after).
     pub fn cached_rows(&self) -> usize {
         self.cached_rows
+    }
+
+    /// Number of innermost loops run in strips whose transcendentals native helpers evaluate
+    /// (see `strip`).
+    pub fn strip_loops(&self) -> usize {
+        self.strip_loops
     }
 
     /// Rows run side by side as vector lanes (0: one row at a time; see `lanes`).
@@ -214,13 +224,14 @@ fn compile_uncached(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Re
         imports.insert(name, jit.import(name, &s)?);
     }
     let sig = jit.signature(&[ptr, I64, I64], &[I32]);
-    let (mut vector_loops, mut cached_rows, mut lane_rows) = (0, 0, 0);
+    let (mut vector_loops, mut cached_rows, mut lane_rows, mut strip_loops) = (0, 0, 0, 0);
     let id = jit.define(&k.name_for_symbol(), &sig, |fb| {
         let mut g = Gen::new(fb, &ck, buffers, &imports, ptr, opts.clone());
         g.emit_function()?;
         vector_loops = g.vector_loops;
         cached_rows = g.row_cache.len();
         lane_rows = g.lane_rows;
+        strip_loops = g.strip_loops;
         Ok(())
     })?;
     jit.finalize()?;
@@ -236,6 +247,7 @@ fn compile_uncached(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Re
         vector_loops,
         cached_rows,
         lane_rows,
+        strip_loops,
         _jit: jit,
     })
 }
@@ -263,6 +275,7 @@ fn helper_signature(jit: &Jit, s: Sig) -> Signature {
         Sig::F32U32 => jit.signature(&[F32], &[I32]),
         Sig::U32F32 => jit.signature(&[I32], &[F32]),
         Sig::I64I64I64 => jit.signature(&[I64, I64], &[I64]),
+        Sig::Strip => jit.signature(&[I32, jit.pointer_type(), I64], &[]),
     }
 }
 
@@ -455,6 +468,10 @@ pub(super) struct Body {
     pub cache_in: Vec<ValId>,
     /// Values written to the row cache once computed.
     pub cache_out: Vec<ValId>,
+    /// Values read from their strip rows ([`super::strip`]).
+    pub strip_in: Vec<ValId>,
+    /// `(operand, value)`: the operand is written to the value's strip row once computed.
+    pub strip_out: Vec<(ValId, ValId)>,
 }
 
 /// The bodies of a row kernel: one per reduction pass, then the inner stores; and the stores
@@ -466,13 +483,15 @@ pub(super) struct RowPlan {
 }
 
 impl Body {
-    fn new(vals: Vec<ValId>, reds: Vec<ValId>, stores: Vec<usize>) -> Self {
+    pub(super) fn new(vals: Vec<ValId>, reds: Vec<ValId>, stores: Vec<usize>) -> Self {
         Body {
             vals,
             reds,
             stores,
             cache_in: vec![],
             cache_out: vec![],
+            strip_in: vec![],
+            strip_out: vec![],
         }
     }
 }
@@ -511,6 +530,10 @@ pub(super) struct Gen<'g, 'a, 'b> {
     pub lane_stride: Option<Vec<i64>>,
     /// Rows per block when rows run as lanes (0: never).
     pub lane_rows: usize,
+    /// Strip row of each value a strip helper computes, addressed by the innermost index.
+    pub strip_rows: HashMap<ValId, Value>,
+    /// Innermost loops emitted in strips so far.
+    pub strip_loops: usize,
 }
 
 impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
@@ -578,11 +601,23 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
             row_cache: HashMap::new(),
             lane_stride: None,
             lane_rows: 0,
+            strip_rows: HashMap::new(),
+            strip_loops: 0,
         }
     }
 
     /// Calls helper `name` with `args`, returning its result.
     pub fn call(&mut self, name: &'static str, args: &[Value]) -> Value {
+        let inst = self.call_inst(name, args);
+        self.fb.b.inst_results(inst)[0]
+    }
+
+    /// Calls helper `name`, which returns nothing, with `args`.
+    pub fn call_void(&mut self, name: &'static str, args: &[Value]) {
+        self.call_inst(name, args);
+    }
+
+    fn call_inst(&mut self, name: &'static str, args: &[Value]) -> Inst {
         let fref = match self.frefs.get(name) {
             Some(&f) => f,
             None => {
@@ -593,8 +628,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
                 f
             }
         };
-        let inst = self.fb.b.ins().call(fref, args);
-        self.fb.b.inst_results(inst)[0]
+        self.fb.b.ins().call(fref, args)
     }
 
     pub fn iconst(&mut self, t: Type, v: i64) -> Value {
@@ -967,21 +1001,32 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
         let z = self.iconst(I64, 0);
         self.fb.b.def_var(i, z);
         if self.vectorizable(body) {
+            let strip = self.strip_values(body);
+            if !strip.is_empty() {
+                self.strip_loops += 1;
+                return self.strip_loop(i, len, body, env, &strip);
+            }
             self.vector_loops += 1;
             self.vector_loop(i, len, body, env)?;
         }
+        self.scalar_loop(i, len, body, env)
+    }
+
+    /// The scalar loop over elements `[i, end)` of the innermost loop.
+    pub(super) fn scalar_loop(
+        &mut self,
+        i: Variable,
+        end: Value,
+        body: &Body,
+        env: &[Option<Value>],
+    ) -> Result<()> {
         let saved = env.to_vec();
-        self.while_lt(i, len, &mut |g, iv| {
+        self.while_lt(i, end, &mut |g, iv| {
             let mut local = saved.clone();
             for &v in &body.vals {
-                let x = if body.cache_in.contains(&v) {
-                    g.cache_load(v, cty(g.k.values[v].dtype), iv, 0)
-                } else {
-                    g.scalar_value(v, &local, iv, 0)?
-                };
-                if body.cache_out.contains(&v) {
-                    g.cache_store(v, x, iv, 0);
-                }
+                let t = cty(g.k.values[v].dtype);
+                let x =
+                    g.body_value(body, v, t, iv, 0, &mut |g| g.scalar_value(v, &local, iv, 0))?;
                 local[v] = Some(x);
             }
             for &r in &body.reds {

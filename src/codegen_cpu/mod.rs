@@ -9,7 +9,9 @@ pub mod lower;
 pub mod math;
 mod rowcache;
 mod scalar;
+mod strip;
 mod vector;
+pub mod vmath;
 
 pub use exec::{CompileOptions, CompiledFn, KernelBackend, PAR_MIN_ELEMS, StepInfo, StepTimes};
 pub use lower::{CodegenOptions, CpuKernel, compile_kernel};

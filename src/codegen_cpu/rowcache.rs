@@ -7,9 +7,10 @@
 //! index) and rows of at most [`ROW_CACHE_BYTES`] in all.
 
 use super::lower::{Body, Gen, cty, flags};
+use crate::Result;
 use crate::ir::op::{BinaryOp, UnaryOp};
 use crate::kernel::{Expr, Level, ValId};
-use cranelift_codegen::ir::{InstBuilder, StackSlotData, StackSlotKind, Value};
+use cranelift_codegen::ir::{InstBuilder, StackSlotData, StackSlotKind, Type, Value};
 
 /// Stack bytes the cached rows of one kernel may take.
 pub const ROW_CACHE_BYTES: usize = 32 << 10;
@@ -123,30 +124,53 @@ impl Gen<'_, '_, '_> {
         chosen
     }
 
-    /// Address of element `i + lane` of the cached row of `v`.
-    fn cache_addr(&mut self, v: ValId, i: Value, lane: i64) -> (Value, i32) {
+    /// Address of element `i + lane` of a row of `v`'s that starts at `base`.
+    fn row_addr(&mut self, base: Value, v: ValId, i: Value, lane: i64) -> (Value, i32) {
         let size = cty(self.k.values[v].dtype).bytes() as i64;
-        let base = self.row_cache[&v];
         let t = self.fb.b.ins().imul_imm_s(i, size);
         let p = self.fb.b.ins().iadd(base, t);
         (p, (lane * size) as i32)
     }
 
-    /// Reads `v` (of type `t`: its scalar type, or F32X4 in a vector loop) at element `i + lane`.
-    pub(super) fn cache_load(
+    /// Value `v` of `body` at element `i + lane`, of type `t` (its scalar type, or F32X4 in a
+    /// vector loop): read from its cached or strip row, or computed by `compute`; then kept in
+    /// the rows `body` writes it to.
+    pub(super) fn body_value(
         &mut self,
+        body: &Body,
         v: ValId,
-        t: cranelift_codegen::ir::Type,
+        t: Type,
         i: Value,
         lane: i64,
-    ) -> Value {
-        let (p, off) = self.cache_addr(v, i, lane);
-        self.fb.b.ins().load(t, flags(), p, off)
-    }
-
-    /// Keeps `x`, the value of `v` at element `i + lane`, in its cached row.
-    pub(super) fn cache_store(&mut self, v: ValId, x: Value, i: Value, lane: i64) {
-        let (p, off) = self.cache_addr(v, i, lane);
-        self.fb.b.ins().store(flags(), x, p, off);
+        compute: &mut dyn FnMut(&mut Self) -> Result<Value>,
+    ) -> Result<Value> {
+        let from = if body.cache_in.contains(&v) {
+            Some(self.row_cache[&v])
+        } else if body.strip_in.contains(&v) {
+            Some(self.strip_rows[&v])
+        } else {
+            None
+        };
+        let x = match from {
+            Some(base) => {
+                let (p, off) = self.row_addr(base, v, i, lane);
+                self.fb.b.ins().load(t, flags(), p, off)
+            }
+            None => compute(self)?,
+        };
+        let mut to: Vec<(ValId, Value)> = body
+            .strip_out
+            .iter()
+            .filter(|&&(o, _)| o == v)
+            .map(|&(_, c)| (c, self.strip_rows[&c]))
+            .collect();
+        if body.cache_out.contains(&v) {
+            to.push((v, self.row_cache[&v]));
+        }
+        for (w, base) in to {
+            let (p, off) = self.row_addr(base, w, i, lane);
+            self.fb.b.ins().store(flags(), x, p, off);
+        }
+        Ok(x)
     }
 }

@@ -187,14 +187,9 @@ impl Gen<'_, '_, '_> {
                 let lane = grp * LANES;
                 let mut venv = invariant.clone();
                 for &v in &body.vals {
-                    let x = if body.cache_in.contains(&v) {
-                        g.cache_load(v, F32X4, iv, lane)
-                    } else {
-                        g.vector_value(v, &venv, iv, lane)?
-                    };
-                    if body.cache_out.contains(&v) {
-                        g.cache_store(v, x, iv, lane);
-                    }
+                    let x = g.body_value(body, v, F32X4, iv, lane, &mut |g| {
+                        g.vector_value(v, &venv, iv, lane)
+                    })?;
                     venv[v] = Some(x);
                 }
                 for (r, comb, accs) in &vaccs {
@@ -288,7 +283,7 @@ impl Gen<'_, '_, '_> {
         let mut outside: Vec<ValId> = body
             .vals
             .iter()
-            .filter(|v| !body.cache_in.contains(v))
+            .filter(|v| !body.cache_in.contains(v) && !body.strip_in.contains(v))
             .flat_map(|&v| self.k.values[v].expr.operands())
             .chain(
                 body.reds

@@ -1,0 +1,165 @@
+//! Strips: an innermost vector loop whose body applies a transcendental that a native helper
+//! evaluates ([`super::vmath`]) runs in strips of [`STRIP`] elements. Per strip, for each such
+//! value in order, one loop computes its operand into a stack row and the helper maps the row
+//! in place; then the body proper runs with those values read back from their rows, which are
+//! still in L1. Cranelift's 128-bit code keeps the cheap work (loads, arithmetic, reductions,
+//! stores), the helper's 256- or 512-bit loops take the costly one.
+//!
+//! The helpers are exact ports of the inline math, so strips change speed, not results (only
+//! sums may round differently: their vector accumulators are merged once per strip).
+
+use super::lower::{Body, Gen};
+use super::vmath::{self, StripOp};
+use crate::Result;
+use crate::ir::dtype::DType;
+use crate::kernel::{Expr, ValId};
+use cranelift_codegen::ir::types::{I32, I64};
+use cranelift_codegen::ir::{InstBuilder, StackSlotData, StackSlotKind, Value};
+use cranelift_frontend::Variable;
+use std::collections::HashSet;
+
+/// Elements per strip: a multiple of the vector loop's step; 2 KiB of stack per value.
+pub const STRIP: i64 = 512;
+
+fn within(vals: &[ValId], set: &[ValId]) -> Vec<ValId> {
+    vals.iter().copied().filter(|v| set.contains(v)).collect()
+}
+
+impl Gen<'_, '_, '_> {
+    /// The strip op of value `v`, if it is an f32 op a helper evaluates.
+    fn strip_op(&self, v: ValId) -> Option<StripOp> {
+        let val = &self.k.values[v];
+        match val.expr {
+            Expr::Unary(u, a)
+                if val.dtype == DType::F32 && self.k.values[a].dtype == DType::F32 =>
+            {
+                StripOp::of(u)
+            }
+            _ => None,
+        }
+    }
+
+    /// The values of a vectorisable `body` that strips hand to a helper, in order; empty when
+    /// the body runs as one plain vector loop.
+    pub(super) fn strip_values(&self, body: &Body) -> Vec<ValId> {
+        if self.opts.inline_math
+            || !vmath::available()
+            || self.pos.is_some()
+            || self.lane_stride.is_some()
+        {
+            return vec![];
+        }
+        body.vals
+            .iter()
+            .copied()
+            .filter(|&v| !body.cache_in.contains(&v) && self.strip_op(v).is_some())
+            .collect()
+    }
+
+    /// The values of `body` that `roots` need, following operands up to `leaves`, in body order.
+    fn closure_in(&self, body: &Body, roots: &[ValId], leaves: &[ValId]) -> Vec<ValId> {
+        let inside: HashSet<ValId> = body.vals.iter().copied().collect();
+        let mut need = vec![false; self.k.values.len()];
+        let mut stack = roots.to_vec();
+        while let Some(v) = stack.pop() {
+            if !inside.contains(&v) || std::mem::replace(&mut need[v], true) {
+                continue;
+            }
+            if !leaves.contains(&v) {
+                stack.extend(self.k.values[v].expr.operands());
+            }
+        }
+        body.vals.iter().copied().filter(|&v| need[v]).collect()
+    }
+
+    /// One body per value of `strip` (its operand into its strip row), then `body` itself
+    /// reading those values from their rows.
+    fn strip_phases(&self, body: &Body, strip: &[ValId]) -> Vec<Body> {
+        let k = self.k;
+        let mut phases = Vec::new();
+        for (n, &c) in strip.iter().enumerate() {
+            let Expr::Unary(_, a) = k.values[c].expr else {
+                unreachable!("strip values are unary ops")
+            };
+            let done = &strip[..n];
+            let vals = self.closure_in(body, &[a], &[done, &body.cache_in].concat());
+            let mut ph = Body::new(vals, vec![], vec![]);
+            ph.cache_in = within(&ph.vals, &body.cache_in);
+            ph.strip_in = within(&ph.vals, done);
+            ph.strip_out = vec![(a, c)];
+            phases.push(ph);
+        }
+        let mut roots: Vec<ValId> = body
+            .reds
+            .iter()
+            .filter_map(|&r| match k.values[r].expr {
+                Expr::Reduce { arg, .. } => Some(arg),
+                _ => None,
+            })
+            .collect();
+        roots.extend(body.stores.iter().map(|&s| k.stores[s].value));
+        roots.extend(&body.cache_out);
+        let vals = self.closure_in(body, &roots, &[strip, &body.cache_in].concat());
+        let mut last = Body::new(vals, body.reds.clone(), body.stores.clone());
+        last.cache_in = within(&last.vals, &body.cache_in);
+        last.cache_out = within(&last.vals, &body.cache_out);
+        last.strip_in = within(&last.vals, strip);
+        phases.push(last);
+        phases
+    }
+
+    /// The innermost loop over `[0, len)` in strips (`i` is the loop's index variable).
+    pub(super) fn strip_loop(
+        &mut self,
+        i: Variable,
+        len: Value,
+        body: &Body,
+        env: &mut [Option<Value>],
+        strip: &[ValId],
+    ) -> Result<()> {
+        let phases = self.strip_phases(body, strip);
+        let slots: Vec<_> = strip
+            .iter()
+            .map(|_| {
+                self.fb.b.create_sized_stack_slot(StackSlotData::new(
+                    StackSlotKind::ExplicitSlot,
+                    (STRIP * 4) as u32,
+                    4,
+                ))
+            })
+            .collect();
+        let ops: Vec<i64> = strip
+            .iter()
+            .map(|&c| self.strip_op(c).map_or(-1, |op| op as i64))
+            .collect();
+        let s = self.fb.b.declare_var(I64);
+        let zero = self.iconst(I64, 0);
+        self.fb.b.def_var(s, zero);
+        self.while_lt(s, len, &mut |g, sv| {
+            let left = g.fb.b.ins().isub(len, sv);
+            let cap = g.iconst(I64, STRIP);
+            let n = g.fb.b.ins().smin(left, cap);
+            let end = g.fb.b.ins().iadd(sv, n);
+            // Rows are addressed by the innermost index: each base sits `sv` elements before
+            // its slot, so element `sv` is the slot's first.
+            let back = g.fb.b.ins().imul_imm_s(sv, 4);
+            let mut starts = Vec::new();
+            for (&c, &slot) in strip.iter().zip(&slots) {
+                let p = g.fb.b.ins().stack_addr(g.ptr, slot, 0);
+                let base = g.fb.b.ins().isub(p, back);
+                g.strip_rows.insert(c, base);
+                starts.push(p);
+            }
+            for (j, ph) in phases.iter().enumerate() {
+                g.fb.b.def_var(i, sv);
+                g.vector_loop(i, end, ph, env)?;
+                g.scalar_loop(i, end, ph, env)?;
+                if let (Some(&p), Some(&op)) = (starts.get(j), ops.get(j)) {
+                    let op = g.iconst(I32, op);
+                    g.call_void(vmath::SYMBOL, &[op, p, n]);
+                }
+            }
+            Ok(n)
+        })
+    }
+}

@@ -1,0 +1,356 @@
+//! Native vector math for strips ([`super::strip`]): f32 transcendentals mapped over a buffer
+//! by loops that rustc vectorises for AVX-512 or AVX2 + FMA, chosen once at run time.
+//!
+//! Cranelift emits 128-bit vectors only, and a transcendental costs some forty instructions per
+//! vector: in a fused kernel it, not memory, sets the pace. These loops run the same math 8 or
+//! 16 lanes at a time. Each function is a port of its emitter in [`super::math`]: the same
+//! constants and the same IEEE operations in the same order (fused multiply-adds where the
+//! emitter fuses), so a strip's results are bit-identical to the inline code's
+//! (`tests/cpu_math.rs` checks every op over its whole range).
+//!
+//! Without AVX2 + FMA (or off x86-64) [`available`] is false and kernels keep the inline code:
+//! a software fma would make these loops slower than Cranelift's.
+
+use super::math::{EXP_G, EXP_TAYLOR7, LN2_HI, LN2_LO, LOG2E, SHIFT32, SHIFT64};
+use crate::ir::op::UnaryOp;
+use std::sync::OnceLock;
+
+/// An op a strip helper evaluates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StripOp {
+    Exp = 0,
+    Tanh = 1,
+    Sigmoid = 2,
+    Silu = 3,
+    GeluTanh = 4,
+}
+
+impl StripOp {
+    pub const ALL: [StripOp; 5] = [
+        StripOp::Exp,
+        StripOp::Tanh,
+        StripOp::Sigmoid,
+        StripOp::Silu,
+        StripOp::GeluTanh,
+    ];
+
+    /// The strip op of an f32 unary op, if it has one.
+    pub fn of(u: UnaryOp) -> Option<Self> {
+        Some(match u {
+            UnaryOp::Exp => StripOp::Exp,
+            UnaryOp::Tanh => StripOp::Tanh,
+            UnaryOp::Sigmoid => StripOp::Sigmoid,
+            UnaryOp::Silu => StripOp::Silu,
+            UnaryOp::Gelu { tanh: true } => StripOp::GeluTanh,
+            _ => return None,
+        })
+    }
+
+    fn from_code(c: i32) -> Option<Self> {
+        Self::ALL.into_iter().find(|&op| op as i32 == c)
+    }
+}
+
+/// The symbol generated kernels call: `smelt_strip_math(op, ptr, n)` maps op in place over
+/// `n` f32s at `ptr`.
+pub const SYMBOL: &str = "smelt_strip_math";
+
+// ---------------------------------------------------------------------------------------------
+// Scalar definitions, written branch-free (selects, not jumps) so that the loops vectorise.
+
+/// Clamp by compare + select; NaN passes through (as `math::clamp`).
+#[inline(always)]
+fn clamp<T: PartialOrd + Copy>(x: T, lo: T, hi: T) -> T {
+    let x = if x > hi { hi } else { x };
+    if x < lo { lo } else { x }
+}
+
+#[inline(always)]
+fn poly32(x: f32, c: &[f64]) -> f32 {
+    let (last, rest) = c.split_last().unwrap_or((&0.0, &[]));
+    let mut acc = *last as f32;
+    for &ci in rest.iter().rev() {
+        acc = acc.mul_add(x, ci as f32);
+    }
+    acc
+}
+
+#[inline(always)]
+fn poly64(x: f64, c: &[f64]) -> f64 {
+    let (last, rest) = c.split_last().unwrap_or((&0.0, &[]));
+    let mut acc = *last;
+    for &ci in rest.iter().rev() {
+        acc = acc.mul_add(x, ci);
+    }
+    acc
+}
+
+#[inline(always)]
+fn pow2i32(n: i32) -> f32 {
+    f32::from_bits((n.wrapping_add(127) as u32) << 23)
+}
+
+#[inline(always)]
+fn scale2n(y: f32, n: i32) -> f32 {
+    let n1 = n >> 1;
+    let n2 = n.wrapping_sub(n1);
+    y * pow2i32(n1) * pow2i32(n2)
+}
+
+/// `x = k·ln2 + r` (`math::reduce_ln2`).
+#[inline(always)]
+fn reduce_ln2(x: f32) -> (f32, i32) {
+    let shift = SHIFT32 as f32;
+    let s = x.mul_add(LOG2E as f32, shift);
+    let kf = s + (-shift);
+    let k = (s.to_bits() as i32).wrapping_sub(shift.to_bits() as i32);
+    let r = kf.mul_add(-LN2_HI as f32, x);
+    (kf.mul_add(-LN2_LO as f32, r), k)
+}
+
+#[inline(always)]
+fn expm1_small(r: f32) -> f32 {
+    let g = poly32(r, &EXP_G);
+    (r * r).mul_add(g, r)
+}
+
+#[inline(always)]
+fn exp_parts(x: f32) -> (f32, i32) {
+    let (r, k) = reduce_ln2(clamp(x, -110.0, 89.0));
+    (expm1_small(r) + 1.0, k)
+}
+
+#[inline(always)]
+fn exp(x: f32) -> f32 {
+    let (p, k) = exp_parts(x);
+    scale2n(p, k)
+}
+
+#[inline(always)]
+fn expm1(x: f32) -> f32 {
+    let (r, k) = reduce_ln2(clamp(x, -30.0, 89.0));
+    let p = expm1_small(r);
+    let s = pow2i32(k.wrapping_sub(1));
+    let y = s.mul_add(p, s + (-0.5));
+    let y = if k == 0 { p } else { y + y };
+    if x == 0.0 { x } else { y }
+}
+
+#[inline(always)]
+fn tanh(x: f32) -> f32 {
+    let a = clamp(x.abs(), 0.0, 10.0);
+    let t = expm1(a + a);
+    (t / (t + 2.0)).copysign(x)
+}
+
+/// `math::sigmoid`: `1/(1+e)` for `x ≥ 0`, `p/(1+e)·2^k` below (`e = p·2^k = e^{-|x|}`).
+#[inline(always)]
+fn sigmoid(x: f32) -> f32 {
+    let (p, k) = exp_parts(-x.abs());
+    let pos = x >= 0.0;
+    let den = 1.0 + scale2n(p, k);
+    let y = (if pos { 1.0 } else { p }) / den;
+    if pos { y } else { scale2n(y, k) }
+}
+
+#[inline(always)]
+fn exp_f64_short(z: f64) -> f64 {
+    let s = z.mul_add(LOG2E, SHIFT64);
+    let kf = s + (-SHIFT64);
+    let k = (s.to_bits() as i64).wrapping_sub(SHIFT64.to_bits() as i64);
+    let r = kf.mul_add(-std::f64::consts::LN_2, z);
+    poly64(r, &EXP_TAYLOR7) * f64::from_bits((k.wrapping_add(1023) as u64) << 52)
+}
+
+/// `math::gelu_tanh`: `x·sigmoid(2u)` in f64, rounded once, subnormal results flushed.
+#[inline(always)]
+fn gelu_tanh(x: f32) -> f32 {
+    let k = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
+    let xd = f64::from(x);
+    let z = xd * (xd * xd).mul_add(k * 0.044715, k);
+    let e = exp_f64_short(clamp(-z.abs(), -708.0, 0.0));
+    let num = if z >= 0.0 { 1.0 } else { e };
+    let y = ((xd * num) / (e + 1.0)) as f32;
+    let y = if y.abs() < f32::MIN_POSITIVE {
+        y * 0.0
+    } else {
+        y
+    };
+    if x == f32::NEG_INFINITY { f32::NAN } else { y }
+}
+
+#[inline(always)]
+fn map_with(op: StripOp, xs: &mut [f32]) {
+    match op {
+        StripOp::Exp => xs.iter_mut().for_each(|x| *x = exp(*x)),
+        StripOp::Tanh => xs.iter_mut().for_each(|x| *x = tanh(*x)),
+        StripOp::Sigmoid => xs.iter_mut().for_each(|x| *x = sigmoid(*x)),
+        StripOp::Silu => xs.iter_mut().for_each(|x| *x *= sigmoid(*x)),
+        StripOp::GeluTanh => xs.iter_mut().for_each(|x| *x = gelu_tanh(*x)),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatch
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Level {
+    Avx512,
+    Avx2,
+    Unavailable,
+}
+
+fn level() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+            if avx2
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512dq")
+            {
+                return Level::Avx512;
+            }
+            if avx2 {
+                return Level::Avx2;
+            }
+        }
+        Level::Unavailable
+    })
+}
+
+/// Whether this CPU runs the strip helpers natively (AVX2 + FMA at least).
+pub fn available() -> bool {
+    level() != Level::Unavailable
+}
+
+/// The widest vector instructions the strip helpers use here, for reports.
+pub fn isa() -> &'static str {
+    match level() {
+        Level::Avx512 => "avx512",
+        Level::Avx2 => "avx2+fma",
+        Level::Unavailable => "none",
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
+fn map_avx512(op: StripOp, xs: &mut [f32]) {
+    map_with(op, xs)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn map_avx2(op: StripOp, xs: &mut [f32]) {
+    map_with(op, xs)
+}
+
+/// Maps `op` over `xs` in place with the widest vectors this CPU has (the portable loop
+/// where [`available`] is false: correct, but slow without a hardware fma).
+pub fn apply(op: StripOp, xs: &mut [f32]) {
+    match level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `level` saw AVX-512 F/VL/DQ, AVX2 and FMA on this CPU.
+        Level::Avx512 => unsafe { map_avx512(op, xs) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `level` saw AVX2 and FMA on this CPU.
+        Level::Avx2 => unsafe { map_avx2(op, xs) },
+        _ => map_with(op, xs),
+    }
+}
+
+/// The helper generated code calls. An unknown op code or a negative count does nothing
+/// (generated code passes neither).
+///
+/// # Safety
+/// `p` points to `n` initialised f32s that nothing else touches during the call.
+pub(super) unsafe extern "C" fn strip_math(op: i32, p: *mut f32, n: i64) {
+    let (Some(op), Ok(n)) = (StripOp::from_code(op), usize::try_from(n)) else {
+        return;
+    };
+    if n == 0 {
+        return;
+    }
+    // SAFETY: the caller's contract.
+    let xs = unsafe { std::slice::from_raw_parts_mut(p, n) };
+    apply(op, xs);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_values() {
+        let mut xs = [0.0f32, 1.0, -1.0, 100.0, -200.0, f32::NAN];
+        apply(StripOp::Exp, &mut xs);
+        assert_eq!(xs[0], 1.0);
+        assert!((xs[1] - std::f32::consts::E).abs() <= f32::EPSILON * 3.0);
+        assert!((xs[2] - 1.0 / std::f32::consts::E).abs() <= f32::EPSILON);
+        assert_eq!(xs[3], f32::INFINITY);
+        assert_eq!(xs[4], 0.0);
+        assert!(xs[5].is_nan());
+        let mut t = [0.5f32, -0.5, 20.0, -0.0];
+        apply(StripOp::Tanh, &mut t);
+        assert!((t[0] - 0.5f32.tanh()).abs() <= f32::EPSILON);
+        assert_eq!(t[1], -t[0]);
+        assert_eq!(t[2], 1.0);
+        assert!(t[3] == 0.0 && t[3].is_sign_negative());
+        let mut s = [0.0f32, 2.0];
+        apply(StripOp::Sigmoid, &mut s);
+        assert_eq!(s[0], 0.5);
+        assert!((s[1] - 0.880_797_1).abs() <= f32::EPSILON);
+    }
+
+    /// Every build of the loops (AVX-512, AVX2, portable) gives the same bits.
+    #[test]
+    fn every_isa_gives_the_same_bits() {
+        let xs: Vec<f32> = (0u32..1 << 16)
+            .map(|i| f32::from_bits(i.wrapping_mul(65_521).rotate_left(7)))
+            .chain([
+                0.0,
+                -0.0,
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                88.72284,
+                -103.97208,
+            ])
+            .collect();
+        for op in StripOp::ALL {
+            let mut want = xs.clone();
+            map_with(op, &mut want);
+            let mut got = xs.clone();
+            apply(op, &mut got);
+            #[cfg(target_arch = "x86_64")]
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                let mut v = xs.clone();
+                // SAFETY: AVX2 and FMA are present.
+                unsafe { map_avx2(op, &mut v) };
+                same(op, &v, &want);
+            }
+            same(op, &got, &want);
+        }
+    }
+
+    fn same(op: StripOp, a: &[f32], b: &[f32]) {
+        for (x, y) in a.iter().zip(b) {
+            assert!(
+                x.to_bits() == y.to_bits() || x.is_nan() && y.is_nan(),
+                "{op:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_calls_do_nothing() {
+        let mut xs = [1.0f32; 4];
+        // SAFETY: four valid f32s.
+        unsafe {
+            strip_math(99, xs.as_mut_ptr(), 4);
+            strip_math(0, xs.as_mut_ptr(), -1);
+        }
+        assert_eq!(xs, [1.0; 4]);
+    }
+}
