@@ -2,12 +2,13 @@
 //!
 //! Run: `cargo bench --bench compiled` (add `-- quick` for fewer repetitions). For each model
 //! it prints the median time eager (reference interpreter), compiled unfused (one kernel per
-//! op) and compiled fused, the fused bandwidth as a share of a same-run copy of the same bytes
-//! (`copy_from_slice` split across the threads), and the fused/unfused and compiled/eager
-//! ratios; then the first-call compile time of each model and of a 100-op graph, and the
-//! per-size cost of running a small kernel on one thread against splitting it across all
-//! (what `PAR_MIN_ELEMS` is chosen from). Kernels run on Cranelift code when the lowering is
-//! built in, else on the kernel-IR interpreter (the header says which).
+//! op), compiled fused with transcendentals in inline Cranelift code (no native strips) and
+//! compiled fused as by default; the fused bandwidth as a share of a same-run copy of the same
+//! bytes (`copy_from_slice` split across the threads); the fused/unfused, fused/inline and
+//! compiled/eager ratios; then the first-call compile time of each model and of a 100-op
+//! graph, and the per-size cost of running a small kernel on one thread against splitting it
+//! across all (what `PAR_MIN_ELEMS` is chosen from). Kernels run on Cranelift code when the
+//! lowering is built in, else on the kernel-IR interpreter (the header says which).
 
 use rayon::prelude::*;
 use smelt::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend};
@@ -209,9 +210,20 @@ fn main() {
         "backend {}, {threads} threads, median of {reps} calls after one warm-up\n",
         be.name()
     );
+    println!("inline: fused, transcendentals in inline Cranelift code (no native strips)");
     println!(
-        "{:<28} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9} {:>10}",
-        "model", "eager", "unfused", "fused", "copy", "%copy", "fus/unf", "comp/eag", "compile"
+        "{:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9} {:>9} {:>10}",
+        "model",
+        "eager",
+        "unfused",
+        "inline",
+        "fused",
+        "copy",
+        "%copy",
+        "fus/unf",
+        "fus/inl",
+        "comp/eag",
+        "compile"
     );
     for g in models() {
         let t0 = Instant::now();
@@ -219,21 +231,26 @@ fn main() {
         let compile = t0.elapsed().as_secs_f64() * 1e3;
         let unfused =
             CompiledFn::compile(&g, &CompileOptions::with_backend(be).fused(false)).unwrap();
+        let inline =
+            CompiledFn::compile(&g, &CompileOptions::with_backend(be).inline_math(true)).unwrap();
         let ins = inputs(&g);
         let e = median_ms(reps, || drop(run_graph(&g, &ins).unwrap()));
         let u = median_ms(reps, || drop(unfused.call(&ins).unwrap()));
+        let i = median_ms(reps, || drop(inline.call(&ins).unwrap()));
         let f = median_ms(reps, || drop(fused.call(&ins).unwrap()));
         let bytes = bytes_min(&g);
         let c = copy_ms(bytes, reps);
         println!(
-            "{:<28} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>7.0}% {:>9.2} {:>9.2} {:>8.2}ms",
+            "{:<28} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>7.0}% {:>9.2} {:>9.2} {:>9.2} {:>8.2}ms",
             g.name,
             e,
             u,
+            i,
             f,
             c,
             100.0 * c / f,
             f / u,
+            f / i,
             f / e,
             compile
         );

@@ -122,6 +122,11 @@ impl CompileOptions {
         self.threads = Some(n);
         self
     }
+    /// The same options with transcendentals kept inline (no strips) or not.
+    pub fn inline_math(mut self, inline: bool) -> CompileOptions {
+        self.inline_math = inline;
+        self
+    }
 }
 
 /// How one step runs.

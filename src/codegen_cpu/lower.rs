@@ -16,6 +16,8 @@
 //! - Row kernels whose rows walk memory with a stride (reductions across rows) run 16
 //!   adjacent rows at once as vector lanes ([`super::lanes`]); row kernels whose passes and
 //!   stores share a costly value keep it in a stack row ([`super::rowcache`]).
+//! - Vector loops with exp, tanh, sigmoid, silu or gelu_tanh run in strips whose
+//!   transcendentals native AVX-512/AVX2 helpers evaluate ([`super::strip`]).
 //! - Integer remainder by zero sets error code 1 (PyTorch's ZeroDivisionError); the division
 //!   itself then runs on a safe divisor, so no instruction traps.
 

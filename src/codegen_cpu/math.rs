@@ -15,7 +15,7 @@
 //! | `sigmoid` | `e = exp(-abs(x))`; `1/(1+e)` or `e/(1+e)` (no overflow for `x < 0`) | 2.05 |
 //! | `erf` | `x·P(x²)` for `abs(x) < 1`, else `1 - erfc(abs(x))` | 2.27 |
 //! | `gelu` | `x·Φ(x)`: Φ from `erf` near 0, from `erfc` (tail form) elsewhere; subnormal results flushed to ±0 | 4.36 (x < -0.7; see below) |
-//! | `gelu_tanh` | `x·sigmoid(2u)` in f64 lanes, `e^{-abs(2u)}` by a degree-7 polynomial, one rounding; subnormal results flushed to ±0 | 0.59 |
+//! | `gelu_tanh` | `x·sigmoid(2u)`: numerator and denominator in f64 lanes (`e^{-abs(2u)}` by a degree-7 polynomial), each rounded to f32, one f32 division; subnormal results flushed to ±0 | 2.08 |
 //! | `sin`, `cos` | f64 inside: Cody-Waite by π/2 (3 parts) up to 2^30, beyond an exact chunked product with 2/π (Payne-Hanek style); Taylor polynomials | 0.50 |
 //! | `pow` | f64 inside: `2^(y·log2(abs(x)))`, then the C99/PyTorch special cases | 0.50 |
 //! | `rsqrt` | `1 / sqrt(x)` (bit-identical to PyTorch's vectorised CPU kernel) | 1.48 |
@@ -34,6 +34,10 @@
 //! huge arguments without it.
 //!
 //! f64 math is not provided here: the backend computes f64 transcendentals by calling libm.
+//!
+//! In f32 vector loops, exp, tanh, sigmoid, silu and gelu_tanh usually run in strips instead
+//! ([`super::strip`]): [`super::vmath`] ports these emitters to native 256/512-bit loops with
+//! the same bits.
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F32X4, F64, I8X16, I32, I32X4, I64, I64X2};
@@ -658,14 +662,14 @@ fn split_const(c: f64) -> (f64, f64) {
     (hi, f64::from((c - hi) as f32))
 }
 
-/// GELU, tanh form `x/2·(1 + tanh(√(2/π)(x + 0.044715x³)))`, evaluated as `x·sigmoid(2u)` in
-/// f64 lanes and rounded once: `2u` is then exact enough that `e^{2u}` in the negative tail
-/// keeps its accuracy, `e^{-|2u|}` cannot underflow before the f32 result does, and the
-/// f32 polynomial's double-f32 bookkeeping is not needed. Like PyTorch, `gelu_tanh(-inf)` is
-/// NaN.
+/// GELU, tanh form `x/2·(1 + tanh(√(2/π)(x + 0.044715x³)))`, evaluated as `x·sigmoid(2u)`:
+/// numerator and denominator in f64 lanes, each rounded to f32, then one f32 division (a
+/// quarter of the cost of two f64 ones; three roundings, ≤ 1.5 ulp). In f64, `2u` is exact
+/// enough that `e^{2u}` in the negative tail keeps its accuracy and `e^{-|2u|}` cannot
+/// underflow before the f32 result does. Like PyTorch, `gelu_tanh(-inf)` is NaN.
 pub fn gelu_tanh(b: B, x: Value) -> Value {
     let k = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
-    let y = via_f64(b, &[x], &mut |b, v| {
+    let nd = via_f64_n(b, &[x], &mut |b, v| {
         let x = v[0];
         let t = ty(b, x);
         let x2 = b.ins().fmul(x, x);
@@ -682,9 +686,9 @@ pub fn gelu_tanh(b: B, x: Value) -> Value {
         let pos = fcmpc(b, FloatCC::GreaterThanOrEqual, z, 0.0);
         let one = fc(b, t, 1.0);
         let num = sel(b, pos, one, e);
-        let xn = b.ins().fmul(x, num);
-        b.ins().fdiv(xn, den)
+        vec![b.ins().fmul(x, num), den]
     });
+    let y = b.ins().fdiv(nd[0], nd[1]);
     let y = flush_subnormal(b, y);
     neg_inf_to_nan(b, x, y)
 }
@@ -737,11 +741,16 @@ const LOW_HALVES: [u8; 16] = [0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22
 /// Applies `f` to the f64 widening of f32 lanes `xs` (scalars or F32X4 as two F64X2 halves),
 /// and rounds its f64 result once back to f32.
 fn via_f64(b: B, xs: &[Value], f: &mut dyn FnMut(B, &[Value]) -> Value) -> Value {
+    via_f64_n(b, xs, &mut |b, v| vec![f(b, v)])[0]
+}
+
+/// As [`via_f64`] for an `f` with several results, each rounded to f32.
+fn via_f64_n(b: B, xs: &[Value], f: &mut dyn FnMut(B, &[Value]) -> Vec<Value>) -> Vec<Value> {
     let t = ty(b, xs[0]);
     if !t.is_vector() {
         let wide: Vec<Value> = xs.iter().map(|&x| b.ins().fpromote(F64, x)).collect();
         let r = f(b, &wide);
-        return b.ins().fdemote(F32, r);
+        return r.into_iter().map(|r| b.ins().fdemote(F32, r)).collect();
     }
     let lo: Vec<Value> = xs.iter().map(|&x| b.ins().fvpromote_low(x)).collect();
     let hi: Vec<Value> = xs
@@ -753,9 +762,14 @@ fn via_f64(b: B, xs: &[Value], f: &mut dyn FnMut(B, &[Value]) -> Value) -> Value
         .collect();
     let rl = f(b, &lo);
     let rh = f(b, &hi);
-    let dl = b.ins().fvdemote(rl);
-    let dh = b.ins().fvdemote(rh);
-    shuffle_bytes(b, dl, dh, LOW_HALVES)
+    rl.into_iter()
+        .zip(rh)
+        .map(|(l, h)| {
+            let dl = b.ins().fvdemote(l);
+            let dh = b.ins().fvdemote(h);
+            shuffle_bytes(b, dl, dh, LOW_HALVES)
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------

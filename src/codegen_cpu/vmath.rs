@@ -162,7 +162,8 @@ fn exp_f64_short(z: f64) -> f64 {
     poly64(r, &EXP_TAYLOR7) * f64::from_bits((k.wrapping_add(1023) as u64) << 52)
 }
 
-/// `math::gelu_tanh`: `x·sigmoid(2u)` in f64, rounded once, subnormal results flushed.
+/// `math::gelu_tanh`: `x·sigmoid(2u)`, numerator and denominator in f64 rounded to f32, one
+/// f32 division; subnormal results flushed.
 #[inline(always)]
 fn gelu_tanh(x: f32) -> f32 {
     let k = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
@@ -170,7 +171,7 @@ fn gelu_tanh(x: f32) -> f32 {
     let z = xd * (xd * xd).mul_add(k * 0.044715, k);
     let e = exp_f64_short(clamp(-z.abs(), -708.0, 0.0));
     let num = if z >= 0.0 { 1.0 } else { e };
-    let y = ((xd * num) / (e + 1.0)) as f32;
+    let y = ((xd * num) as f32) / ((e + 1.0) as f32);
     let y = if y.abs() < f32::MIN_POSITIVE {
         y * 0.0
     } else {
