@@ -908,6 +908,19 @@ fn transcendentals_run_in_strips_with_the_inline_results() {
     if strips_here {
         assert!(loops >= 2, "softmax and the row sum strip\n{s}");
     }
+    // 40 tanh in a row: 16 get strip rows (32 KiB of stack), the rest stay inline
+    let mut g = Graph::new("strip_chain");
+    let x = input(&mut g, "x", DType::F32, &[2, 700]);
+    let mut y = x;
+    for _ in 0..40 {
+        y = g.add_op(Op::Unary(UnaryOp::Tanh), &[y]).unwrap();
+    }
+    g.set_outputs(vec![y]);
+    let ins = vec![values(&mut rng, DType::F32, &[2, 700], false)];
+    let s = check_with(&g, &ins, Tol { ulps: 64, rel: 0.0 });
+    let (a, b, loops) = strips_and_inline(&s, &ins);
+    assert_eq!(tensor_words(&a[0]), tensor_words(&b[0]));
+    assert_eq!(loops, usize::from(strips_here));
 }
 
 // ---- random graphs (the generator of tests/common) -----------------------------------------

@@ -534,8 +534,9 @@ pub(super) struct Gen<'g, 'a, 'b> {
     pub lane_rows: usize,
     /// Strip row of each value a strip helper computes, addressed by the innermost index.
     pub strip_rows: HashMap<ValId, Value>,
-    /// Innermost loops emitted in strips so far.
+    /// Innermost loops emitted in strips so far, and the stack their rows take.
     pub strip_loops: usize,
+    pub strip_rows_bytes: usize,
 }
 
 impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
@@ -605,6 +606,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
             lane_rows: 0,
             strip_rows: HashMap::new(),
             strip_loops: 0,
+            strip_rows_bytes: 0,
         }
     }
 

@@ -21,6 +21,12 @@ use std::collections::HashSet;
 /// Elements per strip: a multiple of the vector loop's step; 2 KiB of stack per value.
 pub const STRIP: i64 = 512;
 
+/// Stack bytes the strip rows of one kernel may take; values past it stay inline (a long
+/// chain of transcendentals must not overflow a worker thread's stack).
+pub const STRIP_STACK_BYTES: usize = 32 << 10;
+
+const ROW_BYTES: usize = STRIP as usize * 4;
+
 fn within(vals: &[ValId], set: &[ValId]) -> Vec<ValId> {
     vals.iter().copied().filter(|v| set.contains(v)).collect()
 }
@@ -49,10 +55,12 @@ impl Gen<'_, '_, '_> {
         {
             return vec![];
         }
+        let room = STRIP_STACK_BYTES.saturating_sub(self.strip_rows_bytes) / ROW_BYTES;
         body.vals
             .iter()
             .copied()
             .filter(|&v| !body.cache_in.contains(&v) && self.strip_op(v).is_some())
+            .take(room)
             .collect()
     }
 
@@ -121,9 +129,10 @@ impl Gen<'_, '_, '_> {
         let slots: Vec<_> = strip
             .iter()
             .map(|_| {
+                self.strip_rows_bytes += ROW_BYTES;
                 self.fb.b.create_sized_stack_slot(StackSlotData::new(
                     StackSlotKind::ExplicitSlot,
-                    (STRIP * 4) as u32,
+                    ROW_BYTES as u32,
                     4,
                 ))
             })
