@@ -21,7 +21,7 @@ pub enum Sig {
     U32F32,
     /// `(i64, i64) -> i64`
     I64I64I64,
-    /// `(i32, pointer, i64)`, no result: a strip helper ([`super::vmath`]).
+    /// `(i32, pointer, pointer, i64)`, no result: a strip helper ([`super::vmath`]).
     Strip,
 }
 

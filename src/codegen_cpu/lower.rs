@@ -277,7 +277,10 @@ fn helper_signature(jit: &Jit, s: Sig) -> Signature {
         Sig::F32U32 => jit.signature(&[F32], &[I32]),
         Sig::U32F32 => jit.signature(&[I32], &[F32]),
         Sig::I64I64I64 => jit.signature(&[I64, I64], &[I64]),
-        Sig::Strip => jit.signature(&[I32, jit.pointer_type(), I64], &[]),
+        Sig::Strip => {
+            let p = jit.pointer_type();
+            jit.signature(&[I32, p, p, I64], &[])
+        }
     }
 }
 

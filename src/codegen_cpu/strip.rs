@@ -80,22 +80,83 @@ impl Gen<'_, '_, '_> {
         body.vals.iter().copied().filter(|&v| need[v]).collect()
     }
 
-    /// One body per value of `strip` (its operand into its strip row), then `body` itself
-    /// reading those values from their rows.
-    fn strip_phases(&self, body: &Body, strip: &[ValId]) -> Vec<Body> {
+    /// The access of `v` if it is a load the innermost loop walks contiguously.
+    fn contiguous_load(&self, body: &Body, v: ValId) -> Option<usize> {
+        let a = *self.access_of_val.get(&v)?;
+        let plain = matches!(self.k.values[v].expr, Expr::Load { .. })
+            && !body.cache_in.contains(&v)
+            && self.cur_stride[a] == 1;
+        plain.then_some(a)
+    }
+
+    /// Where the strip value goes when `body` does nothing but store it, once and
+    /// contiguously, into a buffer the kernel does not read: its store (the helper writes
+    /// there and `body` itself need not run). None otherwise, and with several strip values:
+    /// an output may share memory with an input (`CompiledFn::call_into`), and a later
+    /// helper of the strip would read what an earlier one wrote.
+    fn direct_stores(&self, body: &Body, strip: &[ValId]) -> Option<Vec<usize>> {
         let k = self.k;
-        let mut phases = Vec::new();
+        if strip.len() != 1 || !body.reds.is_empty() || !body.cache_out.is_empty() {
+            return None;
+        }
+        let read = |b| {
+            k.values
+                .iter()
+                .any(|v| matches!(v.expr, Expr::Load { buffer, .. } if buffer == b))
+        };
+        let mut out = Vec::new();
+        for &c in strip {
+            let stores: Vec<usize> = body
+                .stores
+                .iter()
+                .copied()
+                .filter(|&s| k.stores[s].value == c)
+                .collect();
+            let [s] = stores[..] else {
+                return None;
+            };
+            let used = body
+                .vals
+                .iter()
+                .any(|&v| k.values[v].expr.operands().contains(&c));
+            if used || read(k.stores[s].buffer) || self.cur_stride[self.access_of_store[s]] != 1 {
+                return None;
+            }
+            out.push(s);
+        }
+        (out.len() == body.stores.len()).then_some(out)
+    }
+
+    /// How `body` runs in strips: for each value of `strip`, where its helper reads (a loop
+    /// that fills a row with the operand, or the operand's own memory) and writes (its row, or
+    /// straight into its output); then `body` itself reading the rows, unless nothing is left
+    /// for it to do.
+    fn strip_plan(&self, body: &Body, strip: &[ValId]) -> StripPlan {
+        let k = self.k;
+        let direct = self.direct_stores(body, strip);
+        let mut srcs = Vec::new();
         for (n, &c) in strip.iter().enumerate() {
             let Expr::Unary(_, a) = k.values[c].expr else {
                 unreachable!("strip values are unary ops")
             };
+            if let Some(acc) = self.contiguous_load(body, a) {
+                srcs.push(Src::Load(acc));
+                continue;
+            }
             let done = &strip[..n];
             let vals = self.closure_in(body, &[a], &[done, &body.cache_in].concat());
             let mut ph = Body::new(vals, vec![], vec![]);
             ph.cache_in = within(&ph.vals, &body.cache_in);
             ph.strip_in = within(&ph.vals, done);
             ph.strip_out = vec![(a, c)];
-            phases.push(ph);
+            srcs.push(Src::Row(ph));
+        }
+        if let Some(outs) = direct {
+            return StripPlan {
+                srcs,
+                outs: outs.into_iter().map(Some).collect(),
+                last: None,
+            };
         }
         let mut roots: Vec<ValId> = body
             .reds
@@ -112,8 +173,17 @@ impl Gen<'_, '_, '_> {
         last.cache_in = within(&last.vals, &body.cache_in);
         last.cache_out = within(&last.vals, &body.cache_out);
         last.strip_in = within(&last.vals, strip);
-        phases.push(last);
-        phases
+        StripPlan {
+            outs: vec![None; strip.len()],
+            srcs,
+            last: Some(last),
+        }
+    }
+
+    /// Byte pointer of access `a` at element `i` of the innermost loop.
+    fn pointer_at(&mut self, a: usize, i: Value) -> Value {
+        let (p, off) = self.addr(a, i, 0);
+        self.fb.b.ins().iadd_imm_s(p, i64::from(off))
     }
 
     /// The innermost loop over `[0, len)` in strips (`i` is the loop's index variable).
@@ -125,18 +195,20 @@ impl Gen<'_, '_, '_> {
         env: &mut [Option<Value>],
         strip: &[ValId],
     ) -> Result<()> {
-        let phases = self.strip_phases(body, strip);
-        let slots: Vec<_> = strip
-            .iter()
-            .map(|_| {
+        let plan = self.strip_plan(body, strip);
+        // a row for each value whose operand a loop computes or whose result `body` reads
+        let mut slots = Vec::new();
+        for (src, out) in plan.srcs.iter().zip(&plan.outs) {
+            let row = matches!(src, Src::Row(_)) || out.is_none();
+            slots.push(row.then(|| {
                 self.strip_rows_bytes += ROW_BYTES;
                 self.fb.b.create_sized_stack_slot(StackSlotData::new(
                     StackSlotKind::ExplicitSlot,
                     ROW_BYTES as u32,
                     4,
                 ))
-            })
-            .collect();
+            }));
+        }
         let ops: Vec<i64> = strip
             .iter()
             .map(|&c| self.strip_op(c).map_or(-1, |op| op as i64))
@@ -153,22 +225,58 @@ impl Gen<'_, '_, '_> {
             // its slot, so element `sv` is the slot's first.
             let back = g.fb.b.ins().imul_imm_s(sv, 4);
             let mut starts = Vec::new();
-            for (&c, &slot) in strip.iter().zip(&slots) {
-                let p = g.fb.b.ins().stack_addr(g.ptr, slot, 0);
-                let base = g.fb.b.ins().isub(p, back);
-                g.strip_rows.insert(c, base);
-                starts.push(p);
+            for (&c, slot) in strip.iter().zip(&slots) {
+                starts.push(slot.map(|slot| {
+                    let p = g.fb.b.ins().stack_addr(g.ptr, slot, 0);
+                    let base = g.fb.b.ins().isub(p, back);
+                    g.strip_rows.insert(c, base);
+                    p
+                }));
             }
-            for (j, ph) in phases.iter().enumerate() {
+            for j in 0..strip.len() {
+                let src = match &plan.srcs[j] {
+                    Src::Load(a) => g.pointer_at(*a, sv),
+                    Src::Row(ph) => {
+                        g.fb.b.def_var(i, sv);
+                        g.vector_loop(i, end, ph, env)?;
+                        g.scalar_loop(i, end, ph, env)?;
+                        starts[j].unwrap_or_else(|| unreachable!("a filled row has a slot"))
+                    }
+                };
+                let dst = match (plan.outs[j], starts[j]) {
+                    (Some(st), _) => {
+                        let a = g.access_of_store[st];
+                        g.pointer_at(a, sv)
+                    }
+                    (None, Some(row)) => row,
+                    (None, None) => unreachable!("a value read back has a row"),
+                };
+                let op = g.iconst(I32, ops[j]);
+                g.call_void(vmath::SYMBOL, &[op, src, dst, n]);
+            }
+            if let Some(last) = &plan.last {
                 g.fb.b.def_var(i, sv);
-                g.vector_loop(i, end, ph, env)?;
-                g.scalar_loop(i, end, ph, env)?;
-                if let (Some(&p), Some(&op)) = (starts.get(j), ops.get(j)) {
-                    let op = g.iconst(I32, op);
-                    g.call_void(vmath::SYMBOL, &[op, p, n]);
-                }
+                g.vector_loop(i, end, last, env)?;
+                g.scalar_loop(i, end, last, env)?;
             }
             Ok(n)
         })
     }
+}
+
+/// Where a strip helper reads its operand.
+enum Src {
+    /// A row this body fills.
+    Row(Body),
+    /// The operand's own memory (a contiguous f32 load; this access).
+    Load(usize),
+}
+
+/// How one innermost loop runs in strips ([`Gen::strip_plan`]).
+struct StripPlan {
+    srcs: Vec<Src>,
+    /// The store each value's helper writes straight into, if any.
+    outs: Vec<Option<usize>>,
+    /// The body reading the rows back; None when the helpers wrote every store.
+    last: Option<Body>,
 }

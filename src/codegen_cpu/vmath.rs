@@ -51,8 +51,8 @@ impl StripOp {
     }
 }
 
-/// The symbol generated kernels call: `smelt_strip_math(op, ptr, n)` maps op in place over
-/// `n` f32s at `ptr`.
+/// The symbol generated kernels call: `smelt_strip_math(op, src, dst, n)` maps op over `n` f32s
+/// from `src` into `dst`.
 pub const SYMBOL: &str = "smelt_strip_math";
 
 // ---------------------------------------------------------------------------------------------
@@ -262,20 +262,28 @@ pub fn apply(op: StripOp, xs: &mut [f32]) {
     }
 }
 
-/// The helper generated code calls. An unknown op code or a negative count does nothing
-/// (generated code passes neither).
+/// The helper generated code calls: `dst[..n] = op(src[..n])`. The two may be the same
+/// memory or overlap (a kernel writing into its own input): the source is first moved into
+/// the destination (2 KiB at most, in L1 afterwards) and mapped there. An unknown op code or
+/// a negative count does nothing (generated code passes neither).
 ///
 /// # Safety
-/// `p` points to `n` initialised f32s that nothing else touches during the call.
-pub(super) unsafe extern "C" fn strip_math(op: i32, p: *mut f32, n: i64) {
+/// `src` points to `n` initialised f32s, `dst` to `n` writable ones; nothing else touches
+/// them during the call.
+pub(super) unsafe extern "C" fn strip_math(op: i32, src: *const f32, dst: *mut f32, n: i64) {
     let (Some(op), Ok(n)) = (StripOp::from_code(op), usize::try_from(n)) else {
         return;
     };
     if n == 0 {
         return;
     }
-    // SAFETY: the caller's contract.
-    let xs = unsafe { std::slice::from_raw_parts_mut(p, n) };
+    // SAFETY: the caller's contract; `copy` allows overlap.
+    let xs = unsafe {
+        if !std::ptr::eq(src, dst) {
+            std::ptr::copy(src, dst, n);
+        }
+        std::slice::from_raw_parts_mut(dst, n)
+    };
     apply(op, xs);
 }
 
@@ -349,9 +357,16 @@ mod tests {
         let mut xs = [1.0f32; 4];
         // SAFETY: four valid f32s.
         unsafe {
-            strip_math(99, xs.as_mut_ptr(), 4);
-            strip_math(0, xs.as_mut_ptr(), -1);
+            strip_math(99, xs.as_ptr(), xs.as_mut_ptr(), 4);
+            strip_math(0, xs.as_ptr(), xs.as_mut_ptr(), -1);
         }
         assert_eq!(xs, [1.0; 4]);
+        // overlapping source and destination: the same as mapping a copy of the source
+        let mut buf = [0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0];
+        let mut want = [0.0f32, 1.0, 2.0, 3.0];
+        apply(StripOp::Exp, &mut want);
+        // SAFETY: both ranges lie in `buf`.
+        unsafe { strip_math(0, buf.as_ptr(), buf.as_mut_ptr().add(2), 4) };
+        assert_eq!(&buf[2..], &want);
     }
 }
