@@ -916,6 +916,24 @@ fn transcendentals_run_in_strips_with_the_inline_results() {
     if strips_here {
         assert!(loops >= 2, "softmax and the row sum strip\n{s}");
     }
+    // row sums and means of f32 memory: the sum helper reads the input in place
+    for op in [ReduceOp::Sum, ReduceOp::Mean] {
+        for shape in [&[3usize, 1100][..], &[5, 9], &[2, 0]] {
+            let red = Op::Reduce {
+                op,
+                dim: Some(vec![1]),
+                keepdim: false,
+            };
+            let g = reduce_graph(red, DType::F32, shape);
+            let ins = vec![values(&mut rng, DType::F32, shape, true)];
+            let s = check_with(&g, &ins, reduction_tol(DType::F32));
+            let (a, b, loops) = strips_and_inline(&s, &ins);
+            assert_close(&a[0], &b[0], Tol { ulps: 1, rel: 0.0 }, "strip sum");
+            if strips_here && shape[1] > 1 {
+                assert!(loops > 0, "{shape:?}: the sum takes no strip\n{s}");
+            }
+        }
+    }
     // 40 tanh in a row: 16 get strip rows (32 KiB of stack), the rest stay inline
     let mut g = Graph::new("strip_chain");
     let x = input(&mut g, "x", DType::F32, &[2, 700]);

@@ -23,6 +23,8 @@ pub enum Sig {
     I64I64I64,
     /// `(i32, pointer, pointer, i64)`, no result: a strip helper ([`super::vmath`]).
     Strip,
+    /// `(pointer, i64) -> f64`: a strip sum ([`super::vmath`]).
+    StripSum,
 }
 
 extern "C" fn exp(x: f64) -> f64 {
@@ -142,6 +144,11 @@ pub fn symbols() -> Vec<(&'static str, *const u8, Sig)> {
             super::vmath::SYMBOL,
             super::vmath::strip_math as *const u8,
             Strip,
+        ),
+        (
+            super::vmath::SUM_SYMBOL,
+            super::vmath::strip_sum as *const u8,
+            StripSum,
         ),
     ]
 }

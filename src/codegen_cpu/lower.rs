@@ -44,8 +44,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub struct CodegenOptions {
     /// Vectorised f32 sums accumulate in f32 lanes instead of f64 lanes (faster, less exact).
     pub fast_math: bool,
-    /// Transcendentals stay in the inline Cranelift code, never in strips
-    /// ([`super::strip`]); the results are the same bits, only slower where strips apply.
+    /// Transcendentals and sums stay in the inline Cranelift code, never in strips
+    /// ([`super::strip`]): the same bits (sums may round differently), slower where strips
+    /// apply.
     pub inline_math: bool,
 }
 
@@ -281,6 +282,7 @@ fn helper_signature(jit: &Jit, s: Sig) -> Signature {
             let p = jit.pointer_type();
             jit.signature(&[I32, p, p, I64], &[])
         }
+        Sig::StripSum => jit.signature(&[jit.pointer_type(), I64], &[F64]),
     }
 }
 
@@ -1008,10 +1010,9 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
         let z = self.iconst(I64, 0);
         self.fb.b.def_var(i, z);
         if self.vectorizable(body) {
-            let strip = self.strip_values(body);
-            if !strip.is_empty() {
+            if let Some(work) = self.strip_work(body) {
                 self.strip_loops += 1;
-                return self.strip_loop(i, len, body, env, &strip);
+                return self.strip_loop(i, len, body, env, &work);
             }
             self.vector_loops += 1;
             self.vector_loop(i, len, body, env)?;

@@ -12,7 +12,7 @@ use super::lower::{Body, Gen};
 use super::vmath::{self, StripOp};
 use crate::Result;
 use crate::ir::dtype::DType;
-use crate::kernel::{Expr, ValId};
+use crate::kernel::{Combiner, Expr, ValId};
 use cranelift_codegen::ir::types::{I32, I64};
 use cranelift_codegen::ir::{InstBuilder, StackSlotData, StackSlotKind, Value};
 use cranelift_frontend::Variable;
@@ -45,23 +45,43 @@ impl Gen<'_, '_, '_> {
         }
     }
 
-    /// The values of a vectorisable `body` that strips hand to a helper, in order; empty when
-    /// the body runs as one plain vector loop.
-    pub(super) fn strip_values(&self, body: &Body) -> Vec<ValId> {
+    /// What of a vectorisable `body` strips hand to helpers; None when the body runs as one
+    /// plain vector loop.
+    pub(super) fn strip_work(&self, body: &Body) -> Option<Strips> {
         if self.opts.inline_math
             || !vmath::available()
             || self.pos.is_some()
             || self.lane_stride.is_some()
         {
-            return vec![];
+            return None;
         }
         let room = STRIP_STACK_BYTES.saturating_sub(self.strip_rows_bytes) / ROW_BYTES;
-        body.vals
+        let vals: Vec<ValId> = body
+            .vals
             .iter()
             .copied()
             .filter(|&v| !body.cache_in.contains(&v) && self.strip_op(v).is_some())
             .take(room)
-            .collect()
+            .collect();
+        // f32 sums of a strip value or of a contiguous load: the helper reads the row or the
+        // memory with 8 f64 lanes per instruction instead of 2
+        let sums: Vec<ValId> = body
+            .reds
+            .iter()
+            .copied()
+            .filter(|&r| match self.k.values[r].expr {
+                Expr::Reduce {
+                    combiner: Combiner::Sum | Combiner::Mean,
+                    arg,
+                    ..
+                } => {
+                    self.k.values[arg].dtype == DType::F32
+                        && (vals.contains(&arg) || self.contiguous_load(body, arg).is_some())
+                }
+                _ => false,
+            })
+            .collect();
+        (!vals.is_empty() || !sums.is_empty()).then_some(Strips { vals, sums })
     }
 
     /// The values of `body` that `roots` need, following operands up to `leaves`, in body order.
@@ -131,8 +151,9 @@ impl Gen<'_, '_, '_> {
     /// that fills a row with the operand, or the operand's own memory) and writes (its row, or
     /// straight into its output); then `body` itself reading the rows, unless nothing is left
     /// for it to do.
-    fn strip_plan(&self, body: &Body, strip: &[ValId]) -> StripPlan {
+    fn strip_plan(&self, body: &Body, work: &Strips) -> StripPlan {
         let k = self.k;
+        let strip = &work.vals[..];
         let direct = self.direct_stores(body, strip);
         let mut srcs = Vec::new();
         for (n, &c) in strip.iter().enumerate() {
@@ -151,15 +172,40 @@ impl Gen<'_, '_, '_> {
             ph.strip_out = vec![(a, c)];
             srcs.push(Src::Row(ph));
         }
+        let sums = work
+            .sums
+            .iter()
+            .map(|&r| {
+                let Expr::Reduce { arg, .. } = k.values[r].expr else {
+                    unreachable!("strip sums are reductions")
+                };
+                match strip.iter().position(|&c| c == arg) {
+                    Some(j) => (r, SumSrc::Row(j)),
+                    None => {
+                        let a = self.contiguous_load(body, arg);
+                        (
+                            r,
+                            SumSrc::Load(a.unwrap_or_else(|| unreachable!("chosen so"))),
+                        )
+                    }
+                }
+            })
+            .collect();
         if let Some(outs) = direct {
             return StripPlan {
                 srcs,
                 outs: outs.into_iter().map(Some).collect(),
+                sums,
                 last: None,
             };
         }
-        let mut roots: Vec<ValId> = body
+        let reds: Vec<ValId> = body
             .reds
+            .iter()
+            .copied()
+            .filter(|r| !work.sums.contains(r))
+            .collect();
+        let mut roots: Vec<ValId> = reds
             .iter()
             .filter_map(|&r| match k.values[r].expr {
                 Expr::Reduce { arg, .. } => Some(arg),
@@ -169,14 +215,16 @@ impl Gen<'_, '_, '_> {
         roots.extend(body.stores.iter().map(|&s| k.stores[s].value));
         roots.extend(&body.cache_out);
         let vals = self.closure_in(body, &roots, &[strip, &body.cache_in].concat());
-        let mut last = Body::new(vals, body.reds.clone(), body.stores.clone());
+        let idle = reds.is_empty() && body.stores.is_empty() && body.cache_out.is_empty();
+        let mut last = Body::new(vals, reds, body.stores.clone());
         last.cache_in = within(&last.vals, &body.cache_in);
         last.cache_out = within(&last.vals, &body.cache_out);
         last.strip_in = within(&last.vals, strip);
         StripPlan {
             outs: vec![None; strip.len()],
             srcs,
-            last: Some(last),
+            sums,
+            last: (!idle).then_some(last),
         }
     }
 
@@ -193,9 +241,10 @@ impl Gen<'_, '_, '_> {
         len: Value,
         body: &Body,
         env: &mut [Option<Value>],
-        strip: &[ValId],
+        work: &Strips,
     ) -> Result<()> {
-        let plan = self.strip_plan(body, strip);
+        let plan = self.strip_plan(body, work);
+        let strip = &work.vals[..];
         // a row for each value whose operand a loop computes or whose result `body` reads
         let mut slots = Vec::new();
         for (src, out) in plan.srcs.iter().zip(&plan.outs) {
@@ -254,6 +303,19 @@ impl Gen<'_, '_, '_> {
                 let op = g.iconst(I32, ops[j]);
                 g.call_void(vmath::SYMBOL, &[op, src, dst, n]);
             }
+            for &(r, ref from) in &plan.sums {
+                let src = match *from {
+                    SumSrc::Load(a) => g.pointer_at(a, sv),
+                    SumSrc::Row(j) => {
+                        starts[j].unwrap_or_else(|| unreachable!("a summed value has a row"))
+                    }
+                };
+                let part = g.call(vmath::SUM_SYMBOL, &[src, n]);
+                let acc = g.accs[&r].val;
+                let a = g.fb.b.use_var(acc);
+                let a = g.fb.b.ins().fadd(a, part);
+                g.fb.b.def_var(acc, a);
+            }
             if let Some(last) = &plan.last {
                 g.fb.b.def_var(i, sv);
                 g.vector_loop(i, end, last, env)?;
@@ -272,11 +334,28 @@ enum Src {
     Load(usize),
 }
 
+/// What an innermost loop hands to strip helpers.
+pub(super) struct Strips {
+    /// Values a helper maps (exp, tanh, ...), in order.
+    vals: Vec<ValId>,
+    /// f32 sums a helper adds up, of one of `vals` or of a contiguous load.
+    sums: Vec<ValId>,
+}
+
+/// Where a strip sum reads.
+enum SumSrc {
+    /// The row of strip value `j`.
+    Row(usize),
+    /// Memory (a contiguous f32 load; this access).
+    Load(usize),
+}
+
 /// How one innermost loop runs in strips ([`Gen::strip_plan`]).
 struct StripPlan {
     srcs: Vec<Src>,
     /// The store each value's helper writes straight into, if any.
     outs: Vec<Option<usize>>,
+    sums: Vec<(ValId, SumSrc)>,
     /// The body reading the rows back; None when the helpers wrote every store.
     last: Option<Body>,
 }

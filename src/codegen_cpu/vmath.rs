@@ -55,6 +55,9 @@ impl StripOp {
 /// from `src` into `dst`.
 pub const SYMBOL: &str = "smelt_strip_math";
 
+/// The symbol of the strip sum: `smelt_strip_sum(src, n)` is the f64 sum of `n` f32s.
+pub const SUM_SYMBOL: &str = "smelt_strip_sum";
+
 // ---------------------------------------------------------------------------------------------
 // Scalar definitions, written branch-free (selects, not jumps) so that the loops vectorise.
 
@@ -180,6 +183,27 @@ fn gelu_tanh(x: f32) -> f32 {
     if x == f32::NEG_INFINITY { f32::NAN } else { y }
 }
 
+/// Sixteen f64 partial sums (two AVX-512 vectors), added up at the end.
+#[inline(always)]
+fn sum_with(xs: &[f32]) -> f64 {
+    let mut acc = [0.0f64; 16];
+    let chunks = xs.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a += f64::from(x);
+        }
+    }
+    let mut s = 0.0;
+    for a in acc {
+        s += a;
+    }
+    for &x in tail {
+        s += f64::from(x);
+    }
+    s
+}
+
 #[inline(always)]
 fn map_with(op: StripOp, xs: &mut [f32]) {
     match op {
@@ -248,6 +272,32 @@ fn map_avx2(op: StripOp, xs: &mut [f32]) {
     map_with(op, xs)
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
+fn sum_avx512(xs: &[f32]) -> f64 {
+    sum_with(xs)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn sum_avx2(xs: &[f32]) -> f64 {
+    sum_with(xs)
+}
+
+/// The sum of `xs` in f64 (sixteen partial sums; the order differs from a sequential sum
+/// only far below f32 precision).
+pub fn sum(xs: &[f32]) -> f64 {
+    match level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `level` saw AVX-512 F/VL/DQ, AVX2 and FMA on this CPU.
+        Level::Avx512 => unsafe { sum_avx512(xs) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `level` saw AVX2 and FMA on this CPU.
+        Level::Avx2 => unsafe { sum_avx2(xs) },
+        _ => sum_with(xs),
+    }
+}
+
 /// Maps `op` over `xs` in place with the widest vectors this CPU has (the portable loop
 /// where [`available`] is false: correct, but slow without a hardware fma).
 pub fn apply(op: StripOp, xs: &mut [f32]) {
@@ -285,6 +335,18 @@ pub(super) unsafe extern "C" fn strip_math(op: i32, src: *const f32, dst: *mut f
         std::slice::from_raw_parts_mut(dst, n)
     };
     apply(op, xs);
+}
+
+/// The strip sum generated code calls; a negative count sums nothing.
+///
+/// # Safety
+/// `src` points to `n` initialised f32s that nothing writes during the call.
+pub(super) unsafe extern "C" fn strip_sum(src: *const f32, n: i64) -> f64 {
+    match usize::try_from(n) {
+        // SAFETY: the caller's contract.
+        Ok(n) if n > 0 => sum(unsafe { std::slice::from_raw_parts(src, n) }),
+        _ => 0.0,
+    }
 }
 
 #[cfg(test)]
@@ -350,6 +412,19 @@ mod tests {
                 "{op:?}"
             );
         }
+    }
+
+    #[test]
+    fn sums_in_f64() {
+        // 2^24 + 1 + 1 + ...: an f32 accumulator would lose every 1
+        let mut xs = vec![1.0f32; 1000];
+        xs[0] = 16_777_216.0;
+        assert_eq!(sum(&xs), 16_777_216.0 + 999.0);
+        assert_eq!(sum(&xs[..7]), 16_777_216.0 + 6.0);
+        assert!(sum(&[1.0, f32::NAN, 2.0]).is_nan());
+        assert_eq!(sum(&[f32::INFINITY, 1.0]), f64::INFINITY);
+        // SAFETY: no element is read.
+        assert_eq!(unsafe { strip_sum(std::ptr::null(), -3) }, 0.0);
     }
 
     #[test]
