@@ -213,12 +213,19 @@ impl Gen<'_, '_, '_> {
             })
             .collect();
         roots.extend(body.stores.iter().map(|&s| k.stores[s].value));
-        roots.extend(&body.cache_out);
+        // a strip value the row cache keeps has its strip row there: nothing to copy
+        let cache_out: Vec<ValId> = body
+            .cache_out
+            .iter()
+            .copied()
+            .filter(|v| !strip.contains(v))
+            .collect();
+        roots.extend(&cache_out);
         let vals = self.closure_in(body, &roots, &[strip, &body.cache_in].concat());
-        let idle = reds.is_empty() && body.stores.is_empty() && body.cache_out.is_empty();
+        let idle = reds.is_empty() && body.stores.is_empty() && cache_out.is_empty();
         let mut last = Body::new(vals, reds, body.stores.clone());
         last.cache_in = within(&last.vals, &body.cache_in);
-        last.cache_out = within(&last.vals, &body.cache_out);
+        last.cache_out = within(&last.vals, &cache_out);
         last.strip_in = within(&last.vals, strip);
         StripPlan {
             outs: vec![None; strip.len()],
@@ -245,10 +252,12 @@ impl Gen<'_, '_, '_> {
     ) -> Result<()> {
         let plan = self.strip_plan(body, work);
         let strip = &work.vals[..];
-        // a row for each value whose operand a loop computes or whose result `body` reads
+        // a row for each value whose operand a loop computes or whose result `body` reads,
+        // unless the row cache keeps the value (its strip row is then the cached row)
         let mut slots = Vec::new();
-        for (src, out) in plan.srcs.iter().zip(&plan.outs) {
-            let row = matches!(src, Src::Row(_)) || out.is_none();
+        for ((src, out), c) in plan.srcs.iter().zip(&plan.outs).zip(strip) {
+            let row = (matches!(src, Src::Row(_)) || out.is_none())
+                && !(out.is_none() && body.cache_out.contains(c));
             slots.push(row.then(|| {
                 self.strip_rows_bytes += ROW_BYTES;
                 self.fb.b.create_sized_stack_slot(StackSlotData::new(
@@ -275,12 +284,18 @@ impl Gen<'_, '_, '_> {
             let back = g.fb.b.ins().imul_imm_s(sv, 4);
             let mut starts = Vec::new();
             for (&c, slot) in strip.iter().zip(&slots) {
-                starts.push(slot.map(|slot| {
-                    let p = g.fb.b.ins().stack_addr(g.ptr, slot, 0);
-                    let base = g.fb.b.ins().isub(p, back);
-                    g.strip_rows.insert(c, base);
-                    p
-                }));
+                starts.push(match slot {
+                    Some(slot) => {
+                        let p = g.fb.b.ins().stack_addr(g.ptr, *slot, 0);
+                        let base = g.fb.b.ins().isub(p, back);
+                        g.strip_rows.insert(c, base);
+                        Some(p)
+                    }
+                    None => g.row_cache.get(&c).copied().map(|base| {
+                        g.strip_rows.insert(c, base);
+                        g.fb.b.ins().iadd(base, back)
+                    }),
+                });
             }
             for j in 0..strip.len() {
                 let src = match &plan.srcs[j] {
