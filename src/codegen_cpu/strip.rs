@@ -258,12 +258,13 @@ impl Gen<'_, '_, '_> {
     ) -> Result<()> {
         let plan = self.strip_plan(body, work);
         let strip = &work.vals[..];
-        // a row for each value whose operand a loop computes or whose result `body` reads,
-        // unless the row cache keeps the value (its strip row is then the cached row)
+        // A stack row for each value whose result `body` reads back, unless the row cache
+        // keeps the value (its strip row is then the cached row). A value the helper stores
+        // itself has its strip row in its output: a loop computing its operand writes there,
+        // and the helper maps it in place.
         let mut slots = Vec::new();
-        for ((src, out), c) in plan.srcs.iter().zip(&plan.outs).zip(strip) {
-            let row = (matches!(src, Src::Row(_)) || out.is_none())
-                && !(out.is_none() && body.cache_out.contains(c));
+        for (out, c) in plan.outs.iter().zip(strip) {
+            let row = out.is_none() && !body.cache_out.contains(c);
             slots.push(row.then(|| {
                 self.strip_rows_bytes += ROW_BYTES;
                 self.fb.b.create_sized_stack_slot(StackSlotData::new(
@@ -294,19 +295,24 @@ impl Gen<'_, '_, '_> {
             // its slot, so element `sv` is the slot's first.
             let back = g.fb.b.ins().imul_imm_s(sv, 4);
             let mut starts = Vec::new();
-            for (&c, slot) in strip.iter().zip(&slots) {
-                starts.push(match slot {
-                    Some(slot) => {
+            for ((&c, slot), out) in strip.iter().zip(&slots).zip(&plan.outs) {
+                let (base, start) = match (slot, out) {
+                    (Some(slot), _) => {
                         let p = g.fb.b.ins().stack_addr(g.ptr, *slot, 0);
-                        let base = g.fb.b.ins().isub(p, back);
-                        g.strip_rows.insert(c, base);
-                        Some(p)
+                        (g.fb.b.ins().isub(p, back), p)
                     }
-                    None => g.row_cache.get(&c).copied().map(|base| {
-                        g.strip_rows.insert(c, base);
-                        g.fb.b.ins().iadd(base, back)
-                    }),
-                });
+                    (None, Some(st)) => {
+                        let a = g.access_of_store[*st];
+                        let zero = g.iconst(I64, 0);
+                        (g.pointer_at(a, zero), g.pointer_at(a, sv))
+                    }
+                    (None, None) => {
+                        let base = g.row_cache[&c];
+                        (base, g.fb.b.ins().iadd(base, back))
+                    }
+                };
+                g.strip_rows.insert(c, base);
+                starts.push(start);
             }
             for j in 0..strip.len() {
                 let src = match &plan.srcs[j] {
@@ -315,26 +321,16 @@ impl Gen<'_, '_, '_> {
                         g.fb.b.def_var(i, sv);
                         g.vector_loop(i, end, ph, env)?;
                         g.scalar_loop(i, end, ph, env)?;
-                        starts[j].unwrap_or_else(|| unreachable!("a filled row has a slot"))
+                        starts[j]
                     }
-                };
-                let dst = match (plan.outs[j], starts[j]) {
-                    (Some(st), _) => {
-                        let a = g.access_of_store[st];
-                        g.pointer_at(a, sv)
-                    }
-                    (None, Some(row)) => row,
-                    (None, None) => unreachable!("a value read back has a row"),
                 };
                 let op = g.iconst(I32, ops[j]);
-                g.call_void(vmath::SYMBOL, &[op, src, dst, n]);
+                g.call_void(vmath::SYMBOL, &[op, src, starts[j], n]);
             }
             for &(r, ref from) in &plan.sums {
                 let src = match *from {
                     SumSrc::Load(a) => g.pointer_at(a, sv),
-                    SumSrc::Row(j) => {
-                        starts[j].unwrap_or_else(|| unreachable!("a summed value has a row"))
-                    }
+                    SumSrc::Row(j) => starts[j],
                 };
                 let part = g.call(vmath::SUM_SYMBOL, &[src, n]);
                 let acc = g.accs[&r].val;
