@@ -1,12 +1,18 @@
 //! Strips: an innermost vector loop whose body applies a transcendental that a native helper
-//! evaluates ([`super::vmath`]) runs in strips of [`STRIP`] elements. Per strip, for each such
-//! value in order, one loop computes its operand into a stack row and the helper maps the row
-//! in place; then the body proper runs with those values read back from their rows, which are
-//! still in L1. Cranelift's 128-bit code keeps the cheap work (loads, arithmetic, reductions,
-//! stores), the helper's 256- or 512-bit loops take the costly one.
+//! evaluates ([`super::vmath`]: exp, tanh, sigmoid, silu, gelu_tanh), or sums f32 values, runs
+//! in strips of [`STRIP`] elements ([`SHORT_STRIP`] where a helper reads memory). Per strip:
+//! - for each such value in order, a loop computes its operand into the value's strip row and
+//!   the helper maps the row in place; an operand that is a contiguous load is read from its
+//!   buffer instead, and a value the body only stores has its strip row in its output;
+//! - sums of a strip value or of a contiguous load are added up by the sum helper;
+//! - the body proper runs with the strip values read back from their rows, still in L1 (not
+//!   at all when nothing is left for it).
 //!
-//! The helpers are exact ports of the inline math, so strips change speed, not results (only
-//! sums may round differently: their vector accumulators are merged once per strip).
+//! Strip rows are stack rows, or the value's row in the row cache ([`super::rowcache`]) where
+//! that keeps it. Cranelift's 128-bit code keeps the cheap work (loads, arithmetic, other
+//! reductions, stores); the helpers' 256- or 512-bit loops take the costly one. The helpers
+//! are exact ports of the inline math, so strips change speed, not results, except that
+//! sums add in another order (in f64, far below f32 precision).
 
 use super::lower::{Body, Gen};
 use super::vmath::{self, StripOp};
