@@ -121,42 +121,30 @@ impl Gen<'_, '_, '_> {
         plain.then_some(a)
     }
 
-    /// Where the strip value goes when `body` does nothing but store it, once and
-    /// contiguously, into a buffer the kernel does not read: its store (the helper writes
-    /// there and `body` itself need not run). None otherwise, and with several strip values:
-    /// an output may share memory with an input (`CompiledFn::call_into`), and a later
-    /// helper of the strip would read what an earlier one wrote.
-    fn direct_stores(&self, body: &Body, strip: &[ValId]) -> Option<Vec<usize>> {
+    /// The store the helper may write itself: when `body` has one strip value and does
+    /// nothing but store it, once and contiguously, into a buffer the kernel does not read
+    /// (`body` itself then need not run). Not with several strip values: an output may share
+    /// memory with an input (`CompiledFn::call_into`), and a later helper of the strip would
+    /// read what an earlier one wrote.
+    fn direct_store(&self, body: &Body, strip: &[ValId]) -> Option<usize> {
         let k = self.k;
-        if strip.len() != 1 || !body.reds.is_empty() || !body.cache_out.is_empty() {
+        let ([c], [s]) = (strip, &body.stores[..]) else {
             return None;
-        }
-        let read = |b| {
-            k.values
-                .iter()
-                .any(|v| matches!(v.expr, Expr::Load { buffer, .. } if buffer == b))
         };
-        let mut out = Vec::new();
-        for &c in strip {
-            let stores: Vec<usize> = body
-                .stores
-                .iter()
-                .copied()
-                .filter(|&s| k.stores[s].value == c)
-                .collect();
-            let [s] = stores[..] else {
-                return None;
-            };
-            let used = body
-                .vals
-                .iter()
-                .any(|&v| k.values[v].expr.operands().contains(&c));
-            if used || read(k.stores[s].buffer) || self.cur_stride[self.access_of_store[s]] != 1 {
-                return None;
-            }
-            out.push(s);
-        }
-        (out.len() == body.stores.len()).then_some(out)
+        let st = &k.stores[*s];
+        let used = body
+            .vals
+            .iter()
+            .any(|&v| k.values[v].expr.operands().contains(c));
+        let read = k
+            .values
+            .iter()
+            .any(|v| matches!(v.expr, Expr::Load { buffer, .. } if buffer == st.buffer));
+        let plain = st.value == *c
+            && body.reds.is_empty()
+            && body.cache_out.is_empty()
+            && self.cur_stride[self.access_of_store[*s]] == 1;
+        (plain && !used && !read).then_some(*s)
     }
 
     /// How `body` runs in strips: for each value of `strip`, where its helper reads (a loop
@@ -166,7 +154,7 @@ impl Gen<'_, '_, '_> {
     fn strip_plan(&self, body: &Body, work: &Strips) -> StripPlan {
         let k = self.k;
         let strip = &work.vals[..];
-        let direct = self.direct_stores(body, strip);
+        let direct = self.direct_store(body, strip);
         let mut srcs = Vec::new();
         for (n, &c) in strip.iter().enumerate() {
             let Expr::Unary(_, a) = k.values[c].expr else {
@@ -203,10 +191,10 @@ impl Gen<'_, '_, '_> {
                 }
             })
             .collect();
-        if let Some(outs) = direct {
+        if direct.is_some() {
             return StripPlan {
                 srcs,
-                outs: outs.into_iter().map(Some).collect(),
+                outs: vec![direct],
                 sums,
                 last: None,
             };
