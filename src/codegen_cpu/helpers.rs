@@ -1,7 +1,8 @@
 //! Host functions that generated kernels call: f64 math (the formulas of the eager kernels,
 //! so f64 results are bit-identical to eager ones), f16 conversions, integer power.
 //!
-//! Every function is `extern "C"`, pure and re-entrant; [`SYMBOLS`] lists them with their
+//! Every function is `extern "C"` and re-entrant, and touches only its arguments (the strip
+//! helpers of [`super::vmath`] the buffers they are given); [`symbols`] lists them with their
 //! Cranelift signatures so a JIT can import them by name.
 
 use half::{bf16, f16};

@@ -32,10 +32,21 @@ impl Gen<'_, '_, '_> {
     /// The inner-level values `roots` need, in order; values in `leaves` are included but
     /// their operands are not followed (they come from the row cache).
     pub(super) fn closure_upto(&self, roots: &[ValId], leaves: &[ValId]) -> Vec<ValId> {
+        self.closure_within(roots, leaves, &|v| self.levels[v] != Level::Outer)
+    }
+
+    /// The values `roots` need among those `inside` accepts, in order, following operands
+    /// except those of `leaves`.
+    pub(super) fn closure_within(
+        &self,
+        roots: &[ValId],
+        leaves: &[ValId],
+        inside: &dyn Fn(ValId) -> bool,
+    ) -> Vec<ValId> {
         let mut need = vec![false; self.k.values.len()];
         let mut stack: Vec<ValId> = roots.to_vec();
         while let Some(v) = stack.pop() {
-            if need[v] || self.levels[v] == Level::Outer {
+            if need[v] || !inside(v) {
                 continue;
             }
             need[v] = true;
@@ -44,6 +55,16 @@ impl Gen<'_, '_, '_> {
             }
         }
         (0..need.len()).filter(|&v| need[v]).collect()
+    }
+
+    /// A stack row of `bytes` (16-byte aligned); its address.
+    pub(super) fn stack_row(&mut self, bytes: usize) -> Value {
+        let slot = self.fb.b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            bytes as u32,
+            4,
+        ));
+        self.fb.b.ins().stack_addr(self.ptr, slot, 0)
     }
 
     /// The bodies of a row kernel (the passes in order, then the stores), given the values
@@ -112,12 +133,7 @@ impl Gen<'_, '_, '_> {
                 continue;
             }
             budget -= bytes;
-            let slot = self.fb.b.create_sized_stack_slot(StackSlotData::new(
-                StackSlotKind::ExplicitSlot,
-                bytes as u32,
-                4,
-            ));
-            let p = self.fb.b.ins().stack_addr(self.ptr, slot, 0);
+            let p = self.stack_row(bytes);
             self.row_cache.insert(v, p);
             chosen.push(v);
         }

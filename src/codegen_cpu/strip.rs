@@ -20,7 +20,7 @@ use crate::Result;
 use crate::ir::dtype::DType;
 use crate::kernel::{Combiner, Expr, ValId};
 use cranelift_codegen::ir::types::{I32, I64};
-use cranelift_codegen::ir::{InstBuilder, StackSlotData, StackSlotKind, Value};
+use cranelift_codegen::ir::{InstBuilder, Value};
 use cranelift_frontend::Variable;
 use std::collections::HashSet;
 
@@ -96,20 +96,10 @@ impl Gen<'_, '_, '_> {
         (!vals.is_empty() || !sums.is_empty()).then_some(Strips { vals, sums })
     }
 
-    /// The values of `body` that `roots` need, following operands up to `leaves`, in body order.
+    /// The values of `body` that `roots` need, following operands up to `leaves`, in order.
     fn closure_in(&self, body: &Body, roots: &[ValId], leaves: &[ValId]) -> Vec<ValId> {
         let inside: HashSet<ValId> = body.vals.iter().copied().collect();
-        let mut need = vec![false; self.k.values.len()];
-        let mut stack = roots.to_vec();
-        while let Some(v) = stack.pop() {
-            if !inside.contains(&v) || std::mem::replace(&mut need[v], true) {
-                continue;
-            }
-            if !leaves.contains(&v) {
-                stack.extend(self.k.values[v].expr.operands());
-            }
-        }
-        body.vals.iter().copied().filter(|&v| need[v]).collect()
+        self.closure_within(roots, leaves, &|v| inside.contains(&v))
     }
 
     /// The access of `v` if it is a load the innermost loop walks contiguously.
@@ -255,18 +245,24 @@ impl Gen<'_, '_, '_> {
         // A stack row for each value whose result `body` reads back, unless the row cache
         // keeps the value (its strip row is then the cached row). A value the helper stores
         // itself has its strip row in its output: a loop computing its operand writes there,
-        // and the helper maps it in place.
-        let mut slots = Vec::new();
-        for (out, c) in plan.outs.iter().zip(strip) {
-            let row = out.is_none() && !body.cache_out.contains(c);
-            slots.push(row.then(|| {
-                self.strip_rows_bytes += ROW_BYTES;
-                self.fb.b.create_sized_stack_slot(StackSlotData::new(
-                    StackSlotKind::ExplicitSlot,
-                    ROW_BYTES as u32,
-                    4,
-                ))
-            }));
+        // and the helper maps it in place. Rows are addressed by the innermost index: a
+        // stack row holds one strip, so its base moves with the strip; the others are whole.
+        let mut rows = Vec::new();
+        for (out, &c) in plan.outs.iter().zip(strip) {
+            rows.push(match out {
+                Some(st) => {
+                    let a = self.access_of_store[*st];
+                    let zero = self.iconst(I64, 0);
+                    Row::Whole(self.pointer_at(a, zero))
+                }
+                None => match self.row_cache.get(&c) {
+                    Some(&base) => Row::Whole(base),
+                    None => {
+                        self.strip_rows_bytes += ROW_BYTES;
+                        Row::Strip(self.stack_row(ROW_BYTES))
+                    }
+                },
+            });
         }
         let ops: Vec<i64> = strip
             .iter()
@@ -285,25 +281,13 @@ impl Gen<'_, '_, '_> {
             let cap = g.iconst(I64, step);
             let n = g.fb.b.ins().smin(left, cap);
             let end = g.fb.b.ins().iadd(sv, n);
-            // Rows are addressed by the innermost index: each base sits `sv` elements before
-            // its slot, so element `sv` is the slot's first.
+            // element `sv` is a stack row's first: its base sits `sv` elements before it
             let back = g.fb.b.ins().imul_imm_s(sv, 4);
             let mut starts = Vec::new();
-            for ((&c, slot), out) in strip.iter().zip(&slots).zip(&plan.outs) {
-                let (base, start) = match (slot, out) {
-                    (Some(slot), _) => {
-                        let p = g.fb.b.ins().stack_addr(g.ptr, *slot, 0);
-                        (g.fb.b.ins().isub(p, back), p)
-                    }
-                    (None, Some(st)) => {
-                        let a = g.access_of_store[*st];
-                        let zero = g.iconst(I64, 0);
-                        (g.pointer_at(a, zero), g.pointer_at(a, sv))
-                    }
-                    (None, None) => {
-                        let base = g.row_cache[&c];
-                        (base, g.fb.b.ins().iadd(base, back))
-                    }
+            for (&c, row) in strip.iter().zip(&rows) {
+                let (base, start) = match *row {
+                    Row::Strip(p) => (g.fb.b.ins().isub(p, back), p),
+                    Row::Whole(base) => (base, g.fb.b.ins().iadd(base, back)),
                 };
                 g.strip_rows.insert(c, base);
                 starts.push(start);
@@ -356,6 +340,15 @@ pub(super) struct Strips {
     vals: Vec<ValId>,
     /// f32 sums a helper adds up, of one of `vals` or of a contiguous load.
     sums: Vec<ValId>,
+}
+
+/// Where a strip value's row lies (its address; see [`Gen::strip_loop`]).
+#[derive(Clone, Copy)]
+enum Row {
+    /// A stack row of one strip.
+    Strip(Value),
+    /// The base of a whole row: the output, or the row cache.
+    Whole(Value),
 }
 
 /// Where a strip sum reads.

@@ -260,56 +260,57 @@ pub fn isa() -> &'static str {
     }
 }
 
+/// One call's work: a map in place, or a sum into the f64.
+enum Job<'a> {
+    Map(StripOp, &'a mut [f32]),
+    Sum(&'a [f32], &'a mut f64),
+}
+
+#[inline(always)]
+fn run_with(job: Job) {
+    match job {
+        Job::Map(op, xs) => map_with(op, xs),
+        Job::Sum(xs, out) => *out = sum_with(xs),
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
-fn map_avx512(op: StripOp, xs: &mut [f32]) {
-    map_with(op, xs)
+fn run_avx512(job: Job) {
+    run_with(job)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn map_avx2(op: StripOp, xs: &mut [f32]) {
-    map_with(op, xs)
+fn run_avx2(job: Job) {
+    run_with(job)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
-fn sum_avx512(xs: &[f32]) -> f64 {
-    sum_with(xs)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn sum_avx2(xs: &[f32]) -> f64 {
-    sum_with(xs)
+/// Runs `job` with the widest vectors this CPU has (the portable loop where [`available`] is
+/// false: correct, but slow without a hardware fma).
+fn run(job: Job) {
+    match level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `level` saw AVX-512 F/VL/DQ, AVX2 and FMA on this CPU.
+        Level::Avx512 => unsafe { run_avx512(job) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `level` saw AVX2 and FMA on this CPU.
+        Level::Avx2 => unsafe { run_avx2(job) },
+        _ => run_with(job),
+    }
 }
 
 /// The sum of `xs` in f64 (sixteen partial sums; the order differs from a sequential sum
 /// only far below f32 precision).
 pub fn sum(xs: &[f32]) -> f64 {
-    match level() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `level` saw AVX-512 F/VL/DQ, AVX2 and FMA on this CPU.
-        Level::Avx512 => unsafe { sum_avx512(xs) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `level` saw AVX2 and FMA on this CPU.
-        Level::Avx2 => unsafe { sum_avx2(xs) },
-        _ => sum_with(xs),
-    }
+    let mut s = 0.0;
+    run(Job::Sum(xs, &mut s));
+    s
 }
 
-/// Maps `op` over `xs` in place with the widest vectors this CPU has (the portable loop
-/// where [`available`] is false: correct, but slow without a hardware fma).
+/// Maps `op` over `xs` in place.
 pub fn apply(op: StripOp, xs: &mut [f32]) {
-    match level() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `level` saw AVX-512 F/VL/DQ, AVX2 and FMA on this CPU.
-        Level::Avx512 => unsafe { map_avx512(op, xs) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `level` saw AVX2 and FMA on this CPU.
-        Level::Avx2 => unsafe { map_avx2(op, xs) },
-        _ => map_with(op, xs),
-    }
+    run(Job::Map(op, xs))
 }
 
 /// The helper generated code calls: `dst[..n] = op(src[..n])`. The two may be the same
@@ -398,10 +399,20 @@ mod tests {
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
                 let mut v = xs.clone();
                 // SAFETY: AVX2 and FMA are present.
-                unsafe { map_avx2(op, &mut v) };
+                unsafe { run_avx2(Job::Map(op, &mut v)) };
                 same(op, &v, &want);
             }
             same(op, &got, &want);
+        }
+        let finite: Vec<f32> = xs.iter().copied().filter(|x| x.is_finite()).collect();
+        let want = sum_with(&finite);
+        assert_eq!(sum(&finite).to_bits(), want.to_bits());
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            let mut s = 0.0;
+            // SAFETY: AVX2 and FMA are present.
+            unsafe { run_avx2(Job::Sum(&finite, &mut s)) };
+            assert_eq!(s.to_bits(), want.to_bits());
         }
     }
 
