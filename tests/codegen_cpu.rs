@@ -1169,3 +1169,75 @@ fn reductions_across_rows_run_rows_as_lanes() {
     let by_lanes = run_compiled(&s, &[x], 1, &CodegenOptions::default()).unwrap();
     assert_close(&by_lanes[0], &by_rows[0], EXACT, "lanes against rows");
 }
+
+/// The column sums of every kernel of `s` (reductions summed by the native helper).
+fn column_sums(s: &Schedule) -> usize {
+    s.steps
+        .iter()
+        .map(|st| match st {
+            Step::Kernel(k) => compile_kernel(k, &s.buffers, &CodegenOptions::default())
+                .unwrap()
+                .column_sums(),
+            Step::Extern(_) => 0,
+        })
+        .sum()
+}
+
+/// Sums and means over rows as lanes take the column-sum helper: blocks cut short by a
+/// chunk or by the dim, tiles of rows, no rows at all, two sums in one kernel, an epilogue
+/// after the sum. The results match the interpreter bit for bit, and a plain sum is the
+/// f64 sum of each column in row order rounded once.
+#[test]
+fn column_sums_add_each_column_in_row_order() {
+    let mut rng = StdRng::seed_from_u64(31);
+    let red = |op, keepdim| Op::Reduce {
+        op,
+        dim: Some(vec![0]),
+        keepdim,
+    };
+    for shape in [
+        [5usize, 37],
+        [3, 4097],
+        [300, 48],
+        [1000, 531],
+        [0, 40],
+        [2000, 33],
+    ] {
+        let x = values(&mut rng, DType::F32, &shape, false);
+        for op in [red(ReduceOp::Sum, false), red(ReduceOp::Mean, true)] {
+            let g = reduce_graph(op.clone(), DType::F32, &shape);
+            let s = check_with(&g, std::slice::from_ref(&x), EXACT);
+            assert!(column_sums(&s) > 0, "{} of {shape:?}:\n{s}", op.name());
+        }
+        if shape[0] >= 1024 {
+            continue; // tiled: partial sums of row tiles, then their sum
+        }
+        let g = reduce_graph(red(ReduceOp::Sum, false), DType::F32, &shape);
+        let got = run_compiled(
+            &compile(&g).unwrap(),
+            std::slice::from_ref(&x),
+            3,
+            &Default::default(),
+        )
+        .unwrap();
+        let xs = x.to_f64_vec();
+        let want: Vec<f64> = (0..shape[1])
+            .map(|c| (0..shape[0]).fold(0.0, |s, r| s + xs[r * shape[1] + c]) as f32 as f64)
+            .collect();
+        assert_eq!(got[0].to_f64_vec(), want, "sum over dim 0 of {shape:?}");
+    }
+    // two sums in one kernel and an epilogue: mean(a, 0) * 2 + sum(b, 0)
+    let shape = [70usize, 100];
+    let mut g = Graph::new("two column sums");
+    let a = input(&mut g, "a", DType::F32, &shape);
+    let b = input(&mut g, "b", DType::F32, &shape);
+    let ma = g.add_op(red(ReduceOp::Mean, false), &[a]).unwrap();
+    let two = g.add_scalar(Scalar::Float(2.0)).unwrap();
+    let ma2 = g.add_op(Op::Binary(BinaryOp::Mul), &[ma, two]).unwrap();
+    let sb = g.add_op(red(ReduceOp::Sum, false), &[b]).unwrap();
+    let y = g.add_op(Op::Binary(BinaryOp::Add), &[ma2, sb]).unwrap();
+    g.set_outputs(vec![y]);
+    let ins = [0, 1].map(|_| values(&mut rng, DType::F32, &shape, true));
+    let s = check_with(&g, &ins, EXACT);
+    assert_eq!(column_sums(&s), 2, "{s}");
+}

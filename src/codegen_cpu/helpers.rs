@@ -26,6 +26,8 @@ pub enum Sig {
     Strip,
     /// `(pointer, i64) -> f64`: a strip sum ([`super::vmath`]).
     StripSum,
+    /// `(pointer, i64, i64, i64, pointer)`, no result: a column sum ([`super::vmath`]).
+    ColSum,
 }
 
 extern "C" fn exp(x: f64) -> f64 {
@@ -150,6 +152,11 @@ pub fn symbols() -> Vec<(&'static str, *const u8, Sig)> {
             super::vmath::SUM_SYMBOL,
             super::vmath::strip_sum as *const u8,
             StripSum,
+        ),
+        (
+            super::vmath::COL_SUM_SYMBOL,
+            super::vmath::col_sum as *const u8,
+            ColSum,
         ),
     ]
 }

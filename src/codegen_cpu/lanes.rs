@@ -9,17 +9,44 @@
 //! other than 0 or 1, every access moves by 0 or 1 element along the last outer dim (stores
 //! by 1), and every value and reduction has a vector form. Rows that do not fill a block (the
 //! end of a chunk or of the last outer dim) run as ordinary rows.
+//!
+//! Column sums: where every reduction of a pass is an f32 sum or mean of a plain load (a sum
+//! over dim 0, a bias gradient), a native helper ([`super::vmath`]) sums up to
+//! [`SUM_BLOCK`] adjacent rows at once into f64 stack rows, reading each step of the reduced
+//! loop as one long contiguous run instead of a 64-byte line per memory page; the blocks of
+//! lanes then take their sums from there. The helper adds in the lanes' order, so the results do
+//! not change.
 
 use super::lower::{Body, Gen, RowPlan, flags};
+use super::vector::VAcc;
+use super::vmath;
+use crate::DType;
 use crate::Result;
-use crate::kernel::{Expr, Level, ValId};
-use cranelift_codegen::ir::types::I64;
+use crate::kernel::{Combiner, Expr, Level, ValId};
+use cranelift_codegen::ir::types::{F64X2, I64};
 use cranelift_codegen::ir::{InstBuilder, Value};
 
 /// Lanes of one vector.
 const LANES: i64 = 4;
 /// Vectors per block: 16 rows, a 64-byte line of f32 outputs per step of the reduced loop.
 const GROUPS: i64 = 4;
+/// Most rows one column-sum call covers: 8 KiB read per step of the reduced loop (shorter
+/// runs left the helper below copy speed), 16 KiB of f64 sums.
+const SUM_BLOCK: i64 = 2048;
+/// Stack for the f64 sums of one kernel: with several summed reductions the block narrows.
+const SUM_STACK_BYTES: i64 = 32 << 10;
+
+/// The passes whose sums the column-sum helper computes: per pass, each reduction with the
+/// access it sums and the stack row of its f64 sums (None: the pass runs in the lanes); and
+/// the most rows one call covers.
+pub(super) struct ColumnSums {
+    passes: Vec<Option<Vec<(ValId, usize, Value)>>>,
+    block: i64,
+}
+
+/// The rows of a block whose sums were computed ahead, as `(sums, first row of the block
+/// within them)`.
+type Presummed<'a> = Option<(&'a ColumnSums, Value)>;
 
 impl Gen<'_, '_, '_> {
     /// The block width in rows when this kernel runs rows as lanes, else None.
@@ -71,14 +98,75 @@ impl Gen<'_, '_, '_> {
         (0..need.len()).filter(|&v| need[v]).collect()
     }
 
-    /// At row `r` (of `[r, end)`): a block of `w` rows as lanes when it fits inside the last
-    /// outer dim and the range, else one ordinary row. Returns the rows done.
+    /// The passes of `plan` the column-sum helper can sum (see the module doc), with their
+    /// stack rows; None when there is none.
+    pub(super) fn column_sums(&mut self, plan: &RowPlan) -> Option<ColumnSums> {
+        let k = self.k;
+        let ko = k.outer.len();
+        if self.opts.fast_math {
+            return None;
+        }
+        let summable = |g: &Self, r: ValId| {
+            let Expr::Reduce {
+                combiner: Combiner::Sum | Combiner::Mean,
+                arg,
+                ..
+            } = k.values[r].expr
+            else {
+                return None;
+            };
+            let a = *g.access_of_val.get(&arg)?;
+            let acc = &g.accesses[a];
+            let ok = matches!(k.values[arg].expr, Expr::Load { .. })
+                && k.values[r].dtype == DType::F32
+                && k.values[arg].dtype == DType::F32
+                && acc.buffer.is_some_and(|b| g.bufs[b].dtype == DType::F32)
+                && acc.map.strides[ko - 1] == 1;
+            ok.then_some((r, a))
+        };
+        let passes: Vec<Option<Vec<(ValId, usize)>>> = plan
+            .passes
+            .iter()
+            .map(|body| {
+                if !body.stores.is_empty() || body.reds.is_empty() {
+                    return None;
+                }
+                body.reds.iter().map(|&r| summable(self, r)).collect()
+            })
+            .collect();
+        if passes.iter().all(Option::is_none) {
+            return None;
+        }
+        self.column_sums = passes.iter().flatten().map(Vec::len).sum();
+        let fit = SUM_STACK_BYTES / 8 / self.column_sums as i64;
+        let block = SUM_BLOCK.min(fit) & -(LANES * GROUPS);
+        if block == 0 {
+            self.column_sums = 0;
+            return None;
+        }
+        let passes = passes
+            .into_iter()
+            .map(|p| {
+                p.map(|reds| {
+                    reds.into_iter()
+                        .map(|(r, a)| (r, a, self.stack_row(block as usize * 8)))
+                        .collect()
+                })
+            })
+            .collect();
+        Some(ColumnSums { passes, block })
+    }
+
+    /// At row `r` (of `[r, end)`): with column sums, as many rows as one helper call covers
+    /// in whole blocks; else a block of `w` rows as lanes when it fits inside the last outer
+    /// dim and the range, else one ordinary row. Returns the rows done.
     pub(super) fn lanes_or_row(
         &mut self,
         r: Value,
         end: Value,
         w: i64,
         plan: &RowPlan,
+        sums: Option<&ColumnSums>,
     ) -> Result<Value> {
         use cranelift_codegen::ir::condcodes::IntCC;
         let last = self.k.outer[self.k.outer.len() - 1] as i64;
@@ -86,6 +174,80 @@ impl Gen<'_, '_, '_> {
         let lastv = self.iconst(I64, last);
         let room = self.fb.b.ins().isub(lastv, j);
         let left = self.fb.b.ins().isub(end, r);
+        if let Some(sums) = sums {
+            // blocks of w rows (a power of two) inside the dim, the range and one call
+            let most = self.fb.b.ins().smin(room, left);
+            let cap = self.iconst(I64, sums.block);
+            let most = self.fb.b.ins().smin(most, cap);
+            let width = self.fb.b.ins().band_imm_s(most, -w);
+            let wide = self
+                .fb
+                .b
+                .ins()
+                .icmp_imm_s(IntCC::SignedGreaterThanOrEqual, width, w);
+            let block = self.fb.b.create_block();
+            let narrow = self.fb.b.create_block();
+            let join = self.fb.b.create_block();
+            self.fb.b.append_block_param(join, I64);
+            self.fb.b.ins().brif(wide, block, &[], narrow, &[]);
+            self.fb.b.switch_to_block(block);
+            self.summed_blocks(r, width, w, plan, sums)?;
+            self.fb.b.ins().jump(join, &[width.into()]);
+            self.fb.b.switch_to_block(narrow);
+            let done = self.block_or_row(r, room, left, w, plan)?;
+            self.fb.b.ins().jump(join, &[done.into()]);
+            self.fb.b.switch_to_block(join);
+            return Ok(self.fb.b.block_params(join)[0]);
+        }
+        self.block_or_row(r, room, left, w, plan)
+    }
+
+    /// Rows `[r, r + width)`, `width` a multiple of `w`: one helper call per summed
+    /// reduction, then the blocks of `w` rows as lanes, their sums read from the stack rows.
+    fn summed_blocks(
+        &mut self,
+        r: Value,
+        width: Value,
+        w: i64,
+        plan: &RowPlan,
+        sums: &ColumnSums,
+    ) -> Result<()> {
+        let k = self.k;
+        let ko = k.outer.len();
+        let row_offs = self.row_offsets(r);
+        let inner: Vec<i64> = self
+            .accesses
+            .iter()
+            .map(|a| a.map.strides[ko] as i64)
+            .collect();
+        self.set_position(&row_offs, Some(&inner));
+        let zero = self.iconst(I64, 0);
+        let rows = self.iconst(I64, k.inner[0] as i64);
+        for &(_, a, slot) in sums.passes.iter().flatten().flatten() {
+            let src = self.pointer_at(a, zero);
+            let stride = self.iconst(I64, inner[a]);
+            self.call_void(vmath::COL_SUM_SYMBOL, &[src, stride, width, rows, slot]);
+        }
+        let s = self.fb.b.declare_var(I64);
+        self.fb.b.def_var(s, zero);
+        self.while_lt(s, width, &mut |g, sv| {
+            let rs = g.fb.b.ins().iadd(r, sv);
+            g.lane_block(rs, plan, Some((sums, sv)))?;
+            Ok(g.iconst(I64, w))
+        })
+    }
+
+    /// A block of `w` rows as lanes when `room` (rows left in the last outer dim) and `left`
+    /// (rows left in the range) allow, else one ordinary row. Returns the rows done.
+    fn block_or_row(
+        &mut self,
+        r: Value,
+        room: Value,
+        left: Value,
+        w: i64,
+        plan: &RowPlan,
+    ) -> Result<Value> {
+        use cranelift_codegen::ir::condcodes::IntCC;
         let fits_dim = self
             .fb
             .b
@@ -103,7 +265,7 @@ impl Gen<'_, '_, '_> {
         self.fb.b.append_block_param(join, I64);
         self.fb.b.ins().brif(fits, block, &[], single, &[]);
         self.fb.b.switch_to_block(block);
-        self.lane_block(r, plan)?;
+        self.lane_block(r, plan, None)?;
         let wv = self.iconst(I64, w);
         self.fb.b.ins().jump(join, &[wv.into()]);
         self.fb.b.switch_to_block(single);
@@ -115,7 +277,7 @@ impl Gen<'_, '_, '_> {
     }
 
     /// Rows `[r, r + LANES·GROUPS)` as lanes.
-    fn lane_block(&mut self, r: Value, plan: &RowPlan) -> Result<()> {
+    fn lane_block(&mut self, r: Value, plan: &RowPlan, pre: Presummed) -> Result<()> {
         let k = self.k;
         let ko = k.outer.len();
         let row_offs = self.row_offsets(r);
@@ -131,17 +293,17 @@ impl Gen<'_, '_, '_> {
             .collect();
         self.set_position(&row_offs, Some(&inner));
         self.lane_stride = Some(along);
-        let result = self.lane_block_body(plan);
+        let result = self.lane_block_body(plan, pre);
         self.lane_stride = None;
         result
     }
 
-    fn lane_block_body(&mut self, plan: &RowPlan) -> Result<()> {
+    fn lane_block_body(&mut self, plan: &RowPlan, pre: Presummed) -> Result<()> {
         let k = self.k;
         let zero = self.iconst(I64, 0);
         let mut envs: Vec<Vec<Option<Value>>> = vec![vec![None; k.values.len()]; GROUPS as usize];
         self.lane_outer_values(&mut envs, zero)?;
-        for body in &plan.passes {
+        for (p, body) in plan.passes.iter().enumerate() {
             let accs: Vec<Vec<_>> = body
                 .reds
                 .iter()
@@ -152,7 +314,10 @@ impl Gen<'_, '_, '_> {
                     (0..GROUPS).map(|_| self.vacc(combiner)).collect()
                 })
                 .collect();
-            self.lane_loop(body, &envs, &accs)?;
+            match pre.and_then(|(sums, at)| Some((sums.passes[p].as_ref()?, at))) {
+                Some((reds, at)) => self.load_sums(reds, &accs, at),
+                None => self.lane_loop(body, &envs, &accs)?,
+            }
             for (&r, accs) in body.reds.iter().zip(&accs) {
                 let Expr::Reduce { combiner, .. } = k.values[r].expr else {
                     unreachable!("a pass lists reductions")
@@ -177,6 +342,25 @@ impl Gen<'_, '_, '_> {
             self.lane_loop(&plan.stores, &envs, &[])?;
         }
         Ok(())
+    }
+
+    /// Sets each group's f64 accumulators to the helper's sums for rows `at + grp·LANES ..`
+    /// of the block (`reds` in the pass's order, as `accs`).
+    fn load_sums(&mut self, reds: &[(ValId, usize, Value)], accs: &[Vec<VAcc>], at: Value) {
+        let byte = self.fb.b.ins().imul_imm_s(at, 8);
+        for (&(_, _, slot), accs) in reds.iter().zip(accs) {
+            let base = self.fb.b.ins().iadd(slot, byte);
+            for (grp, acc) in accs.iter().enumerate() {
+                let VAcc::SumF64(lo, hi) = *acc else {
+                    unreachable!("summed reductions are f32 sums with f64 lanes")
+                };
+                let off = (grp as i64 * LANES * 8) as i32;
+                let l = self.fb.b.ins().load(F64X2, flags(), base, off);
+                let h = self.fb.b.ins().load(F64X2, flags(), base, off + 16);
+                self.fb.b.def_var(lo, l);
+                self.fb.b.def_var(hi, h);
+            }
+        }
     }
 
     /// Computes, per group of lanes, every outer-level value whose operands are available.

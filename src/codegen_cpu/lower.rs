@@ -65,6 +65,7 @@ pub struct CpuKernel {
     cached_rows: usize,
     lane_rows: usize,
     strip_loops: usize,
+    column_sums: usize,
     /// Owns the machine code `func` points into; never used after construction.
     _jit: Jit,
 }
@@ -109,6 +110,11 @@ impl CpuKernel {
     /// Rows run side by side as vector lanes (0: one row at a time; see `lanes`).
     pub fn lane_rows(&self) -> usize {
         self.lane_rows
+    }
+
+    /// Reductions whose sums the column-sum helper computes for rows as lanes (see `lanes`).
+    pub fn column_sums(&self) -> usize {
+        self.column_sums
     }
 
     /// Runs rows `[begin, end)`. `bufs[i]` points to element 0 of buffer `i` of the schedule
@@ -227,7 +233,8 @@ fn compile_uncached(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Re
         imports.insert(name, jit.import(name, &s)?);
     }
     let sig = jit.signature(&[ptr, I64, I64], &[I32]);
-    let (mut vector_loops, mut cached_rows, mut lane_rows, mut strip_loops) = (0, 0, 0, 0);
+    let (mut vector_loops, mut cached_rows, mut lane_rows, mut strip_loops, mut column_sums) =
+        (0, 0, 0, 0, 0);
     let id = jit.define(&k.name_for_symbol(), &sig, |fb| {
         let mut g = Gen::new(fb, &ck, buffers, &imports, ptr, opts.clone());
         g.emit_function()?;
@@ -235,6 +242,7 @@ fn compile_uncached(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Re
         cached_rows = g.row_cache.len();
         lane_rows = g.lane_rows;
         strip_loops = g.strip_loops;
+        column_sums = g.column_sums;
         Ok(())
     })?;
     jit.finalize()?;
@@ -251,6 +259,7 @@ fn compile_uncached(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Re
         cached_rows,
         lane_rows,
         strip_loops,
+        column_sums,
         _jit: jit,
     })
 }
@@ -283,6 +292,10 @@ fn helper_signature(jit: &Jit, s: Sig) -> Signature {
             jit.signature(&[I32, p, p, I64], &[])
         }
         Sig::StripSum => jit.signature(&[jit.pointer_type(), I64], &[F64]),
+        Sig::ColSum => {
+            let p = jit.pointer_type();
+            jit.signature(&[p, I64, I64, I64, p], &[])
+        }
     }
 }
 
@@ -542,6 +555,8 @@ pub(super) struct Gen<'g, 'a, 'b> {
     /// Innermost loops emitted in strips so far, and the stack their rows take.
     pub strip_loops: usize,
     pub strip_rows_bytes: usize,
+    /// Reductions the column-sum helper computes (see `lanes`).
+    pub column_sums: usize,
 }
 
 impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
@@ -611,6 +626,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
             lane_rows: 0,
             strip_rows: HashMap::new(),
             strip_loops: 0,
+            column_sums: 0,
             strip_rows_bytes: 0,
         }
     }
@@ -843,8 +859,9 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
             stores,
             row_stores,
         };
+        let sums = lanes.and_then(|_| self.column_sums(&plan));
         self.while_lt(row, end, &mut |g, r| match lanes {
-            Some(w) => g.lanes_or_row(r, end, w, &plan),
+            Some(w) => g.lanes_or_row(r, end, w, &plan, sums.as_ref()),
             None => {
                 g.one_row(r, &plan)?;
                 Ok(g.iconst(I64, 1))

@@ -226,7 +226,7 @@ impl Gen<'_, '_, '_> {
     }
 
     /// Byte pointer of access `a` at element `i` of the innermost loop.
-    fn pointer_at(&mut self, a: usize, i: Value) -> Value {
+    pub(super) fn pointer_at(&mut self, a: usize, i: Value) -> Value {
         let (p, off) = self.addr(a, i, 0);
         self.fb.b.ins().iadd_imm_s(p, i64::from(off))
     }

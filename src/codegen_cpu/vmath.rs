@@ -58,6 +58,10 @@ pub const SYMBOL: &str = "smelt_strip_math";
 /// The symbol of the strip sum: `smelt_strip_sum(src, n)` is the f64 sum of `n` f32s.
 pub const SUM_SYMBOL: &str = "smelt_strip_sum";
 
+/// The symbol of the column sum: `smelt_col_sum(src, stride, cols, rows, dst)` writes the f64
+/// sums of `cols` adjacent columns over `rows` rows `stride` elements apart ([`super::lanes`]).
+pub const COL_SUM_SYMBOL: &str = "smelt_col_sum";
+
 // ---------------------------------------------------------------------------------------------
 // Scalar definitions, written branch-free (selects, not jumps) so that the loops vectorise.
 
@@ -260,10 +264,17 @@ pub fn isa() -> &'static str {
     }
 }
 
-/// One call's work: a map in place, or a sum into the f64.
+/// One call's work: a map in place, a sum into the f64, or column sums.
 enum Job<'a> {
     Map(StripOp, &'a mut [f32]),
     Sum(&'a [f32], &'a mut f64),
+    /// `dst[c] = Σ_r src[r·stride + c]` over `rows` rows of `dst.len()` f32s.
+    Cols {
+        src: *const f32,
+        stride: isize,
+        rows: usize,
+        dst: &'a mut [f64],
+    },
 }
 
 #[inline(always)]
@@ -271,6 +282,40 @@ fn run_with(job: Job) {
     match job {
         Job::Map(op, xs) => map_with(op, xs),
         Job::Sum(xs, out) => *out = sum_with(xs),
+        Job::Cols {
+            src,
+            stride,
+            rows,
+            dst,
+        } => {
+            let n = dst.len();
+            // SAFETY: whoever made the job (`col_sum`) promises that every row is readable.
+            let row = |r: usize| unsafe {
+                std::slice::from_raw_parts(src.wrapping_offset(r as isize * stride), n)
+            };
+            cols_with(dst, rows, row)
+        }
+    }
+}
+
+/// Adds `rows` rows into `dst`, zeroed first, in row order: the order of one f64 accumulator
+/// per column, so the sums are bit-identical to a sequential loop. Four rows per pass over
+/// `dst` keep its loads and stores off the critical path.
+#[inline(always)]
+fn cols_with<'a>(dst: &mut [f64], rows: usize, row: impl Fn(usize) -> &'a [f32]) {
+    dst.fill(0.0);
+    let mut r = 0;
+    while r + 4 <= rows {
+        let (a, b, c, d) = (row(r), row(r + 1), row(r + 2), row(r + 3));
+        for ((((o, &a), &b), &c), &d) in dst.iter_mut().zip(a).zip(b).zip(c).zip(d) {
+            *o = (((*o + f64::from(a)) + f64::from(b)) + f64::from(c)) + f64::from(d);
+        }
+        r += 4;
+    }
+    for r in r..rows {
+        for (o, &x) in dst.iter_mut().zip(row(r)) {
+            *o += f64::from(x);
+        }
     }
 }
 
@@ -348,6 +393,40 @@ pub(super) unsafe extern "C" fn strip_sum(src: *const f32, n: i64) -> f64 {
         Ok(n) if n > 0 => sum(unsafe { std::slice::from_raw_parts(src, n) }),
         _ => 0.0,
     }
+}
+
+/// The column sum generated code calls: `dst[c] = Σ_{r<rows} src[r·stride + c]` for
+/// `c < cols`, in f64, rows in order. A negative count or a stride that does not fit a
+/// pointer offset does nothing.
+///
+/// # Safety
+/// For every `r < rows`, the `cols` f32s at `src + r·stride` are initialised and nothing
+/// writes them during the call; `dst` points to `cols` writable f64s that nothing else uses.
+pub(super) unsafe extern "C" fn col_sum(
+    src: *const f32,
+    stride: i64,
+    cols: i64,
+    rows: i64,
+    dst: *mut f64,
+) {
+    let (Ok(cols), Ok(rows), Ok(stride)) = (
+        usize::try_from(cols),
+        usize::try_from(rows),
+        isize::try_from(stride),
+    ) else {
+        return;
+    };
+    if cols == 0 {
+        return;
+    }
+    // SAFETY: the caller's contract.
+    let dst = unsafe { std::slice::from_raw_parts_mut(dst, cols) };
+    run(Job::Cols {
+        src,
+        stride,
+        rows,
+        dst,
+    });
 }
 
 #[cfg(test)]
@@ -436,6 +515,74 @@ mod tests {
         assert_eq!(sum(&[f32::INFINITY, 1.0]), f64::INFINITY);
         // SAFETY: no element is read.
         assert_eq!(unsafe { strip_sum(std::ptr::null(), -3) }, 0.0);
+    }
+
+    /// Column sums add rows in order, whatever the ISA, stride or row count.
+    #[test]
+    fn column_sums_add_rows_in_order() {
+        let (rows, cols, stride) = (7usize, 37usize, 41usize);
+        let xs: Vec<f32> = (0..rows * stride)
+            .map(|i| f32::from_bits((i as u32).wrapping_mul(2_654_435_761) >> 2))
+            .map(|x| if x.is_finite() { x } else { 1.5 })
+            .collect();
+        let want: Vec<f64> = (0..cols)
+            .map(|c| (0..rows).fold(0.0f64, |s, r| s + f64::from(xs[r * stride + c])))
+            .collect();
+        let mut got = vec![f64::NAN; cols];
+        // SAFETY: every row lies in `xs`, `got` holds `cols` f64s.
+        unsafe {
+            col_sum(
+                xs.as_ptr(),
+                stride as i64,
+                cols as i64,
+                rows as i64,
+                got.as_mut_ptr(),
+            )
+        };
+        assert_eq!(bits(&got), bits(&want));
+        // rows walked backwards
+        let last = xs[(rows - 1) * stride..].as_ptr();
+        // SAFETY: as above, from the last row down.
+        unsafe {
+            col_sum(
+                last,
+                -(stride as i64),
+                cols as i64,
+                rows as i64,
+                got.as_mut_ptr(),
+            )
+        };
+        let back: Vec<f64> = (0..cols)
+            .map(|c| {
+                (0..rows)
+                    .rev()
+                    .fold(0.0f64, |s, r| s + f64::from(xs[r * stride + c]))
+            })
+            .collect();
+        assert_eq!(bits(&got), bits(&back));
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            let mut v = vec![f64::NAN; cols];
+            let job = Job::Cols {
+                src: xs.as_ptr(),
+                stride: stride as isize,
+                rows,
+                dst: &mut v,
+            };
+            // SAFETY: AVX2 and FMA are present; the rows lie in `xs`.
+            unsafe { run_avx2(job) };
+            assert_eq!(bits(&v), bits(&want));
+        }
+        // no rows: zeros; bad counts: nothing written
+        // SAFETY: no element is read; `got` holds `cols` f64s.
+        unsafe { col_sum(std::ptr::null(), 0, cols as i64, 0, got.as_mut_ptr()) };
+        assert!(got.iter().all(|&s| s == 0.0));
+        // SAFETY: nothing is read or written.
+        unsafe { col_sum(std::ptr::null(), 1, -1, 3, std::ptr::null_mut()) };
+    }
+
+    fn bits(xs: &[f64]) -> Vec<u64> {
+        xs.iter().map(|x| x.to_bits()).collect()
     }
 
     #[test]
