@@ -23,6 +23,7 @@ use super::vmath;
 use crate::DType;
 use crate::Result;
 use crate::kernel::{Combiner, Expr, Level, ValId};
+use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{F64X2, I64};
 use cranelift_codegen::ir::{InstBuilder, Value};
 
@@ -168,7 +169,6 @@ impl Gen<'_, '_, '_> {
         plan: &RowPlan,
         sums: Option<&ColumnSums>,
     ) -> Result<Value> {
-        use cranelift_codegen::ir::condcodes::IntCC;
         let last = self.k.outer[self.k.outer.len() - 1] as i64;
         let j = self.fb.b.ins().urem_imm_s(r, last);
         let lastv = self.iconst(I64, last);
@@ -185,21 +185,49 @@ impl Gen<'_, '_, '_> {
                 .b
                 .ins()
                 .icmp_imm_s(IntCC::SignedGreaterThanOrEqual, width, w);
-            let block = self.fb.b.create_block();
-            let narrow = self.fb.b.create_block();
-            let join = self.fb.b.create_block();
-            self.fb.b.append_block_param(join, I64);
-            self.fb.b.ins().brif(wide, block, &[], narrow, &[]);
-            self.fb.b.switch_to_block(block);
-            self.summed_blocks(r, width, w, plan, sums)?;
-            self.fb.b.ins().jump(join, &[width.into()]);
-            self.fb.b.switch_to_block(narrow);
-            let done = self.block_or_row(r, room, left, w, plan)?;
-            self.fb.b.ins().jump(join, &[done.into()]);
-            self.fb.b.switch_to_block(join);
-            return Ok(self.fb.b.block_params(join)[0]);
+            return self.either(
+                wide,
+                &mut |g| {
+                    g.summed_blocks(r, width, w, plan, sums)?;
+                    Ok(width)
+                },
+                &mut |g| g.block_or_row(r, room, left, w, plan),
+            );
         }
         self.block_or_row(r, room, left, w, plan)
+    }
+
+    /// `cond ? yes() : no()`, each branch emitting its code and returning the rows it did.
+    fn either(
+        &mut self,
+        cond: Value,
+        yes: &mut dyn FnMut(&mut Self) -> Result<Value>,
+        no: &mut dyn FnMut(&mut Self) -> Result<Value>,
+    ) -> Result<Value> {
+        let (then, other, join) = (
+            self.fb.b.create_block(),
+            self.fb.b.create_block(),
+            self.fb.b.create_block(),
+        );
+        self.fb.b.append_block_param(join, I64);
+        self.fb.b.ins().brif(cond, then, &[], other, &[]);
+        self.fb.b.switch_to_block(then);
+        let done = yes(self)?;
+        self.fb.b.ins().jump(join, &[done.into()]);
+        self.fb.b.switch_to_block(other);
+        let done = no(self)?;
+        self.fb.b.ins().jump(join, &[done.into()]);
+        self.fb.b.switch_to_block(join);
+        Ok(self.fb.b.block_params(join)[0])
+    }
+
+    /// Each access's stride along the inner dim.
+    fn inner_strides(&self) -> Vec<i64> {
+        let ko = self.k.outer.len();
+        self.accesses
+            .iter()
+            .map(|a| a.map.strides[ko] as i64)
+            .collect()
     }
 
     /// Rows `[r, r + width)`, `width` a multiple of `w`: one helper call per summed
@@ -213,13 +241,8 @@ impl Gen<'_, '_, '_> {
         sums: &ColumnSums,
     ) -> Result<()> {
         let k = self.k;
-        let ko = k.outer.len();
         let row_offs = self.row_offsets(r);
-        let inner: Vec<i64> = self
-            .accesses
-            .iter()
-            .map(|a| a.map.strides[ko] as i64)
-            .collect();
+        let inner = self.inner_strides();
         self.set_position(&row_offs, Some(&inner));
         let zero = self.iconst(I64, 0);
         let rows = self.iconst(I64, k.inner[0] as i64);
@@ -247,7 +270,6 @@ impl Gen<'_, '_, '_> {
         w: i64,
         plan: &RowPlan,
     ) -> Result<Value> {
-        use cranelift_codegen::ir::condcodes::IntCC;
         let fits_dim = self
             .fb
             .b
@@ -259,21 +281,17 @@ impl Gen<'_, '_, '_> {
             .ins()
             .icmp_imm_s(IntCC::SignedGreaterThanOrEqual, left, w);
         let fits = self.fb.b.ins().band(fits_dim, fits_range);
-        let block = self.fb.b.create_block();
-        let single = self.fb.b.create_block();
-        let join = self.fb.b.create_block();
-        self.fb.b.append_block_param(join, I64);
-        self.fb.b.ins().brif(fits, block, &[], single, &[]);
-        self.fb.b.switch_to_block(block);
-        self.lane_block(r, plan, None)?;
-        let wv = self.iconst(I64, w);
-        self.fb.b.ins().jump(join, &[wv.into()]);
-        self.fb.b.switch_to_block(single);
-        self.one_row(r, plan)?;
-        let one = self.iconst(I64, 1);
-        self.fb.b.ins().jump(join, &[one.into()]);
-        self.fb.b.switch_to_block(join);
-        Ok(self.fb.b.block_params(join)[0])
+        self.either(
+            fits,
+            &mut |g| {
+                g.lane_block(r, plan, None)?;
+                Ok(g.iconst(I64, w))
+            },
+            &mut |g| {
+                g.one_row(r, plan)?;
+                Ok(g.iconst(I64, 1))
+            },
+        )
     }
 
     /// Rows `[r, r + LANES·GROUPS)` as lanes.
@@ -281,11 +299,7 @@ impl Gen<'_, '_, '_> {
         let k = self.k;
         let ko = k.outer.len();
         let row_offs = self.row_offsets(r);
-        let inner: Vec<i64> = self
-            .accesses
-            .iter()
-            .map(|a| a.map.strides[ko] as i64)
-            .collect();
+        let inner = self.inner_strides();
         let along: Vec<i64> = self
             .accesses
             .iter()
