@@ -10,6 +10,9 @@
 //!
 //! Without AVX2 + FMA (or off x86-64) [`available`] is false and kernels keep the inline code:
 //! a software fma would make these loops slower than Cranelift's.
+//!
+//! The column sum ([`col_sum`]) serves rows as lanes ([`super::lanes`]). It only adds
+//! converted f32s and needs no fma, so it runs its portable build wherever AVX2 is missing.
 
 use super::math::{EXP_G, EXP_TAYLOR7, LN2_HI, LN2_LO, LOG2E, SHIFT32, SHIFT64};
 use crate::ir::op::UnaryOp;
