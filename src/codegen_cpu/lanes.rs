@@ -37,11 +37,11 @@ const SUM_BLOCK: i64 = 2048;
 /// Stack for the f64 sums of one kernel: with several summed reductions the block narrows.
 const SUM_STACK_BYTES: i64 = 32 << 10;
 
-/// The passes whose sums the column-sum helper computes: per pass, each reduction with the
-/// access it sums and the stack row of its f64 sums (None: the pass runs in the lanes); and
-/// the most rows one call covers.
+/// The passes whose sums the column-sum helper computes: per pass, for each reduction in
+/// order, the access it sums and the stack row of its f64 sums (None: the pass runs in the
+/// lanes); and the most rows one call covers.
 pub(super) struct ColumnSums {
-    passes: Vec<Option<Vec<(ValId, usize, Value)>>>,
+    passes: Vec<Option<Vec<(usize, Value)>>>,
     block: i64,
 }
 
@@ -123,9 +123,9 @@ impl Gen<'_, '_, '_> {
                 && k.values[arg].dtype == DType::F32
                 && acc.buffer.is_some_and(|b| g.bufs[b].dtype == DType::F32)
                 && acc.map.strides[ko - 1] == 1;
-            ok.then_some((r, a))
+            ok.then_some(a)
         };
-        let passes: Vec<Option<Vec<(ValId, usize)>>> = plan
+        let passes: Vec<Option<Vec<usize>>> = plan
             .passes
             .iter()
             .map(|body| {
@@ -138,19 +138,19 @@ impl Gen<'_, '_, '_> {
         if passes.iter().all(Option::is_none) {
             return None;
         }
-        self.column_sums = passes.iter().flatten().map(Vec::len).sum();
-        let fit = SUM_STACK_BYTES / 8 / self.column_sums as i64;
-        let block = SUM_BLOCK.min(fit) & -(LANES * GROUPS);
+        let count: usize = passes.iter().flatten().map(Vec::len).sum();
+        let block = SUM_BLOCK.min(SUM_STACK_BYTES / 8 / count as i64) & -(LANES * GROUPS);
         if block == 0 {
-            self.column_sums = 0;
             return None;
         }
+        self.column_sums = count;
         let passes = passes
             .into_iter()
             .map(|p| {
-                p.map(|reds| {
-                    reds.into_iter()
-                        .map(|(r, a)| (r, a, self.stack_row(block as usize * 8)))
+                p.map(|loads| {
+                    loads
+                        .into_iter()
+                        .map(|a| (a, self.stack_row(block as usize * 8)))
                         .collect()
                 })
             })
@@ -246,7 +246,7 @@ impl Gen<'_, '_, '_> {
         self.set_position(&row_offs, Some(&inner));
         let zero = self.iconst(I64, 0);
         let rows = self.iconst(I64, k.inner[0] as i64);
-        for &(_, a, slot) in sums.passes.iter().flatten().flatten() {
+        for &(a, slot) in sums.passes.iter().flatten().flatten() {
             let src = self.pointer_at(a, zero);
             let stride = self.iconst(I64, inner[a]);
             self.call_void(vmath::COL_SUM_SYMBOL, &[src, stride, width, rows, slot]);
@@ -329,7 +329,7 @@ impl Gen<'_, '_, '_> {
                 })
                 .collect();
             match pre.and_then(|(sums, at)| Some((sums.passes[p].as_ref()?, at))) {
-                Some((reds, at)) => self.load_sums(reds, &accs, at),
+                Some((sums, at)) => self.load_sums(sums, &accs, at),
                 None => self.lane_loop(body, &envs, &accs)?,
             }
             for (&r, accs) in body.reds.iter().zip(&accs) {
@@ -359,10 +359,10 @@ impl Gen<'_, '_, '_> {
     }
 
     /// Sets each group's f64 accumulators to the helper's sums for rows `at + grp·LANES ..`
-    /// of the block (`reds` in the pass's order, as `accs`).
-    fn load_sums(&mut self, reds: &[(ValId, usize, Value)], accs: &[Vec<VAcc>], at: Value) {
+    /// of the block (`sums` in the pass's order of reductions, as `accs`).
+    fn load_sums(&mut self, sums: &[(usize, Value)], accs: &[Vec<VAcc>], at: Value) {
         let byte = self.fb.b.ins().imul_imm_s(at, 8);
-        for (&(_, _, slot), accs) in reds.iter().zip(accs) {
+        for (&(_, slot), accs) in sums.iter().zip(accs) {
             let base = self.fb.b.ins().iadd(slot, byte);
             for (grp, acc) in accs.iter().enumerate() {
                 let VAcc::SumF64(lo, hi) = *acc else {
