@@ -538,6 +538,9 @@ pub(super) struct Gen<'g, 'a, 'b> {
     pub cur_ptr: Vec<Option<Value>>,
     /// Stride of each access along the innermost loop, in elements.
     pub cur_stride: Vec<i64>,
+    /// Inside a vector loop: the pointer of each access it walks at the loop's index value,
+    /// advanced by one add per iteration ([`Self::addr`] uses it for that index).
+    pub walked: HashMap<usize, (Value, Value)>,
     pub accs: HashMap<ValId, Acc>,
     /// Flat position inside the inner space (argmax/argmin), when needed.
     pub pos: Option<Variable>,
@@ -616,6 +619,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
             access_of_store,
             cur_off: vec![],
             cur_ptr: vec![],
+            walked: HashMap::new(),
             cur_stride: vec![],
             accs: HashMap::new(),
             pos: None,
@@ -1079,6 +1083,12 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
         let buffer = self.accesses[a].buffer.unwrap_or(0);
         let size = esize(self.bufs[buffer].dtype);
         let s = self.cur_stride[a];
+        let lane_off = (lane * self.lane_step(a) * size) as i32;
+        if let Some(&(at, p)) = self.walked.get(&a)
+            && at == i
+        {
+            return (p, lane_off);
+        }
         let base =
             self.cur_ptr[a].unwrap_or_else(|| unreachable!("index accesses have no pointer"));
         let p = if s == 0 {
@@ -1087,7 +1097,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
             let t = self.fb.b.ins().imul_imm_s(i, s * size);
             self.fb.b.ins().iadd(base, t)
         };
-        (p, (lane * self.lane_step(a) * size) as i32)
+        (p, lane_off)
     }
 
     /// Elements between adjacent lanes of access `a`.

@@ -5,7 +5,7 @@
 //! compare + bitselect and keep PyTorch's NaN propagation; sums accumulate in f64 lanes
 //! (`fast_math`: f32 lanes), merged lane by lane into the scalar accumulator before the tail.
 
-use super::lower::{Body, Gen, flags};
+use super::lower::{Body, Gen, esize, flags};
 use super::math;
 use crate::Result;
 use crate::ir::dtype::DType;
@@ -181,7 +181,12 @@ impl Gen<'_, '_, '_> {
             let accs: Vec<VAcc> = (0..GROUPS).map(|_| self.vacc(combiner)).collect();
             vaccs.push((r, combiner, accs));
         }
+        let walks = self.walk_pointers(i, body, step);
         self.while_lt_vec(i, nv, step, &mut |g, iv| {
+            for &(a, var, _) in &walks {
+                let p = g.fb.b.use_var(var);
+                g.walked.insert(a, (iv, p));
+            }
             let invariant = g.unpin_all(&pinned, g.k.values.len());
             for grp in 0..GROUPS {
                 let lane = grp * LANES;
@@ -206,14 +211,57 @@ impl Gen<'_, '_, '_> {
                     g.fb.b.ins().store(flags(), x, p, off);
                 }
             }
+            for &(_, var, bytes) in &walks {
+                let p = g.fb.b.use_var(var);
+                let p = g.fb.b.ins().iadd_imm_s(p, bytes);
+                g.fb.b.def_var(var, p);
+            }
             Ok(())
         })?;
+        self.walked.clear();
         for (r, comb, accs) in &vaccs {
             for acc in accs {
                 self.vmerge(*r, *comb, acc);
             }
         }
         Ok(())
+    }
+
+    /// Strength reduction: a pointer variable for each access the vector loop over `body`
+    /// loads or stores with a stride, set at the loop's first element, with the bytes it
+    /// advances per iteration of `step` elements. Cranelift recomputes a row's base (a
+    /// shift and two adds) at every use inside the loop; the variable costs one add.
+    fn walk_pointers(
+        &mut self,
+        i: Variable,
+        body: &Body,
+        step: i64,
+    ) -> Vec<(usize, Variable, i64)> {
+        let mut accs: Vec<usize> = body
+            .vals
+            .iter()
+            .filter(|&&v| {
+                matches!(self.k.values[v].expr, Expr::Load { .. })
+                    && !body.cache_in.contains(&v)
+                    && !body.strip_in.contains(&v)
+            })
+            .filter_map(|v| self.access_of_val.get(v).copied())
+            .chain(body.stores.iter().map(|&s| self.access_of_store[s]))
+            .filter(|&a| self.cur_stride[a] != 0 && self.cur_ptr[a].is_some())
+            .collect();
+        accs.sort_unstable();
+        accs.dedup();
+        let start = self.fb.b.use_var(i);
+        accs.into_iter()
+            .map(|a| {
+                let (p, _) = self.addr(a, start, 0);
+                let t = self.fb.b.func.dfg.value_type(p);
+                let var = self.fb.b.declare_var(t);
+                self.fb.b.def_var(var, p);
+                let size = esize(self.bufs[self.accesses[a].buffer.unwrap_or(0)].dtype);
+                (a, var, step * self.cur_stride[a] * size)
+            })
+            .collect()
     }
 
     /// A fresh vector accumulator for `combiner` (sum, mean, max or min of f32).
