@@ -985,6 +985,109 @@ fn strips_write_safely_over_their_input() {
     }
 }
 
+/// Stores into large contiguous f32 outputs go through stack rows and non-temporal stores
+/// (`codegen_cpu::stream`): the same bits as plain stores, in element-wise and row kernels,
+/// with tails, single elements and empty outputs, in 1 and 3 chunks.
+#[test]
+fn large_outputs_stream_with_the_plain_results() {
+    let streams_here = smelt::codegen_cpu::vmath::streams();
+    let with = |min| CodegenOptions {
+        stream_min_bytes: Some(min),
+        ..CodegenOptions::default()
+    };
+    let (stream, plain) = (with(0), with(usize::MAX));
+    let mut rng = StdRng::seed_from_u64(14);
+    for shape in [
+        &[7usize][..],
+        &[3, 1030],
+        &[2, 1, 1543],
+        &[1],
+        &[0],
+        &[4, 0],
+    ] {
+        let mut g = Graph::new("stream");
+        let x = input(&mut g, "x", DType::F32, shape);
+        let r = g.add_op(Op::Unary(UnaryOp::Relu), &[x]).unwrap();
+        let half = g.add_scalar(Scalar::Float(0.5)).unwrap();
+        let h = g.add_op(Op::Binary(BinaryOp::Mul), &[r, half]).unwrap();
+        let sm = g.add_op(Op::Softmax { dim: -1 }, &[x]).unwrap();
+        g.set_outputs(vec![h, sm]);
+        let ins = vec![values(&mut rng, DType::F32, shape, true)];
+        let s = check_with(
+            &g,
+            &ins,
+            Tol {
+                ulps: 16,
+                rel: 1e-6,
+            },
+        );
+        for chunks in [1, 3] {
+            let a = run_compiled(&s, &ins, chunks, &stream).unwrap();
+            let b = run_compiled(&s, &ins, chunks, &plain).unwrap();
+            for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+                assert!(
+                    tensor_words(a) == tensor_words(b),
+                    "{shape:?} output {i}, {chunks} chunks: streamed and plain stores differ"
+                );
+            }
+        }
+        let (mut on, mut off) = (0, 0);
+        for step in &s.steps {
+            if let Step::Kernel(k) = step {
+                on += compile_kernel(k, &s.buffers, &stream)
+                    .unwrap()
+                    .stream_loops();
+                off += compile_kernel(k, &s.buffers, &plain)
+                    .unwrap()
+                    .stream_loops();
+            }
+        }
+        assert_eq!(off, 0, "{shape:?}: below the threshold nothing streams");
+        if streams_here && shape.iter().product::<usize>() > 1 {
+            assert!(on >= 1, "{shape:?}: the outputs stream\n{s}");
+        }
+    }
+}
+
+/// With the default threshold, an 8 MiB output streams; written over its own input
+/// (`call_into`), each strip is read before it is overwritten.
+#[test]
+fn a_streamed_output_may_overwrite_its_input() {
+    let shape = [2048usize, 1031];
+    let mut g = Graph::new("stream_in_place");
+    let x = input(&mut g, "x", DType::F32, &shape);
+    let r = g.add_op(Op::Unary(UnaryOp::Relu), &[x]).unwrap();
+    let half = g.add_scalar(Scalar::Float(0.5)).unwrap();
+    let y = g.add_op(Op::Binary(BinaryOp::Mul), &[r, half]).unwrap();
+    g.set_outputs(vec![y]);
+    let s = compile(&g).unwrap();
+    let Step::Kernel(k) = &s.steps[0] else {
+        panic!("one kernel expected")
+    };
+    let ck = compile_kernel(k, &s.buffers, &CodegenOptions::default()).unwrap();
+    let big = shape.iter().product::<usize>() * 4 >= smelt::codegen_cpu::STREAM_MIN_BYTES;
+    assert!(big, "the test output reaches the threshold");
+    if smelt::codegen_cpu::vmath::streams() {
+        assert_eq!(ck.stream_loops(), 1);
+    }
+    let f = CompiledFn::compile(&g, &CompileOptions::default()).unwrap();
+    let mut rng = StdRng::seed_from_u64(15);
+    let xv = values(&mut rng, DType::F32, &shape, true);
+    let want = smelt::kernel::interp::run(&s, std::slice::from_ref(&xv)).unwrap()[0].to_f64_vec();
+    let data: Vec<f32> = xv.to_f64_vec().iter().map(|&v| v as f32).collect();
+    let dst = Tensor::from_vec(data, &shape).unwrap();
+    let got = f
+        .call_into(std::slice::from_ref(&dst), &[Some(&dst)])
+        .unwrap();
+    assert!(got[0].shares_storage(&dst), "written in place");
+    for (i, (a, b)) in got[0].to_f64_vec().iter().zip(&want).enumerate() {
+        assert!(
+            a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan(),
+            "element {i}: got {a}, expected {b}"
+        );
+    }
+}
+
 // ---- random graphs (the generator of tests/common) -----------------------------------------
 
 proptest! {

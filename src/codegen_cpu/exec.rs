@@ -229,6 +229,7 @@ impl CompiledFn {
         let cg = CodegenOptions {
             fast_math: opts.fast_math,
             inline_math: opts.inline_math,
+            ..CodegenOptions::default()
         };
         let plan = TempPlan::build(&s);
         let owned = owned_buffers(&s, &plan);

@@ -28,6 +28,8 @@ pub enum Sig {
     StripSum,
     /// `(pointer, i64, i64, i64, pointer)`, no result: a column sum ([`super::vmath`]).
     ColSum,
+    /// `(pointer, pointer, i64)`, no result: a streamed copy ([`super::vmath`]).
+    Stream,
 }
 
 extern "C" fn exp(x: f64) -> f64 {
@@ -157,6 +159,11 @@ pub fn symbols() -> Vec<(&'static str, *const u8, Sig)> {
             super::vmath::COL_SUM_SYMBOL,
             super::vmath::col_sum as *const u8,
             ColSum,
+        ),
+        (
+            super::vmath::STREAM_SYMBOL,
+            super::vmath::stream as *const u8,
+            Stream,
         ),
     ]
 }

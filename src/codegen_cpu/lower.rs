@@ -48,6 +48,9 @@ pub struct CodegenOptions {
     /// ([`super::strip`]): the same bits (sums may round differently), slower where strips
     /// apply.
     pub inline_math: bool,
+    /// Outputs of at least this many bytes are written by streamed (non-temporal) stores
+    /// ([`super::stream`]); None: [`super::STREAM_MIN_BYTES`].
+    pub stream_min_bytes: Option<usize>,
 }
 
 type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64) -> i32;
@@ -66,6 +69,7 @@ pub struct CpuKernel {
     lane_rows: usize,
     strip_loops: usize,
     column_sums: usize,
+    stream_loops: usize,
     /// Owns the machine code `func` points into; never used after construction.
     _jit: Jit,
 }
@@ -105,6 +109,11 @@ impl CpuKernel {
     /// (see `strip`).
     pub fn strip_loops(&self) -> usize {
         self.strip_loops
+    }
+
+    /// Innermost loops whose stores stream to their outputs ([`super::stream`]).
+    pub fn stream_loops(&self) -> usize {
+        self.stream_loops
     }
 
     /// Rows run side by side as vector lanes (0: one row at a time; see `lanes`).
@@ -149,6 +158,10 @@ impl CpuKernel {
         // guarantees the buffer pointers, and every index map was validated to stay inside its
         // buffer for rows below `self.rows`.
         let rc = unsafe { (self.func)(bufs.as_ptr(), begin as i64, end as i64) };
+        if self.stream_loops > 0 {
+            // streamed stores are weakly ordered: complete them before anyone reads the output
+            super::vmath::fence();
+        }
         match i64::from(rc) {
             0 => Ok(()),
             ERR_ZERO_DIV => bail!(Value, "ZeroDivisionError"),
@@ -233,8 +246,8 @@ fn compile_uncached(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Re
         imports.insert(name, jit.import(name, &s)?);
     }
     let sig = jit.signature(&[ptr, I64, I64], &[I32]);
-    let (mut vector_loops, mut cached_rows, mut lane_rows, mut strip_loops, mut column_sums) =
-        (0, 0, 0, 0, 0);
+    let (mut vector_loops, mut cached_rows, mut lane_rows) = (0, 0, 0);
+    let (mut strip_loops, mut column_sums, mut stream_loops) = (0, 0, 0);
     let id = jit.define(&k.name_for_symbol(), &sig, |fb| {
         let mut g = Gen::new(fb, &ck, buffers, &imports, ptr, opts.clone());
         g.emit_function()?;
@@ -243,6 +256,7 @@ fn compile_uncached(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Re
         lane_rows = g.lane_rows;
         strip_loops = g.strip_loops;
         column_sums = g.column_sums;
+        stream_loops = g.stream_loops;
         Ok(())
     })?;
     jit.finalize()?;
@@ -260,6 +274,7 @@ fn compile_uncached(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Re
         lane_rows,
         strip_loops,
         column_sums,
+        stream_loops,
         _jit: jit,
     })
 }
@@ -295,6 +310,10 @@ fn helper_signature(jit: &Jit, s: Sig) -> Signature {
         Sig::ColSum => {
             let p = jit.pointer_type();
             jit.signature(&[p, I64, I64, I64, p], &[])
+        }
+        Sig::Stream => {
+            let p = jit.pointer_type();
+            jit.signature(&[p, p, I64], &[])
         }
     }
 }
@@ -557,6 +576,8 @@ pub(super) struct Gen<'g, 'a, 'b> {
     pub strip_rows: HashMap<ValId, Value>,
     /// Innermost loops emitted in strips so far, and the stack their rows take.
     pub strip_loops: usize,
+    /// Innermost loops whose stores stream ([`super::stream`]).
+    pub stream_loops: usize,
     pub strip_rows_bytes: usize,
     /// Reductions the column-sum helper computes (see `lanes`).
     pub column_sums: usize,
@@ -630,6 +651,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
             lane_rows: 0,
             strip_rows: HashMap::new(),
             strip_loops: 0,
+            stream_loops: 0,
             column_sums: 0,
             strip_rows_bytes: 0,
         }
@@ -1034,6 +1056,11 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
             if let Some(work) = self.strip_work(body) {
                 self.strip_loops += 1;
                 return self.strip_loop(i, len, body, env, &work);
+            }
+            let streamed = self.stream_stores(body);
+            if !streamed.is_empty() {
+                self.stream_loops += 1;
+                return self.stream_loop(i, len, body, env, &streamed);
             }
             self.vector_loops += 1;
             self.vector_loop(i, len, body, env)?;

@@ -9,9 +9,11 @@ pub mod lower;
 pub mod math;
 mod rowcache;
 mod scalar;
+mod stream;
 mod strip;
 mod vector;
 pub mod vmath;
 
 pub use exec::{CompileOptions, CompiledFn, KernelBackend, PAR_MIN_ELEMS, StepInfo, StepTimes};
 pub use lower::{CodegenOptions, CpuKernel, compile_kernel};
+pub use stream::STREAM_MIN_BYTES;

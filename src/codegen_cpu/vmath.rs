@@ -65,6 +65,10 @@ pub const SUM_SYMBOL: &str = "smelt_strip_sum";
 /// sums of `cols` adjacent columns over `rows` rows `stride` elements apart ([`super::lanes`]).
 pub const COL_SUM_SYMBOL: &str = "smelt_col_sum";
 
+/// The symbol of the streamed copy: `smelt_stream(src, dst, n)` copies `n` f32s from a stack
+/// row to an output with non-temporal stores ([`super::stream`]).
+pub const STREAM_SYMBOL: &str = "smelt_stream";
+
 // ---------------------------------------------------------------------------------------------
 // Scalar definitions, written branch-free (selects, not jumps) so that the loops vectorise.
 
@@ -398,6 +402,63 @@ pub(super) unsafe extern "C" fn strip_sum(src: *const f32, n: i64) -> f64 {
     }
 }
 
+/// Whether this CPU has non-temporal vector stores for [`stream`] (AVX, on x86-64).
+pub fn streams() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AVX: OnceLock<bool> = OnceLock::new();
+        *AVX.get_or_init(|| is_x86_feature_detected!("avx"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Completes this thread's streamed stores before its later stores (`sfence`): a kernel
+/// that streamed calls it before returning its results.
+pub fn fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `sfence` is part of SSE, which every x86-64 CPU has.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    }
+}
+
+/// The streamed copy generated code calls: `dst[..n] = src[..n]`, with non-temporal stores
+/// from the first 32-byte boundary of `dst` on (plain stores before it and for the last
+/// partial vector). A negative count copies nothing.
+///
+/// # Safety
+/// `src` points to `n` initialised f32s and `dst` to `n` writable ones that do not overlap
+/// them; nothing else touches either during the call.
+pub(super) unsafe extern "C" fn stream(src: *const f32, dst: *mut f32, n: i64) {
+    let Ok(n) = usize::try_from(n) else {
+        return;
+    };
+    #[cfg(target_arch = "x86_64")]
+    if streams() {
+        // SAFETY: AVX is present; the caller's contract.
+        unsafe { stream_avx(src, dst, n) };
+        return;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, n) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn stream_avx(src: *const f32, dst: *mut f32, n: usize) {
+    use std::arch::x86_64::{_mm256_loadu_ps, _mm256_stream_ps};
+    // SAFETY (all blocks): every access stays in `[0, n)` of both, by the caller's contract.
+    let head = dst.align_offset(32).min(n);
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+    let mut i = head;
+    while i + 8 <= n {
+        unsafe { _mm256_stream_ps(dst.add(i), _mm256_loadu_ps(src.add(i))) };
+        i += 8;
+    }
+    unsafe { std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), n - i) };
+}
+
 /// The column sum generated code calls: `dst[c] = Σ_{r<rows} src[r·stride + c]` for
 /// `c < cols`, in f64, rows in order. A negative count or a stride that does not fit a
 /// pointer offset does nothing.
@@ -604,5 +665,23 @@ mod tests {
         // SAFETY: both ranges lie in `buf`.
         unsafe { strip_math(0, buf.as_ptr(), buf.as_mut_ptr().add(2), 4) };
         assert_eq!(&buf[2..], &want);
+    }
+    #[test]
+    fn stream_copies_every_element() {
+        let src: Vec<f32> = (0..600).map(|i| i as f32 * 1.5 - 7.0).collect();
+        for off in 0..9 {
+            for n in [0usize, 1, 7, 8, 9, 31, 100, 513] {
+                let mut dst = vec![-1.0f32; n + 20];
+                // SAFETY: `src` holds 600 elements and `dst` `off + n` or more; disjoint.
+                unsafe { stream(src.as_ptr(), dst.as_mut_ptr().add(off), n as i64) };
+                fence();
+                assert_eq!(&dst[off..off + n], &src[..n], "offset {off}, {n} elements");
+                assert!(dst[..off].iter().chain(&dst[off + n..]).all(|&v| v == -1.0));
+            }
+        }
+        let mut dst = [3.0f32; 4];
+        // SAFETY: a negative count touches nothing.
+        unsafe { stream(src.as_ptr(), dst.as_mut_ptr(), -2) };
+        assert_eq!(dst, [3.0; 4]);
     }
 }
