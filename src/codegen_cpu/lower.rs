@@ -9,7 +9,8 @@
 //!   kernels compute outer-level values once per row, run each reduction pass over the inner
 //!   space (a loop nest), then the row stores and the inner stores.
 //! - Addresses: each map's element offset is computed once per segment or loop level
-//!   (`offset + Σ i_d·s_d`); inside the innermost loop an access is `base + i·stride`.
+//!   (`offset + Σ i_d·s_d`); inside the innermost loop an access is `base + i·stride`, and a
+//!   vector loop walks each strided access with a pointer advanced once per iteration.
 //! - The innermost loop is vectorised ([`super::vector`]) with two F32X4 groups per iteration
 //!   and a scalar tail when every access there has stride 0 or 1 and every value is f32 or a
 //!   mask; otherwise it is the scalar loop ([`super::scalar`]).
@@ -17,7 +18,9 @@
 //!   adjacent rows at once as vector lanes ([`super::lanes`]); row kernels whose passes and
 //!   stores share a costly value keep it in a stack row ([`super::rowcache`]).
 //! - Vector loops with exp, tanh, sigmoid, silu or gelu_tanh run in strips whose
-//!   transcendentals native AVX-512/AVX2 helpers evaluate ([`super::strip`]).
+//!   transcendentals native AVX-512/AVX2 helpers evaluate ([`super::strip`]); other vector
+//!   loops storing into a large f32 output stream it with non-temporal stores
+//!   ([`super::stream`]).
 //! - Integer remainder by zero sets error code 1 (PyTorch's ZeroDivisionError); the division
 //!   itself then runs on a safe divisor, so no instruction traps.
 
