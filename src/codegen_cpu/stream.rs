@@ -14,7 +14,6 @@ use super::vmath;
 use crate::Result;
 use crate::ir::dtype::DType;
 use crate::kernel::Expr;
-use cranelift_codegen::ir::types::I64;
 use cranelift_codegen::ir::{InstBuilder, Value};
 use cranelift_frontend::Variable;
 
@@ -78,14 +77,7 @@ impl Gen<'_, '_, '_> {
                 self.stack_row(ROW_BYTES)
             })
             .collect();
-        let s = self.fb.b.declare_var(I64);
-        let zero = self.iconst(I64, 0);
-        self.fb.b.def_var(s, zero);
-        self.while_lt(s, len, &mut |g, sv| {
-            let left = g.fb.b.ins().isub(len, sv);
-            let cap = g.iconst(I64, STRIP);
-            let n = g.fb.b.ins().smin(left, cap);
-            let end = g.fb.b.ins().iadd(sv, n);
+        self.in_strips(len, STRIP, &mut |g, sv, n, end| {
             // the stores of elements [sv, end) land in the rows: element `sv` at a row's start
             let back = g.fb.b.ins().imul_imm_s(sv, 4);
             let mut outs = Vec::with_capacity(accs.len());
@@ -100,7 +92,7 @@ impl Gen<'_, '_, '_> {
                 g.cur_ptr[a] = ptr;
                 g.call_void(vmath::STREAM_SYMBOL, &[row, dst, n]);
             }
-            Ok(n)
+            Ok(())
         })
     }
 }

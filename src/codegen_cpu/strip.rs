@@ -273,14 +273,7 @@ impl Gen<'_, '_, '_> {
         } else {
             STRIP
         };
-        let s = self.fb.b.declare_var(I64);
-        let zero = self.iconst(I64, 0);
-        self.fb.b.def_var(s, zero);
-        self.while_lt(s, len, &mut |g, sv| {
-            let left = g.fb.b.ins().isub(len, sv);
-            let cap = g.iconst(I64, step);
-            let n = g.fb.b.ins().smin(left, cap);
-            let end = g.fb.b.ins().iadd(sv, n);
+        self.in_strips(len, step, &mut |g, sv, n, end| {
             // element `sv` is a stack row's first: its base sits `sv` elements before it
             let back = g.fb.b.ins().imul_imm_s(sv, 4);
             let mut starts = Vec::new();
@@ -321,6 +314,27 @@ impl Gen<'_, '_, '_> {
                 g.vector_loop(i, end, last, env)?;
                 g.scalar_loop(i, end, last, env)?;
             }
+            Ok(())
+        })
+    }
+
+    /// Runs `each(g, start, n, end)` over `[0, len)` in strips of `n = min(step, len - start)`
+    /// elements ending at `end`.
+    pub(super) fn in_strips(
+        &mut self,
+        len: Value,
+        step: i64,
+        each: &mut dyn FnMut(&mut Self, Value, Value, Value) -> Result<()>,
+    ) -> Result<()> {
+        let s = self.fb.b.declare_var(I64);
+        let zero = self.iconst(I64, 0);
+        self.fb.b.def_var(s, zero);
+        self.while_lt(s, len, &mut |g, sv| {
+            let left = g.fb.b.ins().isub(len, sv);
+            let cap = g.iconst(I64, step);
+            let n = g.fb.b.ins().smin(left, cap);
+            let end = g.fb.b.ins().iadd(sv, n);
+            each(g, sv, n, end)?;
             Ok(n)
         })
     }
