@@ -157,6 +157,12 @@ fn assert_close(got: &Tensor, want: &Tensor, tol: Tol, what: &str) {
     }
 }
 
+/// Graphs with a softmax: a few ulps per exponential, divided by a sum.
+const SOFTMAX_TOL: Tol = Tol {
+    ulps: 16,
+    rel: 1e-6,
+};
+
 /// Compiles `g`, runs it compiled (in 1 and 3 chunks) and interpreted, and compares.
 fn check_with(g: &Graph, ins: &[Tensor], tol: Tol) -> Schedule {
     let s = compile(g).unwrap_or_else(|e| panic!("compile {}: {e}", g.name));
@@ -896,14 +902,7 @@ fn transcendentals_run_in_strips_with_the_inline_results() {
     let st = g.add_op(Op::Unary(UnaryOp::Sigmoid), &[xt]).unwrap();
     g.set_outputs(vec![sm, rs, st]);
     let ins = vec![values(&mut rng, DType::F32, &shape, false)];
-    let s = check_with(
-        &g,
-        &ins,
-        Tol {
-            ulps: 16,
-            rel: 1e-6,
-        },
-    );
+    let s = check_with(&g, &ins, SOFTMAX_TOL);
     let (a, b, loops) = strips_and_inline(&s, &ins);
     for (i, (a, b)) in a.iter().zip(&b).enumerate() {
         // sums merge their vector accumulators once per strip: they may round differently
@@ -1013,14 +1012,7 @@ fn large_outputs_stream_with_the_plain_results() {
         let sm = g.add_op(Op::Softmax { dim: -1 }, &[x]).unwrap();
         g.set_outputs(vec![h, sm]);
         let ins = vec![values(&mut rng, DType::F32, shape, true)];
-        let s = check_with(
-            &g,
-            &ins,
-            Tol {
-                ulps: 16,
-                rel: 1e-6,
-            },
-        );
+        let s = check_with(&g, &ins, SOFTMAX_TOL);
         for chunks in [1, 3] {
             let a = run_compiled(&s, &ins, chunks, &stream).unwrap();
             let b = run_compiled(&s, &ins, chunks, &plain).unwrap();
