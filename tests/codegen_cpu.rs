@@ -989,7 +989,7 @@ fn strips_write_safely_over_their_input() {
 /// with tails, single elements and empty outputs, in 1 and 3 chunks.
 #[test]
 fn large_outputs_stream_with_the_plain_results() {
-    let streams_here = smelt::codegen_cpu::vmath::streams();
+    let streams_here = smelt::codegen_cpu::vmath::available();
     let with = |min| CodegenOptions {
         stream_min_bytes: Some(min),
         ..CodegenOptions::default()
@@ -1059,7 +1059,7 @@ fn a_streamed_output_may_overwrite_its_input() {
     let ck = compile_kernel(k, &s.buffers, &CodegenOptions::default()).unwrap();
     let big = shape.iter().product::<usize>() * 4 >= smelt::codegen_cpu::STREAM_MIN_BYTES;
     assert!(big, "the test output reaches the threshold");
-    if smelt::codegen_cpu::vmath::streams() {
+    if smelt::codegen_cpu::vmath::available() {
         assert_eq!(ck.stream_loops(), 1);
     }
     let f = CompiledFn::compile(&g, &CompileOptions::default()).unwrap();

@@ -1110,8 +1110,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
     /// (pointer, constant byte offset). Lanes run along the innermost loop, or along the last
     /// outer dim in a block of rows as lanes ([`super::lanes`]).
     pub fn addr(&mut self, a: usize, i: Value, lane: i64) -> (Value, i32) {
-        let buffer = self.accesses[a].buffer.unwrap_or(0);
-        let size = esize(self.bufs[buffer].dtype);
+        let size = self.elem_bytes(a);
         let s = self.cur_stride[a];
         let lane_off = (lane * self.lane_step(a) * size) as i32;
         if let Some(&(at, p)) = self.walked.get(&a)
@@ -1128,6 +1127,11 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
             self.fb.b.ins().iadd(base, t)
         };
         (p, lane_off)
+    }
+
+    /// Bytes per element of the buffer access `a` reads or writes.
+    pub fn elem_bytes(&self, a: usize) -> i64 {
+        esize(self.bufs[self.accesses[a].buffer.unwrap_or(0)].dtype)
     }
 
     /// Elements between adjacent lanes of access `a`.

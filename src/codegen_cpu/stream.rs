@@ -27,7 +27,7 @@ impl Gen<'_, '_, '_> {
     /// The stores of `body` to stream: each the only store into a contiguous f32 output of
     /// at least the threshold's size that the kernel never reads, within the stack budget.
     pub(super) fn stream_stores(&self, body: &Body) -> Vec<usize> {
-        if !vmath::streams() || self.pos.is_some() || self.lane_stride.is_some() {
+        if !vmath::available() || self.pos.is_some() || self.lane_stride.is_some() {
             return vec![];
         }
         let min = self.opts.stream_min_bytes.unwrap_or(STREAM_MIN_BYTES);

@@ -5,7 +5,7 @@
 //! compare + bitselect and keep PyTorch's NaN propagation; sums accumulate in f64 lanes
 //! (`fast_math`: f32 lanes), merged lane by lane into the scalar accumulator before the tail.
 
-use super::lower::{Body, Gen, esize, flags};
+use super::lower::{Body, Gen, flags};
 use super::math;
 use crate::Result;
 use crate::ir::dtype::DType;
@@ -258,8 +258,7 @@ impl Gen<'_, '_, '_> {
                 let t = self.fb.b.func.dfg.value_type(p);
                 let var = self.fb.b.declare_var(t);
                 self.fb.b.def_var(var, p);
-                let size = esize(self.bufs[self.accesses[a].buffer.unwrap_or(0)].dtype);
-                (a, var, step * self.cur_stride[a] * size)
+                (a, var, step * self.cur_stride[a] * self.elem_bytes(a))
             })
             .collect()
     }

@@ -11,6 +11,9 @@
 //! Without AVX2 + FMA (or off x86-64) [`available`] is false and kernels keep the inline code:
 //! a software fma would make these loops slower than Cranelift's.
 //!
+//! The streamed copy ([`stream`]) moves a stack row to a large output with non-temporal AVX
+//! stores ([`super::stream`]); kernels stream only where [`available`] is true.
+//!
 //! The column sum ([`col_sum`]) serves rows as lanes ([`super::lanes`]). It only adds
 //! converted f32s and needs no fma, so it runs its portable build wherever AVX2 is missing.
 
@@ -402,17 +405,6 @@ pub(super) unsafe extern "C" fn strip_sum(src: *const f32, n: i64) -> f64 {
     }
 }
 
-/// Whether this CPU has non-temporal vector stores for [`stream`] (AVX, on x86-64).
-pub fn streams() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static AVX: OnceLock<bool> = OnceLock::new();
-        *AVX.get_or_init(|| is_x86_feature_detected!("avx"))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
 /// Completes this thread's streamed stores before its later stores (`sfence`): a kernel
 /// that streamed calls it before returning its results.
 pub fn fence() {
@@ -435,8 +427,8 @@ pub(super) unsafe extern "C" fn stream(src: *const f32, dst: *mut f32, n: i64) {
         return;
     };
     #[cfg(target_arch = "x86_64")]
-    if streams() {
-        // SAFETY: AVX is present; the caller's contract.
+    if available() {
+        // SAFETY: AVX is present (AVX2 implies it); the caller's contract.
         unsafe { stream_avx(src, dst, n) };
         return;
     }
