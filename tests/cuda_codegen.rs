@@ -137,6 +137,42 @@ fn every_op_compiles_to_ptx_and_cubin_for_sm_90() {
 }
 
 #[test]
+fn contiguous_pointwise_kernels_move_16_bytes_per_access() {
+    if !nvrtc_or_skip("contiguous_pointwise_kernels_move_16_bytes_per_access") {
+        return;
+    }
+    let chain = "%r = relu(%x)\n %h = mul(%r, 0.5)\n %y = add(%h, %b)";
+    let cases = [
+        ("f32", "%x: f32[64,4097], %b: f32[4097]", "v4.f32"),
+        ("f64", "%x: f64[64,4097], %b: f64[4097]", "v2.f64"),
+        ("f16", "%x: f16[64,4097], %b: f16[4097]", "v4.u16"),
+    ];
+    for (name, params, vector) in cases {
+        let p = generate(&schedule(name, params, chain), &CudaOptions::default()).unwrap();
+        assert_eq!(p.kernels.len(), 1, "{name}: one fused kernel");
+        let unit = p.unit(0).unwrap();
+        let out = nvrtc::compile(&unit, "chain.cu", &CompileOptions::for_arch("sm_90"))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        // the contiguous input and the output move by vectors; the broadcast bias, the
+        // tail and the misaligned fallback by elements
+        assert!(
+            out.ptx.contains(&format!("ld.global.nc.{vector}")),
+            "{name}: vector load\n{}",
+            out.ptx
+        );
+        assert!(
+            out.ptx.contains(&format!("st.global.{vector}")),
+            "{name}: vector store"
+        );
+        let scalar = vector.replace("v4.", "").replace("v2.", "");
+        assert!(
+            out.ptx.contains(&format!("st.global.{scalar}")),
+            "{name}: scalar tail"
+        );
+    }
+}
+
+#[test]
 fn runtime_copy_kernels_compile_for_sm_90() {
     if !nvrtc_or_skip("runtime_copy_kernels_compile_for_sm_90") {
         return;

@@ -1,12 +1,14 @@
 //! CUDA C text of one kernel of the kernel IR.
 //!
-//! Pointwise kernels are grid-stride loops over the flat index of their space. Row kernels
+//! Pointwise kernels are grid-stride loops over the flat index of their space, four elements
+//! a thread where some access is contiguous ([`super::vector`]), then a scalar tail. Row kernels
 //! give each block one row at a time: per reduction pass every thread accumulates a strided
 //! part of the row, warp shuffles and shared memory combine the parts, and every thread gets
 //! the result; then the stores. Positions are recovered from flat indices by div/mod only for
 //! the dims some map needs; a map that walks the space in row-major order uses the flat index.
 
 use super::scalar::{self, var_type};
+use super::vector::{LANES, VecType};
 use super::{CudaKernelSrc, CudaOptions, KernelParam, Launch, ParamAccess};
 use crate::ir::dtype::DType;
 use crate::ir::shape::numel;
@@ -241,6 +243,43 @@ enum Scope {
     Inner,
 }
 
+/// One lane of a vector loop: which loads and stores go through vector variables.
+struct Lane<'a> {
+    lane: usize,
+    /// Per value: the vector its load reads from.
+    loads: &'a BTreeMap<usize, (VecType, String)>,
+    /// Per store of the kernel: the vector it writes into.
+    stores: &'a [Option<(VecType, String)>],
+}
+
+/// The vector accesses of a pointwise kernel ([`Gen::vector_plan`]).
+#[derive(Default)]
+struct VectorPlan {
+    /// Per (buffer, offset) read through a vector: its type and variable.
+    vectors: BTreeMap<(usize, usize), (VecType, String)>,
+    /// Per load value: the vector it reads.
+    loads: BTreeMap<usize, (VecType, String)>,
+    /// Per store: the vector it writes, if it is one.
+    stores: Vec<Option<(VecType, String)>>,
+    /// The C condition that every vector's buffer is aligned for it.
+    aligned: String,
+}
+
+impl VectorPlan {
+    fn reads(&self, b: usize) -> bool {
+        self.vectors.keys().any(|&(r, _)| r == b)
+    }
+}
+
+/// The address of a vector access at element `offset` of the thread's first lane.
+fn vec_addr(offset: usize) -> String {
+    if offset == 0 {
+        "sm_i4".to_string()
+    } else {
+        format!("sm_i4 + {offset}")
+    }
+}
+
 /// The index of an argmax accumulator that has seen nothing.
 const ARG_NONE: &str = "9223372036854775807LL";
 
@@ -369,6 +408,7 @@ impl Gen<'_> {
         stores: &[Store],
         scope: Scope,
         indent: usize,
+        lane: Option<&Lane>,
     ) -> Result<()> {
         let n_o = if scope == Scope::Flat {
             self.space.len()
@@ -379,22 +419,33 @@ impl Gen<'_> {
         let mut used_i = vec![false; self.k.inner.len()];
         let mut lines = Vec::new();
         for &i in ids {
+            let t = var_type(self.k.values[i].dtype);
+            if let Some(l) = lane
+                && let Some((vt, var)) = l.loads.get(&i)
+            {
+                let e = vt.lane_in(&vt.component(var, l.lane));
+                lines.push(format!("const {t} v{i} = {e};"));
+                continue;
+            }
             let addr = match self.map_of(i) {
                 Some(m) => self.address(m, scope, &mut used_o, &mut used_i),
                 None => String::new(),
             };
             let e = self.expr(i, &addr)?;
-            let t = var_type(self.k.values[i].dtype);
             lines.push(format!("const {t} v{i} = {e};"));
         }
-        for st in stores {
-            let a = self.address(&st.map, scope, &mut used_o, &mut used_i);
+        for (n, st) in stores.iter().enumerate() {
             let d = self.s.buffers[st.buffer].dtype;
-            lines.push(format!(
-                "b{}[{a}] = {};",
-                st.buffer,
-                scalar::store(d, &format!("v{}", st.value))
-            ));
+            let v = format!("v{}", st.value);
+            if let Some(l) = lane
+                && let Some((vt, var)) = &l.stores[n]
+            {
+                let e = vt.lane_out(&scalar::store(d, &v));
+                lines.push(format!("{} = {e};", vt.component(var, l.lane)));
+                continue;
+            }
+            let a = self.address(&st.map, scope, &mut used_o, &mut used_i);
+            lines.push(format!("b{}[{a}] = {};", st.buffer, scalar::store(d, &v)));
         }
         let pad = "  ".repeat(indent);
         let dec = match scope {
@@ -421,18 +472,66 @@ impl Gen<'_> {
     fn pointwise(&mut self) -> Result<Launch> {
         let n = numel(self.space) as u64;
         let ity = self.ity;
-        self.line(1, &format!("const {ity} sm_n = {n};"));
-        self.line(
-            1,
-            &format!(
-                "for ({ity} sm_i = ({ity})blockIdx.x * blockDim.x + threadIdx.x; sm_i < sm_n; sm_i += ({ity})gridDim.x * blockDim.x) {{"
-            ),
-        );
         let all: Vec<usize> = (0..self.k.values.len()).collect();
         let stores = self.k.stores.clone();
-        self.values(&all, &stores, Scope::Flat, 2)?;
+        let gtid = format!("({ity})blockIdx.x * blockDim.x + threadIdx.x");
+        let step = format!("({ity})gridDim.x * blockDim.x");
+        self.line(1, &format!("const {ity} sm_n = {n};"));
+        let plan = self.vector_plan(n);
+        let mut start = String::new();
+        if let Some(p) = &plan {
+            // every thread takes LANES consecutive elements; a misaligned buffer (a view at an
+            // odd address) sends the whole grid down the scalar loop instead
+            self.line(1, &format!("const bool sm_vec = {};", p.aligned));
+            let nv = n / LANES as u64;
+            self.line(1, &format!("const {ity} sm_nv = sm_vec ? {nv} : 0;"));
+            self.line(
+                1,
+                &format!("for ({ity} sm_q = {gtid}; sm_q < sm_nv; sm_q += {step}) {{"),
+            );
+            self.line(2, &format!("const {ity} sm_i4 = sm_q * {LANES};"));
+            for ((b, off), (vt, var)) in &p.vectors {
+                for l in vt.load(var, &format!("b{b}"), &vec_addr(*off)) {
+                    self.line(2, &l);
+                }
+            }
+            for (vt, var) in p.stores.iter().flatten() {
+                for part in vt.parts(var) {
+                    self.line(2, &format!("{} {part};", vt.ctype));
+                }
+            }
+            for lane in 0..LANES {
+                self.line(2, "{");
+                self.line(3, &format!("const {ity} sm_i = sm_i4 + {lane};"));
+                let l = Lane {
+                    lane,
+                    loads: &p.loads,
+                    stores: &p.stores,
+                };
+                self.values(&all, &stores, Scope::Flat, 3, Some(&l))?;
+                self.line(2, "}");
+            }
+            for (st, v) in stores.iter().zip(&p.stores) {
+                if let Some((vt, var)) = v {
+                    let addr = vec_addr(st.map.offset);
+                    for l in vt.store(var, &format!("b{}", st.buffer), &addr) {
+                        self.line(2, &l);
+                    }
+                }
+            }
+            self.line(1, "}");
+            start = format!("sm_nv * {LANES} + ");
+        }
+        self.line(
+            1,
+            &format!("for ({ity} sm_i = {start}{gtid}; sm_i < sm_n; sm_i += {step}) {{"),
+        );
+        self.values(&all, &stores, Scope::Flat, 2, None)?;
         self.line(1, "}");
-        let grid = n.div_ceil(POINTWISE_BLOCK as u64).min(MAX_GRID);
+        let per_thread = if plan.is_some() { LANES as u64 } else { 1 };
+        let grid = n
+            .div_ceil(per_thread * POINTWISE_BLOCK as u64)
+            .min(MAX_GRID);
         Ok(Launch::Pointwise {
             n,
             block: POINTWISE_BLOCK,
@@ -440,6 +539,68 @@ impl Gen<'_> {
         })
     }
 
+    /// The vector accesses of a pointwise kernel over `n` elements, or `None` when it gains
+    /// nothing from them or could change meaning: a buffer the kernel writes must be read and
+    /// written only through the one vector of its store.
+    fn vector_plan(&self, n: u64) -> Option<VectorPlan> {
+        if n < LANES as u64 {
+            return None;
+        }
+        let vec_of = |b: usize, map: &IndexMap| {
+            (flat_factor(&map.strides, self.space) == Some(1) && map.offset.is_multiple_of(LANES))
+                .then(|| VecType::of(self.s.buffers[b].dtype))
+        };
+        let mut plan = VectorPlan::default();
+        for (i, v) in self.k.values.iter().enumerate() {
+            if let Expr::Load { buffer, map } = &v.expr
+                && v.dtype == self.s.buffers[*buffer].dtype
+                && let Some(vt) = vec_of(*buffer, map)
+            {
+                let var = format!("sm_l{buffer}_{}", map.offset);
+                plan.vectors
+                    .insert((*buffer, map.offset), (vt, var.clone()));
+                plan.loads.insert(i, (vt, var));
+            }
+        }
+        for (n, st) in self.k.stores.iter().enumerate() {
+            let v = vec_of(st.buffer, &st.map).map(|vt| (vt, format!("sm_s{n}")));
+            plan.stores.push(v);
+        }
+        for (n, st) in self.k.stores.iter().enumerate() {
+            let b = st.buffer;
+            let alone = self.k.stores.iter().filter(|o| o.buffer == b).count() == 1;
+            let read_in_step = self
+                .k
+                .values
+                .iter()
+                .enumerate()
+                .all(|(i, v)| match &v.expr {
+                    Expr::Load { buffer, map } if *buffer == b => {
+                        plan.loads.contains_key(&i) && map.offset == st.map.offset
+                    }
+                    _ => true,
+                });
+            if !alone || !read_in_step || plan.stores[n].is_none() && plan.reads(b) {
+                return None;
+            }
+        }
+        if plan.loads.is_empty() && plan.stores.iter().all(Option::is_none) {
+            return None;
+        }
+        let mut align: BTreeMap<usize, usize> = BTreeMap::new();
+        let accesses = plan.vectors.iter().map(|((b, _), (vt, _))| (*b, vt));
+        let stored = self.k.stores.iter().zip(&plan.stores);
+        let stored = stored.filter_map(|(st, v)| Some((st.buffer, &v.as_ref()?.0)));
+        for (b, vt) in accesses.chain(stored) {
+            align.insert(b, vt.align());
+        }
+        let checks: Vec<String> = align
+            .iter()
+            .map(|(b, a)| format!("(reinterpret_cast<unsigned long long>(b{b}) % {a} == 0)"))
+            .collect();
+        plan.aligned = checks.join(" && ");
+        Some(plan)
+    }
     /// The inner-level values in the cone of `roots`, in order (outer-level ones are
     /// variables of the row scope already).
     fn inner_cone(&self, roots: &[usize]) -> Vec<usize> {
@@ -515,11 +676,11 @@ impl Gen<'_> {
                 .collect()
         };
         let first = outer_at(0);
-        self.values(&first, &[], Scope::Row, 2)?;
+        self.values(&first, &[], Scope::Row, 2, None)?;
         for (p, vs) in k.passes.iter().enumerate() {
             self.pass(p, vs)?;
             let next = outer_at(p + 1);
-            self.values(&next, &[], Scope::Row, 2)?;
+            self.values(&next, &[], Scope::Row, 2, None)?;
         }
         // stores along the row, then row stores by one thread
         let (along, once): (Vec<Store>, Vec<Store>) = k
@@ -534,12 +695,12 @@ impl Gen<'_> {
                 2,
                 &format!("for ({ity} sm_j = threadIdx.x; sm_j < sm_len; sm_j += blockDim.x) {{"),
             );
-            self.values(&cone, &along, Scope::Inner, 3)?;
+            self.values(&cone, &along, Scope::Inner, 3, None)?;
             self.line(2, "}");
         }
         if !once.is_empty() {
             self.line(2, "if (threadIdx.x == 0) {");
-            self.values(&[], &once, Scope::Row, 3)?;
+            self.values(&[], &once, Scope::Row, 3, None)?;
             self.line(2, "}");
         }
         self.line(1, "}");
@@ -580,7 +741,7 @@ impl Gen<'_> {
             2,
             &format!("for ({ity} sm_j = threadIdx.x; sm_j < sm_len; sm_j += blockDim.x) {{"),
         );
-        self.values(&cone, &[], Scope::Inner, 3)?;
+        self.values(&cone, &[], Scope::Inner, 3, None)?;
         for (r, _, arg, a) in &accs {
             let x = a.step_arg(k.values[*arg].dtype, &format!("v{arg}"));
             let line = if a.arg {

@@ -16,6 +16,7 @@ pub mod locate;
 pub mod nvrtc;
 mod prelude;
 mod scalar;
+mod vector;
 
 use crate::Result;
 use crate::ir::dtype::DType;

@@ -1,0 +1,77 @@
+// CUDA C on the host: just enough of the CUDA language for smelt's generated kernels to
+// compile with a C++20 compiler and run on CPU threads. A launch runs every thread of a
+// block as an OS thread and the blocks one after another, so __syncthreads is a barrier
+// and a warp shuffle is an exchange through memory between two barriers.
+#include <math.h>
+#include <string.h>
+#include <barrier>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __shared__ static
+
+struct dim3 {
+  unsigned int x, y, z;
+};
+static thread_local dim3 threadIdx, blockIdx;
+static dim3 blockDim, gridDim;
+static std::barrier<>* sm_host_barrier;
+
+inline void __syncthreads() { sm_host_barrier->arrive_and_wait(); }
+
+// Every thread of the block takes part in each shuffle of the generated reductions.
+static unsigned char sm_host_lanes[1024 * 8];
+template <class T> T __shfl_xor_sync(unsigned int, T v, int o) {
+  static_assert(sizeof(T) <= 8, "shuffled values are at most 8 bytes");
+  memcpy(sm_host_lanes + threadIdx.x * sizeof(T), &v, sizeof(T));
+  __syncthreads();
+  T r;
+  memcpy(&r, sm_host_lanes + (threadIdx.x ^ (unsigned int)o) * sizeof(T), sizeof(T));
+  __syncthreads();
+  return r;
+}
+
+inline float __int_as_float(int i) {
+  float f;
+  memcpy(&f, &i, 4);
+  return f;
+}
+inline double __longlong_as_double(long long i) {
+  double d;
+  memcpy(&d, &i, 8);
+  return d;
+}
+
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(16) double2 { double x, y; };
+struct alignas(16) longlong2 { long long x, y; };
+struct alignas(8) short4 { short x, y, z, w; };
+struct alignas(8) ushort4 { unsigned short x, y, z, w; };
+struct alignas(4) char4 { signed char x, y, z, w; };
+struct alignas(4) uchar4 { unsigned char x, y, z, w; };
+
+// Runs `kernel` on a grid of `grid` blocks of `block` threads.
+template <class F> void sm_host_launch(unsigned int grid, unsigned int block, F kernel) {
+  gridDim = {grid, 1, 1};
+  blockDim = {block, 1, 1};
+  std::barrier<> bar(block);
+  sm_host_barrier = &bar;
+  std::vector<std::thread> threads;
+  for (unsigned int t = 0; t < block; ++t) {
+    threads.emplace_back([&, t] {
+      threadIdx = {t, 0, 0};
+      for (unsigned int b = 0; b < grid; ++b) {
+        blockIdx = {b, 0, 0};
+        kernel();
+        // the block's shared memory is reused by the next block
+        bar.arrive_and_wait();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+}

@@ -1,0 +1,436 @@
+//! The generated CUDA C run without a GPU: every kernel is compiled as C++ against a small
+//! host shim (`common/cuda_host.h`: blocks run one after another, each thread of a block is
+//! an OS thread, `__syncthreads` is a barrier) and its results are checked against the
+//! interpreter. This covers what NVRTC's compile test cannot: that the index arithmetic,
+//! the vector accesses and their scalar tails, and the block reductions compute the right
+//! values. f16/bf16 kernels (they need CUDA's half headers) and library calls (GEMMs) are
+//! left to the GPU tests.
+//!
+//! Needs a C++20 compiler (`$CXX`, else `c++`). Without one the tests print why and pass;
+//! with `SMELT_REQUIRE_CXX=1` (CI) they fail instead.
+
+#[path = "common/cuda_cases.rs"]
+mod cuda_cases;
+#[path = "common/cuda_check.rs"]
+mod cuda_check;
+
+use cuda_cases::CASES;
+use cuda_check::{assert_close, inputs};
+use smelt::codegen_cuda::{CudaOptions, CudaProgram, CudaStep, ParamAccess, generate};
+use smelt::ir::graph::Graph;
+use smelt::ir::parse_module;
+use smelt::kernel::{BufferKind, Schedule, View};
+use smelt::passes::Pipeline;
+use smelt::runtime::interp;
+use smelt::runtime::npy::{npy_to_bytes, read_npy_bytes};
+use smelt::runtime::{Tensor, apply};
+use std::process::Command;
+
+const SHIM: &str = include_str!("common/cuda_host.h");
+
+/// The C++ compiler, or `None` after printing why the test is skipped (a failure when the
+/// environment requires one).
+fn compiler_or_skip(test: &str) -> Option<String> {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let ok = Command::new(&cxx)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        return Some(cxx);
+    }
+    if std::env::var("SMELT_REQUIRE_CXX").as_deref() == Ok("1") {
+        panic!("{test}: SMELT_REQUIRE_CXX=1 but no C++ compiler runs as `{cxx}`");
+    }
+    eprintln!("{test}: skipped, no C++ compiler runs as `{cxx}`");
+    None
+}
+
+/// One graph's program, ready to run once the host library is built.
+struct Case {
+    name: String,
+    graph: Graph,
+    schedule: Schedule,
+    program: CudaProgram,
+    /// Host symbol of each kernel's launcher.
+    launchers: Vec<String>,
+}
+
+/// The schedule of `g`, fused or one kernel per op.
+fn schedule(g: &Graph, fuse: bool) -> Schedule {
+    let mut p = Pipeline::default();
+    p.options.fuse.fuse = fuse;
+    if !fuse {
+        p.graph_passes.retain(|x| x.name() != "rewrite");
+    }
+    let stage = p.run_until(g, "fuse").unwrap();
+    stage.schedule.unwrap()
+}
+
+/// Collects cases into one translation unit; kernels get unique names per case.
+#[derive(Default)]
+struct Unit {
+    cases: Vec<Case>,
+    source: String,
+    skipped: Vec<String>,
+}
+
+impl Unit {
+    fn add(&mut self, name: &str, g: &Graph, fuse: bool) {
+        let s = schedule(g, fuse);
+        let program = generate(&s, &CudaOptions::default()).unwrap();
+        let name = format!("{name} (fuse={fuse})");
+        let library = program
+            .steps
+            .iter()
+            .any(|st| matches!(st, CudaStep::Extern(_)));
+        if program.uses_half() || library {
+            self.skipped.push(name);
+            return;
+        }
+        let id = self.cases.len();
+        let mut launchers = Vec::new();
+        for k in &program.kernels {
+            let fname = format!("h{id}_{}", k.name);
+            let src = k
+                .source
+                .replacen(&format!(" {}(", k.name), &format!(" {fname}("), 1);
+            assert!(src != k.source, "{name}: kernel {} not renamed", k.name);
+            self.source.push_str(&src);
+            let args: Vec<String> = k
+                .params
+                .iter()
+                .enumerate()
+                .map(|(i, p)| format!("({})a[{i}]", p.ctype))
+                .collect();
+            let launcher = format!("sm_launch_{fname}");
+            self.source.push_str(&format!(
+                "extern \"C\" void {launcher}(void** a, unsigned int grid, unsigned int block) {{\n  sm_host_launch(grid, block, [&] {{ {fname}({}); }});\n}}\n\n",
+                args.join(", ")
+            ));
+            launchers.push(launcher);
+        }
+        self.cases.push(Case {
+            name,
+            graph: g.clone(),
+            schedule: s,
+            program,
+            launchers,
+        });
+    }
+
+    /// Compiles the unit into a shared library in a fresh directory.
+    fn build(&self, cxx: &str, test: &str) -> libloading::Library {
+        let dir =
+            std::env::temp_dir().join(format!("smelt-cuda-host-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cpp = dir.join("kernels.cpp");
+        let lib = dir.join("kernels.so");
+        let text = format!("{SHIM}\n{}\n{}", CudaProgram::prelude(false), self.source);
+        std::fs::write(&cpp, text).unwrap();
+        let out = Command::new(cxx)
+            .args(["-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w"])
+            .args(["-fno-strict-aliasing", "-o"])
+            .arg(&lib)
+            .arg(&cpp)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{test}: the generated kernels do not compile as C++ ({}):\n{}",
+            cpp.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // SAFETY: the library holds the kernels and launchers just compiled, nothing that runs
+        // at load time beyond C++ static initialisation of the shim's globals.
+        let l = unsafe { libloading::Library::new(&lib) }.unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        l
+    }
+}
+
+/// Raw little-endian bytes of a tensor's elements in row-major order.
+fn raw_bytes(t: &Tensor) -> Vec<u8> {
+    let npy = npy_to_bytes(&t.contiguous()).unwrap();
+    let header = 10 + u16::from_le_bytes([npy[8], npy[9]]) as usize;
+    npy[header..].to_vec()
+}
+
+/// A host buffer standing for a device allocation: 16-byte aligned, with its data starting
+/// `shift` elements in (a misaligned pointer when `shift` is not a multiple of the vector).
+struct HostBuf {
+    mem: Vec<u128>,
+    start: usize,
+    bytes: usize,
+}
+
+impl HostBuf {
+    fn new(data: &[u8], elem: usize, shift: usize) -> HostBuf {
+        let start = shift * elem;
+        let mut mem = vec![0u128; (start + data.len()).div_ceil(16) + 1];
+        // SAFETY: `mem` holds at least `start + data.len()` bytes.
+        unsafe {
+            let p = (mem.as_mut_ptr() as *mut u8).add(start);
+            std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len());
+        }
+        HostBuf {
+            mem,
+            start,
+            bytes: data.len(),
+        }
+    }
+
+    fn ptr(&mut self) -> *mut u8 {
+        // SAFETY: `start` lies inside `mem`.
+        unsafe { (self.mem.as_mut_ptr() as *mut u8).add(self.start) }
+    }
+
+    fn data(&self) -> &[u8] {
+        // SAFETY: `mem` holds `start + bytes` initialised bytes.
+        unsafe {
+            std::slice::from_raw_parts((self.mem.as_ptr() as *const u8).add(self.start), self.bytes)
+        }
+    }
+}
+
+/// The elements of view `v` of a buffer, as a tensor.
+fn gather(b: &HostBuf, s: &Schedule, v: &View) -> Tensor {
+    let buf = &s.buffers[v.buffer];
+    let mut npy = npy_to_bytes(&Tensor::zeros(&[buf.len()], buf.dtype)).unwrap();
+    let header = 10 + u16::from_le_bytes([npy[8], npy[9]]) as usize;
+    npy.truncate(header);
+    npy.extend_from_slice(b.data());
+    let flat = read_npy_bytes(&npy, "buffer").unwrap().to_f64_vec();
+    let n: usize = v.shape.iter().product();
+    let mut vals = Vec::with_capacity(n);
+    let mut pos = vec![0usize; v.shape.len()];
+    for _ in 0..n {
+        let at = v.offset
+            + pos
+                .iter()
+                .zip(&v.strides)
+                .map(|(p, s)| p * s)
+                .sum::<usize>();
+        vals.push(flat[at]);
+        for d in (0..pos.len()).rev() {
+            pos[d] += 1;
+            if pos[d] < v.shape[d] {
+                break;
+            }
+            pos[d] = 0;
+        }
+    }
+    Tensor::from_vec(vals, &v.shape)
+        .and_then(|t| t.to_dtype(buf.dtype))
+        .unwrap()
+}
+
+type Launcher = unsafe extern "C" fn(*mut *mut u8, u32, u32);
+
+/// Runs case `c` on `inputs` with every buffer `shift` elements past an aligned address;
+/// the outputs, or `Err` when a kernel raised the error flag.
+fn run(
+    lib: &libloading::Library,
+    c: &Case,
+    inputs: &[Tensor],
+    shift: usize,
+) -> Result<Vec<Tensor>, String> {
+    let s = &c.schedule;
+    let mut bufs: Vec<HostBuf> = s
+        .buffers
+        .iter()
+        .map(|b| {
+            let data = match &b.kind {
+                BufferKind::Input(i) => raw_bytes(&inputs[*i]),
+                BufferKind::Constant(lit) => {
+                    raw_bytes(&apply(smelt::ir::op::Op::Constant(lit.clone()), &[]).unwrap())
+                }
+                BufferKind::Temp => vec![0u8; b.len() * b.dtype.size()],
+            };
+            HostBuf::new(&data, b.dtype.size(), shift)
+        })
+        .collect();
+    let mut flag = HostBuf::new(&[0u8; 4], 4, 0);
+    for (i, k) in c.program.kernels.iter().enumerate() {
+        if k.launch.grid() == 0 {
+            continue;
+        }
+        let mut args: Vec<*mut u8> = k
+            .params
+            .iter()
+            .map(|p| match (p.access, p.buffer) {
+                (ParamAccess::ErrorFlag, _) => flag.ptr(),
+                (_, Some(b)) => bufs[b].ptr(),
+                (_, None) => panic!("{}: parameter {} without a buffer", c.name, p.name),
+            })
+            .collect();
+        // SAFETY: the launcher was compiled from this kernel; its arguments are the kernel's
+        // buffers in parameter order, each of its schedule size.
+        unsafe {
+            let f: libloading::Symbol<Launcher> = lib.get(c.launchers[i].as_bytes()).unwrap();
+            f(args.as_mut_ptr(), k.launch.grid() as u32, k.launch.block());
+        }
+    }
+    if flag.data() != [0u8; 4] {
+        return Err("ZeroDivisionError".into());
+    }
+    Ok(s.outputs
+        .iter()
+        .map(|v| gather(&bufs[v.buffer], s, v))
+        .collect())
+}
+
+/// Checks every case of `unit` against the interpreter, with aligned and shifted buffers.
+fn check(unit: &Unit, lib: &libloading::Library) {
+    for c in &unit.cases {
+        let host = inputs(&c.graph);
+        let named: Vec<(&str, Tensor)> = c
+            .graph
+            .inputs()
+            .iter()
+            .zip(&host)
+            .map(|(&v, t)| (c.graph.node(v).name.as_str(), t.clone()))
+            .collect();
+        let want = interp::run(&c.graph, &named);
+        for shift in [0, 1] {
+            let what = format!("{} (buffers shifted by {shift})", c.name);
+            match (&want, run(lib, c, &host, shift)) {
+                (Ok(want), Ok(got)) => {
+                    assert_eq!(got.len(), want.len(), "{what}: outputs");
+                    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                        assert_close(&format!("{what} output {i}"), g, w);
+                    }
+                }
+                (Err(_), Err(_)) => {}
+                (w, g) => panic!("{what}: interpreter {w:?} vs host-run CUDA {g:?}"),
+            }
+        }
+    }
+}
+
+fn graph_of(name: &str, params: &str, body: &str) -> Graph {
+    let text = format!("graph g_{name}({params}) {{\n {body}\n return %y\n}}\n");
+    let m = parse_module(&text, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    m.graphs[0].clone()
+}
+
+#[test]
+fn every_op_computes_the_interpreters_values() {
+    let test = "every_op_computes_the_interpreters_values";
+    let Some(cxx) = compiler_or_skip(test) else {
+        return;
+    };
+    smelt::manual_seed(11);
+    let mut unit = Unit::default();
+    for (name, params, body) in CASES {
+        let g = graph_of(name, params, body);
+        for fuse in [true, false] {
+            unit.add(name, &g, fuse);
+        }
+    }
+    // the half cases and the library calls are the GPU tests' alone
+    eprintln!(
+        "{test}: {} programs run, {} left to the GPU",
+        unit.cases.len(),
+        unit.skipped.len()
+    );
+    assert!(
+        unit.cases.len() >= 120,
+        "{test}: too few programs run: {}",
+        unit.cases.len()
+    );
+    let lib = unit.build(&cxx, "ops");
+    check(&unit, &lib);
+}
+
+#[test]
+fn vector_accesses_and_tails_compute_the_interpreters_values() {
+    let test = "vector_accesses_and_tails_compute_the_interpreters_values";
+    let Some(cxx) = compiler_or_skip(test) else {
+        return;
+    };
+    smelt::manual_seed(12);
+    let chain = "%r = relu(%x)\n %h = mul(%r, 0.5)\n %y = add(%h, %b)";
+    let cases: Vec<(String, String, String)> = [
+        ("chain_4097", "%x: f32[4097], %b: f32[4097]", chain),
+        ("chain_rows", "%x: f32[3,1030], %b: f32[1030]", chain),
+        ("chain_tiny", "%x: f32[3], %b: f32[3]", chain),
+        ("chain_one", "%x: f32[1], %b: f32[1]", chain),
+        ("chain_empty", "%x: f32[0], %b: f32[0]", chain),
+        ("chain_f64", "%x: f64[2,21], %b: f64[21]", chain),
+        ("chain_i32", "%x: i32[6,11], %b: i32[11]", chain),
+        ("chain_i64", "%x: i64[45], %b: i64[45]", chain),
+        (
+            "sliced",
+            "%x: f32[9,37], %b: f32[35]",
+            "%s = narrow(%x, dim=1, start=1, length=35)\n %e = exp(%s)\n %y = sub(%e, %b)",
+        ),
+        (
+            "transposed",
+            "%x: f32[13,8], %b: f32[13]",
+            "%t = t(%x)\n %y = mul(%t, %b)",
+        ),
+        (
+            "compare_to_bool",
+            "%x: f32[4,9], %b: f32[4,9]",
+            "%y = gt(%x, %b)",
+        ),
+        (
+            "where_bool",
+            "%x: f32[33], %m: bool[33]",
+            "%n = neg(%x)\n %y = where(%m, %x, %n)",
+        ),
+        ("cast_u8", "%x: u8[19]", "%y = to(%x, dtype=i16)"),
+        ("cast_i8", "%x: i8[5,4]", "%y = to(%x, dtype=f32)"),
+        ("softmax_rows", "%x: f32[5,37]", "%y = softmax(%x, dim=-1)"),
+        (
+            "layer_norm",
+            "%x: f32[6,40], %w: f32[40], %b: f32[40]",
+            "%y = layer_norm(%x, %w, %b, normalized_shape=[40])",
+        ),
+        ("sum_cols", "%x: f32[17,5]", "%y = sum(%x, dim=[0])"),
+    ]
+    .iter()
+    .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+    .collect();
+    let mut unit = Unit::default();
+    for (name, params, body) in &cases {
+        let g = graph_of(name, params, body);
+        for fuse in [true, false] {
+            unit.add(name, &g, fuse);
+        }
+    }
+    assert!(
+        unit.skipped.is_empty(),
+        "{test}: skipped {:?}",
+        unit.skipped
+    );
+    // the contiguous chains go through vector loads and stores (and so do their tails)
+    let vector = |n: &str| {
+        let c = unit
+            .cases
+            .iter()
+            .find(|c| c.name == format!("{n} (fuse=true)"))
+            .unwrap();
+        c.program.kernels.iter().any(|k| {
+            k.source.contains("float4")
+                || k.source.contains("double2")
+                || k.source.contains("int4")
+                || k.source.contains("longlong2")
+        })
+    };
+    for n in [
+        "chain_4097",
+        "chain_rows",
+        "chain_f64",
+        "chain_i32",
+        "chain_i64",
+    ] {
+        assert!(vector(n), "{test}: {n} has no vector access");
+    }
+    for n in ["chain_tiny", "chain_one"] {
+        assert!(!vector(n), "{test}: {n} is too short for a vector");
+    }
+    let lib = unit.build(&cxx, "vectors");
+    check(&unit, &lib);
+}
