@@ -440,7 +440,7 @@ impl Gen<'_> {
             if let Some(l) = lane
                 && let Some((vt, var)) = &l.stores[n]
             {
-                let e = vt.lane_out(&scalar::store(d, &v));
+                let e = vt.lane_out(&v);
                 lines.push(format!("{} = {e};", vt.component(var, l.lane)));
                 continue;
             }

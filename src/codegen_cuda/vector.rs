@@ -110,7 +110,7 @@ impl VecType {
         }
     }
 
-    /// A computed value `e` as the bits of a lane component.
+    /// A computed value `e` as a lane component (its storage form: bits for halves).
     pub fn lane_out(&self, e: &str) -> String {
         match self.dtype {
             DType::F16 => format!("__half_as_ushort(__float2half_rn({e}))"),

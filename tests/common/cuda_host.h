@@ -55,6 +55,56 @@ struct alignas(8) ushort4 { unsigned short x, y, z, w; };
 struct alignas(4) char4 { signed char x, y, z, w; };
 struct alignas(4) uchar4 { unsigned char x, y, z, w; };
 
+// f16 as GCC's _Float16 (its conversions round to nearest even, from double in one step);
+// bf16 as its bits, rounded by hand.
+struct __half {
+  _Float16 v;
+};
+inline float __half2float(__half h) { return (float)h.v; }
+inline __half __float2half_rn(float f) { return {(_Float16)f}; }
+inline __half __double2half(double d) { return {(_Float16)d}; }
+inline __half __ushort_as_half(unsigned short u) {
+  __half h;
+  memcpy(&h, &u, 2);
+  return h;
+}
+inline unsigned short __half_as_ushort(__half h) {
+  unsigned short u;
+  memcpy(&u, &h, 2);
+  return u;
+}
+
+struct __nv_bfloat16 {
+  unsigned short bits;
+};
+inline float __bfloat162float(__nv_bfloat16 b) {
+  unsigned int u = (unsigned int)b.bits << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+  unsigned int u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {(unsigned short)((u >> 16) | 0x40u)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return {(unsigned short)(u >> 16)};
+}
+// double to float rounded to odd, then to bf16: one correct rounding overall
+inline __nv_bfloat16 __double2bfloat16(double d) {
+  float t = (float)d;
+  if (t == t && !isinf(t) && (double)t != d) {
+    if (fabs((double)t) > fabs(d)) t = nextafterf(t, 0.0f);
+    unsigned int u;
+    memcpy(&u, &t, 4);
+    u |= 1u;
+    memcpy(&t, &u, 4);
+  }
+  return __float2bfloat16_rn(t);
+}
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return {u}; }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.bits; }
+
 // Runs `kernel` on a grid of `grid` blocks of `block` threads.
 template <class F> void sm_host_launch(unsigned int grid, unsigned int block, F kernel) {
   gridDim = {grid, 1, 1};
