@@ -415,6 +415,25 @@ fn vector_accesses_and_tails_compute_the_interpreters_values() {
             "%y = layer_norm(%x, %w, %b, normalized_shape=[40])",
         ),
         ("sum_cols", "%x: f32[17,5]", "%y = sum(%x, dim=[0])"),
+        // rows of a multiple of four elements read by vectors, with their tails per thread
+        ("softmax_vec", "%x: f32[5,40]", "%y = softmax(%x, dim=-1)"),
+        (
+            "log_softmax_bf16",
+            "%x: bf16[3,48]",
+            "%y = log_softmax(%x, dim=1)",
+        ),
+        ("sum_rows_f64", "%x: f64[3,68]", "%y = sum(%x, dim=[1])"),
+        ("argmax_rows", "%x: i32[4,36]", "%y = argmax(%x, dim=1)"),
+        (
+            "layer_norm_vec",
+            "%x: f32[6,1028], %w: f32[1028], %b: f32[1028]",
+            "%y = layer_norm(%x, %w, %b, normalized_shape=[1028])",
+        ),
+        (
+            "softmax_narrowed",
+            "%x: f32[9,40]",
+            "%s = narrow(%x, dim=1, start=4, length=32)\n %y = softmax(%s, dim=-1)",
+        ),
     ]
     .iter()
     .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
@@ -432,6 +451,14 @@ fn vector_accesses_and_tails_compute_the_interpreters_values() {
         unit.skipped
     );
     // the contiguous chains go through vector loads and stores (and so do their tails)
+    let vector_rows = |n: &str| {
+        let c = unit
+            .cases
+            .iter()
+            .find(|c| c.name == format!("{n} (fuse=true)"))
+            .unwrap();
+        c.program.kernels.iter().any(|k| k.source.contains("sm_j4"))
+    };
     let vector = |n: &str| {
         let c = unit
             .cases
@@ -450,6 +477,23 @@ fn vector_accesses_and_tails_compute_the_interpreters_values() {
     ] {
         assert!(vector(n), "{test}: {n} has no vector access");
     }
+    for n in [
+        "softmax_vec",
+        "log_softmax_bf16",
+        "sum_rows_f64",
+        "argmax_rows",
+        "layer_norm_vec",
+        "softmax_narrowed",
+    ] {
+        assert!(
+            vector_rows(n),
+            "{test}: {n} reads its rows element by element"
+        );
+    }
+    assert!(
+        !vector_rows("softmax_rows"),
+        "{test}: rows of 37 are not aligned"
+    );
     for n in ["chain_tiny", "chain_one"] {
         assert!(!vector(n), "{test}: {n} is too short for a vector");
     }

@@ -8,14 +8,17 @@
 //! the dims some map needs; a map that walks the space in row-major order uses the flat index.
 
 use super::scalar::{self, var_type};
-use super::vector::{LANES, VecType};
+use super::vector::LANES;
 use super::{CudaKernelSrc, CudaOptions, KernelParam, Launch, ParamAccess};
 use crate::ir::dtype::DType;
 use crate::ir::shape::numel;
 use crate::kernel::{Combiner, Expr, IndexMap, Kernel, Level, Schedule, Store};
 use crate::{Result, bail};
+use lanes::{Lane, Walk};
 use std::collections::BTreeMap;
 use std::fmt::Write;
+
+mod lanes;
 
 /// Threads per block of pointwise kernels.
 const POINTWISE_BLOCK: u32 = 256;
@@ -243,43 +246,6 @@ enum Scope {
     Inner,
 }
 
-/// One lane of a vector loop: which loads and stores go through vector variables.
-struct Lane<'a> {
-    lane: usize,
-    /// Per value: the vector its load reads from.
-    loads: &'a BTreeMap<usize, (VecType, String)>,
-    /// Per store of the kernel: the vector it writes into.
-    stores: &'a [Option<(VecType, String)>],
-}
-
-/// The vector accesses of a pointwise kernel ([`Gen::vector_plan`]).
-#[derive(Default)]
-struct VectorPlan {
-    /// Per (buffer, offset) read through a vector: its type and variable.
-    vectors: BTreeMap<(usize, usize), (VecType, String)>,
-    /// Per load value: the vector it reads.
-    loads: BTreeMap<usize, (VecType, String)>,
-    /// Per store: the vector it writes, if it is one.
-    stores: Vec<Option<(VecType, String)>>,
-    /// The C condition that every vector's buffer is aligned for it.
-    aligned: String,
-}
-
-impl VectorPlan {
-    fn reads(&self, b: usize) -> bool {
-        self.vectors.keys().any(|&(r, _)| r == b)
-    }
-}
-
-/// The address of a vector access at element `offset` of the thread's first lane.
-fn vec_addr(offset: usize) -> String {
-    if offset == 0 {
-        "sm_i4".to_string()
-    } else {
-        format!("sm_i4 + {offset}")
-    }
-}
-
 /// The index of an argmax accumulator that has seen nothing.
 const ARG_NONE: &str = "9223372036854775807LL";
 
@@ -420,10 +386,7 @@ impl Gen<'_> {
         let mut lines = Vec::new();
         for &i in ids {
             let t = var_type(self.k.values[i].dtype);
-            if let Some(l) = lane
-                && let Some((vt, var)) = l.loads.get(&i)
-            {
-                let e = vt.lane_in(&vt.component(var, l.lane));
+            if let Some(e) = lane.and_then(|l| l.load(i)) {
                 lines.push(format!("const {t} v{i} = {e};"));
                 continue;
             }
@@ -437,11 +400,8 @@ impl Gen<'_> {
         for (n, st) in stores.iter().enumerate() {
             let d = self.s.buffers[st.buffer].dtype;
             let v = format!("v{}", st.value);
-            if let Some(l) = lane
-                && let Some((vt, var)) = &l.stores[n]
-            {
-                let e = vt.lane_out(&v);
-                lines.push(format!("{} = {e};", vt.component(var, l.lane)));
+            if let Some(line) = lane.and_then(|l| l.store(n, &v)) {
+                lines.push(line);
                 continue;
             }
             let a = self.address(&st.map, scope, &mut used_o, &mut used_i);
@@ -477,48 +437,19 @@ impl Gen<'_> {
         let gtid = format!("({ity})blockIdx.x * blockDim.x + threadIdx.x");
         let step = format!("({ity})gridDim.x * blockDim.x");
         self.line(1, &format!("const {ity} sm_n = {n};"));
-        let plan = self.vector_plan(n);
+        let plan = self.vector_plan(&all, &stores, Walk::Flat, n);
         let mut start = String::new();
         if let Some(p) = &plan {
-            // every thread takes LANES consecutive elements; a misaligned buffer (a view at an
-            // odd address) sends the whole grid down the scalar loop instead
-            self.line(1, &format!("const bool sm_vec = {};", p.aligned));
+            // a misaligned buffer (a view at an odd address) sends the whole grid down the
+            // scalar loop instead
+            self.line(1, &format!("const bool sm_vec = {};", p.aligned()));
             let nv = n / LANES as u64;
             self.line(1, &format!("const {ity} sm_nv = sm_vec ? {nv} : 0;"));
             self.line(
                 1,
                 &format!("for ({ity} sm_q = {gtid}; sm_q < sm_nv; sm_q += {step}) {{"),
             );
-            self.line(2, &format!("const {ity} sm_i4 = sm_q * {LANES};"));
-            for ((b, off), (vt, var)) in &p.vectors {
-                for l in vt.load(var, &format!("b{b}"), &vec_addr(*off)) {
-                    self.line(2, &l);
-                }
-            }
-            for (vt, var) in p.stores.iter().flatten() {
-                for part in vt.parts(var) {
-                    self.line(2, &format!("{} {part};", vt.ctype));
-                }
-            }
-            for lane in 0..LANES {
-                self.line(2, "{");
-                self.line(3, &format!("const {ity} sm_i = sm_i4 + {lane};"));
-                let l = Lane {
-                    lane,
-                    loads: &p.loads,
-                    stores: &p.stores,
-                };
-                self.values(&all, &stores, Scope::Flat, 3, Some(&l))?;
-                self.line(2, "}");
-            }
-            for (st, v) in stores.iter().zip(&p.stores) {
-                if let Some((vt, var)) = v {
-                    let addr = vec_addr(st.map.offset);
-                    for l in vt.store(var, &format!("b{}", st.buffer), &addr) {
-                        self.line(2, &l);
-                    }
-                }
-            }
+            self.vector_body(p, &all, &stores, Walk::Flat, &[], 2)?;
             self.line(1, "}");
             start = format!("sm_nv * {LANES} + ");
         }
@@ -539,68 +470,58 @@ impl Gen<'_> {
         })
     }
 
-    /// The vector accesses of a pointwise kernel over `n` elements, or `None` when it gains
-    /// nothing from them or could change meaning: a buffer the kernel writes must be read and
-    /// written only through the one vector of its store.
-    fn vector_plan(&self, n: u64) -> Option<VectorPlan> {
-        if n < LANES as u64 {
-            return None;
-        }
-        let vec_of = |b: usize, map: &IndexMap| {
-            (flat_factor(&map.strides, self.space) == Some(1) && map.offset.is_multiple_of(LANES))
-                .then(|| VecType::of(self.s.buffers[b].dtype))
+    /// A loop along the row over the inner values `cone`, then `stores` and the lines
+    /// `each` per element: by vectors where the plan allows (and the kernel writes no buffer
+    /// it reads), then element by element.
+    fn row_loop(&mut self, cone: &[usize], stores: &[Store], each: &[String]) -> Result<()> {
+        let ity = self.ity;
+        let len = numel(&self.k.inner) as u64;
+        let plan = if self.in_place() {
+            None
+        } else {
+            self.vector_plan(cone, stores, Walk::Row, len)
         };
-        let mut plan = VectorPlan::default();
-        for (i, v) in self.k.values.iter().enumerate() {
-            if let Expr::Load { buffer, map } = &v.expr
-                && v.dtype == self.s.buffers[*buffer].dtype
-                && let Some(vt) = vec_of(*buffer, map)
-            {
-                let var = format!("sm_l{buffer}_{}", map.offset);
-                plan.vectors
-                    .insert((*buffer, map.offset), (vt, var.clone()));
-                plan.loads.insert(i, (vt, var));
-            }
+        let mut start = String::new();
+        if let Some(p) = &plan {
+            self.line(2, "{");
+            self.line(2, &format!("{ity} sm_j0 = 0;"));
+            self.line(2, &format!("if ({}) {{", p.aligned()));
+            let nv = len / LANES as u64;
+            self.line(
+                3,
+                &format!("for ({ity} sm_q = threadIdx.x; sm_q < {nv}; sm_q += blockDim.x) {{"),
+            );
+            self.vector_body(p, cone, stores, Walk::Row, each, 4)?;
+            self.line(3, "}");
+            self.line(3, &format!("sm_j0 = {};", nv * LANES as u64));
+            self.line(2, "}");
+            start = "sm_j0 + ".into();
         }
-        for (n, st) in self.k.stores.iter().enumerate() {
-            let v = vec_of(st.buffer, &st.map).map(|vt| (vt, format!("sm_s{n}")));
-            plan.stores.push(v);
+        self.line(
+            2,
+            &format!("for ({ity} sm_j = {start}threadIdx.x; sm_j < sm_len; sm_j += blockDim.x) {{"),
+        );
+        self.values(cone, stores, Scope::Inner, 3, None)?;
+        for e in each {
+            self.line(3, e);
         }
-        for (n, st) in self.k.stores.iter().enumerate() {
-            let b = st.buffer;
-            let alone = self.k.stores.iter().filter(|o| o.buffer == b).count() == 1;
-            let read_in_step = self
-                .k
+        self.line(2, "}");
+        if plan.is_some() {
+            self.line(2, "}");
+        }
+        Ok(())
+    }
+
+    /// Whether the kernel writes a buffer it also reads.
+    fn in_place(&self) -> bool {
+        self.k.stores.iter().any(|st| {
+            self.k
                 .values
                 .iter()
-                .enumerate()
-                .all(|(i, v)| match &v.expr {
-                    Expr::Load { buffer, map } if *buffer == b => {
-                        plan.loads.contains_key(&i) && map.offset == st.map.offset
-                    }
-                    _ => true,
-                });
-            if !alone || !read_in_step || plan.stores[n].is_none() && plan.reads(b) {
-                return None;
-            }
-        }
-        if plan.loads.is_empty() && plan.stores.iter().all(Option::is_none) {
-            return None;
-        }
-        let mut align: BTreeMap<usize, usize> = BTreeMap::new();
-        let accesses = plan.vectors.iter().map(|((b, _), (vt, _))| (*b, vt));
-        let stored = self.k.stores.iter().zip(&plan.stores);
-        let stored = stored.filter_map(|(st, v)| Some((st.buffer, &v.as_ref()?.0)));
-        for (b, vt) in accesses.chain(stored) {
-            align.insert(b, vt.align());
-        }
-        let checks: Vec<String> = align
-            .iter()
-            .map(|(b, a)| format!("(reinterpret_cast<unsigned long long>(b{b}) % {a} == 0)"))
-            .collect();
-        plan.aligned = checks.join(" && ");
-        Some(plan)
+                .any(|v| matches!(&v.expr, Expr::Load { buffer, .. } if *buffer == st.buffer))
+        })
     }
+
     /// The inner-level values in the cone of `roots`, in order (outer-level ones are
     /// variables of the row scope already).
     fn inner_cone(&self, roots: &[usize]) -> Vec<usize> {
@@ -691,12 +612,7 @@ impl Gen<'_> {
         if !along.is_empty() {
             let roots: Vec<usize> = along.iter().map(|st| st.value).collect();
             let cone = self.inner_cone(&roots);
-            self.line(
-                2,
-                &format!("for ({ity} sm_j = threadIdx.x; sm_j < sm_len; sm_j += blockDim.x) {{"),
-            );
-            self.values(&cone, &along, Scope::Inner, 3, None)?;
-            self.line(2, "}");
+            self.row_loop(&cone, &along, &[])?;
         }
         if !once.is_empty() {
             self.line(2, "if (threadIdx.x == 0) {");
@@ -717,7 +633,6 @@ impl Gen<'_> {
     /// One reduction pass: accumulate, combine over the block, finish.
     fn pass(&mut self, p: usize, vs: &[usize]) -> Result<()> {
         let k = self.k;
-        let ity = self.ity;
         self.line(2, &format!("/* pass {p} */"));
         let mut accs = Vec::new();
         for &r in vs {
@@ -737,11 +652,7 @@ impl Gen<'_> {
         }
         let roots: Vec<usize> = accs.iter().map(|a| a.2).collect();
         let cone = self.inner_cone(&roots);
-        self.line(
-            2,
-            &format!("for ({ity} sm_j = threadIdx.x; sm_j < sm_len; sm_j += blockDim.x) {{"),
-        );
-        self.values(&cone, &[], Scope::Inner, 3, None)?;
+        let mut each = Vec::new();
         for (r, _, arg, a) in &accs {
             let x = a.step_arg(k.values[*arg].dtype, &format!("v{arg}"));
             let line = if a.arg {
@@ -752,9 +663,9 @@ impl Gen<'_> {
             } else {
                 format!("sm_a{r} = {}()(sm_a{r}, {x});", a.combine)
             };
-            self.line(3, &line);
+            each.push(line);
         }
-        self.line(2, "}");
+        self.row_loop(&cone, &[], &each)?;
         for (r, combiner, _, a) in &accs {
             if a.arg {
                 self.line(
