@@ -12,6 +12,7 @@ mod cuda_check;
 
 use cuda_cases::CASES;
 use cuda_check::{assert_close, inputs};
+use smelt::data::{DataLoader, TensorDataset};
 use smelt::ir::graph::Graph;
 use smelt::ir::parse_module;
 use smelt::runtime::cuda::{self, CudaCompileOptions, CudaFn, memory};
@@ -449,6 +450,85 @@ fn without_a_gpu_asking_for_one_is_an_error() {
         assert!(!err.contains("panicked"), "{err}");
         assert!(err.contains("driver") || err.contains("CUDA"), "{err}");
     }
+}
+
+#[test]
+fn without_a_gpu_memory_cannot_be_pinned() {
+    if cuda::is_available() {
+        eprintln!("without_a_gpu_memory_cannot_be_pinned: skipped, a GPU is present");
+        return;
+    }
+    let t = Tensor::ones(&[3, 2], DType::F32);
+    assert!(!t.is_pinned());
+    let e = t.pin_memory().unwrap_err().to_string();
+    assert!(
+        e.to_lowercase().contains("cuda") || e.contains("driver"),
+        "{e}"
+    );
+    // a loader asked to pin gives the same batches in ordinary memory
+    let x = Tensor::arange(0.0, 20.0, 1.0, Some(DType::F32))
+        .and_then(|t| t.reshape(&[10, 2]))
+        .unwrap();
+    let data = || TensorDataset::new(vec![x.clone()]).unwrap();
+    let mut pinned = DataLoader::new(data(), 4)
+        .unwrap()
+        .pin_memory(true)
+        .num_workers(2);
+    let mut plain = DataLoader::new(data(), 4).unwrap();
+    let a: Vec<Vec<Tensor>> = pinned.iter().unwrap().map(|b| b.unwrap()).collect();
+    let b: Vec<Vec<Tensor>> = plain.iter().unwrap().map(|b| b.unwrap()).collect();
+    assert_eq!(a.len(), 3);
+    for (a, b) in a.iter().zip(&b) {
+        assert!(!a[0].is_pinned());
+        assert_eq!(a[0].to_f64_vec(), b[0].to_f64_vec());
+    }
+}
+
+#[test]
+fn pinned_memory_holds_the_values_and_feeds_the_gpu() {
+    if !gpu_or_skip("pinned_memory_holds_the_values_and_feeds_the_gpu") {
+        return;
+    }
+    smelt::runtime::random::manual_seed(5);
+    let x = Tensor::randn(&[37, 9], Some(DType::F32)).unwrap();
+    for (what, t) in [("dense", x.clone()), ("transposed", x.t().unwrap())] {
+        let p = t.pin_memory().unwrap();
+        assert!(p.is_pinned() && p.is_contiguous(), "{what}");
+        assert!(!t.is_pinned(), "{what}: the source stays as it was");
+        assert_eq!(p.shape(), t.shape(), "{what}");
+        assert_eq!(p.to_f64_vec(), t.to_f64_vec(), "{what}");
+        // pinning pinned memory is a no-op; the GPU copy round-trips exactly
+        assert!(p.pin_memory().unwrap().shares_storage(&p), "{what}");
+        let back = p.to_device(GPU).and_then(|d| d.cpu()).unwrap();
+        assert_eq!(back.to_f64_vec(), t.to_f64_vec(), "{what}");
+        // ordinary ops read pinned tensors like any other
+        let y = p.mul_scalar(2.0).unwrap();
+        assert_eq!(
+            y.to_f64_vec(),
+            t.mul_scalar(2.0).unwrap().to_f64_vec(),
+            "{what}"
+        );
+    }
+    let empty = Tensor::zeros(&[0, 4], DType::I64).pin_memory().unwrap();
+    assert!(empty.is_pinned() && empty.numel() == 0);
+    let e = x
+        .to_device(GPU)
+        .unwrap()
+        .pin_memory()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("cannot pin"), "{e}");
+    let mut loader = DataLoader::new(TensorDataset::new(vec![x.clone()]).unwrap(), 8)
+        .unwrap()
+        .pin_memory(true)
+        .num_workers(2);
+    let mut rows = 0;
+    for batch in loader.iter().unwrap() {
+        let batch = batch.unwrap();
+        assert!(batch[0].is_pinned());
+        rows += batch[0].shape()[0];
+    }
+    assert_eq!(rows, 37);
 }
 
 #[test]

@@ -73,8 +73,9 @@ impl<D: Dataset + 'static> DataLoader<D> {
         self
     }
 
-    /// Kept for PyTorch parity: page-locked memory only speeds up host-to-GPU copies, so on
-    /// the CPU this flag changes nothing.
+    /// Puts every batch in page-locked host memory, so that moving it to a GPU needs no
+    /// staging copy. Without a GPU the batches stay in ordinary memory, and the first epoch
+    /// says so once on stderr (PyTorch warns the same way).
     pub fn pin_memory(mut self, on: bool) -> Self {
         self.pin_memory = on;
         self
@@ -132,11 +133,12 @@ impl<D: Dataset + 'static> DataLoader<D> {
             plan.pop();
         }
         let dataset: Arc<dyn Dataset> = self.dataset.clone();
+        let pin = self.pin_memory && pinning_available();
         if self.num_workers == 0 {
             return Ok(Batches {
                 total: plan.len(),
                 next: 0,
-                source: Source::Inline { dataset, plan },
+                source: Source::Inline { dataset, plan, pin },
             });
         }
         let workers = self.num_workers.min(plan.len()).max(1);
@@ -151,7 +153,7 @@ impl<D: Dataset + 'static> DataLoader<D> {
                 .name(format!("smelt-data-{w}"))
                 .spawn(move || {
                     for batch in plan.iter().skip(w).step_by(workers) {
-                        if tx.send(load_batch(&*dataset, batch)).is_err() {
+                        if tx.send(load_batch(&*dataset, batch, pin)).is_err() {
                             break;
                         }
                     }
@@ -168,18 +170,37 @@ impl<D: Dataset + 'static> DataLoader<D> {
     }
 }
 
-fn load_batch(dataset: &dyn Dataset, indices: &[usize]) -> Result<Vec<Tensor>> {
+/// Whether batches can be pinned here; says once why not when they cannot.
+fn pinning_available() -> bool {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if crate::runtime::cuda::is_available() {
+        return true;
+    }
+    WARNED.call_once(|| {
+        eprintln!(
+            "warning: 'pin_memory' is set but no GPU is available, so the batches stay in ordinary memory"
+        )
+    });
+    false
+}
+
+fn load_batch(dataset: &dyn Dataset, indices: &[usize], pin: bool) -> Result<Vec<Tensor>> {
     let samples = indices
         .iter()
         .map(|&i| dataset.get(i))
         .collect::<Result<Vec<_>>>()?;
-    collate(&samples)
+    let batch = collate(&samples)?;
+    if pin {
+        return batch.iter().map(Tensor::pin_memory).collect();
+    }
+    Ok(batch)
 }
 
 enum Source {
     Inline {
         dataset: Arc<dyn Dataset>,
         plan: Vec<Vec<usize>>,
+        pin: bool,
     },
     Workers {
         /// Batch `i` comes from worker `i % receivers.len()`.
@@ -206,7 +227,7 @@ impl Iterator for Batches {
         let i = self.next;
         self.next += 1;
         Some(match &self.source {
-            Source::Inline { dataset, plan } => load_batch(&**dataset, &plan[i]),
+            Source::Inline { dataset, plan, pin } => load_batch(&**dataset, &plan[i], *pin),
             Source::Workers { receivers, .. } => {
                 receivers[i % receivers.len()].recv().unwrap_or_else(|_| {
                     // The worker is gone (it panicked): nothing more will come.

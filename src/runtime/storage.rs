@@ -24,6 +24,8 @@ enum Owner {
     Adopted(#[allow(dead_code)] Box<dyn Any + Send + Sync>),
     /// GPU memory from the caching allocator (`ptr` is a device address, never read here).
     Cuda(#[allow(dead_code)] crate::runtime::cuda::memory::DeviceBuffer),
+    /// Page-locked host memory (`pin_memory`), freed through the driver.
+    Pinned(#[allow(dead_code)] crate::runtime::cuda::driver::PinnedHost),
 }
 
 pub struct Storage {
@@ -111,6 +113,28 @@ impl Storage {
         let mut s = Storage::from_parts(ptr, nbytes, Owner::Cuda(buf), dtype);
         s.device = Device::Cuda(device);
         Ok(s)
+    }
+
+    /// A zero-filled buffer of `len` elements in page-locked host memory; an error without
+    /// a GPU driver.
+    pub fn pinned(dtype: DType, len: usize) -> crate::Result<Storage> {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        let nbytes = len * dtype.size();
+        let block = crate::runtime::cuda::driver::PinnedHost::alloc(nbytes)?;
+        let ptr = block.ptr();
+        // SAFETY: the block holds at least `nbytes` bytes and nobody else has it yet.
+        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, nbytes) };
+        Ok(Storage::from_parts(
+            ptr,
+            nbytes,
+            Owner::Pinned(block),
+            dtype,
+        ))
+    }
+
+    /// Whether the buffer is page-locked host memory.
+    pub fn is_pinned(&self) -> bool {
+        matches!(self.owner, Owner::Pinned(_))
     }
 
     /// The device address of a GPU storage (`None` on the CPU).

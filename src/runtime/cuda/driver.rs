@@ -255,3 +255,47 @@ impl Drop for Timer {
         }
     }
 }
+
+/// Page-locked host memory (`cuMemHostAlloc`): the GPU's copy engines read and write it
+/// directly, without staging through a driver buffer, so transfers from it run at the bus's
+/// full speed. It is ordinary host memory to everything else.
+pub struct PinnedHost {
+    ptr: std::ptr::NonNull<u8>,
+    gpu: Arc<Gpu>,
+}
+
+// SAFETY: the block is plain host memory owned by this value; the storage that holds it
+// serialises access to the bytes.
+unsafe impl Send for PinnedHost {}
+unsafe impl Sync for PinnedHost {}
+
+impl PinnedHost {
+    /// `bytes` bytes (at least one) of page-locked memory, through GPU 0's context.
+    pub fn alloc(bytes: usize) -> Result<PinnedHost> {
+        let gpu = Gpu::get(0)?;
+        gpu.bind()?;
+        // SAFETY: a plain allocation; the pointer is freed once, in `drop`.
+        let p = unsafe { result::malloc_host(bytes.max(1), 0) }.map_err(|e| {
+            Error::Device(format!(
+                "CUDA error in cuMemHostAlloc: cannot pin {bytes} bytes of host memory: {e:?}"
+            ))
+        })?;
+        let ptr = std::ptr::NonNull::new(p as *mut u8)
+            .ok_or_else(|| Error::Device("cuMemHostAlloc returned a null pointer".into()))?;
+        Ok(PinnedHost { ptr, gpu })
+    }
+
+    /// The first byte.
+    pub fn ptr(&self) -> std::ptr::NonNull<u8> {
+        self.ptr
+    }
+}
+
+impl Drop for PinnedHost {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // SAFETY: allocated by `malloc_host` in `alloc`, freed only here.
+            let _ = unsafe { result::free_host(self.ptr.as_ptr() as *mut c_void) };
+        }
+    }
+}

@@ -1,10 +1,15 @@
-//! Moving tensors between the CPU and GPUs (`to`, `cpu()`, `cuda()`). Without a GPU, asking
-//! for one is an error that says why, never a panic.
+//! Moving tensors between the CPU and GPUs (`to`, `cpu()`, `cuda()`) and page-locked host
+//! memory for faster transfers (`pin_memory()`). Without a GPU, asking for one is an error
+//! that says why, never a panic.
 
-use crate::Result;
+use crate::runtime::access;
 use crate::runtime::cuda::tensor::{download, upload};
 use crate::runtime::device::Device;
+use crate::runtime::layout::Layout;
+use crate::runtime::storage::Storage;
 use crate::runtime::tensor::Tensor;
+use crate::{Result, bail};
+use std::sync::Arc;
 
 impl Tensor {
     /// The tensor on `device`: itself when it is already there (no copy, as in PyTorch).
@@ -26,5 +31,37 @@ impl Tensor {
     /// The tensor on `cuda:0`.
     pub fn cuda(&self) -> Result<Tensor> {
         self.to_device(Device::Cuda(0))
+    }
+
+    /// A dense copy in page-locked host memory (itself when it is pinned already), as
+    /// PyTorch's `pin_memory()`: copies from it to a GPU need no staging. An error for a GPU
+    /// tensor, or where there is no GPU driver.
+    pub fn pin_memory(&self) -> Result<Tensor> {
+        if self.device() != Device::Cpu {
+            bail!(
+                Device,
+                "cannot pin '{}' memory: only dense CPU tensors can be pinned",
+                self.device()
+            );
+        }
+        if self.is_pinned() {
+            return Ok(self.clone());
+        }
+        let src = crate::runtime::kernels::copy::contiguous(self);
+        let st = Arc::new(Storage::pinned(self.dtype(), self.numel())?);
+        let out = Tensor::from_parts(st, Layout::contiguous(self.shape()));
+        let nbytes = self.numel() * self.element_size();
+        if nbytes > 0 {
+            let acc = access::lock(&[&src], &[&out]);
+            // SAFETY: both are contiguous with `nbytes` bytes from their first element, in
+            // different storages.
+            unsafe { std::ptr::copy_nonoverlapping(acc.read::<u8>(0), acc.write::<u8>(0), nbytes) };
+        }
+        Ok(out)
+    }
+
+    /// Whether the tensor's memory is page-locked (`pin_memory`).
+    pub fn is_pinned(&self) -> bool {
+        self.storage().is_pinned()
     }
 }
