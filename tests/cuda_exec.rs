@@ -426,6 +426,14 @@ fn without_a_gpu_asking_for_one_is_an_error() {
         e.to_lowercase().contains("cuda") || e.contains("driver"),
         "{e}"
     );
+    for e in [
+        cuda::current_device().map(|_| ()),
+        cuda::set_device(0),
+        cuda::synchronize(),
+    ] {
+        let e = e.unwrap_err().to_string();
+        assert!(e.contains("CUDA") || e.contains("driver"), "{e}");
+    }
     let e = CudaFn::compile(
         &graph_of("neg", "%x: f32[3]", "%y = neg(%x)"),
         &Default::default(),
@@ -450,6 +458,26 @@ fn without_a_gpu_asking_for_one_is_an_error() {
         assert!(!err.contains("panicked"), "{err}");
         assert!(err.contains("driver") || err.contains("CUDA"), "{err}");
     }
+}
+
+#[test]
+fn the_current_device_receives_cuda_tensors() {
+    if !gpu_or_skip("the_current_device_receives_cuda_tensors") {
+        return;
+    }
+    assert_eq!(cuda::current_device().unwrap(), 0);
+    let n = cuda::device_count().unwrap();
+    let e = cuda::set_device(n).unwrap_err().to_string();
+    assert!(e.contains("invalid device ordinal"), "{e}");
+    cuda::set_device(n - 1).unwrap();
+    let t = Tensor::ones(&[4], DType::F32).cuda().unwrap();
+    assert_eq!(t.device(), Device::Cuda(n - 1));
+    cuda::synchronize().unwrap();
+    // another thread starts on device 0 again, as in PyTorch
+    let other = std::thread::spawn(cuda::current_device).join().unwrap();
+    assert_eq!(other.unwrap(), 0);
+    cuda::set_device(0).unwrap();
+    assert!(cuda::environment_report().contains("current device: cuda:0"));
 }
 
 #[test]

@@ -140,6 +140,33 @@ pub fn driver_version() -> Result<(i32, i32)> {
     })
 }
 
+thread_local! {
+    static CURRENT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// `torch.cuda.current_device()`: the GPU that `cuda()` uses on this thread (0 until
+/// [`set_device`]); an error without a GPU.
+pub fn current_device() -> Result<usize> {
+    if device_count()? == 0 {
+        return Err(Error::Device(
+            "CUDA error: no CUDA-capable device is detected".into(),
+        ));
+    }
+    Ok(CURRENT.with(|c| c.get()))
+}
+
+/// `torch.cuda.set_device(i)`: makes GPU `i` this thread's current device.
+pub fn set_device(i: usize) -> Result<()> {
+    device(i)?;
+    CURRENT.with(|c| c.set(i));
+    Ok(())
+}
+
+/// `torch.cuda.synchronize()`: waits for all work queued on the current device.
+pub fn synchronize() -> Result<()> {
+    driver::Gpu::get(current_device()?)?.synchronize()
+}
+
 /// The `sm_XY` architecture of GPU `i`.
 pub fn arch(i: usize) -> Result<String> {
     let (ma, mi) = compute_capability(i)?;
@@ -157,6 +184,9 @@ pub fn environment_report() -> String {
     match device_count() {
         Ok(n) => {
             out.push_str(&format!("devices: {n}\n"));
+            if let Ok(c) = current_device() {
+                out.push_str(&format!("current device: cuda:{c}\n"));
+            }
             for i in 0..n {
                 let name = device_name(i).unwrap_or_else(|e| format!("? ({e})"));
                 let arch = arch(i).unwrap_or_else(|e| format!("? ({e})"));

@@ -28,9 +28,9 @@ impl Tensor {
     pub fn cpu(&self) -> Result<Tensor> {
         self.to_device(Device::Cpu)
     }
-    /// The tensor on `cuda:0`.
+    /// The tensor on the current GPU (`cuda::current_device`, `cuda:0` unless set).
     pub fn cuda(&self) -> Result<Tensor> {
-        self.to_device(Device::Cuda(0))
+        self.to_device(Device::Cuda(crate::runtime::cuda::current_device()?))
     }
 
     /// A dense copy in page-locked host memory (itself when it is pinned already), as
