@@ -461,6 +461,41 @@ fn without_a_gpu_asking_for_one_is_an_error() {
 }
 
 #[test]
+fn gpu_indexing_kernels_match_the_cpu_and_its_errors() {
+    if !gpu_or_skip("gpu_indexing_kernels_match_the_cpu_and_its_errors") {
+        return;
+    }
+    let g = graph_of(
+        "isel",
+        "%x: f32[5,3], %i: i64[4]",
+        "%y = index_select(%x, %i, dim=0)",
+    );
+    let f = CudaFn::compile(&g, &Default::default()).unwrap();
+    // the op runs as a generated kernel, not through the host
+    assert!(
+        f.program()
+            .kernels
+            .iter()
+            .any(|k| k.ir_name == "index_select")
+    );
+    let x = Tensor::randn(&[5, 3], Some(DType::F32)).unwrap();
+    let run = |idx: Vec<i64>| {
+        let i = Tensor::from_vec(idx, &[4]).unwrap();
+        let want = interp::run(&g, &[("x", x.clone()), ("i", i.clone())]);
+        let got = f.call(&[x.to_device(GPU).unwrap(), i.to_device(GPU).unwrap()]);
+        (want, got)
+    };
+    let (want, got) = run(vec![4, 0, 0, 2]);
+    assert_close(
+        "index_select",
+        &got.unwrap()[0].cpu().unwrap(),
+        &want.unwrap()[0],
+    );
+    let (want, got) = run(vec![1, 5, 0, 2]);
+    assert_eq!(got.unwrap_err().to_string(), want.unwrap_err().to_string());
+}
+
+#[test]
 fn the_current_device_receives_cuda_tensors() {
     if !gpu_or_skip("the_current_device_receives_cuda_tensors") {
         return;

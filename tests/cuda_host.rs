@@ -16,6 +16,7 @@ mod cuda_check;
 use cuda_cases::CASES;
 use cuda_check::{assert_close, inputs};
 use smelt::DType;
+use smelt::codegen_cuda::indexing::INDEX_ERROR;
 use smelt::codegen_cuda::{CudaOptions, CudaProgram, CudaStep, ParamAccess, generate};
 use smelt::ir::graph::Graph;
 use smelt::ir::parse_module;
@@ -54,6 +55,10 @@ struct Case {
     program: CudaProgram,
     /// Host symbol of each kernel's launcher.
     launchers: Vec<String>,
+    /// Inputs to run it on (random ones when `None`).
+    inputs: Option<Vec<Tensor>>,
+    /// The error flag it must raise, if any.
+    raises: Option<u32>,
 }
 
 /// The schedule of `g`, fused or one kernel per op.
@@ -116,6 +121,8 @@ impl Unit {
             schedule: s,
             program,
             launchers,
+            inputs: None,
+            raises: None,
         });
     }
 
@@ -295,8 +302,14 @@ fn run(
             f(args.as_mut_ptr(), k.launch.grid() as u32, k.launch.block());
         }
     }
-    if flag.data() != [0u8; 4] {
-        return Err("ZeroDivisionError".into());
+    let flag = u32::from_le_bytes([
+        flag.data()[0],
+        flag.data()[1],
+        flag.data()[2],
+        flag.data()[3],
+    ]);
+    if flag != 0 {
+        return Err(format!("error flag {flag}"));
     }
     Ok(s.outputs
         .iter()
@@ -307,7 +320,7 @@ fn run(
 /// Checks every case of `unit` against the interpreter, with aligned and shifted buffers.
 fn check(unit: &Unit, lib: &libloading::Library) {
     for c in &unit.cases {
-        let host = inputs(&c.graph);
+        let host = c.inputs.clone().unwrap_or_else(|| inputs(&c.graph));
         let named: Vec<(&str, Tensor)> = c
             .graph
             .inputs()
@@ -319,13 +332,20 @@ fn check(unit: &Unit, lib: &libloading::Library) {
         for shift in [0, 1] {
             let what = format!("{} (buffers shifted by {shift})", c.name);
             match (&want, run(lib, c, &host, shift)) {
+                (Ok(_), Ok(_)) if c.raises.is_some() => {
+                    panic!("{what}: expected the error flag {:?}", c.raises)
+                }
                 (Ok(want), Ok(got)) => {
                     assert_eq!(got.len(), want.len(), "{what}: outputs");
                     for (i, (g, w)) in got.iter().zip(want).enumerate() {
                         assert_close(&format!("{what} output {i}"), g, w);
                     }
                 }
-                (Err(_), Err(_)) => {}
+                (Err(_), Err(g)) => {
+                    if let Some(f) = c.raises {
+                        assert_eq!(g, format!("error flag {f}"), "{what}");
+                    }
+                }
                 (w, g) => panic!("{what}: interpreter {w:?} vs host-run CUDA {g:?}"),
             }
         }
@@ -498,5 +518,148 @@ fn vector_accesses_and_tails_compute_the_interpreters_values() {
         assert!(!vector(n), "{test}: {n} is too short for a vector");
     }
     let lib = unit.build(&cxx, "vectors");
+    check(&unit, &lib);
+}
+
+/// An i64 (or i32) index tensor of `shape` with values in `0..bound`.
+fn index(shape: &[usize], bound: i64, dtype: DType) -> Tensor {
+    Tensor::randint(0, bound, shape, Some(DType::I64))
+        .and_then(|t| t.to_dtype(dtype))
+        .unwrap()
+}
+
+#[test]
+fn indexing_kernels_compute_the_interpreters_values() {
+    let test = "indexing_kernels_compute_the_interpreters_values";
+    let Some(cxx) = compiler_or_skip(test) else {
+        return;
+    };
+    smelt::manual_seed(13);
+    let f32s = |shape: &[usize]| Tensor::randn(shape, Some(DType::F32)).unwrap();
+    let of = |shape: &[usize], d: DType| {
+        f32s(shape)
+            .mul_scalar(4.0)
+            .and_then(|t| t.to_dtype(d))
+            .unwrap()
+    };
+    // (name, params, body, inputs, the error flag it raises)
+    type IndexCase = (&'static str, &'static str, &'static str, Vec<Tensor>, Option<u32>);
+    let cases: Vec<IndexCase> = vec![
+        (
+            "index_select_view",
+            "%x: f32[5,7], %i: i64[4]",
+            "%t = t(%x)\n %y = index_select(%t, %i, dim=1)",
+            vec![f32s(&[5, 7]), index(&[4], 5, DType::I64)],
+            None,
+        ),
+        (
+            "index_select_0d",
+            "%x: i32[6,3], %i: i32[]",
+            "%y = index_select(%x, %i, dim=0)",
+            vec![of(&[6, 3], DType::I32), index(&[], 6, DType::I32)],
+            None,
+        ),
+        (
+            "gather_rows",
+            "%x: f64[6,4], %i: i64[3,4]",
+            "%y = gather(%x, %i, dim=0)",
+            vec![of(&[6, 4], DType::F64), index(&[3, 4], 6, DType::I64)],
+            None,
+        ),
+        (
+            "embedding_bf16",
+            "%i: i64[2,3], %w: bf16[9,5]",
+            "%y = embedding(%i, %w)",
+            vec![index(&[2, 3], 9, DType::I64), of(&[9, 5], DType::BF16)],
+            None,
+        ),
+        (
+            "cat_mixed",
+            "%x: f32[2,3], %z: i32[4,3], %w: f16[1,3], %e: f32[0]",
+            "%y = cat(%x, %z, %w, %e, dim=0)",
+            vec![
+                f32s(&[2, 3]),
+                of(&[4, 3], DType::I32),
+                of(&[1, 3], DType::F16),
+                f32s(&[0]),
+            ],
+            None,
+        ),
+        (
+            "stack_last",
+            "%x: f32[3,4], %z: f32[3,4]",
+            "%t = t(%z)\n %u = t(%t)\n %y = stack(%x, %u, dim=-1)",
+            vec![f32s(&[3, 4]), f32s(&[3, 4])],
+            None,
+        ),
+        (
+            "repeat_lead",
+            "%x: i64[2,3]",
+            "%y = repeat(%x, repeats=[2,2,1])",
+            vec![of(&[2, 3], DType::I64)],
+            None,
+        ),
+        (
+            "flip_sliced",
+            "%x: f32[4,9]",
+            "%s = narrow(%x, dim=1, start=2, length=5)\n %y = flip(%s, dims=[0,-1])",
+            vec![f32s(&[4, 9])],
+            None,
+        ),
+        (
+            "tril",
+            "%x: f32[4,6]",
+            "%y = tril(%x, diagonal=-1)",
+            vec![f32s(&[4, 6])],
+            None,
+        ),
+        (
+            "triu_bool",
+            "%x: bool[2,4,3]",
+            "%y = triu(%x, diagonal=1)",
+            vec![index(&[2, 4, 3], 2, DType::Bool)],
+            None,
+        ),
+        (
+            "index_out_of_range",
+            "%x: f32[5,3], %i: i64[3]",
+            "%y = index_select(%x, %i, dim=0)",
+            vec![
+                f32s(&[5, 3]),
+                Tensor::from_vec(vec![1i64, 5, 0], &[3]).unwrap(),
+            ],
+            Some(INDEX_ERROR),
+        ),
+        (
+            "gather_negative",
+            "%x: f32[5,3], %i: i64[2,3]",
+            "%y = gather(%x, %i, dim=0)",
+            vec![
+                f32s(&[5, 3]),
+                Tensor::from_vec(vec![0i64, 1, 2, 3, -1, 4], &[2, 3]).unwrap(),
+            ],
+            Some(INDEX_ERROR),
+        ),
+    ];
+    let mut unit = Unit::default();
+    for (name, params, body, ins, raises) in cases {
+        let g = graph_of(name, params, body);
+        for fuse in [true, false] {
+            unit.add(name, &g, fuse);
+            let c = unit.cases.last_mut().unwrap();
+            assert!(
+                c.name.starts_with(name),
+                "{test}: {name} is not a kernel program"
+            );
+            c.inputs = Some(ins.clone());
+            c.raises = raises;
+        }
+    }
+    assert!(
+        unit.skipped.is_empty(),
+        "{test}: skipped {:?}",
+        unit.skipped
+    );
+    let lib = unit.build(&cxx, "indexing");
     check(&unit, &lib);
 }

@@ -4,14 +4,16 @@
 //! [`generate`] turns a [`Schedule`] into a [`CudaProgram`]: the shared prelude (helpers for
 //! wrapping integer ops, NaN-propagating max/min, block reductions), and per kernel its source,
 //! its parameters (one pointer per buffer it touches, then the error flag) and its launch
-//! rule. Extern calls (GEMMs, indexing ops) are not generated: they are listed for the
-//! runtime, which serves them with libraries (cuBLAS) or its own kernels.
+//! rule. The data-movement extern calls (cat, stack, gather, ...) get kernels of their own
+//! ([`indexing`]); the other extern calls (GEMMs, scatters) are listed for the runtime, which
+//! serves them with libraries (cuBLAS) or its own kernels.
 //!
 //! Semantics are those of the eager kernels: f16/bf16 compute in f32 and round after every
 //! op, integers wrap, max/min propagate NaN, an integer remainder by zero sets the error flag
 //! (`*sm_err = 1`) instead of trapping, float→int casts saturate (NaN gives 0).
 
 mod emit;
+pub mod indexing;
 pub mod locate;
 pub mod nvrtc;
 mod prelude;
@@ -108,6 +110,14 @@ pub struct CudaKernelSrc {
     pub uses_half: bool,
 }
 
+impl CudaKernelSrc {
+    /// Whether the kernel may set its error flag (an integer remainder by zero, or an index
+    /// out of range).
+    pub fn may_raise(&self) -> bool {
+        self.source.contains("sm_irem") || self.source.contains("*sm_err =")
+    }
+}
+
 /// A library call the runtime serves itself.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExternInfo {
@@ -195,11 +205,20 @@ pub fn generate(s: &Schedule, opts: &CudaOptions) -> Result<CudaProgram> {
                 kernels.push(emit::kernel(s, k, &name, opts)?);
                 steps.push(CudaStep::Kernel(kernels.len() - 1));
             }
-            Step::Extern(e) => steps.push(CudaStep::Extern(ExternInfo {
-                op: e.op.name().to_string(),
-                args: e.args.clone(),
-                out: e.out,
-            })),
+            Step::Extern(e) => {
+                let name = format!("smelt_{base}_{}_{}", kernels.len(), c_ident(e.op.name()));
+                match indexing::kernel(s, e, &name)? {
+                    Some(k) => {
+                        kernels.push(k);
+                        steps.push(CudaStep::Kernel(kernels.len() - 1));
+                    }
+                    None => steps.push(CudaStep::Extern(ExternInfo {
+                        op: e.op.name().to_string(),
+                        args: e.args.clone(),
+                        out: e.out,
+                    })),
+                }
+            }
         }
     }
     Ok(CudaProgram {

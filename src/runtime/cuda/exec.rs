@@ -148,7 +148,7 @@ impl CudaFn {
                 _ => Ok(None),
             })
             .collect::<Result<Vec<_>>>()?;
-        let checks_errors = program.kernels.iter().any(|k| k.source.contains("sm_irem"));
+        let checks_errors = program.kernels.iter().any(|k| k.may_raise());
         let mut names = input_names;
         names.resize_with(s.inputs.len(), String::new);
         Ok(CudaFn {
@@ -275,8 +275,10 @@ impl CudaFn {
         if self.checks_errors {
             let mut flag = [0u8; 4];
             self.gpu.dtoh(&mut flag, self.error_flag.ptr())?;
-            if u32::from_ne_bytes(flag) != 0 {
-                bail!(Value, "ZeroDivisionError");
+            match u32::from_ne_bytes(flag) {
+                0 => {}
+                codegen_cuda::indexing::INDEX_ERROR => return Err(self.index_error(inputs)),
+                _ => bail!(Value, "ZeroDivisionError"),
             }
         }
         s.outputs
@@ -286,6 +288,19 @@ impl CudaFn {
                 None => bail!(Value, "schedule: output b{} is never written", v.buffer),
             })
             .collect()
+    }
+
+    /// The error of an index out of range, with PyTorch's message: the schedule's reference
+    /// interpreter finds it on host copies of the inputs (a rare path, not a fast one).
+    fn index_error(&self, inputs: &[Tensor]) -> Error {
+        let host: Result<Vec<Tensor>> = inputs.iter().map(|t| t.cpu()).collect();
+        match host.and_then(|h| crate::kernel::interp::run(&self.schedule, &h)) {
+            Err(e) => e,
+            Ok(_) => Error::Index(format!(
+                "graph {}: a GPU kernel saw an index out of range",
+                self.schedule.name
+            )),
+        }
     }
 
     fn launch(&self, i: usize, bufs: &[Option<Buf>]) -> Result<()> {

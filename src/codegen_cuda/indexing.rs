@@ -1,0 +1,273 @@
+//! CUDA kernels for the data-movement ops that the fusion pass leaves as extern calls: `cat`,
+//! `stack`, `repeat`, `flip`, `tril`/`triu`, `index_select`, `gather` and `embedding`. One
+//! thread per output element (grid-stride) finds the element it copies through the operands'
+//! strided views. An index outside its dim sets the error flag to [`INDEX_ERROR`] and leaves
+//! the element unwritten; the runtime then asks the CPU kernels for PyTorch's message.
+//!
+//! `scatter`, `scatter_add` and `index_add` (writes whose order matters), `einsum` and the
+//! GEMMs stay with the runtime.
+
+use super::scalar::{self, var_type};
+use super::{CudaKernelSrc, KernelParam, Launch, ParamAccess};
+use crate::Result;
+use crate::ir::dtype::DType;
+use crate::ir::op::Op;
+use crate::ir::shape::{numel, wrap_dim, wrap_dims};
+use crate::kernel::{ExternCall, Schedule, View};
+use std::fmt::Write;
+
+/// The value a kernel writes to its error flag when an index is out of range.
+pub const INDEX_ERROR: u32 = 2;
+
+const BLOCK: u32 = 256;
+const MAX_GRID: u64 = 1 << 16;
+
+/// The element address of view `v` at positions `pos` (C expressions, one per dim).
+fn addr(v: &View, pos: &[String]) -> String {
+    let mut terms: Vec<String> = v
+        .strides
+        .iter()
+        .zip(&v.shape)
+        .zip(pos)
+        .filter(|&((&st, &n), _)| st != 0 && n > 1)
+        .map(|((&st, _), p)| {
+            if st == 1 {
+                p.clone()
+            } else {
+                format!("{st}LL*{p}")
+            }
+        })
+        .collect();
+    if v.offset != 0 || terms.is_empty() {
+        terms.push(format!("{}LL", v.offset));
+    }
+    terms.join(" + ")
+}
+
+/// Builds a kernel's body line by line.
+struct Body<'a> {
+    s: &'a Schedule,
+    e: &'a ExternCall,
+    out: DType,
+    text: String,
+}
+
+impl Body<'_> {
+    fn line(&mut self, indent: usize, t: &str) {
+        let _ = writeln!(self.text, "{}{t}", "  ".repeat(indent));
+    }
+
+    /// Stores argument `arg`'s element at positions `pos` to the output, cast to its dtype.
+    fn copy(&mut self, indent: usize, arg: usize, pos: &[String]) {
+        let v = &self.e.args[arg];
+        let d = self.s.buffers[v.buffer].dtype;
+        let x = scalar::load(d, &format!("b{}[{}]", v.buffer, addr(v, pos)));
+        let x = scalar::cast(d, self.out, &format!("(({})({x}))", var_type(d)));
+        let st = scalar::store(self.out, &x);
+        self.line(indent, &format!("sm_out[sm_i] = {st};"));
+    }
+
+    /// Reads index tensor `arg` at `pos` into `sm_v` and checks `0 <= sm_v < size`.
+    fn index(&mut self, indent: usize, arg: usize, pos: &[String], size: usize) {
+        let v = &self.e.args[arg];
+        let a = addr(v, pos);
+        self.line(
+            indent,
+            &format!("const long long sm_v = (long long)b{}[{a}];", v.buffer),
+        );
+        self.line(
+            indent,
+            &format!("if (sm_v < 0 || sm_v >= {size}LL) {{ *sm_err = {INDEX_ERROR}u; continue; }}"),
+        );
+    }
+}
+
+/// The CUDA kernel of extern call `e` of `s`, or `None` when the runtime serves the op.
+pub fn kernel(s: &Schedule, e: &ExternCall, fn_name: &str) -> Result<Option<CudaKernelSrc>> {
+    let out = &s.buffers[e.out];
+    let shape = &out.shape;
+    let rank = shape.len();
+    let p: Vec<String> = (0..rank).map(|d| format!("p{d}")).collect();
+    let mut b = Body {
+        s,
+        e,
+        out: out.dtype,
+        text: String::new(),
+    };
+    let a = &e.args;
+    match &e.op {
+        Op::Repeat { .. } => {
+            let x = &a[0];
+            let lead = rank - x.shape.len();
+            let pos: Vec<String> = x
+                .shape
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| format!("(p{} % {n}LL)", lead + i))
+                .collect();
+            b.copy(2, 0, &pos);
+        }
+        Op::Flip { dims } => {
+            let flip = wrap_dims(dims, rank)?;
+            let pos: Vec<String> = (0..rank)
+                .map(|d| {
+                    if flip.contains(&d) {
+                        format!("({}LL - p{d})", shape[d] as i64 - 1)
+                    } else {
+                        p[d].clone()
+                    }
+                })
+                .collect();
+            b.copy(2, 0, &pos);
+        }
+        Op::Tril { diagonal } | Op::Triu { diagonal } => {
+            let (r, c) = (&p[rank - 2], &p[rank - 1]);
+            let keep = if matches!(e.op, Op::Tril { .. }) {
+                format!("{c} - {r} <= {diagonal}LL")
+            } else {
+                format!("{c} - {r} >= {diagonal}LL")
+            };
+            b.line(2, &format!("if (!({keep})) {{"));
+            let zero = scalar::store(out.dtype, &scalar::cast(DType::Bool, out.dtype, "false"));
+            b.line(3, &format!("sm_out[sm_i] = {zero};"));
+            b.line(3, "continue;");
+            b.line(2, "}");
+            b.copy(2, 0, &p);
+        }
+        Op::Cat { dim } => {
+            let d = wrap_dim(*dim, rank)?;
+            b.line(2, &format!("long long sm_c = p{d};"));
+            for (k, v) in a.iter().enumerate() {
+                // legacy empty 1-d operands and empty parts hold nothing
+                if v.shape.len() != rank || v.shape[d] == 0 {
+                    continue;
+                }
+                let n = v.shape[d];
+                let mut pos = p.clone();
+                pos[d] = "sm_c".into();
+                b.line(2, &format!("if (sm_c < {n}LL) {{"));
+                b.copy(3, k, &pos);
+                b.line(3, "continue;");
+                b.line(2, "}");
+                b.line(2, &format!("sm_c -= {n}LL;"));
+            }
+        }
+        Op::Stack { dim } => {
+            let d = wrap_dim(*dim, rank)?;
+            let mut pos = p.clone();
+            pos.remove(d);
+            for k in 0..a.len() {
+                b.line(2, &format!("if (p{d} == {k}LL) {{"));
+                b.copy(3, k, &pos);
+                b.line(2, "}");
+            }
+        }
+        Op::IndexSelect { dim } => {
+            let x = &a[0];
+            if x.shape.is_empty() {
+                return Ok(None);
+            }
+            let d = wrap_dim(*dim, x.shape.len())?;
+            let at = if a[1].shape.is_empty() {
+                vec![]
+            } else {
+                vec![p[d].clone()]
+            };
+            b.index(2, 1, &at, x.shape[d]);
+            let mut pos = p.clone();
+            pos[d] = "sm_v".into();
+            b.copy(2, 0, &pos);
+        }
+        Op::Gather { dim } => {
+            let x = &a[0];
+            if x.shape.is_empty() {
+                return Ok(None);
+            }
+            let d = wrap_dim(*dim, rank)?;
+            b.index(2, 1, &p, x.shape[d]);
+            let mut pos = p.clone();
+            pos[d] = "sm_v".into();
+            b.copy(2, 0, &pos);
+        }
+        Op::Embedding => {
+            let w = &a[1];
+            b.index(2, 0, &p[..rank - 1], w.shape[0]);
+            b.copy(2, 1, &["sm_v".to_string(), p[rank - 1].clone()]);
+        }
+        _ => return Ok(None),
+    }
+
+    // parameters: each operand buffer once, then the output and the flag
+    let mut bufs: Vec<usize> = Vec::new();
+    for v in a {
+        if !bufs.contains(&v.buffer) {
+            bufs.push(v.buffer);
+        }
+    }
+    let mut params = Vec::new();
+    let mut sig = Vec::new();
+    for &buf in &bufs {
+        let ty = scalar::mem_type(s.buffers[buf].dtype);
+        sig.push(format!("const {ty}* __restrict__ b{buf}"));
+        params.push(KernelParam {
+            name: format!("b{buf}"),
+            buffer: Some(buf),
+            ctype: format!("const {ty}*"),
+            access: ParamAccess::Read,
+        });
+    }
+    let oty = scalar::mem_type(out.dtype);
+    sig.push(format!("{oty}* __restrict__ sm_out"));
+    params.push(KernelParam {
+        name: "sm_out".into(),
+        buffer: Some(e.out),
+        ctype: format!("{oty}*"),
+        access: ParamAccess::Write,
+    });
+    sig.push("unsigned int* __restrict__ sm_err".into());
+    params.push(KernelParam {
+        name: "sm_err".into(),
+        buffer: None,
+        ctype: "unsigned int*".into(),
+        access: ParamAccess::ErrorFlag,
+    });
+
+    let n = numel(shape) as u64;
+    let mut src = String::new();
+    let _ = writeln!(src, "/* {} */", e.op.name());
+    let _ = writeln!(
+        src,
+        "extern \"C\" __global__ void __launch_bounds__({BLOCK}) {fn_name}({}) {{",
+        sig.join(", ")
+    );
+    let _ = writeln!(src, "  (void)sm_err;");
+    let _ = writeln!(
+        src,
+        "  for (long long sm_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; sm_i < {n}LL; sm_i += (long long)gridDim.x * blockDim.x) {{"
+    );
+    // the output's positions, by div/mod of the flat index
+    let _ = writeln!(src, "    long long sm_r = sm_i;");
+    for d in (0..rank).rev() {
+        let _ = writeln!(src, "    const long long p{d} = sm_r % {}LL;", shape[d]);
+        let _ = writeln!(src, "    sm_r /= {}LL;", shape[d]);
+        let _ = writeln!(src, "    (void)p{d};");
+    }
+    src.push_str(&b.text);
+    src.push_str("  }\n}\n");
+    let uses_half = bufs
+        .iter()
+        .chain([&e.out])
+        .any(|&x| matches!(s.buffers[x].dtype, DType::F16 | DType::BF16));
+    Ok(Some(CudaKernelSrc {
+        name: fn_name.to_string(),
+        ir_name: e.op.name().to_string(),
+        source: src,
+        params,
+        launch: Launch::Pointwise {
+            n,
+            block: BLOCK,
+            grid: n.div_ceil(BLOCK as u64).min(MAX_GRID),
+        },
+        uses_half,
+    }))
+}
