@@ -1264,3 +1264,25 @@ fn long_reductions_across_rows_reduce_tiles_first() {
         );
     }
 }
+
+/// A 0-d value reshaped from a size-1 one (logsumexp's decomposition over a dim of one
+/// element) keeps an index map without columns; fusing it into a kernel over its input once
+/// indexed past that map.
+#[test]
+fn a_zero_d_logsumexp_broadcasts_back_over_its_input() {
+    for (name, body) in [
+        (
+            "plain",
+            "%s: f32[] = logsumexp(%y, dim=[-1])\n %o: f32[1] = add(%s, %y)",
+        ),
+        (
+            "where",
+            "%s: f32[] = logsumexp(%y, dim=[-1])\n %c: bool[1,1] = gt(%s, %z)\n %o: f32[1,1] = where(%c, %s, %z)",
+        ),
+    ] {
+        let text = format!("graph g(%y: f32[1], %z: f32[1,1]) {{\n {body}\n return %o\n}}\n");
+        let m = smelt::ir::parse_module(&text, name).unwrap();
+        let c = Pipeline::default().run(&m.graphs[0]).unwrap();
+        same_schedule_values(&m.graphs[0], &c.schedule, 1e-6);
+    }
+}

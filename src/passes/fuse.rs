@@ -250,8 +250,10 @@ impl AMap {
         let mut off = offset as i64;
         for (k, &s) in strides.iter().enumerate() {
             off += s as i64 * self.off[k];
-            for (d, c) in st.iter_mut().enumerate() {
-                *c += s as i64 * self.coef[k][d];
+            // a row derived from a 0-d map (which has no rows to count columns by) is empty:
+            // it moves along nothing
+            for (c, &a) in st.iter_mut().zip(&self.coef[k]) {
+                *c += s as i64 * a;
             }
         }
         if off < 0 || st.iter().any(|&s| s < 0) {
