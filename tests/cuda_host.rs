@@ -543,7 +543,13 @@ fn indexing_kernels_compute_the_interpreters_values() {
             .unwrap()
     };
     // (name, params, body, inputs, the error flag it raises)
-    type IndexCase = (&'static str, &'static str, &'static str, Vec<Tensor>, Option<u32>);
+    type IndexCase = (
+        &'static str,
+        &'static str,
+        &'static str,
+        Vec<Tensor>,
+        Option<u32>,
+    );
     let cases: Vec<IndexCase> = vec![
         (
             "index_select_view",
@@ -619,6 +625,53 @@ fn indexing_kernels_compute_the_interpreters_values() {
             "%y = triu(%x, diagonal=1)",
             vec![index(&[2, 4, 3], 2, DType::Bool)],
             None,
+        ),
+        (
+            "scatter_rows",
+            "%x: f32[4,6], %i: i64[3,2], %s: f32[3,5]",
+            "%y = scatter(%x, %i, %s, dim=1)",
+            vec![f32s(&[4, 6]), index(&[3, 2], 6, DType::I64), f32s(&[3, 5])],
+            None,
+        ),
+        (
+            "scatter_add_dups",
+            "%x: f32[5,3], %i: i64[7,3], %s: f32[7,3]",
+            "%y = scatter_add(%x, %i, %s, dim=0)",
+            vec![f32s(&[5, 3]), index(&[7, 3], 2, DType::I64), f32s(&[7, 3])],
+            None,
+        ),
+        (
+            "scatter_add_i32",
+            "%x: i32[3,4], %i: i64[3,4], %s: i32[3,4]",
+            "%y = scatter_add(%x, %i, %s, dim=1)",
+            vec![
+                of(&[3, 4], DType::I32),
+                index(&[3, 4], 4, DType::I64),
+                of(&[3, 4], DType::I32),
+            ],
+            None,
+        ),
+        (
+            "index_add",
+            "%x: f64[6,3], %i: i32[4], %s: f64[4,3]",
+            "%y = index_add(%x, %i, %s, dim=0)",
+            vec![
+                of(&[6, 3], DType::F64),
+                index(&[4], 6, DType::I32),
+                of(&[4, 3], DType::F64),
+            ],
+            None,
+        ),
+        (
+            "scatter_bad",
+            "%x: f32[4,3], %i: i64[2,3], %s: f32[2,3]",
+            "%y = scatter_add(%x, %i, %s, dim=0)",
+            vec![
+                f32s(&[4, 3]),
+                Tensor::from_vec(vec![0i64, 1, 2, 3, 4, 0], &[2, 3]).unwrap(),
+                f32s(&[2, 3]),
+            ],
+            Some(INDEX_ERROR),
         ),
         (
             "index_out_of_range",

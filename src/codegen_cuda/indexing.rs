@@ -1,17 +1,18 @@
 //! CUDA kernels for the data-movement ops that the fusion pass leaves as extern calls: `cat`,
-//! `stack`, `repeat`, `flip`, `tril`/`triu`, `index_select`, `gather` and `embedding`. One
-//! thread per output element (grid-stride) finds the element it copies through the operands'
-//! strided views. An index outside its dim sets the error flag to [`INDEX_ERROR`] and leaves
+//! `stack`, `repeat`, `flip`, `tril`/`triu`, `index_select`, `gather`, `embedding` and the
+//! scatters. One thread per output element (grid-stride) finds the element it copies through
+//! the operands' strided views. An index outside its dim sets the error flag to [`INDEX_ERROR`] and leaves
 //! the element unwritten; the runtime then asks the CPU kernels for PyTorch's message.
 //!
-//! `scatter`, `scatter_add` and `index_add` (writes whose order matters), `einsum` and the
+//! `scatter`, `scatter_add` and `index_add` run as gathers ([`Body::scatter`]) where each
+//! output element scans at most [`MAX_SCAN`] index entries; longer scans, `einsum` and the
 //! GEMMs stay with the runtime.
 
 use super::scalar::{self, var_type};
 use super::{CudaKernelSrc, KernelParam, Launch, ParamAccess};
 use crate::Result;
 use crate::ir::dtype::DType;
-use crate::ir::op::Op;
+use crate::ir::op::{BinaryOp, Op};
 use crate::ir::shape::{numel, wrap_dim, wrap_dims};
 use crate::kernel::{ExternCall, Schedule, View};
 use std::fmt::Write;
@@ -79,6 +80,85 @@ impl Body<'_> {
             indent,
             &format!("if (sm_v < 0 || sm_v >= {size}LL) {{ *sm_err = {INDEX_ERROR}u; continue; }}"),
         );
+    }
+}
+
+/// Longest run of index entries one output element of a scatter scans; longer ones stay
+/// with the runtime.
+const MAX_SCAN: usize = 256;
+
+impl Body<'_> {
+    /// `scatter`, `scatter_add` (operands x, index, src) and `index_add` (x, 1-d index, src)
+    /// written as gathers, so that no two threads write one element: each output element
+    /// starts from `x` and scans, in order, the `span` index entries that can land on it
+    /// (along dim `d`). The writes and sums then happen in the CPU kernels' order, and the
+    /// results are theirs bit for bit. Every index entry is scanned by some thread, so every
+    /// bad one raises the flag.
+    fn scatter(&mut self, op: &Op, d: usize, span: usize, p: &[String]) -> Result<()> {
+        let (x, idx, src) = (&self.e.args[0], &self.e.args[1], &self.e.args[2]);
+        let out = self.out;
+        let t = var_type(out);
+        let ld = |v: &View, pos: &[String]| {
+            scalar::load(out, &format!("b{}[{}]", v.buffer, addr(v, pos)))
+        };
+        self.line(2, &format!("{t} sm_acc = {};", ld(x, p)));
+        let index_add = matches!(op, Op::IndexAdd { .. });
+        // an index entry exists at this output's other positions
+        if !index_add {
+            let inside: Vec<String> = (0..p.len())
+                .filter(|&k| k != d && idx.shape[k] < x.shape[k])
+                .map(|k| format!("p{k} < {}LL", idx.shape[k]))
+                .collect();
+            if !inside.is_empty() {
+                self.line(2, &format!("if ({}) {{", inside.join(" && ")));
+            } else {
+                self.line(2, "{");
+            }
+        } else {
+            self.line(2, "{");
+        }
+        self.line(
+            3,
+            &format!("for (long long sm_t = 0; sm_t < {span}LL; ++sm_t) {{"),
+        );
+        let mut q = p.to_vec();
+        q[d] = "sm_t".into();
+        let at = if index_add {
+            if idx.shape.is_empty() {
+                vec![]
+            } else {
+                vec!["sm_t".to_string()]
+            }
+        } else {
+            q.clone()
+        };
+        self.line(
+            4,
+            &format!(
+                "const long long sm_v = (long long)b{}[{}];",
+                idx.buffer,
+                addr(idx, &at)
+            ),
+        );
+        let size = x.shape[d];
+        self.line(
+            4,
+            &format!("if (sm_v < 0 || sm_v >= {size}LL) {{ *sm_err = {INDEX_ERROR}u; break; }}"),
+        );
+        let s = ld(src, &q);
+        let next = if matches!(op, Op::Scatter { .. }) {
+            s
+        } else {
+            scalar::binary(BinaryOp::Add, out, "sm_acc", &s)?
+        };
+        self.line(4, &format!("if (sm_v == p{d}) sm_acc = {next};"));
+        self.line(3, "}");
+        self.line(2, "}");
+        self.line(
+            2,
+            &format!("sm_out[sm_i] = {};", scalar::store(out, "sm_acc")),
+        );
+        Ok(())
     }
 }
 
@@ -188,6 +268,25 @@ pub fn kernel(s: &Schedule, e: &ExternCall, fn_name: &str) -> Result<Option<Cuda
             let mut pos = p.clone();
             pos[d] = "sm_v".into();
             b.copy(2, 0, &pos);
+        }
+        Op::Scatter { dim } | Op::ScatterAdd { dim } | Op::IndexAdd { dim } => {
+            let d = wrap_dim(*dim, rank.max(1))?;
+            let idx = &a[1];
+            let index_add = matches!(e.op, Op::IndexAdd { .. });
+            // (with no output element to scan them, bad indices would go unseen)
+            let unseen = a[0].shape.get(d) == Some(&0) && numel(&idx.shape) > 0;
+            if rank == 0 || unseen || (!index_add && idx.shape.len() != rank) {
+                return Ok(None);
+            }
+            let span = if index_add {
+                idx.shape.iter().product()
+            } else {
+                idx.shape[d]
+            };
+            if span > MAX_SCAN {
+                return Ok(None);
+            }
+            b.scatter(&e.op, d, span, &p)?;
         }
         Op::Embedding => {
             let w = &a[1];
