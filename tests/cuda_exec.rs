@@ -11,7 +11,7 @@ mod cuda_cases;
 mod cuda_check;
 
 use cuda_cases::CASES;
-use cuda_check::{assert_close, inputs};
+use cuda_check::{assert_close, graph_of, inputs};
 use smelt::data::{DataLoader, TensorDataset};
 use smelt::ir::graph::Graph;
 use smelt::ir::parse_module;
@@ -68,12 +68,6 @@ fn check_graph(name: &str, g: &Graph) {
             (w, g) => panic!("{name} (fuse={fuse}): interpreter {w:?} vs GPU {g:?}"),
         }
     }
-}
-
-fn graph_of(name: &str, params: &str, body: &str) -> Graph {
-    let text = format!("graph g_{name}({params}) {{\n {body}\n return %y\n}}\n");
-    let m = parse_module(&text, name).unwrap_or_else(|e| panic!("{name}: {e}"));
-    m.graphs[0].clone()
 }
 
 #[test]

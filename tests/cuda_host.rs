@@ -14,12 +14,11 @@ mod cuda_cases;
 mod cuda_check;
 
 use cuda_cases::CASES;
-use cuda_check::{assert_close, inputs};
+use cuda_check::{assert_close, graph_of, inputs};
 use smelt::DType;
 use smelt::codegen_cuda::indexing::INDEX_ERROR;
 use smelt::codegen_cuda::{CudaOptions, CudaProgram, CudaStep, ParamAccess, generate};
 use smelt::ir::graph::Graph;
-use smelt::ir::parse_module;
 use smelt::kernel::{BufferKind, Schedule, View};
 use smelt::passes::Pipeline;
 use smelt::runtime::interp;
@@ -350,12 +349,6 @@ fn check(unit: &Unit, lib: &libloading::Library) {
             }
         }
     }
-}
-
-fn graph_of(name: &str, params: &str, body: &str) -> Graph {
-    let text = format!("graph g_{name}({params}) {{\n {body}\n return %y\n}}\n");
-    let m = parse_module(&text, name).unwrap_or_else(|e| panic!("{name}: {e}"));
-    m.graphs[0].clone()
 }
 
 #[test]

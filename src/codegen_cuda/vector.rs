@@ -68,27 +68,30 @@ impl VecType {
 
     /// Statements loading the vectors of `name` from element `addr` of `ptr`.
     pub fn load(&self, name: &str, ptr: &str, addr: &str) -> Vec<String> {
-        let t = self.ctype;
-        self.parts(name)
-            .iter()
-            .enumerate()
-            .map(|(v, p)| {
-                let at = self.at(addr, v);
-                format!("const {t} {p} = *reinterpret_cast<const {t}*>({ptr} + {at});")
-            })
-            .collect()
+        self.each(name, ptr, addr, |t, p, at| {
+            format!("const {t} {p} = *reinterpret_cast<const {t}*>({at});")
+        })
     }
 
     /// Statements storing the vectors of `name` to element `addr` of `ptr`.
     pub fn store(&self, name: &str, ptr: &str, addr: &str) -> Vec<String> {
-        let t = self.ctype;
+        self.each(name, ptr, addr, |t, p, at| {
+            format!("*reinterpret_cast<{t}*>({at}) = {p};")
+        })
+    }
+
+    /// One statement per vector: `f(ctype, vector variable, its address)`.
+    fn each(
+        &self,
+        name: &str,
+        ptr: &str,
+        addr: &str,
+        f: impl Fn(&str, &str, &str) -> String,
+    ) -> Vec<String> {
         self.parts(name)
             .iter()
             .enumerate()
-            .map(|(v, p)| {
-                let at = self.at(addr, v);
-                format!("*reinterpret_cast<{t}*>({ptr} + {at}) = {p};")
-            })
+            .map(|(v, p)| f(self.ctype, p, &format!("{ptr} + {}", self.at(addr, v))))
             .collect()
     }
 

@@ -1,7 +1,8 @@
-//! What the CUDA execution tests share: random inputs for a graph and the comparison of a
-//! result with the interpreter's.
+//! What the CUDA execution tests share: one-output graphs from text, random inputs for a
+//! graph and the comparison of a result with the interpreter's.
 
 use smelt::ir::graph::Graph;
+use smelt::ir::parse_module;
 use smelt::{DType, Tensor};
 
 /// Random inputs for `g`: normal floats, small integers (no zero, so integer division is
@@ -59,4 +60,11 @@ pub fn assert_close(what: &str, got: &Tensor, want: &Tensor) {
         };
         assert!(ok, "{what}: element {i}: got {a}, want {b}");
     }
+}
+
+/// The graph `g_{name}(params)` of `body`, returning `%y`.
+pub fn graph_of(name: &str, params: &str, body: &str) -> Graph {
+    let text = format!("graph g_{name}({params}) {{\n {body}\n return %y\n}}\n");
+    let m = parse_module(&text, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    m.graphs[0].clone()
 }
