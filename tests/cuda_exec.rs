@@ -487,6 +487,31 @@ fn gpu_indexing_kernels_match_the_cpu_and_its_errors() {
     );
     let (want, got) = run(vec![1, 5, 0, 2]);
     assert_eq!(got.unwrap_err().to_string(), want.unwrap_err().to_string());
+
+    // a long scatter_add: a copy, then atomic adds of whole numbers (exact in any order)
+    let g = graph_of(
+        "long",
+        "%x: f32[5,3], %i: i64[3000,3], %s: f32[3000,3]",
+        "%y = scatter_add(%x, %i, %s, dim=0)",
+    );
+    let f = CudaFn::compile(&g, &Default::default()).unwrap();
+    let atomics = f
+        .program()
+        .kernels
+        .iter()
+        .filter(|k| k.source.contains("atomicAdd"));
+    assert_eq!(atomics.count(), 1);
+    let whole = |shape: &[usize]| {
+        Tensor::randint(-4, 5, shape, Some(DType::I64))
+            .and_then(|t| t.to_dtype(DType::F32))
+            .unwrap()
+    };
+    let (x, s) = (whole(&[5, 3]), whole(&[3000, 3]));
+    let i = Tensor::randint(0, 5, &[3000, 3], Some(DType::I64)).unwrap();
+    let want = interp::run(&g, &[("x", x.clone()), ("i", i.clone()), ("s", s.clone())]);
+    let on = |t: &Tensor| t.to_device(GPU).unwrap();
+    let got = f.call(&[on(&x), on(&i), on(&s)]).unwrap();
+    assert_close("scatter_add", &got[0].cpu().unwrap(), &want.unwrap()[0]);
 }
 
 #[test]

@@ -529,6 +529,13 @@ fn indexing_kernels_compute_the_interpreters_values() {
     };
     smelt::manual_seed(13);
     let f32s = |shape: &[usize]| Tensor::randn(shape, Some(DType::F32)).unwrap();
+    // small whole numbers: their sums are exact in every dtype and order
+    let ints = |shape: &[usize], d: DType| {
+        index(shape, 9, DType::I64)
+            .add_scalar(-4)
+            .and_then(|t| t.to_dtype(d))
+            .unwrap()
+    };
     let of = |shape: &[usize], d: DType| {
         f32s(shape)
             .mul_scalar(4.0)
@@ -664,6 +671,92 @@ fn indexing_kernels_compute_the_interpreters_values() {
                 Tensor::from_vec(vec![0i64, 1, 2, 3, 4, 0], &[2, 3]).unwrap(),
                 f32s(&[2, 3]),
             ],
+            Some(INDEX_ERROR),
+        ),
+        // more entries than a gather scans: a copy, then atomic adds; integer values, so
+        // that every order of the adds gives the same sums
+        (
+            "scatter_add_long",
+            "%x: f32[5,3], %i: i64[300,3], %s: f32[300,3]",
+            "%y = scatter_add(%x, %i, %s, dim=0)",
+            vec![
+                ints(&[5, 3], DType::F32),
+                index(&[300, 3], 5, DType::I64),
+                ints(&[300, 3], DType::F32),
+            ],
+            None,
+        ),
+        (
+            "scatter_add_long_i64_view",
+            "%x: i64[4,2], %i: i64[2,500], %s: i64[500,2]",
+            "%t = t(%s)\n %y = scatter_add(%t, %i, %t, dim=1)",
+            vec![
+                ints(&[4, 2], DType::I64),
+                index(&[2, 500], 4, DType::I64),
+                ints(&[500, 2], DType::I64),
+            ],
+            None,
+        ),
+        (
+            "index_add_long_f16",
+            "%x: f16[6,4], %i: i32[400], %s: f16[400,4]",
+            "%y = index_add(%x, %i, %s, dim=0)",
+            vec![
+                ints(&[6, 4], DType::F16),
+                index(&[400], 6, DType::I32),
+                ints(&[400, 4], DType::F16),
+            ],
+            None,
+        ),
+        (
+            "index_add_long_bf16",
+            "%x: bf16[3,5], %i: i64[260], %s: bf16[3,260]",
+            "%y = index_add(%x, %i, %s, dim=1)",
+            vec![
+                ints(&[3, 5], DType::BF16),
+                index(&[260], 5, DType::I64),
+                ints(&[3, 260], DType::BF16),
+            ],
+            None,
+        ),
+        (
+            "scatter_long_unique",
+            "%x: f64[300,2], %i: i64[280,2], %s: f64[280,2]",
+            "%y = scatter(%x, %i, %s, dim=0)",
+            vec![
+                of(&[300, 2], DType::F64),
+                Tensor::from_vec(
+                    (0..280i64)
+                        .flat_map(|k| [k * 7 % 300, (k * 11 + 5) % 300])
+                        .collect(),
+                    &[280, 2],
+                )
+                .unwrap(),
+                of(&[280, 2], DType::F64),
+            ],
+            None,
+        ),
+        (
+            "scatter_add_long_bad",
+            "%x: f32[5,3], %i: i64[300,3], %s: f32[300,3]",
+            "%y = scatter_add(%x, %i, %s, dim=0)",
+            vec![
+                f32s(&[5, 3]),
+                {
+                    // the last entry is out of range
+                    let i = index(&[300, 3], 5, DType::I64);
+                    i.narrow(0, 299, 1).unwrap().fill_(5).unwrap();
+                    i
+                },
+                f32s(&[300, 3]),
+            ],
+            Some(INDEX_ERROR),
+        ),
+        (
+            "scatter_add_into_empty",
+            "%x: f32[0,3], %i: i64[2,3], %s: f32[2,3]",
+            "%y = scatter_add(%x, %i, %s, dim=0)",
+            vec![f32s(&[0, 3]), index(&[2, 3], 1, DType::I64), f32s(&[2, 3])],
             Some(INDEX_ERROR),
         ),
         (

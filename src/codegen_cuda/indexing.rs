@@ -5,15 +5,19 @@
 //! the element unwritten; the runtime then asks the CPU kernels for PyTorch's message.
 //!
 //! `scatter`, `scatter_add` and `index_add` run as gathers ([`Body::scatter`]) where each
-//! output element scans at most [`MAX_SCAN`] index entries; longer scans, `einsum` and the
-//! GEMMs stay with the runtime.
+//! output element scans at most [`MAX_SCAN`] index entries: deterministic, the CPU kernels'
+//! results bit for bit. Longer scans run as two kernels, a copy of `x` and then one thread per
+//! index entry storing or adding (atomically) its `src` element into the output
+//! ([`scatter_atomic`]): as in PyTorch, sums then come in any order and a plain scatter with
+//! duplicate indices keeps any one of their values. `einsum` and the GEMMs stay with the
+//! runtime.
 
 use super::scalar::{self, var_type};
 use super::{CudaKernelSrc, KernelParam, Launch, ParamAccess};
 use crate::Result;
 use crate::ir::dtype::DType;
 use crate::ir::op::{BinaryOp, Op};
-use crate::ir::shape::{numel, wrap_dim, wrap_dims};
+use crate::ir::shape::{contiguous_strides, numel, wrap_dim, wrap_dims};
 use crate::kernel::{ExternCall, Schedule, View};
 use std::fmt::Write;
 
@@ -53,7 +57,16 @@ struct Body<'a> {
     text: String,
 }
 
-impl Body<'_> {
+impl<'a> Body<'a> {
+    fn new(s: &'a Schedule, e: &'a ExternCall) -> Body<'a> {
+        Body {
+            s,
+            e,
+            out: s.buffers[e.out].dtype,
+            text: String::new(),
+        }
+    }
+
     fn line(&mut self, indent: usize, t: &str) {
         let _ = writeln!(self.text, "{}{t}", "  ".repeat(indent));
     }
@@ -162,18 +175,81 @@ impl Body<'_> {
     }
 }
 
-/// The CUDA kernel of extern call `e` of `s`, or `None` when the runtime serves the op.
-pub fn kernel(s: &Schedule, e: &ExternCall, fn_name: &str) -> Result<Option<CudaKernelSrc>> {
+/// `scatter`, `scatter_add` or `index_add` along dim `d` as two kernels: `out = x`, then one
+/// thread per index entry (per `src` element for `index_add`) checking its index and storing
+/// or atomically adding its `src` element. Adds of dtypes without atomics stay with the
+/// runtime.
+fn scatter_atomic(
+    s: &Schedule,
+    e: &ExternCall,
+    d: usize,
+    fn_name: &str,
+) -> Result<Vec<CudaKernelSrc>> {
+    let out = &s.buffers[e.out];
+    let add = !matches!(e.op, Op::Scatter { .. });
+    let (x, idx, src) = (&e.args[0], &e.args[1], &e.args[2]);
+    let update = |at: &str, v: &str| -> Option<String> {
+        Some(match (add, out.dtype) {
+            (false, d) => format!("sm_out[{at}] = {};", scalar::store(d, v)),
+            (true, DType::F32 | DType::F64 | DType::I32) => {
+                format!("atomicAdd(&sm_out[{at}], {v});")
+            }
+            (true, DType::I64) => {
+                format!("atomicAdd((unsigned long long*)&sm_out[{at}], (unsigned long long)({v}));")
+            }
+            (true, d @ (DType::F16 | DType::BF16)) => {
+                format!("atomicAdd(&sm_out[{at}], {});", scalar::store(d, v))
+            }
+            _ => return None,
+        })
+    };
+    let rank = out.shape.len();
+    let p: Vec<String> = (0..rank).map(|k| format!("p{k}")).collect();
+    let dense = View {
+        buffer: e.out,
+        shape: out.shape.clone(),
+        strides: contiguous_strides(&out.shape),
+        offset: 0,
+    };
+    let mut q = p.clone();
+    q[d] = "sm_v".into();
+    let v = scalar::load(out.dtype, &format!("b{}[{}]", src.buffer, addr(src, &p)));
+    let v = format!("(({})({v}))", var_type(out.dtype));
+    let Some(update) = update(&addr(&dense, &q), &v) else {
+        return Ok(vec![]);
+    };
+
+    let mut copy = Body::new(s, e);
+    copy.copy(2, 0, &p);
+    let copy = copy.assemble(&format!("{fn_name}_copy"), &out.shape, ParamAccess::Write);
+
+    let (walk, at) = if matches!(e.op, Op::IndexAdd { .. }) {
+        let at = if idx.shape.is_empty() {
+            vec![]
+        } else {
+            vec![p[d].clone()]
+        };
+        (&src.shape, at)
+    } else {
+        (&idx.shape, p.clone())
+    };
+    let mut b = Body::new(s, e);
+    b.index(2, 1, &at, x.shape[d]);
+    b.line(2, &update);
+    Ok(vec![
+        copy,
+        b.assemble(fn_name, walk, ParamAccess::ReadWrite),
+    ])
+}
+
+/// The CUDA kernels of extern call `e` of `s`, run in order; none when the runtime serves
+/// the op.
+pub fn kernels(s: &Schedule, e: &ExternCall, fn_name: &str) -> Result<Vec<CudaKernelSrc>> {
     let out = &s.buffers[e.out];
     let shape = &out.shape;
     let rank = shape.len();
     let p: Vec<String> = (0..rank).map(|d| format!("p{d}")).collect();
-    let mut b = Body {
-        s,
-        e,
-        out: out.dtype,
-        text: String::new(),
-    };
+    let mut b = Body::new(s, e);
     let a = &e.args;
     match &e.op {
         Op::Repeat { .. } => {
@@ -245,7 +321,7 @@ pub fn kernel(s: &Schedule, e: &ExternCall, fn_name: &str) -> Result<Option<Cuda
         Op::IndexSelect { dim } => {
             let x = &a[0];
             if x.shape.is_empty() {
-                return Ok(None);
+                return Ok(vec![]);
             }
             let d = wrap_dim(*dim, x.shape.len())?;
             let at = if a[1].shape.is_empty() {
@@ -261,7 +337,7 @@ pub fn kernel(s: &Schedule, e: &ExternCall, fn_name: &str) -> Result<Option<Cuda
         Op::Gather { dim } => {
             let x = &a[0];
             if x.shape.is_empty() {
-                return Ok(None);
+                return Ok(vec![]);
             }
             let d = wrap_dim(*dim, rank)?;
             b.index(2, 1, &p, x.shape[d]);
@@ -275,16 +351,16 @@ pub fn kernel(s: &Schedule, e: &ExternCall, fn_name: &str) -> Result<Option<Cuda
             let index_add = matches!(e.op, Op::IndexAdd { .. });
             // (with no output element to scan them, bad indices would go unseen)
             let unseen = a[0].shape.get(d) == Some(&0) && numel(&idx.shape) > 0;
-            if rank == 0 || unseen || (!index_add && idx.shape.len() != rank) {
-                return Ok(None);
+            if rank == 0 || (!index_add && idx.shape.len() != rank) {
+                return Ok(vec![]);
             }
             let span = if index_add {
                 idx.shape.iter().product()
             } else {
                 idx.shape[d]
             };
-            if span > MAX_SCAN {
-                return Ok(None);
+            if span > MAX_SCAN || unseen {
+                return scatter_atomic(s, e, d, fn_name);
             }
             b.scatter(&e.op, d, span, &p)?;
         }
@@ -293,80 +369,92 @@ pub fn kernel(s: &Schedule, e: &ExternCall, fn_name: &str) -> Result<Option<Cuda
             b.index(2, 0, &p[..rank - 1], w.shape[0]);
             b.copy(2, 1, &["sm_v".to_string(), p[rank - 1].clone()]);
         }
-        _ => return Ok(None),
+        _ => return Ok(vec![]),
     }
 
-    // parameters: each operand buffer once, then the output and the flag
-    let mut bufs: Vec<usize> = Vec::new();
-    for v in a {
-        if !bufs.contains(&v.buffer) {
-            bufs.push(v.buffer);
+    Ok(vec![b.assemble(fn_name, shape, ParamAccess::Write)])
+}
+
+impl Body<'_> {
+    /// The grid-stride kernel `fn_name` running the body once per element of `shape`
+    /// (positions `p0`, `p1`, ...); its parameters are the operands' buffers, the output
+    /// (used as `access` says) and the error flag.
+    fn assemble(self, fn_name: &str, shape: &[usize], access: ParamAccess) -> CudaKernelSrc {
+        let (s, e) = (self.s, self.e);
+        let out = &s.buffers[e.out];
+        let a = &e.args;
+        // parameters: each operand buffer once, then the output and the flag
+        let mut bufs: Vec<usize> = Vec::new();
+        for v in a {
+            if !bufs.contains(&v.buffer) {
+                bufs.push(v.buffer);
+            }
+        }
+        let mut params = Vec::new();
+        let mut sig = Vec::new();
+        for &buf in &bufs {
+            let ty = scalar::mem_type(s.buffers[buf].dtype);
+            sig.push(format!("const {ty}* __restrict__ b{buf}"));
+            params.push(KernelParam {
+                name: format!("b{buf}"),
+                buffer: Some(buf),
+                ctype: format!("const {ty}*"),
+                access: ParamAccess::Read,
+            });
+        }
+        let oty = scalar::mem_type(out.dtype);
+        sig.push(format!("{oty}* __restrict__ sm_out"));
+        params.push(KernelParam {
+            name: "sm_out".into(),
+            buffer: Some(e.out),
+            ctype: format!("{oty}*"),
+            access,
+        });
+        sig.push("unsigned int* __restrict__ sm_err".into());
+        params.push(KernelParam {
+            name: "sm_err".into(),
+            buffer: None,
+            ctype: "unsigned int*".into(),
+            access: ParamAccess::ErrorFlag,
+        });
+
+        let n = numel(shape) as u64;
+        let mut src = String::new();
+        let _ = writeln!(src, "/* {} */", e.op.name());
+        let _ = writeln!(
+            src,
+            "extern \"C\" __global__ void __launch_bounds__({BLOCK}) {fn_name}({}) {{",
+            sig.join(", ")
+        );
+        let _ = writeln!(src, "  (void)sm_err;");
+        let _ = writeln!(
+            src,
+            "  for (long long sm_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; sm_i < {n}LL; sm_i += (long long)gridDim.x * blockDim.x) {{"
+        );
+        // the output's positions, by div/mod of the flat index
+        let _ = writeln!(src, "    long long sm_r = sm_i;");
+        for d in (0..shape.len()).rev() {
+            let _ = writeln!(src, "    const long long p{d} = sm_r % {}LL;", shape[d]);
+            let _ = writeln!(src, "    sm_r /= {}LL;", shape[d]);
+            let _ = writeln!(src, "    (void)p{d};");
+        }
+        src.push_str(&self.text);
+        src.push_str("  }\n}\n");
+        let uses_half = bufs
+            .iter()
+            .chain([&e.out])
+            .any(|&x| matches!(s.buffers[x].dtype, DType::F16 | DType::BF16));
+        CudaKernelSrc {
+            name: fn_name.to_string(),
+            ir_name: e.op.name().to_string(),
+            source: src,
+            params,
+            launch: Launch::Pointwise {
+                n,
+                block: BLOCK,
+                grid: n.div_ceil(BLOCK as u64).min(MAX_GRID),
+            },
+            uses_half,
         }
     }
-    let mut params = Vec::new();
-    let mut sig = Vec::new();
-    for &buf in &bufs {
-        let ty = scalar::mem_type(s.buffers[buf].dtype);
-        sig.push(format!("const {ty}* __restrict__ b{buf}"));
-        params.push(KernelParam {
-            name: format!("b{buf}"),
-            buffer: Some(buf),
-            ctype: format!("const {ty}*"),
-            access: ParamAccess::Read,
-        });
-    }
-    let oty = scalar::mem_type(out.dtype);
-    sig.push(format!("{oty}* __restrict__ sm_out"));
-    params.push(KernelParam {
-        name: "sm_out".into(),
-        buffer: Some(e.out),
-        ctype: format!("{oty}*"),
-        access: ParamAccess::Write,
-    });
-    sig.push("unsigned int* __restrict__ sm_err".into());
-    params.push(KernelParam {
-        name: "sm_err".into(),
-        buffer: None,
-        ctype: "unsigned int*".into(),
-        access: ParamAccess::ErrorFlag,
-    });
-
-    let n = numel(shape) as u64;
-    let mut src = String::new();
-    let _ = writeln!(src, "/* {} */", e.op.name());
-    let _ = writeln!(
-        src,
-        "extern \"C\" __global__ void __launch_bounds__({BLOCK}) {fn_name}({}) {{",
-        sig.join(", ")
-    );
-    let _ = writeln!(src, "  (void)sm_err;");
-    let _ = writeln!(
-        src,
-        "  for (long long sm_i = (long long)blockIdx.x * blockDim.x + threadIdx.x; sm_i < {n}LL; sm_i += (long long)gridDim.x * blockDim.x) {{"
-    );
-    // the output's positions, by div/mod of the flat index
-    let _ = writeln!(src, "    long long sm_r = sm_i;");
-    for d in (0..rank).rev() {
-        let _ = writeln!(src, "    const long long p{d} = sm_r % {}LL;", shape[d]);
-        let _ = writeln!(src, "    sm_r /= {}LL;", shape[d]);
-        let _ = writeln!(src, "    (void)p{d};");
-    }
-    src.push_str(&b.text);
-    src.push_str("  }\n}\n");
-    let uses_half = bufs
-        .iter()
-        .chain([&e.out])
-        .any(|&x| matches!(s.buffers[x].dtype, DType::F16 | DType::BF16));
-    Ok(Some(CudaKernelSrc {
-        name: fn_name.to_string(),
-        ir_name: e.op.name().to_string(),
-        source: src,
-        params,
-        launch: Launch::Pointwise {
-            n,
-            block: BLOCK,
-            grid: n.div_ceil(BLOCK as u64).min(MAX_GRID),
-        },
-        uses_half,
-    }))
 }

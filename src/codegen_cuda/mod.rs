@@ -207,16 +207,17 @@ pub fn generate(s: &Schedule, opts: &CudaOptions) -> Result<CudaProgram> {
             }
             Step::Extern(e) => {
                 let name = format!("smelt_{base}_{}_{}", kernels.len(), c_ident(e.op.name()));
-                match indexing::kernel(s, e, &name)? {
-                    Some(k) => {
-                        kernels.push(k);
-                        steps.push(CudaStep::Kernel(kernels.len() - 1));
-                    }
-                    None => steps.push(CudaStep::Extern(ExternInfo {
+                let ks = indexing::kernels(s, e, &name)?;
+                if ks.is_empty() {
+                    steps.push(CudaStep::Extern(ExternInfo {
                         op: e.op.name().to_string(),
                         args: e.args.clone(),
                         out: e.out,
-                    })),
+                    }));
+                }
+                for k in ks {
+                    kernels.push(k);
+                    steps.push(CudaStep::Kernel(kernels.len() - 1));
                 }
             }
         }

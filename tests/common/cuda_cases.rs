@@ -270,6 +270,22 @@ pub const CASES: &[(&str, &str, &str)] = &[
         "%x: f32[7,5], %i: i64[7,2], %s: f32[7,2]",
         "%y = scatter_add(%x, %i, %s, dim=1)",
     ),
+    // more index entries than a gather scans: a copy, then atomics
+    (
+        "scatter_add_long",
+        "%x: f32[7,5], %i: i64[300,5], %s: f32[300,5]",
+        "%y = scatter_add(%x, %i, %s, dim=0)",
+    ),
+    (
+        "scatter_long",
+        "%x: i32[7,5], %i: i64[300,5], %s: i32[300,5]",
+        "%y = scatter(%x, %i, %s, dim=0)",
+    ),
+    (
+        "index_add_long_bf16",
+        "%x: bf16[7,5], %i: i32[300], %s: bf16[7,300]",
+        "%y = index_add(%x, %i, %s, dim=1)",
+    ),
     (
         "embedding",
         "%i: i64[3], %w: f32[7,5]",

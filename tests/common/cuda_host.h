@@ -4,6 +4,7 @@
 // and a warp shuffle is an exchange through memory between two barriers.
 #include <math.h>
 #include <string.h>
+#include <atomic>
 #include <barrier>
 #include <thread>
 #include <vector>
@@ -104,6 +105,23 @@ inline __nv_bfloat16 __double2bfloat16(double d) {
 }
 inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return {u}; }
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.bits; }
+
+// Atomic adds, as CUDA's: they return the old value.
+template <class T> T atomicAdd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_add(v); }
+template <class H, class ToF, class FromF> H sm_host_cas_add(H* p, H v, ToF to, FromF from) {
+  std::atomic_ref<H> a(*p);
+  H old = a.load(), next;
+  do {
+    next = from(to(old) + to(v));
+  } while (!a.compare_exchange_weak(old, next));
+  return old;
+}
+inline __half atomicAdd(__half* p, __half v) {
+  return sm_host_cas_add(p, v, __half2float, __float2half_rn);
+}
+inline __nv_bfloat16 atomicAdd(__nv_bfloat16* p, __nv_bfloat16 v) {
+  return sm_host_cas_add(p, v, __bfloat162float, __float2bfloat16_rn);
+}
 
 // Runs `kernel` on a grid of `grid` blocks of `block` threads.
 template <class F> void sm_host_launch(unsigned int grid, unsigned int block, F kernel) {
