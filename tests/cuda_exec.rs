@@ -693,3 +693,125 @@ fn smelt_grad_and_run_on_the_gpu_match_the_cpu() {
         }
     }
 }
+
+#[test]
+fn without_a_gpu_streams_and_events_are_errors() {
+    if cuda::is_available() {
+        eprintln!("without_a_gpu_streams_and_events_are_errors: skipped, a GPU is present");
+        return;
+    }
+    let cuda_error = |e: smelt::Error| {
+        let e = e.to_string();
+        assert!(
+            e.to_lowercase().contains("cuda") || e.contains("driver"),
+            "{e}"
+        );
+    };
+    cuda_error(cuda::Stream::new().unwrap_err());
+    cuda_error(cuda::current_stream().unwrap_err());
+    cuda_error(cuda::Stream::default_stream(0).unwrap_err());
+    cuda_error(cuda::Event::new(true).unwrap_err());
+    let t = Tensor::ones(&[2], DType::F32);
+    cuda_error(t.to_device_non_blocking(GPU).unwrap_err());
+    // a CPU move needs no GPU
+    let same = t.to_device_non_blocking(Device::Cpu).unwrap();
+    assert!(same.shares_storage(&t));
+}
+
+#[test]
+fn streams_order_their_work_and_events_time_it() {
+    if !gpu_or_skip("streams_order_their_work_and_events_time_it") {
+        return;
+    }
+    smelt::runtime::random::manual_seed(8);
+    let g = graph_of(
+        "chain",
+        "%x: f32[513,67]",
+        "%a = relu(%x)\n %b = mul(%a, 0.5)\n %y = tanh(%b)",
+    );
+    let f = CudaFn::compile(&g, &Default::default()).unwrap();
+    let x = Tensor::randn(&[513, 67], Some(DType::F32)).unwrap();
+    let want = interp::run(&g, &[("x", x.clone())]).unwrap();
+
+    let s = cuda::Stream::new().unwrap();
+    assert!(!s.is_default());
+    assert_eq!(s.device(), 0);
+    assert!(cuda::current_stream().unwrap().is_default());
+    let start = cuda::Event::new(true).unwrap();
+    let end = cuda::Event::new(true).unwrap();
+    let (y, eager) = cuda::with_stream(&s, || {
+        assert_eq!(cuda::current_stream().unwrap(), s);
+        start.record(&s).unwrap();
+        let d = x.pin_memory().unwrap().to_device_non_blocking(GPU).unwrap();
+        let y = f.call(std::slice::from_ref(&d)).unwrap();
+        // eager ops and a strided copy queue on the stream too
+        let eager = d
+            .relu()
+            .and_then(|a| a.mul_scalar(0.5))
+            .and_then(|b| b.tanh());
+        let eager = eager.and_then(|e| e.t()).map(|e| e.contiguous()).unwrap();
+        end.record(&s).unwrap();
+        (y, eager)
+    })
+    .unwrap();
+    assert!(cuda::current_stream().unwrap().is_default(), "restored");
+    s.synchronize().unwrap();
+    assert!(s.query().unwrap() && end.query().unwrap());
+    assert!(start.elapsed_ms(&end).unwrap() >= 0.0);
+    assert_close("stream", &y[0].cpu().unwrap(), &want[0]);
+    assert_close(
+        "eager on a stream",
+        &eager.cpu().unwrap(),
+        &want[0].t().unwrap().contiguous(),
+    );
+
+    // a second stream waits for the first: its read sees the first's write
+    let s2 = cuda::Stream::new().unwrap();
+    let big = Tensor::ones(&[1 << 20], DType::F32).cuda().unwrap();
+    cuda::with_stream(&s, || big.mul_scalar_(3.0).map(|_| ()))
+        .unwrap()
+        .unwrap();
+    s2.wait_stream(&s).unwrap();
+    let sum = cuda::with_stream(&s2, || big.sum()).unwrap().unwrap();
+    assert_eq!(
+        sum.cpu().unwrap().to_f64_vec(),
+        vec![3.0 * (1 << 20) as f64]
+    );
+    // an event of another stream orders work too
+    let e = s2.record_event().unwrap();
+    s.wait_event(&e).unwrap();
+    cuda::synchronize().unwrap();
+}
+
+#[test]
+fn memory_used_on_another_stream_waits_before_reuse() {
+    if !gpu_or_skip("memory_used_on_another_stream_waits_before_reuse") {
+        return;
+    }
+    let (s1, s2) = (cuda::Stream::new().unwrap(), cuda::Stream::new().unwrap());
+    let n = 1 << 22;
+    let on = |s: &cuda::Stream| cuda::with_stream(s, || Tensor::zeros(&[n], DType::F32).cuda());
+    let a = on(&s1).unwrap().unwrap();
+    let ptr = a.data_ptr();
+    a.record_stream(&s2).unwrap();
+    let before = memory::memory_allocated(0).unwrap();
+    drop(a);
+    assert!(memory::memory_allocated(0).unwrap() < before);
+    // the block belongs to s1's pool: the default stream gets another one
+    let b = Tensor::zeros(&[n], DType::F32).cuda().unwrap();
+    assert_ne!(b.data_ptr(), ptr);
+    // once s2's work is done, s1 gets its block back
+    s2.synchronize().unwrap();
+    let c = on(&s1).unwrap().unwrap();
+    assert_eq!(c.data_ptr(), ptr);
+    // a stream of another device, or a CPU tensor, is refused
+    let e = Tensor::ones(&[2], DType::F32)
+        .record_stream(&s1)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("expected a CUDA tensor"), "{e}");
+    drop((b, c));
+    // the streams' blocks go back to the default stream when they are destroyed
+    drop((s1, s2));
+    memory::empty_cache(0).unwrap();
+}

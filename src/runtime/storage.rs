@@ -23,7 +23,7 @@ enum Owner {
     /// A caller's `Vec` adopted without copying; dropping it frees the memory.
     Adopted(#[allow(dead_code)] Box<dyn Any + Send + Sync>),
     /// GPU memory from the caching allocator (`ptr` is a device address, never read here).
-    Cuda(#[allow(dead_code)] crate::runtime::cuda::memory::DeviceBuffer),
+    Cuda(crate::runtime::cuda::memory::DeviceBuffer),
     /// Page-locked host memory (`pin_memory`), freed through the driver.
     Pinned(#[allow(dead_code)] crate::runtime::cuda::driver::PinnedHost),
 }
@@ -109,10 +109,24 @@ impl Storage {
         ALLOCATIONS.with(|c| c.set(c.get() + 1));
         let nbytes = len * dtype.size();
         let buf = crate::runtime::cuda::memory::DeviceBuffer::alloc(device, nbytes)?;
+        Ok(Storage::from_device(buf, dtype))
+    }
+
+    /// A storage of `dtype` elements over device buffer `buf` (its contents as they are).
+    pub fn from_device(buf: crate::runtime::cuda::memory::DeviceBuffer, dtype: DType) -> Storage {
         let ptr = NonNull::new(buf.ptr() as *mut u8).unwrap_or(NonNull::dangling());
-        let mut s = Storage::from_parts(ptr, nbytes, Owner::Cuda(buf), dtype);
-        s.device = Device::Cuda(device);
-        Ok(s)
+        let device = Device::Cuda(buf.device());
+        let mut s = Storage::from_parts(ptr, buf.len(), Owner::Cuda(buf), dtype);
+        s.device = device;
+        s
+    }
+
+    /// The device buffer of a GPU storage.
+    pub fn device_buffer(&self) -> Option<&crate::runtime::cuda::memory::DeviceBuffer> {
+        match &self.owner {
+            Owner::Cuda(b) => Some(b),
+            _ => None,
+        }
     }
 
     /// A zero-filled buffer of `len` elements in page-locked host memory; an error without

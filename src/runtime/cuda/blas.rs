@@ -41,12 +41,12 @@ fn with_handle<T>(gpu: &Gpu, f: impl FnOnce(sys::cublasHandle_t) -> Result<T>) -
             let h = super::guarded("cublasCreate", || {
                 result::create_handle().map_err(|e| blas_err("cublasCreate", e))
             })?;
-            // SAFETY: a fresh handle; the null stream is the legacy default stream.
-            unsafe { result::set_stream(h, std::ptr::null_mut()) }
-                .map_err(|e| blas_err("cublasSetStream", e))?;
             e.insert(Handle(h)).0
         }
     };
+    // SAFETY: a live handle; the thread's current stream of this device is live.
+    unsafe { result::set_stream(h, super::stream::raw_for(gpu.ordinal()) as _) }
+        .map_err(|e| blas_err("cublasSetStream", e))?;
     f(h)
 }
 

@@ -1,9 +1,11 @@
-//! The few driver calls execution needs, on one device's primary context and its legacy
-//! default stream: copies, loading compiled modules, launching kernels, events.
+//! The few driver calls execution needs, on one device's primary context: copies, loading
+//! compiled modules, launching kernels, timing.
 //!
-//! Everything runs on the default stream, so kernels, cuBLAS calls and copies are ordered
-//! without extra synchronisation, and a device-to-host copy waits for the work before it.
+//! Work goes to the thread's current stream ([`super::stream`]): kernels, cuBLAS calls and
+//! device copies of one stream are ordered without extra synchronisation. Host copies are
+//! synchronous and on the default stream, which waits for every stream's earlier work.
 
+use super::stream::{Event, raw_for};
 use super::{device_count, guarded};
 use crate::{Error, Result};
 use cudarc::driver::{CudaContext, result, sys};
@@ -13,11 +15,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 pub(crate) fn err(what: &str, e: result::DriverError) -> Error {
     Error::Device(format!("CUDA error in {what}: {e:?}"))
-}
-
-/// The legacy default stream.
-pub(crate) fn stream() -> sys::CUstream {
-    std::ptr::null_mut()
 }
 
 /// One GPU's context.
@@ -71,6 +68,21 @@ impl Gpu {
         unsafe { result::memcpy_htod_sync(dst, src) }.map_err(|e| err("cuMemcpyHtoD", e))
     }
 
+    /// Queues a copy of host bytes to device address `dst` on the thread's current stream.
+    ///
+    /// # Safety
+    /// `src` must stay allocated until the copy has run (page-locked memory, kept alive by
+    /// the destination); writes to it before then may or may not be seen.
+    pub unsafe fn htod_async(&self, dst: u64, src: &[u8]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `dst` holds at least `src.len()` bytes; `src` as the caller promises.
+        unsafe { result::memcpy_htod_async(dst, src, raw_for(self.ordinal)) }
+            .map_err(|e| err("cuMemcpyHtoDAsync", e))
+    }
+
     /// Copies device bytes at `src` to the host (waits for earlier work on the stream).
     pub fn dtoh(&self, dst: &mut [u8], src: u64) -> Result<()> {
         if dst.is_empty() {
@@ -88,7 +100,7 @@ impl Gpu {
         }
         self.bind()?;
         // SAFETY: both ranges are live allocations of at least `bytes`.
-        unsafe { result::memcpy_dtod_async(dst, src, bytes, stream()) }
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, raw_for(self.ordinal)) }
             .map_err(|e| err("cuMemcpyDtoD", e))
     }
 
@@ -99,7 +111,7 @@ impl Gpu {
         }
         self.bind()?;
         // SAFETY: `dst` is a live allocation of at least `bytes`.
-        unsafe { result::memset_d8_async(dst, 0, bytes, stream()) }
+        unsafe { result::memset_d8_async(dst, 0, bytes, raw_for(self.ordinal)) }
             .map_err(|e| err("cuMemsetD8", e))
     }
 
@@ -143,7 +155,10 @@ impl Module {
         // SAFETY: a loaded module and a C string.
         let f = unsafe { result::module::get_function(self.raw, c) }
             .map_err(|e| err(&format!("cuModuleGetFunction({name})"), e))?;
-        Ok(Function { raw: f })
+        Ok(Function {
+            raw: f,
+            device: self.gpu.ordinal,
+        })
     }
 }
 
@@ -160,6 +175,7 @@ impl Drop for Module {
 #[derive(Clone, Copy)]
 pub struct Function {
     raw: sys::CUfunction,
+    device: usize,
 }
 
 // SAFETY: a CUfunction handle may be used from any thread with its context current.
@@ -200,7 +216,7 @@ impl Function {
                 (grid, 1, 1),
                 (block, 1, 1),
                 shared,
-                stream(),
+                raw_for(self.device),
                 params,
             )
         }
@@ -208,51 +224,35 @@ impl Function {
     }
 }
 
-/// A pair of events timing the work between [`Timer::start`] and [`Timer::stop`].
+/// A pair of events timing the work between [`Timer::start`] and [`Timer::stop`] on the
+/// thread's current stream.
 pub struct Timer {
-    start: sys::CUevent,
-    end: sys::CUevent,
+    start: Event,
+    end: Event,
 }
 
 impl Timer {
-    /// Two fresh events (in the current context).
-    pub fn new(gpu: &Gpu) -> Result<Timer> {
-        gpu.bind()?;
-        let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
-        let start = result::event::create(flags).map_err(|e| err("cuEventCreate", e))?;
-        let end = result::event::create(flags).map_err(|e| err("cuEventCreate", e))?;
-        Ok(Timer { start, end })
+    /// Two fresh timing events on `gpu`.
+    pub fn new(gpu: &Arc<Gpu>) -> Result<Timer> {
+        Ok(Timer {
+            start: Event::on(gpu, true)?,
+            end: Event::on(gpu, true)?,
+        })
     }
 
     /// Records the start.
     pub fn start(&self) -> Result<()> {
-        // SAFETY: a live event.
-        unsafe { result::event::record(self.start, stream()) }.map_err(|e| err("cuEventRecord", e))
+        self.start.record_current()
     }
 
     /// Records the end.
     pub fn stop(&self) -> Result<()> {
-        // SAFETY: a live event.
-        unsafe { result::event::record(self.end, stream()) }.map_err(|e| err("cuEventRecord", e))
+        self.end.record_current()
     }
 
     /// Milliseconds between the two records (waits for the end).
     pub fn elapsed_ms(&self) -> Result<f32> {
-        // SAFETY: both events were recorded.
-        unsafe {
-            result::event::synchronize(self.end).map_err(|e| err("cuEventSynchronize", e))?;
-            result::event::elapsed(self.start, self.end).map_err(|e| err("cuEventElapsedTime", e))
-        }
-    }
-}
-
-impl Drop for Timer {
-    fn drop(&mut self) {
-        // SAFETY: created in `new`, destroyed once.
-        unsafe {
-            let _ = result::event::destroy(self.start);
-            let _ = result::event::destroy(self.end);
-        }
+        self.start.elapsed_ms(&self.end)
     }
 }
 

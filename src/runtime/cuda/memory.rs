@@ -1,7 +1,8 @@
 //! Device memory of real GPUs: the caching allocator over `cuMemAlloc`/`cuMemFree`, one per
 //! device, and the `torch.cuda` memory functions on top of it.
 
-use super::alloc::{Block, CachingAllocator, MemoryStats, RawAlloc, RawError};
+use super::alloc::{Block, CachingAllocator, MemoryStats, RawAlloc, RawError, StreamId};
+use super::stream::Event;
 use super::{device_count, guarded};
 use crate::{Error, Result};
 use cudarc::driver::{CudaContext, result, sys};
@@ -58,6 +59,44 @@ impl RawAlloc for DriverAlloc {
     fn mem_info(&self) -> Option<(usize, usize)> {
         self.ctx.mem_get_info().ok()
     }
+
+    fn record_event(&mut self, stream: StreamId) -> std::result::Result<u64, RawError> {
+        self.ctx.bind_to_thread().map_err(raw_err)?;
+        let e =
+            result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(raw_err)?;
+        // SAFETY: a fresh event; `stream` is a live stream of this context (streams wait
+        // for their work and leave the allocator before they are destroyed).
+        if let Err(err) = unsafe { result::event::record(e, stream as sys::CUstream) } {
+            // SAFETY: created above, destroyed once.
+            let _ = unsafe { result::event::destroy(e) };
+            return Err(raw_err(err));
+        }
+        Ok(e as u64)
+    }
+
+    fn event_done(&mut self, event: u64) -> std::result::Result<bool, RawError> {
+        let e = event as sys::CUevent;
+        // SAFETY: an event `record_event` made and nobody destroyed yet.
+        match unsafe { result::event::query(e) } {
+            Ok(()) => {
+                // SAFETY: as above; destroyed once, here.
+                let _ = unsafe { result::event::destroy(e) };
+                Ok(true)
+            }
+            Err(err) if err.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(err) => Err(raw_err(err)),
+        }
+    }
+
+    fn event_wait(&mut self, event: u64) -> std::result::Result<(), RawError> {
+        let e = event as sys::CUevent;
+        // SAFETY: an event `record_event` made and nobody destroyed yet; destroyed once.
+        unsafe {
+            let r = result::event::synchronize(e);
+            let _ = result::event::destroy(e);
+            r.map_err(raw_err)
+        }
+    }
 }
 
 type Shared = Arc<Mutex<CachingAllocator<DriverAlloc>>>;
@@ -93,16 +132,22 @@ pub struct DeviceBuffer {
     device: usize,
     block: Block,
     len: usize,
+    /// The pinned source of an asynchronous copy into the buffer, and an event after the
+    /// copy: the source is released only once the copy has run.
+    keep: Option<(Arc<dyn std::any::Any + Send + Sync>, Event)>,
 }
 
 impl DeviceBuffer {
-    /// At least `bytes` of uninitialised memory on GPU `device`.
+    /// At least `bytes` of uninitialised memory on GPU `device`, for work on the thread's
+    /// current stream of that device.
     pub fn alloc(device: usize, bytes: usize) -> Result<DeviceBuffer> {
-        let block = with(device, |a| a.alloc(bytes))??;
+        let stream = super::stream::raw_for(device) as StreamId;
+        let block = with(device, |a| a.alloc(bytes, stream))??;
         Ok(DeviceBuffer {
             device,
             block,
             len: bytes,
+            keep: None,
         })
     }
 
@@ -125,10 +170,27 @@ impl DeviceBuffer {
     pub fn device(&self) -> usize {
         self.device
     }
+
+    /// Keeps `x` alive until the buffer is dropped and `copied` has completed.
+    pub fn keep_alive(&mut self, x: Arc<dyn std::any::Any + Send + Sync>, copied: Event) {
+        self.keep = Some((x, copied));
+    }
+
+    /// Marks the buffer as used by work on `stream` (see [`CachingAllocator::record_stream`]).
+    pub fn record_stream(&self, stream: StreamId) -> Result<()> {
+        if self.block.ptr == 0 {
+            return Ok(());
+        }
+        with(self.device, |a| a.record_stream(self.block.ptr, stream))?
+    }
 }
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
+        if let Some((_, copied)) = &self.keep {
+            // the copy may still read the source, which is released below
+            let _ = copied.synchronize();
+        }
         // the allocator exists: it made this buffer
         let _ = with(self.device, |a| a.free(self.block));
     }
@@ -152,6 +214,12 @@ pub fn memory_reserved(device: usize) -> Result<usize> {
 /// Every statistic at once.
 pub fn memory_stats(device: usize) -> Result<MemoryStats> {
     with(device, |a| a.stats())
+}
+
+/// Hands stream `stream`'s cached blocks to the default stream of `device` (its work is
+/// done).
+pub(crate) fn release_stream(device: usize, stream: StreamId) -> Result<()> {
+    with(device, |a| a.release_stream(stream))
 }
 
 /// `torch.cuda.empty_cache()` for one device.

@@ -13,9 +13,11 @@ pub mod eager;
 pub mod exec;
 pub mod memory;
 pub mod program;
+pub mod stream;
 pub mod tensor;
 
 pub use exec::{CudaCompileOptions, CudaFn};
+pub use stream::{Event, Stream, current_stream, with_stream};
 
 use crate::codegen_cuda::nvrtc;
 use crate::{Error, Result};

@@ -2,6 +2,8 @@
 
 use super::copy;
 use super::driver::Gpu;
+use super::memory::DeviceBuffer;
+use super::stream::{Event, Stream};
 use crate::Result;
 use crate::runtime::access;
 use crate::runtime::device::Device;
@@ -33,6 +35,55 @@ pub fn upload(t: &Tensor, device: usize) -> Result<Tensor> {
         Arc::new(st),
         Layout::contiguous(t.shape()),
     ))
+}
+
+/// A copy of host tensor `t` on GPU `device`, queued on the thread's current stream without
+/// waiting for it when `t` is dense and pinned (PyTorch's `non_blocking=True`); the copy
+/// keeps `t`'s memory alive. Otherwise as [`upload`].
+pub fn upload_non_blocking(t: &Tensor, device: usize) -> Result<Tensor> {
+    if !t.is_pinned() || !t.is_contiguous() {
+        return upload(t, device);
+    }
+    let gpu = Gpu::get(device)?;
+    let nbytes = t.numel() * t.element_size();
+    let mut buf = DeviceBuffer::alloc(device, nbytes)?;
+    let copied = Event::on(&gpu, false)?;
+    {
+        let acc = access::lock(&[t], &[]);
+        // SAFETY: `t` is contiguous: its numel elements follow the first one. Its storage is
+        // page-locked and kept alive by `buf` below, so it outlives the copy.
+        unsafe {
+            let bytes = std::slice::from_raw_parts(acc.read::<u8>(0), nbytes);
+            gpu.htod_async(buf.ptr(), bytes)?;
+        }
+    }
+    if let Err(e) = copied.record_current() {
+        // without the event, wait here: the caller may free the source next
+        let _ = gpu.synchronize();
+        return Err(e);
+    }
+    buf.keep_alive(t.storage_arc().clone(), copied);
+    Ok(Tensor::from_parts(
+        Arc::new(Storage::from_device(buf, t.dtype())),
+        Layout::contiguous(t.shape()),
+    ))
+}
+
+/// Tells the allocator that work on `stream` uses GPU tensor `t` (PyTorch's
+/// `record_stream`): its memory is not handed out again before that work is done.
+pub fn record_stream(t: &Tensor, stream: &Stream) -> Result<()> {
+    let device = ordinal(t)?;
+    if device != stream.device() {
+        crate::bail!(
+            Device,
+            "record_stream: the tensor is on cuda:{device} but the stream on cuda:{}",
+            stream.device()
+        );
+    }
+    match t.storage().device_buffer() {
+        Some(b) => b.record_stream(stream.id()),
+        None => Ok(()),
+    }
 }
 
 /// A dense host copy of GPU tensor `t` (waits for the work that writes it).

@@ -3,7 +3,7 @@
 //! that says why, never a panic.
 
 use crate::runtime::access;
-use crate::runtime::cuda::tensor::{download, upload};
+use crate::runtime::cuda::tensor::{download, record_stream, upload, upload_non_blocking};
 use crate::runtime::device::Device;
 use crate::runtime::layout::Layout;
 use crate::runtime::storage::Storage;
@@ -24,6 +24,25 @@ impl Tensor {
             (Device::Cpu, Device::Cpu) => Ok(self.clone()),
         }
     }
+    /// As [`Tensor::to_device`], but a copy from pinned host memory to a GPU is queued on the
+    /// current stream and not waited for (PyTorch's `to(device, non_blocking=True)`): the
+    /// host thread goes on while the copy engine works. Writing the source before the copy
+    /// has run (a later `synchronize`) may or may not change what arrives; its memory is
+    /// kept alive by the result. Other moves are as `to_device`.
+    pub fn to_device_non_blocking(&self, device: Device) -> Result<Tensor> {
+        match (self.device(), device) {
+            (Device::Cpu, Device::Cuda(i)) => upload_non_blocking(self, i),
+            _ => self.to_device(device),
+        }
+    }
+
+    /// Tells the caching allocator that work queued on `stream` uses this GPU tensor
+    /// (PyTorch's `record_stream`): when the tensor is freed, its memory waits for that
+    /// work before it is reused. Needed when a tensor made on one stream is used on another.
+    pub fn record_stream(&self, stream: &crate::runtime::cuda::Stream) -> Result<()> {
+        record_stream(self, stream)
+    }
+
     /// The tensor on the CPU (itself for a CPU tensor).
     pub fn cpu(&self) -> Result<Tensor> {
         self.to_device(Device::Cpu)
