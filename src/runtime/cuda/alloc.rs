@@ -358,9 +358,17 @@ impl<B: RawAlloc> CachingAllocator<B> {
         Ok(())
     }
 
-    /// Blocks that stream `stream`'s free lists hold go to the default stream's (called once
-    /// the stream's work is done, before it is destroyed).
+    /// Forgets stream `stream`, whose work is done and which is about to be destroyed (its
+    /// handle may name another stream later): blocks of its free lists go to the default
+    /// stream's, live blocks allocated on it will return there too, and its recorded uses
+    /// need no event.
     pub fn release_stream(&mut self, stream: StreamId) {
+        for l in self.live.values_mut() {
+            if l.stream == stream {
+                l.stream = 0;
+            }
+            l.uses.retain(|&s| s != stream);
+        }
         for large in [false, true] {
             let pool = if large {
                 &mut self.large
@@ -650,13 +658,23 @@ mod tests {
     fn empty_cache_waits_for_pending_blocks_and_released_streams_share() {
         let mut a = CachingAllocator::new(Fake::new(64 * MIB), 0);
         let x = a.alloc(100, 3).unwrap();
+        let live = a.alloc(100, 3).unwrap();
+        a.record_stream(live.ptr, 4).unwrap();
         a.free(x).unwrap();
         a.release_stream(3);
+        a.release_stream(4);
         let y = a.alloc(100, 0).unwrap();
         assert_eq!(
             y.ptr, x.ptr,
             "a released stream's blocks serve the default stream"
         );
+        // a live block of a released stream returns to the default stream, with no event
+        // for a released stream that used it
+        a.free(live).unwrap();
+        assert!(a.raw().events.is_empty());
+        let z = a.alloc(100, 0).unwrap();
+        assert_eq!(z.ptr, live.ptr);
+        a.free(z).unwrap();
         a.record_stream(y.ptr, 9).unwrap();
         a.free(y).unwrap();
         a.empty_cache().unwrap();
