@@ -496,3 +496,59 @@ fn large_kernels_in_parallel_chunks_and_on_one_thread() {
         }
     }
 }
+
+/// PyTorch's aliasing: an op that makes new memory returns new memory even when the passes
+/// fold it to its input (`x * 1`), a constant output is a new tensor on every call (so an
+/// in-place write to one cannot reach later calls), and views and reshapes of an input,
+/// or the input itself, share its memory.
+#[test]
+fn folded_outputs_alias_inputs_only_where_pytorch_does() {
+    let graph = |body: &str, ret: &str| {
+        let text = format!("graph g(%x: f32[2,3]) {{\n {body}\n return {ret}\n}}\n");
+        parse_module(&text, "alias").unwrap().graphs[0].clone()
+    };
+    let x = Tensor::from_vec(vec![1.0f32, -2.0, 3.0, 4.0, -5.0, 6.0], &[2, 3]).unwrap();
+    let cases = [
+        ("%y = mul(%x, 1.0)", "%y", Some(false)),
+        ("%y = add(%x, 0.0)", "%y", Some(false)),
+        (
+            "%a = mul(%x, 1.0)\n %y = reshape(%a, shape=[3,2])",
+            "%y",
+            Some(false),
+        ),
+        ("%y = relu(%x)", "%y", Some(false)),
+        ("%y = reshape(%x, shape=[3,2])", "%y", Some(true)),
+        ("%y = t(%x)", "%y", Some(true)),
+        ("%y = contiguous(%x)", "%y", Some(true)),
+        ("%y = neg(%x)", "%x", Some(true)),
+        // may share (PyTorch returns `x` itself; the unfused schedule copies)
+        ("%y = to(%x, dtype=f32)", "%y", None),
+    ];
+    for (body, ret, shares) in cases {
+        let g = graph(body, ret);
+        let want = run_graph(&g, std::slice::from_ref(&x)).unwrap();
+        for opts in configs() {
+            let Some(f) = compile(&g, &opts) else {
+                continue;
+            };
+            let got = f.call(std::slice::from_ref(&x)).unwrap();
+            let what = format!("{body} -> {ret} ({opts:?})");
+            if let Some(shares) = shares {
+                assert_eq!(got[0].shares_storage(&x), shares, "{what}");
+            }
+            assert_close(&got[0], &want[0], 0.0, &what);
+        }
+    }
+
+    let g = graph("%z = zeros(size=[2,3])\n %y = add(%z, 1.5)", "%y");
+    for opts in configs() {
+        let Some(f) = compile(&g, &opts) else {
+            continue;
+        };
+        let a = f.call(std::slice::from_ref(&x)).unwrap();
+        a[0].add_scalar_(5.0).unwrap();
+        let b = f.call(std::slice::from_ref(&x)).unwrap();
+        assert!(!a[0].shares_storage(&b[0]), "{opts:?}");
+        assert_eq!(b[0].to_f64_vec(), vec![1.5; 6], "{opts:?}");
+    }
+}

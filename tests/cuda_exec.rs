@@ -815,3 +815,26 @@ fn memory_used_on_another_stream_waits_before_reuse() {
     drop((s1, s2));
     memory::empty_cache(0).unwrap();
 }
+
+#[test]
+fn gpu_outputs_folded_to_inputs_or_constants_are_fresh() {
+    if !gpu_or_skip("gpu_outputs_folded_to_inputs_or_constants_are_fresh") {
+        return;
+    }
+    let g = graph_of("one", "%x: f32[4]", "%y = mul(%x, 1.0)");
+    let f = CudaFn::compile(&g, &Default::default()).unwrap();
+    let x = Tensor::ones(&[4], DType::F32).cuda().unwrap();
+    let y = f.call(std::slice::from_ref(&x)).unwrap();
+    assert!(!y[0].shares_storage(&x));
+    assert_eq!(y[0].cpu().unwrap().to_f64_vec(), vec![1.0; 4]);
+    let g = graph_of(
+        "k",
+        "%x: f32[4]",
+        "%z = zeros(size=[4])\n %y = add(%z, 2.0)",
+    );
+    let f = CudaFn::compile(&g, &Default::default()).unwrap();
+    let a = f.call(std::slice::from_ref(&x)).unwrap();
+    a[0].add_scalar_(1.0).unwrap();
+    let b = f.call(std::slice::from_ref(&x)).unwrap();
+    assert_eq!(b[0].cpu().unwrap().to_f64_vec(), vec![2.0; 4]);
+}

@@ -178,6 +178,8 @@ pub struct CompiledFn {
     frames: FramePool,
     /// Which outputs `call_into` may write into a caller's tensor.
     in_place: Vec<Option<inplace::InPlace>>,
+    /// Which outputs each call copies ([`Schedule::fresh_outputs`]).
+    fresh: Vec<bool>,
 }
 
 /// Per-step wall times of one call, in step order.
@@ -214,6 +216,8 @@ impl CompiledFn {
             .ok_or_else(|| crate::Error::Value("the pass pipeline produced no schedule".into()))?;
         let names = g.inputs().iter().map(|&v| g.node(v).name.clone()).collect();
         let mut f = CompiledFn::from_schedule(s, names, opts)?;
+        let alias: Vec<bool> = g.outputs().iter().map(|&v| g.may_alias_input(v)).collect();
+        f.fresh = f.schedule.fresh_outputs(&alias);
         f.compile_time = t0.elapsed();
         Ok(f)
     }
@@ -298,6 +302,7 @@ impl CompiledFn {
                 .collect(),
             frames: FramePool::new(s.buffers.len(), places),
             in_place: inplace::analyse(&s),
+            fresh: s.fresh_outputs(&[]),
             returned: (0..s.buffers.len())
                 .map(|b| s.outputs.iter().any(|v| v.buffer == b))
                 .collect(),
@@ -624,7 +629,18 @@ impl CompiledFn {
                 f.bufs[b] = None;
             }
         }
-        s.outputs.iter().map(|v| output_of(&f.bufs, v)).collect()
+        s.outputs
+            .iter()
+            .zip(&self.fresh)
+            .map(|(v, &fresh)| {
+                let t = output_of(&f.bufs, v)?;
+                Ok(if fresh {
+                    copy::cast_new(&t, t.dtype())
+                } else {
+                    t
+                })
+            })
+            .collect()
     }
 
     /// Whether this call writes update `u`'s result into the storage of its `w` (at the same

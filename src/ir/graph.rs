@@ -201,6 +201,30 @@ impl Graph {
         self.names.get(name).copied()
     }
 
+    /// Whether value `v` may share memory with a graph input, as PyTorch's result would: an
+    /// input itself, or a view, `reshape`, `flatten`, `contiguous` or same-dtype `to` of one
+    /// (ops that may return their operand's memory). Any other op makes new memory.
+    pub fn may_alias_input(&self, v: ValueId) -> bool {
+        let mut v = v;
+        loop {
+            let Some(node) = self.try_node(v) else {
+                return false;
+            };
+            let same = match node.op() {
+                None => return true,
+                Some(op) if op.is_view() => true,
+                Some(Op::Reshape { .. } | Op::Flatten { .. } | Op::Contiguous) => true,
+                Some(Op::To { .. }) => true,
+                Some(_) => false,
+            };
+            let ops = self.operands(v);
+            match (same, ops.first()) {
+                (true, Some(&a)) if self.node(a).ty.dtype == node.ty.dtype => v = a,
+                _ => return false,
+            }
+        }
+    }
+
     /// The operands of `v` in operand order.
     pub fn operands(&self, v: ValueId) -> Vec<ValueId> {
         let mut e: Vec<(usize, ValueId)> = self

@@ -332,6 +332,23 @@ pub struct Schedule {
 }
 
 impl Schedule {
+    /// Which outputs a call must return as fresh copies: those the passes resolved to a
+    /// constant (a call must not hand out, for in-place writes, memory that later calls
+    /// read), and those resolved to an input where the graph's output (`may_alias[i]`, from
+    /// [`Graph::may_alias_input`](crate::ir::graph::Graph::may_alias_input)) would be new
+    /// memory in PyTorch (`x * 1` folded to `x`).
+    pub fn fresh_outputs(&self, may_alias: &[bool]) -> Vec<bool> {
+        self.outputs
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match self.buffers[v.buffer].kind {
+                BufferKind::Constant(_) => true,
+                BufferKind::Input(_) => !may_alias.get(i).copied().unwrap_or(true),
+                BufferKind::Temp => false,
+            })
+            .collect()
+    }
+
     /// The fused kernels, in order.
     pub fn kernels(&self) -> impl Iterator<Item = &Kernel> {
         self.steps.iter().filter_map(|s| match s {

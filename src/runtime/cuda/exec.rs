@@ -89,6 +89,8 @@ pub struct CudaFn {
     info: Vec<StepInfo>,
     compile_time: Duration,
     origin: Origin,
+    /// Which outputs each call copies ([`Schedule::fresh_outputs`]).
+    fresh: Vec<bool>,
 }
 
 impl CudaFn {
@@ -108,6 +110,8 @@ impl CudaFn {
             .ok_or_else(|| Error::Value("the pass pipeline produced no schedule".into()))?;
         let names = g.inputs().iter().map(|&v| g.node(v).name.clone()).collect();
         let mut f = CudaFn::from_schedule(&gpu, s, names, opts.fast_math)?;
+        let alias: Vec<bool> = g.outputs().iter().map(|&v| g.may_alias_input(v)).collect();
+        f.fresh = f.schedule.fresh_outputs(&alias);
         f.compile_time = t0.elapsed();
         Ok(f)
     }
@@ -163,6 +167,7 @@ impl CudaFn {
             constants,
             compile_time: t0.elapsed(),
             origin,
+            fresh: s.fresh_outputs(&[]),
             schedule: s,
         })
     }
@@ -283,10 +288,14 @@ impl CudaFn {
         }
         s.outputs
             .iter()
-            .map(|v| match bufs.get(v.buffer).and_then(Option::as_ref) {
-                Some(b) => Ok(b.view(v)),
-                None => bail!(Value, "schedule: output b{} is never written", v.buffer),
-            })
+            .zip(&self.fresh)
+            .map(
+                |(v, &fresh)| match bufs.get(v.buffer).and_then(Option::as_ref) {
+                    Some(b) if fresh => super::tensor::contiguous_copy(&b.view(v)),
+                    Some(b) => Ok(b.view(v)),
+                    None => bail!(Value, "schedule: output b{} is never written", v.buffer),
+                },
+            )
             .collect()
     }
 
