@@ -188,21 +188,6 @@ fn scatter_atomic(
     let out = &s.buffers[e.out];
     let add = !matches!(e.op, Op::Scatter { .. });
     let (x, idx, src) = (&e.args[0], &e.args[1], &e.args[2]);
-    let update = |at: &str, v: &str| -> Option<String> {
-        Some(match (add, out.dtype) {
-            (false, d) => format!("sm_out[{at}] = {};", scalar::store(d, v)),
-            (true, DType::F32 | DType::F64 | DType::I32) => {
-                format!("atomicAdd(&sm_out[{at}], {v});")
-            }
-            (true, DType::I64) => {
-                format!("atomicAdd((unsigned long long*)&sm_out[{at}], (unsigned long long)({v}));")
-            }
-            (true, d @ (DType::F16 | DType::BF16)) => {
-                format!("atomicAdd(&sm_out[{at}], {});", scalar::store(d, v))
-            }
-            _ => return None,
-        })
-    };
     let rank = out.shape.len();
     let p: Vec<String> = (0..rank).map(|k| format!("p{k}")).collect();
     let dense = View {
@@ -213,10 +198,19 @@ fn scatter_atomic(
     };
     let mut q = p.clone();
     q[d] = "sm_v".into();
+    let at = addr(&dense, &q);
     let v = scalar::load(out.dtype, &format!("b{}[{}]", src.buffer, addr(src, &p)));
     let v = format!("(({})({v}))", var_type(out.dtype));
-    let Some(update) = update(&addr(&dense, &q), &v) else {
-        return Ok(vec![]);
+    let update = match (add, out.dtype) {
+        (false, d) => format!("sm_out[{at}] = {};", scalar::store(d, &v)),
+        (true, DType::F32 | DType::F64 | DType::I32) => format!("atomicAdd(&sm_out[{at}], {v});"),
+        (true, DType::I64) => {
+            format!("atomicAdd((unsigned long long*)&sm_out[{at}], (unsigned long long)({v}));")
+        }
+        (true, d @ (DType::F16 | DType::BF16)) => {
+            format!("atomicAdd(&sm_out[{at}], {});", scalar::store(d, &v))
+        }
+        _ => return Ok(vec![]),
     };
 
     let mut copy = Body::new(s, e);
