@@ -46,7 +46,7 @@ fn main() -> Result<()> {
     }
     println!(
         "a.t().contiguous().view([6]) = {}",
-        tt.contiguous().view(&[6])?
+        tt.contiguous()?.view(&[6])?
     );
     let col = Tensor::arange(0.0, 3.0, 1.0, None)?.view(&[3, 1])?;
     let e = col.expand(&[3, 4])?;

@@ -26,6 +26,9 @@ pub enum Error {
         col: usize,
         msg: String,
     },
+    /// An allocation the memory cannot hold (host or device), saying how much was asked for.
+    #[error("{0}")]
+    OutOfMemory(String),
     /// Reading or writing files.
     #[error("{0}")]
     Io(String),

@@ -448,3 +448,78 @@ fn dot_prints_or_writes_graphviz() {
     let o = smelt(&d, &["dot", "model.smelt", "-o", "no/such/dir/g.dot"]);
     assert_error(&o, &["g.dot"]);
 }
+
+/// Shapes that fit the type rules but not memory: random inputs, an intermediate expanded
+/// from a small input, and a result too large to count. Each is PyTorch's allocation error
+/// (exit status 1), never an abort, for every command and backend.
+#[test]
+fn tensors_larger_than_memory_are_errors() {
+    let d = temp_dir("oom");
+    setup(&d);
+    let models = [
+        (
+            "input.smelt",
+            "graph g(%x: f32[1000000,1000000]) {\n  %y = relu(%x)\n  return %y\n}\n",
+        ),
+        (
+            "expand.smelt",
+            "graph g(%x: f32[3]) {\n  %e = expand(%x, size=[40000000000000, 3])\n  %y = relu(%e)\n  return %y\n}\n",
+        ),
+    ];
+    for (file, text) in models {
+        std::fs::write(d.join(file), text).unwrap();
+    }
+    let oom = "DefaultCPUAllocator: can't allocate memory";
+    let o = smelt(&d, &["profile", "input.smelt", "--random-inputs"]);
+    assert_error(&o, &[oom, "4000000000000 bytes"]);
+    for backend in ["cpu", "interp"] {
+        let o = smelt(
+            &d,
+            &[
+                "run",
+                "expand.smelt",
+                "--input",
+                "x=x3.npy",
+                "--out",
+                "o",
+                "--backend",
+                backend,
+            ],
+        );
+        assert_error(&o, &["x3.npy"]);
+    }
+    let x3 = Tensor::from_vec(vec![1.0f32, -2.0, 3.0], &[3]).unwrap();
+    write_npy(d.join("x3.npy"), &x3).unwrap();
+    for backend in ["cpu", "interp"] {
+        let o = smelt(
+            &d,
+            &[
+                "run",
+                "expand.smelt",
+                "--input",
+                "x=x3.npy",
+                "--out",
+                "o",
+                "--backend",
+                backend,
+            ],
+        );
+        assert_error(&o, &[oom, "480000000000000 bytes"]);
+    }
+    let o = smelt(
+        &d,
+        &[
+            "grad",
+            "expand.smelt",
+            "--input",
+            "x=x3.npy",
+            "--wrt",
+            "x",
+            "--out",
+            "o",
+        ],
+    );
+    assert_error(&o, &[oom]);
+    let o = smelt(&d, &["profile", "expand.smelt", "--random-inputs"]);
+    assert_error(&o, &[oom]);
+}

@@ -1251,7 +1251,7 @@ fn reductions_across_rows_run_rows_as_lanes() {
     let x = values(&mut rng, DType::F32, &[300, 48], false);
     let g = reduce_graph(red(ReduceOp::Sum, vec![0], false), DType::F32, &[300, 48]);
     check_with(&g, std::slice::from_ref(&x), EXACT);
-    let t = x.transpose(0, 1).unwrap().contiguous();
+    let t = x.transpose(0, 1).unwrap().contiguous().unwrap();
     let g = reduce_graph(red(ReduceOp::Sum, vec![1], false), DType::F32, &[48, 300]);
     let s = compile(&g).unwrap();
     let by_rows = run_compiled(&s, &[t], 1, &CodegenOptions::default()).unwrap();

@@ -552,3 +552,29 @@ fn folded_outputs_alias_inputs_only_where_pytorch_does() {
         assert_eq!(b[0].to_f64_vec(), vec![1.5; 6], "{opts:?}");
     }
 }
+
+/// A temporary or a result memory cannot hold (here expanded from a 3-element input) is an
+/// allocation error from every compile configuration, as from the interpreter.
+#[test]
+fn buffers_memory_cannot_hold_are_errors() {
+    let text = "graph g(%x: f32[3]) {\n %e = expand(%x, size=[40000000000000, 3])\n %y = relu(%e)\n %s = sum(%y)\n return %s, %y\n}\n";
+    let g = parse_module(text, "oom").unwrap().graphs[0].clone();
+    let x = Tensor::from_vec(vec![1.0f32, -2.0, 3.0], &[3]).unwrap();
+    let is_oom = |r: smelt::Result<Vec<Tensor>>, what: &str| match r {
+        Err(smelt::Error::OutOfMemory(m)) => {
+            assert!(m.contains("can't allocate memory"), "{what}: {m}")
+        }
+        Err(e) => panic!("{what}: not an allocation error: {e}"),
+        Ok(_) => panic!("{what}: 480 TB was allocated"),
+    };
+    is_oom(run_graph(&g, std::slice::from_ref(&x)), "interpreter");
+    for opts in configs() {
+        let f = compile(&g, &opts).unwrap();
+        is_oom(f.call(std::slice::from_ref(&x)), &format!("{opts:?}"));
+        // the function stays usable: a failed call leaves nothing behind
+        is_oom(
+            f.call(std::slice::from_ref(&x)),
+            &format!("{opts:?}, again"),
+        );
+    }
+}

@@ -469,3 +469,29 @@ fn too_large_results_are_errors_not_aborts() {
     let e = smelt::runtime::apply(smelt::ir::op::Op::Contiguous, &[&big]).unwrap_err();
     assert!(e.to_string().contains("too large"), "{e}");
 }
+
+/// 4 PiB fits the size arithmetic but no machine's memory: the allocation fails, and that is
+/// PyTorch's "can't allocate memory" error for every creation path, not an abort.
+#[test]
+fn allocations_memory_cannot_hold_are_errors() {
+    let size = [1usize << 25, 1 << 25];
+    let check_bytes = |what: &str, r: smelt::Result<Tensor>, bytes: u64| match r {
+        Err(smelt::Error::OutOfMemory(m)) => assert!(
+            m.contains("can't allocate memory") && m.contains(&format!(" {bytes} bytes")),
+            "{what}: {m}"
+        ),
+        Err(e) => panic!("{what}: not an allocation error: {e}"),
+        Ok(_) => panic!("{what}: {bytes} bytes were allocated"),
+    };
+    let check = |what: &str, r: smelt::Result<Tensor>| check_bytes(what, r, 1 << 52);
+    check("full", Tensor::full(&size, 0.5, None));
+    check("randn", Tensor::randn(&size, None));
+    check("rand", Tensor::rand(&size, None));
+    check("randint", Tensor::randint(0, 9, &size, Some(DType::I32)));
+    let x = Tensor::full(&[3], 1.0, None).unwrap();
+    let wide = x.expand(&[1 << 50, 3]).unwrap();
+    check_bytes("relu of an expanded view", wide.relu(), 3 << 52);
+    check_bytes("contiguous", wide.contiguous(), 3 << 52);
+    // the process goes on allocating normally afterwards
+    assert_eq!(Tensor::full(&[2], 1.0, None).unwrap().numel(), 2);
+}

@@ -171,7 +171,7 @@ fn raw_bytes(t: &Tensor) -> Vec<u8> {
         let f = npy_to_bytes(&t.to_dtype(DType::F32).unwrap()).unwrap();
         return npy_data(&f).chunks(4).flat_map(|c| [c[2], c[3]]).collect();
     }
-    npy_data(&npy_to_bytes(&t.contiguous()).unwrap()).to_vec()
+    npy_data(&npy_to_bytes(&t.contiguous().unwrap()).unwrap()).to_vec()
 }
 
 /// The elements of a buffer's bytes, as f64.

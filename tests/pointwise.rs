@@ -646,15 +646,15 @@ fn non_contiguous_inputs() {
     let t = base.t().unwrap(); // [6, 4], transposed
     let s = base.slice(1, Some(0), None, 2).unwrap(); // [4, 3], step 2
     let e = arange(4, &[4, 1], DType::F32).expand(&[4, 3]).unwrap();
-    let tv = t.contiguous().to_vec::<f32>().unwrap();
+    let tv = t.contiguous().unwrap().to_vec::<f32>().unwrap();
     let got = t.mul_scalar(2.0).unwrap().to_vec::<f32>().unwrap();
     assert_eq!(got, tv.iter().map(|v| v * 2.0).collect::<Vec<_>>());
-    let sv = s.contiguous().to_vec::<f32>().unwrap();
+    let sv = s.contiguous().unwrap().to_vec::<f32>().unwrap();
     assert_eq!(
         sv,
         vec![0., 2., 4., 6., 8., 10., 12., 14., 16., 18., 20., 22.]
     );
-    let ev = e.contiguous().to_vec::<f32>().unwrap();
+    let ev = e.contiguous().unwrap().to_vec::<f32>().unwrap();
     let got = s.sub(&e).unwrap().to_vec::<f32>().unwrap();
     assert_eq!(
         got,
@@ -1005,7 +1005,7 @@ proptest! {
         let a = strided_view(&shape, ka, 0.0).to_dtype(dt).unwrap();
         let b = strided_view(&shape, kb, 5.0).to_dtype(dt).unwrap();
         prop_assert_eq!(a.shape(), &shape[..]);
-        let (ac, bc) = (a.contiguous(), b.contiguous());
+        let (ac, bc) = (a.contiguous().unwrap(), b.contiguous().unwrap());
         for (va, vb) in [(a.mul(&b), ac.mul(&bc)), (a.sub(&b), ac.sub(&bc)), (a.maximum(&b), ac.maximum(&bc)),
             (a.lt(&b), ac.lt(&bc)), (a.abs(), ac.abs())] {
             let (va, vb) = (va.unwrap(), vb.unwrap());
@@ -1022,8 +1022,8 @@ proptest! {
         let (a, b) = if left { (b, a) } else { (a, b) };
         let out = a.sub(&b).unwrap();
         let size: Vec<i64> = out.shape().iter().map(|&s| s as i64).collect();
-        let ae = a.expand(&size).unwrap().contiguous();
-        let be = b.expand(&size).unwrap().contiguous();
+        let ae = a.expand(&size).unwrap().contiguous().unwrap();
+        let be = b.expand(&size).unwrap().contiguous().unwrap();
         let want: Vec<f64> = f64s(&ae).iter().zip(f64s(&be)).map(|(x, y)| (*x as f32 - y as f32) as f64).collect();
         prop_assert_eq!(f64s(&out), want);
     }

@@ -882,7 +882,7 @@ proptest! {
         let base = make(&vals, &phys, DType::F64).slice(0, None, None, step as i64).unwrap();
         let perm_i: Vec<i64> = perm.iter().map(|&p| p as i64).collect();
         let v = base.permute(&perm_i).unwrap();
-        let c = v.contiguous();
+        let c = v.contiguous().unwrap();
         prop_assert_eq!(v.sum_dim(&dims, keepdim).unwrap().to_f64_vec(), c.sum_dim(&dims, keepdim).unwrap().to_f64_vec());
         prop_assert_eq!(v.any_dim(&dims, keepdim).unwrap().to_f64_vec(), c.any_dim(&dims, keepdim).unwrap().to_f64_vec());
         let a = v.var(Some(&dims), 1.0, keepdim).unwrap().to_f64_vec();

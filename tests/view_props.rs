@@ -341,7 +341,7 @@ fn apply(t: &Tensor, m: &Model, (kind, a, b, c): Step) -> Option<Applied> {
                 );
                 assert!(r.shares_storage(t));
             }
-            let via_copy = t.contiguous().view(&target).unwrap();
+            let via_copy = t.contiguous().unwrap().view(&target).unwrap();
             assert_eq!(r.shape(), via_copy.shape());
             assert_eq!(r.to_vec::<u8>().unwrap(), via_copy.to_vec::<u8>().unwrap());
             Some(Applied {
@@ -405,7 +405,7 @@ fn check(t: &Tensor, m: &Model, data: &[u8]) {
         t.shape(),
         t.strides()
     );
-    assert_eq!(t.contiguous().to_vec::<u8>().unwrap(), expect);
+    assert_eq!(t.contiguous().unwrap().to_vec::<u8>().unwrap(), expect);
 }
 
 /// Runs a chain; returns the final tensor and model.

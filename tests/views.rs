@@ -17,7 +17,7 @@ fn transpose_then_view_fails_and_contiguous_view_works() {
     assert!(!t.is_contiguous());
     let e = t.view(&[6]).unwrap_err().to_string();
     assert!(e.contains("view size is not compatible"), "{e}");
-    let v = t.contiguous().view(&[6]).unwrap();
+    let v = t.contiguous().unwrap().view(&[6]).unwrap();
     assert_eq!(v.to_vec::<f32>().unwrap(), vec![0., 3., 1., 4., 2., 5.]);
 }
 

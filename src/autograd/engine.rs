@@ -59,7 +59,7 @@ pub(crate) fn accumulate_grad(t: &Tensor, g: Tensor) -> Result<()> {
             if g.is_contiguous() && g.storage_offset() == 0 && g.numel() == g.storage().len() {
                 g
             } else {
-                g.contiguous()
+                g.contiguous()?
             }
         }
     };

@@ -276,9 +276,10 @@ impl CompiledFn {
             .buffers
             .iter()
             .map(|b| match &b.kind {
-                BufferKind::Constant(lit) => {
-                    apply(Op::Constant(lit.clone()), &[]).map(|t| Some(copy::contiguous(&t)))
-                }
+                BufferKind::Constant(lit) => Ok(Some(copy::contiguous(&apply(
+                    Op::Constant(lit.clone()),
+                    &[],
+                )?)?)),
                 _ => Ok(None),
             })
             .collect::<Result<Vec<_>>>()?;
@@ -553,7 +554,7 @@ impl CompiledFn {
             b.clone_from(c);
         }
         for (&b, t) in s.inputs.iter().zip(inputs.iter().chain(&self.bound)) {
-            f.bufs[b] = Some(copy::contiguous(t));
+            f.bufs[b] = Some(copy::contiguous(t)?);
         }
         if into.iter().any(Option::is_some) {
             self.choose_into(f, into);
@@ -574,8 +575,8 @@ impl CompiledFn {
                         buf.len(),
                         &self.layouts[b],
                         self.returned[b],
-                    ),
-                    None => Tensor::alloc_for_overwrite(buf.dtype, &buf.shape),
+                    )?,
+                    None => Tensor::alloc_for_overwrite(buf.dtype, &buf.shape)?,
                 };
                 f.bufs[b] = Some(t);
             }
@@ -634,11 +635,11 @@ impl CompiledFn {
             .zip(&self.fresh)
             .map(|(v, &fresh)| {
                 let t = output_of(&f.bufs, v)?;
-                Ok(if fresh {
+                if fresh {
                     copy::cast_new(&t, t.dtype())
                 } else {
-                    t
-                })
+                    Ok(t)
+                }
             })
             .collect()
     }
@@ -684,7 +685,7 @@ impl CompiledFn {
             g.m * g.n,
             &self.layouts[g.out],
             self.returned[g.out],
-        );
+        )?;
         let a = buffer(&f.bufs, g.a.buffer)?;
         let b = buffer(&f.bufs, g.b.buffer)?;
         let locks = Locks::lock([(a, false), (b, false)]);
@@ -911,7 +912,7 @@ fn run_extern(
         );
     }
     let r = eager::eval(&e.op, &refs, &ty)?;
-    bufs[e.out] = Some(copy::contiguous(&r));
+    bufs[e.out] = Some(copy::contiguous(&r)?);
     Ok(())
 }
 

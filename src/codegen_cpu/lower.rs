@@ -327,7 +327,7 @@ fn check_supported(k: &Kernel) -> Result<()> {
     for (i, v) in k.values.iter().enumerate() {
         match &v.expr {
             Expr::Clamp { min, max, .. } => {
-                let probe = Tensor::alloc(v.dtype, &[]);
+                let probe = Tensor::alloc(v.dtype, &[])?;
                 apply(
                     Op::Clamp {
                         min: *min,
@@ -340,8 +340,8 @@ fn check_supported(k: &Kernel) -> Result<()> {
                 if k.values[*mask].dtype != DType::Bool {
                     bail!(Unsupported, "cpu codegen: v{i}: mask is not bool");
                 }
-                let probe = Tensor::alloc(v.dtype, &[]);
-                let mask = Tensor::alloc(DType::Bool, &[]);
+                let probe = Tensor::alloc(v.dtype, &[])?;
+                let mask = Tensor::alloc(DType::Bool, &[])?;
                 apply(Op::MaskedFill { value: *value }, &[&probe, &mask])?;
             }
             Expr::Unary(u, a) => {

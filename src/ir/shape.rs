@@ -8,6 +8,19 @@ pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
+/// The element count of `shape`, or an error where it overflows (a shape read from a file or
+/// a model, before anything is allocated for it).
+pub fn checked_numel(shape: &[usize]) -> crate::Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| {
+            crate::Error::OutOfMemory(format!(
+                "a tensor of shape {shape:?} has more elements than memory can address"
+            ))
+        })
+}
+
 /// Row-major strides of a contiguous tensor of `shape`.
 pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![0; shape.len()];

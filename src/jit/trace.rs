@@ -337,8 +337,8 @@ fn scalar_value(t: &Tensor) -> Result<Scalar> {
 }
 
 /// The tensor's elements as a literal (row-major bytes).
-fn literal(t: &Tensor) -> Literal {
-    let c = t.contiguous();
+fn literal(t: &Tensor) -> Result<Literal> {
+    let c = t.contiguous()?;
     let n = c.numel() * c.element_size();
     let bytes = if n == 0 {
         Vec::new()
@@ -347,11 +347,11 @@ fn literal(t: &Tensor) -> Literal {
         // SAFETY: `c` is contiguous: its n bytes follow its first element; read lock held.
         unsafe { std::slice::from_raw_parts(acc.read::<u8>(0), n) }.to_vec()
     };
-    Literal {
+    Ok(Literal {
         dtype: c.dtype(),
         shape: c.shape().to_vec(),
         bytes: Arc::new(bytes),
-    }
+    })
 }
 
 struct Recorder {
@@ -376,7 +376,7 @@ impl Recorder {
         let v = if t.is_wrapped_number() {
             self.graph.add_scalar(scalar_value(t)?)?
         } else {
-            self.graph.add_op(Op::Constant(literal(t)), &[])?
+            self.graph.add_op(Op::Constant(literal(t)?), &[])?
         };
         self.bind(t, v);
         Ok(v)

@@ -77,7 +77,7 @@ pub fn run_step(s: &Schedule, step: &Step, bufs: &mut [Option<Tensor>]) -> Resul
                     e.out
                 );
             }
-            bufs[e.out] = Some(copy::contiguous(&r));
+            bufs[e.out] = Some(copy::contiguous(&r)?);
             Ok(())
         }
     }
@@ -98,7 +98,7 @@ fn bind_input(b: &Buffer, t: Option<&Tensor>) -> Result<Tensor> {
             t.shape()
         );
     }
-    Ok(copy::contiguous(t))
+    copy::contiguous(t)
 }
 
 /// The buffer's tensor and the storage offset of its element 0.
@@ -189,7 +189,7 @@ fn run_kernel(s: &Schedule, k: &Kernel, bufs: &mut [Option<Tensor>]) -> Result<(
         };
         let b = &s.buffers[st.buffer];
         if bufs[st.buffer].is_none() {
-            bufs[st.buffer] = Some(Tensor::alloc(b.dtype, &b.shape));
+            bufs[st.buffer] = Some(Tensor::alloc(b.dtype, &b.shape)?);
         }
         let dst = mapped(bufs, st.buffer, &st.map, shape)?;
         check_no_overlap(dst.layout())?;

@@ -88,7 +88,7 @@ pub fn read_npy_bytes(bytes: &[u8], name: &str) -> Result<Tensor> {
     let t = decode(&ts, data, &stored).map_err(bad)?;
     if fortran && shape.len() > 1 {
         let rev: Vec<i64> = (0..shape.len() as i64).rev().collect();
-        return Ok(t.permute(&rev)?.contiguous());
+        return t.permute(&rev)?.contiguous();
     }
     Ok(t)
 }
@@ -103,7 +103,7 @@ pub fn npy_to_bytes(t: &Tensor) -> Result<Vec<u8>> {
         DType::I32 => encode::<i32>(t, "<i4"),
         DType::I64 => encode::<i64>(t, "<i8"),
         DType::F16 => encode::<f16>(t, "<f2"),
-        DType::BF16 => encode::<f32>(&crate::runtime::kernels::copy::cast(t, DType::F32), "<f4"),
+        DType::BF16 => encode::<f32>(&crate::runtime::kernels::copy::cast(t, DType::F32)?, "<f4"),
         DType::F32 => encode::<f32>(t, "<f4"),
         DType::F64 => encode::<f64>(t, "<f8"),
     }

@@ -82,12 +82,19 @@ fn fill_f64(
     size: &[usize],
     g: &mut Generator,
     f: impl Fn(&mut StdRng) -> f64,
-) -> Tensor {
-    let n: usize = size.iter().product();
-    dispatch!(dtype, T => {
-        let data: Vec<T> = (0..n).map(|_| T::from_f64(f(&mut g.rng))).collect();
-        Tensor::from_data(data, size)
-    })
+) -> Result<Tensor> {
+    Ok(dispatch!(dtype, T => {
+        Tensor::from_data(draw(size, || T::from_f64(f(&mut g.rng)))?, size)
+    }))
+}
+
+/// One value from `next` per element of `size`, in a vector allocated up front: a size
+/// memory cannot hold is an error before any value is drawn.
+fn draw<T>(size: &[usize], mut next: impl FnMut() -> T) -> Result<Vec<T>> {
+    let n = crate::ir::shape::checked_numel(size)?;
+    let mut v = crate::runtime::storage::try_vec(n)?;
+    v.extend((0..n).map(|_| next()));
+    Ok(v)
 }
 
 fn require_float(name: &str, dtype: DType) -> Result<()> {
@@ -154,9 +161,9 @@ impl Tensor {
         require_float("check_uniform_bounds", dtype)?;
         let digits = mantissa_digits(dtype);
         let scale = (-(digits as f64)).exp2();
-        Ok(fill_f64(dtype, size, g, |r| {
+        fill_f64(dtype, size, g, |r| {
             (r.random::<u64>() >> (64 - digits)) as f64 * scale
-        }))
+        })
     }
 
     /// Standard normal samples (`torch.randn`); f32 unless a float dtype is given.
@@ -168,7 +175,7 @@ impl Tensor {
     pub fn randn_with(size: &[usize], dtype: Option<DType>, g: &mut Generator) -> Result<Tensor> {
         let dtype = dtype.unwrap_or(DEFAULT_FLOAT);
         require_float("normal_kernel_cpu", dtype)?;
-        Ok(fill_f64(dtype, size, g, |r| StandardNormal.sample(r)))
+        fill_f64(dtype, size, g, |r| StandardNormal.sample(r))
     }
 
     /// Integers uniform in [low, high) (`torch.randint`); i64 unless a dtype is given.
@@ -186,10 +193,8 @@ impl Tensor {
     ) -> Result<Tensor> {
         let dtype = dtype.unwrap_or(DType::I64);
         check_int_range(low, high, dtype)?;
-        let n: usize = size.iter().product();
         Ok(dispatch!(dtype, T => {
-            let data: Vec<T> = (0..n).map(|_| T::from_i64(g.rng.random_range(low..high))).collect();
-            Tensor::from_data(data, size)
+            Tensor::from_data(draw(size, || T::from_i64(g.rng.random_range(low..high)))?, size)
         }))
     }
 

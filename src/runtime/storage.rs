@@ -5,6 +5,7 @@
 use super::device::Device;
 use super::element::Element;
 use crate::ir::dtype::DType;
+use crate::{Error, Result};
 use std::alloc::{self, Layout as AllocLayout};
 use std::any::Any;
 use std::cell::Cell;
@@ -48,6 +49,33 @@ unsafe impl Sync for Storage {}
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// PyTorch's error for host memory the system refuses.
+pub(crate) fn cpu_oom(nbytes: usize) -> Error {
+    Error::OutOfMemory(format!(
+        "DefaultCPUAllocator: can't allocate memory: you tried to allocate {nbytes} bytes"
+    ))
+}
+
+/// The bytes of `len` elements of `dtype`; an error when no allocation can hold them.
+pub(crate) fn byte_len(dtype: DType, len: usize) -> Result<usize> {
+    len.checked_mul(dtype.size())
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| {
+            Error::OutOfMemory(format!(
+                "DefaultCPUAllocator: can't allocate memory: {len} elements of {dtype} overflow the address space"
+            ))
+        })
+}
+
+/// An empty vector with room for `n` elements, or the allocator's error: for buffers whose
+/// size comes from user input (random tensors, file data).
+pub(crate) fn try_vec<T>(n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| cpu_oom(n.saturating_mul(std::mem::size_of::<T>())))?;
+    Ok(v)
+}
+
 thread_local! {
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
 }
@@ -59,39 +87,42 @@ pub fn allocation_count() -> u64 {
 }
 
 impl Storage {
-    /// A zero-filled buffer of `len` elements of `dtype`.
-    pub fn zeros(dtype: DType, len: usize) -> Storage {
-        let s = Storage::for_overwrite(dtype, len);
+    /// A zero-filled buffer of `len` elements of `dtype`; an error when memory cannot hold it.
+    pub fn zeros(dtype: DType, len: usize) -> Result<Storage> {
+        let s = Storage::for_overwrite(dtype, len)?;
         if s.reused {
             // SAFETY: the buffer has nbytes bytes and nobody else holds it yet.
             unsafe { std::ptr::write_bytes(s.ptr.as_ptr(), 0, s.nbytes) };
         }
-        s
+        Ok(s)
     }
 
     /// A buffer whose every element the caller will overwrite before reading: its contents
     /// are initialised but unspecified (zeros, or the data of a recycled buffer).
-    pub fn for_overwrite(dtype: DType, len: usize) -> Storage {
+    /// A failed allocation is an error (PyTorch's "can't allocate memory"), never an abort.
+    pub fn for_overwrite(dtype: DType, len: usize) -> Result<Storage> {
+        let nbytes = byte_len(dtype, len)?;
+        let layout = AllocLayout::from_size_align(nbytes, ALIGN).map_err(|_| cpu_oom(nbytes))?;
         ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        let nbytes = len * dtype.size();
         if let Some(ptr) = pool::take(nbytes) {
-            let layout = AllocLayout::from_size_align(nbytes, ALIGN).expect("pooled layout");
             let mut s = Storage::from_parts(ptr, nbytes, Owner::Aligned(layout), dtype);
             s.reused = true;
-            return s;
+            return Ok(s);
         }
         if nbytes == 0 {
             // dangling but aligned, so empty slices of any element type are valid
             let ptr = NonNull::new(ALIGN as *mut u8).unwrap_or(NonNull::dangling());
-            return Storage::from_parts(ptr, 0, Owner::Empty, dtype);
+            return Ok(Storage::from_parts(ptr, 0, Owner::Empty, dtype));
         }
-        let layout = AllocLayout::from_size_align(nbytes, ALIGN).expect("tensor too large");
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        let Some(ptr) = NonNull::new(ptr) else {
-            alloc::handle_alloc_error(layout)
-        };
-        Storage::from_parts(ptr, nbytes, Owner::Aligned(layout), dtype)
+        let ptr = NonNull::new(ptr).ok_or_else(|| cpu_oom(nbytes))?;
+        Ok(Storage::from_parts(
+            ptr,
+            nbytes,
+            Owner::Aligned(layout),
+            dtype,
+        ))
     }
 
     /// Adopts a vector's memory without copying it.
@@ -105,9 +136,9 @@ impl Storage {
 
     /// `len` elements of `dtype` on GPU `device`, contents unspecified (every kernel output
     /// overwrites them).
-    pub fn cuda_for_overwrite(device: usize, dtype: DType, len: usize) -> crate::Result<Storage> {
+    pub fn cuda_for_overwrite(device: usize, dtype: DType, len: usize) -> Result<Storage> {
+        let nbytes = byte_len(dtype, len)?;
         ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        let nbytes = len * dtype.size();
         let buf = crate::runtime::cuda::memory::DeviceBuffer::alloc(device, nbytes)?;
         Ok(Storage::from_device(buf, dtype))
     }
@@ -131,9 +162,9 @@ impl Storage {
 
     /// A zero-filled buffer of `len` elements in page-locked host memory; an error without
     /// a GPU driver.
-    pub fn pinned(dtype: DType, len: usize) -> crate::Result<Storage> {
+    pub fn pinned(dtype: DType, len: usize) -> Result<Storage> {
+        let nbytes = byte_len(dtype, len)?;
         ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        let nbytes = len * dtype.size();
         let block = crate::runtime::cuda::driver::PinnedHost::alloc(nbytes)?;
         let ptr = block.ptr();
         // SAFETY: the block holds at least `nbytes` bytes and nobody else has it yet.

@@ -8,7 +8,7 @@ use super::layout::Layout;
 use super::storage::Storage;
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::op::{Op, TensorType};
-use crate::ir::shape::numel;
+use crate::ir::shape::{checked_numel, numel};
 use crate::{Result, bail};
 use std::sync::Arc;
 
@@ -40,20 +40,20 @@ impl Tensor {
     }
 
     /// A new contiguous, zero-filled tensor.
-    pub(crate) fn alloc(dtype: DType, shape: &[usize]) -> Tensor {
-        Tensor::from_parts(
-            Arc::new(Storage::zeros(dtype, numel(shape))),
+    pub(crate) fn alloc(dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        Ok(Tensor::from_parts(
+            Arc::new(Storage::zeros(dtype, checked_numel(shape)?)?),
             Layout::contiguous(shape),
-        )
+        ))
     }
 
     /// A new contiguous tensor whose every element the caller overwrites (kernel outputs):
     /// the contents start unspecified, which lets it reuse a freed buffer.
-    pub(crate) fn alloc_for_overwrite(dtype: DType, shape: &[usize]) -> Tensor {
-        Tensor::from_parts(
-            Arc::new(Storage::for_overwrite(dtype, numel(shape))),
+    pub(crate) fn alloc_for_overwrite(dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        Ok(Tensor::from_parts(
+            Arc::new(Storage::for_overwrite(dtype, checked_numel(shape)?)?),
             Layout::contiguous(shape),
-        )
+        ))
     }
 
     /// A view of the same storage with another layout.
@@ -196,7 +196,7 @@ impl Tensor {
         if self.device() != Device::Cpu {
             return self.cpu()?.to_vec();
         }
-        let c = self.contiguous();
+        let c = self.contiguous()?;
         let acc = access::lock(&[&c], &[]);
         let p = acc.read::<T>(0);
         // SAFETY: `c` is contiguous, so its numel elements follow its first one.
@@ -307,19 +307,16 @@ impl Tensor {
 /// Refuses results whose bytes do not fit an allocation (rather than aborting in it). Views
 /// allocate nothing and are exempt: an expanded view may describe more than memory holds.
 fn check_size(t: &TensorType) -> Result<()> {
-    let bytes = t
-        .shape
-        .iter()
-        .try_fold(t.dtype.size(), |acc, &d| acc.checked_mul(d));
-    match bytes {
-        Some(b) if b <= isize::MAX as usize => Ok(()),
-        _ => bail!(
+    let fits = checked_numel(&t.shape).and_then(|n| super::storage::byte_len(t.dtype, n));
+    if fits.is_err() {
+        bail!(
             Value,
             "a tensor of shape {:?} and dtype {} is too large to allocate",
             t.shape,
             t.dtype
-        ),
+        );
     }
+    Ok(())
 }
 
 /// Applies an op to tensors: the one entry point of eager execution. The op's shape rule

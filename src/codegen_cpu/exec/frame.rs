@@ -9,6 +9,7 @@
 //! handed to a caller still uses it. A returned output is therefore never overwritten by a
 //! later call.
 
+use crate::Result;
 use crate::ir::dtype::DType;
 use crate::runtime::Tensor;
 use crate::runtime::layout::Layout;
@@ -57,25 +58,28 @@ impl Frame {
         len: usize,
         layout: &Layout,
         returned: bool,
-    ) -> Tensor {
+    ) -> Result<Tensor> {
         if let Some(t) = &self.cache[place]
             && t.dtype() == dtype
             && t.storage().len() == len
             && sole_owner(t)
         {
             if !returned && t.shape() == layout.shape.as_slice() {
-                return t.clone();
+                return Ok(t.clone());
             }
-            return Tensor::from_parts(t.storage_arc().clone(), layout.clone());
+            return Ok(Tensor::from_parts(t.storage_arc().clone(), layout.clone()));
         }
-        let t = Tensor::from_parts(Arc::new(Storage::for_overwrite(dtype, len)), layout.clone());
+        let t = Tensor::from_parts(
+            Arc::new(Storage::for_overwrite(dtype, len)?),
+            layout.clone(),
+        );
         let kept = if returned {
             Tensor::from_parts(t.storage_arc().clone(), layout.clone())
         } else {
             t.clone()
         };
         self.cache[place] = Some(kept);
-        t
+        Ok(t)
     }
 
     /// Drops every buffer's tensor (inputs included: a frame keeps no caller tensor alive).

@@ -117,7 +117,7 @@ fn mib(b: usize) -> String {
 
 fn device_err(e: RawError) -> Error {
     match e {
-        RawError::OutOfMemory => Error::Device("CUDA error: out of memory".into()),
+        RawError::OutOfMemory => Error::OutOfMemory("CUDA error: out of memory".into()),
         RawError::Other(e) => Error::Device(e),
     }
 }
@@ -297,7 +297,7 @@ impl<B: RawAlloc> CachingAllocator<B> {
             ),
             None => format!("GPU {}. ", self.device),
         };
-        Error::Device(format!(
+        Error::OutOfMemory(format!(
             "CUDA out of memory. Tried to allocate {}. {device}Of the memory held by smelt, {} is allocated and {} is reserved but unallocated.",
             mib(bytes),
             mib(self.stats.allocated),
@@ -578,7 +578,9 @@ mod tests {
         let _x = a.alloc(6 * MIB, 0).unwrap();
         let y = a.alloc(2 * MIB, 0).unwrap();
         a.free(y).unwrap();
-        let e = a.alloc(7 * MIB, 0).unwrap_err().to_string();
+        let e = a.alloc(7 * MIB, 0).unwrap_err();
+        assert!(matches!(e, Error::OutOfMemory(_)), "{e:?}");
+        let e = e.to_string();
         assert!(
             e.contains("CUDA out of memory. Tried to allocate 7.00 MiB"),
             "{e}"

@@ -22,7 +22,7 @@ fn ordinal(t: &Tensor) -> Result<usize> {
 /// A dense copy of host tensor `t` on GPU `device`.
 pub fn upload(t: &Tensor, device: usize) -> Result<Tensor> {
     let gpu = Gpu::get(device)?;
-    let c = crate::runtime::kernels::copy::contiguous(t);
+    let c = crate::runtime::kernels::copy::contiguous(t)?;
     let st = Storage::cuda_for_overwrite(device, c.dtype(), c.numel())?;
     let nbytes = c.numel() * c.element_size();
     {
@@ -90,7 +90,7 @@ pub fn record_stream(t: &Tensor, stream: &Stream) -> Result<()> {
 pub fn download(t: &Tensor) -> Result<Tensor> {
     let gpu = Gpu::get(ordinal(t)?)?;
     let c = contiguous(t)?;
-    let out = Tensor::alloc_for_overwrite(c.dtype(), c.shape());
+    let out = Tensor::alloc_for_overwrite(c.dtype(), c.shape())?;
     let nbytes = c.numel() * c.element_size();
     let src =
         c.storage().device_ptr().unwrap_or(0) + (c.storage_offset() * c.element_size()) as u64;

@@ -1,5 +1,6 @@
 //! Copies and casts: the kernels behind `contiguous`, `to(dtype)` and `copy_`.
 
+use crate::Result;
 use crate::dispatch;
 use crate::ir::dtype::DType;
 use crate::runtime::access;
@@ -8,26 +9,26 @@ use crate::runtime::strided::map1;
 use crate::runtime::tensor::Tensor;
 
 /// `x` itself when already contiguous, else a contiguous copy.
-pub fn contiguous(x: &Tensor) -> Tensor {
+pub fn contiguous(x: &Tensor) -> Result<Tensor> {
     if x.is_contiguous() {
-        return x.clone();
+        return Ok(x.clone());
     }
     cast_new(x, x.dtype())
 }
 
 /// `x.to(dtype)`: `x` itself when the dtype already matches, as in PyTorch.
-pub fn cast(x: &Tensor, dtype: DType) -> Tensor {
+pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
     if x.dtype() == dtype && !x.is_wrapped_number() {
-        return x.clone();
+        return Ok(x.clone());
     }
     cast_new(x, dtype)
 }
 
 /// A new contiguous tensor holding `x` converted to `dtype`.
-pub fn cast_new(x: &Tensor, dtype: DType) -> Tensor {
-    let out = Tensor::alloc_for_overwrite(dtype, x.shape());
+pub fn cast_new(x: &Tensor, dtype: DType) -> Result<Tensor> {
+    let out = Tensor::alloc_for_overwrite(dtype, x.shape())?;
     copy_into(&out, x);
-    out
+    Ok(out)
 }
 
 /// Writes `src`, broadcast to `dst`'s shape and converted to its dtype, into `dst`.

@@ -22,7 +22,7 @@ pub fn eval(op: &Op, out: &TensorType) -> Result<Tensor> {
     Ok(match op {
         Op::Scalar(s) => Tensor::wrapped(*s),
         Op::Constant(lit) => {
-            let t = Tensor::alloc(out.dtype, &out.shape);
+            let t = Tensor::alloc(out.dtype, &out.shape)?;
             let acc = access::lock(&[], &[&t]);
             // SAFETY: the shape rule checked that the literal has exactly numel * size bytes.
             unsafe {
@@ -35,9 +35,9 @@ pub fn eval(op: &Op, out: &TensorType) -> Result<Tensor> {
             drop(acc);
             t
         }
-        Op::Full { fill_value, .. } => full(out, *fill_value),
+        Op::Full { fill_value, .. } => full(out, *fill_value)?,
         Op::Arange { start, step, .. } => {
-            let t = Tensor::alloc(out.dtype, &out.shape);
+            let t = Tensor::alloc(out.dtype, &out.shape)?;
             let float_math = out.dtype.is_float() || start.is_float() || step.is_float();
             dispatch!(out.dtype, T => t.with_slice_mut::<T, _>(|s| {
                 for (i, v) in s.iter_mut().enumerate() {
@@ -55,8 +55,8 @@ pub fn eval(op: &Op, out: &TensorType) -> Result<Tensor> {
 }
 
 /// A contiguous tensor of `ty` filled with `value`.
-pub fn full(ty: &TensorType, value: Scalar) -> Tensor {
-    let t = Tensor::alloc(ty.dtype, &ty.shape);
+pub fn full(ty: &TensorType, value: Scalar) -> Result<Tensor> {
+    let t = Tensor::alloc(ty.dtype, &ty.shape)?;
     dispatch!(ty.dtype, T => {
         let v = scalar_to::<T>(value);
         if v != T::zero() {
@@ -65,5 +65,5 @@ pub fn full(ty: &TensorType, value: Scalar) -> Tensor {
             unsafe { std::slice::from_raw_parts_mut(acc.write::<T>(0), t.numel()) }.fill(v);
         }
     });
-    t
+    Ok(t)
 }

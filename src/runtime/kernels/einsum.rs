@@ -54,12 +54,11 @@ pub fn eval(equation: &str, inputs: &[&Tensor], out: &TensorType) -> Result<Tens
         .ok_or_else(|| Error::Value("einsum(): internal label mismatch".into()))?;
     let r = acc.t.with_layout(acc.t.layout().permute(&perm));
     // einsum returns a new tensor, never a view of an operand
-    let r = if inputs.iter().any(|x| x.shares_storage(&r)) || r.dtype() != out.dtype {
+    if inputs.iter().any(|x| x.shares_storage(&r)) || r.dtype() != out.dtype {
         cast_new(&r, out.dtype)
     } else {
-        r
-    };
-    Ok(r)
+        Ok(r)
+    }
 }
 
 /// Takes diagonals of repeated labels and broadcasts size-1 dims to their label's size.

@@ -66,15 +66,15 @@ pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
     match op {
         Op::Cat { dim } => cat(inputs, *dim, out),
         Op::Stack { dim } => stack(inputs, *dim, out),
-        Op::Flip { dims } => Ok(flip(x, &wrap_dims(dims, x.dim())?)),
-        Op::Tril { diagonal } => Ok(triangle(x, *diagonal, true)),
-        Op::Triu { diagonal } => Ok(triangle(x, *diagonal, false)),
+        Op::Flip { dims } => flip(x, &wrap_dims(dims, x.dim())?),
+        Op::Tril { diagonal } => triangle(x, *diagonal, true),
+        Op::Triu { diagonal } => triangle(x, *diagonal, false),
         Op::IndexSelect { dim } => index_select(x, dim_of(*dim)?, inputs[1], out),
         Op::Gather { dim } => gather(x, dim_of(*dim)?, inputs[1]),
         Op::Scatter { dim } => scatter(x, dim_of(*dim)?, inputs[1], inputs[2], false),
         Op::ScatterAdd { dim } => scatter(x, dim_of(*dim)?, inputs[1], inputs[2], true),
         Op::IndexAdd { dim } => {
-            let o = cast_new(x, x.dtype());
+            let o = cast_new(x, x.dtype())?;
             index_add_into(&o, dim_of(*dim)?, inputs[1], inputs[2])?;
             Ok(o)
         }
@@ -154,7 +154,7 @@ fn out_of_range(name: &str, v: i64, d: usize, size: usize) -> Error {
 
 /// `torch.cat`: each input is cast into its slice of the output.
 fn cat(inputs: &[&Tensor], dim: i64, out: &TensorType) -> Result<Tensor> {
-    let o = Tensor::alloc(out.dtype, &out.shape);
+    let o = Tensor::alloc(out.dtype, &out.shape)?;
     // PyTorch skips legacy empty 1-D inputs, as the shape rule does.
     let parts: Vec<&&Tensor> = inputs
         .iter()
@@ -176,7 +176,7 @@ fn cat(inputs: &[&Tensor], dim: i64, out: &TensorType) -> Result<Tensor> {
 
 /// `torch.stack`: each input is cast into its slice along the new dim.
 fn stack(inputs: &[&Tensor], dim: i64, out: &TensorType) -> Result<Tensor> {
-    let o = Tensor::alloc(out.dtype, &out.shape);
+    let o = Tensor::alloc(out.dtype, &out.shape)?;
     let d = wrap_dim(dim, o.dim().saturating_sub(1) + 1)?;
     for (i, t) in inputs.iter().enumerate() {
         let view = o.with_layout(o.layout().select(d as i64, i as i64)?);
@@ -187,10 +187,10 @@ fn stack(inputs: &[&Tensor], dim: i64, out: &TensorType) -> Result<Tensor> {
 
 /// `flip(dims)`. The source offset `sum (n-1-i)*s` over flipped dims is computed as a
 /// constant minus a walked offset, since strides are unsigned.
-fn flip(x: &Tensor, dims: &[usize]) -> Tensor {
-    let o = Tensor::alloc(x.dtype(), x.shape());
+fn flip(x: &Tensor, dims: &[usize]) -> Result<Tensor> {
+    let o = Tensor::alloc(x.dtype(), x.shape())?;
     if o.numel() == 0 {
-        return o;
+        return Ok(o);
     }
     let nd = x.dim();
     let keep: Vec<usize> = (0..nd)
@@ -216,13 +216,13 @@ fn flip(x: &Tensor, dims: &[usize]) -> Tensor {
         });
     });
     drop(acc);
-    o
+    Ok(o)
 }
 
 /// `tril`/`triu` over the last two dims, batched over the leading ones. Dropped elements
 /// keep the output's zero fill (all-zero bits are zero in every dtype).
-fn triangle(x: &Tensor, diagonal: i64, lower: bool) -> Tensor {
-    let o = Tensor::alloc(x.dtype(), x.shape());
+fn triangle(x: &Tensor, diagonal: i64, lower: bool) -> Result<Tensor> {
+    let o = Tensor::alloc(x.dtype(), x.shape())?;
     let nd = x.dim();
     let rows = one_hot(nd, nd - 2, 1);
     let cols = one_hot(nd, nd - 1, 1);
@@ -241,7 +241,7 @@ fn triangle(x: &Tensor, diagonal: i64, lower: bool) -> Tensor {
         });
     });
     drop(acc);
-    o
+    Ok(o)
 }
 
 // ---- reading through an index tensor ---------------------------------------------------------
@@ -255,7 +255,7 @@ fn index_select(x: &Tensor, d: usize, idx: &Tensor, out: &TensorType) -> Result<
             idx.numel()
         );
     }
-    let o = Tensor::alloc(out.dtype, &out.shape);
+    let o = Tensor::alloc(out.dtype, &out.shape)?;
     let size = dim_size(x, d);
     let nd = o.dim();
     let xs = walk_strides(x, nd, Some(d));
@@ -288,7 +288,7 @@ fn index_select(x: &Tensor, d: usize, idx: &Tensor, out: &TensorType) -> Result<
 
 /// `gather(dim, index)`: `out[p] = x[p with p[d] = index[p]]`.
 fn gather(x: &Tensor, d: usize, idx: &Tensor) -> Result<Tensor> {
-    let o = Tensor::alloc(x.dtype(), idx.shape());
+    let o = Tensor::alloc(x.dtype(), idx.shape())?;
     let size = dim_size(x, d);
     let xs = walk_strides(x, idx.dim(), Some(d));
     let step = dim_stride(x, d);
@@ -317,7 +317,7 @@ fn gather(x: &Tensor, d: usize, idx: &Tensor) -> Result<Tensor> {
 
 /// `embedding(index, weight)`: rows of `weight` picked by `index`.
 fn embedding(idx: &Tensor, w: &Tensor, out: &TensorType) -> Result<Tensor> {
-    let o = Tensor::alloc(out.dtype, &out.shape);
+    let o = Tensor::alloc(out.dtype, &out.shape)?;
     let size = w.shape()[0];
     let mut is = idx.strides().to_vec();
     is.push(0);
@@ -365,7 +365,7 @@ fn add_elem<T: Element>(a: T, b: T) -> T {
 /// thread, so with duplicate indices `scatter` keeps the last write in row-major order of
 /// `index` (PyTorch leaves that case unspecified).
 fn scatter(x: &Tensor, d: usize, idx: &Tensor, src: &Tensor, add: bool) -> Result<Tensor> {
-    let o = cast_new(x, x.dtype());
+    let o = cast_new(x, x.dtype())?;
     let size = dim_size(x, d);
     let nd = idx.dim();
     let ss = walk_strides(src, nd, None);
@@ -402,14 +402,14 @@ pub fn index_add_into(dst: &Tensor, d: usize, idx: &Tensor, src: &Tensor) -> Res
     // Inputs that alias the destination are read from a copy, so writes cannot feed reads.
     let idx_c;
     let idx = if idx.shares_storage(dst) {
-        idx_c = cast_new(idx, idx.dtype());
+        idx_c = cast_new(idx, idx.dtype())?;
         &idx_c
     } else {
         idx
     };
     let src_c;
     let src = if src.shares_storage(dst) {
-        src_c = cast_new(src, src.dtype());
+        src_c = cast_new(src, src.dtype())?;
         &src_c
     } else {
         src
@@ -491,10 +491,10 @@ pub fn nonzero(x: &Tensor) -> Result<Tensor> {
 
 /// A new `[bases.len()] + x.shape[k..]` tensor whose i-th block is the sub-tensor of `x`'s
 /// trailing dims starting at storage offset `x.offset + bases[i]`.
-fn take_blocks(x: &Tensor, k: usize, bases: &[usize]) -> Tensor {
+fn take_blocks(x: &Tensor, k: usize, bases: &[usize]) -> Result<Tensor> {
     let mut shape = vec![bases.len()];
     shape.extend_from_slice(&x.shape()[k..]);
-    let o = Tensor::alloc(x.dtype(), &shape);
+    let o = Tensor::alloc(x.dtype(), &shape)?;
     let mut xs = vec![0];
     xs.extend_from_slice(&x.strides()[k..]);
     let counter = one_hot(shape.len(), 0, 1);
@@ -510,7 +510,7 @@ fn take_blocks(x: &Tensor, k: usize, bases: &[usize]) -> Tensor {
         });
     });
     drop(acc);
-    o
+    Ok(o)
 }
 
 /// `x[mask]` with a bool (or uint8) mask over the leading dims of `x`: a copy.
@@ -548,7 +548,7 @@ pub fn index_mask(x: &Tensor, mask: &Tensor) -> Result<Tensor> {
             multi.iter().zip(x.strides()).map(|(i, s)| i * s).sum()
         })
         .collect();
-    Ok(take_blocks(x, k, &bases))
+    take_blocks(x, k, &bases)
 }
 
 /// `x[idx]` with an integer index tensor along dim 0 (negative indices count from the end).
@@ -574,7 +574,7 @@ pub fn index_tensor(x: &Tensor, idx: &Tensor) -> Result<Tensor> {
         }
         bases.push(w as usize * x.strides()[0]);
     }
-    let flat = take_blocks(x, 1, &bases);
+    let flat = take_blocks(x, 1, &bases)?;
     let mut shape = idx.shape().to_vec();
     shape.extend_from_slice(&x.shape()[1..]);
     Ok(flat.with_layout(Layout::contiguous(&shape)))
@@ -629,8 +629,8 @@ fn sort_cmp<T: Element>(a: T, b: T) -> Ordering {
 /// `sort(dim, descending)`, stable: values and int64 positions along `dim`.
 pub fn sort(x: &Tensor, dim: i64, descending: bool) -> Result<(Tensor, Tensor)> {
     let d = wrap_dim(dim, x.dim())?;
-    let vals = Tensor::alloc(x.dtype(), x.shape());
-    let inds = Tensor::alloc(DType::I64, x.shape());
+    let vals = Tensor::alloc(x.dtype(), x.shape())?;
+    let inds = Tensor::alloc(DType::I64, x.shape())?;
     let n = dim_size(x, d);
     if x.numel() == 0 {
         return Ok((vals, inds));
@@ -695,7 +695,7 @@ pub fn topk(x: &Tensor, k: usize, dim: i64, largest: bool) -> Result<(Tensor, Te
     }
     let cut = |t: &Tensor| -> Result<Tensor> {
         let l = t.layout().narrow(d as i64, 0, k as i64)?;
-        Ok(t.with_layout(l).contiguous())
+        t.with_layout(l).contiguous()
     };
     Ok((cut(&v)?, cut(&i)?))
 }

@@ -140,12 +140,12 @@ fn product(a: &Tensor, b: &Tensor, bias: Option<&Tensor>, ty: &TensorType) -> Re
     if ty.dtype == DType::BF16 {
         let f = |t: &Tensor| cast_new(t, DType::F32);
         let ty32 = TensorType::new(DType::F32, ty.shape.clone());
-        let bias32 = bias.map(f);
-        let r = product(&f(a), &f(b), bias32.as_ref(), &ty32)?;
-        return Ok(cast_new(&r, DType::BF16));
+        let bias32 = bias.map(f).transpose()?;
+        let r = product(&f(a)?, &f(b)?, bias32.as_ref(), &ty32)?;
+        return cast_new(&r, DType::BF16);
     }
     let p = plan(a, b)?;
-    let out = Tensor::alloc(ty.dtype, &ty.shape);
+    let out = Tensor::alloc(ty.dtype, &ty.shape)?;
     if let Some(bias) = bias {
         copy_into(&out, bias);
     }

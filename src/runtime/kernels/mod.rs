@@ -19,8 +19,8 @@ pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
         Op::Scalar(_) | Op::Constant(_) | Op::Full { .. } | Op::Arange { .. } => {
             creation::eval(op, out)
         }
-        Op::To { dtype } => Ok(copy::cast(inputs[0], *dtype)),
-        Op::Contiguous => Ok(copy::contiguous(inputs[0])),
+        Op::To { dtype } => copy::cast(inputs[0], *dtype),
+        Op::Contiguous => copy::contiguous(inputs[0]),
         Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Clamp { .. } | Op::MaskedFill { .. } => {
             pointwise::eval(op, inputs, out)
         }

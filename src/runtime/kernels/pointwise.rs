@@ -39,7 +39,7 @@ fn misrouted(name: &str) -> Error {
 
 /// Runs pointwise `op` into a new tensor of type `out` (the op's inferred result type).
 pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
-    let dst = Tensor::alloc_for_overwrite(out.dtype, &out.shape);
+    let dst = Tensor::alloc_for_overwrite(out.dtype, &out.shape)?;
     write(op, inputs, &dst)?;
     Ok(dst)
 }
@@ -75,15 +75,15 @@ pub fn eval_into(op: &Op, inputs: &[&Tensor], dst: &Tensor) -> Result<()> {
             if overlaps_differently(t, dst) {
                 copy::cast_new(t, t.dtype())
             } else {
-                t.clone()
+                Ok(t.clone())
             }
         })
-        .collect();
+        .collect::<Result<_>>()?;
     let safe: Vec<&Tensor> = safe.iter().collect();
     if dst.dtype() == out.dtype {
         write(op, &safe, dst)?;
     } else {
-        let tmp = Tensor::alloc(out.dtype, &out.shape);
+        let tmp = Tensor::alloc(out.dtype, &out.shape)?;
         write(op, &safe, &tmp)?;
         copy::copy_into(dst, &tmp);
     }
@@ -252,7 +252,7 @@ fn unary(op: UnaryOp, x: &Tensor, dst: &Tensor) -> Result<()> {
     }
     // The result dtype is the computation dtype (`exp(int)` computes in f32).
     let d = dst.dtype();
-    let x = copy::cast(x, d);
+    let x = copy::cast(x, d)?;
     dispatch_float!(d, T => unary_float::<T>(op, &x, dst), else if matches!(op, Floor | Ceil | Round) {
         // integers are already whole
         copy::copy_into(dst, &x);
@@ -369,7 +369,7 @@ fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, dst: &Tensor) -> Result<()> {
             "Integers to negative integer powers are not allowed."
         );
     }
-    let (a, b) = (copy::cast(a, c), copy::cast(b, c));
+    let (a, b) = (copy::cast(a, c)?, copy::cast(b, c)?);
     if op == Remainder
         && !c.is_float()
         && dst.numel() > 0
@@ -524,7 +524,7 @@ fn compare<V: PartialOrd + Default>(op: BinaryOp, a: V, b: V) -> bool {
 
 fn where_(cond: &Tensor, x: &Tensor, y: &Tensor, dst: &Tensor) -> Result<()> {
     let d = dst.dtype();
-    let (x, y) = (copy::cast(x, d), copy::cast(y, d));
+    let (x, y) = (copy::cast(x, d)?, copy::cast(y, d)?);
     dispatch!(d, T => run3(dst, [cond, &x, &y], |c: bool, a: T, b: T| if c { a } else { b }))
 }
 
@@ -533,7 +533,7 @@ fn clamp(x: &Tensor, min: Option<Scalar>, max: Option<Scalar>, dst: &Tensor) -> 
     for s in [min, max].into_iter().flatten() {
         check_fits(s, d)?;
     }
-    let x = copy::cast(x, d);
+    let x = copy::cast(x, d)?;
     if d.is_float() {
         let bound =
             |s: Option<Scalar>, none: f64| s.map_or(none, |s| round_to_dtype(s.to_f64(), d));
@@ -562,7 +562,7 @@ fn clamp(x: &Tensor, min: Option<Scalar>, max: Option<Scalar>, dst: &Tensor) -> 
 fn masked_fill(x: &Tensor, mask: &Tensor, value: Scalar, dst: &Tensor) -> Result<()> {
     let d = dst.dtype();
     check_fits(value, d)?;
-    let x = copy::cast(x, d);
+    let x = copy::cast(x, d)?;
     dispatch!(d, T => {
         let v = scalar_to::<T>(value);
         run2(dst, &x, mask, move |a: T, m: bool| if m { v } else { a })

@@ -499,12 +499,17 @@ fn parallel_worth(work: usize) -> bool {
 }
 
 /// Runs reducer `r` over `dims` of `x`, into a new tensor of type `ty`.
-fn drive<T: Num, R: Reducer<T>>(x: &Tensor, dims: &[usize], ty: &TensorType, r: &R) -> Tensor {
-    let out = Tensor::alloc(ty.dtype, &ty.shape);
+fn drive<T: Num, R: Reducer<T>>(
+    x: &Tensor,
+    dims: &[usize],
+    ty: &TensorType,
+    r: &R,
+) -> Result<Tensor> {
+    let out = Tensor::alloc(ty.dtype, &ty.shape)?;
     let s = split(x, dims, false);
     let (n_out, n_in) = (numel(&s.kept), numel(&s.red));
     if n_out == 0 {
-        return out;
+        return Ok(out);
     }
     let inner = Walk::new(&s.red, [&s.red_x]);
     let outer = Walk::new(&s.kept, [&s.kept_out, &s.kept_x]);
@@ -558,7 +563,7 @@ fn drive<T: Num, R: Reducer<T>>(x: &Tensor, dims: &[usize], ty: &TensorType, r: 
         });
     }
     drop(acc);
-    out
+    Ok(out)
 }
 
 // ---- row ops ---------------------------------------------------------------------------
@@ -573,12 +578,12 @@ fn rows<T: Element, O: Element, S: Copy + Default + Send>(
     load: impl Fn(T) -> S + Sync,
     store: impl Fn(S) -> O + Sync,
     f: impl Fn(&mut [S]) + Sync,
-) -> Tensor {
-    let out = Tensor::alloc(ty.dtype, &ty.shape);
+) -> Result<Tensor> {
+    let out = Tensor::alloc(ty.dtype, &ty.shape)?;
     let s = split(x, dims, true);
     let (n_rows, len) = (numel(&s.kept), numel(&s.red));
     if n_rows == 0 || len == 0 {
-        return out;
+        return Ok(out);
     }
     let inner = Walk::new(&s.red, [&s.red_x, &s.red_out]);
     let outer = Walk::new(&s.kept, [&s.kept_out, &s.kept_x]);
@@ -620,7 +625,7 @@ fn rows<T: Element, O: Element, S: Copy + Default + Send>(
         run_rows(0, n_rows);
     }
     drop(acc);
-    out
+    Ok(out)
 }
 
 /// `softmax` (or `log_softmax`) of one row in place, after subtracting its max.
@@ -657,7 +662,7 @@ fn layer_norm_row(v: &mut [f64], eps: f64, w: Option<&[f64]>, b: Option<&[f64]>)
 }
 
 fn cumsum(x: &Tensor, d: Vec<usize>, ty: &TensorType) -> Result<Tensor> {
-    Ok(if ty.dtype.is_float() {
+    if ty.dtype.is_float() {
         dispatch_float!(x.dtype(), T => rows::<T, T, f64>(x, &d, ty, T::to_f64, T::from_f64, |v| {
             let mut s = 0.0;
             v.iter_mut().for_each(|x| { s += *x; *x = s; });
@@ -667,7 +672,7 @@ fn cumsum(x: &Tensor, d: Vec<usize>, ty: &TensorType) -> Result<Tensor> {
             let mut s = 0i64;
             v.iter_mut().for_each(|x| { s = s.wrapping_add(*x); *x = s; });
         }))
-    })
+    }
 }
 
 /// Entry point for the reduction family; `out` is the type the shape rule inferred.
@@ -678,10 +683,10 @@ pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
         let w = wrap_dim(d, nd)?;
         Ok(if nd == 0 { vec![] } else { vec![w] })
     };
-    Ok(match op {
+    match op {
         Op::Reduce { op, dim, .. } => {
             let dims = reduction_dims(dim, nd)?;
-            reduce(*op, x, &dims, out)?
+            reduce(*op, x, &dims, out)
         }
         Op::ArgMax { dim, .. } | Op::ArgMin { dim, .. } => {
             let dims = match dim {
@@ -705,7 +710,7 @@ pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
                 correction: *correction, std, _o: PhantomData,
             }), else bail!(DType, "std and var only support floating point and complex dtypes"))
         }
-        Op::Cumsum { dim } => cumsum(x, one_dim(*dim)?, out)?,
+        Op::Cumsum { dim } => cumsum(x, one_dim(*dim)?, out),
         Op::Softmax { dim } | Op::LogSoftmax { dim } => {
             let d = one_dim(*dim)?;
             let log = matches!(op, Op::LogSoftmax { .. });
@@ -726,7 +731,7 @@ pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
                 |v| layer_norm_row(v, *eps, w, b)), else bail!(DType, "layer_norm needs a float input"))
         }
         _ => bail!(Unsupported, "{} is not a reduction", op.name()),
-    })
+    }
 }
 
 /// A layer_norm weight or bias as f64 values (row-major).
@@ -741,7 +746,7 @@ fn param(t: &Tensor) -> Vec<f64> {
 fn reduce(op: ReduceOp, x: &Tensor, dims: &[usize], out: &TensorType) -> Result<Tensor> {
     use ReduceOp::*;
     let float = x.dtype().is_float();
-    Ok(match op {
+    match op {
         Sum | Mean if float => dispatch_float!(x.dtype(), T => drive::<T, _>(x, dims, out,
             &SumF::<T> { mean: op == Mean, _o: PhantomData }), else bail!(DType, "{}: unexpected dtype {}", op.name(), x.dtype())),
         Sum => dispatch!(x.dtype(), T => drive::<T, _>(x, dims, out, &SumI)),
@@ -768,5 +773,5 @@ fn reduce(op: ReduceOp, x: &Tensor, dims: &[usize], out: &TensorType) -> Result<
             dispatch!(x.dtype(), T => dispatch_float!(o, O => drive::<T, _>(x, dims, out,
                 &Lse::<O>(PhantomData)), else bail!(DType, "logsumexp: unexpected output dtype {o}")))
         }
-    })
+    }
 }

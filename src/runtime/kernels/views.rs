@@ -20,7 +20,7 @@ pub fn eval(op: &Op, x: &Tensor, out: &TensorType) -> Result<Tensor> {
         Op::Reshape { .. } | Op::Flatten { .. } => match l.view(&out.shape) {
             Some(v) => x.with_layout(v),
             None => {
-                let c = copy::contiguous(x);
+                let c = copy::contiguous(x)?;
                 let v = c.layout().view(&out.shape);
                 c.with_layout(
                     v.unwrap_or_else(|| crate::runtime::layout::Layout::contiguous(&out.shape)),
@@ -76,7 +76,7 @@ pub fn eval(op: &Op, x: &Tensor, out: &TensorType) -> Result<Tensor> {
             });
             let wide = base.with_layout(v.expand(&inter_target));
             // always a fresh buffer: repeat never aliases its input, even when it tiles once
-            let c = copy::cast_new(&wide, wide.dtype());
+            let c = copy::cast_new(&wide, wide.dtype())?;
             c.with_layout(crate::runtime::layout::Layout::contiguous(&out.shape))
         }
         _ => unreachable!("views::eval called with {}", op.name()),

@@ -10,6 +10,13 @@ use crate::runtime::storage::Storage;
 use crate::runtime::tensor::{Tensor, apply};
 use std::sync::Arc;
 
+/// `zeros`/`ones`: the convenience constructors that cannot return an error.
+fn filled(size: &[usize], dtype: DType, value: i64) -> Tensor {
+    let ty = crate::ir::op::TensorType::new(dtype, size.to_vec());
+    crate::runtime::kernels::creation::full(&ty, Scalar::Int(value))
+        .unwrap_or_else(|e| panic!("a tensor of shape {size:?} and dtype {dtype}: {e}"))
+}
+
 impl Tensor {
     /// A tensor of `size` filled with `value`; the dtype follows the value (float → f32,
     /// int → i64, bool → bool) unless given.
@@ -23,17 +30,17 @@ impl Tensor {
             &[],
         )
     }
+    /// A tensor of zeros.
+    ///
+    /// # Panics
+    /// When memory cannot hold it, as `vec![0; n]` does; [`Tensor::full`] returns that case
+    /// as an error.
     pub fn zeros(size: &[usize], dtype: DType) -> Tensor {
-        crate::runtime::kernels::creation::full(
-            &crate::ir::op::TensorType::new(dtype, size.to_vec()),
-            Scalar::Int(0),
-        )
+        filled(size, dtype, 0)
     }
+    /// A tensor of ones; panics where [`Tensor::zeros`] does.
     pub fn ones(size: &[usize], dtype: DType) -> Tensor {
-        crate::runtime::kernels::creation::full(
-            &crate::ir::op::TensorType::new(dtype, size.to_vec()),
-            Scalar::Int(1),
-        )
+        filled(size, dtype, 1)
     }
     /// Uninitialised in PyTorch; zero-filled here (reading garbage is not worth the risk).
     pub fn empty(size: &[usize], dtype: DType) -> Tensor {

@@ -66,7 +66,7 @@ impl Tensor {
         if self.is_pinned() {
             return Ok(self.clone());
         }
-        let src = crate::runtime::kernels::copy::contiguous(self);
+        let src = crate::runtime::kernels::copy::contiguous(self)?;
         let st = Arc::new(Storage::pinned(self.dtype(), self.numel())?);
         let out = Tensor::from_parts(st, Layout::contiguous(self.shape()));
         let nbytes = self.numel() * self.element_size();

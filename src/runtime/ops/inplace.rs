@@ -236,7 +236,7 @@ impl Tensor {
         }
         let copied;
         let src = if src.shares_storage(self) && src.layout() != self.layout() {
-            copied = cast_new(src, src.dtype());
+            copied = cast_new(src, src.dtype())?;
             &copied
         } else {
             src
