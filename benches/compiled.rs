@@ -5,10 +5,10 @@
 //! op), compiled fused with transcendentals in inline Cranelift code (no native strips) and
 //! compiled fused as by default; the fused bandwidth as a share of a same-run copy of the same
 //! bytes (`copy_from_slice` split across the threads); the fused/unfused, fused/inline and
-//! compiled/eager ratios; then the first-call compile time of each model and of a 100-op
-//! graph, and the per-size cost of running a small kernel on one thread against splitting it
-//! across all (what `PAR_MIN_ELEMS` is chosen from). Kernels run on Cranelift code when the
-//! lowering is built in, else on the kernel-IR interpreter (the header says which).
+//! compiled/eager ratios; then the first-call compile time of each model and of chains of 100
+//! and 2000 ops, and the per-size cost of running a small kernel on one thread against
+//! splitting it across all (what `PAR_MIN_ELEMS` is chosen from). Kernels run on Cranelift code
+//! when the lowering is built in, else on the kernel-IR interpreter (the header says which).
 
 use rayon::prelude::*;
 use smelt::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend};
@@ -150,11 +150,12 @@ fn models() -> Vec<Graph> {
     v
 }
 
-/// A chain of 100 pointwise ops over a small tensor: the compile-time stress case.
-fn hundred_ops() -> Graph {
-    let mut g = Graph::new("100 ops");
+/// A chain of `n` pointwise ops over a small tensor: the compile-time stress case (100 ops
+/// for the target; 2000 shows how compile time grows with the graph).
+fn chain_ops(n: usize) -> Graph {
+    let mut g = Graph::new(&format!("{n} ops"));
     let mut x = input(&mut g, "x", &[64, 64]);
-    for i in 0..100 {
+    for i in 0..n {
         x = match i % 4 {
             0 => scalar_op(&mut g, BinaryOp::Mul, x, 0.9),
             1 => scalar_op(&mut g, BinaryOp::Add, x, 0.1),
@@ -255,16 +256,19 @@ fn main() {
             compile
         );
     }
-    let g = hundred_ops();
-    for fuse in [true, false] {
-        let t0 = Instant::now();
-        let f = CompiledFn::compile(&g, &CompileOptions::with_backend(be).fused(fuse)).unwrap();
-        println!(
-            "first compile of the 100-op graph ({}): {:.2} ms, {} kernels",
-            if fuse { "fused" } else { "unfused" },
-            t0.elapsed().as_secs_f64() * 1e3,
-            f.schedule().kernel_count()
-        );
+    for n in [100, 2000] {
+        let g = chain_ops(n);
+        for fuse in [true, false] {
+            let t0 = Instant::now();
+            let opts = CompileOptions::with_backend(be).fused(fuse);
+            let f = CompiledFn::compile(&g, &opts).unwrap();
+            println!(
+                "first compile of the {n}-op graph ({}): {:.2} ms, {} kernels",
+                if fuse { "fused" } else { "unfused" },
+                t0.elapsed().as_secs_f64() * 1e3,
+                f.schedule().kernel_count()
+            );
+        }
     }
 
     println!("\nsmall kernels: one thread against all (relu(x)*0.5+b over [rows, 1024])");

@@ -29,9 +29,7 @@ use super::jit::{FnBody, Jit};
 use crate::ir::dtype::DType;
 use crate::ir::op::{BinaryOp, Op};
 use crate::ir::shape::numel;
-use crate::kernel::{
-    Buffer, BufferId, Combiner, Expr, IndexMap, Kernel, Level, Schedule, Step, ValId,
-};
+use crate::kernel::{Buffer, BufferId, Combiner, Expr, IndexMap, Kernel, Level, ValId};
 use crate::runtime::{Tensor, apply};
 use crate::{Error, Result, bail};
 use cranelift_codegen::ir::condcodes::IntCC;
@@ -229,14 +227,9 @@ pub fn compile_kernel(
 }
 
 fn compile_uncached(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Result<CpuKernel> {
-    let s = Schedule {
-        name: k.name.clone(),
-        buffers: buffers.to_vec(),
-        inputs: vec![],
-        outputs: vec![],
-        steps: vec![Step::Kernel(k.clone())],
-    };
-    s.validate()?;
+    // the kernel alone against the schedule's buffers: a copy of them per kernel would make
+    // compiling a schedule quadratic in its length
+    crate::kernel::check_kernel(k, buffers)?;
     check_supported(k)?;
     let ck = coalesce(k);
     let syms = helpers::symbols();

@@ -386,7 +386,7 @@ impl Schedule {
         }
         for s in &self.steps {
             match s {
-                Step::Kernel(k) => self.check_kernel(k)?,
+                Step::Kernel(k) => check_kernel(k, &self.buffers)?,
                 Step::Extern(e) => {
                     self.buffer(e.out)?;
                     for a in &e.args {
@@ -399,10 +399,7 @@ impl Schedule {
     }
 
     fn buffer(&self, b: BufferId) -> Result<&Buffer> {
-        match self.buffers.get(b) {
-            Some(buf) => Ok(buf),
-            None => bail!(Value, "schedule: buffer b{b} does not exist"),
-        }
+        buffer_in(&self.buffers, b)
     }
 
     fn check_view(&self, v: &View) -> Result<()> {
@@ -417,83 +414,8 @@ impl Schedule {
         Ok(())
     }
 
-    fn check_map(&self, k: &Kernel, b: BufferId, map: &IndexMap) -> Result<()> {
-        let space = k.space();
-        if map.strides.len() != space.len() {
-            bail!(
-                Value,
-                "kernel {}: an index map has {} strides for a {}-d space",
-                k.name,
-                map.strides.len(),
-                space.len()
-            );
-        }
-        if map.extent(&space) > self.buffer(b)?.len() {
-            bail!(Value, "kernel {}: an index map leaves buffer b{b}", k.name);
-        }
-        Ok(())
-    }
-
-    fn check_kernel(&self, k: &Kernel) -> Result<()> {
-        let n = k.values.len();
-        for (i, v) in k.values.iter().enumerate() {
-            if v.expr.operands().iter().any(|&o| o >= i) {
-                bail!(Value, "kernel {}: v{i} reads a later value", k.name);
-            }
-            match &v.expr {
-                Expr::Load { buffer, map } => {
-                    self.check_map(k, *buffer, map)?;
-                    if self.buffer(*buffer)?.dtype != v.dtype {
-                        bail!(Value, "kernel {}: v{i} loads with the wrong dtype", k.name);
-                    }
-                }
-                Expr::Index { map } if map.strides.len() != k.outer.len() + k.inner.len() => {
-                    bail!(Value, "kernel {}: v{i} has a malformed index", k.name);
-                }
-                _ => {}
-            }
-        }
-        let pass_of = self.pass_of(k)?;
-        for (p, vs) in k.passes.iter().enumerate() {
-            for &r in vs {
-                let mut stack = k.values[r].expr.operands();
-                while let Some(o) = stack.pop() {
-                    if let Some(&q) = pass_of.get(&o)
-                        && q >= p
-                    {
-                        bail!(
-                            Value,
-                            "kernel {}: pass {p} reads a reduction of pass {q}",
-                            k.name
-                        );
-                    }
-                    stack.extend(k.values[o].expr.operands());
-                }
-            }
-        }
-        let levels = k.levels();
-        for s in &k.stores {
-            if s.value >= n {
-                bail!(Value, "kernel {}: a store reads a missing value", k.name);
-            }
-            self.check_map(k, s.buffer, &s.map)?;
-            if self.buffer(s.buffer)?.dtype != k.values[s.value].dtype {
-                bail!(Value, "kernel {}: a store has the wrong dtype", k.name);
-            }
-            let row_store = !k.inner.is_empty() && s.map.ignores_from(k.outer.len());
-            if row_store && levels[s.value] == Level::Inner {
-                bail!(
-                    Value,
-                    "kernel {}: a row store of a value that varies along the row",
-                    k.name
-                );
-            }
-        }
-        Ok(())
-    }
-
     /// The pass of every reduction value; each `Reduce` must be in exactly one pass.
-    fn pass_of(&self, k: &Kernel) -> Result<std::collections::HashMap<ValId, usize>> {
+    fn pass_of(k: &Kernel) -> Result<std::collections::HashMap<ValId, usize>> {
         let mut pass_of = std::collections::HashMap::new();
         for (p, vs) in k.passes.iter().enumerate() {
             for &r in vs {
@@ -519,4 +441,88 @@ impl Schedule {
         }
         Ok(pass_of)
     }
+}
+
+fn buffer_in(buffers: &[Buffer], b: BufferId) -> Result<&Buffer> {
+    match buffers.get(b) {
+        Some(buf) => Ok(buf),
+        None => bail!(Value, "schedule: buffer b{b} does not exist"),
+    }
+}
+
+fn check_map(buffers: &[Buffer], k: &Kernel, b: BufferId, map: &IndexMap) -> Result<()> {
+    let space = k.space();
+    if map.strides.len() != space.len() {
+        bail!(
+            Value,
+            "kernel {}: an index map has {} strides for a {}-d space",
+            k.name,
+            map.strides.len(),
+            space.len()
+        );
+    }
+    if map.extent(&space) > buffer_in(buffers, b)?.len() {
+        bail!(Value, "kernel {}: an index map leaves buffer b{b}", k.name);
+    }
+    Ok(())
+}
+
+/// Checks kernel `k` against the buffers of its schedule: every load and store inside its
+/// buffer with the buffer's dtype, values in order, passes well formed.
+pub fn check_kernel(k: &Kernel, buffers: &[Buffer]) -> Result<()> {
+    let n = k.values.len();
+    for (i, v) in k.values.iter().enumerate() {
+        if v.expr.operands().iter().any(|&o| o >= i) {
+            bail!(Value, "kernel {}: v{i} reads a later value", k.name);
+        }
+        match &v.expr {
+            Expr::Load { buffer, map } => {
+                check_map(buffers, k, *buffer, map)?;
+                if buffer_in(buffers, *buffer)?.dtype != v.dtype {
+                    bail!(Value, "kernel {}: v{i} loads with the wrong dtype", k.name);
+                }
+            }
+            Expr::Index { map } if map.strides.len() != k.outer.len() + k.inner.len() => {
+                bail!(Value, "kernel {}: v{i} has a malformed index", k.name);
+            }
+            _ => {}
+        }
+    }
+    let pass_of = Schedule::pass_of(k)?;
+    for (p, vs) in k.passes.iter().enumerate() {
+        for &r in vs {
+            let mut stack = k.values[r].expr.operands();
+            while let Some(o) = stack.pop() {
+                if let Some(&q) = pass_of.get(&o)
+                    && q >= p
+                {
+                    bail!(
+                        Value,
+                        "kernel {}: pass {p} reads a reduction of pass {q}",
+                        k.name
+                    );
+                }
+                stack.extend(k.values[o].expr.operands());
+            }
+        }
+    }
+    let levels = k.levels();
+    for s in &k.stores {
+        if s.value >= n {
+            bail!(Value, "kernel {}: a store reads a missing value", k.name);
+        }
+        check_map(buffers, k, s.buffer, &s.map)?;
+        if buffer_in(buffers, s.buffer)?.dtype != k.values[s.value].dtype {
+            bail!(Value, "kernel {}: a store has the wrong dtype", k.name);
+        }
+        let row_store = !k.inner.is_empty() && s.map.ignores_from(k.outer.len());
+        if row_store && levels[s.value] == Level::Inner {
+            bail!(
+                Value,
+                "kernel {}: a row store of a value that varies along the row",
+                k.name
+            );
+        }
+    }
+    Ok(())
 }

@@ -1,11 +1,11 @@
 //! Graph → e-graph, and the extracted e-graph → graph.
 
-use super::cost::TrafficCost;
+use super::cost::Cheapest;
 use super::lang::{EG, ENode, Head, Types};
 use crate::ir::graph::{Graph, NodeKind, ValueId};
 use crate::ir::op::Op;
 use crate::{Result, bail};
-use egg::{Extractor, Id};
+use egg::Id;
 use std::collections::{HashMap, HashSet};
 
 /// An e-graph holding `g`, and the e-class of each output. Equal subexpressions share one
@@ -60,7 +60,7 @@ pub fn to_egraph(g: &Graph) -> Result<(EG, Vec<Id>, HashMap<ValueId, Id>)> {
 /// Builds the cheapest graph for `roots`: same name, same inputs in the same order, one
 /// output per root. Values whose e-class held a value of `g` keep that value's name.
 pub fn extract(g: &Graph, eg: &EG, roots: &[Id], ids: &HashMap<ValueId, Id>) -> Result<Graph> {
-    let extractor = Extractor::new(eg, TrafficCost { egraph: eg });
+    let cheapest = Cheapest::new(eg);
     let mut out = Graph::new(&g.name);
     let mut made: HashMap<Id, ValueId> = HashMap::new();
     for &v in g.inputs() {
@@ -87,7 +87,9 @@ pub fn extract(g: &Graph, eg: &EG, roots: &[Id], ids: &HashMap<ValueId, Id>) -> 
             if made.contains_key(&c) {
                 continue;
             }
-            let node = extractor.find_best_node(c);
+            let Some(node) = cheapest.node(eg, c) else {
+                bail!(Value, "rewrite: no term of e-class {c} has a cost");
+            };
             if !expanded {
                 if !on_path.insert(c) {
                     bail!(Value, "rewrite: extraction chose a cycle");
