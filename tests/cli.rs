@@ -449,9 +449,9 @@ fn dot_prints_or_writes_graphviz() {
     assert_error(&o, &["g.dot"]);
 }
 
-/// Shapes that fit the type rules but not memory: random inputs, an intermediate expanded
-/// from a small input, and a result too large to count. Each is PyTorch's allocation error
-/// (exit status 1), never an abort, for every command and backend.
+/// Shapes that fit the type rules but not memory: random inputs, and an intermediate expanded
+/// from a small input. Each is PyTorch's allocation error (exit status 1), never an abort, for
+/// every command and backend.
 #[test]
 fn tensors_larger_than_memory_are_errors() {
     let d = temp_dir("oom");
@@ -472,22 +472,6 @@ fn tensors_larger_than_memory_are_errors() {
     let oom = "DefaultCPUAllocator: can't allocate memory";
     let o = smelt(&d, &["profile", "input.smelt", "--random-inputs"]);
     assert_error(&o, &[oom, "4000000000000 bytes"]);
-    for backend in ["cpu", "interp"] {
-        let o = smelt(
-            &d,
-            &[
-                "run",
-                "expand.smelt",
-                "--input",
-                "x=x3.npy",
-                "--out",
-                "o",
-                "--backend",
-                backend,
-            ],
-        );
-        assert_error(&o, &["x3.npy"]);
-    }
     let x3 = Tensor::from_vec(vec![1.0f32, -2.0, 3.0], &[3]).unwrap();
     write_npy(d.join("x3.npy"), &x3).unwrap();
     for backend in ["cpu", "interp"] {
