@@ -413,34 +413,6 @@ impl Schedule {
         }
         Ok(())
     }
-
-    /// The pass of every reduction value; each `Reduce` must be in exactly one pass.
-    fn pass_of(k: &Kernel) -> Result<std::collections::HashMap<ValId, usize>> {
-        let mut pass_of = std::collections::HashMap::new();
-        for (p, vs) in k.passes.iter().enumerate() {
-            for &r in vs {
-                if !matches!(k.values.get(r).map(|v| &v.expr), Some(Expr::Reduce { .. })) {
-                    bail!(
-                        Value,
-                        "kernel {}: pass {p} lists v{r}, not a reduction",
-                        k.name
-                    );
-                }
-                if pass_of.insert(r, p).is_some() {
-                    bail!(Value, "kernel {}: v{r} is in two passes", k.name);
-                }
-            }
-        }
-        let reduces = k
-            .values
-            .iter()
-            .filter(|v| matches!(v.expr, Expr::Reduce { .. }))
-            .count();
-        if reduces != pass_of.len() {
-            bail!(Value, "kernel {}: a reduction is in no pass", k.name);
-        }
-        Ok(pass_of)
-    }
 }
 
 fn buffer_in(buffers: &[Buffer], b: BufferId) -> Result<&Buffer> {
@@ -448,6 +420,34 @@ fn buffer_in(buffers: &[Buffer], b: BufferId) -> Result<&Buffer> {
         Some(buf) => Ok(buf),
         None => bail!(Value, "schedule: buffer b{b} does not exist"),
     }
+}
+
+/// The pass of every reduction value; each `Reduce` must be in exactly one pass.
+fn pass_of(k: &Kernel) -> Result<std::collections::HashMap<ValId, usize>> {
+    let mut pass_of = std::collections::HashMap::new();
+    for (p, vs) in k.passes.iter().enumerate() {
+        for &r in vs {
+            if !matches!(k.values.get(r).map(|v| &v.expr), Some(Expr::Reduce { .. })) {
+                bail!(
+                    Value,
+                    "kernel {}: pass {p} lists v{r}, not a reduction",
+                    k.name
+                );
+            }
+            if pass_of.insert(r, p).is_some() {
+                bail!(Value, "kernel {}: v{r} is in two passes", k.name);
+            }
+        }
+    }
+    let reduces = k
+        .values
+        .iter()
+        .filter(|v| matches!(v.expr, Expr::Reduce { .. }))
+        .count();
+    if reduces != pass_of.len() {
+        bail!(Value, "kernel {}: a reduction is in no pass", k.name);
+    }
+    Ok(pass_of)
 }
 
 fn check_map(buffers: &[Buffer], k: &Kernel, b: BufferId, map: &IndexMap) -> Result<()> {
@@ -488,7 +488,7 @@ pub fn check_kernel(k: &Kernel, buffers: &[Buffer]) -> Result<()> {
             _ => {}
         }
     }
-    let pass_of = Schedule::pass_of(k)?;
+    let pass_of = pass_of(k)?;
     for (p, vs) in k.passes.iter().enumerate() {
         for &r in vs {
             let mut stack = k.values[r].expr.operands();
