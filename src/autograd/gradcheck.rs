@@ -41,6 +41,15 @@ pub fn gradcheck_with(
     inputs: &[Tensor],
     opts: GradcheckOptions,
 ) -> Result<()> {
+    check(&f, inputs, opts)
+}
+
+/// The check itself, compiled once rather than once per closure type.
+fn check(
+    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
+    inputs: &[Tensor],
+    opts: GradcheckOptions,
+) -> Result<()> {
     let any_marked = inputs.iter().any(|t| t.requires_grad());
     let checked: Vec<bool> = inputs
         .iter()

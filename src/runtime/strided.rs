@@ -2,8 +2,6 @@
 //! operands at once, merges dims that are contiguous for all of them, hands out innermost
 //! runs, and splits large walks across rayon's pool.
 
-use rayon::prelude::*;
-
 /// Below this many elements a kernel runs on the calling thread.
 pub const PAR_THRESHOLD: usize = 1 << 15;
 
@@ -119,8 +117,7 @@ impl<const K: usize> Walk<K> {
     /// write elements of its own runs.
     pub fn par_run(&self, f: impl Fn([usize; K], usize, [usize; K]) + Sync) {
         // One monomorphic body per K: the closure is called once per run, not per element,
-        // so dynamic dispatch costs nothing measurable and saves compiling rayon's
-        // machinery again for every kernel closure.
+        // so dynamic dispatch costs nothing measurable.
         self.par_run_dyn(&f)
     }
 
@@ -135,7 +132,7 @@ impl<const K: usize> Walk<K> {
             .max(1);
         // chunk edges on multiples of 16 elements keep SIMD loops and cache lines whole
         let step = n.div_ceil(chunks).next_multiple_of(16);
-        (0..n.div_ceil(step)).into_par_iter().for_each(|c| {
+        crate::runtime::threads::par_for(n.div_ceil(step), &|c| {
             let lo = c * step;
             self.run_range(lo, (lo + step).min(n), &mut |b, l, s| f(b, l, s));
         });

@@ -17,7 +17,6 @@ use crate::runtime::layout::Layout;
 use crate::runtime::strided::{SendPtr, Walk};
 use crate::runtime::tensor::Tensor;
 use crate::{DType, Error, Result, bail, dispatch};
-use rayon::prelude::*;
 use std::cmp::Ordering;
 
 /// Runs `$body` with `$T` an unsigned integer of `$size` bytes (for copying raw elements).
@@ -674,7 +673,7 @@ pub fn sort(x: &Tensor, dim: i64, descending: bool) -> Result<(Tensor, Tensor)> 
             }
         };
         if x.numel() >= crate::runtime::strided::PAR_THRESHOLD {
-            slices.par_iter().for_each(work);
+            crate::runtime::threads::par_for(slices.len(), &|i| work(&slices[i]));
         } else {
             slices.iter().for_each(work);
         }

@@ -14,7 +14,6 @@ use crate::runtime::tensor::Tensor;
 use crate::{Result, bail, dispatch};
 use gemm::Parallelism;
 use half::f16;
-use rayon::prelude::*;
 
 /// Products with at least this many multiply-adds use several threads.
 const PAR_FLOPS: usize = 1 << 18;
@@ -215,7 +214,7 @@ unsafe fn gemm_batches<T: Element>(
         )
     };
     if flops < PAR_FLOPS && offs.len() > 1 && flops.saturating_mul(offs.len()) >= PAR_FLOPS {
-        offs.par_iter().for_each(|o| run(o, Parallelism::None));
+        crate::runtime::threads::par_for(offs.len(), &|i| run(&offs[i], Parallelism::None));
     } else {
         let par = if flops >= PAR_FLOPS && threads > 1 {
             Parallelism::Rayon(threads)
@@ -257,7 +256,7 @@ unsafe fn int_batches<T: Element>(
         }
     };
     if numel(&[rows, n, k]) >= PAR_FLOPS {
-        (0..rows).into_par_iter().for_each(row);
+        crate::runtime::threads::par_for(rows, &row);
     } else {
         (0..rows).for_each(row);
     }

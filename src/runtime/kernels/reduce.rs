@@ -18,7 +18,6 @@ use crate::runtime::strided::{PAR_THRESHOLD, SendPtr, Walk};
 use crate::runtime::tensor::Tensor;
 use crate::{Result, bail, dispatch, dispatch_float};
 use half::{bf16, f16};
-use rayon::prelude::*;
 use std::marker::PhantomData;
 
 /// Independent accumulators per contiguous run (and outputs per block).
@@ -488,7 +487,7 @@ fn par_chunks(n: usize, align: usize, f: impl Fn(usize, usize) + Sync) {
         .min(n / align)
         .max(1);
     let step = n.div_ceil(chunks).next_multiple_of(align);
-    (0..n.div_ceil(step)).into_par_iter().for_each(|c| {
+    crate::runtime::threads::par_for(n.div_ceil(step), &|c| {
         let lo = c * step;
         f(lo, (lo + step).min(n));
     });
@@ -550,13 +549,15 @@ fn drive<T: Num, R: Reducer<T>>(
                 let base = SendPtr(unsafe { px.get().add(bx + i * sx) });
                 let chunks = (threads * 4).min(n_in / 1024).max(1);
                 let step = n_in.div_ceil(chunks).next_multiple_of(64);
-                let parts: Vec<R::Acc> = (0..n_in.div_ceil(step))
-                    .into_par_iter()
-                    .map(|c| unsafe {
-                        let lo = c * step;
-                        fold_range(r, &inner, base.get() as *const T, lo, (lo + step).min(n_in))
-                    })
-                    .collect();
+                let mut parts: Vec<R::Acc> = vec![r.init(); n_in.div_ceil(step)];
+                let pp = SendPtr(parts.as_mut_ptr());
+                crate::runtime::threads::par_for(parts.len(), &|c| unsafe {
+                    let lo = c * step;
+                    let a =
+                        fold_range(r, &inner, base.get() as *const T, lo, (lo + step).min(n_in));
+                    // each chunk writes its own slot
+                    *pp.get().add(c) = a;
+                });
                 let a = parts.into_iter().fold(r.init(), |a, b| r.merge(a, b));
                 unsafe { *po.get().add(bo + i * so) = r.finish(a, n_in) };
             }
