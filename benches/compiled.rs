@@ -10,39 +10,16 @@
 //! splitting it across all (what `PAR_MIN_ELEMS` is chosen from). Kernels run on Cranelift code
 //! when the lowering is built in, else on the kernel-IR interpreter (the header says which).
 
-use rayon::prelude::*;
+#[allow(dead_code)] // each bench uses a part of the shared timing helpers
+mod timing;
+
 use smelt::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend};
 use smelt::ir::graph::{Graph, ValueId};
 use smelt::ir::op::{BinaryOp, Op, TensorType, UnaryOp};
 use smelt::jit::run_graph;
 use smelt::{DType, Error, Scalar, Tensor};
 use std::time::Instant;
-
-fn median_ms(reps: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    let mut v: Vec<f64> = (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// Median time of copying `bytes` bytes (half read, half written) split across the threads.
-fn copy_ms(bytes: usize, reps: usize) -> f64 {
-    let n = (bytes / 2 / 4).max(1);
-    let src = vec![1.0f32; n];
-    let mut dst = vec![0.0f32; n];
-    let chunk = n.div_ceil(rayon::current_num_threads()).max(1 << 12);
-    median_ms(reps, || {
-        dst.par_chunks_mut(chunk)
-            .zip(src.par_chunks(chunk))
-            .for_each(|(d, s)| d.copy_from_slice(s));
-    })
-}
+use timing::{copy_ms, median_ms};
 
 fn input(g: &mut Graph, name: &str, shape: &[usize]) -> ValueId {
     g.add_input(name, TensorType::new(DType::F32, shape.to_vec()))

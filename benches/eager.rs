@@ -1,75 +1,85 @@
-//! Eager-kernel throughput against same-run baselines: a plain memory copy for pointwise
-//! ops, a plain read for reductions, and the gemm crate called directly for matmul.
+//! Eager-kernel throughput against same-run baselines: a memory copy for pointwise ops, a
+//! memory read for reductions (both split across the threads), and the gemm crate called
+//! directly for matmul.
 //!
-//! Run: `cargo bench --bench eager`. Criterion prints time and throughput (GB/s of bytes
-//! moved, or elements/s converted to GFLOP/s in BENCHMARKS.md).
+//! Run: `cargo bench --bench eager` (add `-- quick` for fewer repetitions). Each row is the
+//! median of the repetitions, its bandwidth (GB/s of bytes moved) or GFLOP/s, and the baseline's
+//! time over the kernel's (above 1 is faster than the baseline).
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+mod timing;
+
 use smelt::{DType, Tensor};
 use std::hint::black_box;
-use std::time::Duration;
+use timing::{copy_ms, median_ms, read_ms};
 
-const N: usize = 1 << 24; // 16M elements
 const SIDE: usize = 4096;
+const N: usize = SIDE * SIDE;
 
 fn input(seed: u64) -> Tensor {
     smelt::runtime::random::manual_seed(seed);
     Tensor::rand(&[SIDE, SIDE], Some(DType::F32)).expect("rand")
 }
 
-fn pointwise(c: &mut Criterion) {
+/// One table row: name, median ms, rate, and the baseline's time over this one's.
+fn row(name: &str, ms: f64, rate: f64, unit: &str, base_ms: f64) {
+    println!(
+        "| {name} | {ms:.2} ms | {rate:.1} {unit} | {:.2} |",
+        base_ms / ms
+    );
+}
+
+fn gbs(bytes: usize, ms: f64) -> f64 {
+    bytes as f64 / ms / 1e6
+}
+
+fn pointwise(reps: usize) {
     let x = input(1);
     let y = input(2);
-    let src: Vec<f32> = x.to_vec().expect("f32");
-    let mut dst = vec![0f32; N];
-    let mut g = c.benchmark_group("pointwise_16M_f32");
-    g.sample_size(20).measurement_time(Duration::from_secs(4));
-    // copy: read 4 B + write 4 B per element
-    g.throughput(Throughput::Bytes((8 * N) as u64));
-    g.bench_function("memcpy_baseline", |b| {
-        b.iter(|| dst.copy_from_slice(black_box(&src)))
-    });
-    g.bench_function("relu", |b| b.iter(|| black_box(&x).relu().expect("relu")));
-    g.bench_function("mul_scalar", |b| {
-        b.iter(|| black_box(&x).mul_scalar(0.5).expect("mul"))
-    });
-    g.throughput(Throughput::Bytes((12 * N) as u64));
-    g.bench_function("add", |b| b.iter(|| black_box(&x).add(&y).expect("add")));
-    g.finish();
+    let copy = copy_ms(8 * N, reps);
+    row("copy (baseline)", copy, gbs(8 * N, copy), "GB/s", copy);
+    let relu = median_ms(reps, || drop(black_box(&x).relu().expect("relu")));
+    row("relu", relu, gbs(8 * N, relu), "GB/s", copy);
+    let mul = median_ms(reps, || drop(black_box(&x).mul_scalar(0.5).expect("mul")));
+    row("mul_scalar(0.5)", mul, gbs(8 * N, mul), "GB/s", copy);
+    // add reads two inputs and writes one: its baseline is the copy of those 12 bytes
+    let copy12 = copy_ms(12 * N, reps);
+    let add = median_ms(reps, || drop(black_box(&x).add(&y).expect("add")));
+    row(
+        "add (reads 2, writes 1)",
+        add,
+        gbs(12 * N, add),
+        "GB/s",
+        copy12,
+    );
 }
 
-fn reductions(c: &mut Criterion) {
+fn reductions(reps: usize) {
     let x = input(3);
-    let src: Vec<f32> = x.to_vec().expect("f32");
-    let mut g = c.benchmark_group("reduce_16M_f32");
-    g.sample_size(20).measurement_time(Duration::from_secs(4));
-    g.throughput(Throughput::Bytes((4 * N) as u64));
-    g.bench_function("read_baseline", |b| {
-        b.iter(|| black_box(&src).iter().fold(0f32, |a, &v| a + v))
+    let read = read_ms(4 * N, reps);
+    row("read (baseline)", read, gbs(4 * N, read), "GB/s", read);
+    let all = median_ms(reps, || drop(black_box(&x).sum().expect("sum")));
+    row("sum()", all, gbs(4 * N, all), "GB/s", read);
+    let d1 = median_ms(reps, || {
+        drop(black_box(&x).sum_dim(&[1], false).expect("sum"))
     });
-    g.bench_function("sum_all", |b| b.iter(|| black_box(&x).sum().expect("sum")));
-    g.bench_function("sum_dim1", |b| {
-        b.iter(|| black_box(&x).sum_dim(&[1], false).expect("sum"))
+    row("sum_dim(&[1])", d1, gbs(4 * N, d1), "GB/s", read);
+    let d0 = median_ms(reps, || {
+        drop(black_box(&x).sum_dim(&[0], false).expect("sum"))
     });
-    g.bench_function("sum_dim0", |b| {
-        b.iter(|| black_box(&x).sum_dim(&[0], false).expect("sum"))
-    });
-    g.finish();
+    row("sum_dim(&[0])", d0, gbs(4 * N, d0), "GB/s", read);
 }
 
-fn matmul(c: &mut Criterion) {
+fn matmul(reps: usize) {
     const M: usize = 1024;
     smelt::runtime::random::manual_seed(4);
     let a = Tensor::rand(&[M, M], Some(DType::F32)).expect("rand");
-    let bt = Tensor::rand(&[M, M], Some(DType::F32)).expect("rand");
-    let (av, bv): (Vec<f32>, Vec<f32>) = (a.to_vec().expect("f32"), bt.to_vec().expect("f32"));
+    let b = Tensor::rand(&[M, M], Some(DType::F32)).expect("rand");
+    let (av, bv): (Vec<f32>, Vec<f32>) = (a.to_vec().expect("f32"), b.to_vec().expect("f32"));
     let mut out = vec![0f32; M * M];
-    let mut g = c.benchmark_group("matmul_1024_f32");
-    g.sample_size(10).measurement_time(Duration::from_secs(4));
-    // 2·M³ flops, reported as "elements" = flops
-    g.throughput(Throughput::Elements((2 * M * M * M) as u64));
-    g.bench_function("gemm_crate_direct", |b| {
-        b.iter(|| unsafe {
+    let flops = 2.0 * (M * M * M) as f64;
+    let direct = median_ms(reps, || {
+        // SAFETY: the three buffers hold M×M f32s each, row-major with row stride M.
+        unsafe {
             gemm::gemm(
                 M,
                 M,
@@ -91,13 +101,32 @@ fn matmul(c: &mut Criterion) {
                 false,
                 gemm::Parallelism::Rayon(rayon::current_num_threads()),
             )
-        })
+        }
     });
-    g.bench_function("tensor_matmul", |b| {
-        b.iter(|| black_box(&a).matmul(&bt).expect("matmul"))
-    });
-    g.finish();
+    row(
+        "gemm::gemm direct (baseline)",
+        direct,
+        flops / direct / 1e6,
+        "GFLOP/s",
+        direct,
+    );
+    let mm = median_ms(reps, || drop(black_box(&a).matmul(&b).expect("matmul")));
+    row("Tensor::matmul", mm, flops / mm / 1e6, "GFLOP/s", direct);
 }
 
-criterion_group!(benches, pointwise, reductions, matmul);
-criterion_main!(benches);
+fn main() {
+    // `cargo bench` passes `--bench`; `-- quick` asks for fewer repetitions
+    let quick = std::env::args().any(|a| a == "quick");
+    let reps = if quick { 5 } else { 21 };
+    println!(
+        "eager kernels, {} threads, median of {reps}",
+        rayon::current_num_threads()
+    );
+    println!("| kernel | time | rate | baseline/kernel |\n|---|---|---|---|");
+    println!("| **pointwise, [{SIDE},{SIDE}] f32** | | | |");
+    pointwise(reps);
+    println!("| **reductions, [{SIDE},{SIDE}] f32** | | | |");
+    reductions(reps);
+    println!("| **matmul 1024³ f32** | | | |");
+    matmul(reps);
+}
