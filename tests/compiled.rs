@@ -195,7 +195,7 @@ fn unfused_mode_gives_one_kernel_per_op() {
         fused_ops.iter().any(|o| o == "where") && !fused_ops.iter().any(|o| o == "relu"),
         "{fused_ops:?}"
     );
-    // softmax decomposes into max, sub, exp, sum, div
+    // softmax decomposes into max, sub, exp, sum, reciprocal, mul
     let g = softmax_sum(&[5, 9]);
     let unfused = CompiledFn::compile(&g, &opts.clone().fused(false)).unwrap();
     let fused = CompiledFn::compile(&g, &opts).unwrap();

@@ -1,5 +1,5 @@
 //! The row cache: in a row kernel whose reduction passes and stores need the same costly
-//! inner value (softmax's `exp(x - max)`, needed by the sum and by the division), the first
+//! inner value (softmax's `exp(x - max)`, needed by the sum and by the scaling), the first
 //! body that needs it computes it and keeps the row in a stack buffer; later bodies read it
 //! back from there (the row stays in L1) instead of evaluating the transcendental again.
 //!

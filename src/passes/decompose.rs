@@ -2,7 +2,8 @@
 //! views, simple reductions and `matmul`), so that e.g. softmax becomes one kernel with two
 //! reduction passes instead of an opaque call.
 //!
-//! - `softmax(x, d)`      → `e = exp(x - amax(x, d)); e / sum(e, d)`
+//! - `softmax(x, d)`      → `e = exp(x - amax(x, d)); e * reciprocal(sum(e, d))`: one division
+//!   per row, not per element, as PyTorch's CPU kernel computes it (`x * (1 / sum)`)
 //! - `log_softmax(x, d)`  → `s = x - amax(x, d); s - log(sum(exp(s), d))`
 //! - `layer_norm`         → `c = x - mean(x); c * rsqrt(mean(c*c) + eps) * w + b`
 //! - `var/std`            → `sum((x - mean(x))^2) / max(0, N - correction)` (then `sqrt`)
@@ -285,7 +286,8 @@ fn softmax(b: &mut Builder, name: &str, x: ValueId, dim: i64, log: bool) -> Resu
         let l = b.unary(name, UnaryOp::Log, s)?;
         b.binary(name, BinaryOp::Sub, sh, l)?
     } else {
-        b.binary(name, BinaryOp::Div, e, s)?
+        let r = b.unary(name, UnaryOp::Reciprocal, s)?;
+        b.binary(name, BinaryOp::Mul, e, r)?
     };
     b.cast(name, y, d)
 }
