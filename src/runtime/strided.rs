@@ -2,6 +2,8 @@
 //! operands at once, merges dims that are contiguous for all of them, hands out innermost
 //! runs, and splits large walks across rayon's pool.
 
+use crate::runtime::threads::Ranges;
+
 /// Below this many elements a kernel runs on the calling thread.
 pub const PAR_THRESHOLD: usize = 1 << 15;
 
@@ -127,14 +129,9 @@ impl<const K: usize> Walk<K> {
             self.run_range(0, n, &mut |b, l, s| f(b, l, s));
             return;
         }
-        let chunks = (crate::runtime::threads::available() * 4)
-            .min(n / (PAR_THRESHOLD / 2))
-            .max(1);
-        // chunk edges on multiples of 16 elements keep SIMD loops and cache lines whole
-        let step = n.div_ceil(chunks).next_multiple_of(16);
-        crate::runtime::threads::par_for(n.div_ceil(step), &|c| {
-            let lo = c * step;
-            self.run_range(lo, (lo + step).min(n), &mut |b, l, s| f(b, l, s));
+        let chunks = (crate::runtime::threads::available() * 4).min(n / (PAR_THRESHOLD / 2));
+        Ranges::new(n, chunks, 16).par_each(&|_, lo, hi| {
+            self.run_range(lo, hi, &mut |b, l, s| f(b, l, s));
         });
     }
 }

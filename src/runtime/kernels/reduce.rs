@@ -16,6 +16,7 @@ use crate::runtime::access;
 use crate::runtime::element::Element;
 use crate::runtime::strided::{PAR_THRESHOLD, SendPtr, Walk};
 use crate::runtime::tensor::Tensor;
+use crate::runtime::threads::Ranges;
 use crate::{Result, bail, dispatch, dispatch_float};
 use half::{bf16, f16};
 use std::marker::PhantomData;
@@ -483,14 +484,8 @@ unsafe fn fold_block<T: Copy, R: Reducer<T>>(
 
 /// Splits `0..n` into chunks (edges on multiples of `align`) and runs `f` on each in parallel.
 fn par_chunks(n: usize, align: usize, f: impl Fn(usize, usize) + Sync) {
-    let chunks = (crate::runtime::threads::available() * 4)
-        .min(n / align)
-        .max(1);
-    let step = n.div_ceil(chunks).next_multiple_of(align);
-    crate::runtime::threads::par_for(n.div_ceil(step), &|c| {
-        let lo = c * step;
-        f(lo, (lo + step).min(n));
-    });
+    let chunks = (crate::runtime::threads::available() * 4).min(n / align);
+    Ranges::new(n, chunks, align).par_each(&|_, lo, hi| f(lo, hi));
 }
 
 fn parallel_worth(work: usize) -> bool {
@@ -547,16 +542,12 @@ fn drive<T: Num, R: Reducer<T>>(
         outer.run_range(0, n_out, &mut |[bo, bx], len, [so, sx]| {
             for i in 0..len {
                 let base = SendPtr(unsafe { px.get().add(bx + i * sx) });
-                let chunks = (threads * 4).min(n_in / 1024).max(1);
-                let step = n_in.div_ceil(chunks).next_multiple_of(64);
-                let mut parts: Vec<R::Acc> = vec![r.init(); n_in.div_ceil(step)];
+                let ranges = Ranges::new(n_in, (threads * 4).min(n_in / 1024), 64);
+                let mut parts: Vec<R::Acc> = vec![r.init(); ranges.count()];
                 let pp = SendPtr(parts.as_mut_ptr());
-                crate::runtime::threads::par_for(parts.len(), &|c| unsafe {
-                    let lo = c * step;
-                    let a =
-                        fold_range(r, &inner, base.get() as *const T, lo, (lo + step).min(n_in));
+                ranges.par_each(&|c, lo, hi| unsafe {
                     // each chunk writes its own slot
-                    *pp.get().add(c) = a;
+                    *pp.get().add(c) = fold_range(r, &inner, base.get() as *const T, lo, hi);
                 });
                 let a = parts.into_iter().fold(r.init(), |a, b| r.merge(a, b));
                 unsafe { *po.get().add(bo + i * so) = r.finish(a, n_in) };
