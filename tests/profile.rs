@@ -238,3 +238,56 @@ fn run_without_a_gpu_refuses_cuda_and_compiles_by_default() {
         assert_eq!(y.to_vec::<f32>().unwrap(), want);
     }
 }
+
+/// Profiles `text` (one graph, no inputs given) and returns its stdout and JSON report.
+fn profile_text(d: &Path, name: &str, text: &str) -> (String, serde_json::Value) {
+    let path = d.join(format!("{name}.smelt"));
+    std::fs::write(&path, text).unwrap();
+    let json = d.join(format!("{name}.json"));
+    let args = ["profile", path.to_str().unwrap(), "--repeat", "1", "--json"];
+    let o = smelt(d, &[&args[..], &[json.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let j = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (String::from_utf8_lossy(&o.stdout).to_string(), j)
+}
+
+#[test]
+fn minimum_traffic_counts_only_the_memory_behind_view_outputs() {
+    let d = temp_dir("views");
+    // %z is a 4 GB view of 1000 computed floats; %t shares the memory of the input %w; %y is
+    // returned twice but written once
+    let text = "graph views(%x: f32[1,1000], %w: f32[3,4]) {
+  %y = exp(%x)
+  %z: f32[1000000,1000] = expand(%y, size=[1000000,1000])
+  %t: f32[4,3] = transpose(%w, dim0=0, dim1=1)
+  %n: f32[2,1000] = narrow(%z, dim=0, start=5, length=2)
+  return %z, %t, %y, %y, %n
+}
+";
+    let (_, j) = profile_text(&d, "views", text);
+    // inputs 4000 + 48 bytes; %z 4000 (the floats behind it); %t nothing; %y 4000 once;
+    // %n 4000 (a narrow of the same 1000 floats, no more than its chain's smallest value)
+    assert_eq!(num(&j["bytes_min"], "bytes_min"), 16048.0);
+}
+
+#[test]
+fn a_fully_folded_graph_says_that_it_has_no_kernels() {
+    let d = temp_dir("folded");
+    let text = "graph folded() {
+  %a: f32[3] = full(size=[3], fill_value=2.0)
+  %b = mul(%a, 3.0)
+  return %b
+}
+";
+    let (out, j) = profile_text(&d, "folded", text);
+    assert!(out.contains("no fused kernels: constant folding"), "{out}");
+    assert_eq!(j["fused"]["kernels"].as_array().map(Vec::len), Some(0));
+    assert_eq!(num(&j["bytes_min"], "bytes_min"), 12.0);
+    // a graph with kernels says nothing of the kind
+    let (out, _) = profile_text(
+        &d,
+        "relu",
+        "graph relu(%x: f32[4]) {\n  %y = relu(%x)\n  return %y\n}\n",
+    );
+    assert!(!out.contains("no fused kernels"), "{out}");
+}

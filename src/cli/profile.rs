@@ -11,7 +11,7 @@ use crate::ir::op::Op;
 use crate::ir::shape::numel;
 use crate::runtime::{Tensor, apply, npy};
 use crate::{Error, Result, bail};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -148,6 +148,7 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
         unf.steps.len(),
         fus.steps.len()
     );
+    note_folded(&mut out, &fus);
     let _ = writeln!(
         out,
         "  fused is {:.2}x eager, {:.2}x unfused",
@@ -213,16 +214,45 @@ pub(super) fn human_bytes(b: usize) -> String {
     }
 }
 
-/// Each graph input read once plus each graph output written once, in bytes.
+/// Each graph input read once plus each graph output written once, in bytes. An output that
+/// is a view is only as large as the memory behind it: the smallest value along its chain of
+/// views (an `expand` adds no memory), and nothing at all when the chain ends at an input,
+/// whose memory the output shares. An output returned twice is written once.
 pub fn bytes_min(g: &Graph) -> usize {
-    g.inputs()
-        .iter()
-        .chain(g.outputs())
-        .map(|&v| {
-            let t = &g.node(v).ty;
-            numel(&t.shape) * t.dtype.size()
-        })
-        .sum()
+    let bytes = |v: ValueId| {
+        let t = &g.node(v).ty;
+        numel(&t.shape) * t.dtype.size()
+    };
+    let written = |mut v: ValueId| {
+        let mut least = bytes(v);
+        loop {
+            let base = g.operands(v).first().copied();
+            match (g.node(v).op(), base) {
+                (None, _) => return 0,
+                (Some(op), Some(b)) if op.is_view() => {
+                    v = b;
+                    least = least.min(bytes(v));
+                }
+                _ => return least,
+            }
+        }
+    };
+    let mut seen = HashSet::new();
+    let read: usize = g.inputs().iter().map(|&v| bytes(v)).sum();
+    let outputs = g.outputs().iter().filter(|&&v| seen.insert(v));
+    read + outputs.map(|&v| written(v)).sum::<usize>()
+}
+
+/// A fused schedule without steps was computed whole by constant folding: its time is only
+/// the copy of the folded outputs into fresh tensors, which the summary should say.
+pub(super) fn note_folded(out: &mut String, fused: &Way) {
+    if fused.steps.is_empty() {
+        let _ = writeln!(
+            out,
+            "  no fused kernels: constant folding computed every output while compiling; \
+             a call only copies them into fresh tensors"
+        );
+    }
 }
 
 pub(super) fn table(out: &mut String, title: &str, w: &Way) {

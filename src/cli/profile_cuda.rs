@@ -5,7 +5,7 @@
 
 use super::profile::{
     Json, ProfileArgs, Way, eager_run, eager_run_synced, gather_inputs, gbps, human_bytes,
-    max_abs_diff, ratio, table, way_json, write_json,
+    max_abs_diff, note_folded, ratio, table, way_json, write_json,
 };
 use super::{load, pick};
 use crate::Result;
@@ -153,6 +153,7 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
         unf.steps.len(),
         fus.steps.len()
     );
+    note_folded(&mut out, &fus);
     let _ = writeln!(
         out,
         "  fused is {:.2}x eager, {:.2}x unfused",
