@@ -13,11 +13,10 @@ use smelt::codegen_cpu::{CodegenOptions, CompileOptions, CompiledFn, compile_ker
 use smelt::dispatch;
 use smelt::ir::graph::{Graph, ValueId};
 use smelt::ir::op::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp};
-use smelt::kernel::{BufferKind, Schedule, Step, View};
+use smelt::kernel::{BufferKind, Expr, Schedule, Step, View};
 use smelt::passes::compile;
 use smelt::runtime::apply;
 use smelt::{DType, Result, Scalar, Tensor};
-use std::sync::Arc;
 
 const ALL: [DType; 10] = [
     DType::F32,
@@ -746,7 +745,7 @@ fn run_rows_checks_its_arguments_and_the_cache_shares_kernels() {
     let mut renamed = k.clone();
     renamed.name = "other".into();
     let b = compile_kernel(&renamed, &s.buffers, &opts).unwrap();
-    assert!(Arc::ptr_eq(&a, &b), "a renamed kernel is the same kernel");
+    assert!(a.shares_code(&b), "a renamed kernel is the same kernel");
     let fast = compile_kernel(
         k,
         &s.buffers,
@@ -756,7 +755,7 @@ fn run_rows_checks_its_arguments_and_the_cache_shares_kernels() {
         },
     )
     .unwrap();
-    assert!(!Arc::ptr_eq(&a, &fast));
+    assert!(!a.shares_code(&fast));
     assert_eq!(a.rows(), 24);
     assert_eq!(a.vector_loops(), 1, "a dense f32 relu is one vector loop");
     let mut mem = vec![vec![0f32; 24]; s.buffers.len()];
@@ -768,6 +767,76 @@ fn run_rows_checks_its_arguments_and_the_cache_shares_kernels() {
     assert!(e.to_string().contains("out of"), "{e}");
     let e = unsafe { a.run_rows(&ptrs, 0, 25) }.unwrap_err();
     assert!(e.to_string().contains("out of"), "{e}");
+}
+
+#[test]
+fn kernels_equal_up_to_their_buffers_share_code() {
+    // unfused: one kernel per op, each on its own buffers
+    let mut g = Graph::new("chain");
+    let x = input(&mut g, "x", DType::F32, &[5, 7]);
+    let h = input(&mut g, "h", DType::F64, &[5, 7]);
+    let relu = |g: &mut Graph, v| g.add_op(Op::Unary(UnaryOp::Relu), &[v]).unwrap();
+    let a = relu(&mut g, x);
+    let b = relu(&mut g, a);
+    let c = g.add_op(Op::Unary(UnaryOp::Exp), &[b]).unwrap();
+    let d = relu(&mut g, c);
+    let e = relu(&mut g, h);
+    g.set_outputs(vec![d, e]);
+    let f = CompiledFn::compile(&g, &CompileOptions::default().fused(false)).unwrap();
+    let s = f.schedule();
+    let opts = CodegenOptions::default();
+    // (is it the exp, its dtype, its code) per kernel
+    let ks: Vec<_> = s
+        .steps
+        .iter()
+        .map(|st| match st {
+            Step::Kernel(k) => (
+                k.values
+                    .iter()
+                    .any(|v| matches!(v.expr, Expr::Unary(UnaryOp::Exp, _))),
+                k.values[0].dtype,
+                compile_kernel(k, &s.buffers, &opts).unwrap(),
+            ),
+            Step::Extern(_) => panic!("only kernels expected"),
+        })
+        .collect();
+    assert_eq!(ks.len(), 5);
+    let relus: Vec<_> = ks
+        .iter()
+        .filter(|k| !k.0 && k.1 == DType::F32)
+        .map(|k| &k.2)
+        .collect();
+    assert_eq!(relus.len(), 3);
+    assert!(
+        relus[0].shares_code(relus[1]) && relus[1].shares_code(relus[2]),
+        "the f32 relus compile once"
+    );
+    for (exp, dtype, k) in &ks {
+        if *exp || *dtype != DType::F32 {
+            assert!(!k.shares_code(relus[0]), "{k:?} is another kernel");
+        }
+    }
+    // and the shared code reads each kernel's own buffers
+    let xs = Tensor::randn(&[5, 7], Some(DType::F32)).unwrap();
+    let hs = Tensor::randn(&[5, 7], Some(DType::F64)).unwrap();
+    let got = f.call(&[xs.clone(), hs.clone()]).unwrap();
+    // exp in f64, for each element of relu(x)
+    let want_d: Vec<f64> = xs
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|&v| f64::from(v.max(0.0)).exp())
+        .collect();
+    for (g, w) in got[0].to_vec::<f32>().unwrap().iter().zip(&want_d) {
+        assert!(
+            (f64::from(*g) - w).abs() <= 4.0 * f64::from(f32::EPSILON) * w,
+            "{g} vs {w}"
+        );
+    }
+    assert_eq!(
+        got[1].to_vec::<f64>().unwrap(),
+        hs.relu().unwrap().to_vec::<f64>().unwrap()
+    );
 }
 
 /// Raw buffer pointers handed to worker threads.

@@ -29,7 +29,7 @@ use super::jit::{FnBody, Jit};
 use crate::ir::dtype::DType;
 use crate::ir::op::{BinaryOp, Op};
 use crate::ir::shape::numel;
-use crate::kernel::{Buffer, BufferId, Combiner, Expr, IndexMap, Kernel, Level, ValId};
+use crate::kernel::{Buffer, BufferId, BufferKind, Combiner, Expr, IndexMap, Kernel, Level, ValId};
 use crate::runtime::{Tensor, apply};
 use crate::{Error, Result, bail};
 use cranelift_codegen::ir::condcodes::IntCC;
@@ -59,12 +59,13 @@ type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64) -> i32;
 /// Error code of an integer division or remainder by zero.
 pub(super) const ERR_ZERO_DIV: i64 = 1;
 
-/// One kernel of a schedule as machine code.
-pub struct CpuKernel {
-    name: String,
+/// Machine code of a kernel, shared by every kernel of the same structure: it reads its
+/// buffers from a table of the kernel's own slots ([`localize`]), not of the schedule's
+/// buffers, so a kernel compiles once whichever buffers it touches.
+struct Code {
     func: KernelFn,
-    rows: usize,
-    nbufs: usize,
+    /// Entries of the table `func` reads.
+    slots: usize,
     vector_loops: usize,
     cached_rows: usize,
     lane_rows: usize,
@@ -75,14 +76,25 @@ pub struct CpuKernel {
     _jit: Jit,
 }
 
-// SAFETY: after `compile_kernel` returns, the `Jit` is never touched again except by `Drop`
-// (which frees the code once no `CpuKernel` reference exists, so no call can be running). The
+// SAFETY: after `compile_code` returns, the `Jit` is never touched again except by `Drop`
+// (which frees the code once no `Code` reference exists, so no call can be running). The
 // generated function reads only its arguments and its own stack (no globals, no mutable
 // state shared between calls), and the helpers it calls are pure `extern "C"` functions, so
 // any number of threads may call it at once.
-unsafe impl Send for CpuKernel {}
-// SAFETY: as for `Send`: `&CpuKernel` only gives access to immutable data and re-entrant code.
-unsafe impl Sync for CpuKernel {}
+unsafe impl Send for Code {}
+// SAFETY: as for `Send`: `&Code` only gives access to immutable data and re-entrant code.
+unsafe impl Sync for Code {}
+
+/// One kernel of a schedule as machine code.
+pub struct CpuKernel {
+    name: String,
+    rows: usize,
+    /// The schedule buffer behind each slot of the code's table.
+    slots: Vec<BufferId>,
+    /// Buffers of the schedule, the length of the table [`CpuKernel::run_rows`] takes.
+    nbufs: usize,
+    code: Arc<Code>,
+}
 
 impl std::fmt::Debug for CpuKernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -96,35 +108,41 @@ impl CpuKernel {
         self.rows
     }
 
+    /// Whether both run the same machine code (kernels equal up to their name and the
+    /// buffers they touch).
+    pub fn shares_code(&self, other: &CpuKernel) -> bool {
+        Arc::ptr_eq(&self.code, &other.code)
+    }
+
     /// Number of innermost loops emitted as F32X4 vector loops (0: all scalar).
     pub fn vector_loops(&self) -> usize {
-        self.vector_loops
+        self.code.vector_loops
     }
 
     /// Number of values kept in the row cache (computed once per row, read back after).
     pub fn cached_rows(&self) -> usize {
-        self.cached_rows
+        self.code.cached_rows
     }
 
     /// Number of innermost loops run in strips whose transcendentals native helpers evaluate
     /// (see `strip`).
     pub fn strip_loops(&self) -> usize {
-        self.strip_loops
+        self.code.strip_loops
     }
 
     /// Innermost loops whose stores stream to their outputs ([`super::stream`]).
     pub fn stream_loops(&self) -> usize {
-        self.stream_loops
+        self.code.stream_loops
     }
 
     /// Rows run side by side as vector lanes (0: one row at a time; see `lanes`).
     pub fn lane_rows(&self) -> usize {
-        self.lane_rows
+        self.code.lane_rows
     }
 
     /// Reductions whose sums the column-sum helper computes for rows as lanes (see `lanes`).
     pub fn column_sums(&self) -> usize {
-        self.column_sums
+        self.code.column_sums
     }
 
     /// Runs rows `[begin, end)`. `bufs[i]` points to element 0 of buffer `i` of the schedule
@@ -155,11 +173,27 @@ impl CpuKernel {
         if begin == end {
             return Ok(());
         }
+        // the code's table: on the stack for the usual handful of buffers
+        const ON_STACK: usize = 16;
+        let mut stack = [std::ptr::null_mut::<u8>(); ON_STACK];
+        let mut heap = Vec::new();
+        let table: &mut [*mut u8] = match self.slots.len() {
+            n if n <= ON_STACK => &mut stack[..n],
+            n => {
+                heap.resize(n, std::ptr::null_mut());
+                &mut heap
+            }
+        };
+        for (t, &b) in table.iter_mut().zip(&self.slots) {
+            // every slot is a buffer of the schedule (`localize`), and `bufs` holds them all
+            *t = bufs[b];
+        }
+        debug_assert_eq!(table.len(), self.code.slots);
         // SAFETY: the signature matches the one the function was defined with; the caller
-        // guarantees the buffer pointers, and every index map was validated to stay inside its
-        // buffer for rows below `self.rows`.
-        let rc = unsafe { (self.func)(bufs.as_ptr(), begin as i64, end as i64) };
-        if self.stream_loops > 0 {
+        // guarantees the buffer pointers, the table puts each where the code reads it, and
+        // every index map was validated to stay inside its buffer for rows below `self.rows`.
+        let rc = unsafe { (self.code.func)(table.as_ptr(), begin as i64, end as i64) };
+        if self.code.stream_loops > 0 {
             // streamed stores are weakly ordered: complete them before anyone reads the output
             super::vmath::fence();
         }
@@ -171,65 +205,95 @@ impl CpuKernel {
     }
 }
 
-fn cache() -> &'static Mutex<HashMap<String, Arc<CpuKernel>>> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Arc<CpuKernel>>>> = OnceLock::new();
+fn cache() -> &'static Mutex<HashMap<String, Arc<Code>>> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Code>>>> = OnceLock::new();
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// The structural cache key: the kernel without its name, the dtypes and lengths of the
-/// buffers it touches, the buffer count, and the options. `Debug` prints floats exactly.
-fn cache_key(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> String {
-    let mut touched: Vec<BufferId> = k
-        .values
+/// `k` with its buffers renumbered from 0 in the order the kernel first names them, the
+/// buffers behind those numbers (dtype and shape, all that code generation reads), and the
+/// schedule buffer of each number. Kernels that differ only in the buffers they touch, such
+/// as the one-op kernels of an unfused chain, become equal; a buffer read and written keeps
+/// one number, so aliasing is part of the structure.
+fn localize(k: &Kernel, buffers: &[Buffer]) -> Result<(Kernel, Vec<Buffer>, Vec<BufferId>)> {
+    let mut slots: Vec<BufferId> = Vec::new();
+    let mut number: HashMap<BufferId, BufferId> = HashMap::new();
+    let mut renumber = |b: &mut BufferId| {
+        *b = *number.entry(*b).or_insert_with(|| {
+            slots.push(*b);
+            slots.len() - 1
+        });
+    };
+    let mut local = k.clone();
+    for v in &mut local.values {
+        if let Expr::Load { buffer, .. } = &mut v.expr {
+            renumber(buffer);
+        }
+    }
+    for st in &mut local.stores {
+        renumber(&mut st.buffer);
+    }
+    let bufs = slots
         .iter()
-        .filter_map(|v| match v.expr {
-            Expr::Load { buffer, .. } => Some(buffer),
-            _ => None,
+        .map(|&b| match buffers.get(b) {
+            Some(x) => Ok(Buffer {
+                name: String::new(),
+                dtype: x.dtype,
+                shape: x.shape.clone(),
+                kind: BufferKind::Temp,
+            }),
+            None => bail!(Value, "kernel {}: buffer b{b} does not exist", k.name),
         })
-        .chain(k.stores.iter().map(|s| s.buffer))
-        .collect();
-    touched.sort_unstable();
-    touched.dedup();
-    let bufs: Vec<(BufferId, DType, usize)> = touched
-        .iter()
-        .filter_map(|&b| buffers.get(b).map(|x| (b, x.dtype, x.len())))
-        .collect();
+        .collect::<Result<_>>()?;
+    Ok((local, bufs, slots))
+}
+
+/// The structural cache key of a localized kernel: the kernel without its name, the dtypes
+/// and lengths of its buffers, and the options. `Debug` prints floats exactly.
+fn cache_key(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> String {
+    let bufs: Vec<(DType, usize)> = buffers.iter().map(|x| (x.dtype, x.len())).collect();
     format!(
-        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{:?}",
-        k.outer,
-        k.inner,
-        k.values,
-        k.passes,
-        k.stores,
-        bufs,
-        buffers.len(),
-        opts
+        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
+        k.outer, k.inner, k.values, k.passes, k.stores, bufs, opts
     )
 }
 
-/// Compiles `k` (a kernel of a schedule whose buffers are `buffers`). Cached process-wide by a
-/// structural key of (kernel, the dtypes/lengths of the buffers it touches, options).
+/// Compiles `k` (a kernel of a schedule whose buffers are `buffers`). The machine code is
+/// cached process-wide by a structural key of (the kernel up to its name and the buffers it
+/// touches, their dtypes and lengths, the options), so equal kernels at different places of
+/// a schedule, or of different schedules, compile once.
 pub fn compile_kernel(
     k: &Kernel,
     buffers: &[Buffer],
     opts: &CodegenOptions,
 ) -> Result<Arc<CpuKernel>> {
-    let key = cache_key(k, buffers, opts);
-    {
+    let (local, local_bufs, slots) = localize(k, buffers)?;
+    let key = cache_key(&local, &local_bufs, opts);
+    let hit = {
         let c = cache().lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(hit) = c.get(&key) {
-            return Ok(hit.clone());
+        c.get(&key).cloned()
+    };
+    let code = match hit {
+        Some(code) => code,
+        None => {
+            // checked against the schedule's own buffers, so that errors name them
+            crate::kernel::check_kernel(k, buffers)?;
+            let compiled = Arc::new(compile_code(&local, &local_bufs, opts)?);
+            let mut c = cache().lock().unwrap_or_else(|e| e.into_inner());
+            c.entry(key).or_insert(compiled).clone()
         }
-    }
-    let compiled = Arc::new(compile_uncached(k, buffers, opts)?);
-    let mut c = cache().lock().unwrap_or_else(|e| e.into_inner());
-    Ok(c.entry(key).or_insert(compiled).clone())
+    };
+    Ok(Arc::new(CpuKernel {
+        name: k.name.clone(),
+        rows: numel(&k.outer),
+        slots,
+        nbufs: buffers.len(),
+        code,
+    }))
 }
 
-fn compile_uncached(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Result<CpuKernel> {
-    // the kernel alone against the schedule's buffers: a copy of them per kernel would make
-    // compiling a schedule quadratic in its length
-    crate::kernel::check_kernel(k, buffers)?;
+/// Compiles a localized kernel; `buffers` are its own.
+fn compile_code(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Result<Code> {
     check_supported(k)?;
     let ck = coalesce(k);
     let syms = helpers::symbols();
@@ -260,11 +324,9 @@ fn compile_uncached(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Re
     // SAFETY: `code` is the entry of the function just defined with signature
     // (pointer, i64, i64) -> i32 in the host's C calling convention, which is `KernelFn`.
     let func = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };
-    Ok(CpuKernel {
-        name: k.name.clone(),
+    Ok(Code {
         func,
-        rows: numel(&k.outer),
-        nbufs: buffers.len(),
+        slots: buffers.len(),
         vector_loops,
         cached_rows,
         lane_rows,
