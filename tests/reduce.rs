@@ -168,6 +168,9 @@ fn dim_cases() -> Vec<(Vec<usize>, Vec<Vec<i64>>)> {
             vec![vec![0], vec![-1], vec![1], vec![0, 2], vec![-1, 0], vec![]],
         ),
         (vec![5], vec![vec![0], vec![-1]]),
+        // more outputs than one block of neighbours (512 + 5), reduced walks of 9 and 27
+        // steps (four per pass, then the rest)
+        (vec![9, 3, 517], vec![vec![0], vec![0, 1], vec![1]]),
         (vec![3, 1, 2], vec![vec![1], vec![0, 1, 2]]),
         (vec![0, 3], vec![vec![0], vec![1]]),
         (vec![1], vec![vec![0]]),

@@ -5,8 +5,8 @@
 //! (one output element each) and reduced dims, each walked with `strided::Walk`. An op is a
 //! `Reducer`: an accumulator with init / step / merge / finish. Contiguous runs of the reduced
 //! range fold through `LANES` independent accumulators (a vectorisable loop); when the
-//! innermost kept dim is contiguous instead, `LANES` neighbouring outputs are reduced side by
-//! side. Large work runs in parallel over output elements, or over chunks of the reduced range
+//! innermost kept dim is contiguous instead, up to `COLS` neighbouring outputs are
+//! reduced side by side, each in the reduced walk's order. Large work runs in parallel over output elements, or over chunks of the reduced range
 //! (partial accumulators merged in order) when there are too few outputs.
 
 use crate::ir::dtype::DType;
@@ -23,6 +23,11 @@ use std::marker::PhantomData;
 
 /// Independent accumulators per contiguous run (and outputs per block).
 const LANES: usize = 8;
+
+/// Most outputs per block when the innermost kept dim is contiguous: each step of the reduced
+/// walk then reads a run of up to this many elements, not one cache line per row, which keeps
+/// the hardware prefetcher streaming (`sum(dim=0)`, BENCHMARKS.md).
+const COLS: usize = 512;
 
 /// An element with a totally ordered-enough key: f64 for floats (exact), i64 for the rest.
 pub trait Num: Element {
@@ -456,30 +461,50 @@ unsafe fn fold_range<T: Copy, R: Reducer<T>>(
     acc
 }
 
-/// Reduces LANES neighbouring outputs at once (their inputs are contiguous in `x`).
+/// Reduces `lanes.len()` neighbouring outputs at once (their inputs are contiguous in `x`),
+/// each in the order of the reduced walk, and writes them `so` apart from `o`.
 ///
 /// # Safety
-/// As for `fold_range`, for each of the LANES bases `base..base + LANES`.
+/// As for `fold_range`, for each of the bases `base..base + lanes.len()`; `o` is valid for
+/// `lanes.len()` outputs `so` apart.
 #[inline]
 unsafe fn fold_block<T: Copy, R: Reducer<T>>(
     r: &R,
     walk: &Walk<1>,
     base: *const T,
     n: usize,
-) -> [R::Acc; LANES] {
-    let mut lanes = [r.init(); LANES];
+    lanes: &mut [R::Acc],
+    o: *mut R::Out,
+    so: usize,
+) {
+    lanes.fill(r.init());
     let mut pos = 0;
+    let w = lanes.len();
     walk.run_range(0, n, &mut |[b], len, [s]| unsafe {
-        for i in 0..len {
-            let p = base.add(b + i * s);
-            let xs = std::slice::from_raw_parts(p, LANES);
-            for (l, &x) in lanes.iter_mut().zip(xs) {
+        let row = |i: usize| std::slice::from_raw_parts(base.add(b + i * s), w);
+        let mut i = 0;
+        // four steps per pass over the accumulators: a quarter of their loads and stores
+        while i + 4 <= len {
+            let (x0, x1, x2, x3) = (row(i), row(i + 1), row(i + 2), row(i + 3));
+            let at = pos + i;
+            for j in 0..w {
+                let a = r.step(lanes[j], x0[j], at);
+                let a = r.step(a, x1[j], at + 1);
+                let a = r.step(a, x2[j], at + 2);
+                lanes[j] = r.step(a, x3[j], at + 3);
+            }
+            i += 4;
+        }
+        for i in i..len {
+            for (l, &x) in lanes.iter_mut().zip(row(i)) {
                 *l = r.step(*l, x, pos + i);
             }
         }
         pos += len;
     });
-    lanes
+    for (j, &a) in lanes.iter().enumerate() {
+        unsafe { *o.add(j * so) = r.finish(a, n) };
+    }
 }
 
 /// Splits `0..n` into chunks (edges on multiples of `align`) and runs `f` on each in parallel.
@@ -518,12 +543,12 @@ fn drive<T: Num, R: Reducer<T>>(
             let (o, xb) = (po.get().add(bo), (px.get() as *const T).add(bx));
             let mut i = 0;
             if sx == 1 && blocks_ok {
-                while i + LANES <= len {
-                    let lanes = fold_block(r, &inner, xb.add(i), n_in);
-                    for (j, a) in lanes.into_iter().enumerate() {
-                        *o.add((i + j) * so) = r.finish(a, n_in);
-                    }
-                    i += LANES;
+                let mut lanes = [r.init(); COLS];
+                while i < len {
+                    let w = COLS.min(len - i);
+                    let (xb, o) = (xb.add(i), o.add(i * so));
+                    fold_block(r, &inner, xb, n_in, &mut lanes[..w], o, so);
+                    i += w;
                 }
             }
             for i in i..len {
