@@ -164,6 +164,14 @@ fn full_infers_dtype_from_the_value() {
             .unwrap(),
         vec![7; 3]
     );
+    // -0.0 equals zero but is its own value, as in torch.full((3,), -0.0)
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        let z = Tensor::full(&[3], -0.0, Some(dtype)).unwrap().to_f64_vec();
+        assert!(
+            z.iter().all(|v| v.to_bits() == (-0.0f64).to_bits()),
+            "{dtype:?}: {z:?}"
+        );
+    }
 }
 
 // ---- random tensors -------------------------------------------------------------------

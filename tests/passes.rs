@@ -597,6 +597,69 @@ fn fold_does_not_materialise_huge_broadcasts() {
 }
 
 #[test]
+fn fold_reduces_uniform_values_in_closed_form() {
+    // every value here is over the fold limit (64 KiB), so only the closed forms apply
+    let mut g = Graph::new("uniform");
+    let x = input(&mut g, "x", DType::F32, &[3]);
+    let a = full(&mut g, &[300, 300], 0.1, DType::F32);
+    let s0 = red(&mut g, ReduceOp::Sum, a, 0, false);
+    let e = un(&mut g, UnaryOp::Exp, a);
+    let m = op(
+        &mut g,
+        Op::Reduce {
+            op: ReduceOp::Mean,
+            dim: None,
+            keepdim: false,
+        },
+        &[e],
+    );
+    let three = num(&mut g, -3.0);
+    let t = bin(&mut g, BinaryOp::Mul, a, three);
+    let mx = red(&mut g, ReduceOp::Amax, t, 1, true);
+    let mn = red(&mut g, ReduceOp::Amin, t, -1, false);
+    let i = full(&mut g, &[300, 300], 7.0, DType::I32);
+    let it = op(&mut g, Op::Transpose { dim0: 0, dim1: 1 }, &[i]);
+    let si = red(&mut g, ReduceOp::Sum, it, 1, false);
+    let b = full(&mut g, &[300, 300], 1.0, DType::Bool);
+    let sb = red(&mut g, ReduceOp::Sum, b, 0, false);
+    let z = full(&mut g, &[300, 300], -0.0, DType::F64);
+    let sz = red(&mut g, ReduceOp::Sum, z, 0, false);
+    let y = bin(&mut g, BinaryOp::Add, x, m);
+    g.set_outputs(vec![s0, y, mx, mn, si, sb, sz]);
+    let f = dce(&fold(&g).unwrap()).unwrap();
+    assert_eq!(
+        count_ops(&f, |o| matches!(o, Op::Reduce { .. })),
+        0,
+        "{f:?}"
+    );
+    // against the interpreter's sums of 300 or 90000 elements
+    same_values(&g, &f, Some(1e-6), "uniform reductions");
+    let zeros = run_graph(&f, &[Tensor::zeros(&[3], DType::F32)]).unwrap();
+    assert!(
+        zeros[6].to_f64_vec().iter().all(|z| z.to_bits() == 0),
+        "a sum of -0s is +0: {:?}",
+        &zeros[6].to_f64_vec()[..3]
+    );
+    // too large to run: 10^12 ones sum to 10^12 at once
+    let mut g = Graph::new("huge");
+    let h = full(&mut g, &[1_000_000, 1_000_000], 1.0, DType::F32);
+    let s = op(
+        &mut g,
+        Op::Reduce {
+            op: ReduceOp::Sum,
+            dim: None,
+            keepdim: false,
+        },
+        &[h],
+    );
+    g.set_outputs(vec![s]);
+    let f = dce(&fold(&g).unwrap()).unwrap();
+    assert_eq!(count_ops(&f, |o| matches!(o, Op::Reduce { .. })), 0);
+    let got = run_graph(&f, &[]).unwrap();
+    assert_eq!(got[0].to_vec::<f32>().unwrap(), vec![1e12f32]);
+}
+
+#[test]
 fn fold_keeps_types_and_leaves() {
     // a product of two Python scalars is a 0-d tensor: folded, its type must stay the one the
     // graph recorded (it decides the promotion of the add that reads it)

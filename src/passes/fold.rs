@@ -7,11 +7,17 @@
 //! stays a broadcast the fuser computes inline. Leaves themselves are not replaced (a `full`
 //! is cheaper to compute where used than to load). Random draws never appear as ops: tracing
 //! captures their results as constants, so nothing random is re-evaluated here.
+//!
+//! A sum, mean, amax or amin over a value too large to materialise whose elements all equal
+//! one number (a `full`, its views and casts, and pointwise ops of such values) becomes a
+//! `full` of its closed form: `c·n`, `c`, `c`, `c`. `sum(full([10⁶,10⁶], 1.0))` would
+//! otherwise compile to a kernel of 10¹² additions.
 
 use super::simplify::{copy_op, start_copy};
 use crate::ir::dtype::DType;
+use crate::ir::dtype::Scalar;
 use crate::ir::graph::{Graph, NodeKind, ValueId};
-use crate::ir::op::{Literal, Op};
+use crate::ir::op::{Literal, Op, ReduceOp, reduction_dims};
 use crate::runtime::tensor::{Tensor, apply};
 use crate::{Error, Result};
 use std::collections::{HashMap, HashSet};
@@ -69,6 +75,9 @@ pub fn fold_with(g: &Graph, opts: &FoldOptions) -> Result<Graph> {
     }
     let (mut out, mut map) = start_copy(g)?;
     let mut values: HashMap<ValueId, Tensor> = HashMap::new();
+    // values whose elements are all equal: one element, in a tensor of the value's rank and
+    // dtype
+    let mut uniform: HashMap<ValueId, Tensor> = HashMap::new();
     for &v in &order {
         let n = g.node(v);
         let NodeKind::Op(op) = &n.kind else { continue };
@@ -83,6 +92,17 @@ pub fn fold_with(g: &Graph, opts: &FoldOptions) -> Result<Graph> {
             let refs: Vec<&Tensor> = args.iter().collect();
             values.insert(v, apply(op.clone(), &refs)?);
         }
+        if let Some(u) = uniform_element(g, v, &uniform) {
+            uniform.insert(v, u);
+        }
+        let large = |x: &ValueId| !evaluable.contains(x);
+        if g.operands(v).first().is_some_and(large)
+            && let Some(full) = reduce_uniform(g, v, &uniform)?
+        {
+            // a full of the reduction's own shape and dtype
+            map.insert(v, out.add_op_named(full, &[], &n.name)?);
+            continue;
+        }
         if fold_here(v) {
             let t = values
                 .get(&v)
@@ -96,6 +116,93 @@ pub fn fold_with(g: &Graph, opts: &FoldOptions) -> Result<Graph> {
     }
     out.set_outputs(g.outputs().iter().map(|o| map[o]).collect());
     Ok(out)
+}
+
+/// The one element of `v`, as a tensor of `v`'s rank with every size 1, when all of `v`'s
+/// elements are equal by construction: a `full`, a view, reshape or copy of such a value, or
+/// a pointwise op whose operands are such values or Python scalars (evaluated on the small
+/// stand-ins, so promotion and rounding are the op's own).
+fn uniform_element(g: &Graph, v: ValueId, uniform: &HashMap<ValueId, Tensor>) -> Option<Tensor> {
+    let n = g.node(v);
+    let op = n.op()?;
+    let ones = vec![1usize; n.ty.shape.len()];
+    let t = match op {
+        Op::Full {
+            fill_value, dtype, ..
+        } => apply(
+            Op::Full {
+                size: ones,
+                fill_value: *fill_value,
+                dtype: *dtype,
+            },
+            &[],
+        )
+        .ok()?,
+        _ if op.is_view()
+            || matches!(op, Op::Reshape { .. } | Op::Flatten { .. } | Op::Contiguous) =>
+        {
+            let u = uniform.get(g.operands(v).first()?)?;
+            u.reshape(&ones.iter().map(|&d| d as i64).collect::<Vec<_>>())
+                .ok()?
+        }
+        _ if op.is_pointwise() => {
+            let mut args = Vec::new();
+            for o in g.operands(v) {
+                match (uniform.get(&o), g.node(o).op()) {
+                    (Some(u), _) => args.push(u.clone()),
+                    (None, Some(leaf @ Op::Scalar(_))) => args.push(apply(leaf.clone(), &[]).ok()?),
+                    _ => return None,
+                }
+            }
+            let refs: Vec<&Tensor> = args.iter().collect();
+            apply(op.clone(), &refs).ok()?
+        }
+        _ => return None,
+    };
+    (t.dtype() == n.ty.dtype && t.numel() == 1).then_some(t)
+}
+
+/// A `full` equal to the reduction `v` when it sums, averages or takes the extreme of a
+/// uniform value: `c·n`, `c`, `c` (never over an empty range, where amax and amin fail and
+/// the mean is NaN).
+fn reduce_uniform(g: &Graph, v: ValueId, uniform: &HashMap<ValueId, Tensor>) -> Result<Option<Op>> {
+    let n = g.node(v);
+    let Some(Op::Reduce { op, dim, .. }) = n.op() else {
+        return Ok(None);
+    };
+    let Some(x) = g.operands(v).first().copied() else {
+        return Ok(None);
+    };
+    let Some(u) = uniform.get(&x) else {
+        return Ok(None);
+    };
+    let shape = &g.node(x).ty.shape;
+    let count: usize = reduction_dims(dim, shape.len())?
+        .iter()
+        .map(|&d| shape[d])
+        .product();
+    if count == 0 {
+        return Ok(None);
+    }
+    let dtype = n.ty.dtype;
+    let fill_value = match op {
+        // `+ 0.0`: a sum starts from +0, so a sum of -0s is +0
+        ReduceOp::Sum if dtype.is_float() => Scalar::Float(u.to_f64_vec()[0] * count as f64 + 0.0),
+        ReduceOp::Sum => {
+            let c = u.to_dtype(DType::I64)?.to_vec::<i64>()?[0];
+            Scalar::Int(c.wrapping_mul(count as i64))
+        }
+        ReduceOp::Mean | ReduceOp::Amax | ReduceOp::Amin if u.dtype().is_float() => {
+            Scalar::Float(u.to_f64_vec()[0])
+        }
+        ReduceOp::Amax | ReduceOp::Amin => Scalar::Int(u.to_dtype(DType::I64)?.to_vec::<i64>()?[0]),
+        _ => return Ok(None),
+    };
+    Ok(Some(Op::Full {
+        size: n.ty.shape.clone(),
+        fill_value,
+        dtype: Some(dtype),
+    }))
 }
 
 /// The tensor's elements as a literal (row-major, little-endian bytes).

@@ -59,7 +59,8 @@ pub fn full(ty: &TensorType, value: Scalar) -> Result<Tensor> {
     let t = Tensor::alloc(ty.dtype, &ty.shape)?;
     dispatch!(ty.dtype, T => {
         let v = scalar_to::<T>(value);
-        if v != T::zero() {
+        // the allocation is zeroed; -0.0 equals zero but must still be written
+        if Element::to_f64(v).to_bits() != 0 {
             let acc = access::lock(&[], &[&t]);
             // SAFETY: freshly allocated contiguous tensor of numel elements.
             unsafe { std::slice::from_raw_parts_mut(acc.write::<T>(0), t.numel()) }.fill(v);
