@@ -141,6 +141,16 @@ fn red(g: &mut Graph, r: ReduceOp, x: ValueId, dim: i64, keepdim: bool) -> Value
     )
 }
 
+/// `r` over every element of `x`.
+fn red_all(g: &mut Graph, r: ReduceOp, x: ValueId) -> ValueId {
+    let all = Op::Reduce {
+        op: r,
+        dim: None,
+        keepdim: false,
+    };
+    op(g, all, &[x])
+}
+
 fn arange(g: &mut Graph, n: i64) -> ValueId {
     op(
         g,
@@ -569,15 +579,7 @@ fn fold_does_not_materialise_huge_broadcasts() {
     );
     let h = un(&mut g, UnaryOp::Exp, e);
     // a reduction of a huge input-free value is not evaluated either
-    let s = op(
-        &mut g,
-        Op::Reduce {
-            op: ReduceOp::Sum,
-            dim: None,
-            keepdim: false,
-        },
-        &[h],
-    );
+    let s = red_all(&mut g, ReduceOp::Sum, h);
     let y = bin(&mut g, BinaryOp::Mul, x, h);
     g.set_outputs(vec![y, s]);
     let f = fold(&g).unwrap();
@@ -604,15 +606,7 @@ fn fold_reduces_uniform_values_in_closed_form() {
     let a = full(&mut g, &[300, 300], 0.1, DType::F32);
     let s0 = red(&mut g, ReduceOp::Sum, a, 0, false);
     let e = un(&mut g, UnaryOp::Exp, a);
-    let m = op(
-        &mut g,
-        Op::Reduce {
-            op: ReduceOp::Mean,
-            dim: None,
-            keepdim: false,
-        },
-        &[e],
-    );
+    let m = red_all(&mut g, ReduceOp::Mean, e);
     let three = num(&mut g, -3.0);
     let t = bin(&mut g, BinaryOp::Mul, a, three);
     let mx = red(&mut g, ReduceOp::Amax, t, 1, true);
@@ -643,15 +637,7 @@ fn fold_reduces_uniform_values_in_closed_form() {
     // too large to run: 10^12 ones sum to 10^12 at once
     let mut g = Graph::new("huge");
     let h = full(&mut g, &[1_000_000, 1_000_000], 1.0, DType::F32);
-    let s = op(
-        &mut g,
-        Op::Reduce {
-            op: ReduceOp::Sum,
-            dim: None,
-            keepdim: false,
-        },
-        &[h],
-    );
+    let s = red_all(&mut g, ReduceOp::Sum, h);
     g.set_outputs(vec![s]);
     let f = dce(&fold(&g).unwrap()).unwrap();
     assert_eq!(count_ops(&f, |o| matches!(o, Op::Reduce { .. })), 0);
