@@ -14,8 +14,7 @@
 //! otherwise compile to a kernel of 10¹² additions.
 
 use super::simplify::{copy_op, start_copy};
-use crate::ir::dtype::DType;
-use crate::ir::dtype::Scalar;
+use crate::ir::dtype::{DType, Scalar};
 use crate::ir::graph::{Graph, NodeKind, ValueId};
 use crate::ir::op::{Literal, Op, ReduceOp, reduction_dims};
 use crate::runtime::tensor::{Tensor, apply};
