@@ -215,9 +215,10 @@ pub(super) fn human_bytes(b: usize) -> String {
 }
 
 /// Each graph input read once plus each graph output written once, in bytes. An output that
-/// is a view is only as large as the memory behind it: the smallest value along its chain of
-/// views (an `expand` adds no memory), and nothing at all when the chain ends at an input,
-/// whose memory the output shares. An output returned twice is written once.
+/// is a view (or a reshape or copy of one) is only as large as the memory behind it: the
+/// smallest value along that chain (an `expand` adds no memory), and nothing at all when the
+/// chain ends at an input, whose memory the output may share. An output returned twice is
+/// written once.
 pub fn bytes_min(g: &Graph) -> usize {
     let bytes = |v: ValueId| {
         let t = &g.node(v).ty;
@@ -229,7 +230,7 @@ pub fn bytes_min(g: &Graph) -> usize {
             let base = g.operands(v).first().copied();
             match (g.node(v).op(), base) {
                 (None, _) => return 0,
-                (Some(op), Some(b)) if op.is_view() => {
+                (Some(op), Some(b)) if op.keeps_elements() => {
                     v = b;
                     least = least.min(bytes(v));
                 }

@@ -212,8 +212,7 @@ impl Graph {
             };
             let same = match node.op() {
                 None => return true,
-                Some(op) if op.is_view() => true,
-                Some(Op::Reshape { .. } | Op::Flatten { .. } | Op::Contiguous) => true,
+                Some(op) if op.keeps_elements() => true,
                 Some(Op::To { .. }) => true,
                 Some(_) => false,
             };

@@ -566,6 +566,16 @@ impl Op {
         )
     }
 
+    /// Ops whose result holds exactly its operand's elements, in another shape or layout: the
+    /// views, and `reshape`, `flatten` and `contiguous` (which copy only when they must).
+    pub fn keeps_elements(&self) -> bool {
+        self.is_view()
+            || matches!(
+                self,
+                Op::Reshape { .. } | Op::Flatten { .. } | Op::Contiguous
+            )
+    }
+
     pub fn is_pointwise(&self) -> bool {
         matches!(
             self,

@@ -137,9 +137,7 @@ fn uniform_element(g: &Graph, v: ValueId, uniform: &HashMap<ValueId, Tensor>) ->
             &[],
         )
         .ok()?,
-        _ if op.is_view()
-            || matches!(op, Op::Reshape { .. } | Op::Flatten { .. } | Op::Contiguous) =>
-        {
+        _ if op.keeps_elements() => {
             let u = uniform.get(g.operands(v).first()?)?;
             u.reshape(&ones.iter().map(|&d| d as i64).collect::<Vec<_>>())
                 .ok()?
@@ -184,17 +182,15 @@ fn reduce_uniform(g: &Graph, v: ValueId, uniform: &HashMap<ValueId, Tensor>) -> 
         return Ok(None);
     }
     let dtype = n.ty.dtype;
+    let int = || u.to_dtype(DType::I64)?.item::<i64>();
     let fill_value = match op {
         // `+ 0.0`: a sum starts from +0, so a sum of -0s is +0
-        ReduceOp::Sum if dtype.is_float() => Scalar::Float(u.to_f64_vec()[0] * count as f64 + 0.0),
-        ReduceOp::Sum => {
-            let c = u.to_dtype(DType::I64)?.to_vec::<i64>()?[0];
-            Scalar::Int(c.wrapping_mul(count as i64))
-        }
+        ReduceOp::Sum if dtype.is_float() => Scalar::Float(u.item_f64()? * count as f64 + 0.0),
+        ReduceOp::Sum => Scalar::Int(int()?.wrapping_mul(count as i64)),
         ReduceOp::Mean | ReduceOp::Amax | ReduceOp::Amin if u.dtype().is_float() => {
-            Scalar::Float(u.to_f64_vec()[0])
+            Scalar::Float(u.item_f64()?)
         }
-        ReduceOp::Amax | ReduceOp::Amin => Scalar::Int(u.to_dtype(DType::I64)?.to_vec::<i64>()?[0]),
+        ReduceOp::Amax | ReduceOp::Amin => Scalar::Int(int()?),
         _ => return Ok(None),
     };
     Ok(Some(Op::Full {

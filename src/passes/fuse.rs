@@ -174,11 +174,7 @@ fn classify(kind: &NodeKind) -> Class {
         Op::Constant(_) => Class::Constant,
         Op::Scalar(_) | Op::Full { .. } | Op::Arange { .. } => Class::Leaf,
         _ if op.is_pointwise() => Class::Pointwise,
-        _ if op.is_view()
-            || matches!(op, Op::Reshape { .. } | Op::Flatten { .. } | Op::Contiguous) =>
-        {
-            Class::View
-        }
+        _ if op.keeps_elements() => Class::View,
         Op::Reduce { op, .. } if *op != ReduceOp::LogSumExp => Class::Reduction,
         Op::ArgMax { .. } | Op::ArgMin { .. } => Class::Reduction,
         _ => Class::Extern,
