@@ -1,6 +1,9 @@
 //! The autodiff pass: gradient graphs against hand-computed gradients and against eager
 //! backward, its error cases, and `smelt grad` through the built binary.
 
+mod common;
+
+use common::{Tol, assert_close, smelt_in, temp_dir};
 use smelt::ir::graph::GraphBuilder;
 use smelt::ir::op::{BinaryOp, Op};
 use smelt::ir::parse_module;
@@ -8,15 +11,6 @@ use smelt::passes::autodiff::{Seed, autodiff, autodiff_with};
 use smelt::runtime::interp;
 use smelt::runtime::npy::{read_npy, write_npy};
 use smelt::{DType, Tensor};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn close(a: &[f64], b: &[f64], tol: f64) {
-    assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
-    for (x, y) in a.iter().zip(b) {
-        assert!((x - y).abs() <= tol * (1.0 + y.abs()), "{a:?} vs {b:?}");
-    }
-}
 
 #[test]
 fn seeds_square_plus_linear_graph() {
@@ -89,10 +83,11 @@ fn graph_gradients_agree_with_eager_backward() {
     let total = eo[0].sum().unwrap().add(&eo[1].sum().unwrap()).unwrap();
     total.backward().unwrap();
     for (i, (_, l)) in leaves.iter().enumerate() {
-        close(
+        assert_close(
             &out[2 + i].to_f64_vec(),
             &l.grad().unwrap().to_f64_vec(),
-            1e-10,
+            Tol::allclose(1e-10, 1e-10),
+            &format!("gradient of leaf {i}"),
         );
     }
 }
@@ -186,21 +181,6 @@ fn gradient_graph_keeps_forward_value_ids() {
 
 // ---- the smelt binary ---------------------------------------------------------------------
 
-fn temp_dir(test: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("smelt-grad-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn smelt(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_smelt"))
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("the smelt binary runs")
-}
-
 const LINREG: &str = "\
 graph lr(%x: f32[3,2], %w: f32[2,1], %b: f32[1], %n: i64[3]) {
   %xw = matmul(%x, %w)
@@ -221,7 +201,7 @@ fn smelt_grad_writes_hand_computed_gradients() {
     write_npy(d.join("w.npy"), &Tensor::from_slice(&w, &[2, 1]).unwrap()).unwrap();
     write_npy(d.join("b.npy"), &Tensor::from_slice(&[bv], &[1]).unwrap()).unwrap();
     write_npy(d.join("n.npy"), &Tensor::zeros(&[3], DType::I64)).unwrap();
-    let o = smelt(
+    let o = smelt_in(
         &d,
         &[
             "grad", "m.smelt", "--wrt", "x,w,b", "--input", "x=x.npy", "--input", "w=w.npy",
@@ -240,19 +220,14 @@ fn smelt_grad_writes_hand_computed_gradients() {
     let db: f64 = p.iter().map(|v| 2.0 * v).sum();
     let gx = read_npy(d.join("g/grad_x.npy")).unwrap();
     assert_eq!(gx.shape(), &[3, 2]);
-    close(&gx.to_f64_vec(), &dx, 1e-6);
-    close(
-        &read_npy(d.join("g/grad_w.npy")).unwrap().to_f64_vec(),
-        &dw,
-        1e-6,
-    );
-    close(
-        &read_npy(d.join("g/grad_b.npy")).unwrap().to_f64_vec(),
-        &[db],
-        1e-6,
-    );
+    let tol = Tol::allclose(1e-6, 1e-6);
+    assert_close(&gx.to_f64_vec(), &dx, tol, "grad_x");
+    let gw = read_npy(d.join("g/grad_w.npy")).unwrap();
+    assert_close(&gw.to_f64_vec(), &dw, tol, "grad_w");
+    let gb = read_npy(d.join("g/grad_b.npy")).unwrap();
+    assert_close(&gb.to_f64_vec(), &[db], tol, "grad_b");
 
-    let bad = smelt(
+    let bad = smelt_in(
         &d,
         &[
             "grad", "m.smelt", "--wrt", "z", "--input", "x=x.npy", "--out", "g2",
@@ -260,7 +235,7 @@ fn smelt_grad_writes_hand_computed_gradients() {
     );
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("no input named 'z'"));
-    let int = smelt(
+    let int = smelt_in(
         &d,
         &[
             "grad", "m.smelt", "--wrt", "n", "--input", "x=x.npy", "--input", "w=w.npy", "--input",

@@ -1,34 +1,13 @@
 //! The `smelt` binary: outputs of `run`, `check` and `dot`, and every error path with its
 //! exit status (1 for errors, 2 for usage errors).
 
+mod common;
+
+use common::{smelt_in, stderr, stdout, temp_dir};
 use smelt::Tensor;
 use smelt::runtime::npy::{read_npy, write_npy};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-/// A fresh, empty directory for one test.
-fn temp_dir(test: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("smelt-cli-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn smelt(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_smelt"))
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("the smelt binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use std::path::Path;
+use std::process::Output;
 
 /// Asserts exit status 1 and an `error: ` line on stderr that contains every needle.
 fn assert_error(o: &Output, needles: &[&str]) {
@@ -87,7 +66,7 @@ fn matmul_ref() -> Vec<f32> {
 fn run_writes_every_output_in_return_order() {
     let d = temp_dir("outputs");
     setup(&d);
-    let o = smelt(
+    let o = smelt_in(
         &d,
         &[
             "run",
@@ -120,7 +99,7 @@ fn run_writes_every_output_in_return_order() {
 fn run_options_graph_backend_no_fuse_and_percent_names() {
     let d = temp_dir("options");
     setup(&d);
-    let o = smelt(
+    let o = smelt_in(
         &d,
         &[
             "run",
@@ -157,7 +136,7 @@ fn missing_extra_and_mistyped_inputs() {
     let run = |extra: &[&str]| {
         let mut args = vec!["run", "model.smelt", "--out", "o"];
         args.extend_from_slice(extra);
-        smelt(&d, &args)
+        smelt_in(&d, &args)
     };
     assert_error(
         &run(&["--input", "x=x.npy"]),
@@ -198,7 +177,7 @@ fn missing_extra_and_mistyped_inputs() {
 fn unreadable_input_files() {
     let d = temp_dir("files");
     setup(&d);
-    let o = smelt(
+    let o = smelt_in(
         &d,
         &[
             "run",
@@ -213,7 +192,7 @@ fn unreadable_input_files() {
     );
     assert_error(&o, &["nope.npy"]);
     std::fs::write(d.join("junk.npy"), b"not an array").unwrap();
-    let o = smelt(
+    let o = smelt_in(
         &d,
         &[
             "run",
@@ -229,7 +208,7 @@ fn unreadable_input_files() {
     assert_error(&o, &["junk.npy", "not a .npy file"]);
     let bytes = std::fs::read(d.join("x.npy")).unwrap();
     std::fs::write(d.join("cut.npy"), &bytes[..bytes.len() - 3]).unwrap();
-    let o = smelt(
+    let o = smelt_in(
         &d,
         &[
             "run",
@@ -250,7 +229,7 @@ fn output_directory_that_cannot_be_created() {
     let d = temp_dir("outdir");
     setup(&d);
     std::fs::write(d.join("taken"), b"a file").unwrap();
-    let o = smelt(
+    let o = smelt_in(
         &d,
         &[
             "run",
@@ -277,11 +256,11 @@ fn bad_models() {
     .unwrap();
     for cmd in ["check", "dot"] {
         assert_error(
-            &smelt(&d, &[cmd, "typo.smelt"]),
+            &smelt_in(&d, &[cmd, "typo.smelt"]),
             &["typo.smelt:2:", "unknown op 'relux'"],
         );
     }
-    let o = smelt(
+    let o = smelt_in(
         &d,
         &["run", "typo.smelt", "--input", "x=x.npy", "--out", "o"],
     );
@@ -291,17 +270,20 @@ fn bad_models() {
         "graph g(%x: f32[2,3], %w: f32[2,3]) {\n  %y = matmul(%x, %w)\n  return %y\n}\n",
     )
     .unwrap();
-    assert_error(&smelt(&d, &["check", "shapes.smelt"]), &["shapes.smelt:2:"]);
-    assert_error(&smelt(&d, &["check", "absent.smelt"]), &["absent.smelt"]);
     assert_error(
-        &smelt(&d, &["check", "model.smelt", "--graph", "zz"]),
+        &smelt_in(&d, &["check", "shapes.smelt"]),
+        &["shapes.smelt:2:"],
+    );
+    assert_error(&smelt_in(&d, &["check", "absent.smelt"]), &["absent.smelt"]);
+    assert_error(
+        &smelt_in(&d, &["check", "model.smelt", "--graph", "zz"]),
         &["no graph named 'zz'", "mm, sm"],
     );
     assert_error(
-        &smelt(&d, &["dot", "model.smelt", "--graph", "zz"]),
+        &smelt_in(&d, &["dot", "model.smelt", "--graph", "zz"]),
         &["no graph named 'zz'"],
     );
-    let o = smelt(
+    let o = smelt_in(
         &d,
         &[
             "run",
@@ -324,7 +306,7 @@ fn op_errors_at_run_time() {
     // The types check out, but a transposed tensor cannot be viewed as one dimension.
     let m = "graph g(%x: f32[2,3]) {\n  %t = transpose(%x, dim0=0, dim1=1)\n  %v = view(%t, shape=[6])\n  return %v\n}\n";
     std::fs::write(d.join("view.smelt"), m).unwrap();
-    let o = smelt(
+    let o = smelt_in(
         &d,
         &["run", "view.smelt", "--input", "x=x.npy", "--out", "o"],
     );
@@ -339,7 +321,7 @@ fn cuda_backend_without_a_gpu_is_a_clear_error() {
     }
     let d = temp_dir("backends");
     setup(&d);
-    let o = smelt(
+    let o = smelt_in(
         &d,
         &[
             "run",
@@ -362,33 +344,33 @@ fn cuda_backend_without_a_gpu_is_a_clear_error() {
 fn usage_errors_exit_with_2() {
     let d = temp_dir("usage");
     setup(&d);
-    assert_usage_error(&smelt(&d, &[]), "Usage");
-    assert_usage_error(&smelt(&d, &["frobnicate"]), "frobnicate");
+    assert_usage_error(&smelt_in(&d, &[] as &[&str]), "Usage");
+    assert_usage_error(&smelt_in(&d, &["frobnicate"]), "frobnicate");
     assert_usage_error(
-        &smelt(&d, &["run", "model.smelt", "--input", "x=x.npy"]),
+        &smelt_in(&d, &["run", "model.smelt", "--input", "x=x.npy"]),
         "--out",
     );
     assert_usage_error(
-        &smelt(&d, &["run", "model.smelt", "--input", "x", "--out", "o"]),
+        &smelt_in(&d, &["run", "model.smelt", "--input", "x", "--out", "o"]),
         "NAME=FILE",
     );
     assert_usage_error(
-        &smelt(
+        &smelt_in(
             &d,
             &["run", "model.smelt", "--input", "=x.npy", "--out", "o"],
         ),
         "NAME=FILE",
     );
     assert_usage_error(
-        &smelt(
+        &smelt_in(
             &d,
             &["run", "model.smelt", "--out", "o", "--backend", "tpu"],
         ),
         "tpu",
     );
-    assert_usage_error(&smelt(&d, &["check", "model.smelt", "--frob"]), "--frob");
-    assert_usage_error(&smelt(&d, &["check"]), "MODEL");
-    let help = smelt(&d, &["run", "--help"]);
+    assert_usage_error(&smelt_in(&d, &["check", "model.smelt", "--frob"]), "--frob");
+    assert_usage_error(&smelt_in(&d, &["check"]), "MODEL");
+    let help = smelt_in(&d, &["run", "--help"]);
     assert_eq!(help.status.code(), Some(0));
     assert!(stdout(&help).contains("--backend"));
 }
@@ -397,7 +379,7 @@ fn usage_errors_exit_with_2() {
 fn check_prints_every_type_and_reparses() {
     let d = temp_dir("check");
     setup(&d);
-    let o = smelt(&d, &["check", "model.smelt"]);
+    let o = smelt_in(&d, &["check", "model.smelt"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     assert!(text.contains("%s: f32[2] = sum(%y, dim=[1])"), "{text}");
@@ -415,10 +397,10 @@ fn check_prints_every_type_and_reparses() {
     }
     // The printed text is itself a valid model that prints the same.
     std::fs::write(d.join("printed.smelt"), &text).unwrap();
-    let again = smelt(&d, &["check", "printed.smelt"]);
+    let again = smelt_in(&d, &["check", "printed.smelt"]);
     assert_eq!(stdout(&again), text);
 
-    let one = stdout(&smelt(&d, &["check", "model.smelt", "--graph", "sm"]));
+    let one = stdout(&smelt_in(&d, &["check", "model.smelt", "--graph", "sm"]));
     assert!(
         one.starts_with("graph sm(") && !one.contains("graph mm"),
         "{one}"
@@ -429,7 +411,7 @@ fn check_prints_every_type_and_reparses() {
 fn dot_prints_or_writes_graphviz() {
     let d = temp_dir("dot");
     setup(&d);
-    let o = smelt(&d, &["dot", "model.smelt"]);
+    let o = smelt_in(&d, &["dot", "model.smelt"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     assert!(text.starts_with("digraph"), "{text}");
@@ -437,7 +419,7 @@ fn dot_prints_or_writes_graphviz() {
         text.contains("matmul") && text.contains("f32[2,2]"),
         "{text}"
     );
-    let o = smelt(&d, &["dot", "model.smelt", "--graph", "sm", "-o", "g.dot"]);
+    let o = smelt_in(&d, &["dot", "model.smelt", "--graph", "sm", "-o", "g.dot"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).is_empty());
     let file = std::fs::read_to_string(d.join("g.dot")).unwrap();
@@ -445,7 +427,7 @@ fn dot_prints_or_writes_graphviz() {
         file.contains("softmax") && !file.contains("matmul"),
         "{file}"
     );
-    let o = smelt(&d, &["dot", "model.smelt", "-o", "no/such/dir/g.dot"]);
+    let o = smelt_in(&d, &["dot", "model.smelt", "-o", "no/such/dir/g.dot"]);
     assert_error(&o, &["g.dot"]);
 }
 
@@ -470,12 +452,12 @@ fn tensors_larger_than_memory_are_errors() {
         std::fs::write(d.join(file), text).unwrap();
     }
     let oom = "DefaultCPUAllocator: can't allocate memory";
-    let o = smelt(&d, &["profile", "input.smelt", "--random-inputs"]);
+    let o = smelt_in(&d, &["profile", "input.smelt", "--random-inputs"]);
     assert_error(&o, &[oom, "4000000000000 bytes"]);
     let x3 = Tensor::from_vec(vec![1.0f32, -2.0, 3.0], &[3]).unwrap();
     write_npy(d.join("x3.npy"), &x3).unwrap();
     for backend in ["cpu", "interp"] {
-        let o = smelt(
+        let o = smelt_in(
             &d,
             &[
                 "run",
@@ -490,7 +472,7 @@ fn tensors_larger_than_memory_are_errors() {
         );
         assert_error(&o, &[oom, "480000000000000 bytes"]);
     }
-    let o = smelt(
+    let o = smelt_in(
         &d,
         &[
             "grad",
@@ -504,6 +486,6 @@ fn tensors_larger_than_memory_are_errors() {
         ],
     );
     assert_error(&o, &[oom]);
-    let o = smelt(&d, &["profile", "expand.smelt", "--random-inputs"]);
+    let o = smelt_in(&d, &["profile", "expand.smelt", "--random-inputs"]);
     assert_error(&o, &[oom]);
 }

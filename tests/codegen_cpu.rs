@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::random_graph;
+use common::{Tol, assert_close, random_graph};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -120,47 +120,8 @@ fn run_compiled(
     Ok(s.outputs.iter().map(|v| view(&mem, s, v)).collect())
 }
 
-/// Distance in units in the last place between two f32 values.
-fn ulps(a: f32, b: f32) -> u64 {
-    let key = |x: f32| {
-        let i = x.to_bits() as i32;
-        if i < 0 {
-            i64::from(i32::MIN) - i64::from(i)
-        } else {
-            i64::from(i)
-        }
-    };
-    (key(a) - key(b)).unsigned_abs()
-}
-
-/// How outputs are compared.
-#[derive(Clone, Copy)]
-struct Tol {
-    /// f32 outputs may differ by this many ulps.
-    ulps: u64,
-    /// Any output may differ by `rel · max(1, |expected|)`.
-    rel: f64,
-}
-const EXACT: Tol = Tol { ulps: 0, rel: 0.0 };
-
-fn assert_close(got: &Tensor, want: &Tensor, tol: Tol, what: &str) {
-    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
-    assert_eq!(got.shape(), want.shape(), "{what}: shape");
-    let f32s = got.dtype() == DType::F32;
-    for (i, (a, b)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
-        let ok = *a == b
-            || (a.is_nan() && b.is_nan())
-            || (f32s && ulps(*a as f32, b as f32) <= tol.ulps)
-            || (a - b).abs() <= tol.rel * b.abs().max(1.0);
-        assert!(ok, "{what}: element {i}: got {a}, expected {b}");
-    }
-}
-
 /// Graphs with a softmax: a few ulps per exponential, divided by a sum.
-const SOFTMAX_TOL: Tol = Tol {
-    ulps: 16,
-    rel: 1e-6,
-};
+const SOFTMAX_TOL: Tol = Tol::rel(1e-6).or_ulps(16);
 
 /// Compiles `g`, runs it compiled (in 1 and 3 chunks) and interpreted, and compares.
 fn check_with(g: &Graph, ins: &[Tensor], tol: Tol) -> Schedule {
@@ -295,11 +256,11 @@ fn unary_tol(u: UnaryOp) -> Tol {
     use UnaryOp::*;
     match u {
         Exp | Log | Log1p | Expm1 | Sin | Cos | Tanh | Sigmoid | Gelu { .. } | Silu | Erf => {
-            Tol { ulps: 6, rel: 0.0 }
+            Tol::ulps(6)
         }
         // rsqrt rounds twice
-        Rsqrt => Tol { ulps: 2, rel: 0.0 },
-        _ => EXACT,
+        Rsqrt => Tol::ulps(2),
+        _ => Tol::EXACT,
     }
 }
 
@@ -347,9 +308,9 @@ fn every_binary_op_in_every_dtype_with_broadcast() {
                 yv = nonzero(&yv);
             }
             let tol = if b == BinaryOp::Pow && d == DType::F32 {
-                Tol { ulps: 1, rel: 0.0 }
+                Tol::ulps(1)
             } else {
-                EXACT
+                Tol::EXACT
             };
             check_with(&g, &[xv, yv], tol);
         }
@@ -392,7 +353,7 @@ fn casts_between_all_dtypes() {
             v.extend((0..41 - specials.len()).map(|_| rng.random_range(-300.0..300.0)));
             let t = Tensor::from_vec(v, &[41]).unwrap();
             let t = apply(Op::To { dtype: from }, &[&t]).unwrap();
-            check_with(&g, &[t], EXACT);
+            check_with(&g, &[t], Tol::EXACT);
         }
     }
 }
@@ -448,7 +409,7 @@ fn where_clamp_masked_fill_and_scalars() {
             values(&mut rng, d, &[37], true),
             values(&mut rng, DType::Bool, &[3, 1], false),
         ];
-        check_with(&g, &ins, EXACT);
+        check_with(&g, &ins, Tol::EXACT);
     }
 }
 
@@ -476,7 +437,7 @@ fn clamp_with_nan_bounds_and_out_of_range_bounds() {
         )
         .unwrap();
     g.set_outputs(vec![a, b]);
-    check_with(&g, &[values(&mut rng, DType::F32, &[40], true)], EXACT);
+    check_with(&g, &[values(&mut rng, DType::F32, &[40], true)], Tol::EXACT);
 
     let mut g = Graph::new("clamp_overflow");
     let x = input(&mut g, "x", DType::I8, &[4]);
@@ -533,7 +494,7 @@ fn non_contiguous_inputs_and_odd_sizes() {
             values(&mut rng, DType::F32, &[3, 2 * n], false),
             values(&mut rng, DType::F32, &[1, n], false),
         ];
-        check_with(&g, &ins, Tol { ulps: 6, rel: 0.0 });
+        check_with(&g, &ins, Tol::ulps(6));
     }
 }
 
@@ -550,13 +511,10 @@ fn reduce_graph(op: Op, d: DType, shape: &[usize]) -> Graph {
 /// Tolerance of reductions and normalisations computed in dtype `d`.
 fn reduction_tol(d: DType) -> Tol {
     match d {
-        DType::F32 => Tol { ulps: 8, rel: 1e-6 },
-        DType::F64 => Tol {
-            ulps: 0,
-            rel: 1e-12,
-        },
+        DType::F32 => Tol::rel(1e-6).or_ulps(8),
+        DType::F64 => Tol::rel(1e-12),
         // one rounding of the half result may land on the other side
-        _ => Tol { ulps: 0, rel: 1e-2 },
+        _ => Tol::rel(1e-2),
     }
 }
 
@@ -676,7 +634,7 @@ fn reductions_with_nan_and_integer_dtypes() {
             let g = reduce_graph(op, d, &[4, 33]);
             // specials in row 0 (NaN first, then infinities) for floats
             let t = values(&mut rng, d, &[4, 33], true);
-            check_with(&g, &[t], Tol { ulps: 0, rel: 1e-6 });
+            check_with(&g, &[t], Tol::rel(1e-6));
         }
     }
 }
@@ -704,7 +662,7 @@ fn zero_dim_tensors() {
         values(&mut rng, DType::F32, &[], false),
         values(&mut rng, DType::F32, &[6], false),
     ];
-    check_with(&g, &ins, Tol { ulps: 4, rel: 1e-6 });
+    check_with(&g, &ins, Tol::rel(1e-6).or_ulps(4));
 }
 
 // ---- errors, threads, cache ---------------------------------------------------------------
@@ -726,7 +684,7 @@ fn integer_remainder_by_zero_is_an_error() {
         assert!(smelt::kernel::interp::run(&s, &[to(&xv), to(&yv)]).is_err());
         // without the zero, MIN % -1 and the Python sign rule
         let yv = Tensor::from_vec(vec![2i64, 3, -1, 4, 7, -1, 5, 1, 1], &[9]).unwrap();
-        check_with(&g, &[to(&xv), to(&yv)], EXACT);
+        check_with(&g, &[to(&xv), to(&yv)], Tol::EXACT);
     }
 }
 
@@ -887,7 +845,7 @@ fn one_kernel_runs_on_several_threads_at_once() {
     });
     let got = view(&mem, &s, &s.outputs[0]);
     let want = smelt::kernel::interp::run(&s, &[xv]).unwrap();
-    assert_close(&got, &want[0], Tol { ulps: 8, rel: 1e-6 }, "threads");
+    assert_close(&got, &want[0], Tol::rel(1e-6).or_ulps(8), "threads");
 }
 
 /// Every output of `s` run compiled with strips and with inline math: (strips, inline), and
@@ -936,7 +894,7 @@ fn transcendentals_run_in_strips_with_the_inline_results() {
                 vec![y, z]
             });
             let ins = vec![values(&mut rng, DType::F32, shape, true)];
-            let s = check_with(&g, &ins, Tol { ulps: 8, rel: 0.0 });
+            let s = check_with(&g, &ins, Tol::ulps(8));
             let (a, b, loops) = strips_and_inline(&s, &ins);
             for (a, b) in a.iter().zip(&b) {
                 let (a, b) = (a.to_f64_vec(), b.to_f64_vec());
@@ -975,7 +933,7 @@ fn transcendentals_run_in_strips_with_the_inline_results() {
     let (a, b, loops) = strips_and_inline(&s, &ins);
     for (i, (a, b)) in a.iter().zip(&b).enumerate() {
         // sums merge their vector accumulators once per strip: they may round differently
-        assert_close(a, b, Tol { ulps: 2, rel: 0.0 }, &format!("output {i}"));
+        assert_close(a, b, Tol::ulps(2), &format!("output {i}"));
     }
     assert!(
         tensor_words(&a[2]) == tensor_words(&b[2]),
@@ -996,7 +954,7 @@ fn transcendentals_run_in_strips_with_the_inline_results() {
             let ins = vec![values(&mut rng, DType::F32, shape, true)];
             let s = check_with(&g, &ins, reduction_tol(DType::F32));
             let (a, b, loops) = strips_and_inline(&s, &ins);
-            assert_close(&a[0], &b[0], Tol { ulps: 1, rel: 0.0 }, "strip sum");
+            assert_close(&a[0], &b[0], Tol::ulps(1), "strip sum");
             if strips_here && shape[1] > 1 {
                 assert!(loops > 0, "{shape:?}: the sum takes no strip\n{s}");
             }
@@ -1011,7 +969,7 @@ fn transcendentals_run_in_strips_with_the_inline_results() {
     }
     g.set_outputs(vec![y]);
     let ins = vec![values(&mut rng, DType::F32, &[2, 700], false)];
-    let s = check_with(&g, &ins, Tol { ulps: 64, rel: 0.0 });
+    let s = check_with(&g, &ins, Tol::ulps(64));
     let (a, b, loops) = strips_and_inline(&s, &ins);
     assert!(
         tensor_words(&a[0]) == tensor_words(&b[0]),
@@ -1166,7 +1124,7 @@ proptest! {
             })
             .collect();
         // exp/tanh chains: a few ulps per op, amplified by sums
-        check_with(&g, &ins, Tol { ulps: 64, rel: 1e-4 });
+        check_with(&g, &ins, Tol::rel(1e-4).or_ulps(64));
     }
 }
 
@@ -1207,7 +1165,7 @@ fn softmax_keeps_its_exponentials_in_a_row_cache() {
     let y = g.add_op(op, &[x]).unwrap();
     g.set_outputs(vec![y]);
     let ins = vec![values(&mut rng, DType::F32, &[4, 64], false)];
-    let s = check_with(&g, &ins, Tol { ulps: 8, rel: 1e-6 });
+    let s = check_with(&g, &ins, Tol::rel(1e-6).or_ulps(8));
     let Step::Kernel(k) = &s.steps[0] else {
         panic!("one kernel expected")
     };
@@ -1239,7 +1197,7 @@ fn vector_max_and_min_propagate_nan_from_any_lane() {
             keepdim: false,
         };
         let g = reduce_graph(o, DType::F32, &[rows, n]);
-        let s = check_with(&g, std::slice::from_ref(&x), EXACT);
+        let s = check_with(&g, std::slice::from_ref(&x), Tol::EXACT);
         let got = run_compiled(&s, std::slice::from_ref(&x), 1, &CodegenOptions::default())
             .unwrap()
             .remove(0)
@@ -1296,7 +1254,7 @@ fn reductions_across_rows_run_rows_as_lanes() {
             let g = reduce_graph(op.clone(), DType::F32, shape);
             // specials (NaN, infinities, huge values) at the start of the input
             let ins = vec![values(&mut rng, DType::F32, shape, true)];
-            let s = check_with(&g, &ins, Tol { ulps: 8, rel: 1e-6 });
+            let s = check_with(&g, &ins, Tol::rel(1e-6).or_ulps(8));
             let lanes: Vec<usize> = s
                 .steps
                 .iter()
@@ -1319,7 +1277,7 @@ fn reductions_across_rows_run_rows_as_lanes() {
     // sums of rows as lanes are the same f64 sums in the same order as one row at a time
     let x = values(&mut rng, DType::F32, &[300, 48], false);
     let g = reduce_graph(red(ReduceOp::Sum, vec![0], false), DType::F32, &[300, 48]);
-    check_with(&g, std::slice::from_ref(&x), EXACT);
+    check_with(&g, std::slice::from_ref(&x), Tol::EXACT);
     let t = x.transpose(0, 1).unwrap().contiguous().unwrap();
     let g = reduce_graph(red(ReduceOp::Sum, vec![1], false), DType::F32, &[48, 300]);
     let s = compile(&g).unwrap();
@@ -1331,7 +1289,7 @@ fn reductions_across_rows_run_rows_as_lanes() {
     ))
     .unwrap();
     let by_lanes = run_compiled(&s, &[x], 1, &CodegenOptions::default()).unwrap();
-    assert_close(&by_lanes[0], &by_rows[0], EXACT, "lanes against rows");
+    assert_close(&by_lanes[0], &by_rows[0], Tol::EXACT, "lanes against rows");
 }
 
 /// The column sums of every kernel of `s` (reductions summed by the native helper).
@@ -1370,7 +1328,7 @@ fn column_sums_add_each_column_in_row_order() {
         let x = values(&mut rng, DType::F32, &shape, false);
         for op in [red(ReduceOp::Sum, false), red(ReduceOp::Mean, true)] {
             let g = reduce_graph(op.clone(), DType::F32, &shape);
-            let s = check_with(&g, std::slice::from_ref(&x), EXACT);
+            let s = check_with(&g, std::slice::from_ref(&x), Tol::EXACT);
             assert!(column_sums(&s) > 0, "{} of {shape:?}:\n{s}", op.name());
         }
         if shape[0] >= 1024 {
@@ -1402,6 +1360,6 @@ fn column_sums_add_each_column_in_row_order() {
     let y = g.add_op(Op::Binary(BinaryOp::Add), &[ma2, sb]).unwrap();
     g.set_outputs(vec![y]);
     let ins = [0, 1].map(|_| values(&mut rng, DType::F32, &shape, true));
-    let s = check_with(&g, &ins, EXACT);
+    let s = check_with(&g, &ins, Tol::EXACT);
     assert_eq!(column_sums(&s), 2, "{s}");
 }

@@ -4,10 +4,10 @@
 
 mod common;
 
-use common::random_graph;
+use common::{Dist, assert_close, inputs_with, random_graph, random_tensor};
 use proptest::prelude::*;
+use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use smelt::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend};
 use smelt::ir::graph::{Graph, ValueId};
 use smelt::ir::op::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp};
@@ -36,46 +36,12 @@ fn compile(g: &Graph, opts: &CompileOptions) -> Option<CompiledFn> {
     }
 }
 
-fn random(rng: &mut StdRng, dtype: DType, shape: &[usize]) -> Tensor {
-    let n: usize = shape.iter().product();
-    match dtype {
-        DType::Bool => {
-            let b: Vec<bool> = (0..n).map(|_| rng.random_bool(0.3)).collect();
-            Tensor::from_vec(b, shape).unwrap()
-        }
-        d if d.is_float() => {
-            let v: Vec<f64> = (0..n).map(|_| rng.random_range(-3.0..3.0)).collect();
-            let t = Tensor::from_vec(v, shape).unwrap();
-            smelt::runtime::apply(Op::To { dtype: d }, &[&t]).unwrap()
-        }
-        d => {
-            let v: Vec<i64> = (0..n).map(|_| rng.random_range(0..5)).collect();
-            let t = Tensor::from_vec(v, shape).unwrap();
-            smelt::runtime::apply(Op::To { dtype: d }, &[&t]).unwrap()
-        }
-    }
-}
-
-fn inputs_for(g: &Graph, seed: u64) -> Vec<Tensor> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    g.inputs()
-        .iter()
-        .map(|&v| {
-            let ty = &g.node(v).ty;
-            random(&mut rng, ty.dtype, &ty.shape)
-        })
-        .collect()
-}
-
-/// Equal dtypes, shapes and values within `tol` (relative to max(1, |expected|)).
-fn assert_close(got: &Tensor, want: &Tensor, tol: f64, what: &str) {
-    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
-    assert_eq!(got.shape(), want.shape(), "{what}: shape");
-    for (i, (a, b)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
-        let same = *a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= tol * b.abs().max(1.0);
-        assert!(same, "{what}: element {i}: got {a}, expected {b}");
-    }
-}
+/// Inputs of compiled functions: floats in [-3, 3), integers in 0..5, bools true with
+/// probability 0.3.
+const INPUTS: Dist = Dist {
+    ints: Some((0, 5)),
+    ..Dist::DEFAULT
+};
 
 /// Runs `g` on `ins` with the interpreter and with every compiled configuration; returns
 /// how many configurations ran.
@@ -100,7 +66,7 @@ fn check_on(g: &Graph, ins: &[Tensor], tol: f64) -> usize {
 
 fn check(g: &Graph, tol: f64) {
     for seed in 0..2 {
-        check_on(g, &inputs_for(g, seed), tol);
+        check_on(g, &inputs_with(g, seed, &INPUTS), tol);
     }
 }
 
@@ -168,7 +134,7 @@ proptest! {
     #[test]
     fn random_graphs_match_the_interpreter(seed in any::<u64>(), n in 1usize..12) {
         let g = random_graph(seed, n);
-        check_on(&g, &inputs_for(&g, seed), 1e-5);
+        check_on(&g, &inputs_with(&g, seed, &INPUTS), 1e-5);
     }
 }
 
@@ -239,14 +205,14 @@ fn temporaries_reuse_freed_slots() {
 fn strided_inputs_are_read_correctly() {
     let g = relu_scale_bias(DType::F32, &[7, 5], &[5]);
     let mut rng = StdRng::seed_from_u64(3);
-    let base = random(&mut rng, DType::F32, &[5, 7]);
+    let base = random_tensor(&mut rng, DType::F32, &[5, 7], &INPUTS);
     let transposed = base.t().unwrap();
-    let wide = random(&mut rng, DType::F32, &[14, 5]);
+    let wide = random_tensor(&mut rng, DType::F32, &[14, 5], &INPUTS);
     let stepped = wide.slice(0, Some(0), Some(14), 2).unwrap();
-    let b = random(&mut rng, DType::F32, &[10])
+    let b = random_tensor(&mut rng, DType::F32, &[10], &INPUTS)
         .slice(0, Some(1), Some(10), 2)
         .unwrap();
-    let expanded = random(&mut rng, DType::F32, &[1, 5])
+    let expanded = random_tensor(&mut rng, DType::F32, &[1, 5], &INPUTS)
         .expand(&[7, 5])
         .unwrap();
     assert!(!transposed.is_contiguous() && !stepped.is_contiguous() && !b.is_contiguous());
@@ -431,7 +397,7 @@ fn concurrent_calls_of_one_compiled_function() {
                     let g = &g;
                     s.spawn(move || {
                         for round in 0..3 {
-                            let ins = inputs_for(g, 100 * t + round);
+                            let ins = inputs_with(g, 100 * t + round, &INPUTS);
                             let want = run_graph(g, &ins).unwrap();
                             let got = f.call(&ins).unwrap();
                             for (a, b) in got.iter().zip(&want) {
@@ -453,7 +419,7 @@ fn step_times_cover_every_step() {
         &CompileOptions::with_backend(KernelBackend::Interp).fused(false),
     )
     .unwrap();
-    let (out, times) = f.call_timed(&inputs_for(&g, 0)).unwrap();
+    let (out, times) = f.call_timed(&inputs_with(&g, 0, &INPUTS)).unwrap();
     assert_eq!(out.len(), 2);
     assert_eq!(times.0.len(), f.schedule().steps.len());
     assert_eq!(f.steps().len(), f.schedule().steps.len());
@@ -474,7 +440,7 @@ fn large_kernels_in_parallel_chunks_and_on_one_thread() {
         relu_scale_bias(DType::F32, &[rows, 1000], &[1000]),
         softmax_sum(&[rows, 1000]),
     ] {
-        let ins = inputs_for(&g, 3);
+        let ins = inputs_with(&g, 3, &INPUTS);
         let want = run_graph(&g, &ins).unwrap();
         for threads in [None, Some(1), Some(2), Some(3)] {
             let mut opts = CompileOptions::with_backend(KernelBackend::Cranelift);

@@ -5,15 +5,15 @@
 //! Without NVRTC the compile tests print why and pass; with `SMELT_REQUIRE_NVRTC=1` (CI)
 //! they fail instead.
 
+mod common;
+
+use common::cuda_cases::CASES;
+use common::{smelt, temp_dir};
 use smelt::codegen_cuda::nvrtc::{self, CompileOptions};
 use smelt::codegen_cuda::{CudaOptions, CudaProgram, Launch, generate};
 use smelt::ir::parse_module;
 use smelt::kernel::Schedule;
 use smelt::passes::fuse::compile;
-
-#[path = "common/cuda_cases.rs"]
-mod cuda_cases;
-use cuda_cases::CASES;
 
 /// The schedule of one case.
 fn schedule(name: &str, params: &str, body: &str) -> Schedule {
@@ -326,26 +326,13 @@ fn integer_remainder_reports_division_by_zero_through_the_flag() {
     assert!(CudaProgram::prelude(false).contains("*err = 1u"));
 }
 
-/// Runs the built `smelt` binary.
-fn smelt(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_smelt"))
-        .args(args)
-        .output()
-        .expect("the smelt binary runs")
-}
-
-fn temp_dir(test: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("smelt-cuda-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
 #[test]
 fn smelt_compile_writes_sources_ptx_cubin_and_a_manifest() {
     if !nvrtc_or_skip("smelt_compile_writes_sources_ptx_cubin_and_a_manifest") {
         return;
     }
-    let out = temp_dir("compile");
+    // a directory the command makes
+    let out = temp_dir("compile").join("out");
     let model = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/models/attention.smelt"
@@ -395,7 +382,8 @@ fn smelt_compile_writes_sources_ptx_cubin_and_a_manifest() {
 
 #[test]
 fn smelt_compile_reports_bad_arguments() {
-    let out = temp_dir("bad");
+    // a directory that does not exist
+    let out = temp_dir("bad").join("out");
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/models/softmax.smelt");
     let o = smelt(&[
         "compile",

@@ -5,13 +5,11 @@
 //! Without a GPU the execution tests print why and pass (with `SMELT_REQUIRE_GPU=1` they
 //! fail instead), and the tests of the missing-GPU errors run.
 
-#[path = "common/cuda_cases.rs"]
-mod cuda_cases;
-#[path = "common/cuda_check.rs"]
-mod cuda_check;
+mod common;
 
-use cuda_cases::CASES;
-use cuda_check::{assert_close, graph_of, inputs};
+use common::cuda_cases::CASES;
+use common::cuda_check::{assert_matches, graph_of, inputs};
+use common::{smelt, temp_dir};
 use smelt::data::{DataLoader, TensorDataset};
 use smelt::ir::graph::Graph;
 use smelt::ir::parse_module;
@@ -61,7 +59,7 @@ fn check_graph(name: &str, g: &Graph) {
                 for (i, (gt, wt)) in got.iter().zip(want).enumerate() {
                     assert_eq!(gt.device(), GPU, "{name}: output on the GPU");
                     let host = gt.cpu().unwrap();
-                    assert_close(&format!("{name} (fuse={fuse}) output {i}"), &host, wt);
+                    assert_matches(&format!("{name} (fuse={fuse}) output {i}"), &host, wt);
                 }
             }
             (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{name}: errors"),
@@ -201,7 +199,7 @@ fn eager_ops_on_gpu_views_match_the_cpu() {
     let cpu = a.t().unwrap().relu().unwrap().mul_scalar(0.5).unwrap();
     let gpu = ga.t().unwrap().relu().unwrap().mul_scalar(0.5).unwrap();
     assert_eq!(gpu.device(), GPU);
-    assert_close("relu(t(a))*0.5", &gpu.cpu().unwrap(), &cpu);
+    assert_matches("relu(t(a))*0.5", &gpu.cpu().unwrap(), &cpu);
     let cpu = a
         .add(&b)
         .unwrap()
@@ -216,11 +214,11 @@ fn eager_ops_on_gpu_views_match_the_cpu() {
         .unwrap()
         .sum_dim(&[0], false)
         .unwrap();
-    assert_close("sum(softmax(a+b))", &gpu.cpu().unwrap(), &cpu);
+    assert_matches("sum(softmax(a+b))", &gpu.cpu().unwrap(), &cpu);
     // a reshape that needs a copy
     let cpu = a.t().unwrap().reshape(&[30]).unwrap();
     let gpu = ga.t().unwrap().reshape(&[30]).unwrap();
-    assert_close("reshape(t(a))", &gpu.cpu().unwrap(), &cpu);
+    assert_matches("reshape(t(a))", &gpu.cpu().unwrap(), &cpu);
     // printing shows the values and the device
     let s = format!("{}", Tensor::ones(&[2], DType::F32).cuda().unwrap());
     assert!(s.contains("1.") && s.contains("device='cuda:0'"), "{s}");
@@ -248,7 +246,7 @@ fn matmul_through_cublas_matches_the_cpu() {
         let b = Tensor::randn(sb, None).unwrap();
         let want = a.matmul(&b).unwrap();
         let got = a.cuda().unwrap().matmul(&b.cuda().unwrap()).unwrap();
-        assert_close(&format!("{sa:?}@{sb:?}"), &got.cpu().unwrap(), &want);
+        assert_matches(&format!("{sa:?}@{sb:?}"), &got.cpu().unwrap(), &want);
     }
     // transposed and sliced operands (read through strides or copied)
     let a = Tensor::randn(&[9, 7], None).unwrap();
@@ -256,13 +254,13 @@ fn matmul_through_cublas_matches_the_cpu() {
     let want = a.t().unwrap().matmul(&b.t().unwrap()).unwrap();
     let (ga, gb) = (a.cuda().unwrap(), b.cuda().unwrap());
     let got = ga.t().unwrap().matmul(&gb.t().unwrap()).unwrap();
-    assert_close("a.t()@b.t()", &got.cpu().unwrap(), &want);
+    assert_matches("a.t()@b.t()", &got.cpu().unwrap(), &want);
     let want = a.slice(1, Some(0), Some(7), 2).unwrap();
     let want = b.matmul(&want).unwrap();
     let got = gb
         .matmul(&ga.slice(1, Some(0), Some(7), 2).unwrap())
         .unwrap();
-    assert_close("b@a[:, ::2]", &got.cpu().unwrap(), &want);
+    assert_matches("b@a[:, ::2]", &got.cpu().unwrap(), &want);
     // f64 exactly as cuBLAS computes it: close to the CPU's
     let a = Tensor::randn(&[31, 17], Some(DType::F64)).unwrap();
     let got = a
@@ -270,7 +268,7 @@ fn matmul_through_cublas_matches_the_cpu() {
         .unwrap()
         .matmul(&a.t().unwrap().cuda().unwrap())
         .unwrap();
-    assert_close(
+    assert_matches(
         "f64",
         &got.cpu().unwrap(),
         &a.matmul(&a.t().unwrap()).unwrap(),
@@ -393,10 +391,7 @@ fn smelt_profile_runs_on_the_gpu() {
         return;
     }
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/models/softmax.smelt");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_smelt"))
-        .args(["profile", model, "--backend", "cuda", "--repeat", "2"])
-        .output()
-        .unwrap();
+    let out = smelt(&["profile", model, "--backend", "cuda", "--repeat", "2"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -437,16 +432,14 @@ fn without_a_gpu_asking_for_one_is_an_error() {
     .to_string();
     assert!(!e.is_empty());
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/models/softmax.smelt");
-    let dir = std::env::temp_dir().join(format!("smelt-cuda-exec-{}", std::process::id()));
+    // an output directory that does not exist
+    let dir = temp_dir("no-gpu").join("out");
     let dir = dir.display().to_string();
     for cmd in [
         vec!["profile", model, "--backend", "cuda"],
         vec!["run", model, "--backend", "cuda", "--out", &dir],
     ] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_smelt"))
-            .args(&cmd)
-            .output()
-            .unwrap();
+        let out = smelt(&cmd);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success());
         assert!(!err.contains("panicked"), "{err}");
@@ -480,7 +473,7 @@ fn gpu_indexing_kernels_match_the_cpu_and_its_errors() {
         (want, got)
     };
     let (want, got) = run(vec![4, 0, 0, 2]);
-    assert_close(
+    assert_matches(
         "index_select",
         &got.unwrap()[0].cpu().unwrap(),
         &want.unwrap()[0],
@@ -511,7 +504,7 @@ fn gpu_indexing_kernels_match_the_cpu_and_its_errors() {
     let want = interp::run(&g, &[("x", x.clone()), ("i", i.clone()), ("s", s.clone())]);
     let on = |t: &Tensor| t.to_device(GPU).unwrap();
     let got = f.call(&[on(&x), on(&i), on(&s)]).unwrap();
-    assert_close("scatter_add", &got[0].cpu().unwrap(), &want.unwrap()[0]);
+    assert_matches("scatter_add", &got[0].cpu().unwrap(), &want.unwrap()[0]);
 }
 
 #[test]
@@ -637,8 +630,7 @@ fn smelt_grad_and_run_on_the_gpu_match_the_cpu() {
     if !gpu_or_skip("smelt_grad_and_run_on_the_gpu_match_the_cpu") {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("smelt-cuda-grad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("grad");
     let model = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/models/mlp_block.smelt"
@@ -668,10 +660,7 @@ fn smelt_grad_and_run_on_the_gpu_match_the_cpu() {
                 "--out".into(),
                 out_dir.display().to_string(),
             ]);
-            let o = std::process::Command::new(env!("CARGO_BIN_EXE_smelt"))
-                .args(&a)
-                .output()
-                .unwrap();
+            let o = smelt(&a);
             assert!(
                 o.status.success(),
                 "{cmd} {backend}: {}",
@@ -689,7 +678,7 @@ fn smelt_grad_and_run_on_the_gpu_match_the_cpu() {
         for f in files {
             let c = smelt::runtime::npy::read_npy(outs[0].join(&f)).unwrap();
             let d = smelt::runtime::npy::read_npy(outs[1].join(&f)).unwrap();
-            assert_close(&format!("{cmd} {f:?}"), &d, &c);
+            assert_matches(&format!("{cmd} {f:?}"), &d, &c);
         }
     }
 }
@@ -761,8 +750,8 @@ fn streams_order_their_work_and_events_time_it() {
     s.synchronize().unwrap();
     assert!(s.query().unwrap() && end.query().unwrap());
     assert!(start.elapsed_ms(&end).unwrap() >= 0.0);
-    assert_close("stream", &y[0].cpu().unwrap(), &want[0]);
-    assert_close(
+    assert_matches("stream", &y[0].cpu().unwrap(), &want[0]);
+    assert_matches(
         "eager on a stream",
         &eager.cpu().unwrap(),
         &want[0].t().unwrap().contiguous().unwrap(),

@@ -8,13 +8,11 @@
 //! Needs a C++20 compiler (`$CXX`, else `c++`). Without one the tests print why and pass;
 //! with `SMELT_REQUIRE_CXX=1` (CI) they fail instead.
 
-#[path = "common/cuda_cases.rs"]
-mod cuda_cases;
-#[path = "common/cuda_check.rs"]
-mod cuda_check;
+mod common;
 
-use cuda_cases::CASES;
-use cuda_check::{assert_close, graph_of, inputs};
+use common::cuda_cases::CASES;
+use common::cuda_check::{assert_matches, graph_of, inputs};
+use common::temp_dir;
 use smelt::DType;
 use smelt::codegen_cuda::indexing::INDEX_ERROR;
 use smelt::codegen_cuda::{CudaOptions, CudaProgram, CudaStep, ParamAccess, generate};
@@ -127,9 +125,7 @@ impl Unit {
 
     /// Compiles the unit into a shared library in a fresh directory.
     fn build(&self, cxx: &str, test: &str) -> libloading::Library {
-        let dir =
-            std::env::temp_dir().join(format!("smelt-cuda-host-{test}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = temp_dir(test);
         let cpp = dir.join("kernels.cpp");
         let lib = dir.join("kernels.so");
         // the shim stands in for CUDA's half headers
@@ -337,7 +333,7 @@ fn check(unit: &Unit, lib: &libloading::Library) {
                 (Ok(want), Ok(got)) => {
                     assert_eq!(got.len(), want.len(), "{what}: outputs");
                     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-                        assert_close(&format!("{what} output {i}"), g, w);
+                        assert_matches(&format!("{what} output {i}"), g, w);
                     }
                 }
                 (Err(_), Err(g)) => {

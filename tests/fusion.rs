@@ -3,55 +3,15 @@
 
 mod common;
 
-use common::random_graph;
+use common::{assert_close, inputs_for, random_graph};
 use proptest::prelude::*;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use smelt::ir::graph::{Graph, ValueId};
 use smelt::ir::op::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp};
 use smelt::jit::run_graph;
 use smelt::kernel::interp::run;
 use smelt::kernel::{Expr, Schedule, Step};
 use smelt::passes::{compile, decompose};
-use smelt::{DType, Scalar, Tensor};
-
-fn random(rng: &mut StdRng, dtype: DType, shape: &[usize]) -> Tensor {
-    let n: usize = shape.iter().product();
-    let v: Vec<f64> = (0..n).map(|_| rng.random_range(-3.0..3.0)).collect();
-    let t = Tensor::from_vec(v, shape).unwrap();
-    if dtype == DType::F64 {
-        t
-    } else {
-        smelt::runtime::apply(Op::To { dtype }, &[&t]).unwrap()
-    }
-}
-
-fn inputs_for(g: &Graph, seed: u64) -> Vec<Tensor> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    g.inputs()
-        .iter()
-        .map(|&v| {
-            let ty = &g.node(v).ty;
-            if ty.dtype == DType::Bool {
-                let n: usize = ty.shape.iter().product();
-                let b: Vec<bool> = (0..n).map(|_| rng.random_bool(0.3)).collect();
-                Tensor::from_vec(b, &ty.shape).unwrap()
-            } else {
-                random(&mut rng, ty.dtype, &ty.shape)
-            }
-        })
-        .collect()
-}
-
-/// Asserts equal dtypes, shapes and values within `tol` (relative to max(1, |expected|)).
-fn assert_close(got: &Tensor, want: &Tensor, tol: f64, what: &str) {
-    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
-    assert_eq!(got.shape(), want.shape(), "{what}: shape");
-    for (i, (a, b)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
-        let same = a == &b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= tol * b.abs().max(1.0);
-        assert!(same, "{what}: element {i}: got {a}, expected {b}");
-    }
-}
+use smelt::{DType, Scalar};
 
 /// Compiles `g`, runs the schedule and the graph on the same random inputs, compares.
 fn check(g: &Graph, tol: f64) -> Schedule {

@@ -1,11 +1,11 @@
 //! Memory planning: liveness and slot reuse on hand-built schedules with known live ranges,
 //! the example models, and random fused graphs.
 
+mod common;
+
+use common::{Recipe, random_graph_from};
 use proptest::prelude::*;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-use smelt::ir::graph::{Graph, ValueId};
-use smelt::ir::op::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp};
+use smelt::ir::op::{BinaryOp, Op};
 use smelt::ir::parse_module;
 use smelt::kernel::{
     Buffer, BufferKind, Expr, IndexMap, Kernel, Schedule, Step, Store, Value, View,
@@ -321,66 +321,11 @@ fn example_models_plan_within_their_temporaries() {
 
 // ---- random fused graphs ------------------------------------------------------------------
 
-fn input(g: &mut Graph, name: &str, dtype: DType, shape: &[usize]) -> ValueId {
-    g.add_input(name, TensorType::new(dtype, shape.to_vec()))
-        .unwrap()
-}
-
-/// A random graph of pointwise, reduction, view and matmul ops with several outputs.
-fn random_graph(seed: u64, n_ops: usize) -> Graph {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let dims = [1usize, 3, 7];
-    let n = dims[rng.random_range(0..3)];
-    let dtype = if rng.random_bool(0.7) {
-        DType::F32
-    } else {
-        DType::F64
-    };
-    let mut g = Graph::new("random");
-    let mut pool = vec![
-        input(&mut g, "x", dtype, &[n, n]),
-        input(&mut g, "y", dtype, &[n]),
-    ];
-    for _ in 0..n_ops {
-        let x = pool[rng.random_range(0..pool.len())];
-        let y = pool[rng.random_range(0..pool.len())];
-        let nd = g.node(x).ty.ndim() as i64;
-        let r = match rng.random_range(0..7) {
-            0 => g.add_op(Op::Unary(UnaryOp::Exp), &[x]),
-            1 => g.add_op(Op::Binary(BinaryOp::Add), &[x, y]),
-            2 => g.add_op(Op::Binary(BinaryOp::Mul), &[x, y]),
-            3 if nd > 0 => g.add_op(
-                Op::Reduce {
-                    op: ReduceOp::Sum,
-                    dim: Some(vec![nd - 1]),
-                    keepdim: rng.random_bool(0.5),
-                },
-                &[x],
-            ),
-            4 if nd == 2 => g.add_op(Op::T, &[x]),
-            5 => g.add_op(Op::Matmul, &[x, y]),
-            _ => g.add_op(Op::Softmax { dim: -1 }, &[x]),
-        };
-        if let Ok(v) = r
-            && g.node(v).ty.ndim() <= 2
-        {
-            pool.push(v);
-        }
-    }
-    let k = pool.len();
-    let mut outs = vec![pool[k - 1]];
-    for _ in 0..rng.random_range(0..3) {
-        outs.push(pool[rng.random_range(0..k)]);
-    }
-    g.set_outputs(outs);
-    g
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     #[test]
     fn plans_of_random_fused_graphs_are_valid(seed in any::<u64>(), n in 1usize..16) {
-        let g = random_graph(seed, n);
+        let g = random_graph_from(&Recipe::MEMPLAN, seed, n);
         let c = Pipeline::default().run(&g).unwrap();
         let p = checked(&c.schedule);
         // every temporary is in a slot that is at least its size

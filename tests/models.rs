@@ -1,12 +1,14 @@
 //! The example models under examples/models, run through `smelt run` on random inputs and
 //! compared with the same computation written here with f64 loops.
 
+mod common;
+
+use common::{Tol, assert_close, smelt, temp_dir};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use smelt::runtime::npy::{read_npy, write_npy};
 use smelt::{DType, Tensor};
 use std::path::PathBuf;
-use std::process::Command;
 
 /// An f32 input: its name, shape and values.
 struct Input {
@@ -34,12 +36,7 @@ fn f64s(i: &Input) -> Vec<f64> {
 
 /// Runs `examples/models/{model}.smelt` on the inputs; returns each output's shape and values.
 fn run_model(model: &str, seed: u64, inputs: &[Input]) -> Vec<(Vec<usize>, Vec<f32>)> {
-    let dir = std::env::temp_dir().join(format!(
-        "smelt-models-{}-{model}-{seed}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir(&format!("{model}-{seed}"));
     let path =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("examples/models/{model}.smelt"));
     let mut args = vec!["run".to_string(), path.display().to_string()];
@@ -51,10 +48,7 @@ fn run_model(model: &str, seed: u64, inputs: &[Input]) -> Vec<(Vec<usize>, Vec<f
     }
     args.push("--out".into());
     args.push(dir.join("out").display().to_string());
-    let o = Command::new(env!("CARGO_BIN_EXE_smelt"))
-        .args(&args)
-        .output()
-        .unwrap();
+    let o = smelt(&args);
     assert!(
         o.status.success(),
         "{model}: {}",
@@ -70,16 +64,7 @@ fn run_model(model: &str, seed: u64, inputs: &[Input]) -> Vec<(Vec<usize>, Vec<f
 }
 
 /// Float32 results against an f64 reference: |got - want| <= 2e-5 + 1e-4 |want|.
-fn assert_close(what: &str, got: &[f32], want: &[f64]) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let tol = 2e-5 + 1e-4 * w.abs();
-        assert!(
-            (g as f64 - w).abs() <= tol,
-            "{what}[{i}]: got {g}, expected {w}"
-        );
-    }
-}
+const F32_VS_F64: Tol = Tol::allclose(1e-4, 2e-5);
 
 /// `x[rows, k] @ w[k, cols]` with w stored as given (row-major k x cols).
 fn matmul(x: &[f64], w: &[f64], rows: usize, k: usize, cols: usize) -> Vec<f64> {
@@ -151,9 +136,9 @@ fn linear_regression() {
             / 8.0;
         assert_eq!(outs.len(), 2);
         assert_eq!(outs[0].0, vec![8, 1]);
-        assert_close("pred", &outs[0].1, &pred);
+        assert_close(&outs[0].1, &pred, F32_VS_F64, "pred");
         assert_eq!(outs[1].0, Vec::<usize>::new());
-        assert_close("loss", &outs[1].1, &[loss]);
+        assert_close(&outs[1].1, &[loss], F32_VS_F64, "loss");
     }
 }
 
@@ -166,7 +151,7 @@ fn relu_scale() {
         let want: Vec<f64> = f64s(&ins[0]).iter().map(|&v| v.max(0.0) * 0.5).collect();
         assert_eq!(outs.len(), 1);
         assert_eq!(outs[0].0, vec![8, 16]);
-        assert_close("y", &outs[0].1, &want);
+        assert_close(&outs[0].1, &want, F32_VS_F64, "y");
     }
 }
 
@@ -191,7 +176,7 @@ fn mlp_block() {
         let y = linear(&a, &w2, &b2, 8, 32, 16);
         assert_eq!(outs.len(), 1);
         assert_eq!(outs[0].0, vec![8, 16]);
-        assert_close("y", &outs[0].1, &y);
+        assert_close(&outs[0].1, &y, F32_VS_F64, "y");
     }
 }
 
@@ -202,7 +187,12 @@ fn softmax() {
         let ins = [input(&mut rng, "x", &[8, 16], 10.0)];
         let outs = run_model("softmax", seed, &ins);
         assert_eq!(outs[0].0, vec![8, 16]);
-        assert_close("y", &outs[0].1, &softmax_rows(&f64s(&ins[0]), 16));
+        assert_close(
+            &outs[0].1,
+            &softmax_rows(&f64s(&ins[0]), 16),
+            F32_VS_F64,
+            "y",
+        );
     }
 }
 
@@ -218,7 +208,12 @@ fn layer_norm() {
         let outs = run_model("layer_norm", seed, &ins);
         let [x, w, b] = ins.each_ref().map(f64s);
         assert_eq!(outs[0].0, vec![8, 16]);
-        assert_close("y", &outs[0].1, &layer_norm_rows(&x, &w, &b, 16, 1e-5));
+        assert_close(
+            &outs[0].1,
+            &layer_norm_rows(&x, &w, &b, 16, 1e-5),
+            F32_VS_F64,
+            "y",
+        );
     }
 }
 
@@ -250,7 +245,7 @@ fn attention() {
         }
         assert_eq!(outs.len(), 1);
         assert_eq!(outs[0].0, vec![batch, seq, d]);
-        assert_close("out", &outs[0].1, &want);
+        assert_close(&outs[0].1, &want, F32_VS_F64, "out");
     }
 }
 
@@ -272,6 +267,6 @@ fn residual() {
         let l = linear(&r, &w, &b, 8, 16, 16);
         let y: Vec<f64> = x.iter().zip(&l).map(|(a, b)| a + b).collect();
         assert_eq!(outs[0].0, vec![8, 16]);
-        assert_close("y", &outs[0].1, &y);
+        assert_close(&outs[0].1, &y, F32_VS_F64, "y");
     }
 }

@@ -1,6 +1,9 @@
 //! nn: modules, initialisers (statistics on large tensors), losses against f64 references,
 //! dropout, and state dicts through safetensors files.
 
+mod common;
+
+use common::temp_dir;
 use smelt::nn::functional::{
     self as F, ClassLossOptions, Reduction, binary_cross_entropy_with_logits, cross_entropy,
     mse_loss, nll_loss,
@@ -646,10 +649,6 @@ fn bce_with_logits_is_stable_and_matches_f64() {
 
 // ---- state dicts ---------------------------------------------------------------------------
 
-fn tmp(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("smelt-nn-{}-{name}", std::process::id()))
-}
-
 fn mlp() -> Sequential {
     Sequential::new()
         .add(Linear::new(3, 4, true).unwrap())
@@ -667,7 +666,7 @@ fn state_dict_round_trips_through_a_file() {
         a.forward(&x).unwrap().to_f64_vec(),
         b.forward(&x).unwrap().to_f64_vec()
     );
-    let path = tmp("roundtrip.safetensors");
+    let path = temp_dir("roundtrip").join("roundtrip.safetensors");
     state_dict::save(&a, &path).unwrap();
     state_dict::load(&b, &path).unwrap();
     assert_eq!(
@@ -821,8 +820,9 @@ fn malformed_files_are_errors_not_panics() {
     *b.last_mut().unwrap() = 7;
     assert!(state_dict::from_safetensors_bytes(&b).is_err());
     // Files: a missing one and a corrupted one.
-    assert!(state_dict::load_safetensors(tmp("does-not-exist")).is_err());
-    let path = tmp("corrupt.safetensors");
+    let dir = temp_dir("corrupt");
+    assert!(state_dict::load_safetensors(dir.join("does-not-exist")).is_err());
+    let path = dir.join("corrupt.safetensors");
     std::fs::write(&path, &bytes[..bytes.len() - 5]).unwrap();
     let e = state_dict::load(&mlp(), &path).unwrap_err().to_string();
     assert!(e.contains("corrupt.safetensors"), "{e}");

@@ -1,6 +1,9 @@
 //! `.npy` reading and writing: round trips of every dtype, files written byte by byte the way
 //! NumPy writes them (Fortran order, big-endian, unsigned types), and malformed files.
 
+mod common;
+
+use common::temp_dir;
 use half::{bf16, f16};
 use smelt::runtime::npy::{npy_to_bytes, read_npy, read_npy_bytes, write_npy};
 use smelt::{DType, Element, Error, Tensor};
@@ -396,8 +399,7 @@ fn malformed_files_are_errors_not_panics() {
 
 #[test]
 fn files_on_disk() {
-    let dir = std::env::temp_dir().join(format!("smelt-npy-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("files");
     let path = dir.join("t.npy");
     let t = Tensor::from_vec(vec![1i64, 2, 3], &[3, 1]).unwrap();
     write_npy(&path, &t).unwrap();

@@ -1,6 +1,9 @@
 //! Optimisers: each step against PyTorch's update formulas computed in f64 by hand-written
 //! loops, with gradients set by hand.
 
+mod common;
+
+use common::{Tol, assert_close};
 use smelt::optim::{Adam, AdamConfig, AdamW, Optimizer, SGD, SGDConfig};
 use smelt::{DType, Tensor};
 
@@ -20,14 +23,9 @@ fn grad(v: &[f64], dtype: DType) -> Tensor {
         .unwrap()
 }
 
-fn assert_close(got: &[f64], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len());
-    for (g, w) in got.iter().zip(want) {
-        assert!(
-            (g - w).abs() <= tol * (1.0 + w.abs()),
-            "got {got:?}, want {want:?}"
-        );
-    }
+/// Within `tol + tol·|expected|`.
+fn near(tol: f64) -> Tol {
+    Tol::allclose(tol, tol)
 }
 
 /// Gradients for step `k` of a 3-element parameter: varied signs and magnitudes.
@@ -78,7 +76,12 @@ fn run_sgd(c: SGDConfig, dtype: DType, tol: f64) {
     for (k, w) in want.iter().enumerate() {
         p.set_grad(Some(grad(&grads_at(k), dtype)));
         opt.step().unwrap();
-        assert_close(&p.to_f64_vec(), w, tol);
+        assert_close(
+            &p.to_f64_vec(),
+            w,
+            near(tol),
+            &format!("sgd {dtype:?} step {k}"),
+        );
     }
 }
 
@@ -102,10 +105,11 @@ fn sgd_momentum_by_hand() {
     let mut opt = SGD::new(vec![p.clone()], c).unwrap();
     p.set_grad(Some(grad(&[1.0], DType::F64)));
     opt.step().unwrap();
-    assert_close(&p.to_f64_vec(), &[0.9], 1e-15);
+    assert_close(&p.to_f64_vec(), &[0.9], near(1e-15), "step 1");
     opt.step().unwrap();
-    assert_close(&p.to_f64_vec(), &[0.71], 1e-15);
-    assert_close(&opt.momentum_buffer(0).unwrap().to_f64_vec(), &[1.9], 1e-15);
+    assert_close(&p.to_f64_vec(), &[0.71], near(1e-15), "step 2");
+    let buf = opt.momentum_buffer(0).unwrap();
+    assert_close(&buf.to_f64_vec(), &[1.9], near(1e-15), "momentum buffer");
     // The grad itself is untouched by the momentum buffer updates.
     assert_eq!(p.grad().unwrap().to_f64_vec(), vec![1.0]);
 }
@@ -145,7 +149,7 @@ fn sgd_variants_match_reference() {
     }
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 enum Kind {
     Adam,
     AdamW,
@@ -193,7 +197,12 @@ fn run_adam(c: AdamConfig, kind: Kind, dtype: DType, tol: f64) {
     for (k, w) in want.iter().enumerate() {
         p.set_grad(Some(grad(&grads_at(k), dtype)));
         opt.step().unwrap();
-        assert_close(&p.to_f64_vec(), w, tol);
+        assert_close(
+            &p.to_f64_vec(),
+            w,
+            near(tol),
+            &format!("{kind:?} {dtype:?} step {k}"),
+        );
     }
 }
 
@@ -204,7 +213,7 @@ fn adam_first_step_moves_by_lr() {
     let mut opt = Adam::new(vec![p.clone()], AdamConfig::new(0.1)).unwrap();
     p.set_grad(Some(grad(&[3.0, -0.02], DType::F64)));
     opt.step().unwrap();
-    assert_close(&p.to_f64_vec(), &[0.9, 1.1], 1e-6);
+    assert_close(&p.to_f64_vec(), &[0.9, 1.1], near(1e-6), "first step");
     assert_eq!(opt.step_count(0), 1);
 }
 
@@ -246,7 +255,7 @@ fn adamw_decay_is_decoupled() {
     let mut opt = AdamW::new(vec![p.clone()], c).unwrap();
     p.set_grad(Some(grad(&[0.0], DType::F64)));
     opt.step().unwrap();
-    assert_close(&p.to_f64_vec(), &[2.0 * (1.0 - 0.05)], 1e-15);
+    assert_close(&p.to_f64_vec(), &[2.0 * (1.0 - 0.05)], near(1e-15), "decay");
 }
 
 #[test]

@@ -2,9 +2,10 @@
 //! reference interpreter on random graphs, what each pass merges, removes or folds, and the
 //! kernel counts of known blocks through the whole pipeline and `smelt check --fusion`.
 
+mod common;
+
+use common::{Recipe, assert_bits, assert_close, inputs_for, random_graph_from, smelt, stdout};
 use proptest::prelude::*;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use smelt::ir::graph::{Graph, NodeKind, ValueId};
 use smelt::ir::op::{BinaryOp, Literal, Op, ReduceOp, TensorType, UnaryOp};
 use smelt::jit::{run_graph, trace};
@@ -14,58 +15,9 @@ use smelt::passes::pipeline::{Pipeline, kernel_ops};
 use smelt::passes::{FoldOptions, cse, dce, decompose, fold, fold_with};
 use smelt::runtime::apply;
 use smelt::{DType, Scalar, Tensor};
-use std::process::Command;
 use std::sync::Arc;
 
 // ---- inputs and comparisons ---------------------------------------------------------------
-
-fn random(rng: &mut StdRng, dtype: DType, shape: &[usize]) -> Tensor {
-    let n: usize = shape.iter().product();
-    let v: Vec<f64> = (0..n).map(|_| rng.random_range(-3.0..3.0)).collect();
-    let t = Tensor::from_vec(v, shape).unwrap();
-    if dtype == DType::F64 {
-        t
-    } else {
-        apply(Op::To { dtype }, &[&t]).unwrap()
-    }
-}
-
-fn inputs_for(g: &Graph, seed: u64) -> Vec<Tensor> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    g.inputs()
-        .iter()
-        .map(|&v| {
-            let ty = &g.node(v).ty;
-            if ty.dtype == DType::Bool {
-                let n: usize = ty.shape.iter().product();
-                let b: Vec<bool> = (0..n).map(|_| rng.random_bool(0.3)).collect();
-                Tensor::from_vec(b, &ty.shape).unwrap()
-            } else {
-                random(&mut rng, ty.dtype, &ty.shape)
-            }
-        })
-        .collect()
-}
-
-/// Same dtype, shape and bits (NaNs of any payload are equal; -0.0 and 0.0 are not).
-fn assert_bits(got: &Tensor, want: &Tensor, what: &str) {
-    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
-    assert_eq!(got.shape(), want.shape(), "{what}: shape");
-    for (i, (a, b)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
-        let same = a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
-        assert!(same, "{what}: element {i}: got {a:e}, expected {b:e}");
-    }
-}
-
-/// Same dtype and shape, values within `tol` relative to max(1, |expected|).
-fn assert_close(got: &Tensor, want: &Tensor, tol: f64, what: &str) {
-    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
-    assert_eq!(got.shape(), want.shape(), "{what}: shape");
-    for (i, (a, b)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
-        let same = a == &b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= tol * b.abs().max(1.0);
-        assert!(same, "{what}: element {i}: got {a}, expected {b}");
-    }
-}
 
 /// Runs `before` and `after` (same signature) on the same inputs and compares the outputs,
 /// bit for bit when `tol` is `None`.
@@ -193,172 +145,6 @@ fn count_ops(g: &Graph, pred: impl Fn(&Op) -> bool) -> usize {
         .count()
 }
 
-// ---- random graphs ------------------------------------------------------------------------
-
-/// A random graph over `[a, b]` inputs: pointwise ops with broadcasting, views (transposed,
-/// narrowed, expanded), reductions, composites, leaves that need no input (`full`, `arange`,
-/// constants), repeated ops on the same operands, dead values, several outputs and shared
-/// intermediates.
-fn random_graph(seed: u64, n_ops: usize) -> Graph {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let dims = [1usize, 3, 7];
-    let (a, b) = (dims[rng.random_range(0..3)], dims[rng.random_range(0..3)]);
-    let dtype = if rng.random_bool(0.8) {
-        DType::F32
-    } else {
-        DType::F64
-    };
-    let mut g = Graph::new("random");
-    let mut pool = vec![
-        input(&mut g, "x", dtype, &[a, b]),
-        input(&mut g, "y", dtype, &[b]),
-        input(&mut g, "z", dtype, &[a, 1]),
-    ];
-    let xt = input(&mut g, "xt", dtype, &[b, a]);
-    pool.push(op(&mut g, Op::T, &[xt]));
-    // input-free values: folding material
-    let ar = arange(&mut g, b as i64);
-    let ar = op(&mut g, Op::To { dtype }, &[ar]);
-    pool.push(ar);
-    let f = full(&mut g, &[a, 1], 0.25, dtype);
-    pool.push(bin(&mut g, BinaryOp::Add, f, ar));
-    for _ in 0..n_ops {
-        let pick = |rng: &mut StdRng, pool: &[ValueId]| pool[rng.random_range(0..pool.len())];
-        let x = pick(&mut rng, &pool);
-        let y = pick(&mut rng, &pool);
-        let ty = g.node(x).ty.clone();
-        let nd = ty.ndim() as i64;
-        let o: (Op, Vec<ValueId>) = match rng.random_range(0..16) {
-            0 => (Op::Unary(UnaryOp::Relu), vec![x]),
-            1 => (Op::Unary(UnaryOp::Exp), vec![x]),
-            2 => (Op::Unary(UnaryOp::Tanh), vec![x]),
-            3 | 4 => {
-                let ops = [
-                    BinaryOp::Add,
-                    BinaryOp::Sub,
-                    BinaryOp::Mul,
-                    BinaryOp::Maximum,
-                ];
-                (Op::Binary(ops[rng.random_range(0..4)]), vec![x, y])
-            }
-            5 => {
-                let s = num(&mut g, rng.random_range(-2.0..2.0));
-                (Op::Binary(BinaryOp::Mul), vec![x, s])
-            }
-            6 if nd > 0 => {
-                let ops = [ReduceOp::Sum, ReduceOp::Amax, ReduceOp::Mean];
-                let dim = Some(vec![rng.random_range(-nd..nd)]);
-                let keepdim = rng.random_bool(0.7);
-                let r = ops[rng.random_range(0..3)];
-                (
-                    Op::Reduce {
-                        op: r,
-                        dim,
-                        keepdim,
-                    },
-                    vec![x],
-                )
-            }
-            7 if nd == 2 => (Op::T, vec![x]),
-            8 => (Op::Unsqueeze { dim: 0 }, vec![x]),
-            9 if nd > 0 && ty.shape[0] > 1 => (
-                Op::Narrow {
-                    dim: 0,
-                    start: 1,
-                    length: ty.shape[0] as i64 - 1,
-                },
-                vec![x],
-            ),
-            10 if nd > 0 => {
-                let dim = rng.random_range(-nd..nd);
-                let o = match rng.random_range(0..3) {
-                    0 => Op::Softmax { dim },
-                    1 => Op::LogSoftmax { dim },
-                    _ => Op::Reduce {
-                        op: ReduceOp::LogSumExp,
-                        dim: Some(vec![dim]),
-                        keepdim: rng.random_bool(0.5),
-                    },
-                };
-                (o, vec![x])
-            }
-            11 if nd > 0 => {
-                let last = *ty.shape.last().unwrap_or(&1);
-                (
-                    Op::LayerNorm {
-                        normalized_shape: vec![last],
-                        eps: 1e-5,
-                        has_weight: false,
-                        has_bias: false,
-                    },
-                    vec![x],
-                )
-            }
-            12 => {
-                let u = [
-                    UnaryOp::Gelu { tanh: false },
-                    UnaryOp::Gelu { tanh: true },
-                    UnaryOp::Silu,
-                ];
-                (Op::Unary(u[rng.random_range(0..3)]), vec![x])
-            }
-            13 if nd > 0 => {
-                let dim = Some(vec![rng.random_range(-nd..nd)]);
-                let correction = rng.random_range(0..2) as f64;
-                if rng.random_bool(0.5) {
-                    (
-                        Op::Var {
-                            dim,
-                            correction,
-                            keepdim: true,
-                        },
-                        vec![x],
-                    )
-                } else {
-                    (
-                        Op::Std {
-                            dim,
-                            correction,
-                            keepdim: false,
-                        },
-                        vec![x],
-                    )
-                }
-            }
-            14 => {
-                // the op just added, again on the same operands: a common subexpression
-                let last = *pool.last().unwrap_or(&x);
-                match g.node(last).op().cloned() {
-                    Some(o) if !g.operands(last).is_empty() => (o, g.operands(last)),
-                    _ => (Op::Unary(UnaryOp::Neg), vec![x]),
-                }
-            }
-            15 if nd >= 1 => {
-                let last = ty.shape[ty.shape.len() - 1];
-                let mut size: Vec<i64> = vec![2];
-                size.extend(ty.shape.iter().map(|&s| s as i64));
-                let _ = last;
-                (Op::Expand { size }, vec![x])
-            }
-            _ => match g.add_op(Op::Binary(BinaryOp::Gt), &[x, y]) {
-                Ok(c) => (Op::Where, vec![c, x, y]),
-                Err(_) => (Op::Unary(UnaryOp::Neg), vec![x]),
-            },
-        };
-        match g.add_op(o.0, &o.1) {
-            Ok(v) if g.node(v).ty.ndim() <= 3 => pool.push(v),
-            _ => {}
-        }
-    }
-    let n = pool.len();
-    let mut outs = vec![pool[n - 1]];
-    for _ in 0..rng.random_range(0..3) {
-        outs.push(pool[rng.random_range(4..n.max(5)).min(n - 1)]);
-    }
-    g.set_outputs(outs);
-    g
-}
-
 /// Decomposed composites round differently from their fused reference kernels; a
 /// layer_norm of nearly equal values (the std of rows that differ by a constant) divides
 /// those rounding differences by a tiny deviation, so they reach ~3e-5 there.
@@ -369,7 +155,7 @@ proptest! {
 
     #[test]
     fn cleanup_passes_keep_values_bit_exact(seed in any::<u64>(), n in 1usize..14) {
-        let g = random_graph(seed, n);
+        let g = random_graph_from(&Recipe::PASSES, seed, n);
         same_values(&g, &cse(&g).unwrap(), None, "cse");
         same_values(&g, &dce(&g).unwrap(), None, "dce");
         same_values(&g, &fold(&g).unwrap(), None, "fold");
@@ -379,13 +165,13 @@ proptest! {
 
     #[test]
     fn decompose_agrees_with_the_composites(seed in any::<u64>(), n in 1usize..14) {
-        let g = random_graph(seed, n);
+        let g = random_graph_from(&Recipe::PASSES, seed, n);
         same_values(&g, &decompose(&g).unwrap(), Some(DECOMPOSE_TOL), "decompose");
     }
 
     #[test]
     fn every_pipeline_stage_keeps_values(seed in any::<u64>(), n in 1usize..12) {
-        let g = random_graph(seed, n);
+        let g = random_graph_from(&Recipe::PASSES, seed, n);
         let p = Pipeline::default();
         let labels = p.labels();
         let mut prev = g.clone();
@@ -409,7 +195,7 @@ proptest! {
 
     #[test]
     fn cse_and_dce_are_idempotent(seed in any::<u64>(), n in 1usize..14) {
-        let g = random_graph(seed, n);
+        let g = random_graph_from(&Recipe::PASSES, seed, n);
         let once = dce(&cse(&g).unwrap()).unwrap();
         let twice = dce(&cse(&once).unwrap()).unwrap();
         prop_assert_eq!(once.len(), twice.len());
@@ -1039,18 +825,6 @@ fn run_until_stops_where_asked_and_refuses_unknown_passes() {
 }
 
 // ---- the command line ---------------------------------------------------------------------
-
-fn smelt(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_smelt"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("the smelt binary runs")
-}
-
-fn stdout(o: &std::process::Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 #[test]
 fn check_fusion_prints_the_figures_of_the_examples() {

@@ -1,5 +1,8 @@
 //! Pointwise ops against f64 references computed here, across dtypes, layouts and edge cases.
 
+mod common;
+
+use common::{Tol, assert_close};
 use proptest::prelude::*;
 use smelt::ir::op::{BinaryOp, Op};
 use smelt::runtime::kernels::pointwise::eval_into;
@@ -24,27 +27,6 @@ fn eps(d: DType) -> f64 {
         DType::BF16 => 2f64.powi(-7),
         DType::F32 => 2f64.powi(-23),
         _ => 2f64.powi(-52),
-    }
-}
-
-/// Equal within `rtol`/`atol`; NaN matches NaN and infinities must match exactly.
-fn close(got: f64, want: f64, rtol: f64, atol: f64) -> bool {
-    if got.is_nan() || want.is_nan() {
-        return got.is_nan() && want.is_nan();
-    }
-    if got.is_infinite() || want.is_infinite() {
-        return got == want;
-    }
-    (got - want).abs() <= atol + rtol * want.abs()
-}
-
-fn assert_close(got: &[f64], want: &[f64], rtol: f64, atol: f64, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            close(g, w, rtol, atol),
-            "{what}: element {i}: got {g}, want {w}"
-        );
     }
 }
 
@@ -183,7 +165,12 @@ fn unary_float_ops_match_f64_reference() {
             } else {
                 tol.min(2.0) * eps(d)
             };
-            assert_close(&y.to_f64_vec(), &want, rtol, 1e-300, &format!("{name} {d}"));
+            assert_close(
+                &y.to_f64_vec(),
+                &want,
+                Tol::allclose(rtol, 1e-300),
+                &format!("{name} {d}"),
+            );
         }
     }
 }
@@ -363,8 +350,7 @@ fn binary_float_ops_match_f64_reference() {
             assert_close(
                 &y.to_f64_vec(),
                 &want,
-                tol * eps(d),
-                0.0,
+                Tol::allclose(tol * eps(d), 0.0),
                 &format!("{name} {d}"),
             );
         }
@@ -668,8 +654,7 @@ fn non_contiguous_inputs() {
     assert_close(
         &got,
         &want,
-        2.0 * eps(DType::F32),
-        0.0,
+        Tol::allclose(2.0 * eps(DType::F32), 0.0),
         "exp of a strided view",
     );
     // a broadcast scalar on the left of a non-commutative op, on a strided view

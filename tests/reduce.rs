@@ -1,5 +1,8 @@
 //! Reductions and row ops against f64 references computed here with plain loops.
 
+mod common;
+
+use common::{Tol, assert_close};
 use proptest::prelude::*;
 use smelt::runtime::element::round_to_dtype;
 use smelt::{DType, Element, Tensor};
@@ -107,29 +110,26 @@ fn out_shape(shape: &[usize], dims: &[usize], keepdim: bool) -> Vec<usize> {
         .collect()
 }
 
-fn tol(dt: DType) -> f64 {
-    match dt {
+/// Within `t + t·|expected|`, `t` by dtype.
+fn tol(dt: DType) -> Tol {
+    let t = match dt {
         DType::F16 => 2e-3,
         DType::BF16 => 1e-2,
         DType::F32 => 2e-6,
         DType::F64 => 1e-12,
         _ => 0.0,
-    }
+    };
+    Tol::allclose(t, t)
 }
 
+/// Whether `a` is within `t + t·|b|` of `b`.
 fn close(a: f64, b: f64, t: f64) -> bool {
-    a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= t * (1.0 + b.abs())
+    Tol::allclose(t, t).accepts(a, b, false)
 }
 
-fn assert_close(got: &[f64], want: &[f64], dt: DType, ctx: &str) {
-    assert_eq!(got.len(), want.len(), "{ctx}: lengths");
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let w = round_to_dtype(w, dt);
-        assert!(
-            close(g, w, tol(dt)),
-            "{ctx}: element {i}: got {g}, want {w}"
-        );
-    }
+/// The f64 reference values rounded to `dt`, as the result stores them.
+fn rounded(want: &[f64], dt: DType) -> Vec<f64> {
+    want.iter().map(|&w| round_to_dtype(w, dt)).collect()
 }
 
 /// Checks a reduction of `x` over `dims` (None = all) against `f` applied to each group.
@@ -157,7 +157,7 @@ fn check(
         .iter()
         .map(|g| f(g))
         .collect();
-    assert_close(&got.to_f64_vec(), &want, dtype, ctx);
+    assert_close(&got.to_f64_vec(), &rounded(&want, dtype), tol(dtype), ctx);
 }
 
 /// Shapes with their lists of dims to reduce.
@@ -611,7 +611,7 @@ fn check_rows(ctx: &str, x: &Tensor, dim: i64, got: &Tensor, dt: DType, f: &dyn 
     assert_eq!(got.dtype(), dt, "{ctx}");
     assert_eq!(got.shape(), x.shape(), "{ctx}");
     let want = along(x.shape(), &x.to_f64_vec(), wrap(dim, x.dim()), f);
-    assert_close(&got.to_f64_vec(), &want, dt, ctx);
+    assert_close(&got.to_f64_vec(), &rounded(&want, dt), tol(dt), ctx);
 }
 
 fn row_cases() -> Vec<Vec<usize>> {
@@ -685,7 +685,12 @@ fn softmax_and_log_softmax_match_reference() {
     let s = x.softmax(1).unwrap().to_f64_vec();
     let e = (-1f64).exp();
     let want = [1.0 / (2.0 + e), 1.0 / (2.0 + e), e / (2.0 + e)];
-    assert_close(&s[..3], &want, DType::F32, "stable softmax");
+    assert_close(
+        &s[..3],
+        &rounded(&want, DType::F32),
+        tol(DType::F32),
+        "stable softmax",
+    );
     assert!(s[3..].iter().all(|v| v.is_nan()), "{s:?}");
     let l = x.log_softmax(-1).unwrap().to_f64_vec();
     assert!(close(l[2], -1.0 - (2.0 + e).ln(), 1e-6), "{l:?}");
@@ -741,7 +746,7 @@ fn layer_norm_matches_reference() {
                             want.push(if bo.is_some() { y + bv[i] } else { y });
                         }
                     }
-                    assert_close(&got.to_f64_vec(), &want, dt, &ctx);
+                    assert_close(&got.to_f64_vec(), &rounded(&want, dt), tol(dt), &ctx);
                 }
             }
         }

@@ -3,11 +3,13 @@
 //! (special values included), fast-math rules fire only with the option, random graphs keep
 //! their values, and runs are deterministic and bounded.
 
+mod common;
+
+use common::inputs::SPECIAL;
+use common::{Recipe, assert_bits, assert_close, random_graph_from, special_inputs_for};
 use proptest::prelude::*;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use smelt::ir::graph::{Graph, NodeKind, ValueId};
-use smelt::ir::op::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp};
+use smelt::ir::op::{BinaryOp, Op, TensorType, UnaryOp};
 use smelt::ir::print_graph;
 use smelt::passes::rewrite::{RewriteOptions, RewriteStats, rewrite};
 use smelt::runtime::interp;
@@ -64,79 +66,25 @@ fn count(g: &Graph, name: &str) -> usize {
         .count()
 }
 
-/// Values that stress IEEE corner cases, then ordinary random ones.
-const SPECIAL: [f64; 10] = [
-    f64::NAN,
-    0.0,
-    -0.0,
-    f64::INFINITY,
-    f64::NEG_INFINITY,
-    -1.5,
-    2.5,
-    1e-40,
-    -3.0,
-    65504.0,
-];
-
-fn random_tensor(rng: &mut StdRng, ty: &TensorType) -> Tensor {
-    let n: usize = ty.shape.iter().product();
-    if ty.dtype == DType::Bool {
-        let b: Vec<bool> = (0..n).map(|_| rng.random_bool(0.4)).collect();
-        return Tensor::from_vec(b, &ty.shape).unwrap();
-    }
-    let v: Vec<f64> = (0..n)
-        .map(|i| {
-            if ty.dtype.is_float() && rng.random_bool(0.3) {
-                SPECIAL[(i + rng.random_range(0..SPECIAL.len())) % SPECIAL.len()]
-            } else {
-                rng.random_range(-4.0..4.0_f64).round()
-                    * if ty.dtype.is_float() { 0.75 } else { 1.0 }
-            }
-        })
-        .collect();
-    let t = Tensor::from_vec(v, &ty.shape).unwrap();
-    smelt::runtime::apply(Op::To { dtype: ty.dtype }, &[&t]).unwrap()
-}
-
-fn inputs_for(g: &Graph, seed: u64) -> Vec<(String, Tensor)> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    g.inputs()
-        .iter()
-        .map(|&v| {
-            let n = g.node(v);
-            (n.name.clone(), random_tensor(&mut rng, &n.ty))
-        })
-        .collect()
-}
-
-fn same_bits(a: f64, b: f64) -> bool {
-    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
-}
-
 /// Runs both graphs on the same inputs; asserts equal dtypes, shapes and values, bit for bit
 /// when `tol` is 0 (NaN equals NaN, and `-0.0` differs from `0.0`).
 fn assert_same_values(g: &Graph, h: &Graph, tol: f64) {
     for seed in 0..3 {
-        let ins = inputs_for(g, seed);
+        let ins = special_inputs_for(g, seed);
         let want = interp::run(g, &ins).unwrap();
         let got = interp::run(h, &ins)
             .unwrap_or_else(|e| panic!("{e}\n{}\n{}", print_graph(g), print_graph(h)));
         assert_eq!(got.len(), want.len());
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(a.dtype(), b.dtype(), "output {i} dtype");
-            assert_eq!(a.shape(), b.shape(), "output {i} shape");
-            for (j, (x, y)) in a.to_f64_vec().iter().zip(b.to_f64_vec()).enumerate() {
-                let ok = if tol == 0.0 {
-                    same_bits(*x, y)
-                } else {
-                    same_bits(*x, y) || (x - y).abs() <= tol * y.abs().max(1.0)
-                };
-                assert!(
-                    ok,
-                    "output {i} element {j}: got {x}, expected {y}\nbefore:\n{}\nafter:\n{}",
-                    print_graph(g),
-                    print_graph(h)
-                );
+            let what = format!(
+                "output {i}\nbefore:\n{}\nafter:\n{}",
+                print_graph(g),
+                print_graph(h)
+            );
+            if tol == 0.0 {
+                assert_bits(a, b, &what);
+            } else {
+                assert_close(a, b, tol, &what);
             }
         }
     }
@@ -221,9 +169,7 @@ fn relu_times_constant_keeps_nan_and_signed_zeros() {
     let x = Tensor::from_vec(SPECIAL.iter().map(|&v| v as f32).collect(), &[10]).unwrap();
     let got = interp::run(&h, &[("x", x.clone())]).unwrap()[0].to_f64_vec();
     let want = interp::run(&g, &[("x", x)]).unwrap()[0].to_f64_vec();
-    for (a, b) in got.iter().zip(&want) {
-        assert!(same_bits(*a, *b), "{got:?} vs {want:?}");
-    }
+    assert_bits(&got, &want, "relu(x) * 0");
     assert!(got[0].is_nan());
     assert!(
         got[2] == 0.0 && got[2].is_sign_negative(),
@@ -748,125 +694,17 @@ fn fast_math_rules_fire_only_with_the_option() {
         let xin = Tensor::from_vec((1..=36).map(|i| i as f32 * 0.25).collect(), &[9, 4]).unwrap();
         let want = interp::run(&g, &[("x", xin.clone())]).unwrap()[0].to_f64_vec();
         let got = interp::run(&h, &[("x", xin)]).unwrap()[0].to_f64_vec();
-        for (a, b) in got.iter().zip(&want) {
-            assert!(
-                (a - b).abs() <= 1e-5 * b.abs().max(1.0),
-                "{rule}: {a} vs {b}"
-            );
-        }
+        assert_close(&got, &want, 1e-5, rule);
     }
 }
 
 // ---- random graphs ------------------------------------------------------------------------
 
-/// A random graph of pointwise ops (with Python-scalar constants and relu·c chains), views,
-/// broadcasts, reductions and matmuls over shared intermediates.
-fn random_graph(seed: u64, n_ops: usize) -> Graph {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let dims = [1usize, 3, 5];
-    let (a, b) = (dims[rng.random_range(0..3)], dims[rng.random_range(0..3)]);
-    let dtype = [DType::F32, DType::F64, DType::F16][rng.random_range(0..3)];
-    let mut g = Graph::new("random");
-    let mut pool = vec![
-        input(&mut g, "x", dtype, &[a, b]),
-        input(&mut g, "y", dtype, &[b]),
-        input(&mut g, "z", dtype, &[a, 1]),
-    ];
-    let xt = input(&mut g, "xt", dtype, &[b, a]);
-    pool.push(op(&mut g, Op::T, &[xt]));
-    let consts = [0.5, 2.0, 1.0, -0.0, 0.0, -1.5, 0.25];
-    for _ in 0..n_ops {
-        let pick = |rng: &mut StdRng, pool: &[ValueId]| pool[rng.random_range(0..pool.len())];
-        let x = pick(&mut rng, &pool);
-        let y = pick(&mut rng, &pool);
-        let ty = g.node(x).ty.clone();
-        let nd = ty.ndim() as i64;
-        let c = consts[rng.random_range(0..consts.len())];
-        let made: Option<(Op, Vec<ValueId>)> = match rng.random_range(0..17) {
-            0 => Some((Op::Unary(UnaryOp::Relu), vec![x])),
-            1 => Some((Op::Unary(UnaryOp::Exp), vec![x])),
-            2 => Some((Op::Unary(UnaryOp::Neg), vec![x])),
-            3 | 4 => {
-                let ops = [
-                    BinaryOp::Add,
-                    BinaryOp::Sub,
-                    BinaryOp::Mul,
-                    BinaryOp::Div,
-                    BinaryOp::Maximum,
-                ];
-                Some((Op::Binary(ops[rng.random_range(0..5)]), vec![x, y]))
-            }
-            5 | 6 => {
-                let ops = [BinaryOp::Mul, BinaryOp::Add, BinaryOp::Sub, BinaryOp::Div];
-                let s = num(&mut g, c);
-                Some((Op::Binary(ops[rng.random_range(0..4)]), vec![x, s]))
-            }
-            7 if nd > 0 => {
-                let ops = [ReduceOp::Sum, ReduceOp::Amax, ReduceOp::Mean];
-                let dim = Some(vec![rng.random_range(-nd..nd)]);
-                let keepdim = rng.random_bool(0.7);
-                let op = ops[rng.random_range(0..3)];
-                Some((Op::Reduce { op, dim, keepdim }, vec![x]))
-            }
-            8 if nd == 2 => Some((Op::T, vec![x])),
-            9 => Some((Op::Unsqueeze { dim: 0 }, vec![x])),
-            10 if nd > 0 => Some((Op::Squeeze { dim: None }, vec![x])),
-            11 if nd == 2 => {
-                let r = op(&mut g, Op::Unary(UnaryOp::Relu), &[x]);
-                let s = num(&mut g, c);
-                Some((Op::Binary(BinaryOp::Mul), vec![r, s]))
-            }
-            12 if nd >= 1 => {
-                let yt = &g.node(y).ty;
-                (yt.ndim() >= 1 && yt.shape[0] == ty.shape[nd as usize - 1])
-                    .then(|| (Op::Matmul, vec![x, y]))
-            }
-            13 if nd == 2 => {
-                let t = op(&mut g, Op::T, &[x]);
-                Some((Op::Contiguous, vec![t]))
-            }
-            14 => Some((Op::To { dtype: DType::F64 }, vec![x])),
-            15 if nd > 0 => {
-                let step = 2;
-                let dim = 0;
-                Some((
-                    Op::Slice {
-                        dim,
-                        start: None,
-                        end: None,
-                        step,
-                    },
-                    vec![x],
-                ))
-            }
-            _ => match g.add_op(Op::Binary(BinaryOp::Gt), &[x, y]) {
-                Ok(c) => Some((Op::Where, vec![c, x, y])),
-                Err(_) => None,
-            },
-        };
-        if let Some((o, xs)) = made
-            && let Ok(v) = g.add_op(o, &xs)
-            && g.node(v).ty.ndim() <= 3
-            && g.node(v).ty.numel() <= 4096
-        {
-            pool.push(v);
-        }
-    }
-    let n = pool.len();
-    let mut outs = vec![pool[n - 1]];
-    for _ in 0..rng.random_range(0..3) {
-        outs.push(pool[rng.random_range(4..n.max(5)).min(n - 1)]);
-    }
-    g.set_outputs(outs);
-    g.verify().unwrap();
-    g
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(40))]
     #[test]
     fn random_graphs_keep_their_values_bit_for_bit(seed in any::<u64>(), n in 1usize..16) {
-        let g = random_graph(seed, n);
+        let g = random_graph_from(&Recipe::REWRITE, seed, n);
         rw(&g);
     }
 }
@@ -874,7 +712,7 @@ proptest! {
 #[test]
 fn random_graphs_under_fast_math_stay_close_on_tame_inputs() {
     for seed in 0..12 {
-        let g = random_graph(seed, 10);
+        let g = random_graph_from(&Recipe::REWRITE, seed, 10);
         let (h, _) = rw_with(&g, &opts(true));
         // fast math is only close on finite inputs away from cancellations: compare on
         // positive values with a loose tolerance
@@ -892,11 +730,9 @@ fn random_graphs_under_fast_math_stay_close_on_tame_inputs() {
             .collect();
         let want = interp::run(&g, &ins).unwrap();
         let got = interp::run(&h, &ins).unwrap();
-        for (a, b) in got.iter().zip(&want) {
-            assert_eq!(a.shape(), b.shape());
-            for (x, y) in a.to_f64_vec().iter().zip(b.to_f64_vec()) {
-                assert!(same_bits(*x, y) || (x - y).abs() <= 1e-2 * y.abs().max(1.0));
-            }
+        assert_eq!(got.len(), want.len());
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_close(a, b, 1e-2, &format!("seed {seed} output {i}"));
         }
     }
 }
@@ -906,7 +742,7 @@ fn random_graphs_under_fast_math_stay_close_on_tame_inputs() {
 #[test]
 fn rewriting_is_deterministic() {
     for seed in [3, 17, 99] {
-        let g = random_graph(seed, 14);
+        let g = random_graph_from(&Recipe::REWRITE, seed, 14);
         let (h1, s1) = rw_with(&g, &opts(false));
         let (h2, s2) = rw_with(&g, &opts(false));
         assert_eq!(print_graph(&h1), print_graph(&h2));
@@ -1027,7 +863,7 @@ fn random_graphs_exercise_the_rules() {
     // their values.)
     let mut seen = std::collections::BTreeMap::new();
     for seed in 0..60 {
-        let g = random_graph(seed, 15);
+        let g = random_graph_from(&Recipe::REWRITE, seed, 15);
         let (_, s) = rw(&g);
         for (name, n) in s.fired {
             *seen.entry(name).or_insert(0) += n;

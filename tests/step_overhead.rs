@@ -3,8 +3,11 @@
 //! that later calls must not overwrite, strided and offset GEMM operands, and storage reuse
 //! once the caller has dropped a result.
 
+mod common;
+
+use common::{Dist, assert_close, inputs_with, random_tensor};
+use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use smelt::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend};
 use smelt::ir::graph::Graph;
 use smelt::ir::op::Op;
@@ -22,34 +25,12 @@ fn graph(text: &str) -> Graph {
     m.graphs[0].clone()
 }
 
-fn random(rng: &mut StdRng, dtype: DType, shape: &[usize]) -> Tensor {
-    let n: usize = shape.iter().product();
-    let v: Vec<f64> = (0..n).map(|_| rng.random_range(-2.0..2.0)).collect();
-    let t = Tensor::from_vec(v, shape).unwrap();
-    smelt::runtime::apply(Op::To { dtype }, &[&t]).unwrap()
-}
-
-fn inputs_for(g: &Graph, seed: u64) -> Vec<Tensor> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    g.inputs()
-        .iter()
-        .map(|&v| {
-            let ty = &g.node(v).ty;
-            random(&mut rng, ty.dtype, &ty.shape)
-        })
-        .collect()
-}
-
-fn assert_close(got: &Tensor, want: &Tensor, tol: f64, what: &str) {
-    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
-    assert_eq!(got.shape(), want.shape(), "{what}: shape");
-    for (i, (a, b)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
-        assert!(
-            (a - b).abs() <= tol * b.abs().max(1.0),
-            "{what}: element {i}: got {a}, expected {b}"
-        );
-    }
-}
+/// Inputs of these tests: floats in [-2, 2) of every dtype.
+const INPUTS: Dist = Dist {
+    span: 2.0,
+    ints: None,
+    bools: None,
+};
 
 /// Both kernel backends, fused and not, on the global pool and on a pool of two threads.
 fn configs() -> Vec<CompileOptions> {
@@ -93,7 +74,7 @@ fn concurrent_calls_match_the_interpreter() {
                     let (f, g, opts) = (&f, &g, &opts);
                     s.spawn(move || {
                         for round in 0..20 {
-                            let ins = inputs_for(g, 1000 * t + round);
+                            let ins = inputs_with(g, 1000 * t + round, &INPUTS);
                             let want = run_graph(g, &ins).unwrap();
                             let got = f.call(&ins).unwrap();
                             for (i, (a, b)) in got.iter().zip(&want).enumerate() {
@@ -112,13 +93,13 @@ fn a_returned_result_never_changes_when_the_function_is_called_again() {
     let g = step_like("f32", 9, 4, 3);
     for opts in configs() {
         let f = CompiledFn::compile(&g, &opts).unwrap();
-        let ins = inputs_for(&g, 1);
+        let ins = inputs_with(&g, 1, &INPUTS);
         let first = f.call(&ins).unwrap();
         let kept: Vec<Vec<f64>> = first.iter().map(Tensor::to_f64_vec).collect();
         // later calls on other data, with their results dropped or held
         let mut held = Vec::new();
         for seed in 2..6 {
-            let other = f.call(&inputs_for(&g, seed)).unwrap();
+            let other = f.call(&inputs_with(&g, seed, &INPUTS)).unwrap();
             if seed % 2 == 1 {
                 held.push(other);
             }
@@ -126,7 +107,7 @@ fn a_returned_result_never_changes_when_the_function_is_called_again() {
         for (t, v) in first.iter().zip(&kept) {
             assert_eq!(&t.to_f64_vec(), v, "{opts:?}");
         }
-        let want5 = run_graph(&g, &inputs_for(&g, 5)).unwrap();
+        let want5 = run_graph(&g, &inputs_with(&g, 5, &INPUTS)).unwrap();
         for (a, b) in held[1].iter().zip(&want5) {
             assert_close(a, b, 1e-5, &format!("{opts:?} held"));
         }
@@ -142,7 +123,7 @@ fn dropped_results_are_reused_and_held_ones_are_not() {
     let g = step_like("f32", 16, 3, 2);
     // no pool of its own: the call (and its allocation count) stays on this thread
     let f = CompiledFn::compile(&g, &CompileOptions::default()).unwrap();
-    let ins = inputs_for(&g, 3);
+    let ins = inputs_with(&g, 3, &INPUTS);
     let want = run_graph(&g, &ins).unwrap();
     f.call(&ins).unwrap();
     let before = allocation_count();
@@ -187,7 +168,7 @@ fn gemm_operands_that_are_views_or_offset_inputs() {
             let ty = &g.node(v).ty;
             let mut big = ty.shape.clone();
             big[0] += 3;
-            let t = random(&mut rng, ty.dtype, &big);
+            let t = random_tensor(&mut rng, ty.dtype, &big, &INPUTS);
             let s = t.slice(0, Some(3), Some(big[0] as i64), 1).unwrap();
             assert!(s.is_contiguous() && s.storage_offset() > 0);
             s
@@ -214,7 +195,7 @@ fn empty_and_zero_inner_size_products() {
            return %p, %r
          }",
     );
-    let ins = inputs_for(&g, 0);
+    let ins = inputs_with(&g, 0, &INPUTS);
     let want = run_graph(&g, &ins).unwrap();
     for opts in configs() {
         let f = CompiledFn::compile(&g, &opts).unwrap();
@@ -231,12 +212,12 @@ fn empty_and_zero_inner_size_products() {
 fn wrong_inputs_are_still_refused() {
     let g = step_like("f32", 4, 2, 3);
     let f = CompiledFn::compile(&g, &CompileOptions::default()).unwrap();
-    let mut ins = inputs_for(&g, 0);
+    let mut ins = inputs_with(&g, 0, &INPUTS);
     ins[1] = Tensor::zeros(&[3, 2], DType::F32);
     let e = f.call(&ins).unwrap_err().to_string();
     assert!(e.contains("input 1 (w)") && e.contains("f32[2,3]"), "{e}");
     // a good call after a refused one still gives the interpreter's values
-    let ins = inputs_for(&g, 1);
+    let ins = inputs_with(&g, 1, &INPUTS);
     let want = run_graph(&g, &ins).unwrap();
     let got = f.call(&ins).unwrap();
     assert_close(&got[0], &want[0], 1e-5, "after error");
@@ -245,8 +226,8 @@ fn wrong_inputs_are_still_refused() {
 #[test]
 fn losses_of_earlier_training_steps_keep_their_values() {
     let mut rng = StdRng::seed_from_u64(5);
-    let x = random(&mut rng, DType::F32, &[100, 1]);
-    let y = random(&mut rng, DType::F32, &[100, 1]);
+    let x = random_tensor(&mut rng, DType::F32, &[100, 1], &INPUTS);
+    let y = random_tensor(&mut rng, DType::F32, &[100, 1], &INPUTS);
     let m = Linear::new(1, 1, true).unwrap();
     let mut step = mse_sgd_step(&m, &x, &y, 0.1);
     let mut losses = Vec::new();
@@ -299,7 +280,7 @@ fn call_into_writes_an_update_into_the_parameter_it_reads() {
         for opts in configs() {
             let f = CompiledFn::compile(&g, &opts).unwrap();
             for seed in 0..3 {
-                let ins = inputs_for(&g, seed);
+                let ins = inputs_with(&g, seed, &INPUTS);
                 let want = run_graph(&g, &copies(&ins)).unwrap();
                 let w = ins[1].clone();
                 let got = f.call_into(&ins, &[None, Some(&w), None]).unwrap();
@@ -326,7 +307,7 @@ fn call_into_writes_an_update_into_the_parameter_it_reads() {
 fn call_into_refuses_destinations_it_cannot_write_safely() {
     let g = step_like("f32", 6, 4, 3);
     let f = CompiledFn::compile(&g, &CompileOptions::default()).unwrap();
-    let ins = inputs_for(&g, 9);
+    let ins = inputs_with(&g, 9, &INPUTS);
     let want = run_graph(&g, &copies(&ins)).unwrap();
     let before: Vec<Vec<f64>> = ins.iter().map(Tensor::to_f64_vec).collect();
     let transposed = Tensor::zeros(&[3, 4], DType::F32).t().unwrap();
@@ -411,10 +392,10 @@ fn gemm_updates_only_where_the_update_is_theirs_alone() {
         let f = CompiledFn::compile(&g, &CompileOptions::default()).unwrap();
         assert_eq!(f.gemm_updates(), updates, "{}", f.schedule());
         for seed in 0..2 {
-            let want = run_graph(&g, &inputs_for(&g, seed)).unwrap();
+            let want = run_graph(&g, &inputs_with(&g, seed, &INPUTS)).unwrap();
             // out of place, into w itself, into a fresh tensor; each on new inputs
             for dest in 0..3 {
-                let ins = inputs_for(&g, seed);
+                let ins = inputs_with(&g, seed, &INPUTS);
                 let w = ins[0].clone();
                 let fresh = Tensor::zeros(w.shape(), DType::F32);
                 let mut into = vec![[None, Some(&w), Some(&fresh)][dest]];
@@ -461,7 +442,7 @@ fn call_into_matches_the_interpreter_when_the_parameter_is_read_again() {
         let g = graph(text);
         for opts in configs() {
             let f = CompiledFn::compile(&g, &opts).unwrap();
-            let ins = inputs_for(&g, 4);
+            let ins = inputs_with(&g, 4, &INPUTS);
             let want = run_graph(&g, &copies(&ins)).unwrap();
             let w = ins[0].clone();
             let got = f.call_into(&ins, &[Some(&w)]).unwrap();
@@ -476,11 +457,11 @@ fn call_into_matches_the_interpreter_when_the_parameter_is_read_again() {
 #[test]
 fn compiled_step_updates_the_parameter_tensors_in_place() {
     let mut rng = StdRng::seed_from_u64(11);
-    let x = random(&mut rng, DType::F32, &[20, 3]);
-    let y = random(&mut rng, DType::F32, &[20, 2]);
+    let x = random_tensor(&mut rng, DType::F32, &[20, 3], &INPUTS);
+    let y = random_tensor(&mut rng, DType::F32, &[20, 2], &INPUTS);
     let (wv, bv) = (
-        random(&mut rng, DType::F32, &[2, 3]),
-        random(&mut rng, DType::F32, &[2]),
+        random_tensor(&mut rng, DType::F32, &[2, 3], &INPUTS),
+        random_tensor(&mut rng, DType::F32, &[2], &INPUTS),
     );
     let layer = || {
         let w = copies(std::slice::from_ref(&wv)).remove(0);
@@ -514,8 +495,8 @@ fn compiled_step_updates_the_parameter_tensors_in_place() {
 #[test]
 fn an_mlp_step_graph_updates_its_weights_in_place() {
     let mut rng = StdRng::seed_from_u64(12);
-    let x = random(&mut rng, DType::F32, &[8, 160]);
-    let y = random(&mut rng, DType::F32, &[8, 7]);
+    let x = random_tensor(&mut rng, DType::F32, &[8, 160], &INPUTS);
+    let y = random_tensor(&mut rng, DType::F32, &[8, 7], &INPUTS);
     let m = smelt::nn::Sequential::new()
         .add(Linear::new(160, 200, true).unwrap())
         .add(smelt::nn::ReLU::new())

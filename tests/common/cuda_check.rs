@@ -1,6 +1,7 @@
 //! What the CUDA execution tests share: one-output graphs from text, random inputs for a
 //! graph and the comparison of a result with the interpreter's.
 
+use super::close::{Tol, assert_close};
 use smelt::ir::graph::Graph;
 use smelt::ir::parse_module;
 use smelt::{DType, Tensor};
@@ -34,32 +35,22 @@ pub fn inputs(g: &Graph) -> Vec<Tensor> {
         .collect()
 }
 
-/// Tolerance of a dtype, relative and absolute: the GPU's math library and the CPU's agree
-/// to a few ulps; halves round after every op.
-pub fn tol(d: DType) -> f64 {
-    match d {
+/// Tolerance of a dtype, `t + t·|expected|`: the GPU's math library and the CPU's agree to a
+/// few ulps; halves round after every op.
+pub fn tol(d: DType) -> Tol {
+    let t = match d {
         DType::F16 | DType::BF16 => 2e-2,
         DType::F32 => 2e-5,
         DType::F64 => 1e-12,
         _ => 0.0,
-    }
+    };
+    Tol::allclose(t, t)
 }
 
-pub fn assert_close(what: &str, got: &Tensor, want: &Tensor) {
-    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
-    assert_eq!(got.shape(), want.shape(), "{what}: shape");
-    let t = tol(want.dtype());
-    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        let ok = if b.is_nan() {
-            a.is_nan()
-        } else if b.is_infinite() {
-            a == b
-        } else {
-            (a - b).abs() <= t * (1.0 + b.abs())
-        };
-        assert!(ok, "{what}: element {i}: got {a}, want {b}");
-    }
+/// Asserts that a GPU result matches the interpreter's within the tolerance of its dtype.
+#[track_caller]
+pub fn assert_matches(what: &str, got: &Tensor, want: &Tensor) {
+    assert_close(got, want, tol(want.dtype()), what);
 }
 
 /// The graph `g_{name}(params)` of `body`, returning `%y`.
