@@ -1,27 +1,14 @@
 //! `smelt profile`: the printed tables and the JSON report, checked against the schedules the
 //! library builds for the same model and sizes computed from the model's types.
 
+mod common;
+
+use common::{smelt_in, temp_dir};
 use smelt::Tensor;
 use smelt::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend};
 use smelt::ir::parse_module;
 use smelt::runtime::npy::write_npy;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn temp_dir(test: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("smelt-profile-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn smelt(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_smelt"))
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("the smelt binary runs")
-}
+use std::path::Path;
 
 fn model(name: &str) -> String {
     format!(
@@ -32,7 +19,7 @@ fn model(name: &str) -> String {
 
 /// Kernel backends to profile with: the interpreter always, Cranelift when it is built.
 fn kernel_backends(dir: &Path) -> Vec<&'static str> {
-    let o = smelt(
+    let o = smelt_in(
         dir,
         &[
             "profile",
@@ -94,7 +81,7 @@ fn profile_json_has_every_field_with_sane_values() {
         for name in ["mlp_block", "softmax", "layer_norm", "attention"] {
             let path = model(name);
             let json = d.join(format!("{name}-{kernels}.json"));
-            let o = smelt(
+            let o = smelt_in(
                 &d,
                 &[
                     "profile",
@@ -146,7 +133,7 @@ fn profile_reads_given_inputs_and_reports_errors() {
     .unwrap();
     write_npy(d.join("x.npy"), &x).unwrap();
     let path = model("relu_scale");
-    let o = smelt(
+    let o = smelt_in(
         &d,
         &[
             "profile",
@@ -164,7 +151,7 @@ fn profile_reads_given_inputs_and_reports_errors() {
     assert!(out.contains("max |fused - eager| = 0e0"), "{out}");
     let bad = Tensor::zeros(&[16, 8], smelt::DType::F32);
     write_npy(d.join("bad.npy"), &bad).unwrap();
-    let o = smelt(
+    let o = smelt_in(
         &d,
         &[
             "profile",
@@ -181,7 +168,7 @@ fn profile_reads_given_inputs_and_reports_errors() {
         err.contains("expected f32[8,16] but got f32[16,8]"),
         "{err}"
     );
-    let o = smelt(
+    let o = smelt_in(
         &d,
         &[
             "profile",
@@ -193,7 +180,7 @@ fn profile_reads_given_inputs_and_reports_errors() {
         ],
     );
     assert!(String::from_utf8_lossy(&o.stderr).contains("no input named 'y'"));
-    let o = smelt(
+    let o = smelt_in(
         &d,
         &["profile", &path, "--repeat", "0", "--kernels", "interp"],
     );
@@ -210,7 +197,7 @@ fn run_without_a_gpu_refuses_cuda_and_compiles_by_default() {
     .unwrap();
     write_npy(d.join("x.npy"), &x).unwrap();
     let path = model("relu_scale");
-    let o = smelt(
+    let o = smelt_in(
         &d,
         &[
             "run",
@@ -230,7 +217,7 @@ fn run_without_a_gpu_refuses_cuda_and_compiles_by_default() {
     for extra in [&[][..], &["--no-fuse"][..]] {
         let mut args = vec!["run", &path, "--input", "x=x.npy", "--out", "o"];
         args.extend_from_slice(extra);
-        let o = smelt(&d, &args);
+        let o = smelt_in(&d, &args);
         let err = String::from_utf8_lossy(&o.stderr).to_string();
         assert!(o.status.success(), "{err}");
         let y = smelt::runtime::npy::read_npy(d.join("o/out0.npy")).unwrap();
@@ -245,7 +232,7 @@ fn profile_text(d: &Path, name: &str, text: &str) -> (String, serde_json::Value)
     std::fs::write(&path, text).unwrap();
     let json = d.join(format!("{name}.json"));
     let args = ["profile", path.to_str().unwrap(), "--repeat", "1", "--json"];
-    let o = smelt(d, &[&args[..], &[json.to_str().unwrap()]].concat());
+    let o = smelt_in(d, &[&args[..], &[json.to_str().unwrap()]].concat());
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let j = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     (String::from_utf8_lossy(&o.stdout).to_string(), j)
@@ -254,11 +241,13 @@ fn profile_text(d: &Path, name: &str, text: &str) -> (String, serde_json::Value)
 #[test]
 fn minimum_traffic_counts_only_the_memory_behind_view_outputs() {
     let d = temp_dir("views");
-    // %z is a 4 GB view of 1000 computed floats; %t shares the memory of the input %w; %y is
-    // returned twice but written once
+    // %z is a 40 MB view of 1000 computed floats (ten thousand times the memory behind it;
+    // `smelt profile` runs the graph and compares the outputs of its ways element by element,
+    // so a larger view costs that much memory several times over); %t shares the memory of
+    // the input %w; %y is returned twice but written once
     let text = "graph views(%x: f32[1,1000], %w: f32[3,4]) {
   %y = exp(%x)
-  %z: f32[1000000,1000] = expand(%y, size=[1000000,1000])
+  %z: f32[10000,1000] = expand(%y, size=[10000,1000])
   %t: f32[4,3] = transpose(%w, dim0=0, dim1=1)
   %n: f32[2,1000] = narrow(%z, dim=0, start=5, length=2)
   return %z, %t, %y, %y, %n
