@@ -419,3 +419,15 @@ fn smelt_compile_reports_bad_arguments() {
     ]);
     assert_eq!(o.status.code(), Some(1));
 }
+
+#[test]
+fn every_unary_op_has_a_case() {
+    for u in smelt::ir::op::UnaryOp::ALL {
+        let call = format!("= {}(", u.name());
+        assert!(
+            CASES.iter().any(|(_, _, body)| body.contains(&call)),
+            "no CUDA case runs {}",
+            u.name()
+        );
+    }
+}

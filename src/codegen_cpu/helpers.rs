@@ -1,19 +1,21 @@
-//! Host functions that generated kernels call: f64 math (the formulas of the eager kernels,
-//! so f64 results are bit-identical to eager ones), f16 conversions, integer power.
+//! Host functions that generated kernels call: f64 math (each unary op's reference formula,
+//! [`UnaryOp::f64_helper`], so f64 results are bit-identical to eager ones), f16 conversions,
+//! integer power.
 //!
 //! Every function is `extern "C"` and re-entrant, and touches only its arguments (the strip
 //! helpers of [`super::vmath`] the buffers they are given); [`symbols`] lists them with their
 //! Cranelift signatures so a JIT can import them by name.
 
+use crate::ir::op::UnaryOp;
 use half::{bf16, f16};
 
 /// The parameter and result kinds of a helper.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sig {
-    /// `f64 -> f64`
-    F64F64,
     /// `(f64, f64) -> f64`
     F64F64F64,
+    /// `(f64, f64, f64) -> f64`: a unary op's reference formula with its two attributes.
+    Unary,
     /// `f64 -> f32`
     F64F32,
     /// `f32 -> u32`
@@ -32,47 +34,6 @@ pub enum Sig {
     Stream,
 }
 
-extern "C" fn exp(x: f64) -> f64 {
-    x.exp()
-}
-extern "C" fn log(x: f64) -> f64 {
-    x.ln()
-}
-extern "C" fn log1p(x: f64) -> f64 {
-    x.ln_1p()
-}
-extern "C" fn expm1(x: f64) -> f64 {
-    x.exp_m1()
-}
-extern "C" fn sin(x: f64) -> f64 {
-    x.sin()
-}
-extern "C" fn cos(x: f64) -> f64 {
-    x.cos()
-}
-extern "C" fn tanh(x: f64) -> f64 {
-    x.tanh()
-}
-fn sigmoid_f64(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
-}
-extern "C" fn sigmoid(x: f64) -> f64 {
-    sigmoid_f64(x)
-}
-extern "C" fn silu(x: f64) -> f64 {
-    x * sigmoid_f64(x)
-}
-extern "C" fn erf(x: f64) -> f64 {
-    libm::erf(x)
-}
-extern "C" fn gelu(x: f64) -> f64 {
-    0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2))
-}
-extern "C" fn gelu_tanh(x: f64) -> f64 {
-    const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
-    let inner = SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
-    0.5 * x * (1.0 + inner.tanh())
-}
 extern "C" fn pow(a: f64, b: f64) -> f64 {
     a.powf(b)
 }
@@ -117,55 +78,48 @@ extern "C" fn pow_i64(mut a: i64, mut b: i64) -> i64 {
 /// Every helper: symbol name, address, signature.
 pub fn symbols() -> Vec<(&'static str, *const u8, Sig)> {
     use Sig::*;
-    vec![
-        ("smelt_exp", exp as *const u8, F64F64),
-        ("smelt_log", log as *const u8, F64F64),
-        ("smelt_log1p", log1p as *const u8, F64F64),
-        ("smelt_expm1", expm1 as *const u8, F64F64),
-        ("smelt_sin", sin as *const u8, F64F64),
-        ("smelt_cos", cos as *const u8, F64F64),
-        ("smelt_tanh", tanh as *const u8, F64F64),
-        ("smelt_sigmoid", sigmoid as *const u8, F64F64),
-        ("smelt_silu", silu as *const u8, F64F64),
-        ("smelt_erf", erf as *const u8, F64F64),
-        ("smelt_gelu", gelu as *const u8, F64F64),
-        ("smelt_gelu_tanh", gelu_tanh as *const u8, F64F64),
-        ("smelt_pow", pow as *const u8, F64F64F64),
-        ("smelt_fmod", fmod as *const u8, F64F64F64),
-        ("smelt_f64_to_f16", f64_to_f16 as *const u8, F64F32),
-        ("smelt_f64_to_bf16", f64_to_bf16 as *const u8, F64F32),
-        (
-            "smelt_f32_to_f16_bits",
-            f32_to_f16_bits as *const u8,
-            F32U32,
-        ),
-        (
-            "smelt_f16_bits_to_f32",
-            f16_bits_to_f32 as *const u8,
-            U32F32,
-        ),
-        ("smelt_pow_i64", pow_i64 as *const u8, I64I64I64),
-        (
-            super::vmath::SYMBOL,
-            super::vmath::strip_math as *const u8,
-            Strip,
-        ),
-        (
-            super::vmath::SUM_SYMBOL,
-            super::vmath::strip_sum as *const u8,
-            StripSum,
-        ),
-        (
-            super::vmath::COL_SUM_SYMBOL,
-            super::vmath::col_sum as *const u8,
-            ColSum,
-        ),
-        (
-            super::vmath::STREAM_SYMBOL,
-            super::vmath::stream as *const u8,
-            Stream,
-        ),
-    ]
+    let unary = UnaryOp::ALL
+        .iter()
+        .map(|u| (u.helper_symbol(), u.f64_helper() as *const u8, Unary));
+    unary
+        .chain([
+            ("smelt_pow", pow as *const u8, F64F64F64),
+            ("smelt_fmod", fmod as *const u8, F64F64F64),
+            ("smelt_f64_to_f16", f64_to_f16 as *const u8, F64F32),
+            ("smelt_f64_to_bf16", f64_to_bf16 as *const u8, F64F32),
+            (
+                "smelt_f32_to_f16_bits",
+                f32_to_f16_bits as *const u8,
+                F32U32,
+            ),
+            (
+                "smelt_f16_bits_to_f32",
+                f16_bits_to_f32 as *const u8,
+                U32F32,
+            ),
+            ("smelt_pow_i64", pow_i64 as *const u8, I64I64I64),
+            (
+                super::vmath::SYMBOL,
+                super::vmath::strip_math as *const u8,
+                Strip,
+            ),
+            (
+                super::vmath::SUM_SYMBOL,
+                super::vmath::strip_sum as *const u8,
+                StripSum,
+            ),
+            (
+                super::vmath::COL_SUM_SYMBOL,
+                super::vmath::col_sum as *const u8,
+                ColSum,
+            ),
+            (
+                super::vmath::STREAM_SYMBOL,
+                super::vmath::stream as *const u8,
+                Stream,
+            ),
+        ])
+        .collect()
 }
 
 #[cfg(test)]

@@ -354,7 +354,7 @@ impl SymbolName for Kernel {
 
 fn helper_signature(jit: &Jit, s: Sig) -> Signature {
     match s {
-        Sig::F64F64 => jit.signature(&[F64], &[F64]),
+        Sig::Unary => jit.signature(&[F64, F64, F64], &[F64]),
         Sig::F64F64F64 => jit.signature(&[F64, F64], &[F64]),
         Sig::F64F32 => jit.signature(&[F64], &[F32]),
         Sig::F32U32 => jit.signature(&[F32], &[I32]),

@@ -1060,3 +1060,57 @@ pub const UNARY: &[(&str, UnaryEmitter)] = &[
     ("sqrt", sqrt),
     ("rsqrt", rsqrt),
 ];
+
+/// The composite activations' formulas ([`crate::ir::unary::FloatMath`]) on f32 scalars or
+/// F32X4 vectors of type `ty`, with this file's f32 functions.
+pub struct ClifMath<'a, 'b> {
+    pub b: B<'a, 'b>,
+    pub ty: Type,
+}
+
+impl crate::ir::unary::FloatMath for ClifMath<'_, '_> {
+    type V = Value;
+    type M = Value;
+    fn lit(&mut self, c: f64) -> Value {
+        fc(self.b, self.ty, c)
+    }
+    fn add(&mut self, a: Value, c: Value) -> Value {
+        self.b.ins().fadd(a, c)
+    }
+    fn sub(&mut self, a: Value, c: Value) -> Value {
+        self.b.ins().fsub(a, c)
+    }
+    fn mul(&mut self, a: Value, c: Value) -> Value {
+        self.b.ins().fmul(a, c)
+    }
+    fn div(&mut self, a: Value, c: Value) -> Value {
+        self.b.ins().fdiv(a, c)
+    }
+    fn neg(&mut self, a: Value) -> Value {
+        self.b.ins().fneg(a)
+    }
+    fn abs(&mut self, a: Value) -> Value {
+        self.b.ins().fabs(a)
+    }
+    fn gt(&mut self, a: Value, c: Value) -> Value {
+        fcmp(self.b, FloatCC::GreaterThan, a, c)
+    }
+    fn is_nan(&mut self, a: Value) -> Value {
+        fcmp(self.b, FloatCC::Unordered, a, a)
+    }
+    fn select(&mut self, m: Value, a: Value, c: Value) -> Value {
+        sel(self.b, m, a, c)
+    }
+    fn exp(&mut self, a: Value) -> Value {
+        exp(self.b, a)
+    }
+    fn expm1(&mut self, a: Value) -> Value {
+        expm1(self.b, a)
+    }
+    fn log1p(&mut self, a: Value) -> Value {
+        log1p(self.b, a)
+    }
+    fn tanh(&mut self, a: Value) -> Value {
+        tanh(self.b, a)
+    }
+}

@@ -8,7 +8,8 @@
 
 use super::lower::{Body, Gen, cty, flags};
 use crate::Result;
-use crate::ir::op::{BinaryOp, UnaryOp};
+use crate::ir::op::BinaryOp;
+use crate::ir::unary::Cost;
 use crate::kernel::{Expr, Level, ValId};
 use cranelift_codegen::ir::{InstBuilder, StackSlotData, StackSlotKind, Type, Value};
 
@@ -17,12 +18,8 @@ pub const ROW_CACHE_BYTES: usize = 32 << 10;
 
 /// Whether an expression costs a polynomial evaluation or more per element.
 fn costly(e: &Expr) -> bool {
-    use UnaryOp::*;
     match e {
-        Expr::Unary(u, _) => matches!(
-            u,
-            Exp | Log | Log1p | Expm1 | Sin | Cos | Tanh | Sigmoid | Erf | Gelu { .. } | Silu
-        ),
+        Expr::Unary(u, _) => u.cost() == Cost::Transcendental,
         Expr::Binary(b, ..) => *b == BinaryOp::Pow,
         _ => false,
     }

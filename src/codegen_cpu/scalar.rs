@@ -342,7 +342,26 @@ impl Gen<'_, '_, '_> {
                 self.fb.b.ins().fdiv(one, x)
             }
             Square => self.fb.b.ins().fmul(x, x),
-            _ => return None,
+            Exp
+            | Log
+            | Log1p
+            | Expm1
+            | Sin
+            | Cos
+            | Tanh
+            | Sigmoid
+            | Gelu { .. }
+            | Silu
+            | Erf
+            | LogicalNot
+            | IsNan
+            | LeakyRelu { .. }
+            | Elu { .. }
+            | Softplus { .. }
+            | Hardtanh { .. }
+            | Hardswish
+            | Mish
+            | LogSigmoid => return None,
         })
     }
 
@@ -368,32 +387,29 @@ impl Gen<'_, '_, '_> {
                 let s = math::sigmoid(b, x);
                 b.ins().fmul(x, s)
             }
-            // exact ops were handled above; bool-valued ones never get here
-            _ => x,
+            LeakyRelu { .. }
+            | Elu { .. }
+            | Softplus { .. }
+            | Hardtanh { .. }
+            | Hardswish
+            | Mish
+            | LogSigmoid => u.composite(&mut math::ClifMath { b, ty: F32 }, x),
+            // handled by `unary_exact`, or bool-valued (handled by `unary`)
+            Neg | Abs | Sqrt | Rsqrt | Relu | Floor | Ceil | Round | Sign | Reciprocal | Square
+            | LogicalNot | IsNan => unreachable!("{} is not an f32 formula", u.name()),
         }
     }
 
+    /// f64 ops that are not exactly rounded call the op's reference formula
+    /// ([`UnaryOp::f64_helper`]), so results are the eager kernels' bit for bit.
     fn unary_f64(&mut self, u: UnaryOp, x: Value) -> Value {
-        use UnaryOp::*;
         if let Some(r) = self.unary_exact(u, x) {
             return r;
         }
-        let name = match u {
-            Exp => "smelt_exp",
-            Log => "smelt_log",
-            Log1p => "smelt_log1p",
-            Expm1 => "smelt_expm1",
-            Sin => "smelt_sin",
-            Cos => "smelt_cos",
-            Tanh => "smelt_tanh",
-            Sigmoid => "smelt_sigmoid",
-            Erf => "smelt_erf",
-            Gelu { tanh: false } => "smelt_gelu",
-            Gelu { tanh: true } => "smelt_gelu_tanh",
-            Silu => "smelt_silu",
-            _ => return x,
-        };
-        self.call(name, &[x])
+        let [a0, a1] = u.attr_codes();
+        let a0 = self.fconst(F64, a0);
+        let a1 = self.fconst(F64, a1);
+        self.call(u.helper_symbol(), &[x, a0, a1])
     }
 
     fn unary_int(&mut self, u: UnaryOp, x: Value, d: DType) -> Value {
@@ -427,7 +443,33 @@ impl Gen<'_, '_, '_> {
             }
             Square => self.fb.b.ins().imul(x, x),
             // floor/ceil/round of integers, abs/relu of unsigned values: unchanged
-            _ => x,
+            Floor | Ceil | Round | Abs | Relu => x,
+            // integer operands are converted (or refused) by the op's dtype class
+            Exp
+            | Log
+            | Log1p
+            | Expm1
+            | Sqrt
+            | Rsqrt
+            | Sin
+            | Cos
+            | Tanh
+            | Sigmoid
+            | Gelu { .. }
+            | Silu
+            | Erf
+            | Reciprocal
+            | LogicalNot
+            | IsNan
+            | LeakyRelu { .. }
+            | Elu { .. }
+            | Softplus { .. }
+            | Hardtanh { .. }
+            | Hardswish
+            | Mish
+            | LogSigmoid => {
+                unreachable!("{} has no integer form", u.name())
+            }
         }
     }
 

@@ -527,6 +527,13 @@ impl Gen<'_, '_, '_> {
                 let s = math::sigmoid(b, x);
                 b.ins().fmul(x, s)
             }
+            LeakyRelu { .. }
+            | Elu { .. }
+            | Softplus { .. }
+            | Hardtanh { .. }
+            | Hardswish
+            | Mish
+            | LogSigmoid => u.composite(&mut math::ClifMath { b, ty: F32X4 }, x),
         }
     }
 

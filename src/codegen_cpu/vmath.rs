@@ -48,7 +48,33 @@ impl StripOp {
             UnaryOp::Sigmoid => StripOp::Sigmoid,
             UnaryOp::Silu => StripOp::Silu,
             UnaryOp::Gelu { tanh: true } => StripOp::GeluTanh,
-            _ => return None,
+            UnaryOp::Neg
+            | UnaryOp::Abs
+            | UnaryOp::Log
+            | UnaryOp::Log1p
+            | UnaryOp::Expm1
+            | UnaryOp::Sqrt
+            | UnaryOp::Rsqrt
+            | UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Relu
+            | UnaryOp::Gelu { tanh: false }
+            | UnaryOp::Erf
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Round
+            | UnaryOp::Sign
+            | UnaryOp::Reciprocal
+            | UnaryOp::Square
+            | UnaryOp::LogicalNot
+            | UnaryOp::IsNan
+            | UnaryOp::LeakyRelu { .. }
+            | UnaryOp::Elu { .. }
+            | UnaryOp::Softplus { .. }
+            | UnaryOp::Hardtanh { .. }
+            | UnaryOp::Hardswish
+            | UnaryOp::Mish
+            | UnaryOp::LogSigmoid => return None,
         })
     }
 

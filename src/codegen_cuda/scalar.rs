@@ -5,6 +5,7 @@
 
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::op::{BinaryOp, UnaryOp};
+use crate::ir::unary::FloatMath;
 use crate::runtime::element::Element;
 use crate::{Result, bail, dispatch};
 
@@ -203,6 +204,13 @@ pub fn unary(op: UnaryOp, d: DType, x: &str) -> Result<String> {
             Sign => format!("(({zero} < ({x})) ? {one} : ((({x}) < {zero}) ? -{one} : {zero}))"),
             Reciprocal => format!("({one} / ({x}))"),
             Square => format!("(({x}) * ({x}))"),
+            LeakyRelu { .. }
+            | Elu { .. }
+            | Softplus { .. }
+            | Hardtanh { .. }
+            | Hardswish
+            | Mish
+            | LogSigmoid => op.composite(&mut CudaMath { d }, format!("({x})")),
             LogicalNot | IsNan => unreachable_op(op)?,
         };
         return Ok(round(d, e));
@@ -215,13 +223,88 @@ pub fn unary(op: UnaryOp, d: DType, x: &str) -> Result<String> {
         Sign => format!("sm_isign<{t}>({x})"),
         Square => format!("sm_wmul<{t}>({x}, {x})"),
         Floor | Ceil | Round => x.to_string(),
-        _ => bail!(
+        Exp
+        | Log
+        | Log1p
+        | Expm1
+        | Sqrt
+        | Rsqrt
+        | Sin
+        | Cos
+        | Tanh
+        | Sigmoid
+        | Gelu { .. }
+        | Silu
+        | Erf
+        | Reciprocal
+        | LogicalNot
+        | IsNan
+        | LeakyRelu { .. }
+        | Elu { .. }
+        | Softplus { .. }
+        | Hardtanh { .. }
+        | Hardswish
+        | Mish
+        | LogSigmoid => bail!(
             Unsupported,
             "cuda codegen: {} of {} is not a valid kernel op",
             op.name(),
             d
         ),
     })
+}
+
+/// The composite activations' formulas ([`FloatMath`]) as C expressions of the computation
+/// type of `d` (float for f16/bf16/f32, double for f64).
+struct CudaMath {
+    d: DType,
+}
+
+impl FloatMath for CudaMath {
+    type V = String;
+    type M = String;
+    fn lit(&mut self, c: f64) -> String {
+        float_lit(c, self.d)
+    }
+    fn add(&mut self, a: String, b: String) -> String {
+        format!("({a} + {b})")
+    }
+    fn sub(&mut self, a: String, b: String) -> String {
+        format!("({a} - {b})")
+    }
+    fn mul(&mut self, a: String, b: String) -> String {
+        format!("({a} * {b})")
+    }
+    fn div(&mut self, a: String, b: String) -> String {
+        format!("({a} / {b})")
+    }
+    fn neg(&mut self, a: String) -> String {
+        format!("(-{a})")
+    }
+    fn abs(&mut self, a: String) -> String {
+        format!("{}({a})", math("fabs", self.d))
+    }
+    fn gt(&mut self, a: String, b: String) -> String {
+        format!("({a} > {b})")
+    }
+    fn is_nan(&mut self, a: String) -> String {
+        format!("({a} != {a})")
+    }
+    fn select(&mut self, m: String, a: String, b: String) -> String {
+        format!("({m} ? {a} : {b})")
+    }
+    fn exp(&mut self, a: String) -> String {
+        format!("{}({a})", math("exp", self.d))
+    }
+    fn expm1(&mut self, a: String) -> String {
+        format!("{}({a})", math("expm1", self.d))
+    }
+    fn log1p(&mut self, a: String) -> String {
+        format!("{}({a})", math("log1p", self.d))
+    }
+    fn tanh(&mut self, a: String) -> String {
+        format!("{}({a})", math("tanh", self.d))
+    }
 }
 
 fn unreachable_op(op: UnaryOp) -> Result<String> {

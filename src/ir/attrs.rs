@@ -282,93 +282,27 @@ impl<'a> Args<'a> {
     }
 }
 
-fn unary_from_name(name: &str) -> Option<UnaryOp> {
-    use UnaryOp::*;
-    [
-        Neg, Abs, Exp, Log, Log1p, Expm1, Sqrt, Rsqrt, Sin, Cos, Tanh, Sigmoid, Relu, Silu, Erf,
-        Floor, Ceil, Round, Sign, Reciprocal, Square, LogicalNot, IsNan,
-    ]
-    .into_iter()
-    .find(|u| u.name() == name)
-}
-
 fn binary_from_name(name: &str) -> Option<BinaryOp> {
-    use BinaryOp::*;
-    [
-        Add, Sub, Mul, Div, Pow, Maximum, Minimum, Remainder, Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd,
-        LogicalOr,
-    ]
-    .into_iter()
-    .find(|b| b.name() == name)
+    BinaryOp::ALL.iter().copied().find(|b| b.name() == name)
 }
 
 fn reduce_from_name(name: &str) -> Option<ReduceOp> {
-    use ReduceOp::*;
-    [Sum, Mean, Prod, Amax, Amin, All, Any, LogSumExp]
-        .into_iter()
-        .find(|r| r.name() == name)
+    ReduceOp::ALL.iter().copied().find(|r| r.name() == name)
 }
 
-/// Every op name the text format knows (aliases `zeros` and `ones` included).
-pub const OP_NAMES: &[&str] = &[
+/// The ops other than the unary, binary and reduction families, by name (aliases `zeros`
+/// and `ones` included).
+const STRUCTURAL_OPS: &[&str] = &[
     "scalar",
     "constant",
     "full",
     "zeros",
     "ones",
     "arange",
-    "neg",
-    "abs",
-    "exp",
-    "log",
-    "log1p",
-    "expm1",
-    "sqrt",
-    "rsqrt",
-    "sin",
-    "cos",
-    "tanh",
-    "sigmoid",
-    "relu",
-    "gelu",
-    "silu",
-    "erf",
-    "floor",
-    "ceil",
-    "round",
-    "sign",
-    "reciprocal",
-    "square",
-    "logical_not",
-    "isnan",
-    "add",
-    "sub",
-    "mul",
-    "div",
-    "pow",
-    "maximum",
-    "minimum",
-    "remainder",
-    "eq",
-    "ne",
-    "lt",
-    "le",
-    "gt",
-    "ge",
-    "logical_and",
-    "logical_or",
     "where",
     "clamp",
     "to",
     "masked_fill",
-    "sum",
-    "mean",
-    "prod",
-    "amax",
-    "amin",
-    "all",
-    "any",
-    "logsumexp",
     "argmax",
     "argmin",
     "var",
@@ -407,6 +341,15 @@ pub const OP_NAMES: &[&str] = &[
     "index_add",
     "embedding",
 ];
+
+/// Every op name the text format knows: the structural ops and each family's table.
+pub fn op_names() -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = STRUCTURAL_OPS.to_vec();
+    v.extend(UnaryOp::ALL.iter().map(|u| u.name()));
+    v.extend(BinaryOp::ALL.iter().map(|b| b.name()));
+    v.extend(ReduceOp::ALL.iter().map(|r| r.name()));
+    v
+}
 
 /// Operand positions that may be `none`.
 fn optional_positions(op: &Op) -> &'static [usize] {
@@ -497,10 +440,7 @@ impl Op {
                 ("step", scalar(*step)),
                 ("dtype", opt(dtype, |d| Attr::DType(*d))),
             ],
-            Op::Unary(UnaryOp::Gelu { tanh }) => vec![(
-                "approximate",
-                Attr::Str(if *tanh { "tanh" } else { "none" }.into()),
-            )],
+            Op::Unary(u) => u.attrs(),
             Op::Clamp { min, max } => vec![
                 ("min", opt(min, |s| scalar(*s))),
                 ("max", opt(max, |s| scalar(*s))),
@@ -599,8 +539,7 @@ impl Op {
             Op::Tril { diagonal } | Op::Triu { diagonal } => {
                 vec![("diagonal", Attr::Int(*diagonal))]
             }
-            Op::Unary(_)
-            | Op::Binary(_)
+            Op::Binary(_)
             | Op::Where
             | Op::Matmul
             | Op::Linear { .. }
@@ -640,8 +579,12 @@ impl Op {
 }
 
 fn build(name: &str, slots: &[bool], a: &mut Args) -> CallResult<Op> {
-    if let Some(u) = unary_from_name(name) {
-        return Ok(Op::Unary(u));
+    let op_name = a.op;
+    let mut get = |n: &'static str| a.take(n).cloned();
+    match UnaryOp::from_name(name, &mut get) {
+        Ok(Some(u)) => return Ok(Op::Unary(u)),
+        Ok(None) => {}
+        Err((n, msg)) => return err(Some(n), format!("attribute '{n}' of '{op_name}' {msg}")),
     }
     if let Some(b) = binary_from_name(name) {
         return Ok(Op::Binary(b));
@@ -679,18 +622,6 @@ fn build(name: &str, slots: &[bool], a: &mut Args) -> CallResult<Op> {
             end: a.scalar("end", None)?,
             step: a.scalar("step", Some(Scalar::Int(1)))?,
             dtype: a.opt_dtype("dtype")?,
-        },
-        "gelu" => match a.string("approximate", Some("none"))?.as_str() {
-            "none" => Op::Unary(UnaryOp::Gelu { tanh: false }),
-            "tanh" => Op::Unary(UnaryOp::Gelu { tanh: true }),
-            other => {
-                return err(
-                    Some("approximate"),
-                    format!(
-                        "attribute 'approximate' of 'gelu' must be \"none\" or \"tanh\", got \"{other}\""
-                    ),
-                );
-            }
         },
         "where" => Op::Where,
         "clamp" => Op::Clamp {

@@ -7,6 +7,7 @@ pub mod graph;
 pub mod op;
 pub mod shape;
 pub mod text;
+pub mod unary;
 pub mod verify;
 
 pub use graph::{Graph, Module, Node, NodeKind, ValueId};

@@ -9,6 +9,8 @@ use super::shape::{
 use crate::{Error, Result, bail};
 use std::sync::Arc;
 
+pub use super::unary::UnaryOp;
+
 /// The type of a value: dtype, shape, and whether it is a wrapped Python number.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorType {
@@ -39,37 +41,6 @@ impl TensorType {
             wrapped: self.wrapped,
         }
     }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum UnaryOp {
-    Neg,
-    Abs,
-    Exp,
-    Log,
-    Log1p,
-    Expm1,
-    Sqrt,
-    Rsqrt,
-    Sin,
-    Cos,
-    Tanh,
-    Sigmoid,
-    Relu,
-    /// `approximate="tanh"` when `tanh` is set, else the exact erf form.
-    Gelu {
-        tanh: bool,
-    },
-    Silu,
-    Erf,
-    Floor,
-    Ceil,
-    Round,
-    Sign,
-    Reciprocal,
-    Square,
-    LogicalNot,
-    IsNan,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -306,82 +277,15 @@ fn is_index_dtype(d: DType) -> bool {
     matches!(d, DType::I64 | DType::I32)
 }
 
-impl UnaryOp {
-    pub fn name(self) -> &'static str {
-        use UnaryOp::*;
-        match self {
-            Neg => "neg",
-            Abs => "abs",
-            Exp => "exp",
-            Log => "log",
-            Log1p => "log1p",
-            Expm1 => "expm1",
-            Sqrt => "sqrt",
-            Rsqrt => "rsqrt",
-            Sin => "sin",
-            Cos => "cos",
-            Tanh => "tanh",
-            Sigmoid => "sigmoid",
-            Relu => "relu",
-            Gelu { .. } => "gelu",
-            Silu => "silu",
-            Erf => "erf",
-            Floor => "floor",
-            Ceil => "ceil",
-            Round => "round",
-            Sign => "sign",
-            Reciprocal => "reciprocal",
-            Square => "square",
-            LogicalNot => "logical_not",
-            IsNan => "isnan",
-        }
-    }
-
-    /// True for ops that compute in floating point and so turn integer inputs into floats.
-    pub fn promotes_int_to_float(self) -> bool {
-        use UnaryOp::*;
-        matches!(
-            self,
-            Exp | Log
-                | Log1p
-                | Expm1
-                | Sqrt
-                | Rsqrt
-                | Sin
-                | Cos
-                | Tanh
-                | Sigmoid
-                | Erf
-                | Reciprocal
-        )
-    }
-
-    pub fn out_dtype(self, d: DType) -> Result<DType> {
-        use UnaryOp::*;
-        Ok(match self {
-            LogicalNot | IsNan => DType::Bool,
-            _ if self.promotes_int_to_float() => {
-                if d.is_float() {
-                    d
-                } else {
-                    crate::ir::dtype::DEFAULT_FLOAT
-                }
-            }
-            Gelu { .. } | Silu if !d.is_float() => return Err(not_implemented(self.name(), d)),
-            Neg if d.is_bool() => bail!(
-                DType,
-                "Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead."
-            ),
-            Abs | Relu | Floor | Ceil | Round if d.is_bool() => {
-                return Err(not_implemented(self.name(), d));
-            }
-            Square if d.is_bool() => DType::I64,
-            _ => d,
-        })
-    }
-}
-
 impl BinaryOp {
+    pub const ALL: &'static [BinaryOp] = {
+        use BinaryOp::*;
+        &[
+            Add, Sub, Mul, Div, Pow, Maximum, Minimum, Remainder, Eq, Ne, Lt, Le, Gt, Ge,
+            LogicalAnd, LogicalOr,
+        ]
+    };
+
     pub fn name(self) -> &'static str {
         use BinaryOp::*;
         match self {
@@ -440,6 +344,11 @@ impl BinaryOp {
 }
 
 impl ReduceOp {
+    pub const ALL: &'static [ReduceOp] = {
+        use ReduceOp::*;
+        &[Sum, Mean, Prod, Amax, Amin, All, Any, LogSumExp]
+    };
+
     pub fn name(self) -> &'static str {
         use ReduceOp::*;
         match self {

@@ -5,17 +5,33 @@ use crate::nn::Module;
 use crate::runtime::Tensor;
 
 macro_rules! activation {
-    ($($(#[$doc:meta])* $name:ident => |$x:ident, $s:ident| $body:expr;)*) => {$(
+    ($($(#[$doc:meta])* $name:ident $({ $($(#[$fdoc:meta])* $f:ident : f64 = $def:expr),+ })?
+        => |$x:ident, $s:ident| $body:expr;)*) => {$(
         $(#[$doc])*
         #[derive(Clone, Debug)]
         pub struct $name {
+            $($($(#[$fdoc])* pub $f: f64,)+)?
             training: bool,
         }
 
         impl Default for $name {
+            /// PyTorch's defaults.
             fn default() -> Self {
-                $name { training: true }
+                $name { $($($f: $def,)+)? training: true }
             }
+        }
+
+        impl $name {
+            /// The module with PyTorch's defaults.
+            pub fn new() -> $name {
+                $name::default()
+            }
+            $(
+            /// The module with these attributes (PyTorch's constructor arguments, in order).
+            pub fn with($($f: f64),+) -> $name {
+                $name { $($f,)+ training: true }
+            }
+            )?
         }
 
         impl Module for $name {
@@ -45,31 +61,20 @@ activation! {
     Tanh => |x, _s| x.tanh();
     /// `1 / (1 + e^-x)` (`nn.Sigmoid`).
     Sigmoid => |x, _s| x.sigmoid();
-}
-
-impl ReLU {
-    /// A new ReLU module.
-    pub fn new() -> ReLU {
-        ReLU::default()
-    }
-}
-impl SiLU {
-    /// A new SiLU module.
-    pub fn new() -> SiLU {
-        SiLU::default()
-    }
-}
-impl Tanh {
-    /// A new Tanh module.
-    pub fn new() -> Tanh {
-        Tanh::default()
-    }
-}
-impl Sigmoid {
-    /// A new Sigmoid module.
-    pub fn new() -> Sigmoid {
-        Sigmoid::default()
-    }
+    /// `x > 0 ? x : negative_slope * x` (`nn.LeakyReLU`).
+    LeakyReLU { negative_slope: f64 = 0.01 } => |x, s| x.leaky_relu(s.negative_slope);
+    /// `x > 0 ? x : alpha * (e^x - 1)` (`nn.ELU`).
+    ELU { alpha: f64 = 1.0 } => |x, s| x.elu(s.alpha);
+    /// `log(1 + e^(beta x)) / beta`, linear where `beta x > threshold` (`nn.Softplus`).
+    Softplus { beta: f64 = 1.0, threshold: f64 = 20.0 } => |x, s| x.softplus(s.beta, s.threshold);
+    /// `clamp(x, min_val, max_val)` (`nn.Hardtanh`).
+    Hardtanh { min_val: f64 = -1.0, max_val: f64 = 1.0 } => |x, s| x.hardtanh(s.min_val, s.max_val);
+    /// `x * relu6(x + 3) / 6` (`nn.Hardswish`).
+    Hardswish => |x, _s| x.hardswish();
+    /// `x * tanh(softplus(x))` (`nn.Mish`).
+    Mish => |x, _s| x.mish();
+    /// `log(sigmoid(x))`, computed stably (`nn.LogSigmoid`).
+    LogSigmoid => |x, _s| x.logsigmoid();
 }
 
 /// GELU (`nn.GELU`): the exact erf form, or the tanh approximation (`approximate="tanh"`).

@@ -13,7 +13,10 @@ pub mod module;
 pub mod state_dict;
 pub mod utils;
 
-pub use activation::{GELU, ReLU, SiLU, Sigmoid, Tanh};
+pub use activation::{
+    ELU, GELU, Hardswish, Hardtanh, LeakyReLU, LogSigmoid, Mish, ReLU, SiLU, Sigmoid, Softplus,
+    Tanh,
+};
 pub use functional::Reduction;
 pub use layers::{Dropout, Embedding, LayerNorm, Linear, Sequential};
 pub use loss::{BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss};

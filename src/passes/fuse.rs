@@ -46,8 +46,9 @@
 use super::decompose::decompose;
 use crate::ir::dtype::DType;
 use crate::ir::graph::{Graph, NodeKind, ValueId};
-use crate::ir::op::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp, reduction_dims};
+use crate::ir::op::{BinaryOp, Op, ReduceOp, TensorType, reduction_dims};
 use crate::ir::shape::{Shape, contiguous_strides, reduced_shape, wrap_dim, wrap_dims};
+use crate::ir::unary::Cost;
 use crate::kernel::{
     Buffer, BufferId, BufferKind, Combiner, Expr, ExternCall, IndexMap, Kernel, Schedule, Step,
     ValId, Value, View, accumulator,
@@ -301,13 +302,14 @@ struct Fuser<'g> {
 }
 
 fn op_cost(op: &Op) -> u32 {
-    use UnaryOp::*;
     match op {
-        Op::Unary(
-            Exp | Log | Log1p | Expm1 | Sin | Cos | Tanh | Sigmoid | Gelu { .. } | Silu | Erf,
-        ) => 4,
+        Op::Unary(u) => match u.cost() {
+            Cost::Transcendental => 4,
+            Cost::Divide => 2,
+            Cost::Trivial | Cost::Select => 1,
+        },
         Op::Binary(BinaryOp::Pow) => 4,
-        Op::Unary(Sqrt | Rsqrt | Reciprocal) | Op::Binary(BinaryOp::Div | BinaryOp::Remainder) => 2,
+        Op::Binary(BinaryOp::Div | BinaryOp::Remainder) => 2,
         Op::Arange { .. } => 1,
         _ if op.is_pointwise() => 1,
         _ => 0,

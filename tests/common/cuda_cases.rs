@@ -41,6 +41,37 @@ pub const CASES: &[(&str, &str, &str)] = &[
     ("logical_not", "%x: f16[7]", "%y = logical_not(%x)"),
     ("isnan", "%x: bf16[7]", "%y = isnan(%x)"),
     ("isnan_i32", "%x: i32[7]", "%y = isnan(%x)"),
+    // version 2 activations (formulas shared with the CPU emitters)
+    (
+        "leaky_relu",
+        "%x: f32[5,3]",
+        "%t = t(%x)\n %y = leaky_relu(%t)",
+    ),
+    (
+        "leaky_relu_slope",
+        "%x: f64[7]",
+        "%y = leaky_relu(%x, negative_slope=0.2)",
+    ),
+    ("elu", "%x: f32[7]", "%y = elu(%x)"),
+    ("elu_alpha", "%x: f16[7]", "%y = elu(%x, alpha=0.5)"),
+    ("softplus", "%x: f32[7]", "%y = softplus(%x)"),
+    (
+        "softplus_beta",
+        "%x: f64[7]",
+        "%y = softplus(%x, beta=2, threshold=1.5)",
+    ),
+    ("hardtanh", "%x: bf16[7]", "%y = hardtanh(%x)"),
+    (
+        "hardtanh_bounds",
+        "%x: f32[7]",
+        "%y = hardtanh(%x, min_val=-0.5, max_val=2.0)",
+    ),
+    ("hardswish", "%x: f32[7]", "%y = hardswish(%x)"),
+    ("hardswish_f64", "%x: f64[7]", "%y = hardswish(%x)"),
+    ("mish", "%x: f32[7]", "%y = mish(%x)"),
+    ("mish_f16", "%x: f16[7]", "%y = mish(%x)"),
+    ("logsigmoid", "%x: f32[7]", "%y = logsigmoid(%x)"),
+    ("logsigmoid_f64", "%x: f64[7]", "%y = logsigmoid(%x)"),
     // binary, broadcast
     ("add", "%x: f32[4,7], %z: f32[7]", "%y = add(%x, %z)"),
     ("add_i8", "%x: i8[4,7], %z: i8[7]", "%y = add(%x, %z)"),

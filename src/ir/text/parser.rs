@@ -196,7 +196,7 @@ impl Parser<'_> {
         };
         self.punct('=')?;
         let (op_name, op_at) = self.ident("an op name")?;
-        if !crate::ir::attrs::OP_NAMES.contains(&op_name.as_str()) {
+        if !crate::ir::attrs::op_names().contains(&op_name.as_str()) {
             return Err(self.err(&op_at, format!("unknown op '{op_name}'")));
         }
         self.punct('(')?;

@@ -386,6 +386,62 @@ fn unary(e: &mut Emit, u: UnaryOp, x: ValueId, y: ValueId, g: ValueId) -> Result
             let d = e.mul_s(x, 2.0)?;
             e.mul(g, d)
         }
+        // PyTorch's backward formulas (derivatives.yaml), NaN taking the same branch
+        LeakyRelu { negative_slope } => {
+            let pos = e.bin_s(BinaryOp::Gt, x, 0.0)?;
+            let neg = e.mul_s(g, negative_slope.get())?;
+            e.op(Op::Where, &[pos, g, neg])
+        }
+        Elu { alpha } => {
+            let le = e.bin_s(BinaryOp::Le, x, 0.0)?;
+            let ex = e.unary(Exp, x)?;
+            let d = e.mul_s(ex, alpha.get())?;
+            let neg = e.mul(g, d)?;
+            e.op(Op::Where, &[le, neg, g])
+        }
+        Softplus { beta, threshold } => {
+            let bx = e.mul_s(x, beta.get())?;
+            let linear = e.bin_s(BinaryOp::Gt, bx, threshold.get())?;
+            let z = e.unary(Exp, bx)?;
+            let z1 = e.add_s(z, 1.0)?;
+            let gz = e.mul(g, z)?;
+            let soft = e.div(gz, z1)?;
+            e.op(Op::Where, &[linear, g, soft])
+        }
+        Hardtanh { min_val, max_val } => {
+            let lo = e.bin_s(BinaryOp::Le, x, min_val.get())?;
+            let hi = e.bin_s(BinaryOp::Ge, x, max_val.get())?;
+            let out = e.bin(BinaryOp::LogicalOr, lo, hi)?;
+            let z = e.scalar(0.0)?;
+            e.op(Op::Where, &[out, z, g])
+        }
+        Hardswish => {
+            let x3 = e.bin_s(BinaryOp::Div, x, 3.0)?;
+            let d = e.add_s(x3, 0.5)?;
+            let mid = e.mul(g, d)?;
+            let le3 = e.bin_s(BinaryOp::Le, x, 3.0)?;
+            let inner = e.op(Op::Where, &[le3, mid, g])?;
+            let low = e.bin_s(BinaryOp::Lt, x, -3.0)?;
+            let z = e.scalar(0.0)?;
+            e.op(Op::Where, &[low, z, inner])
+        }
+        Mish => {
+            let s = e.unary(Sigmoid, x)?;
+            let ex = e.unary(Exp, x)?;
+            let sp = e.unary(Log1p, ex)?;
+            let t = e.unary(Tanh, sp)?;
+            let t2 = e.mul(t, t)?;
+            let sech2 = e.rsub_s(1.0, t2)?;
+            let xs = e.mul(x, s)?;
+            let b = e.mul(xs, sech2)?;
+            let d = e.add(t, b)?;
+            e.mul(g, d)
+        }
+        LogSigmoid => {
+            let nx = e.neg(x)?;
+            let d = e.unary(Sigmoid, nx)?;
+            e.mul(g, d)
+        }
         LogicalNot | IsNan => bail!(Value, "{} has no gradient", u.name()),
     }
 }

@@ -19,6 +19,7 @@
 
 use super::lang::{EG, ENode, Head};
 use crate::ir::op::{BinaryOp, Op, TensorType, UnaryOp};
+use crate::ir::unary::Cost;
 use egg::{CostFunction, Id};
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -32,12 +33,11 @@ fn bytes(t: &TensorType) -> f64 {
 }
 
 fn unary_weight(u: UnaryOp) -> f64 {
-    use UnaryOp::*;
-    match u {
-        Neg | Abs | Floor | Ceil | Round | Sign | Square | LogicalNot | IsNan => 1.0,
-        Relu => 3.0,
-        Sqrt | Rsqrt | Reciprocal => 4.0,
-        _ => 10.0,
+    match u.cost() {
+        Cost::Trivial => 1.0,
+        Cost::Select => 3.0,
+        Cost::Divide => 4.0,
+        Cost::Transcendental => 10.0,
     }
 }
 

@@ -9,6 +9,7 @@
 
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::op::{BinaryOp, Op, TensorType, UnaryOp};
+use crate::ir::unary::{DTypeClass, WithFormula};
 use crate::runtime::access;
 use crate::runtime::element::{Element, round_to_dtype};
 use crate::runtime::kernels::copy;
@@ -17,6 +18,7 @@ use crate::runtime::layout::check_no_overlap;
 use crate::runtime::strided::{Walk, map1, map2, map3};
 use crate::runtime::tensor::Tensor;
 use crate::{Error, Result, bail, dispatch, dispatch_float, dispatch_int};
+use std::marker::PhantomData;
 
 /// Evaluates `$body` with `$c` a constant equal to `$op`, one arm per listed variant, so the
 /// code inside each loop is compiled for one known op. Unlisted variants are an error.
@@ -246,115 +248,49 @@ fn any_elem<T: Element>(t: &Tensor, pred: impl Fn(T) -> bool) -> Result<bool> {
 // ---- unary ----------------------------------------------------------------------------------
 
 fn unary(op: UnaryOp, x: &Tensor, dst: &Tensor) -> Result<()> {
-    use UnaryOp::*;
-    if matches!(op, LogicalNot | IsNan) {
+    if op.dtype_class() == DTypeClass::Predicate {
         return dispatch!(x.dtype(), T => unary_pred::<T>(op, x, dst));
     }
     // The result dtype is the computation dtype (`exp(int)` computes in f32).
     let d = dst.dtype();
     let x = copy::cast(x, d)?;
-    dispatch_float!(d, T => unary_float::<T>(op, &x, dst), else if matches!(op, Floor | Ceil | Round) {
-        // integers are already whole
-        copy::copy_into(dst, &x);
-        Ok(())
-    } else {
+    dispatch_float!(d, T => op.with_formula(FloatLoop::<T> { x: &x, dst, t: PhantomData }),
+    else if op.eval_i64(0).is_some() {
         dispatch_int!(d, T => unary_int::<T>(op, &x, dst), else Err(misrouted(op.name())))
+    } else {
+        Err(misrouted(op.name()))
     })
 }
 
-fn unary_float<T: Element>(op: UnaryOp, x: &Tensor, dst: &Tensor) -> Result<()> {
-    specialise!(op, UnaryOp[Neg, Abs, Exp, Log, Log1p, Expm1, Sqrt, Rsqrt, Sin, Cos, Tanh,
-        Sigmoid, Relu, Gelu { tanh: false }, Gelu { tanh: true }, Silu, Erf, Floor, Ceil, Round,
-        Sign, Reciprocal, Square], OP =>
-        run1(dst, x, |v: T| T::from_f64(unary_f64(OP, v.to_f64()))))
+/// The eager loop of a float unary op: `dst = f(x)` with `f` the op's reference formula.
+struct FloatLoop<'a, T> {
+    x: &'a Tensor,
+    dst: &'a Tensor,
+    t: PhantomData<T>,
+}
+
+impl<T: Element> WithFormula<Result<()>> for FloatLoop<'_, T> {
+    fn apply<F: Fn(f64) -> f64 + Copy + Send + Sync>(self, f: F) -> Result<()> {
+        run1(self.dst, self.x, move |v: T| T::from_f64(f(v.to_f64())))
+    }
 }
 
 fn unary_int<T: Element>(op: UnaryOp, x: &Tensor, dst: &Tensor) -> Result<()> {
+    // integers are already whole
+    if matches!(op, UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round) {
+        copy::copy_into(dst, x);
+        return Ok(());
+    }
     specialise!(op, UnaryOp[Neg, Abs, Relu, Sign, Square], OP =>
-        run1(dst, x, |v: T| T::from_i64(unary_i64(OP, v.to_i64()))))
+        run1(dst, x, |v: T| T::from_i64(OP.eval_i64(v.to_i64()).unwrap_or(0))))
 }
 
 fn unary_pred<T: Element>(op: UnaryOp, x: &Tensor, dst: &Tensor) -> Result<()> {
-    specialise!(op, UnaryOp[LogicalNot, IsNan], OP => run1(dst, x, |v: T| pred1(OP, v)))
-}
-
-/// PyTorch's `1 / (1 + exp(-x))`.
-#[inline(always)]
-fn sigmoid(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-/// `sqrt(2 / pi)`, the constant of the tanh form of GELU.
-const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
-
-/// A float unary op on one value.
-#[inline(always)]
-fn unary_f64(op: UnaryOp, x: f64) -> f64 {
-    use UnaryOp::*;
-    match op {
-        Neg => -x,
-        Abs => x.abs(),
-        Exp => x.exp(),
-        Log => x.ln(),
-        Log1p => x.ln_1p(),
-        Expm1 => x.exp_m1(),
-        Sqrt => x.sqrt(),
-        Rsqrt => 1.0 / x.sqrt(),
-        Sin => x.sin(),
-        Cos => x.cos(),
-        Tanh => x.tanh(),
-        Sigmoid => sigmoid(x),
-        // `max(x, 0)` in C++'s form: NaN stays NaN
-        Relu => {
-            if x < 0.0 {
-                0.0
-            } else {
-                x
-            }
-        }
-        Gelu { tanh: false } => 0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2)),
-        Gelu { tanh: true } => {
-            let inner = SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
-            0.5 * x * (1.0 + inner.tanh())
-        }
-        Silu => x * sigmoid(x),
-        Erf => libm::erf(x),
-        Floor => x.floor(),
-        Ceil => x.ceil(),
-        Round => x.round_ties_even(),
-        // `(0 < x) - (x < 0)`: 0 for NaN and for both zeros
-        Sign => ((0.0 < x) as i64 - (x < 0.0) as i64) as f64,
-        Reciprocal => 1.0 / x,
-        Square => x * x,
-        // bool-valued: see `pred1`
-        LogicalNot | IsNan => f64::NAN,
-    }
-}
-
-/// An integer unary op on one value (the ops that keep integer dtypes).
-#[inline(always)]
-fn unary_i64(op: UnaryOp, x: i64) -> i64 {
-    use UnaryOp::*;
-    match op {
-        Neg => x.wrapping_neg(),
-        Abs => x.wrapping_abs(),
-        Relu => x.max(0),
-        Sign => x.signum(),
-        Square => x.wrapping_mul(x),
-        _ => x,
-    }
-}
-
-/// `logical_not` and `isnan` of one value of any dtype.
-#[inline(always)]
-fn pred1<T: Element>(op: UnaryOp, v: T) -> bool {
-    let float = T::DTYPE.is_float();
-    match op {
-        UnaryOp::LogicalNot if float => v.to_f64() == 0.0,
-        UnaryOp::LogicalNot => v.to_i64() == 0,
-        UnaryOp::IsNan => float && v.to_f64().is_nan(),
-        _ => false,
-    }
+    specialise!(op, UnaryOp[LogicalNot, IsNan], OP => run1(dst, x, |v: T| {
+        let float = T::DTYPE.is_float();
+        let x = if float { v.to_f64() } else { v.to_i64() as f64 };
+        OP.eval_pred(x, float).unwrap_or(false)
+    }))
 }
 
 // ---- binary ---------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 
 use crate::ir::dtype::Scalar;
 use crate::ir::op::{BinaryOp, Op, UnaryOp};
+use crate::ir::unary::Real;
 use crate::runtime::tensor::{Tensor, apply};
 use crate::{DType, Result};
 
@@ -84,6 +85,37 @@ impl Tensor {
         logical_not => UnaryOp::LogicalNot;
         /// Bool tensor: true where `x` is NaN (never for integers).
         isnan => UnaryOp::IsNan;
+        /// `x * clamp(x + 3, 0, 6) / 6` (`F.hardswish`); floats only.
+        hardswish => UnaryOp::Hardswish;
+        /// `x * tanh(softplus(x))` (`F.mish`); floats only.
+        mish => UnaryOp::Mish;
+        /// `log(sigmoid(x))` as `min(x, 0) - log1p(e^-|x|)` (`F.logsigmoid`); floats only.
+        logsigmoid => UnaryOp::LogSigmoid;
+    }
+
+    /// `x > 0 ? x : negative_slope * x` (`F.leaky_relu`; PyTorch's default slope is 0.01).
+    pub fn leaky_relu(&self, negative_slope: f64) -> Result<Tensor> {
+        let negative_slope = Real(negative_slope);
+        apply(Op::Unary(UnaryOp::LeakyRelu { negative_slope }), &[self])
+    }
+
+    /// `x > 0 ? x : alpha * (e^x - 1)` (`F.elu`; PyTorch's default alpha is 1).
+    pub fn elu(&self, alpha: f64) -> Result<Tensor> {
+        let alpha = Real(alpha);
+        apply(Op::Unary(UnaryOp::Elu { alpha }), &[self])
+    }
+
+    /// `log(1 + e^(beta x)) / beta`, and `x` itself where `beta x > threshold` (`F.softplus`;
+    /// PyTorch's defaults are beta 1 and threshold 20).
+    pub fn softplus(&self, beta: f64, threshold: f64) -> Result<Tensor> {
+        let (beta, threshold) = (Real(beta), Real(threshold));
+        apply(Op::Unary(UnaryOp::Softplus { beta, threshold }), &[self])
+    }
+
+    /// `clamp(x, min_val, max_val)` with NaN kept (`F.hardtanh`; defaults -1 and 1).
+    pub fn hardtanh(&self, min_val: f64, max_val: f64) -> Result<Tensor> {
+        let (min_val, max_val) = (Real(min_val), Real(max_val));
+        apply(Op::Unary(UnaryOp::Hardtanh { min_val, max_val }), &[self])
     }
 
     binary_methods! {
