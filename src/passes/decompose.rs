@@ -29,8 +29,8 @@ use crate::Result;
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::einsum::EinsumSpec;
 use crate::ir::graph::{Graph, NodeKind, ValueId};
-use crate::ir::op::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp, reduction_dims};
-use crate::ir::shape::reduced_shape;
+use crate::ir::op::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp};
+use crate::ir::shape::{reduced_shape, reduction_dims};
 use std::collections::{HashMap, HashSet};
 
 /// A graph under construction, with fresh names that never collide with the source's.

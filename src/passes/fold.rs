@@ -16,7 +16,8 @@
 use super::simplify::{copy_op, start_copy};
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::graph::{Graph, NodeKind, ValueId};
-use crate::ir::op::{Literal, Op, ReduceOp, reduction_dims};
+use crate::ir::op::{Literal, Op, ReduceOp};
+use crate::ir::shape::reduction_dims;
 use crate::runtime::tensor::{Tensor, apply};
 use crate::{Error, Result};
 use std::collections::{HashMap, HashSet};

@@ -6,8 +6,8 @@
 use super::emit::Emit;
 use crate::ir::dtype::Scalar;
 use crate::ir::graph::ValueId;
-use crate::ir::op::{BinaryOp, Op, ReduceOp, UnaryOp, reduction_dims, slice_range};
-use crate::ir::shape::wrap_dim;
+use crate::ir::op::{BinaryOp, Op, ReduceOp, UnaryOp};
+use crate::ir::shape::{reduction_dims, select_index, slice_range, wrap_dim};
 use crate::{Result, bail};
 
 /// Per-operand gradients (`None`: no gradient flows to that operand).
@@ -151,7 +151,7 @@ pub(crate) fn vjp(
         }
         Op::Select { dim, index } => {
             let shape = e.shape(xs[0]);
-            let (d, i) = crate::ir::op::select_index(&shape, *dim, *index)?;
+            let (d, i) = select_index(&shape, *dim, *index)?;
             let u = e.unsqueeze(g, d as i64)?;
             Ok(vec![Some(e.place_slice(u, &shape, d, i, 1)?)])
         }

@@ -4,7 +4,7 @@
 use super::{Fail, R};
 use crate::Error;
 use crate::ir::op::Op;
-use crate::ir::shape::{wrap_dim, wrap_dims};
+use crate::ir::shape::{slice_range, wrap_dim, wrap_dims};
 use crate::kernel::IndexMap;
 
 /// An affine map from a kernel space to a value's multi-index:
@@ -133,7 +133,7 @@ pub(super) fn view_map(op: &Op, sshape: &[usize], vshape: &[usize], m: &AMap) ->
             end,
             step,
         } => {
-            let (d, s, _) = crate::ir::op::slice_range(sshape, *dim, *start, *end, *step).ok()?;
+            let (d, s, _) = slice_range(sshape, *dim, *start, *end, *step).ok()?;
             (coef, off) = (m.coef.clone(), m.off.clone());
             coef[d] = coef[d].iter().map(|c| c * step).collect();
             off[d] = off[d] * step + s as i64;

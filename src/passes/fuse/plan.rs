@@ -4,8 +4,8 @@
 
 use super::FuseOptions;
 use crate::ir::graph::{Graph, NodeKind, ValueId};
-use crate::ir::op::{BinaryOp, Op, ReduceOp, TensorType, reduction_dims};
-use crate::ir::shape::{Shape, reduced_shape, wrap_dim, wrap_dims};
+use crate::ir::op::{BinaryOp, Op, ReduceOp, TensorType};
+use crate::ir::shape::{Shape, reduced_shape, reduction_dims, wrap_dim, wrap_dims};
 use crate::ir::unary::Cost;
 use crate::runtime::layout::Layout;
 use crate::{Error, Result};

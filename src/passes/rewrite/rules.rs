@@ -9,8 +9,8 @@
 
 use super::lang::{EG, ENode, Types};
 use crate::ir::dtype::{DType, Scalar};
-use crate::ir::op::{BinaryOp, Op, TensorType, UnaryOp, permute_shape};
-use crate::ir::shape::wrap_dim;
+use crate::ir::op::{BinaryOp, Op, TensorType, UnaryOp};
+use crate::ir::shape::{permute_shape, wrap_dim};
 use crate::runtime::element::round_to_dtype;
 use crate::runtime::tensor::{Tensor, apply};
 use crate::{Error, Result};
