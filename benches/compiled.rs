@@ -13,7 +13,7 @@
 #[allow(dead_code)] // each bench uses a part of the shared timing helpers
 mod timing;
 
-use smelt::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend};
+use smelt::exec::{CompileOptions, CompiledFn, KernelBackend};
 use smelt::ir::graph::{Graph, ValueId};
 use smelt::ir::op::{BinaryOp, Op, TensorType, UnaryOp};
 use smelt::jit::run_graph;

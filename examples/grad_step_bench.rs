@@ -7,7 +7,7 @@
 //! - an MLP step: [256,1024] → Linear(1024,4096) → ReLU → Linear(4096,1024) → MSE, forward +
 //!   backward + SGD; ms per step and the eager/compiled ratio.
 
-use smelt::codegen_cpu::CompileOptions;
+use smelt::exec::CompileOptions;
 use smelt::nn::functional::{Reduction, mse_loss};
 use smelt::nn::{Linear, Module, ReLU, Sequential};
 use smelt::optim::{Optimizer, SGD, SGDConfig};

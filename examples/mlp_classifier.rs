@@ -5,7 +5,7 @@
 
 use indicatif::{ProgressBar, ProgressStyle};
 use smelt::autograd::no_grad;
-use smelt::codegen_cpu::CompileOptions;
+use smelt::exec::CompileOptions;
 use smelt::nn::functional::{ClassLossOptions, cross_entropy};
 use smelt::nn::{Linear, Module, ReLU, Sequential};
 use smelt::optim::{Optimizer, SGD, SGDConfig};

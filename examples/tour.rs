@@ -4,7 +4,7 @@
 //!
 //! Run: `cargo run --release --example tour`
 
-use smelt::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend};
+use smelt::exec::{CompileOptions, CompiledFn, KernelBackend};
 use smelt::ir::graph::Graph;
 use smelt::{DType, Result, Tensor, tensor};
 use std::time::Instant;

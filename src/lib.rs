@@ -12,6 +12,7 @@ pub mod codegen_cpu;
 pub mod codegen_cuda;
 pub mod data;
 pub mod error;
+pub mod exec;
 pub mod ir;
 pub mod jit;
 pub mod kernel;

@@ -10,7 +10,7 @@ use common::{Tol, assert_bits, assert_close};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use smelt::autograd::gradcheck;
-use smelt::codegen_cpu::{CompileOptions, CompiledFn};
+use smelt::exec::{CompileOptions, CompiledFn};
 use smelt::ir::graph::Graph;
 use smelt::ir::op::{BinaryOp, Op, TensorType, UnaryOp};
 use smelt::ir::unary::Real;

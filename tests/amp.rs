@@ -1,7 +1,8 @@
 //! Mixed precision: the dtype each op class runs in under autocast, and GradScaler's
 //! scaling, unscaling, skipped steps and scale updates with gradients set by hand.
 
-use smelt::amp::{self, CastPolicy, GradScaler};
+use smelt::amp::{self, CastPolicy};
+use smelt::optim::GradScaler;
 use smelt::nn::functional::{self as F, Reduction};
 use smelt::nn::{Linear, Module};
 use smelt::optim::{Optimizer, SGD, SGDConfig};

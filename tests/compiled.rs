@@ -8,7 +8,7 @@ use common::{Dist, assert_close, inputs_with, random_graph, random_tensor};
 use proptest::prelude::*;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use smelt::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend};
+use smelt::exec::{CompileOptions, CompiledFn, KernelBackend};
 use smelt::ir::graph::{Graph, ValueId};
 use smelt::ir::op::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp};
 use smelt::ir::parse_module;
@@ -434,7 +434,7 @@ fn step_times_cover_every_step() {
 /// row kernels and for rows that do not divide evenly into chunks.
 #[test]
 fn large_kernels_in_parallel_chunks_and_on_one_thread() {
-    use smelt::codegen_cpu::PAR_MIN_ELEMS;
+    use smelt::exec::PAR_MIN_ELEMS;
     let rows = PAR_MIN_ELEMS / 1000 + 7;
     for g in [
         relu_scale_bias(DType::F32, &[rows, 1000], &[1000]),

@@ -13,7 +13,8 @@ use common::{smelt, temp_dir};
 use smelt::data::{DataLoader, TensorDataset};
 use smelt::ir::graph::Graph;
 use smelt::ir::parse_module;
-use smelt::runtime::cuda::{self, CudaCompileOptions, CudaFn, memory};
+use smelt::exec::{CudaCompileOptions, CudaFn};
+use smelt::runtime::cuda::{self, memory};
 use smelt::runtime::interp;
 use smelt::{DType, Device, Tensor};
 

@@ -5,7 +5,7 @@ mod common;
 
 use common::{smelt_in, temp_dir};
 use smelt::Tensor;
-use smelt::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend};
+use smelt::exec::{CompileOptions, CompiledFn, KernelBackend};
 use smelt::ir::parse_module;
 use smelt::runtime::npy::write_npy;
 use std::path::Path;

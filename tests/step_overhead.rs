@@ -8,7 +8,7 @@ mod common;
 use common::{Dist, assert_close, inputs_with, random_tensor};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use smelt::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend};
+use smelt::exec::{CompileOptions, CompiledFn, KernelBackend};
 use smelt::ir::graph::Graph;
 use smelt::ir::op::Op;
 use smelt::ir::parse_module;

@@ -77,7 +77,7 @@ pub(crate) fn backward(root: &Tensor, seed: Tensor, retain_graph: bool) -> Resul
                 "element 0 of tensors does not require grad and does not have a grad_fn"
             );
         }
-        m.node.clone()
+        m.node()
     };
     let Some(node) = node else {
         return accumulate_grad(root, seed);

@@ -21,15 +21,24 @@ use crate::{Result, bail};
 use std::collections::HashSet;
 use std::sync::Arc;
 
-/// Per-tensor gradient state, as PyTorch keeps it on every tensor.
-#[derive(Default)]
-pub(crate) struct AutogradMeta {
-    /// Gradients flow to this tensor.
-    pub requires_grad: bool,
-    /// The accumulated gradient (`.grad`).
-    pub grad: Option<Tensor>,
+pub(crate) use crate::runtime::tensor::AutogradMeta;
+
+impl AutogradMeta {
     /// The recorded op that produced this tensor (`grad_fn`); `None` for leaves.
-    pub node: Option<Arc<tape::GradNode>>,
+    pub(crate) fn node(&self) -> Option<Arc<tape::GradNode>> {
+        let n = self.grad_fn.clone()?;
+        // Only the tape sets `grad_fn`, always to one of its nodes.
+        Some(
+            n.downcast::<tape::GradNode>()
+                .unwrap_or_else(|_| unreachable!("grad_fn holds a tape node")),
+        )
+    }
+
+    pub(crate) fn set_node(&mut self, n: Arc<tape::GradNode>) {
+        tape::register_hooks();
+        self.requires_grad = true;
+        self.grad_fn = Some(n);
+    }
 }
 
 impl Tensor {
@@ -52,6 +61,9 @@ impl Tensor {
                 "only Tensors of floating point dtype can require gradients"
             );
         }
+        if on {
+            tape::register_hooks();
+        }
         self.meta().requires_grad = on;
         Ok(self)
     }
@@ -69,12 +81,12 @@ impl Tensor {
     /// True for tensors not produced by a recorded op (every tensor that does not require
     /// grad is a leaf, as in PyTorch).
     pub fn is_leaf(&self) -> bool {
-        self.meta().node.is_none()
+        self.meta().grad_fn.is_none()
     }
 
     /// The name of the op that produced this tensor (`MulBackward0`), for non-leaves.
     pub fn grad_fn_name(&self) -> Option<String> {
-        self.meta().node.as_ref().map(|n| n.name())
+        self.meta().node().map(|n| n.name())
     }
 
     /// A tensor sharing this one's data, cut off from the recorded graph (`detach()`).
@@ -92,7 +104,7 @@ impl Tensor {
                     "can't retain_grad on Tensor that has requires_grad=False"
                 );
             }
-            m.node.clone()
+            m.node()
         };
         if let Some(n) = node {
             n.set_retained(self);
@@ -104,7 +116,7 @@ impl Tensor {
     /// non-leaves after `retain_grad`).
     pub fn retains_grad(&self) -> bool {
         let m = self.meta();
-        match &m.node {
+        match m.node() {
             Some(n) => n
                 .retained_tensor()
                 .is_some_and(|t| Arc::ptr_eq(&t.0, &self.0)),
@@ -181,7 +193,7 @@ pub fn saved_tensor_bytes(t: &Tensor) -> usize {
             *total += bytes;
         }
     };
-    let mut stack: Vec<Arc<tape::GradNode>> = t.meta().node.iter().cloned().collect();
+    let mut stack: Vec<Arc<tape::GradNode>> = t.meta().node().into_iter().collect();
     while let Some(n) = stack.pop() {
         if !seen_nodes.insert(Arc::as_ptr(&n)) {
             continue;

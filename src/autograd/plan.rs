@@ -9,7 +9,7 @@
 
 use super::engine::{SECOND_BACKWARD, modified_error};
 use super::tape::{Edge, GradNode, NodeOp};
-use crate::codegen_cpu::{CompileOptions, CompiledFn};
+use crate::exec::{CompileOptions, CompiledFn};
 use crate::ir::graph::{Graph, NodeKind, ValueId};
 use crate::ir::op::{Op, TensorType};
 use crate::runtime::Tensor;
@@ -609,7 +609,7 @@ mod tests {
         for _ in 0..COMPILE_AFTER + 2 {
             let y = x.linear(&w, Some(&b)).unwrap();
             let loss = y.square().unwrap().mean().unwrap();
-            let node = loss.meta().node.clone().unwrap();
+            let node = loss.meta().node().unwrap();
             let mut walk = Walk::default();
             walk.seed(&node, &Tensor::ones(&[], crate::DType::F32))
                 .unwrap();
@@ -632,7 +632,7 @@ mod tests {
         let w = Tensor::from_vec(vec![3.0f64], &[1]).unwrap();
         w.requires_grad_(true).unwrap();
         let y = w.mul(&w).unwrap();
-        let node = y.meta().node.clone().unwrap();
+        let node = y.meta().node().unwrap();
         let mut walk = Walk::default();
         walk.seed(&node, &Tensor::ones(&[1], crate::DType::F64))
             .unwrap();

@@ -10,6 +10,14 @@ use crate::runtime::tensor::Inner;
 use crate::{Result, bail};
 use std::sync::{Arc, Mutex, Weak};
 
+/// Installs the tape's hooks into eager execution (`runtime::hooks`). Called whenever a
+/// tensor starts requiring grad: before that, no op has anything to record.
+pub(crate) fn register_hooks() {
+    use crate::runtime::hooks::{TAPE, TAPE_INPLACE};
+    TAPE.register(on_apply);
+    TAPE_INPLACE.register(on_inplace);
+}
+
 /// What produced a recorded value.
 pub(crate) enum NodeOp {
     /// An IR op: differentiated by the autodiff pass.
@@ -96,7 +104,7 @@ pub(crate) fn detached(t: &Tensor) -> Tensor {
 /// The edge through which gradients reach `t`.
 pub(crate) fn edge_of(t: &Tensor) -> Edge {
     let m = t.meta();
-    match &m.node {
+    match m.node() {
         Some(n) => Edge::Node(n.clone()),
         None if m.requires_grad => Edge::Leaf(t.clone()),
         None => Edge::Const(detached(t)),
@@ -120,9 +128,7 @@ pub(crate) fn attach(
         retained: Mutex::new(None),
         freed: Default::default(),
     });
-    let mut m = out.meta();
-    m.requires_grad = true;
-    m.node = Some(node.clone());
+    out.meta().set_node(node.clone());
     node
 }
 
@@ -146,7 +152,7 @@ pub(crate) fn on_inplace(target: &Tensor, op: &Op, operands: &[&Tensor]) -> Resu
     }
     let (req, node) = {
         let m = target.meta();
-        (m.requires_grad, m.node.clone())
+        (m.requires_grad, m.node())
     };
     if req && node.is_none() {
         bail!(
@@ -201,9 +207,7 @@ pub(crate) fn on_inplace(target: &Tensor, op: &Op, operands: &[&Tensor]) -> Resu
         };
         node = cast;
     }
-    let mut m = target.meta();
-    m.requires_grad = true;
-    m.node = Some(Arc::new(node));
+    target.meta().set_node(Arc::new(node));
     Ok(())
 }
 

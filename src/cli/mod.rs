@@ -9,7 +9,7 @@ pub mod grad;
 mod profile;
 mod profile_cuda;
 
-use crate::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend};
+use crate::exec::{CompileOptions, CompiledFn, KernelBackend};
 use crate::ir::graph::{Graph, Module};
 use crate::ir::parse_module;
 use crate::runtime::{interp, npy};
@@ -171,11 +171,11 @@ fn evaluate(
             CompiledFn::compile(g, &opts)?.call(&ordered)
         }
         Backend::Cuda => {
-            let opts = crate::runtime::cuda::CudaCompileOptions {
+            let opts = crate::exec::CudaCompileOptions {
                 fuse: !no_fuse,
                 ..Default::default()
             };
-            let f = crate::runtime::cuda::CudaFn::compile(g, &opts)?;
+            let f = crate::exec::CudaFn::compile(g, &opts)?;
             let ordered = interp::ordered_inputs(g, inputs)?
                 .iter()
                 .map(|t| t.to_device(f.device()))

@@ -4,7 +4,7 @@
 //! summary with the speedups; `--json FILE` writes the same figures as JSON.
 
 use super::{Backend, load, parse_input, pick};
-use crate::codegen_cpu::{CompileOptions, CompiledFn, KernelBackend, StepInfo};
+use crate::exec::{CompileOptions, CompiledFn, KernelBackend, StepInfo};
 use crate::ir::dtype::DType;
 use crate::ir::graph::{Graph, NodeKind, ValueId};
 use crate::ir::op::Op;

@@ -13,7 +13,7 @@ use crate::ir::graph::Graph;
 use crate::runtime::cuda::driver::{Gpu, Timer};
 use crate::runtime::cuda::memory::DeviceBuffer;
 use crate::runtime::cuda::program::cache_dir;
-use crate::runtime::cuda::{CudaCompileOptions, CudaFn};
+use crate::exec::{CudaCompileOptions, CudaFn};
 use crate::runtime::{Device, Tensor};
 use std::fmt::Write as _;
 use std::sync::Arc;

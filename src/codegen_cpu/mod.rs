@@ -1,7 +1,6 @@
-//! CPU backend: kernels lowered to Cranelift machine code, and the executor that runs a
-//! compiled schedule.
+//! CPU backend: kernels lowered to Cranelift machine code (the executor that runs a compiled
+//! schedule is [`crate::exec::cpu`]).
 
-pub mod exec;
 pub mod helpers;
 pub mod jit;
 mod lanes;
@@ -14,6 +13,5 @@ mod strip;
 mod vector;
 pub mod vmath;
 
-pub use exec::{CompileOptions, CompiledFn, KernelBackend, PAR_MIN_ELEMS, StepInfo, StepTimes};
 pub use lower::{CodegenOptions, CpuKernel, compile_kernel};
 pub use stream::STREAM_MIN_BYTES;

@@ -14,8 +14,7 @@
 
 mod emit;
 pub mod indexing;
-pub mod locate;
-pub mod nvrtc;
+pub use crate::runtime::cuda::{locate, nvrtc};
 mod prelude;
 mod scalar;
 mod vector;

@@ -207,9 +207,9 @@ impl Traced<'_> {
     /// example inputs' types. Other types are an error, not a re-trace.
     pub fn compile(
         &self,
-        opts: &crate::codegen_cpu::CompileOptions,
-    ) -> Result<crate::codegen_cpu::CompiledFn> {
-        let f = crate::codegen_cpu::CompiledFn::compile(&self.graph, opts)?;
+        opts: &crate::exec::CompileOptions,
+    ) -> Result<crate::exec::CompiledFn> {
+        let f = crate::exec::CompiledFn::compile(&self.graph, opts)?;
         f.bind_trailing(self.opts.params.iter().map(|(_, t)| t.clone()).collect())
     }
 
@@ -301,18 +301,29 @@ pub(crate) fn on_apply(op: &Op, inputs: &[&Tensor], out: &Tensor) {
 /// the op's result. A result of another dtype is cast back to `target`'s dtype, as in-place
 /// ops do; a result of another shape is an error. Writing into a tensor that shares storage
 /// with another traced tensor (a view, or a tensor that has views) is refused, since the
-/// graph has no aliasing to carry the write over.
+/// graph has no aliasing to carry the write over. The autograd tape sees the write too.
 pub fn record_inplace(target: &Tensor, op: Op, operands: &[&Tensor]) -> Result<()> {
-    crate::autograd::tape::on_inplace(target, &op, operands)?;
+    crate::runtime::hooks::before_inplace(target, &op, operands)
+}
+
+/// The tracer's in-place hook (`runtime::hooks::TRACE_INPLACE`).
+fn on_inplace(target: &Tensor, op: &Op, operands: &[&Tensor]) -> Result<()> {
     RECORDER.with(|r| {
         let Ok(mut r) = r.try_borrow_mut() else {
             return Ok(());
         };
         match r.as_mut() {
-            Some(rec) => rec.record_inplace(target, op, operands),
+            Some(rec) => rec.record_inplace(target, op.clone(), operands),
             None => Ok(()),
         }
     })
+}
+
+/// Installs the tracer's hooks into eager execution; called when a trace starts.
+fn register_hooks() {
+    use crate::runtime::hooks::{TRACE, TRACE_INPLACE};
+    TRACE.register(on_apply);
+    TRACE_INPLACE.register(on_inplace);
 }
 
 fn key(t: &Tensor) -> usize {
@@ -446,6 +457,7 @@ struct Installed;
 
 impl Installed {
     fn new(rec: Recorder) -> Result<Installed> {
+        register_hooks();
         RECORDER.with(|r| {
             let mut r = r
                 .try_borrow_mut()

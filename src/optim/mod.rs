@@ -5,9 +5,11 @@
 //! without a gradient are skipped, as in PyTorch.
 
 mod adam;
+mod grad_scaler;
 mod sgd;
 
 pub use adam::{Adam, AdamConfig, AdamW};
+pub use grad_scaler::GradScaler;
 pub use sgd::{SGD, SGDConfig};
 
 use crate::runtime::Tensor;

@@ -5,6 +5,7 @@ pub mod cuda;
 pub mod device;
 mod display;
 pub mod element;
+pub mod hooks;
 pub mod interp;
 pub mod kernels;
 pub mod layout;

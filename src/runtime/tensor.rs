@@ -4,6 +4,7 @@
 use super::access;
 use super::device::Device;
 use super::element::Element;
+use super::hooks;
 use super::layout::Layout;
 use super::storage::Storage;
 use crate::ir::dtype::{DType, Scalar};
@@ -21,7 +22,19 @@ pub(crate) struct Inner {
     /// A Python-style number (`&t * 0.5`): lowest priority in type promotion.
     wrapped: bool,
     /// Gradient bookkeeping (`requires_grad`, `.grad`, the recording that made it).
-    pub(crate) autograd: std::sync::Mutex<crate::autograd::AutogradMeta>,
+    pub(crate) autograd: std::sync::Mutex<AutogradMeta>,
+}
+
+/// Per-tensor gradient state, as PyTorch keeps it on every tensor. The runtime only holds
+/// it; `autograd` reads and writes it (the node it records is opaque down here).
+#[derive(Default)]
+pub(crate) struct AutogradMeta {
+    /// Gradients flow to this tensor.
+    pub requires_grad: bool,
+    /// The accumulated gradient (`.grad`).
+    pub grad: Option<Tensor>,
+    /// The recorded op that produced this tensor (autograd's node); `None` for leaves.
+    pub grad_fn: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Tensor {
@@ -322,7 +335,9 @@ fn check_size(t: &TensorType) -> Result<()> {
 /// Applies an op to tensors: the one entry point of eager execution. The op's shape rule
 /// (`Op::infer`, shared with the graph IR) checks the operands, then its kernel runs.
 pub fn apply(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
-    if let Some(r) = crate::amp::intercept(&op, inputs) {
+    if let Some(autocast) = hooks::AUTOCAST.get()
+        && let Some(r) = autocast(&op, inputs)
+    {
         return r;
     }
     if let Some(first) = inputs.iter().find(|t| !t.is_wrapped_number()) {
@@ -349,11 +364,22 @@ pub fn apply(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
         .map_or(Device::Cpu, |t| t.device());
     let result = match device {
         Device::Cpu => super::kernels::eval(&op, inputs, &out)?,
-        Device::Cuda(i) => super::cuda::eager::apply(&op, inputs, &out, i)?,
+        Device::Cuda(i) => match hooks::DEVICE.get() {
+            Some(run) => run(&op, inputs, &out, i)?,
+            None => bail!(
+                Device,
+                "{}: no CUDA executor is loaded; move tensors to a GPU with Tensor::to_device",
+                op.name()
+            ),
+        },
     };
-    crate::jit::trace::on_apply(&op, inputs, &result);
+    if let Some(trace) = hooks::TRACE.get() {
+        trace(&op, inputs, &result);
+    }
     // Eager autograd: records the op on the result when an operand requires grad.
-    crate::autograd::tape::on_apply(&op, inputs, &result);
+    if let Some(tape) = hooks::TAPE.get() {
+        tape(&op, inputs, &result);
+    }
     Ok(result)
 }
 

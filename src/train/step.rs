@@ -14,7 +14,7 @@
 //! buffers live in the step: the outputs of one call are the inputs of the next.
 
 use crate::autograd::no_grad;
-use crate::codegen_cpu::{CompileOptions, CompiledFn};
+use crate::exec::{CompileOptions, CompiledFn};
 use crate::ir::dtype::DType;
 use crate::ir::dtype::Scalar;
 use crate::ir::graph::{Graph, ValueId};

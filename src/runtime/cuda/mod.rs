@@ -9,17 +9,15 @@ pub mod alloc;
 pub mod blas;
 pub mod copy;
 pub mod driver;
-pub mod eager;
-pub mod exec;
+pub mod locate;
 pub mod memory;
+pub mod nvrtc;
 pub mod program;
 pub mod stream;
 pub mod tensor;
 
-pub use exec::{CudaCompileOptions, CudaFn};
 pub use stream::{Event, Stream, current_stream, with_stream};
 
-use crate::codegen_cuda::nvrtc;
 use crate::{Error, Result};
 use cudarc::driver::{result, sys};
 
@@ -209,7 +207,7 @@ pub fn environment_report() -> String {
         }
         Err(e) => out.push_str(&format!("nvrtc: none ({e})\n")),
     }
-    match crate::codegen_cuda::locate::cuda_include() {
+    match locate::cuda_include() {
         Ok(p) => out.push_str(&format!("headers: {}\n", p.display())),
         Err(_) => {
             out.push_str("headers: none (cuda_fp16.h not found; f16/bf16 kernels cannot compile)\n")

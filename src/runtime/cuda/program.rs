@@ -7,7 +7,7 @@
 
 use super::driver::{Gpu, Module};
 use crate::Result;
-use crate::codegen_cuda::nvrtc;
+use super::nvrtc;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -12,8 +12,9 @@ use crate::{Result, bail};
 use std::sync::Arc;
 
 impl Tensor {
-    /// The tensor on `device`: itself when it is already there (no copy, as in PyTorch).
-    pub fn to_device(&self, device: Device) -> Result<Tensor> {
+    /// The copy behind [`Tensor::to_device`] (defined with the CUDA executor, which must be
+    /// loaded before ops run on a GPU tensor); itself when it is already on `device`.
+    pub(crate) fn transfer(&self, device: Device) -> Result<Tensor> {
         if device == self.device() {
             return Ok(self.clone());
         }
@@ -24,15 +25,11 @@ impl Tensor {
             (Device::Cpu, Device::Cpu) => Ok(self.clone()),
         }
     }
-    /// As [`Tensor::to_device`], but a copy from pinned host memory to a GPU is queued on the
-    /// current stream and not waited for (PyTorch's `to(device, non_blocking=True)`): the
-    /// host thread goes on while the copy engine works. Writing the source before the copy
-    /// has run (a later `synchronize`) may or may not change what arrives; its memory is
-    /// kept alive by the result. Other moves are as `to_device`.
-    pub fn to_device_non_blocking(&self, device: Device) -> Result<Tensor> {
+    /// The copy behind [`Tensor::to_device_non_blocking`].
+    pub(crate) fn transfer_non_blocking(&self, device: Device) -> Result<Tensor> {
         match (self.device(), device) {
             (Device::Cpu, Device::Cuda(i)) => upload_non_blocking(self, i),
-            _ => self.to_device(device),
+            _ => self.transfer(device),
         }
     }
 
@@ -45,11 +42,7 @@ impl Tensor {
 
     /// The tensor on the CPU (itself for a CPU tensor).
     pub fn cpu(&self) -> Result<Tensor> {
-        self.to_device(Device::Cpu)
-    }
-    /// The tensor on the current GPU (`cuda::current_device`, `cuda:0` unless set).
-    pub fn cuda(&self) -> Result<Tensor> {
-        self.to_device(Device::Cuda(crate::runtime::cuda::current_device()?))
+        self.transfer(Device::Cpu)
     }
 
     /// A dense copy in page-locked host memory (itself when it is pinned already), as

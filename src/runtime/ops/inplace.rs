@@ -84,7 +84,7 @@ impl Tensor {
         }
         check_devices(inputs, out)?;
         checked_type(&op, inputs, out)?;
-        crate::jit::trace::record_inplace(out, op.clone(), inputs)?;
+        crate::runtime::hooks::before_inplace(out, &op, inputs)?;
         if out.device() != Device::Cpu {
             // the result computed on the GPU, then written through `out`'s layout
             let r = crate::runtime::apply(op, inputs)?;
@@ -193,11 +193,11 @@ impl Tensor {
             fill_value: value,
             dtype: Some(self.dtype()),
         };
-        crate::jit::trace::record_inplace(self, full, &[])?;
+        crate::runtime::hooks::before_inplace(self, &full, &[])?;
         if self.device() != Device::Cpu {
             let v = Tensor::scalar(value)
                 .to_dtype(self.dtype())?
-                .to_device(self.device())?;
+                .transfer(self.device())?;
             gpu_write(self, &v)?;
             return Ok(self);
         }
@@ -224,7 +224,7 @@ impl Tensor {
         let to: Vec<i64> = self.shape().iter().map(|&s| s as i64).collect();
         expand_shape(src.shape(), &to)?;
         check_no_overlap(self.layout())?;
-        crate::jit::trace::record_inplace(self, Op::Expand { size: to }, &[src])?;
+        crate::runtime::hooks::before_inplace(self, &Op::Expand { size: to }, &[src])?;
         if self.device() != Device::Cpu {
             let src = if src.shares_storage(self) {
                 cuda::tensor::contiguous_copy(src)?
@@ -252,12 +252,12 @@ impl Tensor {
         let op = Op::IndexAdd { dim };
         checked_type(&op, &[self, index, source], self)?;
         check_no_overlap(self.layout())?;
-        crate::jit::trace::record_inplace(self, op, &[self, index, source])?;
+        crate::runtime::hooks::before_inplace(self, &op, &[self, index, source])?;
         if self.device() != Device::Cpu {
             // the CPU's kernel on host copies, written back
             let h = self.cpu()?;
             index::index_add_into(&h, wrap_dim(dim, h.dim())?, &index.cpu()?, &source.cpu()?)?;
-            gpu_write(self, &h.to_device(self.device())?)?;
+            gpu_write(self, &h.transfer(self.device())?)?;
             return Ok(self);
         }
         index::index_add_into(self, wrap_dim(dim, self.dim())?, index, source)?;

@@ -8,11 +8,11 @@
 //! device; a non-contiguous one is copied dense first. Outputs are device tensors, views of
 //! their buffers where the schedule says so.
 
-use super::blas;
-use super::driver::{Function, Gpu, Module, Timer};
-use super::memory::DeviceBuffer;
-use super::program::{self, Origin};
-use crate::codegen_cpu::exec::{StepInfo, check_input};
+use crate::runtime::cuda::blas;
+use crate::runtime::cuda::driver::{Function, Gpu, Module, Timer};
+use crate::runtime::cuda::memory::DeviceBuffer;
+use crate::runtime::cuda::program::{self, Origin};
+use super::cpu::{StepInfo, check_input};
 use crate::codegen_cuda::{self, CudaProgram, CudaStep, ParamAccess};
 use crate::ir::graph::Graph;
 use crate::ir::op::{Op, TensorType};
@@ -143,7 +143,7 @@ impl CudaFn {
             .map(|b| match &b.kind {
                 BufferKind::Constant(lit) => {
                     let host = apply(Op::Constant(lit.clone()), &[])?;
-                    let dev = super::tensor::upload(&host, gpu.ordinal())?;
+                    let dev = crate::runtime::cuda::tensor::upload(&host, gpu.ordinal())?;
                     Ok(Some(Buf {
                         offset: dev.storage_offset(),
                         storage: dev.storage_arc().clone(),
@@ -233,7 +233,7 @@ impl CudaFn {
         let s = &self.schedule;
         let mut bufs: Vec<Option<Buf>> = self.constants.clone();
         for (&b, t) in s.inputs.iter().zip(inputs) {
-            let dense = super::tensor::contiguous(t)?;
+            let dense = crate::runtime::cuda::tensor::contiguous(t)?;
             bufs[b] = Some(Buf {
                 offset: dense.storage_offset(),
                 storage: dense.storage_arc().clone(),
@@ -291,7 +291,7 @@ impl CudaFn {
             .zip(&self.fresh)
             .map(
                 |(v, &fresh)| match bufs.get(v.buffer).and_then(Option::as_ref) {
-                    Some(b) if fresh => super::tensor::contiguous_copy(&b.view(v)),
+                    Some(b) if fresh => crate::runtime::cuda::tensor::contiguous_copy(&b.view(v)),
                     Some(b) => Ok(b.view(v)),
                     None => bail!(Value, "schedule: output b{} is never written", v.buffer),
                 },
@@ -367,7 +367,7 @@ impl CudaFn {
         // the CPU's kernel on copies of the operands
         let host: Vec<Tensor> = args
             .iter()
-            .map(super::tensor::download)
+            .map(crate::runtime::cuda::tensor::download)
             .collect::<Result<_>>()?;
         let refs: Vec<&Tensor> = host.iter().collect();
         let types: Vec<TensorType> = host.iter().map(Tensor::ttype).collect();
@@ -382,7 +382,7 @@ impl CudaFn {
             );
         }
         let r = crate::runtime::kernels::eval(&e.op, &refs, &ty)?;
-        let dev = super::tensor::upload(&r, self.gpu.ordinal())?;
+        let dev = crate::runtime::cuda::tensor::upload(&r, self.gpu.ordinal())?;
         bufs[e.out] = Some(Buf {
             offset: dev.storage_offset(),
             storage: dev.storage_arc().clone(),
@@ -415,12 +415,12 @@ pub fn matmul_into(gpu: &Arc<Gpu>, a: &Tensor, b: &Tensor, c_ptr: u64) -> Result
     let a = if ra {
         a.clone()
     } else {
-        super::tensor::contiguous_copy(a)?
+        crate::runtime::cuda::tensor::contiguous_copy(a)?
     };
     let b = if rb {
         b.clone()
     } else {
-        super::tensor::contiguous_copy(b)?
+        crate::runtime::cuda::tensor::contiguous_copy(b)?
     };
     let base = |t: &Tensor| t.storage().device_ptr().unwrap_or(0);
     for call in blas::plan(&geom(&a), &geom(&b))? {

@@ -26,7 +26,7 @@ mod plan;
 pub use info::StepInfo;
 pub use plan::TempPlan;
 
-use super::lower::{CodegenOptions, CpuKernel, compile_kernel};
+use crate::codegen_cpu::lower::{CodegenOptions, CpuKernel, compile_kernel};
 use crate::ir::graph::Graph;
 use crate::ir::op::{Op, TensorType};
 use crate::ir::shape::numel;

@@ -3,7 +3,7 @@
 //! cached per op, operand types and Python-number values, so each distinct op compiles once
 //! per process (and once per machine, through the disk cache).
 
-use super::exec::{CudaCompileOptions, CudaFn};
+use super::cuda::{CudaCompileOptions, CudaFn};
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::graph::Graph;
 use crate::ir::op::{Op, TensorType};
@@ -13,6 +13,11 @@ use crate::{Result, bail};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+/// Installs [`apply`] as eager execution's GPU path (`runtime::hooks::DEVICE`).
+pub(crate) fn register() {
+    crate::runtime::hooks::DEVICE.register(apply);
+}
+
 /// Runs `op` on `inputs` (GPU tensors of device `device`, and Python numbers).
 pub fn apply(op: &Op, inputs: &[&Tensor], out: &TensorType, device: usize) -> Result<Tensor> {
     match op {
@@ -21,11 +26,11 @@ pub fn apply(op: &Op, inputs: &[&Tensor], out: &TensorType, device: usize) -> Re
             let x = if inputs[0].layout().view(&out.shape).is_some() {
                 inputs[0].clone()
             } else {
-                super::tensor::contiguous_copy(inputs[0])?
+                crate::runtime::cuda::tensor::contiguous_copy(inputs[0])?
             };
             return views::eval(op, &x, out);
         }
-        Op::Contiguous => return super::tensor::contiguous(inputs[0]),
+        Op::Contiguous => return crate::runtime::cuda::tensor::contiguous(inputs[0]),
         Op::To { dtype } if *dtype == inputs[0].dtype() && !inputs[0].is_wrapped_number() => {
             return Ok(inputs[0].clone());
         }
