@@ -1,7 +1,7 @@
 //! Compiled training steps (`train::CompiledStep`) against eager training (nn + autograd +
 //! `optim::SGD`) on the same data and the same initial parameters.
 
-use smelt::codegen_cpu::{CompileOptions, KernelBackend};
+use smelt::exec::{CompileOptions, KernelBackend};
 use smelt::nn::functional::{ClassLossOptions, Reduction, cross_entropy, mse_loss};
 use smelt::nn::{Linear, Module, ReLU, Sequential, Tanh};
 use smelt::optim::{Optimizer, SGD, SGDConfig};
@@ -263,7 +263,7 @@ fn the_update_fuses_into_the_backward_kernels() {
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let grads = smelt::passes::autodiff::autodiff(&forward, &refs).unwrap();
     let grads_only =
-        smelt::codegen_cpu::CompiledFn::compile(&grads, &CompileOptions::default()).unwrap();
+        smelt::exec::CompiledFn::compile(&grads, &CompileOptions::default()).unwrap();
     let s = fused.compiled().schedule();
     let k_fused = s.kernel_count();
     let k_unfused = unfused.compiled().schedule().kernel_count();
