@@ -32,9 +32,8 @@ use crate::ir::op::{Op, TensorType};
 use crate::ir::shape::numel;
 use crate::ir::text::fmt_type;
 use crate::kernel::{self, BufferId, BufferKind, ExternCall, Schedule, Step, View};
-use crate::passes::Pipeline;
 use crate::runtime::device::Device;
-use crate::runtime::kernels::{self as eager, copy};
+use crate::runtime::kernels::copy;
 use crate::runtime::layout::Layout;
 use crate::runtime::{Tensor, access, apply};
 use crate::{Result, bail};
@@ -203,21 +202,9 @@ impl CompiledFn {
     /// Runs the pass pipeline (partitioning fused or not) and compiles every kernel of `g`.
     pub fn compile(g: &Graph, opts: &CompileOptions) -> Result<CompiledFn> {
         let t0 = Instant::now();
-        let mut pipeline = Pipeline::default();
-        pipeline.options.fuse.fuse = opts.fuse;
-        if !opts.fuse {
-            // The unfused baseline runs the ops as written, one kernel each.
-            pipeline.graph_passes.retain(|p| p.name() != "rewrite");
-        }
-        pipeline.options.rewrite.fast_math = opts.fast_math;
-        let s = pipeline
-            .run_until(g, "fuse")?
-            .schedule
-            .ok_or_else(|| crate::Error::Value("the pass pipeline produced no schedule".into()))?;
-        let names = g.inputs().iter().map(|&v| g.node(v).name.clone()).collect();
-        let mut f = CompiledFn::from_schedule(s, names, opts)?;
-        let alias: Vec<bool> = g.outputs().iter().map(|&v| g.may_alias_input(v)).collect();
-        f.fresh = f.schedule.fresh_outputs(&alias);
+        let p = super::plan(g, opts.fuse, opts.fast_math)?;
+        let mut f = CompiledFn::from_schedule(p.schedule, p.input_names, opts)?;
+        f.fresh = f.schedule.fresh_outputs(&p.may_alias);
         f.compile_time = t0.elapsed();
         Ok(f)
     }
@@ -879,8 +866,7 @@ pub(crate) fn check_input(
     Ok(())
 }
 
-/// Runs a library call on the eager kernels: GEMMs through the strided gemm path, anything
-/// else through the op's reference kernel.
+/// Runs a library call on the eager kernels ([`kernel::interp::run_extern`]).
 fn run_extern(
     s: &Schedule,
     e: &ExternCall,
@@ -892,27 +878,7 @@ fn run_extern(
         .iter()
         .map(|v| view_of(bufs, v))
         .collect::<Result<_>>()?;
-    let refs: Vec<&Tensor> = args.iter().collect();
-    let ty = match ty {
-        Some(t) => t.clone(),
-        None => {
-            let types: Vec<TensorType> = args.iter().map(Tensor::ttype).collect();
-            let trefs: Vec<&TensorType> = types.iter().collect();
-            e.op.infer(&trefs)?
-        }
-    };
-    let b = &s.buffers[e.out];
-    if ty.dtype != b.dtype || ty.shape != b.shape {
-        bail!(
-            Value,
-            "extern {}: result {} does not fit b{}",
-            e.op.name(),
-            fmt_type(&ty),
-            e.out
-        );
-    }
-    let r = eager::eval(&e.op, &refs, &ty)?;
-    bufs[e.out] = Some(copy::contiguous(&r)?);
+    bufs[e.out] = Some(kernel::interp::run_extern(s, e, &args, ty)?);
     Ok(())
 }
 

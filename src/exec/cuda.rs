@@ -8,17 +8,15 @@
 //! device; a non-contiguous one is copied dense first. Outputs are device tensors, views of
 //! their buffers where the schedule says so.
 
+use super::cpu::{StepInfo, check_input};
+use crate::codegen_cuda::{self, CudaProgram, CudaStep, ParamAccess};
+use crate::ir::graph::Graph;
+use crate::ir::op::Op;
+use crate::kernel::{BufferKind, ExternCall, Schedule, View};
 use crate::runtime::cuda::blas;
 use crate::runtime::cuda::driver::{Function, Gpu, Module, Timer};
 use crate::runtime::cuda::memory::DeviceBuffer;
 use crate::runtime::cuda::program::{self, Origin};
-use super::cpu::{StepInfo, check_input};
-use crate::codegen_cuda::{self, CudaProgram, CudaStep, ParamAccess};
-use crate::ir::graph::Graph;
-use crate::ir::op::{Op, TensorType};
-use crate::ir::text::fmt_type;
-use crate::kernel::{BufferKind, ExternCall, Schedule, View};
-use crate::passes::Pipeline;
 use crate::runtime::device::Device;
 use crate::runtime::layout::Layout;
 use crate::runtime::storage::Storage;
@@ -98,20 +96,9 @@ impl CudaFn {
     pub fn compile(g: &Graph, opts: &CudaCompileOptions) -> Result<CudaFn> {
         let t0 = Instant::now();
         let gpu = Gpu::get(opts.device)?;
-        let mut pipeline = Pipeline::default();
-        pipeline.options.fuse.fuse = opts.fuse;
-        if !opts.fuse {
-            pipeline.graph_passes.retain(|p| p.name() != "rewrite");
-        }
-        pipeline.options.rewrite.fast_math = opts.fast_math;
-        let s = pipeline
-            .run_until(g, "fuse")?
-            .schedule
-            .ok_or_else(|| Error::Value("the pass pipeline produced no schedule".into()))?;
-        let names = g.inputs().iter().map(|&v| g.node(v).name.clone()).collect();
-        let mut f = CudaFn::from_schedule(&gpu, s, names, opts.fast_math)?;
-        let alias: Vec<bool> = g.outputs().iter().map(|&v| g.may_alias_input(v)).collect();
-        f.fresh = f.schedule.fresh_outputs(&alias);
+        let p = super::plan(g, opts.fuse, opts.fast_math)?;
+        let mut f = CudaFn::from_schedule(&gpu, p.schedule, p.input_names, opts.fast_math)?;
+        f.fresh = f.schedule.fresh_outputs(&p.may_alias);
         f.compile_time = t0.elapsed();
         Ok(f)
     }
@@ -369,19 +356,7 @@ impl CudaFn {
             .iter()
             .map(crate::runtime::cuda::tensor::download)
             .collect::<Result<_>>()?;
-        let refs: Vec<&Tensor> = host.iter().collect();
-        let types: Vec<TensorType> = host.iter().map(Tensor::ttype).collect();
-        let ty = e.op.infer(&types.iter().collect::<Vec<_>>())?;
-        if ty.dtype != out.dtype || ty.shape != out.shape {
-            bail!(
-                Value,
-                "extern {}: result {} does not fit b{}",
-                e.op.name(),
-                fmt_type(&ty),
-                e.out
-            );
-        }
-        let r = crate::runtime::kernels::eval(&e.op, &refs, &ty)?;
+        let r = crate::kernel::interp::run_extern(&self.schedule, e, &host, None)?;
         let dev = crate::runtime::cuda::tensor::upload(&r, self.gpu.ordinal())?;
         bufs[e.out] = Some(Buf {
             offset: dev.storage_offset(),

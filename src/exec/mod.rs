@@ -9,3 +9,37 @@ mod device;
 
 pub use cpu::{CompileOptions, CompiledFn, KernelBackend, PAR_MIN_ELEMS, StepInfo, StepTimes};
 pub use cuda::{CudaCompileOptions, CudaFn};
+
+use crate::ir::graph::Graph;
+use crate::kernel::Schedule;
+use crate::passes::Pipeline;
+use crate::{Error, Result};
+
+/// What both executors compile from: a graph's schedule and facts about its interface.
+pub(crate) struct Planned {
+    pub schedule: Schedule,
+    /// The graph's input names, for errors.
+    pub input_names: Vec<String>,
+    /// Per output: whether it may share memory with an input (a view or reshape of one).
+    pub may_alias: Vec<bool>,
+}
+
+/// Runs the pass pipeline up to fusion: fused kernels, or the unfused baseline (the ops as
+/// written, one kernel each: no rewriting).
+pub(crate) fn plan(g: &Graph, fuse: bool, fast_math: bool) -> Result<Planned> {
+    let mut pipeline = Pipeline::default();
+    pipeline.options.fuse.fuse = fuse;
+    if !fuse {
+        pipeline.graph_passes.retain(|p| p.name() != "rewrite");
+    }
+    pipeline.options.rewrite.fast_math = fast_math;
+    let schedule = pipeline
+        .run_until(g, "fuse")?
+        .schedule
+        .ok_or_else(|| Error::Value("the pass pipeline produced no schedule".into()))?;
+    Ok(Planned {
+        schedule,
+        input_names: g.inputs().iter().map(|&v| g.node(v).name.clone()).collect(),
+        may_alias: g.outputs().iter().map(|&v| g.may_alias_input(v)).collect(),
+    })
+}

@@ -11,9 +11,12 @@
 //! `crate::runtime::interp::run` is the oracle the interpreter is compared against: every node of a graph
 //! evaluated eagerly in topological order.
 
-use super::{Buffer, BufferKind, Combiner, Expr, IndexMap, Kernel, Level, Schedule, Step, View};
-use crate::ir::op::{Op, ReduceOp};
+use super::{
+    Buffer, BufferKind, Combiner, Expr, ExternCall, IndexMap, Kernel, Level, Schedule, Step, View,
+};
+use crate::ir::op::{Op, ReduceOp, TensorType};
 use crate::ir::shape::numel;
+use crate::ir::text::fmt_type;
 use crate::runtime::kernels::copy;
 use crate::runtime::layout::{Layout, check_no_overlap};
 use crate::runtime::{Tensor, apply};
@@ -66,21 +69,43 @@ pub fn run_step(s: &Schedule, step: &Step, bufs: &mut [Option<Tensor>]) -> Resul
                 .iter()
                 .map(|v| view_of(bufs, v))
                 .collect::<Result<_>>()?;
-            let refs: Vec<&Tensor> = args.iter().collect();
-            let r = apply(e.op.clone(), &refs)?;
-            let b = &s.buffers[e.out];
-            if r.dtype() != b.dtype || r.shape() != b.shape.as_slice() {
-                bail!(
-                    Value,
-                    "extern {}: result does not fit b{}",
-                    e.op.name(),
-                    e.out
-                );
-            }
-            bufs[e.out] = Some(copy::contiguous(&r)?);
+            bufs[e.out] = Some(run_extern(s, e, &args, None)?);
             Ok(())
         }
     }
+}
+
+/// Runs extern call `e` of `s` on the eager reference kernels: `args` are host tensors of its
+/// operand views, `ty` its result type when the caller knows it already. The result must fit
+/// the call's output buffer; it comes back contiguous. The one extern-call runner of the
+/// interpreter and of both executors (the CUDA one runs it on host copies where cuBLAS
+/// does not apply).
+pub fn run_extern(
+    s: &Schedule,
+    e: &ExternCall,
+    args: &[Tensor],
+    ty: Option<&TensorType>,
+) -> Result<Tensor> {
+    let refs: Vec<&Tensor> = args.iter().collect();
+    let ty = match ty {
+        Some(t) => t.clone(),
+        None => {
+            let types: Vec<TensorType> = args.iter().map(Tensor::ttype).collect();
+            e.op.infer(&types.iter().collect::<Vec<_>>())?
+        }
+    };
+    let b = &s.buffers[e.out];
+    if ty.dtype != b.dtype || ty.shape != b.shape {
+        bail!(
+            Value,
+            "extern {}: result {} does not fit b{}",
+            e.op.name(),
+            fmt_type(&ty),
+            e.out
+        );
+    }
+    let r = crate::runtime::kernels::eval(&e.op, &refs, &ty)?;
+    copy::contiguous(&r)
 }
 
 fn bind_input(b: &Buffer, t: Option<&Tensor>) -> Result<Tensor> {
