@@ -3,8 +3,9 @@
 //! Each kernel becomes `fn(bufs: *const *mut u8, begin: i64, end: i64) -> i32` that runs the
 //! rows `[begin, end)` of the kernel's outer space and returns an error code (0 = success).
 //!
-//! - Adjacent dims that every index map walks contiguously are merged first ([`coalesce`]), so
-//!   a dense pointwise kernel is one flat loop and a row kernel has one or two loops.
+//! - Adjacent dims that every index map walks contiguously are merged first
+//!   ([`coalesce`](crate::kernel::coalesce)), so a dense pointwise kernel is one flat loop
+//!   and a row kernel has one or two loops.
 //! - Pointwise kernels walk the flat row range in segments along the last outer dim; row
 //!   kernels compute outer-level values once per row, run each reduction pass over the inner
 //!   space (a loop nest), then the row stores and the inner stores.
@@ -27,10 +28,8 @@
 use super::helpers::{self, Sig};
 use super::jit::{FnBody, Jit};
 use crate::ir::dtype::DType;
-use crate::ir::op::{BinaryOp, Op};
 use crate::ir::shape::numel;
 use crate::kernel::{Buffer, BufferId, BufferKind, Combiner, Expr, IndexMap, Kernel, Level, ValId};
-use crate::runtime::{Tensor, apply};
 use crate::{Error, Result, bail};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{F32, F64, I32, I64};
@@ -294,8 +293,8 @@ pub fn compile_kernel(
 
 /// Compiles a localized kernel; `buffers` are its own.
 fn compile_code(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Result<Code> {
-    check_supported(k)?;
-    let ck = coalesce(k);
+    crate::kernel::check_ops(k, "cpu codegen")?;
+    let ck = crate::kernel::coalesce(k);
     let syms = helpers::symbols();
     let pairs: Vec<(&str, *const u8)> = syms.iter().map(|&(n, p, _)| (n, p)).collect();
     let mut jit = Jit::with_symbols(&pairs)?;
@@ -374,133 +373,6 @@ fn helper_signature(jit: &Jit, s: Sig) -> Signature {
             jit.signature(&[p, p, I64], &[])
         }
     }
-}
-
-/// Refuses what the backend cannot lower, and runs the eager argument checks of `clamp` and
-/// `masked_fill` (a bound that does not fit the dtype is an error before anything runs).
-fn check_supported(k: &Kernel) -> Result<()> {
-    for (i, v) in k.values.iter().enumerate() {
-        match &v.expr {
-            Expr::Clamp { min, max, .. } => {
-                let probe = Tensor::alloc(v.dtype, &[])?;
-                apply(
-                    Op::Clamp {
-                        min: *min,
-                        max: *max,
-                    },
-                    &[&probe],
-                )?;
-            }
-            Expr::MaskedFill { value, mask, .. } => {
-                if k.values[*mask].dtype != DType::Bool {
-                    bail!(Unsupported, "cpu codegen: v{i}: mask is not bool");
-                }
-                let probe = Tensor::alloc(v.dtype, &[])?;
-                let mask = Tensor::alloc(DType::Bool, &[])?;
-                apply(Op::MaskedFill { value: *value }, &[&probe, &mask])?;
-            }
-            Expr::Unary(u, a) => {
-                let da = k.values[*a].dtype;
-                let want = u.out_dtype(da)?;
-                if want != v.dtype {
-                    bail!(
-                        Unsupported,
-                        "cpu codegen: v{i} = {}({da}) declared {}",
-                        u.name(),
-                        v.dtype
-                    );
-                }
-            }
-            Expr::Binary(op, a, b) => {
-                let (da, db) = (k.values[*a].dtype, k.values[*b].dtype);
-                if da != db {
-                    bail!(
-                        Unsupported,
-                        "cpu codegen: v{i} = {} of {da} and {db}: operands must share a dtype",
-                        op.name()
-                    );
-                }
-                if *op == BinaryOp::Div && !da.is_float() {
-                    bail!(
-                        Unsupported,
-                        "cpu codegen: integer div (v{i}) is not lowered: div computes in floats"
-                    );
-                }
-                if (*op == BinaryOp::Sub || *op == BinaryOp::Remainder) && da == DType::Bool {
-                    bail!(Unsupported, "cpu codegen: {} of bools (v{i})", op.name());
-                }
-            }
-            Expr::Where(c, _, _) if k.values[*c].dtype != DType::Bool => {
-                bail!(Unsupported, "cpu codegen: v{i}: condition is not bool");
-            }
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-/// Merges adjacent dims (separately inside `outer` and `inner`) that every map walks as one,
-/// and drops size-1 dims. The result has the same flat row order and the same elements.
-pub(super) fn coalesce(k: &Kernel) -> Kernel {
-    if numel(&k.space()) == 0 {
-        return k.clone();
-    }
-    let ko = k.outer.len();
-    let mut maps: Vec<&IndexMap> = Vec::new();
-    for v in &k.values {
-        if let Expr::Load { map, .. } | Expr::Index { map } = &v.expr {
-            maps.push(map);
-        }
-    }
-    maps.extend(k.stores.iter().map(|s| &s.map));
-    // groups: (size, first dim, last dim); strides of a group are those of its last dim
-    let group = |dims: std::ops::Range<usize>, sizes: &[usize]| {
-        let mut gs: Vec<(usize, usize)> = Vec::new(); // (size, last dim)
-        for d in dims {
-            let n = sizes[d];
-            if n == 1 {
-                continue;
-            }
-            if let Some(last) = gs.last_mut()
-                && maps.iter().all(|m| m.strides[last.1] == m.strides[d] * n)
-            {
-                last.0 *= n;
-                last.1 = d;
-                continue;
-            }
-            gs.push((n, d));
-        }
-        gs
-    };
-    let space = k.space();
-    let og = group(0..ko, &space);
-    let mut ig = group(ko..space.len(), &space);
-    // a row kernel keeps one inner dim (of size 1 when all were, or when it reduces over a
-    // 0-d space), so it stays a row kernel
-    let pad = (!k.inner.is_empty() || k.reductions() > 0) && ig.is_empty();
-    if pad {
-        ig.push((1, usize::MAX));
-    }
-    let remap = |m: &IndexMap| IndexMap {
-        strides: og
-            .iter()
-            .chain(&ig)
-            .map(|&(_, d)| m.strides.get(d).copied().unwrap_or(0))
-            .collect(),
-        offset: m.offset,
-    };
-    let mut out = k.clone();
-    out.outer = og.iter().map(|g| g.0).collect();
-    out.inner = ig.iter().map(|g| g.0).collect();
-    for v in &mut out.values {
-        if let Expr::Load { map, .. } | Expr::Index { map } = &mut v.expr {
-            *map = remap(map);
-        }
-    }
-    for s in &mut out.stores {
-        s.map = remap(&s.map);
-    }
-    out
 }
 
 /// The Cranelift type holding a value of dtype `d`: f16/bf16 values are held exactly in f32,

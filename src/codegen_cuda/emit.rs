@@ -133,6 +133,8 @@ pub fn kernel(
     opts: &CudaOptions,
 ) -> Result<CudaKernelSrc> {
     let _ = opts;
+    // the same op checks as the Cranelift backend, so both refuse the same kernels
+    crate::kernel::check_ops(k, "cuda codegen")?;
     let space = k.space();
     let nouter = k.outer.len();
     // the buffers the kernel touches, in first-use order, and how

@@ -27,8 +27,13 @@
 //! inputs over as contiguous copies. Every index map is checked to stay inside its buffer
 //! ([`Schedule::validate`]) before anything runs.
 
+mod check;
+mod coalesce;
 pub mod interp;
 mod print;
+
+pub use check::{check_kernel, check_ops};
+pub use coalesce::coalesce;
 
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::op::{BinaryOp, Literal, Op, UnaryOp};
@@ -420,109 +425,4 @@ fn buffer_in(buffers: &[Buffer], b: BufferId) -> Result<&Buffer> {
         Some(buf) => Ok(buf),
         None => bail!(Value, "schedule: buffer b{b} does not exist"),
     }
-}
-
-/// The pass of every reduction value; each `Reduce` must be in exactly one pass.
-fn pass_of(k: &Kernel) -> Result<std::collections::HashMap<ValId, usize>> {
-    let mut pass_of = std::collections::HashMap::new();
-    for (p, vs) in k.passes.iter().enumerate() {
-        for &r in vs {
-            if !matches!(k.values.get(r).map(|v| &v.expr), Some(Expr::Reduce { .. })) {
-                bail!(
-                    Value,
-                    "kernel {}: pass {p} lists v{r}, not a reduction",
-                    k.name
-                );
-            }
-            if pass_of.insert(r, p).is_some() {
-                bail!(Value, "kernel {}: v{r} is in two passes", k.name);
-            }
-        }
-    }
-    let reduces = k
-        .values
-        .iter()
-        .filter(|v| matches!(v.expr, Expr::Reduce { .. }))
-        .count();
-    if reduces != pass_of.len() {
-        bail!(Value, "kernel {}: a reduction is in no pass", k.name);
-    }
-    Ok(pass_of)
-}
-
-fn check_map(buffers: &[Buffer], k: &Kernel, b: BufferId, map: &IndexMap) -> Result<()> {
-    let space = k.space();
-    if map.strides.len() != space.len() {
-        bail!(
-            Value,
-            "kernel {}: an index map has {} strides for a {}-d space",
-            k.name,
-            map.strides.len(),
-            space.len()
-        );
-    }
-    if map.extent(&space) > buffer_in(buffers, b)?.len() {
-        bail!(Value, "kernel {}: an index map leaves buffer b{b}", k.name);
-    }
-    Ok(())
-}
-
-/// Checks kernel `k` against the buffers of its schedule: every load and store inside its
-/// buffer with the buffer's dtype, values in order, passes well formed.
-pub fn check_kernel(k: &Kernel, buffers: &[Buffer]) -> Result<()> {
-    let n = k.values.len();
-    for (i, v) in k.values.iter().enumerate() {
-        if v.expr.operands().iter().any(|&o| o >= i) {
-            bail!(Value, "kernel {}: v{i} reads a later value", k.name);
-        }
-        match &v.expr {
-            Expr::Load { buffer, map } => {
-                check_map(buffers, k, *buffer, map)?;
-                if buffer_in(buffers, *buffer)?.dtype != v.dtype {
-                    bail!(Value, "kernel {}: v{i} loads with the wrong dtype", k.name);
-                }
-            }
-            Expr::Index { map } if map.strides.len() != k.outer.len() + k.inner.len() => {
-                bail!(Value, "kernel {}: v{i} has a malformed index", k.name);
-            }
-            _ => {}
-        }
-    }
-    let pass_of = pass_of(k)?;
-    for (p, vs) in k.passes.iter().enumerate() {
-        for &r in vs {
-            let mut stack = k.values[r].expr.operands();
-            while let Some(o) = stack.pop() {
-                if let Some(&q) = pass_of.get(&o)
-                    && q >= p
-                {
-                    bail!(
-                        Value,
-                        "kernel {}: pass {p} reads a reduction of pass {q}",
-                        k.name
-                    );
-                }
-                stack.extend(k.values[o].expr.operands());
-            }
-        }
-    }
-    let levels = k.levels();
-    for s in &k.stores {
-        if s.value >= n {
-            bail!(Value, "kernel {}: a store reads a missing value", k.name);
-        }
-        check_map(buffers, k, s.buffer, &s.map)?;
-        if buffer_in(buffers, s.buffer)?.dtype != k.values[s.value].dtype {
-            bail!(Value, "kernel {}: a store has the wrong dtype", k.name);
-        }
-        let row_store = !k.inner.is_empty() && s.map.ignores_from(k.outer.len());
-        if row_store && levels[s.value] == Level::Inner {
-            bail!(
-                Value,
-                "kernel {}: a row store of a value that varies along the row",
-                k.name
-            );
-        }
-    }
-    Ok(())
 }
