@@ -241,13 +241,12 @@ fn profile_text(d: &Path, name: &str, text: &str) -> (String, serde_json::Value)
 #[test]
 fn minimum_traffic_counts_only_the_memory_behind_view_outputs() {
     let d = temp_dir("views");
-    // %z is a 40 MB view of 1000 computed floats (ten thousand times the memory behind it;
-    // `smelt profile` runs the graph and compares the outputs of its ways element by element,
-    // so a larger view costs that much memory several times over); %t shares the memory of
+    // %z is a 4 GB view of 1000 computed floats (the comparison of the ways' outputs reads
+    // one element along dims both broadcast, so it costs no memory); %t shares the memory of
     // the input %w; %y is returned twice but written once
     let text = "graph views(%x: f32[1,1000], %w: f32[3,4]) {
   %y = exp(%x)
-  %z: f32[10000,1000] = expand(%y, size=[10000,1000])
+  %z: f32[1000000,1000] = expand(%y, size=[1000000,1000])
   %t: f32[4,3] = transpose(%w, dim0=0, dim1=1)
   %n: f32[2,1000] = narrow(%z, dim=0, start=5, length=2)
   return %z, %t, %y, %y, %n

@@ -470,6 +470,7 @@ pub(super) fn eager_run_synced(
 pub(super) fn max_abs_diff(a: &[Tensor], b: &[Tensor]) -> f64 {
     let mut m = 0.0f64;
     for (x, y) in a.iter().zip(b) {
+        let (x, y) = without_shared_broadcasts(x, y);
         for (p, q) in x.to_f64_vec().into_iter().zip(y.to_f64_vec()) {
             if p == q || (p.is_nan() && q.is_nan()) {
                 continue;
@@ -479,6 +480,25 @@ pub(super) fn max_abs_diff(a: &[Tensor], b: &[Tensor]) -> f64 {
         }
     }
     m
+}
+
+/// `x` and `y` narrowed to one element along every dim both broadcast (stride 0): those
+/// elements repeat, so comparing one of each is comparing all, without materialising an
+/// expanded output (`expand` to 10⁹ elements would otherwise become gigabytes of f64).
+fn without_shared_broadcasts(x: &Tensor, y: &Tensor) -> (Tensor, Tensor) {
+    let (mut x, mut y) = (x.clone(), y.clone());
+    if x.shape() != y.shape() {
+        return (x, y);
+    }
+    for d in 0..x.dim() {
+        if x.shape()[d] > 1 && x.strides()[d] == 0 && y.strides()[d] == 0 {
+            match (x.narrow(d as i64, 0, 1), y.narrow(d as i64, 0, 1)) {
+                (Ok(a), Ok(b)) => (x, y) = (a, b),
+                _ => break,
+            }
+        }
+    }
+    (x, y)
 }
 
 /// A JSON value, written with proper string escaping.
