@@ -5,6 +5,7 @@ pub mod dtype;
 pub mod einsum;
 pub mod graph;
 pub mod op;
+pub mod op_key;
 pub mod shape;
 pub mod text;
 pub mod unary;

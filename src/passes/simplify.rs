@@ -4,9 +4,8 @@
 
 use crate::Result;
 use crate::ir::graph::{Graph, NodeKind, ValueId};
-use crate::ir::op::Op;
+use crate::ir::op_key::OpKey;
 use std::collections::{HashMap, HashSet};
-use std::hash::{DefaultHasher, Hash, Hasher};
 
 /// Adds a copy of `src`'s op node `v` to `dst` on the operands `args` (already in `dst`),
 /// under the same name (anonymous scalars stay anonymous).
@@ -38,47 +37,22 @@ pub(crate) fn start_copy(g: &Graph) -> Result<(Graph, HashMap<ValueId, ValueId>)
     Ok((out, map))
 }
 
-/// A text key that tells ops apart exactly: every attribute, floats by their exact value
-/// (`-0.0` and `0.0` differ). Captured constants are keyed by a hash of their bytes; equal
-/// keys of constants are confirmed byte by byte.
-fn op_key(op: &Op) -> String {
-    match op {
-        Op::Constant(lit) => {
-            let mut h = DefaultHasher::new();
-            lit.bytes.hash(&mut h);
-            format!("constant {:?} {:?} {:x}", lit.dtype, lit.shape, h.finish())
-        }
-        _ => format!("{op:?}"),
-    }
-}
-
-/// True when two ops compute the same function of the same operands. Float attributes
-/// compare by bits, so `mul(x, 0.0)` and `mul(x, -0.0)` stay apart.
-fn same_op(a: &Op, b: &Op) -> bool {
-    match (a, b) {
-        (Op::Constant(x), Op::Constant(y)) => x == y,
-        _ => op_key(a) == op_key(b),
-    }
-}
-
-/// Merges structurally equal op nodes: same op and attributes, same operands in order, same
-/// type. Constants merge when their bytes are equal. Inputs are never merged. The first node
-/// in topological order survives, under its name.
+/// Merges structurally equal op nodes: same op and attributes ([`OpKey`]: floats by their
+/// bits, so `mul(x, 0.0)` and `mul(x, -0.0)` stay apart; constants by their bytes), same
+/// operands in order, same type. Inputs are never merged. The first node in topological
+/// order survives, under its name.
 pub fn cse(g: &Graph) -> Result<Graph> {
     let (mut out, mut map) = start_copy(g)?;
-    // key → candidates (new ids) with that key
-    let mut seen: HashMap<(String, Vec<ValueId>, bool), Vec<ValueId>> = HashMap::new();
+    // key → candidates (new ids) with that key, which differ in type
+    let mut seen: HashMap<(OpKey, Vec<ValueId>, bool), Vec<ValueId>> = HashMap::new();
     for v in g.topo_order() {
         let n = g.node(v);
         let NodeKind::Op(op) = &n.kind else { continue };
         let args: Vec<ValueId> = g.operands(v).iter().map(|o| map[o]).collect();
-        let key = (op_key(op), args.clone(), n.is_inline_scalar());
-        let found = seen.get(&key).and_then(|cands| {
-            cands.iter().copied().find(|&c| {
-                let m = out.node(c);
-                m.ty == n.ty && m.op().is_some_and(|o| same_op(o, op))
-            })
-        });
+        let key = (OpKey(op), args.clone(), n.is_inline_scalar());
+        let found = seen
+            .get(&key)
+            .and_then(|cands| cands.iter().copied().find(|&c| out.node(c).ty == n.ty));
         let nv = match found {
             Some(c) => c,
             None => {
@@ -125,7 +99,7 @@ pub fn dce(g: &Graph) -> Result<Graph> {
 mod tests {
     use super::*;
     use crate::ir::dtype::{DType, Scalar};
-    use crate::ir::op::{BinaryOp, TensorType, UnaryOp};
+    use crate::ir::op::{BinaryOp, Op, TensorType, UnaryOp};
 
     fn x_graph() -> (Graph, ValueId) {
         let mut g = Graph::new("t");

@@ -3,44 +3,30 @@
 //! needs no list of ops of its own.
 
 use crate::ir::op::{Op, TensorType};
+use crate::ir::op_key::OpKey;
 use egg::{Analysis, DidMerge, EGraph, Id, Language};
 use std::cmp::Ordering;
 use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
-/// An `Op` with a total order and a hash: both come from a canonical text key in which floats
-/// are written exactly (`-0.0` differs from `0.0`). A constant's key holds a hash of its
-/// bytes, and the bytes themselves break ties, so large constants are not copied into keys.
+/// An `Op` as an e-node head: equal, ordered and hashed as its [`OpKey`] (every attribute,
+/// floats by their bits, constants by dtype, shape and bytes). The hash is computed once, so
+/// a large constant's bytes are not hashed again at every e-graph lookup; `DefaultHasher::new`
+/// has fixed keys, so hashes (and so e-graph order) are repeatable.
 #[derive(Clone)]
-pub struct OpKey {
+pub struct HeadOp {
     op: Arc<Op>,
-    key: Arc<str>,
     hash: u64,
 }
 
-impl OpKey {
-    /// Wraps `op`, computing its key once.
-    pub fn new(op: Op) -> OpKey {
-        // `DefaultHasher::new` has fixed keys, so hashes (and so e-graph order) are repeatable.
-        let key: String = match &op {
-            Op::Constant(lit) => {
-                let mut h = DefaultHasher::new();
-                lit.bytes.hash(&mut h);
-                format!(
-                    "constant {:?} {:?} {:016x}",
-                    lit.dtype,
-                    lit.shape,
-                    h.finish()
-                )
-            }
-            other => format!("{other:?}"),
-        };
+impl HeadOp {
+    /// Wraps `op`, hashing it once.
+    pub fn new(op: Op) -> HeadOp {
         let mut h = DefaultHasher::new();
-        key.hash(&mut h);
-        OpKey {
+        OpKey(&op).hash(&mut h);
+        HeadOp {
             op: Arc::new(op),
-            key: key.into(),
             hash: h.finish(),
         }
     }
@@ -49,44 +35,35 @@ impl OpKey {
     pub fn op(&self) -> &Op {
         &self.op
     }
-
-    fn bytes(&self) -> &[u8] {
-        match &*self.op {
-            Op::Constant(lit) => &lit.bytes,
-            _ => &[],
-        }
-    }
 }
 
-impl PartialEq for OpKey {
-    fn eq(&self, other: &OpKey) -> bool {
-        self.hash == other.hash && self.key == other.key && self.bytes() == other.bytes()
+impl PartialEq for HeadOp {
+    fn eq(&self, other: &HeadOp) -> bool {
+        self.hash == other.hash && OpKey(&self.op) == OpKey(&other.op)
     }
 }
-impl Eq for OpKey {}
+impl Eq for HeadOp {}
 
-impl Hash for OpKey {
+impl Hash for HeadOp {
     fn hash<H: Hasher>(&self, state: &mut H) {
         state.write_u64(self.hash);
     }
 }
 
-impl PartialOrd for OpKey {
-    fn partial_cmp(&self, other: &OpKey) -> Option<Ordering> {
+impl PartialOrd for HeadOp {
+    fn partial_cmp(&self, other: &HeadOp) -> Option<Ordering> {
         Some(self.cmp(other))
     }
 }
-impl Ord for OpKey {
-    fn cmp(&self, other: &OpKey) -> Ordering {
-        self.key
-            .cmp(&other.key)
-            .then_with(|| self.bytes().cmp(other.bytes()))
+impl Ord for HeadOp {
+    fn cmp(&self, other: &HeadOp) -> Ordering {
+        OpKey(&self.op).cmp(&OpKey(&other.op))
     }
 }
 
-impl fmt::Debug for OpKey {
+impl fmt::Debug for HeadOp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.key)
+        OpKey(&self.op).fmt(f)
     }
 }
 
@@ -94,7 +71,7 @@ impl fmt::Debug for OpKey {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Head {
     Input(usize),
-    Op(OpKey),
+    Op(HeadOp),
 }
 
 /// An e-node: a head and its operand e-classes in operand order.
@@ -108,7 +85,7 @@ impl ENode {
     /// The node for `op` applied to `children`.
     pub fn op(op: Op, children: Vec<Id>) -> ENode {
         ENode {
-            head: Head::Op(OpKey::new(op)),
+            head: Head::Op(HeadOp::new(op)),
             children,
         }
     }
@@ -190,23 +167,23 @@ mod tests {
 
     #[test]
     fn keys_tell_signed_zeros_apart_and_match_equal_ops() {
-        let z = |v: f64| OpKey::new(Op::Scalar(Scalar::Float(v)));
+        let z = |v: f64| HeadOp::new(Op::Scalar(Scalar::Float(v)));
         assert_ne!(z(0.0), z(-0.0));
         assert_eq!(z(-0.0), z(-0.0));
         assert_eq!(z(f64::NAN), z(f64::NAN));
-        let t = |a, b| OpKey::new(Op::Transpose { dim0: a, dim1: b });
+        let t = |a, b| HeadOp::new(Op::Transpose { dim0: a, dim1: b });
         assert_eq!(t(0, 1), t(0, 1));
         assert_ne!(t(0, 1), t(1, 0));
         assert_ne!(
-            OpKey::new(Op::Scalar(Scalar::Int(1))),
-            OpKey::new(Op::Scalar(Scalar::Float(1.0)))
+            HeadOp::new(Op::Scalar(Scalar::Int(1))),
+            HeadOp::new(Op::Scalar(Scalar::Float(1.0)))
         );
     }
 
     #[test]
     fn constants_compare_by_bytes() {
         let c = |b: Vec<u8>| {
-            OpKey::new(Op::Constant(Literal {
+            HeadOp::new(Op::Constant(Literal {
                 dtype: DType::U8,
                 shape: vec![b.len()],
                 bytes: Arc::new(b),
