@@ -245,3 +245,58 @@ fn smelt_grad_writes_hand_computed_gradients() {
     assert_eq!(int.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&int.stderr).contains("only floating-point inputs"));
 }
+
+/// y = x · wᵀ + b on a [batch, sequence, features] input, loss = Σ y²: the gradients are
+/// g = 2y, gx = g · w, gw = Σ_rows gᵀ x, gb = Σ_rows g, computed here in f64 by loops.
+#[test]
+fn linear_on_a_batch_of_sequences_has_gradients() {
+    let (b, s, i, o) = (2usize, 3usize, 4usize, 5usize);
+    let x = det(&[b, s, i], 1);
+    let w = det(&[o, i], 2);
+    let bias = det(&[o], 3);
+    let (xv, wv, bv) = (x.to_f64_vec(), w.to_f64_vec(), bias.to_f64_vec());
+    let rows = b * s;
+    let mut g = vec![0.0; rows * o];
+    for r in 0..rows {
+        for k in 0..o {
+            let y: f64 = (0..i).map(|c| xv[r * i + c] * wv[k * i + c]).sum::<f64>() + bv[k];
+            g[r * o + k] = 2.0 * y;
+        }
+    }
+    let mut gx = vec![0.0; rows * i];
+    let mut gw = vec![0.0; o * i];
+    let mut gb = vec![0.0; o];
+    for r in 0..rows {
+        for k in 0..o {
+            gb[k] += g[r * o + k];
+            for c in 0..i {
+                gx[r * i + c] += g[r * o + k] * wv[k * i + c];
+                gw[k * i + c] += g[r * o + k] * xv[r * i + c];
+            }
+        }
+    }
+    let text = "graph lin(%x: f64[2,3,4], %w: f64[5,4], %b: f64[5]) {
+  %y = linear(%x, %w, %b)
+  %l = mul(%y, %y)
+  return %l
+}
+";
+    let m = parse_module(text, "lin").unwrap();
+    let gg = autodiff(m.entry(), &["x", "w", "b"]).unwrap();
+    let inputs = [("x", x.clone()), ("w", w.clone()), ("b", bias.clone())];
+    let out = interp::run(&gg, &inputs).unwrap();
+    let n = out.len();
+    assert_close(&out[n - 3], &gx, 1e-12, "graph grad_x");
+    assert_close(&out[n - 2], &gw, 1e-12, "graph grad_w");
+    assert_close(&out[n - 1], &gb, 1e-12, "graph grad_b");
+    assert_eq!(out[n - 3].shape(), &[b, s, i]);
+    // eagerly, through the tape
+    for t in [&x, &w, &bias] {
+        t.requires_grad_(true).unwrap();
+    }
+    let y = x.linear(&w, Some(&bias)).unwrap();
+    y.mul(&y).unwrap().sum().unwrap().backward().unwrap();
+    assert_close(&x.grad().unwrap(), &gx, 1e-12, "eager grad_x");
+    assert_close(&w.grad().unwrap(), &gw, 1e-12, "eager grad_w");
+    assert_close(&bias.grad().unwrap(), &gb, 1e-12, "eager grad_b");
+}

@@ -95,6 +95,33 @@ pub(crate) fn vjp(
             let (ga, gb) = matmul(e, xs[0], xs[1], g, needs[0], needs[1])?;
             Ok(vec![ga, gb])
         }
+        Op::Linear { has_bias } if e.ty(xs[0]).ndim() > 2 => {
+            // x: [.., in] (a batch of sequences): fold the leading dims into one row count,
+            // so each gradient is one GEMM, [N, out] · [out, in] and [out, N] · [N, in].
+            let shape = e.shape(xs[0]);
+            let (lead, inner) = shape.split_at(shape.len() - 1);
+            let rows: usize = lead.iter().product();
+            let outs = *e.shape(g).last().unwrap_or(&0);
+            let x2 = e.reshape(xs[0], &[rows, inner[0]])?;
+            let g2 = e.reshape(g, &[rows, outs])?;
+            let gx = if needs[0] {
+                let m = e.op(Op::Matmul, &[g2, xs[1]])?;
+                Some(e.reshape(m, &shape)?)
+            } else {
+                None
+            };
+            let gw = if needs[1] {
+                let gt = e.op(Op::T, &[g2])?;
+                Some(e.op(Op::Matmul, &[gt, x2])?)
+            } else {
+                None
+            };
+            let mut out = vec![gx, gw];
+            if *has_bias {
+                out.push(Some(g));
+            }
+            Ok(out)
+        }
         Op::Linear { has_bias } => {
             // y = x · wᵀ (+ b): the matmul rule with wᵀ as right operand.
             let wt = e.op(Op::T, &[xs[1]])?;
