@@ -39,7 +39,12 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 /// The top-level module a file of `src/` belongs to (`src/ir/op.rs` → `ir`).
 fn module_of(src: &Path, file: &Path) -> String {
     let rel = file.strip_prefix(src).unwrap();
-    let first = rel.components().next().unwrap().as_os_str().to_string_lossy();
+    let first = rel
+        .components()
+        .next()
+        .unwrap()
+        .as_os_str()
+        .to_string_lossy();
     first.trim_end_matches(".rs").to_string()
 }
 
@@ -135,7 +140,10 @@ fn no_module_imports_from_a_floor_above_its_own() {
         let mut stack = vec![(start.clone(), vec![start.clone()])];
         while let Some((m, path)) = stack.pop() {
             for next in edges.get(&m).into_iter().flatten() {
-                assert!(next != start, "a circle between floor-mates: {path:?} -> {next}");
+                assert!(
+                    next != start,
+                    "a circle between floor-mates: {path:?} -> {next}"
+                );
                 if !path.contains(next) {
                     let mut p = path.clone();
                     p.push(next.clone());
@@ -150,7 +158,10 @@ fn no_module_imports_from_a_floor_above_its_own() {
 fn the_reader_sees_groups_and_skips_comments() {
     assert_eq!(crate_refs("use crate::ir::op::Op;"), ["ir"]);
     assert_eq!(crate_refs("use crate::{Result, bail};"), ["Result", "bail"]);
-    assert_eq!(crate_refs("    // crate::jit is mentioned"), Vec::<String>::new());
+    assert_eq!(
+        crate_refs("    // crate::jit is mentioned"),
+        Vec::<String>::new()
+    );
     assert_eq!(
         crate_refs("let x = crate::runtime::apply(op); // crate::amp"),
         ["runtime"]
