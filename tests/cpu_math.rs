@@ -511,7 +511,7 @@ fn pow_special_values() {
     let inf = f32::INFINITY;
     let nan = f32::NAN;
     #[rustfmt::skip]
-    let cases: [(f32, f32, f32); 26] = [
+    let cases: [(f32, f32, f32); 30] = [
         (nan, 0.0, 1.0), (1.0, nan, 1.0), (-1.0, inf, 1.0), (-1.0, -inf, 1.0),
         (nan, 1.0, nan), (2.0, nan, nan), (-8.0, 1.0 / 3.0, nan), (-2.0, 3.0, -8.0),
         (-2.0, 2.0, 4.0), (-2.0, -1.0, -0.5), (0.0, -1.0, inf), (-0.0, -1.0, -inf),
@@ -519,6 +519,8 @@ fn pow_special_values() {
         (0.5, inf, 0.0), (0.5, -inf, inf), (2.0, inf, inf), (2.0, -inf, 0.0),
         (-inf, 3.0, -inf), (-inf, 2.0, inf), (-inf, -3.0, -0.0), (inf, -2.0, 0.0),
         (2.0, 128.0, inf), (2.0, -150.0, 0.0),
+        // -inf to a non-integer power: inf above 0, +0 below (not NaN)
+        (-inf, 2.5, inf), (-inf, 0.5, inf), (-inf, -2.5, 0.0), (-inf, -0.5, 0.0),
     ];
     let xs: Vec<f32> = cases.iter().map(|c| c.0).collect();
     let ys: Vec<f32> = cases.iter().map(|c| c.1).collect();

@@ -1011,7 +1011,10 @@ pub fn pow(b: B, x: Value, y: Value) -> Value {
     let flip = b.ins().band(x_signed, y_odd);
     let nr = b.ins().fneg(r);
     let r = sel(b, flip, nr, r);
-    let non_int = b.ins().band_not(x_neg, y_int);
+    // A negative finite base to a non-integer power is NaN; -inf to one is inf or 0 (C99).
+    let x_ninf = fcmpc(b, FloatCC::Equal, x, f64::NEG_INFINITY);
+    let x_neg_finite = b.ins().band_not(x_neg, x_ninf);
+    let non_int = b.ins().band_not(x_neg_finite, y_int);
     let r = selc(b, non_int, f64::NAN, r);
     let ax = b.ins().fabs(x);
     let ax1 = fcmpc(b, FloatCC::Equal, ax, 1.0);
