@@ -355,6 +355,23 @@ impl Gen<'_> {
                 let x = scalar::cast(dt(*x), v.dtype, &format!("v{x}"));
                 format!("({m} ? {} : {x})", scalar::const_lit(*value, v.dtype))
             }
+            // A reduction over a 0-d tensor has one element: the element itself (in the
+            // result dtype), or position 0.
+            Expr::Reduce { combiner, arg, .. } if self.k.inner.is_empty() => {
+                let x = format!("v{arg}");
+                match combiner {
+                    Combiner::ArgMax | Combiner::ArgMin => "((long long)0)".to_string(),
+                    Combiner::All | Combiner::Any => {
+                        let b = scalar::cast(dt(*arg), DType::Bool, &x);
+                        scalar::cast(DType::Bool, v.dtype, &b)
+                    }
+                    Combiner::Sum
+                    | Combiner::Mean
+                    | Combiner::Prod
+                    | Combiner::Max
+                    | Combiner::Min => scalar::cast(dt(*arg), v.dtype, &x),
+                }
+            }
             Expr::Reduce { .. } => {
                 bail!(Value, "kernel {}: v{i} reduced out of place", self.k.name)
             }
