@@ -300,3 +300,62 @@ fn linear_on_a_batch_of_sequences_has_gradients() {
     assert_close(&w.grad().unwrap(), &gw, 1e-12, "eager grad_w");
     assert_close(&bias.grad().unwrap(), &gb, 1e-12, "eager grad_b");
 }
+
+/// Einsum gradients with a repeated subscript (a diagonal): the result's gradient lands on
+/// the diagonal and zeros elsewhere, as PyTorch's. Hand-computed in f64.
+#[test]
+fn einsum_repeated_subscripts_have_gradients() {
+    let x = det(&[3, 3], 4);
+    let xv = x.to_f64_vec();
+    // diag: y = x[i,i], loss Σ y²: grad 2·x[i,i] on the diagonal
+    let diag: Vec<f64> = (0..9)
+        .map(|k| if k % 4 == 0 { 2.0 * xv[k] } else { 0.0 })
+        .collect();
+    // trace: loss = (Σ x[i,i])²: grad 2·trace on the diagonal
+    let tr: f64 = (0..3).map(|k| xv[k * 4]).sum();
+    let trace: Vec<f64> = (0..9)
+        .map(|k| if k % 4 == 0 { 2.0 * tr } else { 0.0 })
+        .collect();
+    for (eq, want) in [("ii->i", &diag), ("ii", &trace)] {
+        let text = format!(
+            "graph e(%x: f64[3,3]) {{\n  %y = einsum(%x, equation=\"{eq}\")\n  %l = mul(%y, %y)\n  return %l\n}}\n"
+        );
+        let m = parse_module(&text, "e").unwrap();
+        let gg = autodiff(m.entry(), &["x"]).unwrap();
+        let out = interp::run(&gg, &[("x", x.clone())]).unwrap();
+        assert_close(out.last().unwrap(), want, 1e-12, eq);
+        let leaf = x.clone();
+        leaf.requires_grad_(true).unwrap();
+        let y = smelt::runtime::apply(
+            Op::Einsum {
+                equation: eq.to_string(),
+            },
+            &[&leaf],
+        )
+        .unwrap();
+        y.mul(&y).unwrap().sum().unwrap().backward().unwrap();
+        assert_close(&leaf.grad().unwrap(), want, 1e-12, &format!("eager {eq}"));
+        leaf.set_grad(None);
+        leaf.requires_grad_(false).unwrap();
+    }
+    // a diagonal over two of three dims, contracted with another operand:
+    // y[j] = Σ_i x[i,i,j] · w[j], loss Σ y: grad_x[i,k,j] = δ_ik · w[j]
+    let x3 = det(&[2, 2, 3], 5);
+    let w = det(&[3], 6);
+    let wv = w.to_f64_vec();
+    let want: Vec<f64> = (0..12)
+        .map(|k| {
+            let (i, kk, j) = (k / 6, (k / 3) % 2, k % 3);
+            if i == kk { wv[j] } else { 0.0 }
+        })
+        .collect();
+    let text = "graph e(%x: f64[2,2,3], %w: f64[3]) {
+  %y = einsum(%x, %w, equation=\"iij,j->j\")
+  return %y
+}
+";
+    let m = parse_module(text, "e").unwrap();
+    let gg = autodiff(m.entry(), &["x"]).unwrap();
+    let out = interp::run(&gg, &[("x", x3), ("w", w)]).unwrap();
+    assert_close(out.last().unwrap(), &want, 1e-12, "iij,j->j");
+}

@@ -822,15 +822,20 @@ fn einsum(
             out.push(None);
             continue;
         }
-        let chars: Vec<char> = term.chars().collect();
-        for (j, c) in chars.iter().enumerate() {
-            if chars[..j].contains(c) {
-                bail!(
-                    Value,
-                    "einsum gradient: repeated subscript '{c}' in operand {i} is not supported ({equation})"
-                );
+        let all: Vec<char> = term.chars().collect();
+        // A repeated subscript reads a diagonal: differentiate with respect to the diagonal
+        // (each label once), then place that gradient back on the diagonal below.
+        let mut chars: Vec<char> = Vec::new();
+        for &c in &all {
+            if !chars.contains(&c) {
+                chars.push(c);
             }
         }
+        let full_shape = e.shape(xs[i]);
+        let shape: Vec<usize> = chars
+            .iter()
+            .map(|c| full_shape[all.iter().position(|a| a == c).unwrap_or(0)])
+            .collect();
         let others: Vec<usize> = (0..terms.len()).filter(|&j| j != i).collect();
         let known = |c: &char| rhs.contains(*c) || others.iter().any(|&j| terms[j].contains(*c));
         let kept: String = chars.iter().filter(|c| known(c)).collect();
@@ -840,16 +845,76 @@ fn einsum(
         let mut operands = vec![g];
         operands.extend(others.iter().map(|&j| xs[j]));
         let r = e.op(Op::Einsum { equation: geq }, &operands)?;
-        let shape = e.shape(xs[i]);
         let missing: Vec<usize> = (0..chars.len()).filter(|&j| !known(&chars[j])).collect();
         let r = if missing.is_empty() {
             r
         } else {
             e.unreduce(r, &shape, &missing)?
         };
+        let r = if chars.len() == all.len() {
+            r
+        } else {
+            onto_diagonal(e, r, &chars, &all, &shape, &eq)?
+        };
         out.push(Some(r));
     }
     Ok(out)
+}
+
+/// `d` (subscripts `uniq`, each label once) placed on the diagonals of an operand with
+/// subscripts `all` (some labels repeated): zero off the diagonals. Each repeat of a label
+/// becomes a fresh label tied to the first by an identity matrix, in one einsum.
+fn onto_diagonal(
+    e: &mut Emit,
+    d: ValueId,
+    uniq: &[char],
+    all: &[char],
+    shape: &[usize],
+    eq: &str,
+) -> Result<ValueId> {
+    let mut fresh = ('a'..='z')
+        .chain('A'..='Z')
+        .filter(|c| !eq.contains(*c))
+        .collect::<Vec<char>>()
+        .into_iter();
+    let mut target = String::new();
+    let mut terms = vec![uniq.iter().collect::<String>()];
+    let mut operands = vec![d];
+    let dtype = e.dtype(d);
+    for (j, &c) in all.iter().enumerate() {
+        if !all[..j].contains(&c) {
+            target.push(c);
+            continue;
+        }
+        let Some(f) = fresh.next() else {
+            bail!(
+                Value,
+                "einsum gradient: too many repeated subscripts ({eq})"
+            );
+        };
+        target.push(f);
+        terms.push(format!("{c}{f}"));
+        let n = shape[uniq.iter().position(|u| *u == c).unwrap_or(0)];
+        operands.push(identity(e, n, dtype)?);
+    }
+    let equation = format!("{}->{target}", terms.join(","));
+    e.op(Op::Einsum { equation }, &operands)
+}
+
+/// The `n`×`n` identity matrix of `dtype`: `arange(n)[:, None] == arange(n)`.
+fn identity(e: &mut Emit, n: usize, dtype: crate::ir::dtype::DType) -> Result<ValueId> {
+    let r = e.op(
+        Op::Arange {
+            start: Scalar::Int(0),
+            end: Scalar::Int(n as i64),
+            step: Scalar::Int(1),
+            dtype: None,
+        },
+        &[],
+    )?;
+    let col = e.unsqueeze(r, 1)?;
+    let eye = e.bin(BinaryOp::Eq, col, r)?;
+    e.cast(eye, dtype)
 }
 
 fn repeat(e: &mut Emit, repeats: &[usize], x: ValueId, g: ValueId) -> Result<Grads> {
