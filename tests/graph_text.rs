@@ -929,3 +929,23 @@ proptest! {
         prop_assert_eq!(ops(back.entry()), ops(&g));
     }
 }
+
+/// Every op the format knows has its line in docs/ir-format.md: an op whose docs line was
+/// forgotten fails here by name.
+#[test]
+fn every_op_name_is_documented() {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/ir-format.md")).unwrap();
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    for name in op_names() {
+        let found = doc.match_indices(name).any(|(i, _)| {
+            let before = doc[..i].chars().next_back().is_none_or(|c| !word(c));
+            let after = doc[i + name.len()..]
+                .chars()
+                .next()
+                .is_none_or(|c| !word(c));
+            before && after
+        });
+        assert!(found, "docs/ir-format.md does not mention the op '{name}'");
+    }
+}

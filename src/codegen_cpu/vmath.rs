@@ -40,42 +40,21 @@ impl StripOp {
         StripOp::GeluTanh,
     ];
 
+    /// The unary op a strip op evaluates (defined from this side, so that the unary ops
+    /// without a strip need no entry here).
+    pub fn unary(self) -> UnaryOp {
+        match self {
+            StripOp::Exp => UnaryOp::Exp,
+            StripOp::Tanh => UnaryOp::Tanh,
+            StripOp::Sigmoid => UnaryOp::Sigmoid,
+            StripOp::Silu => UnaryOp::Silu,
+            StripOp::GeluTanh => UnaryOp::Gelu { tanh: true },
+        }
+    }
+
     /// The strip op of an f32 unary op, if it has one.
     pub fn of(u: UnaryOp) -> Option<Self> {
-        Some(match u {
-            UnaryOp::Exp => StripOp::Exp,
-            UnaryOp::Tanh => StripOp::Tanh,
-            UnaryOp::Sigmoid => StripOp::Sigmoid,
-            UnaryOp::Silu => StripOp::Silu,
-            UnaryOp::Gelu { tanh: true } => StripOp::GeluTanh,
-            UnaryOp::Neg
-            | UnaryOp::Abs
-            | UnaryOp::Log
-            | UnaryOp::Log1p
-            | UnaryOp::Expm1
-            | UnaryOp::Sqrt
-            | UnaryOp::Rsqrt
-            | UnaryOp::Sin
-            | UnaryOp::Cos
-            | UnaryOp::Relu
-            | UnaryOp::Gelu { tanh: false }
-            | UnaryOp::Erf
-            | UnaryOp::Floor
-            | UnaryOp::Ceil
-            | UnaryOp::Round
-            | UnaryOp::Sign
-            | UnaryOp::Reciprocal
-            | UnaryOp::Square
-            | UnaryOp::LogicalNot
-            | UnaryOp::IsNan
-            | UnaryOp::LeakyRelu { .. }
-            | UnaryOp::Elu { .. }
-            | UnaryOp::Softplus { .. }
-            | UnaryOp::Hardtanh { .. }
-            | UnaryOp::Hardswish
-            | UnaryOp::Mish
-            | UnaryOp::LogSigmoid => return None,
-        })
+        Self::ALL.into_iter().find(|s| s.unary() == u)
     }
 
     fn from_code(c: i32) -> Option<Self> {
