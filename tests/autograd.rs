@@ -97,7 +97,7 @@ fn no_grad_records_nothing() {
 fn second_backward_needs_retain_graph() {
     let x = leaf(&[1.0, 2.0], &[2]);
     let y = x.exp().unwrap().sum().unwrap();
-    y.backward_opts(None, true).unwrap();
+    y.backward_retain_graph().unwrap();
     y.backward().unwrap();
     let e = x.exp().unwrap();
     let _ = e; // a fresh graph is independent of the freed one

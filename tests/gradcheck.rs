@@ -270,3 +270,26 @@ proptest! {
         ).unwrap();
     }
 }
+
+#[test]
+fn a_mismatch_on_single_precision_says_why() {
+    // f32 inputs with the default step: the numerical gradient is noise, and the error says
+    // that the input is not double precision (PyTorch's warning)
+    let x = Tensor::from_vec(vec![0.3f32, 1.7, -0.4], &[3]).unwrap();
+    let e = smelt::autograd::gradcheck(|a| a[0].exp()?.mul_scalar(1e3), &[x])
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("Jacobian mismatch"), "{e}");
+    assert!(
+        e.contains("Input #0 requires gradient and is not a double precision floating point (f32)"),
+        "{e}"
+    );
+    // f64 inputs pass, and a genuine mismatch in f64 carries no such hint
+    let x64 = Tensor::from_vec(vec![0.3f64, 1.7, -0.4], &[3]).unwrap();
+    smelt::autograd::gradcheck(|a| a[0].exp()?.mul_scalar(1e3), std::slice::from_ref(&x64))
+        .unwrap();
+    let e = smelt::autograd::gradcheck(|a| a[0].detach().exp()?.add(&a[0]), &[x64])
+        .unwrap_err()
+        .to_string();
+    assert!(!e.contains("double precision"), "{e}");
+}

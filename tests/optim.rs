@@ -164,14 +164,19 @@ fn adam_reference(p0: &[f64], c: AdamConfig, kind: Kind, steps: usize) -> Vec<Ve
         vec![0.0f64; n],
     );
     let (b1, b2) = c.betas;
+    // PyTorch's defaults when none is set: Adam 0, AdamW 1e-2
+    let wd = c.weight_decay.unwrap_or(match kind {
+        Kind::Adam => 0.0,
+        Kind::AdamW => 1e-2,
+    });
     let mut out = Vec::new();
     for k in 0..steps {
         let t = (k + 1) as i32;
         let mut g = grads_at(k);
         for i in 0..n {
             match kind {
-                Kind::Adam => g[i] += c.weight_decay * p[i],
-                Kind::AdamW => p[i] *= 1.0 - c.lr * c.weight_decay,
+                Kind::Adam => g[i] += wd * p[i],
+                Kind::AdamW => p[i] *= 1.0 - c.lr * wd,
             }
             m[i] = b1 * m[i] + (1.0 - b1) * g[i];
             v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
@@ -227,12 +232,16 @@ fn adam_and_adamw_match_reference() {
             ..AdamConfig::new(0.05)
         },
         AdamConfig {
-            weight_decay: 0.1,
+            weight_decay: Some(0.1),
+            ..AdamConfig::new(0.02)
+        },
+        AdamConfig {
+            weight_decay: Some(0.0),
             ..AdamConfig::new(0.02)
         },
         AdamConfig {
             amsgrad: true,
-            weight_decay: 0.05,
+            weight_decay: Some(0.05),
             ..AdamConfig::new(0.02)
         },
     ];
@@ -249,7 +258,7 @@ fn adamw_decay_is_decoupled() {
     // With a zero gradient Adam's update is zero, so only AdamW's decay moves p.
     let p = param(&[2.0], DType::F64);
     let c = AdamConfig {
-        weight_decay: 0.5,
+        weight_decay: Some(0.5),
         ..AdamConfig::new(0.1)
     };
     let mut opt = AdamW::new(vec![p.clone()], c).unwrap();
@@ -352,4 +361,28 @@ fn set_lr_changes_the_step() {
     p.set_grad(Some(grad(&[1.0], DType::F64)));
     opt.step().unwrap();
     assert_eq!(p.to_f64_vec(), vec![0.5]);
+}
+
+#[test]
+fn weight_decay_defaults_are_each_optimisers_own() {
+    // torch.optim.Adam: weight_decay=0; torch.optim.AdamW: weight_decay=0.01
+    let p = param(&[2.0], DType::F64);
+    let adam = Adam::new(vec![p.clone()], AdamConfig::new(0.1)).unwrap();
+    let mut adamw = AdamW::new(vec![p.clone()], AdamConfig::new(0.1)).unwrap();
+    assert_eq!(adam.weight_decay(), 0.0);
+    assert_eq!(adamw.weight_decay(), 0.01);
+    // a zero gradient: only the default decay moves p, by lr · 0.01
+    p.set_grad(Some(grad(&[0.0], DType::F64)));
+    adamw.step().unwrap();
+    assert_close(
+        &p.to_f64_vec(),
+        &[2.0 * (1.0 - 0.1 * 0.01)],
+        near(1e-15),
+        "default decay",
+    );
+    let set = AdamConfig {
+        weight_decay: Some(0.0),
+        ..AdamConfig::new(0.1)
+    };
+    assert_eq!(AdamW::new(vec![p], set).unwrap().weight_decay(), 0.0);
 }

@@ -133,11 +133,28 @@ fn check(
                     || (num.is_nan() && ana.is_nan());
                 if !ok {
                     return Err(Error::Value(format!(
-                        "Jacobian mismatch for output {j} with respect to input {i}, element {k}: numerical {num} but analytical {ana}"
+                        "Jacobian mismatch for output {j} with respect to input {i}, element {k}: numerical {num} but analytical {ana}{}",
+                        precision_hint(inputs, &checked)
                     )));
                 }
             }
         }
     }
     Ok(())
+}
+
+/// PyTorch's warning, added to a mismatch when a checked input is not f64: finite
+/// differences with the default step are meaningless in single or half precision.
+fn precision_hint(inputs: &[Tensor], checked: &[bool]) -> String {
+    match inputs
+        .iter()
+        .zip(checked)
+        .position(|(t, &c)| c && t.dtype() != DType::F64)
+    {
+        Some(i) => format!(
+            ". Input #{i} requires gradient and is not a double precision floating point ({}): this check will likely fail unless every input is f64",
+            inputs[i].dtype()
+        ),
+        None => String::new(),
+    }
 }

@@ -135,6 +135,12 @@ impl Tensor {
         self.backward_opts(Some(grad), false)
     }
 
+    /// Backward of a scalar that keeps the recorded graph for another backward
+    /// (`loss.backward(retain_graph=True)`).
+    pub fn backward_retain_graph(&self) -> Result<()> {
+        self.backward_opts(None, true)
+    }
+
     /// Backward with an optional seed (required for non-scalars) and `retain_graph`.
     pub fn backward_opts(&self, grad: Option<&Tensor>, retain_graph: bool) -> Result<()> {
         let seed = match grad {
@@ -263,9 +269,45 @@ pub fn enable_grad() -> GradModeGuard {
     set_grad_enabled(true)
 }
 
+/// Runs `f` with gradient recording off and restores the previous mode, even when `f`
+/// returns early or panics: the block form of `with torch.no_grad():`. (A guard bound with
+/// `let _ = no_grad();` is dropped at once and turns nothing off; this form cannot be
+/// misused that way.)
+pub fn no_grad_scope<R>(f: impl FnOnce() -> R) -> R {
+    let _off = no_grad();
+    f()
+}
+
+/// Runs `f` with gradient recording on (`with torch.enable_grad():`), then restores the mode.
+pub fn enable_grad_scope<R>(f: impl FnOnce() -> R) -> R {
+    let _on = enable_grad();
+    f()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scopes_switch_recording_for_their_block_only() {
+        assert!(is_grad_enabled());
+        let inside = no_grad_scope(|| {
+            let nested = enable_grad_scope(is_grad_enabled);
+            (is_grad_enabled(), nested)
+        });
+        assert_eq!(inside, (false, true));
+        assert!(is_grad_enabled());
+        // restored after a panic inside the block too
+        let r = std::panic::catch_unwind(|| no_grad_scope(|| panic!("inside")));
+        assert!(r.is_err());
+        assert!(is_grad_enabled());
+        // an op inside the block is not recorded
+        let w = Tensor::from_vec(vec![1.5f64], &[1]).unwrap();
+        w.requires_grad_(true).unwrap();
+        let y = no_grad_scope(|| w.mul_scalar(2.0)).unwrap();
+        assert!(!y.requires_grad());
+        assert!(w.mul_scalar(2.0).unwrap().requires_grad());
+    }
 
     #[test]
     fn guards_nest_and_restore() {

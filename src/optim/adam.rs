@@ -4,14 +4,15 @@ use super::{Optimizer, check_param, check_params, grad_of};
 use crate::runtime::Tensor;
 use crate::{Result, bail};
 
-/// Settings of `Adam`/`AdamW`; `Default` is PyTorch's Adam defaults (lr 1e-3, betas
-/// (0.9, 0.999), eps 1e-8, no weight decay).
+/// Settings of `Adam`/`AdamW`; `Default` is PyTorch's defaults (lr 1e-3, betas
+/// (0.9, 0.999), eps 1e-8, and each optimiser's own weight decay).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamConfig {
     pub lr: f64,
     pub betas: (f64, f64),
     pub eps: f64,
-    pub weight_decay: f64,
+    /// `None`: PyTorch's default of the optimiser, 0 for `Adam` and 1e-2 for `AdamW`.
+    pub weight_decay: Option<f64>,
     pub amsgrad: bool,
 }
 
@@ -21,7 +22,7 @@ impl Default for AdamConfig {
             lr: 1e-3,
             betas: (0.9, 0.999),
             eps: 1e-8,
-            weight_decay: 0.0,
+            weight_decay: None,
             amsgrad: false,
         }
     }
@@ -36,10 +37,18 @@ impl AdamConfig {
         }
     }
 
+    /// The weight decay in force: the one set, else PyTorch's default for the optimiser.
+    pub fn weight_decay_for(&self, decoupled: bool) -> f64 {
+        self.weight_decay
+            .unwrap_or(if decoupled { 1e-2 } else { 0.0 })
+    }
+
     fn check(&self) -> Result<()> {
         check_param(self.lr, "learning rate")?;
         check_param(self.eps, "epsilon value")?;
-        check_param(self.weight_decay, "weight_decay value")?;
+        if let Some(wd) = self.weight_decay {
+            check_param(wd, "weight_decay value")?;
+        }
         for (i, b) in [self.betas.0, self.betas.1].into_iter().enumerate() {
             if !(0.0..1.0).contains(&b) {
                 bail!(Value, "Invalid beta parameter at index {i}: {b}");
@@ -88,11 +97,12 @@ impl AdamCore {
                 continue;
             };
             st.step += 1;
-            if c.weight_decay != 0.0 {
+            let wd = c.weight_decay_for(self.decoupled);
+            if wd != 0.0 {
                 if self.decoupled {
-                    p.mul_scalar_(1.0 - c.lr * c.weight_decay)?;
+                    p.mul_scalar_(1.0 - c.lr * wd)?;
                 } else {
-                    grad = grad.add(&p.mul_scalar(c.weight_decay)?)?;
+                    grad = grad.add(&p.mul_scalar(wd)?)?;
                 }
             }
             let zeros = || Tensor::zeros(p.shape(), p.dtype());
@@ -140,6 +150,10 @@ macro_rules! adam_optimizer {
             pub fn config(&self) -> &AdamConfig {
                 &self.0.config
             }
+            /// The weight decay in force (the default's value when none was set).
+            pub fn weight_decay(&self) -> f64 {
+                self.0.config.weight_decay_for($decoupled)
+            }
             /// How many steps parameter `i` has taken.
             pub fn step_count(&self, i: usize) -> u64 {
                 self.0.step_count(i)
@@ -173,8 +187,7 @@ adam_optimizer!(
 
 adam_optimizer!(
     /// `torch.optim.AdamW`: Adam with decoupled weight decay, `p *= 1 - lr·weight_decay`
-    /// before the Adam update. Use `AdamConfig { weight_decay: 1e-2, .. }` for PyTorch's
-    /// AdamW default.
+    /// before the Adam update; weight decay 1e-2 unless the config sets one, as PyTorch.
     AdamW,
     true
 );
