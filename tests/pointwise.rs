@@ -838,12 +838,12 @@ fn operators() {
     assert_eq!(v(2.0 * &a), vec![2.0, 4.0, 8.0]);
     assert_eq!(v(1 - &a), vec![0.0, -1.0, -3.0]);
     assert_eq!(v(8i64 / a.clone()), vec![8.0, 4.0, 2.0]);
-    assert_eq!(v(a.clone() + 1.5f32), vec![2.5, 3.5, 5.5]);
+    assert_eq!(v(a.clone() + 1.5), vec![2.5, 3.5, 5.5]);
     assert_eq!(v(-&a), vec![-1.0, -2.0, -4.0]);
     assert_eq!(v(-a.clone()), vec![-1.0, -2.0, -4.0]);
     let i = Tensor::from_slice(&[7i32, -7], &[2]).unwrap();
-    assert_eq!((&i % 3i32).to_vec::<i32>().unwrap(), vec![1, 2]);
-    assert_eq!((&i * 2i32).dtype(), DType::I32);
+    assert_eq!((&i % 3).to_vec::<i32>().unwrap(), vec![1, 2]);
+    assert_eq!((&i * 2).dtype(), DType::I32);
     let m = Tensor::from_slice(&[true, false, true], &[3]).unwrap();
     let n = Tensor::from_slice(&[true, true, false], &[3]).unwrap();
     assert_eq!((!&m).to_vec::<bool>().unwrap(), vec![false, true, false]);
@@ -1012,4 +1012,23 @@ proptest! {
         let want: Vec<f64> = f64s(&ae).iter().zip(f64s(&be)).map(|(x, y)| (*x as f32 - y as f32) as f64).collect();
         prop_assert_eq!(f64s(&out), want);
     }
+}
+
+/// Python-number operands of operators infer from bare literals: one float and one integer
+/// impl each, so `(&w * &w * 3.0).sum()` compiles without a suffix (it did not while f32 and
+/// i32 impls stood beside f64 and i64).
+#[test]
+fn literal_operands_infer_and_keep_pytorch_promotion() {
+    let w = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
+    let s = (&w * &w * 3.0).sum().unwrap();
+    assert_eq!(s.item_f64().unwrap(), 15.0);
+    assert_eq!(s.dtype(), DType::F32);
+    let t = (2 * &w + 1).to_f64_vec();
+    assert_eq!(t, vec![3.0, 5.0]);
+    let i = Tensor::from_vec(vec![3i32, 4], &[2]).unwrap();
+    // i32 + Python int stays i32; i32 * Python float is f32; i32 / i32 is f32
+    assert_eq!((&i + 1).dtype(), DType::I32);
+    assert_eq!((&i * 0.5).dtype(), DType::F32);
+    assert_eq!((&i / 2).to_f64_vec(), vec![1.5, 2.0]);
+    assert_eq!((1.0 - &w).to_f64_vec(), vec![0.0, -1.0]);
 }

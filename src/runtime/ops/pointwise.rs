@@ -234,12 +234,13 @@ fn binary_op(op: BinaryOp, a: &Tensor, b: &Tensor) -> Tensor {
     or_panic(apply(Op::Binary(op), &[a, b]))
 }
 
-// Arithmetic operators on tensors and Python numbers (f64, f32, i64, i32 on either side).
-// They panic where the corresponding method (`add`, `sub`, ...) returns Err.
+// Arithmetic operators on tensors and Python numbers (f64 and i64, on either side: Python's
+// float and int, one impl each, so that a literal infers: `&w * 3.0`, `&w + 1`). They panic
+// where the corresponding method (`add`, `sub`, ...) returns Err.
 macro_rules! binary_operator {
     ($Trait:ident, $method:ident, $op:ident) => {
         binary_operator!(@tensors $Trait, $method, $op, [Tensor, &Tensor], [Tensor, &Tensor]);
-        binary_operator!(@scalars $Trait, $method, $op, [f64, f32, i64, i32]);
+        binary_operator!(@scalars $Trait, $method, $op, [f64, i64]);
     };
     (@tensors $Trait:ident, $method:ident, $op:ident, [$($L:ty),*], $R:tt) => {$(
         binary_operator!(@pair $Trait, $method, $op, $L, $R);
