@@ -79,3 +79,19 @@ fn slicing_narrow_select_diagonal() {
         vec![8., 9., 10., 11.]
     );
 }
+
+/// Shape arguments take PyTorch's ints in any of Rust's spellings: sizes read from a tensor
+/// (usize), bare literals with -1 (i32 by inference), and i64.
+#[test]
+fn shape_arguments_take_usize_and_literals() {
+    let x = Tensor::arange(0.0, 6.0, 1.0, None).unwrap();
+    let n = x.shape()[0];
+    assert_eq!(x.view(&[n, 1]).unwrap().shape(), &[6, 1]);
+    assert_eq!(x.view(&[2, -1]).unwrap().shape(), &[2, 3]);
+    assert_eq!(x.reshape(&[-1i64, 2]).unwrap().shape(), &[3, 2]);
+    let col = x.view(&[n, 1]).unwrap();
+    assert_eq!(col.expand(&[n, 4]).unwrap().shape(), &[6, 4]);
+    assert_eq!(col.expand(&[-1, 4]).unwrap().shape(), &[6, 4]);
+    // a usize too large for i64 is refused by the shape rule, not wrapped
+    assert!(x.view(&[usize::MAX]).is_err());
+}

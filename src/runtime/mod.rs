@@ -19,4 +19,4 @@ pub mod threads;
 
 pub use device::Device;
 pub use element::Element;
-pub use tensor::{Tensor, apply};
+pub use tensor::{Dim, Tensor, apply};

@@ -16,6 +16,31 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct Tensor(pub(crate) Arc<Inner>);
 
+/// A size argument, PyTorch's int: `i64`, `i32` or `usize`, so that shapes read from a
+/// tensor (`usize`) and literals with `-1` both work: `x.view(&[n, 1])`, `x.view(&[2, -1])`.
+pub trait Dim: Copy {
+    fn to_i64(self) -> i64;
+}
+
+impl Dim for i64 {
+    fn to_i64(self) -> i64 {
+        self
+    }
+}
+
+impl Dim for i32 {
+    fn to_i64(self) -> i64 {
+        self.into()
+    }
+}
+
+impl Dim for usize {
+    /// Sizes past `i64::MAX` saturate, and the shape rule then refuses them.
+    fn to_i64(self) -> i64 {
+        i64::try_from(self).unwrap_or(i64::MAX)
+    }
+}
+
 pub(crate) struct Inner {
     storage: Arc<Storage>,
     layout: Layout,

@@ -4,17 +4,17 @@
 
 use crate::ir::op::Op;
 use crate::ir::shape::wrap_dim;
-use crate::runtime::tensor::{Tensor, apply};
+use crate::runtime::tensor::{Dim, Tensor, apply};
 use crate::{Result, bail};
 
-fn ishape(shape: &[i64]) -> Vec<i64> {
-    shape.to_vec()
+fn ishape<D: Dim>(shape: &[D]) -> Vec<i64> {
+    shape.iter().map(|d| d.to_i64()).collect()
 }
 
 impl Tensor {
     /// A view with another shape (one dim may be -1). Fails, as in PyTorch, when the strides
     /// do not allow it (after `transpose`, say): use `reshape` or `contiguous().view`.
-    pub fn view(&self, shape: &[i64]) -> Result<Tensor> {
+    pub fn view<D: Dim>(&self, shape: &[D]) -> Result<Tensor> {
         apply(
             Op::View {
                 shape: ishape(shape),
@@ -23,7 +23,7 @@ impl Tensor {
         )
     }
     /// A view when the strides allow it, else a contiguous copy.
-    pub fn reshape(&self, shape: &[i64]) -> Result<Tensor> {
+    pub fn reshape<D: Dim>(&self, shape: &[D]) -> Result<Tensor> {
         apply(
             Op::Reshape {
                 shape: ishape(shape),
@@ -47,13 +47,8 @@ impl Tensor {
         )
     }
     /// Broadcast view with stride 0 along new or size-1 dims; -1 keeps a size. No copy.
-    pub fn expand(&self, size: &[i64]) -> Result<Tensor> {
-        apply(
-            Op::Expand {
-                size: size.to_vec(),
-            },
-            &[self],
-        )
+    pub fn expand<D: Dim>(&self, size: &[D]) -> Result<Tensor> {
+        apply(Op::Expand { size: ishape(size) }, &[self])
     }
     pub fn expand_as(&self, other: &Tensor) -> Result<Tensor> {
         let size: Vec<i64> = other.shape().iter().map(|&s| s as i64).collect();
