@@ -26,3 +26,12 @@ pub use error::{Error, Result};
 pub use ir::dtype::{DType, Scalar};
 pub use runtime::random::{Generator, manual_seed};
 pub use runtime::{Device, Element, Tensor};
+
+/// The user guide (docs/guide), its code blocks run as doctests.
+#[cfg(doctest)]
+pub mod guide {
+    #[doc = include_str!("../docs/guide/01-tensors.md")]
+    pub struct Tensors;
+    #[doc = include_str!("../docs/guide/06-tracing-and-compiling.md")]
+    pub struct TracingAndCompiling;
+}
