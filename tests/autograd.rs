@@ -5,7 +5,7 @@ use smelt::autograd::{
     Context, Function, Segment, apply_function, checkpoint, checkpoint_sequential, clip_grad_norm_,
     clip_grad_value_, no_grad, saved_tensor_bytes, zero_grad,
 };
-use smelt::{DType, Result, Scalar, Tensor};
+use smelt::{DType, Result, Tensor};
 use std::sync::Arc;
 
 fn leaf(v: &[f32], shape: &[usize]) -> Tensor {
@@ -251,7 +251,7 @@ impl Function for MyReLU {
     }
     fn forward(&self, ctx: &mut Context, x: &[Tensor]) -> Result<Tensor> {
         ctx.save_for_backward(&[&x[0]]);
-        x[0].clamp(Some(Scalar::Float(0.0)), None)
+        x[0].clamp_min(0.0)
     }
     fn backward(&self, ctx: &Context, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
         let x = &ctx.saved_tensors()?[0];

@@ -785,7 +785,7 @@ fn where_clamp_masked_fill() {
         assert_eq!(k.to_f64_vec(), vec![rd(0.1, d), 0.25, 2.0], "{d}");
     }
     assert_eq!(
-        v.clamp(None, None).unwrap_err().to_string(),
+        v.clamp(None::<f64>, None::<f64>).unwrap_err().to_string(),
         "torch.clamp: At least one of 'min' or 'max' must not be None"
     );
     let u = Tensor::from_slice(&[1u8], &[1]).unwrap();
@@ -1031,4 +1031,23 @@ fn literal_operands_infer_and_keep_pytorch_promotion() {
     assert_eq!((&i * 0.5).dtype(), DType::F32);
     assert_eq!((&i / 2).to_f64_vec(), vec![1.5, 2.0]);
     assert_eq!((1.0 - &w).to_f64_vec(), vec![0.0, -1.0]);
+}
+
+/// `clamp` takes bare numbers, as `torch.clamp(x, 0.0, 6.0)` does, or `Option`s.
+#[test]
+fn clamp_takes_numbers_and_options() {
+    let x = Tensor::from_vec(vec![-2.0f32, 3.0, 9.0, f32::NAN], &[4]).unwrap();
+    let y = x.clamp(0.0, 6.0).unwrap().to_f64_vec();
+    assert_eq!(&y[..3], &[0.0, 3.0, 6.0]);
+    assert!(y[3].is_nan());
+    assert_eq!(
+        x.clamp(Some(1.0), None::<f64>).unwrap().to_f64_vec()[..3],
+        [1.0, 3.0, 9.0]
+    );
+    let i = Tensor::from_vec(vec![-5i64, 2, 8], &[3]).unwrap();
+    let c = i.clamp(0, 6).unwrap();
+    assert_eq!(c.dtype(), DType::I64);
+    assert_eq!(c.to_f64_vec(), vec![0.0, 2.0, 6.0]);
+    // a float bound promotes an integer tensor, as in PyTorch
+    assert_eq!(i.clamp(0.5, 6).unwrap().dtype(), DType::F32);
 }

@@ -9,3 +9,5 @@ mod linalg;
 mod pointwise;
 mod reduce;
 mod views;
+
+pub use pointwise::ClampBound;

@@ -11,6 +11,29 @@ use crate::ir::unary::Real;
 use crate::runtime::tensor::{Tensor, apply};
 use crate::{DType, Result};
 
+/// A bound of [`Tensor::clamp`]: a Python number (`f64`, `i64`, `Scalar`) or an `Option` of
+/// one (`None`: no bound on that side).
+pub trait ClampBound {
+    fn bound(self) -> Option<Scalar>;
+}
+
+macro_rules! clamp_bound {
+    ($($t:ty),*) => {$(
+        impl ClampBound for $t {
+            fn bound(self) -> Option<Scalar> {
+                Some(self.into())
+            }
+        }
+        impl ClampBound for Option<$t> {
+            fn bound(self) -> Option<Scalar> {
+                self.map(Into::into)
+            }
+        }
+    )*};
+}
+
+clamp_bound!(f64, i64, Scalar);
+
 macro_rules! unary_methods {
     ($($(#[$doc:meta])* $name:ident => $op:expr;)*) => {$(
         $(#[$doc])*
@@ -189,20 +212,22 @@ impl Tensor {
         apply(Op::Where, &[cond, x, &Tensor::wrapped(y.into())])
     }
 
-    /// `torch.clamp(x, min, max)`: at least one bound; NaN elements stay NaN; a bound
-    /// converts to the result dtype, `result_type(x, min, max)`.
-    pub fn clamp(&self, min: Option<Scalar>, max: Option<Scalar>) -> Result<Tensor> {
+    /// `torch.clamp(x, min, max)`: `x.clamp(0.0, 6.0)`, or with `Option`s for one-sided
+    /// bounds (or `clamp_min`/`clamp_max`); at least one bound; NaN elements stay NaN; a
+    /// bound converts to the result dtype, `result_type(x, min, max)`.
+    pub fn clamp(&self, min: impl ClampBound, max: impl ClampBound) -> Result<Tensor> {
+        let (min, max) = (min.bound(), max.bound());
         apply(Op::Clamp { min, max }, &[self])
     }
 
     /// `clamp(min=s)`.
     pub fn clamp_min(&self, min: impl Into<Scalar>) -> Result<Tensor> {
-        self.clamp(Some(min.into()), None)
+        self.clamp(Some(min.into()), None::<Scalar>)
     }
 
     /// `clamp(max=s)`.
     pub fn clamp_max(&self, max: impl Into<Scalar>) -> Result<Tensor> {
-        self.clamp(None, Some(max.into()))
+        self.clamp(None::<Scalar>, Some(max.into()))
     }
 
     /// `value` where the bool `mask` is true, else `self`; the shapes broadcast.
