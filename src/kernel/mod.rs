@@ -210,6 +210,24 @@ pub enum Expr {
 }
 
 impl Expr {
+    /// Renames the values this expression reads.
+    pub fn map_operands(&mut self, f: impl Fn(ValId) -> ValId) {
+        match self {
+            Expr::Load { .. } | Expr::Index { .. } | Expr::Const(_) => {}
+            Expr::Unary(_, a) | Expr::Cast(a) | Expr::Clamp { x: a, .. } => *a = f(*a),
+            Expr::Reduce { arg, .. } => *arg = f(*arg),
+            Expr::Binary(_, a, b) | Expr::MaskedFill { x: a, mask: b, .. } => {
+                *a = f(*a);
+                *b = f(*b);
+            }
+            Expr::Where(c, a, b) => {
+                *c = f(*c);
+                *a = f(*a);
+                *b = f(*b);
+            }
+        }
+    }
+
     /// The values this expression reads.
     pub fn operands(&self) -> Vec<ValId> {
         match *self {
@@ -264,6 +282,40 @@ pub struct Kernel {
 }
 
 impl Kernel {
+    /// Drops the values no store and no reduction needs (constants a cast replaced, say),
+    /// renumbering the rest in order; what the kernel computes is unchanged.
+    pub fn prune(&mut self) {
+        let mut live = vec![false; self.values.len()];
+        let mut stack: Vec<ValId> = self.stores.iter().map(|s| s.value).collect();
+        stack.extend(self.passes.iter().flatten());
+        while let Some(v) = stack.pop() {
+            if v < live.len() && !live[v] {
+                live[v] = true;
+                stack.extend(self.values[v].expr.operands());
+            }
+        }
+        if live.iter().all(|&l| l) {
+            return;
+        }
+        let mut new_id = vec![usize::MAX; self.values.len()];
+        let mut values = Vec::with_capacity(self.values.len());
+        for (i, v) in std::mem::take(&mut self.values).into_iter().enumerate() {
+            if live[i] {
+                new_id[i] = values.len();
+                let mut v = v;
+                v.expr.map_operands(|o| new_id[o]);
+                values.push(v);
+            }
+        }
+        self.values = values;
+        for p in &mut self.passes {
+            p.iter_mut().for_each(|r| *r = new_id[*r]);
+        }
+        self.stores
+            .iter_mut()
+            .for_each(|s| s.value = new_id[s.value]);
+    }
+
     /// The full index space `outer ++ inner`.
     pub fn space(&self) -> Shape {
         let mut s = self.outer.clone();

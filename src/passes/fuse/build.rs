@@ -271,14 +271,16 @@ impl<'a, 'g> KernelBuilder<'a, 'g> {
             }
         }
         let passes = self.passes();
-        Ok(Kernel {
+        let mut k = Kernel {
             name: self.f.g.node(roots[roots.len() - 1]).name.clone(),
             outer: self.outer.clone(),
             inner: self.inner.clone(),
             values: std::mem::take(&mut self.values),
             passes,
             stores,
-        })
+        };
+        k.prune();
+        Ok(k)
     }
 
     /// Reductions grouped by pass: one more than the latest pass they read.
