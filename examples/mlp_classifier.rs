@@ -6,7 +6,7 @@
 use indicatif::{ProgressBar, ProgressStyle};
 use smelt::autograd::no_grad;
 use smelt::exec::CompileOptions;
-use smelt::nn::functional::{ClassLossOptions, cross_entropy};
+use smelt::nn::functional::cross_entropy;
 use smelt::nn::{Linear, Module, ReLU, Sequential};
 use smelt::optim::{Optimizer, SGD, SGDConfig};
 use smelt::train::CompiledStep;
@@ -122,7 +122,6 @@ fn main() -> Result<()> {
         .collect::<Result<_>>()?;
     let mut cfg = SGDConfig::new(0.1);
     cfg.momentum = 0.9;
-    let ce = ClassLossOptions::default();
     let steps = EPOCHS * batches.len();
 
     let mut opt = SGD::new(eager.parameters(), cfg)?;
@@ -132,7 +131,7 @@ fn main() -> Result<()> {
     for i in 0..steps {
         let (xb, yb) = &batches[i % batches.len()];
         opt.zero_grad();
-        let loss = cross_entropy(&eager.forward(xb)?, yb, &ce)?;
+        let loss = cross_entropy(&eager.forward(xb)?, yb)?;
         loss.backward()?;
         opt.step()?;
         eager_loss = loss.item_f64()?;
@@ -143,7 +142,7 @@ fn main() -> Result<()> {
 
     let t0 = Instant::now();
     let mut step = CompiledStep::new(
-        |xs: &[Tensor]| cross_entropy(&compiled.forward(&xs[0])?, &xs[1], &ce),
+        |xs: &[Tensor]| cross_entropy(&compiled.forward(&xs[0])?, &xs[1]),
         &[batches[0].0.clone(), batches[0].1.clone()],
         compiled.named_parameters(),
         cfg,

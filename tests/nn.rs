@@ -6,7 +6,7 @@ mod common;
 use common::temp_dir;
 use smelt::nn::functional::{
     self as F, ClassLossOptions, Reduction, binary_cross_entropy_with_logits, cross_entropy,
-    mse_loss, nll_loss,
+    cross_entropy_with, mse_loss, nll_loss_with,
 };
 use smelt::nn::init::{self, FanMode, Nonlinearity};
 use smelt::nn::{
@@ -434,7 +434,8 @@ fn cross_entropy_matches_f64() {
                         ..Default::default()
                     };
                     let want = ce_ref(&logits, c, tg, w, -100, eps, r);
-                    let got = cross_entropy(&t(&logits, &[n, c]), &idx(tg, &[n]), &opts).unwrap();
+                    let got =
+                        cross_entropy_with(&t(&logits, &[n, c]), &idx(tg, &[n]), &opts).unwrap();
                     close(&got.to_f64_vec(), &want, 1e-12);
                     let opts32 = ClassLossOptions {
                         weight: w.map(|w| t(w, &[c]).to_dtype(DType::F32).unwrap()),
@@ -458,7 +459,7 @@ fn cross_entropy_matches_f64() {
 fn cross_entropy_shapes() {
     // [C] logits with a 0-d target.
     let l = [1.0, 2.0, 0.5];
-    let got = cross_entropy(&t(&l, &[3]), &Tensor::scalar(1i64), &Default::default()).unwrap();
+    let got = cross_entropy(&t(&l, &[3]), &Tensor::scalar(1i64)).unwrap();
     assert_eq!(got.dim(), 0);
     close(
         &got.to_f64_vec(),
@@ -470,7 +471,7 @@ fn cross_entropy_shapes() {
     let logits: Vec<f64> = (0..n * c * d).map(|i| ((i * 5) % 7) as f64 * 0.3).collect();
     let target: Vec<i64> = (0..(n * d) as i64).map(|i| i % c as i64).collect();
     let x = t(&logits, &[n, c, d]);
-    let got = cross_entropy(
+    let got = cross_entropy_with(
         &x,
         &idx(&target, &[n, d]),
         &ClassLossOptions::reduction(Reduction::None),
@@ -494,7 +495,7 @@ fn cross_entropy_shapes() {
     // Non-contiguous logits.
     let xt = t(&logits[..n * c], &[c, n]).t().unwrap();
     let tg = idx(&[0, 2], &[2]);
-    let got = cross_entropy(&xt, &tg, &Default::default()).unwrap();
+    let got = cross_entropy(&xt, &tg).unwrap();
     let rows = xt.to_f64_vec();
     close(
         &got.to_f64_vec(),
@@ -502,12 +503,7 @@ fn cross_entropy_shapes() {
         1e-12,
     );
     // Every target ignored: the mean is NaN, as in PyTorch.
-    let all = cross_entropy(
-        &t(&logits[..6], &[2, 3]),
-        &idx(&[-100, -100], &[2]),
-        &Default::default(),
-    )
-    .unwrap();
+    let all = cross_entropy(&t(&logits[..6], &[2, 3]), &idx(&[-100, -100], &[2])).unwrap();
     assert!(all.item_f64().unwrap().is_nan());
 }
 
@@ -516,7 +512,7 @@ fn cross_entropy_is_stable_for_huge_logits() {
     let x = t(&[1000.0, 0.0, -1000.0], &[1, 3])
         .to_dtype(DType::F32)
         .unwrap();
-    let l = cross_entropy(&x, &idx(&[1], &[1]), &Default::default()).unwrap();
+    let l = cross_entropy(&x, &idx(&[1], &[1])).unwrap();
     close(&l.to_f64_vec(), &[1000.0], 1e-6);
 }
 
@@ -524,32 +520,33 @@ fn cross_entropy_is_stable_for_huge_logits() {
 fn class_loss_errors() {
     let x = t(&[0.0; 6], &[2, 3]);
     let opts = ClassLossOptions::default();
-    let e = cross_entropy(&x, &idx(&[0, 3], &[2]), &opts).unwrap_err();
+    let e = cross_entropy_with(&x, &idx(&[0, 3], &[2]), &opts).unwrap_err();
     assert_eq!(e.to_string(), "Target 3 is out of bounds.");
-    let e = cross_entropy(&x, &idx(&[-1, 0], &[2]), &opts).unwrap_err();
+    let e = cross_entropy_with(&x, &idx(&[-1, 0], &[2]), &opts).unwrap_err();
     assert_eq!(e.to_string(), "Target -1 is out of bounds.");
-    let e = cross_entropy(&x, &idx(&[0, 1, 2], &[3]), &opts).unwrap_err();
+    let e = cross_entropy_with(&x, &idx(&[0, 1, 2], &[3]), &opts).unwrap_err();
     assert_eq!(
         e.to_string(),
         "Expected input batch_size (2) to match target batch_size (3)."
     );
-    let e = cross_entropy(&x, &Tensor::from_slice(&[0i32, 1], &[2]).unwrap(), &opts).unwrap_err();
+    let e =
+        cross_entropy_with(&x, &Tensor::from_slice(&[0i32, 1], &[2]).unwrap(), &opts).unwrap_err();
     assert_eq!(e.to_string(), "expected scalar type Long but found Int");
-    let e = cross_entropy(&x, &t(&[0.0, 1.0], &[2]), &opts).unwrap_err();
+    let e = cross_entropy_with(&x, &t(&[0.0, 1.0], &[2]), &opts).unwrap_err();
     assert_eq!(e.to_string(), "expected scalar type Long but found Double");
-    assert!(cross_entropy(&idx(&[0; 6], &[2, 3]), &idx(&[0, 1], &[2]), &opts).is_err());
-    assert!(cross_entropy(&Tensor::scalar(1.0), &idx(&[0], &[1]), &opts).is_err());
+    assert!(cross_entropy_with(&idx(&[0; 6], &[2, 3]), &idx(&[0, 1], &[2]), &opts).is_err());
+    assert!(cross_entropy_with(&Tensor::scalar(1.0), &idx(&[0], &[1]), &opts).is_err());
     let bad_w = ClassLossOptions {
         weight: Some(t(&[1.0, 1.0], &[2])),
         ..Default::default()
     };
-    assert!(cross_entropy(&x, &idx(&[0, 1], &[2]), &bad_w).is_err());
+    assert!(cross_entropy_with(&x, &idx(&[0, 1], &[2]), &bad_w).is_err());
     let bad_s = ClassLossOptions {
         label_smoothing: 1.5,
         ..Default::default()
     };
-    assert!(cross_entropy(&x, &idx(&[0, 1], &[2]), &bad_s).is_err());
-    let e = nll_loss(&x, &idx(&[0, 1], &[2, 1]), &opts).unwrap_err();
+    assert!(cross_entropy_with(&x, &idx(&[0, 1], &[2]), &bad_s).is_err());
+    let e = nll_loss_with(&x, &idx(&[0, 1], &[2, 1]), &opts).unwrap_err();
     assert_eq!(
         e.to_string(),
         "0D or 1D target tensor expected, multi-target not supported"
@@ -562,7 +559,7 @@ fn nll_loss_picks_log_probabilities() {
     let x = t(&lp, &[2, 3]);
     let target = idx(&[0, 2], &[2]);
     for r in REDUCTIONS {
-        let got = nll_loss(&x, &target, &ClassLossOptions::reduction(r)).unwrap();
+        let got = nll_loss_with(&x, &target, &ClassLossOptions::reduction(r)).unwrap();
         close(&got.to_f64_vec(), &reduce_ref(&[0.1, 2.5], r), 1e-15);
     }
     // Weighted mean divides by the picked weights; ignored rows drop out of both sums.

@@ -2,7 +2,7 @@
 //! `optim::SGD`) on the same data and the same initial parameters.
 
 use smelt::exec::{CompileOptions, KernelBackend};
-use smelt::nn::functional::{ClassLossOptions, Reduction, cross_entropy, mse_loss};
+use smelt::nn::functional::{Reduction, cross_entropy, mse_loss};
 use smelt::nn::{Linear, Module, ReLU, Sequential, Tanh};
 use smelt::optim::{Optimizer, SGD, SGDConfig};
 use smelt::train::CompiledStep;
@@ -212,7 +212,7 @@ fn classifier_in_f64_with_cross_entropy_matches_eager() {
     let y = Tensor::from_vec(labels, &[33]).unwrap();
     let ws = layer_params(&[2, 8, 2], DType::F64, &mut g);
     let (eager, compiled) = (mlp(&ws, false), mlp(&copies(&ws), false));
-    let ce = |out: &Tensor, y: &Tensor| cross_entropy(out, y, &ClassLossOptions::default());
+    let ce = |out: &Tensor, y: &Tensor| cross_entropy(out, y);
     let mut cfg = SGDConfig::new(0.2);
     cfg.momentum = 0.5;
     let losses = train_both(&eager, &compiled, ce, &[(x, y)], cfg, 20, 1e-10);
@@ -262,8 +262,7 @@ fn the_update_fuses_into_the_backward_kernels() {
     };
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let grads = smelt::passes::autodiff::autodiff(&forward, &refs).unwrap();
-    let grads_only =
-        smelt::exec::CompiledFn::compile(&grads, &CompileOptions::default()).unwrap();
+    let grads_only = smelt::exec::CompiledFn::compile(&grads, &CompileOptions::default()).unwrap();
     let s = fused.compiled().schedule();
     let k_fused = s.kernel_count();
     let k_unfused = unfused.compiled().schedule().kernel_count();

@@ -1,6 +1,6 @@
 //! End-to-end training: nn modules, losses, autograd and optimisers together.
 
-use smelt::nn::functional::{ClassLossOptions, Reduction, cross_entropy, mse_loss};
+use smelt::nn::functional::{Reduction, cross_entropy, mse_loss};
 use smelt::nn::{Linear, Module, ReLU, Sequential};
 use smelt::optim::{Adam, AdamConfig, Optimizer, SGD, SGDConfig};
 use smelt::{Generator, Tensor};
@@ -60,10 +60,9 @@ fn mlp_learns_two_separable_classes() {
         .add(ReLU::new())
         .add(Linear::new(16, 2, true).unwrap());
     let mut opt = Adam::new(model.parameters(), AdamConfig::new(0.05)).unwrap();
-    let opts = ClassLossOptions::default();
     for _ in 0..60 {
         opt.zero_grad();
-        let loss = cross_entropy(&model.forward(&x).unwrap(), &y, &opts).unwrap();
+        let loss = cross_entropy(&model.forward(&x).unwrap(), &y).unwrap();
         loss.backward().unwrap();
         opt.step().unwrap();
     }

@@ -127,8 +127,18 @@ impl ClassLossOptions {
 }
 
 /// Cross-entropy between `input` logits (`[N, C]`, `[C]` or `[N, C, d1, ...]`) and class
-/// indices (`[N]`, `[]` or `[N, d1, ...]`, int64) (`F.cross_entropy`).
-pub fn cross_entropy(input: &Tensor, target: &Tensor, opts: &ClassLossOptions) -> Result<Tensor> {
+/// indices (`[N]`, `[]` or `[N, d1, ...]`, int64) with PyTorch's defaults
+/// (`F.cross_entropy(input, target)`); [`cross_entropy_with`] takes the options.
+pub fn cross_entropy(input: &Tensor, target: &Tensor) -> Result<Tensor> {
+    cross_entropy_with(input, target, &ClassLossOptions::default())
+}
+
+/// [`cross_entropy`] with class weights, `ignore_index`, reduction and label smoothing.
+pub fn cross_entropy_with(
+    input: &Tensor,
+    target: &Tensor,
+    opts: &ClassLossOptions,
+) -> Result<Tensor> {
     require_float("cross_entropy", input)?;
     if !(0.0..=1.0).contains(&opts.label_smoothing) {
         bail!(
@@ -146,9 +156,14 @@ pub fn cross_entropy(input: &Tensor, target: &Tensor, opts: &ClassLossOptions) -
     class_loss(&logp, target, opts, opts.label_smoothing)
 }
 
-/// Negative log-likelihood of class indices under log-probabilities `input` (`F.nll_loss`);
-/// shapes as `cross_entropy`. `label_smoothing` is not used.
-pub fn nll_loss(input: &Tensor, target: &Tensor, opts: &ClassLossOptions) -> Result<Tensor> {
+/// Negative log-likelihood of class indices under log-probabilities `input` with PyTorch's
+/// defaults (`F.nll_loss(input, target)`); shapes as `cross_entropy`.
+pub fn nll_loss(input: &Tensor, target: &Tensor) -> Result<Tensor> {
+    nll_loss_with(input, target, &ClassLossOptions::default())
+}
+
+/// [`nll_loss`] with options; `label_smoothing` is not used.
+pub fn nll_loss_with(input: &Tensor, target: &Tensor, opts: &ClassLossOptions) -> Result<Tensor> {
     require_float("nll_loss", input)?;
     if input.dim() == 0 {
         bail!(Shape, "Expected 1 or more dimensions (got 0)");

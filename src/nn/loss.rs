@@ -34,7 +34,7 @@ impl CrossEntropyLoss {
     }
     /// The loss of `logits` against `target` class indices.
     pub fn forward(&self, logits: &Tensor, target: &Tensor) -> Result<Tensor> {
-        functional::cross_entropy(logits, target, &self.options)
+        functional::cross_entropy_with(logits, target, &self.options)
     }
 }
 
@@ -51,7 +51,7 @@ impl NLLLoss {
     }
     /// The loss of log-probabilities against `target` class indices.
     pub fn forward(&self, log_probs: &Tensor, target: &Tensor) -> Result<Tensor> {
-        functional::nll_loss(log_probs, target, &self.options)
+        functional::nll_loss_with(log_probs, target, &self.options)
     }
 }
 
