@@ -19,6 +19,7 @@ pub mod kernel;
 pub mod nn;
 pub mod optim;
 pub mod passes;
+pub mod prelude;
 pub mod runtime;
 pub mod train;
 

@@ -19,6 +19,8 @@ const FLOORS: &[&[&str]] = &[
     &["autograd", "jit", "amp"],
     &["nn", "optim", "train", "data"],
     &["cli"],
+    // re-exports of every floor for `use smelt::prelude::*`
+    &["prelude"],
 ];
 
 fn floor_of(module: &str) -> Option<usize> {

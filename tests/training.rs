@@ -74,3 +74,29 @@ fn mlp_learns_two_separable_classes() {
         .count();
     assert!(correct >= 122, "{correct}/128 correct");
 }
+
+/// One `use` line for a training loop: the prelude.
+mod with_the_prelude {
+    use smelt::prelude::*;
+
+    #[test]
+    fn a_training_loop_needs_one_use_line() -> Result<()> {
+        manual_seed(3);
+        let x = Tensor::randn(&[64, 1], None)?;
+        let y = (&x * 3.0 - 0.5).to_dtype(DType::F32)?;
+        let model = Linear::new(1, 1, true)?;
+        let mut opt = AdamW::new(model.parameters(), AdamConfig::new(0.1))?;
+        let mut loss = f64::NAN;
+        for _ in 0..150 {
+            opt.zero_grad();
+            let l = F::mse_loss(&model.forward(&x)?, &y, Reduction::Mean)?;
+            l.backward()?;
+            opt.step()?;
+            loss = l.item_f64()?;
+        }
+        assert!(loss < 1e-2, "loss {loss}");
+        let w = no_grad_scope(|| model.forward(&tensor![[1.0f32]]?))?;
+        assert!((w.item_f64()? - 2.5).abs() < 0.1, "{w:?}");
+        Ok(())
+    }
+}
