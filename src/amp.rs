@@ -148,4 +148,3 @@ pub fn autocast_f32(t: &Tensor) -> Result<Tensor> {
     }
     Ok(t.clone())
 }
-

@@ -9,11 +9,11 @@ use super::profile::{
 };
 use super::{load, pick};
 use crate::Result;
+use crate::exec::{CudaCompileOptions, CudaFn};
 use crate::ir::graph::Graph;
 use crate::runtime::cuda::driver::{Gpu, Timer};
 use crate::runtime::cuda::memory::DeviceBuffer;
 use crate::runtime::cuda::program::cache_dir;
-use crate::exec::{CudaCompileOptions, CudaFn};
 use crate::runtime::{Device, Tensor};
 use std::fmt::Write as _;
 use std::sync::Arc;

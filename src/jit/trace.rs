@@ -205,10 +205,7 @@ impl Traced<'_> {
     /// Compiles the traced graph for the CPU. The parameters are bound to their tensors (an
     /// in-place update of a parameter shows in later calls); call the result with the
     /// example inputs' types. Other types are an error, not a re-trace.
-    pub fn compile(
-        &self,
-        opts: &crate::exec::CompileOptions,
-    ) -> Result<crate::exec::CompiledFn> {
+    pub fn compile(&self, opts: &crate::exec::CompileOptions) -> Result<crate::exec::CompiledFn> {
         let f = crate::exec::CompiledFn::compile(&self.graph, opts)?;
         f.bind_trailing(self.opts.params.iter().map(|(_, t)| t.clone()).collect())
     }

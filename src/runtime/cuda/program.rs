@@ -6,8 +6,8 @@
 //! `~/.cache/smelt/cuda`; `SMELT_CACHE_DIR=off` turns it off.
 
 use super::driver::{Gpu, Module};
-use crate::Result;
 use super::nvrtc;
+use crate::Result;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
