@@ -9,6 +9,7 @@ pub use crate::data::DataLoader;
 pub use crate::exec::{CompileOptions, CompiledFn};
 pub use crate::jit::{trace, trace_with_params};
 pub use crate::nn::functional as F;
+pub use crate::nn::trace_module;
 pub use crate::nn::{
     CrossEntropyLoss, Dropout, Embedding, LayerNorm, Linear, MSELoss, Module, ReLU, Reduction,
     Sequential,

@@ -825,3 +825,46 @@ fn malformed_files_are_errors_not_panics() {
     assert!(e.contains("corrupt.safetensors"), "{e}");
     std::fs::remove_file(&path).unwrap();
 }
+
+/// `trace_module` keeps the weights as graph inputs, as `torch.jit.trace(model, x)` keeps them
+/// parameters: no weight data in the graph, and updates of the weights show in later calls,
+/// traced and compiled.
+#[test]
+fn traced_modules_take_their_parameters_as_inputs() {
+    use smelt::exec::CompileOptions;
+    use smelt::nn::{Linear, ReLU, Sequential, trace_module};
+    smelt::manual_seed(5);
+    let model = Sequential::new()
+        .add(Linear::new(3, 8, true).unwrap())
+        .add(ReLU::new())
+        .add(Linear::new(8, 2, true).unwrap());
+    let x = Tensor::randn(&[4, 3], None).unwrap();
+    let traced = trace_module(&model, &x).unwrap();
+    let g = traced.graph();
+    let names: Vec<&str> = g
+        .inputs()
+        .iter()
+        .map(|&v| g.node(v).name.as_str())
+        .collect();
+    assert_eq!(names, ["x", "0.weight", "0.bias", "2.weight", "2.bias"]);
+    let text = smelt::ir::print_graph(g);
+    assert!(!text.contains("constant("), "{text}");
+    let compiled = traced.compile(&CompileOptions::default()).unwrap();
+    let check = |what: &str| {
+        let want = model.forward(&x).unwrap().to_f64_vec();
+        let got = traced.call(std::slice::from_ref(&x)).unwrap();
+        assert_eq!(got[0].to_f64_vec(), want, "{what}: traced");
+        let got = compiled.call(std::slice::from_ref(&x)).unwrap();
+        let diff = got[0]
+            .to_f64_vec()
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(diff < 1e-5, "{what}: compiled differs by {diff}");
+    };
+    check("before");
+    // an optimiser's in-place update of a weight
+    smelt::autograd::no_grad_scope(|| model.parameters()[0].mul_scalar_(-0.5).map(|_| ())).unwrap();
+    check("after an in-place update");
+}

@@ -124,7 +124,8 @@ pub struct Traced<'f> {
     cache: RefCell<Vec<Graph>>,
 }
 
-/// Traces `f` on `example_inputs`; captured tensors become constants.
+/// Traces `f` on `example_inputs`; captured tensors become constants (a captured module's
+/// weights too: `nn::trace_module` keeps them as inputs, `trace_with_params` names them).
 pub fn trace<'f>(
     f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>> + 'f,
     example_inputs: &[Tensor],

@@ -20,4 +20,4 @@ pub use activation::{
 pub use functional::Reduction;
 pub use layers::{Dropout, Embedding, LayerNorm, Linear, Sequential};
 pub use loss::{BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss};
-pub use module::Module;
+pub use module::{Module, trace_module};

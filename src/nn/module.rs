@@ -1,7 +1,27 @@
 //! The `Module` trait: a forward function plus the parameters it owns.
 
 use crate::Result;
+use crate::jit::{TraceOptions, Traced, trace_with};
 use crate::runtime::Tensor;
+
+/// Traces `module.forward` on `example` with the module's parameters as graph inputs (named
+/// as `named_parameters` names them), as `torch.jit.trace(model, example)` keeps them
+/// parameters: the graph holds no copy of the weights, and calls see in-place updates of
+/// them. (`jit::trace` of a closure that captures the module bakes every weight in as a
+/// constant instead.)
+pub fn trace_module<'m, M: Module>(module: &'m M, example: &Tensor) -> Result<Traced<'m>> {
+    let named = module.named_parameters();
+    let opts = named
+        .iter()
+        .fold(TraceOptions::default().input_names(&["x"]), |o, (n, t)| {
+            o.param(n, t)
+        });
+    trace_with(
+        move |xs: &[Tensor]| Ok(vec![module.forward(&xs[0])?]),
+        std::slice::from_ref(example),
+        opts,
+    )
+}
 
 /// A layer or model (`torch.nn.Module`).
 ///
