@@ -33,6 +33,8 @@ pub use runtime::{Device, Element, Tensor};
 pub mod guide {
     #[doc = include_str!("../docs/guide/01-tensors.md")]
     pub struct Tensors;
+    #[doc = include_str!("../docs/guide/02-autograd.md")]
+    pub struct Autograd;
     #[doc = include_str!("../docs/guide/06-tracing-and-compiling.md")]
     pub struct TracingAndCompiling;
 }
