@@ -166,6 +166,7 @@ impl Traced<'_> {
         &self.graph
     }
 
+    /// What a call with inputs of other types does: re-trace or fail.
     pub fn guard_policy(&self) -> GuardPolicy {
         self.opts.guard
     }
