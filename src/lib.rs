@@ -35,6 +35,8 @@ pub mod guide {
     pub struct Tensors;
     #[doc = include_str!("../docs/guide/02-autograd.md")]
     pub struct Autograd;
+    #[doc = include_str!("../docs/guide/03-nn-and-optim.md")]
+    pub struct NnAndOptim;
     #[doc = include_str!("../docs/guide/06-tracing-and-compiling.md")]
     pub struct TracingAndCompiling;
 }
