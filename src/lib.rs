@@ -37,6 +37,14 @@ pub mod guide {
     pub struct Autograd;
     #[doc = include_str!("../docs/guide/03-nn-and-optim.md")]
     pub struct NnAndOptim;
+    #[doc = include_str!("../docs/guide/04-mixed-precision.md")]
+    pub struct MixedPrecision;
+    #[doc = include_str!("../docs/guide/05-data.md")]
+    pub struct Data;
     #[doc = include_str!("../docs/guide/06-tracing-and-compiling.md")]
     pub struct TracingAndCompiling;
+    #[doc = include_str!("../docs/guide/07-compiled-training.md")]
+    pub struct CompiledTraining;
+    #[doc = include_str!("../docs/guide/08-cuda.md")]
+    pub struct Cuda;
 }
