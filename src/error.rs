@@ -21,9 +21,13 @@ pub enum Error {
     /// Malformed `.smelt` text, with its position.
     #[error("{file}:{line}:{col}: {msg}")]
     Parse {
+        /// The file name given to the parser.
         file: String,
+        /// Line, 1-based.
         line: usize,
+        /// Column, 1-based, in characters.
         col: usize,
+        /// What is wrong.
         msg: String,
     },
     /// An allocation the memory cannot hold (host or device), saying how much was asked for.
@@ -37,6 +41,7 @@ pub enum Error {
     Unsupported(String),
 }
 
+/// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl From<std::io::Error> for Error {

@@ -34,7 +34,9 @@ macro_rules! __tensor_nested {
 /// shape has been checked.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Nested {
+    /// One number or bool.
     Leaf(Scalar),
+    /// A bracketed list of nested values.
     List(Vec<Nested>),
 }
 

@@ -11,12 +11,19 @@ use std::sync::Arc;
 /// An attribute value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Attr {
+    /// An integer.
     Int(i64),
+    /// A floating-point number.
     Float(f64),
+    /// `true` or `false`.
     Bool(bool),
+    /// A string (an einsum equation).
     Str(String),
+    /// A dtype (`f32`).
     DType(DType),
+    /// A list of attributes (sizes, dims).
     List(Vec<Attr>),
+    /// Python's `None`: an optional attribute left out.
     None,
 }
 
@@ -95,7 +102,9 @@ fn opt<T>(v: &Option<T>, f: impl Fn(&T) -> Attr) -> Attr {
 /// An error from `from_call`: the attribute it concerns (if one) and the message.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CallError {
+    /// The attribute's name, if the error concerns one.
     pub attr: Option<String>,
+    /// The message.
     pub msg: String,
 }
 

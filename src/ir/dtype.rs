@@ -5,15 +5,25 @@ use std::fmt;
 /// The element type of a tensor. `I16` exists because PyTorch promotes `u8` with `i8` to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
+    /// `torch.bool`.
     Bool,
+    /// `torch.uint8`.
     U8,
+    /// `torch.int8`.
     I8,
+    /// `torch.int16`.
     I16,
+    /// `torch.int32`.
     I32,
+    /// `torch.int64` (`long`), the default integer dtype.
     I64,
+    /// `torch.float16` (IEEE half precision).
     F16,
+    /// `torch.bfloat16` (brain float: f32's exponent, 8-bit mantissa).
     BF16,
+    /// `torch.float32`, the default floating dtype.
     F32,
+    /// `torch.float64`.
     F64,
 }
 
@@ -21,6 +31,7 @@ pub enum DType {
 pub const DEFAULT_FLOAT: DType = DType::F32;
 
 impl DType {
+    /// Every dtype, in declaration order.
     pub const ALL: [DType; 10] = [
         DType::Bool,
         DType::U8,
@@ -44,6 +55,7 @@ impl DType {
         }
     }
 
+    /// Whether this is a floating-point dtype (`f16`, `bf16`, `f32`, `f64`).
     pub fn is_float(self) -> bool {
         matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
     }
@@ -56,6 +68,7 @@ impl DType {
         )
     }
 
+    /// Whether this is `bool`.
     pub fn is_bool(self) -> bool {
         self == DType::Bool
     }
@@ -108,6 +121,7 @@ impl DType {
         }
     }
 
+    /// The dtype whose `.smelt` name ([`DType::name`]) is `s`.
     pub fn from_name(s: &str) -> Option<DType> {
         DType::ALL.into_iter().find(|d| d.name() == s)
     }
@@ -140,8 +154,11 @@ impl fmt::Display for DType {
 /// A Python-style scalar: the "wrapped number" of PyTorch.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Scalar {
+    /// A Python `bool`.
     Bool(bool),
+    /// A Python `int`.
     Int(i64),
+    /// A Python `float`.
     Float(f64),
 }
 
@@ -155,6 +172,7 @@ impl Scalar {
         }
     }
 
+    /// The value as `f64` (`true` is 1).
     pub fn to_f64(self) -> f64 {
         match self {
             Scalar::Bool(b) => b as i64 as f64,
@@ -172,6 +190,7 @@ impl Scalar {
         }
     }
 
+    /// Whether this is a `Float`.
     pub fn is_float(self) -> bool {
         matches!(self, Scalar::Float(_))
     }
@@ -217,8 +236,11 @@ impl From<bool> for Scalar {
 /// is a wrapped Python number.
 #[derive(Clone, Copy, Debug)]
 pub struct PromoteArg {
+    /// The operand's dtype.
     pub dtype: DType,
+    /// Whether it is 0-d.
     pub zero_dim: bool,
+    /// Whether it is a wrapped Python number.
     pub wrapped: bool,
 }
 

@@ -18,7 +18,10 @@ pub type ValueId = petgraph::stable_graph::NodeIndex;
 #[derive(Clone, Debug, PartialEq)]
 pub enum NodeKind {
     /// A named graph input.
-    Input { name: String },
+    Input {
+        /// The input's name.
+        name: String,
+    },
     /// The result of an op.
     Op(Op),
 }
@@ -26,8 +29,11 @@ pub enum NodeKind {
 /// One value: how it is defined, its type, and its name (without the `%`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
+    /// Whether it is a graph input or an op's result.
     pub kind: NodeKind,
+    /// Its dtype and shape.
     pub ty: TensorType,
+    /// Its name in `.smelt` text.
     pub name: String,
 }
 
@@ -62,6 +68,7 @@ pub fn is_valid_name(name: &str) -> bool {
 /// A tensor program: named inputs, op nodes, ordered outputs.
 #[derive(Clone, Debug)]
 pub struct Graph {
+    /// The graph's name (`graph name(...)` in `.smelt` text).
     pub name: String,
     g: StableDiGraph<Node, usize>,
     inputs: Vec<ValueId>,
@@ -178,10 +185,12 @@ impl Graph {
         self.outputs = outputs;
     }
 
+    /// The graph's inputs, in order.
     pub fn inputs(&self) -> &[ValueId] {
         &self.inputs
     }
 
+    /// The graph's results, in order.
     pub fn outputs(&self) -> &[ValueId] {
         &self.outputs
     }
@@ -248,6 +257,7 @@ impl Graph {
         self.g.node_count()
     }
 
+    /// Whether the graph has no values.
     pub fn is_empty(&self) -> bool {
         self.g.node_count() == 0
     }
@@ -387,6 +397,7 @@ impl PartialEq for Graph {
 /// A `.smelt` file: one or more graphs; the first is the entry.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Module {
+    /// The graphs, entry first.
     pub graphs: Vec<Graph>,
 }
 
@@ -468,10 +479,12 @@ impl GraphBuilder {
         &self.g
     }
 
+    /// Applies the unary op `u` to `x`.
     pub fn unary(&mut self, u: UnaryOp, x: ValueId) -> Result<ValueId> {
         self.op(Op::Unary(u), &[x])
     }
 
+    /// Applies the binary op `b` to `x` and `y` (broadcasting).
     pub fn binary(&mut self, b: BinaryOp, x: ValueId, y: ValueId) -> Result<ValueId> {
         self.op(Op::Binary(b), &[x, y])
     }
@@ -487,39 +500,51 @@ impl GraphBuilder {
         self.binary(b, x, s)
     }
 
+    /// `relu(x)`.
     pub fn relu(&mut self, x: ValueId) -> Result<ValueId> {
         self.unary(UnaryOp::Relu, x)
     }
+    /// `-x`.
     pub fn neg(&mut self, x: ValueId) -> Result<ValueId> {
         self.unary(UnaryOp::Neg, x)
     }
+    /// `exp(x)`.
     pub fn exp(&mut self, x: ValueId) -> Result<ValueId> {
         self.unary(UnaryOp::Exp, x)
     }
+    /// `tanh(x)`.
     pub fn tanh(&mut self, x: ValueId) -> Result<ValueId> {
         self.unary(UnaryOp::Tanh, x)
     }
+    /// `sigmoid(x)`.
     pub fn sigmoid(&mut self, x: ValueId) -> Result<ValueId> {
         self.unary(UnaryOp::Sigmoid, x)
     }
+    /// `x + y`.
     pub fn add(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
         self.binary(BinaryOp::Add, x, y)
     }
+    /// `x - y`.
     pub fn sub(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
         self.binary(BinaryOp::Sub, x, y)
     }
+    /// `x * y`.
     pub fn mul(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
         self.binary(BinaryOp::Mul, x, y)
     }
+    /// `x / y` (true division).
     pub fn div(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
         self.binary(BinaryOp::Div, x, y)
     }
+    /// `x + s`, `s` a wrapped Python number.
     pub fn add_scalar(&mut self, x: ValueId, s: impl Into<Scalar>) -> Result<ValueId> {
         self.binary_scalar(BinaryOp::Add, x, s)
     }
+    /// `x * s`, `s` a wrapped Python number.
     pub fn mul_scalar(&mut self, x: ValueId, s: impl Into<Scalar>) -> Result<ValueId> {
         self.binary_scalar(BinaryOp::Mul, x, s)
     }
+    /// `matmul(x, y)`.
     pub fn matmul(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
         self.op(Op::Matmul, &[x, y])
     }
@@ -542,9 +567,11 @@ impl GraphBuilder {
             &[x],
         )
     }
+    /// `softmax(x, dim)`.
     pub fn softmax(&mut self, x: ValueId, dim: i64) -> Result<ValueId> {
         self.op(Op::Softmax { dim }, &[x])
     }
+    /// `x.reshape(shape)` (one `-1` allowed).
     pub fn reshape(&mut self, x: ValueId, shape: &[i64]) -> Result<ValueId> {
         self.op(
             Op::Reshape {
@@ -553,9 +580,11 @@ impl GraphBuilder {
             &[x],
         )
     }
+    /// `x.transpose(dim0, dim1)`.
     pub fn transpose(&mut self, x: ValueId, dim0: i64, dim1: i64) -> Result<ValueId> {
         self.op(Op::Transpose { dim0, dim1 }, &[x])
     }
+    /// `x.permute(dims)`.
     pub fn permute(&mut self, x: ValueId, dims: &[i64]) -> Result<ValueId> {
         self.op(
             Op::Permute {
@@ -564,6 +593,7 @@ impl GraphBuilder {
             &[x],
         )
     }
+    /// `x.to(dtype)`.
     pub fn to(&mut self, x: ValueId, dtype: DType) -> Result<ValueId> {
         self.op(Op::To { dtype }, &[x])
     }

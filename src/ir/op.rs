@@ -18,13 +18,16 @@ pub use super::shape::{
 /// The type of a value: dtype, shape, and whether it is a wrapped Python number.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorType {
+    /// Element type.
     pub dtype: DType,
+    /// Sizes.
     pub shape: Shape,
     /// A Python scalar operand ("wrapped number"): 0-d, lowest priority in type promotion.
     pub wrapped: bool,
 }
 
 impl TensorType {
+    /// A tensor type that is not a wrapped number.
     pub fn new(dtype: DType, shape: impl Into<Shape>) -> TensorType {
         TensorType {
             dtype,
@@ -32,9 +35,11 @@ impl TensorType {
             wrapped: false,
         }
     }
+    /// Number of dims.
     pub fn ndim(&self) -> usize {
         self.shape.len()
     }
+    /// Number of elements.
     pub fn numel(&self) -> usize {
         numel(&self.shape)
     }
@@ -48,42 +53,71 @@ impl TensorType {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// A pointwise op of two broadcast operands.
 pub enum BinaryOp {
+    /// `torch.add`: `a + b`.
     Add,
+    /// `torch.sub`: `a - b` (refused for two bools).
     Sub,
+    /// `torch.mul`: `a * b`.
     Mul,
+    /// `torch.div`: true division (integers give the default float).
     Div,
+    /// `torch.pow`: `a ** b`.
     Pow,
+    /// `torch.maximum`: the larger element (NaN propagates).
     Maximum,
+    /// `torch.minimum`: the smaller element (NaN propagates).
     Minimum,
+    /// `torch.remainder`: Python's `%` (the result has the divisor's sign).
     Remainder,
+    /// `torch.eq`: `a == b`, as bool.
     Eq,
+    /// `torch.ne`: `a != b`, as bool.
     Ne,
+    /// `torch.lt`: `a < b`, as bool.
     Lt,
+    /// `torch.le`: `a <= b`, as bool.
     Le,
+    /// `torch.gt`: `a > b`, as bool.
     Gt,
+    /// `torch.ge`: `a >= b`, as bool.
     Ge,
+    /// `torch.logical_and`: both nonzero, as bool.
     LogicalAnd,
+    /// `torch.logical_or`: either nonzero, as bool.
     LogicalOr,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// A reduction over some dims (`Op::Reduce`).
 pub enum ReduceOp {
+    /// `torch.sum` (integers and bool sum in i64).
     Sum,
+    /// `torch.mean` (floating dtypes only).
     Mean,
+    /// `torch.prod` (integers and bool multiply in i64).
     Prod,
+    /// `torch.amax`: the maximum.
     Amax,
+    /// `torch.amin`: the minimum.
     Amin,
+    /// `torch.all`: whether every element is nonzero.
     All,
+    /// `torch.any`: whether some element is nonzero.
     Any,
+    /// `torch.logsumexp`: `log(sum(exp(x)))`, computed stably.
     LogSumExp,
 }
 
 /// Tensor data embedded in a graph (a captured constant): raw little-endian bytes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Literal {
+    /// Element type.
     pub dtype: DType,
+    /// Sizes.
     pub shape: Shape,
+    /// The elements, row-major (shared, so cloning an op is cheap).
     pub bytes: Arc<Vec<u8>>,
 }
 
@@ -95,163 +129,274 @@ pub enum Op {
     Scalar(Scalar),
     /// A captured tensor.
     Constant(Literal),
+    /// `torch.full`: a tensor of `size` filled with `fill_value`.
     Full {
+        /// The result's sizes.
         size: Vec<usize>,
+        /// The value of every element.
         fill_value: Scalar,
+        /// The result dtype; `None` infers it from `fill_value`.
         dtype: Option<DType>,
     },
+    /// `torch.arange`: `start, start + step, ...` below `end` (above it for a negative step).
     Arange {
+        /// First value.
         start: Scalar,
+        /// Bound, excluded.
         end: Scalar,
+        /// Difference between neighbours (nonzero).
         step: Scalar,
+        /// The result dtype; `None` infers it from the bounds and step.
         dtype: Option<DType>,
     },
     // pointwise
+    /// A unary pointwise op (the table in `ir/unary.rs`).
     Unary(UnaryOp),
+    /// A binary pointwise op, operands broadcast.
     Binary(BinaryOp),
+    /// `torch.where(cond, x, y)`: `x` where `cond`, else `y`. Operands: cond (bool), x, y.
     Where,
+    /// `torch.clamp`: `x` limited to `[min, max]`; at least one bound is given.
     Clamp {
+        /// Lower bound.
         min: Option<Scalar>,
+        /// Upper bound.
         max: Option<Scalar>,
     },
+    /// `Tensor.to(dtype)`: conversion with PyTorch's cast semantics.
     To {
+        /// The target dtype.
         dtype: DType,
     },
+    /// `Tensor.masked_fill(mask, value)`: `value` where `mask`. Operands: x, mask (bool).
     MaskedFill {
+        /// The fill value.
         value: Scalar,
     },
     // reductions
+    /// A reduction (`sum`, `mean`, `amax`, ...) over `dim`.
     Reduce {
+        /// Which reduction.
         op: ReduceOp,
+        /// The dims reduced; `None` reduces all of them.
         dim: Option<Vec<i64>>,
+        /// Keep the reduced dims with size 1.
         keepdim: bool,
     },
+    /// `torch.argmax`: index of the first maximum along `dim`, as i64.
     ArgMax {
+        /// The dim searched; `None` searches the flattened tensor.
         dim: Option<i64>,
+        /// Keep the reduced dim with size 1.
         keepdim: bool,
     },
+    /// `torch.argmin`: index of the first minimum along `dim`, as i64.
     ArgMin {
+        /// The dim searched; `None` searches the flattened tensor.
         dim: Option<i64>,
+        /// Keep the reduced dim with size 1.
         keepdim: bool,
     },
+    /// `torch.var`: variance over `dim`.
     Var {
+        /// The dims reduced; `None` reduces all of them.
         dim: Option<Vec<i64>>,
+        /// Subtracted from the element count in the divisor (1: Bessel's correction).
         correction: f64,
+        /// Keep the reduced dims with size 1.
         keepdim: bool,
     },
+    /// `torch.std`: standard deviation over `dim`.
     Std {
+        /// The dims reduced; `None` reduces all of them.
         dim: Option<Vec<i64>>,
+        /// Subtracted from the element count in the divisor (1: Bessel's correction).
         correction: f64,
+        /// Keep the reduced dims with size 1.
         keepdim: bool,
     },
+    /// `torch.cumsum`: running sums along `dim`.
     Cumsum {
+        /// The dim summed along.
         dim: i64,
     },
     // normalisation
+    /// `torch.softmax`: `exp(x)` normalised to sum to 1 along `dim`.
     Softmax {
+        /// The dim normalised.
         dim: i64,
     },
+    /// `torch.log_softmax`: `log(softmax(x))`, computed stably.
     LogSoftmax {
+        /// The dim normalised.
         dim: i64,
     },
     /// Operands: x, then weight and bias when present.
     LayerNorm {
+        /// The trailing sizes normalised over.
         normalized_shape: Vec<usize>,
+        /// Added to the variance before the square root.
         eps: f64,
+        /// Whether a weight operand follows `x`.
         has_weight: bool,
+        /// Whether a bias operand is last.
         has_bias: bool,
     },
     // linear algebra
+    /// `torch.matmul`, with its rules for 1-D, 2-D and batched operands.
     Matmul,
     /// Operands: x, weight, then bias when present.
     Linear {
+        /// Whether a bias operand follows the weight.
         has_bias: bool,
     },
+    /// `torch.einsum`: a sum of products named by `equation`, over any number of operands.
     Einsum {
+        /// The subscripts (`ij,jk->ik`).
         equation: String,
     },
     // movement
+    /// `Tensor.reshape`: the same elements in another shape (a copy only when needed).
     Reshape {
+        /// The new sizes; one may be `-1` (inferred).
         shape: Vec<i64>,
     },
+    /// `Tensor.view`: `reshape` that must not copy.
     View {
+        /// The new sizes; one may be `-1` (inferred).
         shape: Vec<i64>,
     },
+    /// `Tensor.permute`: the dims reordered.
     Permute {
+        /// For each result dim, the operand dim it takes.
         dims: Vec<i64>,
     },
+    /// `torch.transpose`: two dims swapped.
     Transpose {
+        /// One dim.
         dim0: i64,
+        /// The other.
         dim1: i64,
     },
+    /// `Tensor.t`: transpose of a tensor of at most 2 dims.
     T,
+    /// `Tensor.expand`: size-1 dims broadcast to a larger size (a view, stride 0).
     Expand {
+        /// The new sizes; `-1` keeps a dim's size; extra leading dims may be added.
         size: Vec<i64>,
     },
+    /// `torch.squeeze`: size-1 dims removed.
     Squeeze {
+        /// The dims to remove if they have size 1; `None`: every size-1 dim.
         dim: Option<Vec<i64>>,
     },
+    /// `torch.unsqueeze`: a size-1 dim inserted at `dim`.
     Unsqueeze {
+        /// Where the new dim goes (negative counts from the end of the result).
         dim: i64,
     },
+    /// `torch.flatten`: dims `start_dim..=end_dim` merged into one.
     Flatten {
+        /// First dim merged.
         start_dim: i64,
+        /// Last dim merged (inclusive).
         end_dim: i64,
     },
+    /// `torch.narrow`: `length` elements of `dim` from `start`.
     Narrow {
+        /// The dim narrowed.
         dim: i64,
+        /// First index kept.
         start: i64,
+        /// Number of indices kept.
         length: i64,
     },
+    /// `torch.select`: index `index` of `dim`, that dim removed.
     Select {
+        /// The dim indexed.
         dim: i64,
+        /// The index (negative counts from the end).
         index: i64,
     },
     /// Python slicing `x[start:end:step]` along one dim (bounds clamp as in Python).
     Slice {
+        /// The dim sliced.
         dim: i64,
+        /// First index; `None`: the start (the end for a negative step).
         start: Option<i64>,
+        /// Bound, excluded; `None`: past the end.
         end: Option<i64>,
+        /// Stride between kept indices.
         step: i64,
     },
+    /// `torch.diagonal`: the diagonal of the `dim1`/`dim2` planes, as a last dim.
     Diagonal {
+        /// Which diagonal: 0 the main one, positive above it, negative below.
         offset: i64,
+        /// First dim of the planes.
         dim1: i64,
+        /// Second dim of the planes.
         dim2: i64,
     },
+    /// `Tensor.contiguous`: the elements in row-major order (a copy only when needed).
     Contiguous,
+    /// `Tensor.repeat`: the tensor tiled `repeats[d]` times along each dim.
     Repeat {
+        /// Copies along each dim (may add leading dims).
         repeats: Vec<usize>,
     },
+    /// `torch.cat`: the operands joined along `dim`.
     Cat {
+        /// The dim joined along.
         dim: i64,
     },
+    /// `torch.stack`: the operands joined along a new dim `dim`.
     Stack {
+        /// Where the new dim goes.
         dim: i64,
     },
+    /// `torch.flip`: the order of `dims` reversed.
     Flip {
+        /// The dims reversed.
         dims: Vec<i64>,
     },
+    /// `torch.tril`: elements above the `diagonal`-th diagonal of the last two dims zeroed.
     Tril {
+        /// 0 the main diagonal, positive above it, negative below.
         diagonal: i64,
     },
+    /// `torch.triu`: elements below the `diagonal`-th diagonal of the last two dims zeroed.
     Triu {
+        /// 0 the main diagonal, positive above it, negative below.
         diagonal: i64,
     },
     // indexing
+    /// `torch.index_select`: the entries of `dim` at a 1-D index. Operands: x, index.
     IndexSelect {
+        /// The dim indexed.
         dim: i64,
     },
+    /// `torch.gather`: `out[i][j] = x[index[i][j]][j]` for `dim = 0`. Operands: x, index.
     Gather {
+        /// The dim indexed.
         dim: i64,
     },
+    /// `torch.scatter`: `x` with `out[index[i][j]][j] = src[i][j]` for `dim = 0`. Operands: x,
+    /// index, src.
     Scatter {
+        /// The dim indexed.
         dim: i64,
     },
+    /// `torch.scatter_add`: as `Scatter`, but `src` is added (duplicates accumulate). Operands: x,
+    /// index, src.
     ScatterAdd {
+        /// The dim indexed.
         dim: i64,
     },
+    /// `torch.index_add`: `source`'s entries of `dim` added to `x`'s at a 1-D index. Operands: x,
+    /// index, source.
     IndexAdd {
+        /// The dim indexed.
         dim: i64,
     },
     /// Operands: index, weight (the order of `torch.nn.functional.embedding`).
@@ -282,6 +427,7 @@ fn is_index_dtype(d: DType) -> bool {
 }
 
 impl BinaryOp {
+    /// Every binary op.
     pub const ALL: &'static [BinaryOp] = {
         use BinaryOp::*;
         &[
@@ -290,6 +436,7 @@ impl BinaryOp {
         ]
     };
 
+    /// The op's name in `.smelt` text and messages (`add`).
     pub fn name(self) -> &'static str {
         use BinaryOp::*;
         match self {
@@ -312,11 +459,13 @@ impl BinaryOp {
         }
     }
 
+    /// Whether the op compares (`eq`, `lt`, ...): its result is bool.
     pub fn is_comparison(self) -> bool {
         use BinaryOp::*;
         matches!(self, Eq | Ne | Lt | Le | Gt | Ge)
     }
 
+    /// Whether the op is `logical_and` or `logical_or` (bool result).
     pub fn is_logical(self) -> bool {
         matches!(self, BinaryOp::LogicalAnd | BinaryOp::LogicalOr)
     }
@@ -337,6 +486,7 @@ impl BinaryOp {
         })
     }
 
+    /// The result dtype: the compute dtype, or bool for comparisons and logical ops.
     pub fn out_dtype(self, a: &TensorType, b: &TensorType) -> Result<DType> {
         let c = self.compute_dtype(a, b)?;
         Ok(if self.is_comparison() || self.is_logical() {
@@ -348,11 +498,13 @@ impl BinaryOp {
 }
 
 impl ReduceOp {
+    /// Every reduction.
     pub const ALL: &'static [ReduceOp] = {
         use ReduceOp::*;
         &[Sum, Mean, Prod, Amax, Amin, All, Any, LogSumExp]
     };
 
+    /// The op's name in `.smelt` text and messages (`sum`).
     pub fn name(self) -> &'static str {
         use ReduceOp::*;
         match self {
@@ -367,6 +519,7 @@ impl ReduceOp {
         }
     }
 
+    /// The result dtype for an operand of dtype `d`, or PyTorch's error.
     pub fn out_dtype(self, d: DType) -> Result<DType> {
         use ReduceOp::*;
         Ok(match self {
@@ -467,6 +620,7 @@ impl Op {
             )
     }
 
+    /// Ops computed element by element from broadcast operands.
     pub fn is_pointwise(&self) -> bool {
         matches!(
             self,

@@ -4,8 +4,10 @@
 use super::dtype::Scalar;
 use crate::{Error, Result, bail};
 
+/// A tensor's sizes, outermost dim first.
 pub type Shape = Vec<usize>;
 
+/// Number of elements of `shape` (1 for a 0-d shape).
 pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }

@@ -1,7 +1,7 @@
 //! The unary pointwise ops: one table of facts (name, attributes with PyTorch's defaults,
 //! dtype class, cost class, differentiability) and one f64 reference formula per op.
 //!
-//! Everything that lists unary ops derives from [`unary_ops!`]'s table: the text format's
+//! Everything that lists unary ops derives from `unary_ops!`'s table: the text format's
 //! names and attributes, [`UnaryOp::ALL`], the cost models of fusion and rewriting. The
 //! per-backend concerns (eager reference, gradient rule, CPU emitter, CUDA emitter) are each
 //! one exhaustive `match`, so a new op is a compile error in every place it still needs.
@@ -21,6 +21,7 @@ use std::hash::{Hash, Hasher};
 pub struct Real(pub f64);
 
 impl Real {
+    /// The value.
     pub fn get(self) -> f64 {
         self.0
     }
@@ -73,11 +74,13 @@ pub enum Cost {
 
 /// A value of a unary op's attribute, as the text format writes it.
 pub trait UnaryAttr: Sized {
+    /// The value as a `.smelt` attribute.
     fn to_attr(&self) -> Attr;
     /// `Err` says what was expected ("a number").
     fn from_attr(a: &Attr) -> Result<Self, String>;
     /// The value as an f64 argument of compiled code's helper call, and back.
     fn to_code(&self) -> f64;
+    /// The value back from [`UnaryAttr::to_code`]'s f64.
     fn from_code(c: f64) -> Self;
 }
 
@@ -128,9 +131,15 @@ macro_rules! unary_ops {
         $var:ident $({ $($f:ident : $t:ty = $def:expr => $text:literal),+ })?
             = $name:literal, $class:ident, $cost:ident, $grad:literal;
     )*) => {
+        /// A unary pointwise op (one row of the table in `ir/unary.rs`); attributes are its fields.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum UnaryOp {
-            $($(#[$doc])* $var $({ $($f: $t),+ })?,)*
+            $($(#[$doc])* $var $({ $(
+                #[doc = concat!(
+                    "PyTorch's `", $text, "` argument (default `", stringify!($def), "`)."
+                )]
+                $f: $t
+            ),+ })?,)*
         }
 
         impl UnaryOp {
@@ -144,12 +153,14 @@ macro_rules! unary_ops {
                 }
             }
 
+            /// How the result dtype follows the operand's (the table's dtype class).
             pub fn dtype_class(self) -> DTypeClass {
                 match self {
                     $(UnaryOp::$var { .. } => DTypeClass::$class,)*
                 }
             }
 
+            /// What one element costs (the table's cost class).
             pub fn cost(self) -> Cost {
                 match self {
                     $(UnaryOp::$var { .. } => Cost::$cost,)*
@@ -244,34 +255,58 @@ macro_rules! unary_ops {
 
 /// A caller of [`UnaryOp::with_formula`].
 pub trait WithFormula<R> {
+    /// Called with the op's reference formula.
     fn apply<F: Fn(f64) -> f64 + Copy + Send + Sync>(self, f: F) -> R;
 }
 
 unary_ops! {
+    /// `-x`.
     Neg = "neg", Numeric, Trivial, true;
+    /// `|x|`.
     Abs = "abs", Numeric, Trivial, true;
+    /// `e^x`.
     Exp = "exp", Float, Transcendental, true;
+    /// Natural logarithm.
     Log = "log", Float, Transcendental, true;
+    /// `ln(1 + x)`, accurate near 0.
     Log1p = "log1p", Float, Transcendental, true;
+    /// `e^x - 1`, accurate near 0.
     Expm1 = "expm1", Float, Transcendental, true;
+    /// Square root.
     Sqrt = "sqrt", Float, Divide, true;
+    /// `1 / sqrt(x)`.
     Rsqrt = "rsqrt", Float, Divide, true;
+    /// Sine.
     Sin = "sin", Float, Transcendental, true;
+    /// Cosine.
     Cos = "cos", Float, Transcendental, true;
+    /// Hyperbolic tangent.
     Tanh = "tanh", Float, Transcendental, true;
+    /// `1 / (1 + e^-x)`.
     Sigmoid = "sigmoid", Float, Transcendental, true;
+    /// `max(x, 0)`.
     Relu = "relu", Numeric, Select, true;
     /// `approximate="tanh"` when `tanh` is set, else the exact erf form.
     Gelu { tanh: bool = false => "approximate" } = "gelu", FloatOnly, Transcendental, true;
+    /// `x * sigmoid(x)`.
     Silu = "silu", FloatOnly, Transcendental, true;
+    /// The error function.
     Erf = "erf", Float, Transcendental, true;
+    /// Rounds down.
     Floor = "floor", Numeric, Trivial, true;
+    /// Rounds up.
     Ceil = "ceil", Numeric, Trivial, true;
+    /// Rounds half to even (`torch.round`).
     Round = "round", Numeric, Trivial, true;
+    /// -1, 0 or 1 by the sign of `x` (0 for NaN and both zeros).
     Sign = "sign", Any, Trivial, true;
+    /// `1 / x`.
     Reciprocal = "reciprocal", Float, Divide, true;
+    /// `x * x`.
     Square = "square", Any, Trivial, true;
+    /// `x == 0`, as bool.
     LogicalNot = "logical_not", Predicate, Trivial, false;
+    /// Whether `x` is NaN.
     IsNan = "isnan", Predicate, Trivial, false;
     /// `x > 0 ? x : negative_slope * x`.
     LeakyRelu { negative_slope: Real = Real(0.01) => "negative_slope" }
@@ -308,6 +343,7 @@ impl UnaryOp {
         self.dtype_class() == DTypeClass::Float
     }
 
+    /// The result dtype for an operand of dtype `d`, or PyTorch's error for a dtype the op refuses.
     pub fn out_dtype(self, d: DType) -> crate::Result<DType> {
         use DTypeClass::*;
         Ok(match self.dtype_class() {
@@ -532,23 +568,37 @@ impl UnaryOp {
 /// reference), by the Cranelift emitters (f32 scalars and vectors) and by the CUDA emitter
 /// (C expressions). Comparisons are false on NaN, as in C.
 pub trait FloatMath {
+    /// A float value (or vector of them).
     type V: Clone;
+    /// A comparison result (a mask).
     type M: Clone;
+    /// The constant `c`.
     fn lit(&mut self, c: f64) -> Self::V;
+    /// `a + b`.
     fn add(&mut self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a - b`.
     fn sub(&mut self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a * b`.
     fn mul(&mut self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a / b`.
     fn div(&mut self, a: Self::V, b: Self::V) -> Self::V;
+    /// `-a`.
     fn neg(&mut self, a: Self::V) -> Self::V;
+    /// `|a|`.
     fn abs(&mut self, a: Self::V) -> Self::V;
     /// `a > b`.
     fn gt(&mut self, a: Self::V, b: Self::V) -> Self::M;
+    /// Whether `a` is NaN.
     fn is_nan(&mut self, a: Self::V) -> Self::M;
     /// `m ? a : b`.
     fn select(&mut self, m: Self::M, a: Self::V, b: Self::V) -> Self::V;
+    /// `e^a`.
     fn exp(&mut self, a: Self::V) -> Self::V;
+    /// `e^a - 1`, accurate near 0.
     fn expm1(&mut self, a: Self::V) -> Self::V;
+    /// `ln(1 + a)`, accurate near 0.
     fn log1p(&mut self, a: Self::V) -> Self::V;
+    /// `tanh(a)`.
     fn tanh(&mut self, a: Self::V) -> Self::V;
 }
 
