@@ -12,16 +12,16 @@
 //! - Addresses: each map's element offset is computed once per segment or loop level
 //!   (`offset + Σ i_d·s_d`); inside the innermost loop an access is `base + i·stride`, and a
 //!   vector loop walks each strided access with a pointer advanced once per iteration.
-//! - The innermost loop is vectorised ([`super::vector`]) with two F32X4 groups per iteration
+//! - The innermost loop is vectorised (`super::vector`) with two F32X4 groups per iteration
 //!   and a scalar tail when every access there has stride 0 or 1 and every value is f32 or a
-//!   mask; otherwise it is the scalar loop ([`super::scalar`]).
+//!   mask; otherwise it is the scalar loop (`super::scalar`).
 //! - Row kernels whose rows walk memory with a stride (reductions across rows) run 16
-//!   adjacent rows at once as vector lanes ([`super::lanes`]); row kernels whose passes and
-//!   stores share a costly value keep it in a stack row ([`super::rowcache`]).
+//!   adjacent rows at once as vector lanes (`super::lanes`); row kernels whose passes and
+//!   stores share a costly value keep it in a stack row (`super::rowcache`).
 //! - Vector loops with exp, tanh, sigmoid, silu or gelu_tanh run in strips whose
-//!   transcendentals native AVX-512/AVX2 helpers evaluate ([`super::strip`]); other vector
+//!   transcendentals native AVX-512/AVX2 helpers evaluate (`super::strip`); other vector
 //!   loops storing into a large f32 output stream it with non-temporal stores
-//!   ([`super::stream`]).
+//!   (`super::stream`).
 //! - Integer remainder by zero sets error code 1 (PyTorch's ZeroDivisionError); the division
 //!   itself then runs on a safe divisor, so no instruction traps.
 
@@ -45,11 +45,11 @@ pub struct CodegenOptions {
     /// Vectorised f32 sums accumulate in f32 lanes instead of f64 lanes (faster, less exact).
     pub fast_math: bool,
     /// Transcendentals and sums stay in the inline Cranelift code, never in strips
-    /// ([`super::strip`]): the same bits (sums may round differently), slower where strips
+    /// (`super::strip`): the same bits (sums may round differently), slower where strips
     /// apply.
     pub inline_math: bool,
     /// Outputs of at least this many bytes are written by streamed (non-temporal) stores
-    /// ([`super::stream`]); None: [`super::STREAM_MIN_BYTES`].
+    /// (`super::stream`); None: [`super::STREAM_MIN_BYTES`].
     pub stream_min_bytes: Option<usize>,
 }
 
@@ -129,7 +129,7 @@ impl CpuKernel {
         self.code.strip_loops
     }
 
-    /// Innermost loops whose stores stream to their outputs ([`super::stream`]).
+    /// Innermost loops whose stores stream to their outputs (`super::stream`).
     pub fn stream_loops(&self) -> usize {
         self.code.stream_loops
     }
@@ -433,11 +433,11 @@ pub(super) struct Body {
     pub reds: Vec<ValId>,
     /// Stores done per element.
     pub stores: Vec<usize>,
-    /// Values read from the row cache instead of computed ([`super::rowcache`]).
+    /// Values read from the row cache instead of computed (`super::rowcache`).
     pub cache_in: Vec<ValId>,
     /// Values written to the row cache once computed.
     pub cache_out: Vec<ValId>,
-    /// Values read from their strip rows ([`super::strip`]).
+    /// Values read from their strip rows (`super::strip`).
     pub strip_in: Vec<ValId>,
     /// `(operand, value)`: the operand is written to the value's strip row once computed.
     pub strip_out: Vec<(ValId, ValId)>,
@@ -506,7 +506,7 @@ pub(super) struct Gen<'g, 'a, 'b> {
     pub strip_rows: HashMap<ValId, Value>,
     /// Innermost loops emitted in strips so far, and the stack their rows take.
     pub strip_loops: usize,
-    /// Innermost loops whose stores stream ([`super::stream`]).
+    /// Innermost loops whose stores stream (`super::stream`).
     pub stream_loops: usize,
     pub strip_rows_bytes: usize,
     /// Reductions the column-sum helper computes (see `lanes`).
@@ -1035,7 +1035,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
 
     /// Byte address of access `a` at element `i` of the innermost loop and lane `lane`, as
     /// (pointer, constant byte offset). Lanes run along the innermost loop, or along the last
-    /// outer dim in a block of rows as lanes ([`super::lanes`]).
+    /// outer dim in a block of rows as lanes (`super::lanes`).
     pub fn addr(&mut self, a: usize, i: Value, lane: i64) -> (Value, i32) {
         let size = self.elem_bytes(a);
         let s = self.cur_stride[a];

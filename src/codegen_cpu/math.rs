@@ -36,7 +36,7 @@
 //! f64 math is not provided here: the backend computes f64 transcendentals by calling libm.
 //!
 //! In f32 vector loops, exp, tanh, sigmoid, silu and gelu_tanh usually run in strips instead
-//! ([`super::strip`]): [`super::vmath`] ports these emitters to native 256/512-bit loops with
+//! (`super::strip`): [`super::vmath`] ports these emitters to native 256/512-bit loops with
 //! the same bits.
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
@@ -1067,7 +1067,9 @@ pub const UNARY: &[(&str, UnaryEmitter)] = &[
 /// The composite activations' formulas ([`crate::ir::unary::FloatMath`]) on f32 scalars or
 /// F32X4 vectors of type `ty`, with this file's f32 functions.
 pub struct ClifMath<'a, 'b> {
+    /// The Cranelift function builder the instructions are emitted into.
     pub b: B<'a, 'b>,
+    /// `F32` or `F32X4`: the type of the values computed.
     pub ty: Type,
 }
 

@@ -1,4 +1,4 @@
-//! Native vector math for strips ([`super::strip`]): f32 transcendentals mapped over a buffer
+//! Native vector math for strips (`super::strip`): f32 transcendentals mapped over a buffer
 //! by loops that rustc vectorises for AVX-512 or AVX2 + FMA, chosen once at run time.
 //!
 //! Cranelift emits 128-bit vectors only, and a transcendental costs some forty instructions per
@@ -11,10 +11,10 @@
 //! Without AVX2 + FMA (or off x86-64) [`available`] is false and kernels keep the inline code:
 //! a software fma would make these loops slower than Cranelift's.
 //!
-//! The streamed copy ([`stream`]) moves a stack row to a large output with non-temporal AVX
-//! stores ([`super::stream`]); kernels stream only where [`available`] is true.
+//! The streamed copy (`stream`) moves a stack row to a large output with non-temporal AVX
+//! stores (`super::stream`); kernels stream only where [`available`] is true.
 //!
-//! The column sum ([`col_sum`]) serves rows as lanes ([`super::lanes`]). It only adds
+//! The column sum (`col_sum`) serves rows as lanes (`super::lanes`). It only adds
 //! converted f32s and needs no fma, so it runs its portable build wherever AVX2 is missing.
 
 use super::math::{EXP_G, EXP_TAYLOR7, LN2_HI, LN2_LO, LOG2E, SHIFT32, SHIFT64};
@@ -24,14 +24,20 @@ use std::sync::OnceLock;
 /// An op a strip helper evaluates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StripOp {
+    /// `exp(x)`.
     Exp = 0,
+    /// `tanh(x)`.
     Tanh = 1,
+    /// `1 / (1 + exp(-x))`.
     Sigmoid = 2,
+    /// `x * sigmoid(x)`.
     Silu = 3,
+    /// GELU with the tanh approximation (`approximate="tanh"`).
     GeluTanh = 4,
 }
 
 impl StripOp {
+    /// Every strip op, in discriminant order.
     pub const ALL: [StripOp; 5] = [
         StripOp::Exp,
         StripOp::Tanh,
@@ -70,11 +76,11 @@ pub const SYMBOL: &str = "smelt_strip_math";
 pub const SUM_SYMBOL: &str = "smelt_strip_sum";
 
 /// The symbol of the column sum: `smelt_col_sum(src, stride, cols, rows, dst)` writes the f64
-/// sums of `cols` adjacent columns over `rows` rows `stride` elements apart ([`super::lanes`]).
+/// sums of `cols` adjacent columns over `rows` rows `stride` elements apart (`super::lanes`).
 pub const COL_SUM_SYMBOL: &str = "smelt_col_sum";
 
 /// The symbol of the streamed copy: `smelt_stream(src, dst, n)` copies `n` f32s from a stack
-/// row to an output with non-temporal stores ([`super::stream`]).
+/// row to an output with non-temporal stores (`super::stream`).
 pub const STREAM_SYMBOL: &str = "smelt_stream";
 
 // ---------------------------------------------------------------------------------------------

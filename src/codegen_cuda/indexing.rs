@@ -4,11 +4,11 @@
 //! the operands' strided views. An index outside its dim sets the error flag to [`INDEX_ERROR`] and leaves
 //! the element unwritten; the runtime then asks the CPU kernels for PyTorch's message.
 //!
-//! `scatter`, `scatter_add` and `index_add` run as gathers ([`Body::scatter`]) where each
-//! output element scans at most [`MAX_SCAN`] index entries: deterministic, the CPU kernels'
+//! `scatter`, `scatter_add` and `index_add` run as gathers (`Body::scatter`) where each
+//! output element scans at most `MAX_SCAN` index entries: deterministic, the CPU kernels'
 //! results bit for bit. Longer scans run as two kernels, a copy of `x` and then one thread per
 //! index entry storing or adding (atomically) its `src` element into the output
-//! ([`scatter_atomic`]): as in PyTorch, sums then come in any order and a plain scatter with
+//! (`scatter_atomic`): as in PyTorch, sums then come in any order and a plain scatter with
 //! duplicate indices keeps any one of their values. `einsum` and the GEMMs stay with the
 //! runtime.
 

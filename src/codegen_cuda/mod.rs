@@ -33,8 +33,11 @@ pub struct CudaOptions {
 /// How a kernel parameter is used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ParamAccess {
+    /// Read only (`const T*`).
     Read,
+    /// Written only.
     Write,
+    /// Read and written (an in-place update).
     ReadWrite,
     /// A device `unsigned int` set to 1 when an integer division by zero happened.
     ErrorFlag,
@@ -55,11 +58,13 @@ impl ParamAccess {
 /// One pointer parameter of a kernel, in order.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelParam {
+    /// Its name in the C source (`b3`, `sm_err`).
     pub name: String,
     /// The schedule buffer it points to (`None` for the error flag).
     pub buffer: Option<BufferId>,
     /// Its C type (`const float*`).
     pub ctype: String,
+    /// Whether the kernel reads it, writes it, or both.
     pub access: ParamAccess,
 }
 
@@ -67,13 +72,25 @@ pub struct KernelParam {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Launch {
     /// A grid-stride loop over `n` elements.
-    Pointwise { n: u64, block: u32, grid: u64 },
+    Pointwise {
+        /// Number of elements.
+        n: u64,
+        /// Threads per block.
+        block: u32,
+        /// Blocks in the grid.
+        grid: u64,
+    },
     /// One block per row (grid-stride over rows); `shared_bytes` of static shared memory.
     Rows {
+        /// Number of rows.
         rows: u64,
+        /// Elements per row.
         row_len: u64,
+        /// Threads per block.
         block: u32,
+        /// Blocks in the grid.
         grid: u64,
+        /// Bytes of static shared memory per block.
         shared_bytes: u32,
     },
 }
@@ -103,7 +120,9 @@ pub struct CudaKernelSrc {
     pub ir_name: String,
     /// The `__global__` function alone (see [`CudaProgram::unit`] for a compilable file).
     pub source: String,
+    /// The pointer parameters, in order.
     pub params: Vec<KernelParam>,
+    /// Grid and block sizes.
     pub launch: Launch,
     /// Whether it needs the f16/bf16 headers.
     pub uses_half: bool,
@@ -124,6 +143,7 @@ pub struct ExternInfo {
     pub op: String,
     /// Strided views of the operands.
     pub args: Vec<View>,
+    /// The buffer the result is written to.
     pub out: BufferId,
 }
 
@@ -132,15 +152,20 @@ pub struct ExternInfo {
 pub enum CudaStep {
     /// Index into [`CudaProgram::kernels`].
     Kernel(usize),
+    /// An extern op with no generated kernel, run by the executor (a cuBLAS GEMM).
     Extern(ExternInfo),
 }
 
 /// The CUDA form of a schedule.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CudaProgram {
+    /// The schedule's name.
     pub name: String,
+    /// The generated kernels; [`CudaStep::Kernel`] indexes them.
     pub kernels: Vec<CudaKernelSrc>,
+    /// What runs, in schedule order.
     pub steps: Vec<CudaStep>,
+    /// The options the code was generated with.
     pub options: CudaOptions,
 }
 

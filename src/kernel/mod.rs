@@ -61,8 +61,11 @@ pub enum BufferKind {
 pub struct Buffer {
     /// The graph value it holds (for dumps).
     pub name: String,
+    /// Element type.
     pub dtype: DType,
+    /// Sizes (row-major, contiguous).
     pub shape: Shape,
+    /// Where its contents come from.
     pub kind: BufferKind,
 }
 
@@ -86,7 +89,9 @@ impl Buffer {
 /// broadcasts along that dim.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct IndexMap {
+    /// Elements to step per unit of each dim (`outer` dims, then `inner`).
     pub strides: Vec<usize>,
+    /// Element offset of index 0.
     pub offset: usize,
 }
 
@@ -113,23 +118,32 @@ impl IndexMap {
 /// A strided view of a buffer (extern-call operands and graph outputs).
 #[derive(Clone, Debug, PartialEq)]
 pub struct View {
+    /// The buffer viewed.
     pub buffer: BufferId,
+    /// Sizes of the view.
     pub shape: Shape,
+    /// Strides in elements, one per dim.
     pub strides: Vec<usize>,
+    /// Element offset of the first element.
     pub offset: usize,
 }
 
 /// How a reduction combines the elements of the inner space.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Combiner {
+    /// Sum.
     Sum,
     /// Sum divided by the number of inner elements.
     Mean,
+    /// Product.
     Prod,
+    /// Maximum (`amax`).
     Max,
+    /// Minimum (`amin`).
     Min,
     /// Logical and (result bool, or u8 for u8 input as in PyTorch).
     All,
+    /// Logical or (result bool, or u8 for u8 input).
     Any,
     /// Position of the first maximum in the row-major order of `inner` (i64; NaN wins).
     ArgMax,
@@ -175,36 +189,51 @@ pub fn accumulator(d: DType) -> DType {
 pub enum Expr {
     /// The element of `buffer` at `map(i)`.
     Load {
+        /// The buffer read.
         buffer: BufferId,
+        /// Where in it.
         map: IndexMap,
     },
     /// `map(i)` itself as an i64 (positions for `arange`, masks such as `tril`).
     Index {
+        /// The map whose value is taken.
         map: IndexMap,
     },
     /// A constant, converted to the value's dtype with cast semantics.
     Const(Scalar),
+    /// A unary op of a value.
     Unary(UnaryOp, ValId),
+    /// A binary op of two values (both already in the compute dtype).
     Binary(BinaryOp, ValId, ValId),
     /// `cond ? a : b`.
     Where(ValId, ValId, ValId),
+    /// `clamp(x, min, max)`, bounds optional.
     Clamp {
+        /// The value clamped.
         x: ValId,
+        /// Lower bound.
         min: Option<Scalar>,
+        /// Upper bound.
         max: Option<Scalar>,
     },
     /// Conversion to the value's dtype with PyTorch's cast semantics.
     Cast(ValId),
     /// `mask ? value : x`, `value` converted to `x`'s dtype.
     MaskedFill {
+        /// The value kept where `mask` is false.
         x: ValId,
+        /// A bool value.
         mask: ValId,
+        /// The fill value.
         value: Scalar,
     },
     /// A reduction of `arg` over the inner space, accumulated in `acc`; an outer-level value.
     Reduce {
+        /// How the elements are combined.
         combiner: Combiner,
+        /// The value reduced (an inner-level value).
         arg: ValId,
+        /// The accumulator's dtype.
         acc: DType,
     },
 }
@@ -243,7 +272,9 @@ impl Expr {
 /// One SSA value of a kernel.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Value {
+    /// How it is computed.
     pub expr: Expr,
+    /// Its dtype.
     pub dtype: DType,
 }
 
@@ -261,14 +292,18 @@ pub enum Level {
 /// space (an outer-level value is then broadcast along the row).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Store {
+    /// The buffer written.
     pub buffer: BufferId,
+    /// Where in it.
     pub map: IndexMap,
+    /// The value written (of the buffer's dtype).
     pub value: ValId,
 }
 
 /// One fused kernel.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Kernel {
+    /// The kernel's name (`k0`), for dumps and generated code.
     pub name: String,
     /// The parallel ("rows") index space; the whole space of a pointwise kernel.
     pub outer: Shape,
@@ -278,6 +313,7 @@ pub struct Kernel {
     pub values: Vec<Value>,
     /// Reduction passes over the row, in order; each lists `Reduce` values.
     pub passes: Vec<Vec<ValId>>,
+    /// The writes, in order.
     pub stores: Vec<Store>,
 }
 
@@ -364,27 +400,35 @@ impl Kernel {
 /// the eager reference kernel.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExternCall {
+    /// The op (its attributes; operands come from `args`).
     pub op: Op,
+    /// The operands, as strided views.
     pub args: Vec<View>,
+    /// The buffer the (contiguous) result is written to.
     pub out: BufferId,
 }
 
 /// One step of a schedule.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
+    /// A fused kernel.
     Kernel(Kernel),
+    /// A library call.
     Extern(ExternCall),
 }
 
 /// A compiled graph: buffers, steps in execution order, and where the outputs are.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Schedule {
+    /// The graph's name.
     pub name: String,
+    /// Every buffer: inputs, constants and temporaries.
     pub buffers: Vec<Buffer>,
     /// The buffers of the graph inputs, in order.
     pub inputs: Vec<BufferId>,
     /// The graph outputs, in order.
     pub outputs: Vec<View>,
+    /// What runs, in order.
     pub steps: Vec<Step>,
 }
 

@@ -32,7 +32,9 @@ pub struct MemoryPlan {
 /// The live range of a temporary buffer, in steps (both ends included).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Interval {
+    /// The first step that uses it.
     pub first: usize,
+    /// The last step that uses it.
     pub last: usize,
 }
 

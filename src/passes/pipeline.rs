@@ -19,8 +19,11 @@ use std::collections::HashSet;
 /// Options of every pass.
 #[derive(Clone, Debug, Default)]
 pub struct PassOptions {
+    /// Options of constant folding.
     pub fold: FoldOptions,
+    /// Options of the egg rewriter.
     pub rewrite: RewriteOptions,
+    /// Options of fusion.
     pub fuse: FuseOptions,
 }
 
@@ -32,11 +35,11 @@ pub trait GraphPass {
     fn run(&self, g: &Graph, opts: &PassOptions) -> Result<Graph>;
 }
 
-/// Composite ops into primitives ([`super::decompose`]).
+/// Composite ops into primitives ([`super::decompose`](mod@super::decompose)).
 pub struct Decompose;
 /// Common-subexpression elimination ([`super::cse`]).
 pub struct Cse;
-/// Constant folding ([`super::fold`]).
+/// Constant folding ([`super::fold`](mod@super::fold)).
 pub struct Fold;
 /// Dead-code elimination ([`super::dce`]).
 pub struct Dce;
@@ -91,7 +94,9 @@ impl GraphPass for Rewrite {
 /// Kernel-level figures of a schedule.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct ScheduleStats {
+    /// Number of fused kernels.
     pub kernels: usize,
+    /// Number of extern calls (GEMMs included).
     pub externs: usize,
     /// Extern calls that are GEMMs.
     pub gemms: usize,
@@ -105,7 +110,9 @@ pub struct ScheduleStats {
 pub struct PassStats {
     /// The pass's label in the pipeline (`cse2` for the second `cse`).
     pub pass: String,
+    /// Graph values before the pass.
     pub nodes_before: usize,
+    /// Graph values after the pass.
     pub nodes_after: usize,
     /// For `fuse`: the schedule's figures.
     pub schedule: Option<ScheduleStats>,
@@ -118,25 +125,32 @@ pub struct PassStats {
 pub struct Compiled {
     /// The graph after the last graph pass (the one `schedule` computes).
     pub graph: Graph,
+    /// The kernels and extern calls.
     pub schedule: Schedule,
+    /// Where each temporary buffer lives.
     pub plan: MemoryPlan,
+    /// What each pass did, in order.
     pub stats: Vec<PassStats>,
 }
 
 /// The state after some prefix of the pipeline.
 #[derive(Clone, Debug)]
 pub struct Stage {
+    /// The graph after the graph passes run so far.
     pub graph: Graph,
     /// Present once `fuse` has run.
     pub schedule: Option<Schedule>,
     /// Present once `memplan` has run.
     pub plan: Option<MemoryPlan>,
+    /// What each pass did, in order.
     pub stats: Vec<PassStats>,
 }
 
 /// The ordered passes.
 pub struct Pipeline {
+    /// The graph-to-graph passes, in order; `fuse` and `memplan` follow them.
     pub graph_passes: Vec<Box<dyn GraphPass>>,
+    /// The passes' options.
     pub options: PassOptions,
 }
 

@@ -4,7 +4,7 @@
 //!
 //! The gradient nodes are appended to a copy of the graph, so every forward value keeps its
 //! node (and `ValueId`): eager autograd relies on that to feed the values it already has.
-//! Each op's vector-Jacobian product lives in [`rules`].
+//! Each op's vector-Jacobian product lives in `rules`.
 
 mod emit;
 pub(crate) mod rules;

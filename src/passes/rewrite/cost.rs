@@ -25,6 +25,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 /// The memory-traffic cost function over an e-graph's types.
 pub struct TrafficCost<'a> {
+    /// The e-graph whose class types give the nodes' sizes.
     pub egraph: &'a EG,
 }
 
@@ -111,6 +112,7 @@ pub struct Cheapest {
 }
 
 impl Cheapest {
+    /// Finds the cheapest node of every class of `eg`.
     pub fn new(eg: &EG) -> Cheapest {
         let cost = TrafficCost { egraph: eg };
         let mut own: HashMap<Id, Vec<f64>> = HashMap::new();

@@ -70,14 +70,18 @@ impl fmt::Debug for HeadOp {
 /// What an e-node is: the graph input at a position, or an op.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Head {
+    /// The graph input at this position.
     Input(usize),
+    /// An op.
     Op(HeadOp),
 }
 
 /// An e-node: a head and its operand e-classes in operand order.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ENode {
+    /// What the node is.
     pub head: Head,
+    /// The operand e-classes, in operand order.
     pub children: Vec<Id>,
 }
 

@@ -18,7 +18,9 @@ use egg::{Applier, Id, PatternAst, Rewrite, SearchMatches, Searcher, Subst, Symb
 
 /// A term to add: an existing e-class, or an op over terms.
 pub enum Term {
+    /// An existing e-class.
     Class(Id),
+    /// An op over terms, added to the e-graph.
     Node(Op, Vec<Term>),
 }
 
@@ -59,9 +61,13 @@ fn add(eg: &mut EG, t: &Term) -> Id {
 /// What a rule sees: the e-graph, the matched node's op and operand classes, and the type of
 /// the matched class.
 pub struct Site<'a> {
+    /// The e-graph.
     pub eg: &'a EG,
+    /// The matched node's op.
     pub op: &'a Op,
+    /// The matched node's operand classes.
     pub ch: &'a [Id],
+    /// The type of the matched class.
     pub out: &'a TensorType,
 }
 
