@@ -3,10 +3,13 @@
 use std::fmt;
 use std::str::FromStr;
 
+/// Where a tensor's memory lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Device {
     #[default]
+    /// Host memory.
     Cpu,
+    /// The memory of the CUDA device with this ordinal.
     Cuda(usize),
 }
 

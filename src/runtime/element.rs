@@ -7,11 +7,17 @@ use half::{bf16, f16};
 /// does: float to int truncates toward zero (through i64, so out-of-range values wrap like
 /// the hardware conversion), int to narrower int wraps, anything to bool is `!= 0`.
 pub trait Element: Copy + Send + Sync + PartialEq + std::fmt::Debug + 'static {
+    /// The dtype this type stores.
     const DTYPE: DType;
+    /// The value as f64 (exact for every dtype but i64 beyond 2^53).
     fn to_f64(self) -> f64;
+    /// The f64 `v` converted with C cast semantics.
     fn from_f64(v: f64) -> Self;
+    /// The value as i64 (floats truncate toward zero).
     fn to_i64(self) -> i64;
+    /// The i64 `v` converted with C cast semantics (narrower ints wrap).
     fn from_i64(v: i64) -> Self;
+    /// Zero of this type (`false` for bool).
     fn zero() -> Self {
         Self::from_i64(0)
     }

@@ -33,6 +33,7 @@ impl<F: Copy> Hook<F> {
         let _ = self.0.set(f);
     }
     #[inline]
+    /// The installed function, if one is.
     pub fn get(&self) -> Option<F> {
         self.0.get().copied()
     }

@@ -5,8 +5,10 @@ use crate::ir::op::{diagonal_len, narrow_range, select_index, slice_range};
 use crate::ir::shape::{Shape, contiguous_strides, numel, wrap_dim};
 use crate::{Result, bail};
 
+/// Where a tensor's elements sit in its storage: shape, strides and offset.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Layout {
+    /// Sizes.
     pub shape: Shape,
     /// In elements. Zero for broadcast (expanded) dims.
     pub strides: Vec<usize>,
@@ -15,6 +17,7 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The row-major layout of `shape` at offset 0.
     pub fn contiguous(shape: &[usize]) -> Layout {
         Layout {
             shape: shape.to_vec(),
@@ -23,10 +26,12 @@ impl Layout {
         }
     }
 
+    /// Number of dims.
     pub fn ndim(&self) -> usize {
         self.shape.len()
     }
 
+    /// Number of elements.
     pub fn numel(&self) -> usize {
         numel(&self.shape)
     }
@@ -84,6 +89,7 @@ impl Layout {
         false
     }
 
+    /// Dim `i` of the result is dim `dims[i]` of this layout (dims already wrapped).
     pub fn permute(&self, dims: &[usize]) -> Layout {
         Layout {
             shape: dims.iter().map(|&d| self.shape[d]).collect(),
@@ -92,6 +98,7 @@ impl Layout {
         }
     }
 
+    /// Dims `a` and `b` swapped.
     pub fn transpose(&self, a: usize, b: usize) -> Layout {
         let mut l = self.clone();
         if l.ndim() > 0 {
@@ -125,6 +132,7 @@ impl Layout {
         self.expand(out).strides
     }
 
+    /// The size-1 dims among `dims` removed.
     pub fn squeeze(&self, dims: &[usize]) -> Layout {
         let keep = |i: usize| !(self.shape[i] == 1 && dims.contains(&i));
         Layout {
@@ -140,6 +148,7 @@ impl Layout {
         }
     }
 
+    /// A size-1 dim inserted at `dim` (already wrapped).
     pub fn unsqueeze(&self, dim: usize) -> Layout {
         let mut l = self.clone();
         let stride = if dim < l.ndim() {
@@ -152,6 +161,7 @@ impl Layout {
         l
     }
 
+    /// `length` indices of `dim` from `start` (as `torch.narrow`).
     pub fn narrow(&self, dim: i64, start: i64, length: i64) -> Result<Layout> {
         let (d, s) = narrow_range(&self.shape, dim, start, length)?;
         let mut l = self.clone();
@@ -162,6 +172,7 @@ impl Layout {
         Ok(l)
     }
 
+    /// Index `index` of `dim`, the dim removed (as `torch.select`).
     pub fn select(&self, dim: i64, index: i64) -> Result<Layout> {
         let (d, i) = select_index(&self.shape, dim, index)?;
         let mut l = self.clone();
@@ -171,6 +182,7 @@ impl Layout {
         Ok(l)
     }
 
+    /// `x[start:end:step]` along `dim` (Python's clamped bounds).
     pub fn slice(
         &self,
         dim: i64,
@@ -188,6 +200,7 @@ impl Layout {
         Ok(l)
     }
 
+    /// The `offset` diagonal of the `dim1`/`dim2` planes as a last dim (as `torch.diagonal`).
     pub fn diagonal(&self, offset: i64, dim1: i64, dim2: i64) -> Result<Layout> {
         // The shape rule validates the dims.
         crate::ir::op::diagonal_shape(&self.shape, offset, dim1, dim2)?;

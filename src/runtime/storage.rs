@@ -29,6 +29,7 @@ enum Owner {
     Pinned(#[allow(dead_code)] crate::runtime::cuda::driver::PinnedHost),
 }
 
+/// A tensor's memory: one allocation of one dtype on one device, with a version counter and a lock.
 pub struct Storage {
     ptr: NonNull<u8>,
     nbytes: usize,
@@ -201,9 +202,11 @@ impl Storage {
         }
     }
 
+    /// The dtype of the elements.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// Where the memory lives.
     pub fn device(&self) -> Device {
         self.device
     }
@@ -211,9 +214,11 @@ impl Storage {
     pub fn len(&self) -> usize {
         self.nbytes / self.dtype.size()
     }
+    /// Whether it holds no bytes.
     pub fn is_empty(&self) -> bool {
         self.nbytes == 0
     }
+    /// Size in bytes.
     pub fn nbytes(&self) -> usize {
         self.nbytes
     }
@@ -225,6 +230,7 @@ impl Storage {
     pub fn version(&self) -> u64 {
         self.version.load(Ordering::Acquire)
     }
+    /// Records an in-place write.
     pub fn bump_version(&self) {
         self.version.fetch_add(1, Ordering::AcqRel);
     }
@@ -243,6 +249,7 @@ impl Storage {
         self.ptr.as_ptr() as usize
     }
 
+    /// Locks host memory for reading (shared with other readers); panics on device memory.
     pub fn read(&self) -> ReadGuard<'_> {
         self.assert_host();
         ReadGuard {
@@ -251,6 +258,7 @@ impl Storage {
         }
     }
 
+    /// Locks host memory for writing (exclusive); panics on device memory.
     pub fn write(&self) -> WriteGuard<'_> {
         self.assert_host();
         WriteGuard {
@@ -298,6 +306,7 @@ pub struct WriteGuard<'a> {
 }
 
 impl ReadGuard<'_> {
+    /// Address of the first byte.
     pub fn ptr(&self) -> *const u8 {
         self.storage.ptr.as_ptr()
     }
@@ -311,14 +320,17 @@ impl ReadGuard<'_> {
 }
 
 impl WriteGuard<'_> {
+    /// Address of the first byte.
     pub fn ptr(&self) -> *mut u8 {
         self.storage.ptr.as_ptr()
     }
+    /// The whole buffer as `T`. Panics if `T` is not the storage's dtype.
     pub fn as_slice<T: Element>(&self) -> &[T] {
         assert_eq!(T::DTYPE, self.storage.dtype, "storage dtype mismatch");
         // SAFETY: as in ReadGuard::as_slice; we hold the only guard.
         unsafe { std::slice::from_raw_parts(self.ptr() as *const T, self.storage.len()) }
     }
+    /// The whole buffer as mutable `T`. Panics if `T` is not the storage's dtype.
     pub fn as_mut_slice<T: Element>(&mut self) -> &mut [T] {
         assert_eq!(T::DTYPE, self.storage.dtype, "storage dtype mismatch");
         // SAFETY: as above, and the write lock makes this the only access.

@@ -32,6 +32,7 @@ pub struct Walk<const K: usize> {
 }
 
 impl<const K: usize> Walk<K> {
+    /// A walk over `shape` with one stride list per operand (dims coalesced where all allow).
     pub fn new(shape: &[usize], strides: [&[usize]; K]) -> Walk<K> {
         let numel = shape.iter().product();
         let mut sizes: Vec<usize> = Vec::with_capacity(shape.len());
@@ -62,6 +63,7 @@ impl<const K: usize> Walk<K> {
         }
     }
 
+    /// Number of positions walked.
     pub fn numel(&self) -> usize {
         self.numel
     }

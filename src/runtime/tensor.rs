@@ -13,12 +13,15 @@ use crate::ir::shape::{checked_numel, numel};
 use crate::{Result, bail};
 use std::sync::Arc;
 
+/// An n-dimensional array: a view (layout) of shared storage, PyTorch's `torch.Tensor`. Cloning
+/// shares the data.
 #[derive(Clone)]
 pub struct Tensor(pub(crate) Arc<Inner>);
 
 /// A size argument, PyTorch's int: `i64`, `i32` or `usize`, so that shapes read from a
 /// tensor (`usize`) and literals with `-1` both work: `x.view(&[n, 1])`, `x.view(&[2, -1])`.
 pub trait Dim: Copy {
+    /// The value as i64.
     fn to_i64(self) -> i64;
 }
 
@@ -153,6 +156,7 @@ impl Tensor {
 
     // ---- attributes -------------------------------------------------------------------
 
+    /// The sizes (`x.shape`).
     pub fn shape(&self) -> &[usize] {
         &self.0.layout.shape
     }
@@ -161,30 +165,39 @@ impl Tensor {
         let d = crate::ir::shape::wrap_dim(dim, self.dim())?;
         Ok(if self.dim() == 0 { 1 } else { self.shape()[d] })
     }
+    /// Number of dims.
     pub fn dim(&self) -> usize {
         self.0.layout.ndim()
     }
+    /// Number of elements.
     pub fn numel(&self) -> usize {
         self.0.layout.numel()
     }
+    /// Element type.
     pub fn dtype(&self) -> DType {
         self.0.storage.dtype()
     }
+    /// Where the data lives.
     pub fn device(&self) -> Device {
         self.0.storage.device()
     }
+    /// Strides in elements (`x.stride()`).
     pub fn strides(&self) -> &[usize] {
         &self.0.layout.strides
     }
+    /// Offset of the first element in the storage, in elements.
     pub fn storage_offset(&self) -> usize {
         self.0.layout.offset
     }
+    /// Whether the elements are dense in row-major order.
     pub fn is_contiguous(&self) -> bool {
         self.0.layout.is_contiguous()
     }
+    /// Bytes per element.
     pub fn element_size(&self) -> usize {
         self.dtype().size()
     }
+    /// Whether this is a wrapped Python number (lowest priority in type promotion).
     pub fn is_wrapped_number(&self) -> bool {
         self.0.wrapped
     }
@@ -200,6 +213,7 @@ impl Tensor {
     pub fn version(&self) -> u64 {
         self.0.storage.version()
     }
+    /// Shape, strides and offset.
     pub fn layout(&self) -> &Layout {
         &self.0.layout
     }

@@ -40,6 +40,7 @@ pub struct Ranges {
 }
 
 impl Ranges {
+    /// `0..n` in at most `chunks` ranges with edges on multiples of `align`.
     pub fn new(n: usize, chunks: usize, align: usize) -> Ranges {
         let step = n
             .div_ceil(chunks.max(1))

@@ -53,10 +53,15 @@ fn with_handle<T>(gpu: &Gpu, f: impl FnOnce(sys::cublasHandle_t) -> Result<T>) -
 /// A row-major matrix `[rows, cols]` at `ptr` with element strides `(rs, cs)`.
 #[derive(Clone, Copy, Debug)]
 pub struct Mat {
+    /// Device address of element `[0, 0]`.
     pub ptr: u64,
+    /// Number of rows.
     pub rows: usize,
+    /// Number of columns.
     pub cols: usize,
+    /// Elements between consecutive rows.
     pub rs: usize,
+    /// Elements between consecutive columns.
     pub cs: usize,
 }
 
@@ -106,27 +111,42 @@ fn data_type(d: DType) -> Result<sys::cudaDataType> {
 /// offsets from the operands' buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemmCall {
+    /// Whether cuBLAS transposes operand 1 (`transa`).
     pub trans1: bool,
+    /// Whether cuBLAS transposes operand 2 (`transb`).
     pub trans2: bool,
+    /// Rows of column-major `C` (columns of the row-major result).
     pub m: usize,
+    /// Columns of column-major `C` (rows of the row-major result).
     pub n: usize,
+    /// The contracted dimension.
     pub k: usize,
+    /// Element offset of the first operand-1 matrix.
     pub off1: usize,
+    /// Leading dimension of operand 1 (`lda`).
     pub ld1: usize,
+    /// Elements between the operand-1 matrices of consecutive batches.
     pub stride1: usize,
+    /// Element offset of the first operand-2 matrix.
     pub off2: usize,
+    /// Leading dimension of operand 2 (`ldb`).
     pub ld2: usize,
+    /// Elements between the operand-2 matrices of consecutive batches.
     pub stride2: usize,
     /// Element offset of the first `C` matrix; `C` is dense, `ldc = m`, `m·n` apart.
     pub off_c: usize,
+    /// Number of matrix products.
     pub batch: usize,
 }
 
 /// A strided view: shape, strides and offset in elements.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Geom {
+    /// Sizes.
     pub shape: Vec<usize>,
+    /// Strides in elements, one per dim.
     pub strides: Vec<usize>,
+    /// Element offset of the first element.
     pub offset: usize,
 }
 

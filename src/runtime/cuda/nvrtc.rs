@@ -134,6 +134,7 @@ pub struct CompileOptions {
     pub arch: String,
     /// Folders for `#include` (the CUDA headers for f16/bf16).
     pub include_dirs: Vec<PathBuf>,
+    /// Pass `--use_fast_math` (approximate transcendentals, flushed denormals).
     pub fast_math: bool,
 }
 
@@ -151,7 +152,9 @@ impl CompileOptions {
 /// A compiled translation unit.
 #[derive(Clone, Debug)]
 pub struct Compiled {
+    /// The PTX text (for `compute_XX`).
     pub ptx: String,
+    /// The CUBIN binary (for `sm_XX`).
     pub cubin: Vec<u8>,
     /// NVRTC's log (warnings), empty when clean.
     pub log: String,

@@ -18,6 +18,7 @@ pub fn scalar_to<T: Element>(s: Scalar) -> T {
     }
 }
 
+/// Evaluates a leaf op (`scalar`, `constant`, `full`, `arange`) of type `out`.
 pub fn eval(op: &Op, out: &TensorType) -> Result<Tensor> {
     Ok(match op {
         Op::Scalar(s) => Tensor::wrapped(*s),

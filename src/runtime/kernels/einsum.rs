@@ -15,6 +15,8 @@ struct Term {
     labels: Vec<usize>,
 }
 
+/// Evaluates `einsum(equation, inputs)`: diagonals and sums per operand, then pairwise batched
+/// matmuls.
 pub fn eval(equation: &str, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
     let shapes: Vec<&[usize]> = inputs.iter().map(|t| t.shape()).collect();
     let spec = EinsumSpec::parse(equation, &shapes)?;

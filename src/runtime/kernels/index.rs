@@ -59,6 +59,8 @@ macro_rules! dispatch_index {
     };
 }
 
+/// Evaluates a joining, flipping, triangle or indexing op (`cat`, `stack`, `flip`, `tril`, `triu`,
+/// `index_select`, `gather`, `scatter`, `scatter_add`, `index_add`, `embedding`).
 pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
     let x = inputs[0];
     let dim_of = |dim: i64| wrap_dim(dim, x.dim());

@@ -14,6 +14,8 @@ use super::tensor::Tensor;
 use crate::Result;
 use crate::ir::op::{Op, TensorType};
 
+/// Evaluates `op` on `inputs` with the eager reference kernels; `out` is the result type
+/// `Op::infer` gave.
 pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
     match op {
         Op::Scalar(_) | Op::Constant(_) | Op::Full { .. } | Op::Arange { .. } => {

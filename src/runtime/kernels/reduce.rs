@@ -31,10 +31,15 @@ const COLS: usize = 512;
 
 /// An element with a totally ordered-enough key: f64 for floats (exact), i64 for the rest.
 pub trait Num: Element {
+    /// The key type: f64 or i64.
     type K: Copy + PartialOrd + Send + Sync;
+    /// The element's key.
     fn key(self) -> Self::K;
+    /// A key no element is below (the start of a maximum).
     fn lowest() -> Self::K;
+    /// A key no element is above (the start of a minimum).
     fn highest() -> Self::K;
+    /// The element of a key.
     fn from_key(k: Self::K) -> Self;
 }
 
@@ -93,13 +98,17 @@ fn nan<K: PartialOrd + Copy>(k: K) -> bool {
 
 /// One reduction: a mergeable accumulator over elements of `T`.
 pub trait Reducer<T>: Sync {
+    /// The running state.
     type Acc: Copy + Send + Sync;
+    /// The element type of the result.
     type Out: Element;
+    /// The state before any element.
     fn init(&self) -> Self::Acc;
     /// Folds in the element at position `i` of the (row-major) reduced index space.
     fn step(&self, a: Self::Acc, x: T, i: usize) -> Self::Acc;
     /// Combines two partial results; `a` covers earlier positions than `b` or interleaves.
     fn merge(&self, a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    /// The result from the final state; `n` is the number of elements reduced (for `mean`).
     fn finish(&self, a: Self::Acc, n: usize) -> Self::Out;
 }
 

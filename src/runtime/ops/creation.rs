@@ -46,15 +46,19 @@ impl Tensor {
     pub fn empty(size: &[usize], dtype: DType) -> Tensor {
         Tensor::zeros(size, dtype)
     }
+    /// `torch.zeros_like`: zeros of this shape and dtype.
     pub fn zeros_like(&self) -> Tensor {
         Tensor::zeros(self.shape(), self.dtype())
     }
+    /// `torch.ones_like`: ones of this shape and dtype.
     pub fn ones_like(&self) -> Tensor {
         Tensor::ones(self.shape(), self.dtype())
     }
+    /// `torch.empty_like` (zero-filled, as [`Tensor::empty`]).
     pub fn empty_like(&self) -> Tensor {
         Tensor::empty(self.shape(), self.dtype())
     }
+    /// `torch.full_like`: `value` in this shape and dtype.
     pub fn full_like(&self, value: impl Into<Scalar>) -> Result<Tensor> {
         Tensor::full(self.shape(), value, Some(self.dtype()))
     }

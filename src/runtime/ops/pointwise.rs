@@ -14,6 +14,7 @@ use crate::{DType, Result};
 /// A bound of [`Tensor::clamp`]: a Python number (`f64`, `i64`, `Scalar`) or an `Option` of
 /// one (`None`: no bound on that side).
 pub trait ClampBound {
+    /// The bound, `None` for no bound.
     fn bound(self) -> Option<Scalar>;
 }
 

@@ -31,6 +31,7 @@ impl Tensor {
             &[self],
         )
     }
+    /// Dims `dim0` and `dim1` swapped (a view).
     pub fn transpose(&self, dim0: i64, dim1: i64) -> Result<Tensor> {
         apply(Op::Transpose { dim0, dim1 }, &[self])
     }
@@ -38,6 +39,7 @@ impl Tensor {
     pub fn t(&self) -> Result<Tensor> {
         apply(Op::T, &[self])
     }
+    /// The dims reordered: dim `i` of the result is dim `dims[i]` (a view).
     pub fn permute(&self, dims: &[i64]) -> Result<Tensor> {
         apply(
             Op::Permute {
@@ -50,6 +52,7 @@ impl Tensor {
     pub fn expand<D: Dim>(&self, size: &[D]) -> Result<Tensor> {
         apply(Op::Expand { size: ishape(size) }, &[self])
     }
+    /// `expand` to `other`'s shape.
     pub fn expand_as(&self, other: &Tensor) -> Result<Tensor> {
         let size: Vec<i64> = other.shape().iter().map(|&s| s as i64).collect();
         self.expand(&size)
@@ -67,12 +70,15 @@ impl Tensor {
             &[self],
         )
     }
+    /// A size-1 dim inserted at `dim` (a view).
     pub fn unsqueeze(&self, dim: i64) -> Result<Tensor> {
         apply(Op::Unsqueeze { dim }, &[self])
     }
+    /// Dims `start_dim..=end_dim` merged into one (a copy only when the strides require one).
     pub fn flatten(&self, start_dim: i64, end_dim: i64) -> Result<Tensor> {
         apply(Op::Flatten { start_dim, end_dim }, &[self])
     }
+    /// `length` elements of `dim` from `start` (a view).
     pub fn narrow(&self, dim: i64, start: i64, length: i64) -> Result<Tensor> {
         apply(Op::Narrow { dim, start, length }, &[self])
     }
@@ -98,6 +104,7 @@ impl Tensor {
             &[self],
         )
     }
+    /// The `offset` diagonal of the `dim1`/`dim2` planes, as a last dim (a view).
     pub fn diagonal(&self, offset: i64, dim1: i64, dim2: i64) -> Result<Tensor> {
         apply(Op::Diagonal { offset, dim1, dim2 }, &[self])
     }
