@@ -8,8 +8,11 @@ use crate::{DType, Error, Result, bail};
 /// Step and tolerances of [`gradcheck_with`]; PyTorch's defaults.
 #[derive(Clone, Copy, Debug)]
 pub struct GradcheckOptions {
+    /// Finite-difference step (PyTorch: `1e-6`).
     pub eps: f64,
+    /// Absolute tolerance (PyTorch: `1e-5`).
     pub atol: f64,
+    /// Relative tolerance (PyTorch: `1e-3`).
     pub rtol: f64,
 }
 

@@ -1,7 +1,7 @@
 //! Autograd: which tensors require gradients, where their gradients accumulate, and the
 //! eager tape. While grad mode is on, `runtime::apply` records every op whose operand
-//! requires grad ([`tape`]); `backward` differentiates the recorded graph with the
-//! `passes::autodiff` pass ([`engine`]).
+//! requires grad (`tape`); `backward` differentiates the recorded graph with the
+//! `passes::autodiff` pass (`engine`).
 
 mod checkpoint;
 mod clip;

@@ -27,6 +27,7 @@ use std::process::ExitCode;
 )]
 pub struct Cli {
     #[command(subcommand)]
+    /// The subcommand to run.
     pub command: Command,
 }
 

@@ -62,13 +62,29 @@ activation! {
     /// `1 / (1 + e^-x)` (`nn.Sigmoid`).
     Sigmoid => |x, _s| x.sigmoid();
     /// `x > 0 ? x : negative_slope * x` (`nn.LeakyReLU`).
-    LeakyReLU { negative_slope: f64 = 0.01 } => |x, s| x.leaky_relu(s.negative_slope);
+    LeakyReLU {
+        /// Slope for negative inputs.
+        negative_slope: f64 = 0.01
+    } => |x, s| x.leaky_relu(s.negative_slope);
     /// `x > 0 ? x : alpha * (e^x - 1)` (`nn.ELU`).
-    ELU { alpha: f64 = 1.0 } => |x, s| x.elu(s.alpha);
+    ELU {
+        /// Scale of the negative part.
+        alpha: f64 = 1.0
+    } => |x, s| x.elu(s.alpha);
     /// `log(1 + e^(beta x)) / beta`, linear where `beta x > threshold` (`nn.Softplus`).
-    Softplus { beta: f64 = 1.0, threshold: f64 = 20.0 } => |x, s| x.softplus(s.beta, s.threshold);
+    Softplus {
+        /// Sharpness.
+        beta: f64 = 1.0,
+        /// Above this `beta x` the result is `x`.
+        threshold: f64 = 20.0
+    } => |x, s| x.softplus(s.beta, s.threshold);
     /// `clamp(x, min_val, max_val)` (`nn.Hardtanh`).
-    Hardtanh { min_val: f64 = -1.0, max_val: f64 = 1.0 } => |x, s| x.hardtanh(s.min_val, s.max_val);
+    Hardtanh {
+        /// Lower bound.
+        min_val: f64 = -1.0,
+        /// Upper bound.
+        max_val: f64 = 1.0
+    } => |x, s| x.hardtanh(s.min_val, s.max_val);
     /// `x * relu6(x + 3) / 6` (`nn.Hardswish`).
     Hardswish => |x, _s| x.hardswish();
     /// `x * tanh(softplus(x))` (`nn.Mish`).

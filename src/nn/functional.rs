@@ -100,6 +100,7 @@ pub struct ClassLossOptions {
     pub weight: Option<Tensor>,
     /// Targets equal to this contribute nothing, not even to the mean's denominator.
     pub ignore_index: i64,
+    /// How the per-element losses are combined.
     pub reduction: Reduction,
     /// Mixes the one-hot target with the uniform distribution (cross-entropy only).
     pub label_smoothing: f64,

@@ -19,12 +19,17 @@ pub enum FanMode {
 /// The non-linearities `calculate_gain` knows.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Nonlinearity {
+    /// Identity (gain 1).
     Linear,
+    /// Sigmoid (gain 1).
     Sigmoid,
+    /// Tanh (gain 5/3).
     Tanh,
+    /// ReLU (gain √2).
     Relu,
     /// Leaky ReLU with this negative slope (PyTorch's default is 0.01).
     LeakyRelu(f64),
+    /// SELU (gain 3/4).
     Selu,
 }
 

@@ -16,7 +16,9 @@ fn parameter(shape: &[usize]) -> Result<Tensor> {
 
 /// `y = x · Wᵀ + b` (`nn.Linear`); `weight` is `[out_features, in_features]`.
 pub struct Linear {
+    /// `[out_features, in_features]`.
     pub weight: Tensor,
+    /// `[out_features]`, when the layer has a bias.
     pub bias: Option<Tensor>,
     training: bool,
 }
@@ -99,7 +101,9 @@ impl Module for Linear {
 
 /// Layer normalisation over the trailing `normalized_shape` dims (`nn.LayerNorm`).
 pub struct LayerNorm {
+    /// The trailing sizes normalised over.
     pub normalized_shape: Vec<usize>,
+    /// Added to the variance for numerical stability (PyTorch: `1e-5`).
     pub eps: f64,
     /// Ones at creation; present when `elementwise_affine`.
     pub weight: Option<Tensor>,
@@ -162,6 +166,7 @@ impl Module for LayerNorm {
 /// A lookup table of `num_embeddings` vectors of size `embedding_dim` (`nn.Embedding`);
 /// `forward` takes an integer index tensor.
 pub struct Embedding {
+    /// `[num_embeddings, embedding_dim]`: row `i` is the vector of index `i`.
     pub weight: Tensor,
     training: bool,
 }
@@ -210,6 +215,7 @@ impl Module for Embedding {
 /// Zeroes each element with probability `p` in training mode and scales the rest by
 /// `1/(1-p)`; the identity in evaluation mode (`nn.Dropout`).
 pub struct Dropout {
+    /// Probability of zeroing an element.
     pub p: f64,
     /// Draws masks from this generator when set, else from the global one.
     generator: Option<Mutex<Generator>>,

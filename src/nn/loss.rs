@@ -7,6 +7,7 @@ use crate::runtime::Tensor;
 /// Mean squared error (`nn.MSELoss`).
 #[derive(Clone, Debug, Default)]
 pub struct MSELoss {
+    /// How the per-element losses are combined.
     pub reduction: Reduction,
 }
 
@@ -24,6 +25,7 @@ impl MSELoss {
 /// Cross-entropy of logits against class indices (`nn.CrossEntropyLoss`).
 #[derive(Clone, Debug, Default)]
 pub struct CrossEntropyLoss {
+    /// Class weights, ignored index, reduction and label smoothing.
     pub options: ClassLossOptions,
 }
 
@@ -41,6 +43,7 @@ impl CrossEntropyLoss {
 /// Negative log-likelihood of class indices (`nn.NLLLoss`).
 #[derive(Clone, Debug, Default)]
 pub struct NLLLoss {
+    /// Class weights, ignored index and reduction (`label_smoothing` is for cross-entropy only).
     pub options: ClassLossOptions,
 }
 
@@ -62,6 +65,7 @@ pub struct BCEWithLogitsLoss {
     pub weight: Option<Tensor>,
     /// Weight of the positive examples, broadcast against the target (per class).
     pub pos_weight: Option<Tensor>,
+    /// How the per-element losses are combined.
     pub reduction: Reduction,
 }
 

@@ -8,11 +8,15 @@ use crate::{Result, bail};
 /// (0.9, 0.999), eps 1e-8, and each optimiser's own weight decay).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamConfig {
+    /// Learning rate.
     pub lr: f64,
+    /// Decay rates of the running averages of the gradient and of its square.
     pub betas: (f64, f64),
+    /// Added to the denominator for numerical stability.
     pub eps: f64,
     /// `None`: PyTorch's default of the optimiser, 0 for `Adam` and 1e-2 for `AdamW`.
     pub weight_decay: Option<f64>,
+    /// Use the maximum of past squared-gradient averages (AMSGrad).
     pub amsgrad: bool,
 }
 

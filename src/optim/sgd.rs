@@ -7,10 +7,15 @@ use crate::{Result, bail};
 /// Settings of `SGD`, PyTorch's defaults but for the learning rate.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SGDConfig {
+    /// Learning rate.
     pub lr: f64,
+    /// Momentum factor (0: plain SGD).
     pub momentum: f64,
+    /// Dampening of the momentum (`1 - dampening` scales each new gradient).
     pub dampening: f64,
+    /// L2 penalty added to the gradient (`weight_decay * param`).
     pub weight_decay: f64,
+    /// Nesterov momentum (needs momentum and zero dampening).
     pub nesterov: bool,
 }
 
