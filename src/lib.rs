@@ -3,6 +3,8 @@
 //! Eager tensor code runs on reference kernels (`runtime`); the same ops, defined once in
 //! `ir::op`, are what graphs are built from.
 
+#![warn(missing_docs)]
+
 #[macro_use]
 pub mod macros;
 pub mod amp;
