@@ -497,7 +497,7 @@ fn allocations_memory_cannot_hold_are_errors() {
     check("rand", Tensor::rand(&size, None));
     check("randint", Tensor::randint(0, 9, &size, Some(DType::I32)));
     let x = Tensor::full(&[3], 1.0, None).unwrap();
-    let wide = x.expand(&[1 << 50, 3]).unwrap();
+    let wide = x.expand(&[1i64 << 50, 3]).unwrap();
     check_bytes("relu of an expanded view", wide.relu(), 3 << 52);
     check_bytes("contiguous", wide.contiguous(), 3 << 52);
     // the process goes on allocating normally afterwards

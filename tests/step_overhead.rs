@@ -254,7 +254,7 @@ fn losses_of_earlier_training_steps_keep_their_values() {
 /// Copies of `ins` with storages of their own (the oracle's inputs, kept apart from what
 /// `call_into` overwrites).
 /// `m`'s MSE loss on (x, y) and its SGD update (learning rate `lr`) as one compiled step.
-fn mse_sgd_step(m: &impl Module, x: &Tensor, y: &Tensor, lr: f64) -> CompiledStep {
+fn mse_sgd_step<'m>(m: &'m impl Module, x: &Tensor, y: &Tensor, lr: f64) -> CompiledStep<'m> {
     CompiledStep::new(
         |xs: &[Tensor]| mse_loss(&m.forward(&xs[0])?, &xs[1], Reduction::Mean),
         &[x.clone(), y.clone()],

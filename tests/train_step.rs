@@ -429,6 +429,7 @@ fn errors() {
             cfg,
             &CompileOptions::default(),
         )
+        .map(|_| ())
     };
     // A loss with more than one element.
     let e = new(
@@ -454,9 +455,13 @@ fn errors() {
     nest.nesterov = true;
     assert!(new(&|xs| mse(&model.forward(&xs[0])?, &xs[1]), nest).is_err());
     // Calls with the wrong number or shape of inputs.
-    let mut step = new(
-        &|xs| mse(&model.forward(&xs[0])?, &xs[1]),
+    let loss = |xs: &[Tensor]| mse(&model.forward(&xs[0])?, &xs[1]);
+    let mut step = CompiledStep::new(
+        loss,
+        &[x.clone(), y.clone()],
+        model.named_parameters(),
         SGDConfig::new(0.1),
+        &CompileOptions::default(),
     )
     .unwrap();
     let e = step.step(std::slice::from_ref(&x)).err().unwrap();
@@ -464,14 +469,17 @@ fn errors() {
         e.to_string().contains("takes 2 inputs but 1 was given"),
         "{e}"
     );
+    // a batch of another size is traced anew, and its shape rule refuses a mismatch
     let e = step
         .step(&[randn(&[5, 2], DType::F32, &mut g), y.clone()])
         .err()
         .unwrap();
     assert!(
-        e.to_string().contains("expected f32[4,2] but got f32[5,2]"),
+        e.to_string()
+            .contains("target size (torch.Size([4, 1])) that is different to the input size (torch.Size([5, 1]))"),
         "{e}"
     );
+    assert_eq!(step.specialisations(), 1);
     // An integer parameter.
     let ip = Tensor::from_vec(vec![1i64, 2], &[2]).unwrap();
     let e = CompiledStep::new(
@@ -521,4 +529,40 @@ fn zero_step_batch_size_one_and_odd_sizes() {
     .unwrap();
     let after: Vec<Vec<f64>> = m.parameters().iter().map(Tensor::to_f64_vec).collect();
     assert_eq!(before, after);
+}
+
+/// A smaller last batch (a DataLoader without drop_last) compiles a second specialisation and
+/// trains as eager SGD does on the same batches; momentum buffers carry across.
+#[test]
+fn a_smaller_last_batch_gets_its_own_specialisation() {
+    let mut g = Generator::new(41);
+    let params = layer_params(&[3, 5, 1], DType::F64, &mut g);
+    let xs = randn(&[10, 3], DType::F64, &mut g);
+    let ys = randn(&[10, 1], DType::F64, &mut g);
+    // batches of 4, 4 and 2 rows, twice over
+    let batches: Vec<(Tensor, Tensor)> = [(0, 4), (4, 4), (8, 2)]
+        .iter()
+        .map(|&(s, n)| (xs.narrow(0, s, n).unwrap(), ys.narrow(0, s, n).unwrap()))
+        .collect();
+    let cfg = SGDConfig {
+        momentum: 0.9,
+        ..SGDConfig::new(0.05)
+    };
+    let eager = mlp(&params, true);
+    let compiled = mlp(&copies(&params), true);
+    let losses = train_both(&eager, &compiled, mse, &batches, cfg, 6, 1e-12);
+    assert_eq!(losses.len(), 6);
+    // the step keeps one specialisation per batch shape
+    let mut step = CompiledStep::new(
+        |xs: &[Tensor]| mse(&compiled.forward(&xs[0])?, &xs[1]),
+        &[batches[0].0.clone(), batches[0].1.clone()],
+        compiled.named_parameters(),
+        cfg,
+        &CompileOptions::default(),
+    )
+    .unwrap();
+    for (x, y) in &batches {
+        step.step(&[x.clone(), y.clone()]).unwrap();
+    }
+    assert_eq!(step.specialisations(), 2);
 }

@@ -18,7 +18,7 @@ use crate::exec::{CompileOptions, CompiledFn};
 use crate::ir::dtype::DType;
 use crate::ir::dtype::Scalar;
 use crate::ir::graph::{Graph, ValueId};
-use crate::ir::op::{BinaryOp, Op};
+use crate::ir::op::{BinaryOp, Op, TensorType};
 use crate::jit::{TraceOptions, trace_with};
 use crate::optim::SGDConfig;
 use crate::passes::autodiff::autodiff;
@@ -26,12 +26,15 @@ use crate::runtime::{Element, Tensor};
 use crate::{Result, bail};
 
 /// A training step (forward, loss, backward, SGD update) compiled into one function.
-pub struct CompiledStep {
-    graph: Graph,
-    f: CompiledFn,
-    /// The graph for the first step when it differs (momentum with dampening: the buffer
-    /// starts as the gradient itself, not a damped one).
-    first: Option<(Graph, CompiledFn)>,
+///
+/// Compiled code has fixed shapes: a batch of other shapes (the smaller last batch of a
+/// `DataLoader` without `drop_last`) traces and compiles another specialisation on first
+/// use, kept beside the first ([`CompiledStep::MAX_SPECIALISATIONS`] at most).
+pub struct CompiledStep<'f> {
+    loss_fn: LossFn<'f>,
+    opts: CompileOptions,
+    /// One per input types seen; the first is the example inputs'.
+    variants: Vec<Variant>,
     n_inputs: usize,
     params: Vec<(String, Tensor)>,
     /// Which parameters the loss depends on (the others are left alone, as SGD skips
@@ -45,37 +48,42 @@ pub struct CompiledStep {
     large: bool,
 }
 
-impl CompiledStep {
+/// The loss function a step keeps, to trace batches of other shapes.
+type LossFn<'f> = Box<dyn Fn(&[Tensor]) -> Result<Tensor> + 'f>;
+
+/// The step compiled for one set of input types.
+struct Variant {
+    inputs: Vec<TensorType>,
+    graph: Graph,
+    f: CompiledFn,
+    /// The graph for the first step when it differs (momentum with dampening: the buffer
+    /// starts as the gradient itself, not a damped one).
+    first: Option<(Graph, CompiledFn)>,
+}
+
+impl<'f> CompiledStep<'f> {
+    /// How many input-type specialisations a step keeps.
+    pub const MAX_SPECIALISATIONS: usize = 4;
+
     /// Traces `loss_fn` on `example_inputs` (the data of one batch: inputs, targets...)
     /// with `params` as named parameters, appends its backward and the SGD update `config`
     /// and compiles the result. `loss_fn` must return a one-element floating-point loss;
-    /// later calls must pass inputs of the example inputs' shapes and dtypes.
+    /// batches of other shapes compile their own specialisation when they first come.
     pub fn new<F>(
         loss_fn: F,
         example_inputs: &[Tensor],
         params: Vec<(String, Tensor)>,
         config: SGDConfig,
         opts: &CompileOptions,
-    ) -> Result<CompiledStep>
+    ) -> Result<CompiledStep<'f>>
     where
-        F: Fn(&[Tensor]) -> Result<Tensor>,
+        F: Fn(&[Tensor]) -> Result<Tensor> + 'f,
     {
         // Validates the settings with the eager optimiser's checks and messages.
         crate::optim::SGD::new(params.iter().map(|(_, p)| p.clone()).collect(), config)?;
-        let forward = trace_forward(&loss_fn, example_inputs, &params)?;
-        let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
-        let with_momentum = config.momentum != 0.0;
-        let (graph, updated) =
-            build_step_graph(&forward, example_inputs.len(), &names, &config, false)?;
-        let f = CompiledFn::compile(&graph, opts)?;
-        let first = if with_momentum && config.dampening != 0.0 {
-            let (g, _) = build_step_graph(&forward, example_inputs.len(), &names, &config, true)?;
-            let f = CompiledFn::compile(&g, opts)?;
-            Some((g, f))
-        } else {
-            None
-        };
-        let buffers = if with_momentum {
+        let loss_fn: LossFn<'f> = Box::new(loss_fn);
+        let (variant, updated) = build_variant(&loss_fn, example_inputs, &params, &config, opts)?;
+        let buffers = if config.momentum != 0.0 {
             params
                 .iter()
                 .zip(&updated)
@@ -86,9 +94,9 @@ impl CompiledStep {
             Vec::new()
         };
         Ok(CompiledStep {
-            graph,
-            f,
-            first,
+            loss_fn,
+            opts: opts.clone(),
+            variants: vec![variant],
             n_inputs: example_inputs.len(),
             large: params.iter().any(|(_, p)| p.numel() > SMALL_PARAM),
             params,
@@ -97,6 +105,40 @@ impl CompiledStep {
             config,
             steps: 0,
         })
+    }
+
+    /// The specialisation for `inputs`' types, compiled now if none fits.
+    fn variant_for(&mut self, inputs: &[Tensor]) -> Result<usize> {
+        let types: Vec<TensorType> = inputs.iter().map(Tensor::ttype).collect();
+        let same = |v: &Variant| {
+            v.inputs.len() == types.len()
+                && v.inputs
+                    .iter()
+                    .zip(&types)
+                    .all(|(a, b)| a.dtype == b.dtype && a.shape == b.shape)
+        };
+        if let Some(i) = self.variants.iter().position(same) {
+            return Ok(i);
+        }
+        let (v, updated) = build_variant(
+            &self.loss_fn,
+            inputs,
+            &self.params,
+            &self.config,
+            &self.opts,
+        )?;
+        if updated != self.updated {
+            bail!(
+                Value,
+                "the training step: with inputs of other shapes the loss depends on other parameters"
+            );
+        }
+        if self.variants.len() >= Self::MAX_SPECIALISATIONS {
+            // keep the example's; drop the oldest other one
+            self.variants.remove(1);
+        }
+        self.variants.push(v);
+        Ok(self.variants.len() - 1)
     }
 
     /// Runs one step on a batch: returns the loss (before the update) and writes the
@@ -112,14 +154,16 @@ impl CompiledStep {
                 if inputs.len() == 1 { "was" } else { "were" }
             );
         }
-        let first_call = self.steps == 0 && self.first.is_some();
+        let vi = self.variant_for(inputs)?;
+        let variant = &self.variants[vi];
+        let first_call = self.steps == 0 && variant.first.is_some();
         let mut args: Vec<Tensor> = inputs.to_vec();
         args.extend(self.params.iter().map(|(_, p)| p.clone()));
-        let f = match (&self.first, first_call) {
+        let f = match (&variant.first, first_call) {
             (Some((_, f)), true) => f,
             _ => {
                 args.extend(self.buffers.iter().cloned());
-                &self.f
+                &variant.f
             }
         };
         // Large updated parameters are written into the parameters themselves where the
@@ -168,15 +212,20 @@ impl CompiledStep {
         Ok(loss)
     }
 
-    /// The step graph: inputs, then parameters, then momentum buffers; outputs the loss,
-    /// the updated parameters and the updated buffers.
+    /// The step graph of the example inputs' shapes: inputs, then parameters, then
+    /// momentum buffers; outputs the loss, the updated parameters and the updated buffers.
     pub fn graph(&self) -> &Graph {
-        &self.graph
+        &self.variants[0].graph
     }
 
-    /// The compiled function of the step graph (its schedule shows what fused).
+    /// The compiled function of that step graph (its schedule shows what fused).
     pub fn compiled(&self) -> &CompiledFn {
-        &self.f
+        &self.variants[0].f
+    }
+
+    /// How many input-shape specialisations are compiled (1 until a batch of other shapes).
+    pub fn specialisations(&self) -> usize {
+        self.variants.len()
     }
 
     /// The parameters, with their names.
@@ -203,6 +252,35 @@ impl CompiledStep {
     pub fn steps_done(&self) -> u64 {
         self.steps
     }
+}
+
+/// Traces, differentiates and compiles the step for `inputs`' types; also returns which
+/// parameters are updated.
+fn build_variant(
+    loss_fn: &dyn Fn(&[Tensor]) -> Result<Tensor>,
+    inputs: &[Tensor],
+    params: &[(String, Tensor)],
+    config: &SGDConfig,
+    opts: &CompileOptions,
+) -> Result<(Variant, Vec<bool>)> {
+    let forward = trace_forward(&loss_fn, inputs, params)?;
+    let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
+    let (graph, updated) = build_step_graph(&forward, inputs.len(), &names, config, false)?;
+    let f = CompiledFn::compile(&graph, opts)?;
+    let first = if config.momentum != 0.0 && config.dampening != 0.0 {
+        let (g, _) = build_step_graph(&forward, inputs.len(), &names, config, true)?;
+        let f = CompiledFn::compile(&g, opts)?;
+        Some((g, f))
+    } else {
+        None
+    };
+    let variant = Variant {
+        inputs: inputs.iter().map(Tensor::ttype).collect(),
+        graph,
+        f,
+        first,
+    };
+    Ok((variant, updated))
 }
 
 /// Traces the loss with gradient recording off (the trace needs no tape).
