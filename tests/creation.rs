@@ -473,7 +473,7 @@ fn too_large_results_are_errors_not_aborts() {
     }
     let x = Tensor::full(&[1], 1.0, None).unwrap();
     // an expanded view costs nothing; materialising it is refused
-    let big = x.expand(&[1 << 31, 1 << 31]).unwrap();
+    let big = x.expand(&[1i64 << 31, 1 << 31]).unwrap();
     let e = smelt::runtime::apply(smelt::ir::op::Op::Contiguous, &[&big]).unwrap_err();
     assert!(e.to_string().contains("too large"), "{e}");
 }

@@ -20,6 +20,7 @@ pub struct Tensor(pub(crate) Arc<Inner>);
 
 /// A size argument, PyTorch's int: `i64`, `i32` or `usize`, so that shapes read from a
 /// tensor (`usize`) and literals with `-1` both work: `x.view(&[n, 1])`, `x.view(&[2, -1])`.
+/// Bare literals are `i32`s: write sizes of 2³¹ or more as `i64` (`1i64 << 31`).
 pub trait Dim: Copy {
     /// The value as i64.
     fn to_i64(self) -> i64;
