@@ -49,4 +49,6 @@ pub mod guide {
     pub struct CompiledTraining;
     #[doc = include_str!("../docs/guide/08-cuda.md")]
     pub struct Cuda;
+    #[doc = include_str!("../docs/guide/09-profiling.md")]
+    pub struct Profiling;
 }
