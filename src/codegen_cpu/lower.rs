@@ -295,7 +295,20 @@ pub fn compile_kernel(
 fn compile_code(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Result<Code> {
     crate::kernel::check_ops(k, "cpu codegen")?;
     let ck = crate::kernel::coalesce(k);
-    let syms = helpers::symbols();
+    // The per-op f64 helpers only of the unary ops this kernel computes: a kernel declares
+    // the handful it can call, not one per op of the table.
+    let unary: Vec<&str> = k
+        .values
+        .iter()
+        .filter_map(|v| match v.expr {
+            Expr::Unary(u, _) => Some(u.helper_symbol()),
+            _ => None,
+        })
+        .collect();
+    let syms: Vec<_> = helpers::symbols()
+        .into_iter()
+        .filter(|&(n, _, sig)| sig != Sig::Unary || unary.contains(&n))
+        .collect();
     let pairs: Vec<(&str, *const u8)> = syms.iter().map(|&(n, p, _)| (n, p)).collect();
     let mut jit = Jit::with_symbols(&pairs)?;
     let ptr = jit.pointer_type();
@@ -602,7 +615,8 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
         let fref = match self.frefs.get(name) {
             Some(&f) => f,
             None => {
-                // Every helper of `helpers::symbols` was imported before the body was built.
+                // Every helper the body can call was imported before it was built (the unary
+                // ops' f64 helpers: those of the ops the kernel computes).
                 let id = self.imports[name];
                 let f = self.fb.func_ref(id);
                 self.frefs.insert(name, f);
