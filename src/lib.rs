@@ -22,6 +22,7 @@ pub mod nn;
 pub mod optim;
 pub mod passes;
 pub mod prelude;
+pub mod profiler;
 pub mod runtime;
 pub mod train;
 

@@ -9,6 +9,7 @@ use crate::ir::dtype::DType;
 use crate::ir::graph::{Graph, NodeKind, ValueId};
 use crate::ir::op::Op;
 use crate::ir::shape::numel;
+pub(super) use crate::profiler::json::Json;
 use crate::runtime::{Tensor, apply, npy};
 use crate::{Error, Result, bail};
 use std::collections::{HashMap, HashSet};
@@ -183,10 +184,7 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
 
 /// Writes `j` to `path` as one line of JSON.
 pub(super) fn write_json(path: &std::path::Path, j: &Json) -> Result<()> {
-    let mut text = String::new();
-    j.write(&mut text);
-    text.push('\n');
-    std::fs::write(path, text).map_err(|e| Error::Io(format!("{}: {e}", path.display())))
+    crate::profiler::write_file(path, &(j.to_text() + "\n"))
 }
 
 pub(super) fn ratio(base: f64, x: f64) -> f64 {
@@ -202,16 +200,7 @@ pub(super) fn gbps(bytes: usize, ms: f64) -> f64 {
 }
 
 pub(super) fn human_bytes(b: usize) -> String {
-    let f = b as f64;
-    if f >= 1e9 {
-        format!("{:.2} GB", f / 1e9)
-    } else if f >= 1e6 {
-        format!("{:.2} MB", f / 1e6)
-    } else if f >= 1e3 {
-        format!("{:.1} kB", f / 1e3)
-    } else {
-        format!("{b} B")
-    }
+    crate::profiler::human_bytes(b as u64)
 }
 
 /// Each graph input read once plus each graph output written once, in bytes. An output that
@@ -501,89 +490,9 @@ fn without_shared_broadcasts(x: &Tensor, y: &Tensor) -> (Tensor, Tensor) {
     (x, y)
 }
 
-/// A JSON value, written with proper string escaping.
-pub(super) enum Json {
-    Num(f64),
-    Str(String),
-    Bool(bool),
-    Arr(Vec<Json>),
-    Obj(Vec<(String, Json)>),
-}
-
-impl Json {
-    pub(super) fn write(&self, out: &mut String) {
-        match self {
-            Json::Num(x) if x.is_finite() => {
-                let _ = write!(out, "{x}");
-            }
-            Json::Num(_) => out.push_str("null"),
-            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-            Json::Str(s) => write_str(out, s),
-            Json::Arr(v) => {
-                out.push('[');
-                for (i, x) in v.iter().enumerate() {
-                    if i > 0 {
-                        out.push_str(", ");
-                    }
-                    x.write(out);
-                }
-                out.push(']');
-            }
-            Json::Obj(v) => {
-                out.push('{');
-                for (i, (k, x)) in v.iter().enumerate() {
-                    if i > 0 {
-                        out.push_str(", ");
-                    }
-                    write_str(out, k);
-                    out.push_str(": ");
-                    x.write(out);
-                }
-                out.push('}');
-            }
-        }
-    }
-}
-
-fn write_str(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn json_escapes_strings_and_nonfinite_numbers() {
-        let j = Json::Obj(vec![
-            ("a\"b\\".into(), Json::Str("x\ny\u{1}".into())),
-            ("n".into(), Json::Num(f64::NAN)),
-            (
-                "v".into(),
-                Json::Arr(vec![Json::Num(1.5), Json::Bool(true)]),
-            ),
-        ]);
-        let mut s = String::new();
-        j.write(&mut s);
-        assert_eq!(
-            s,
-            r#"{"a\"b\\": "x\ny\u0001", "n": null, "v": [1.5, true]}"#
-        );
-    }
 
     #[test]
     fn median_of_odd_and_even_counts() {

@@ -24,7 +24,7 @@ mod inplace;
 mod plan;
 
 pub use info::StepInfo;
-pub use plan::TempPlan;
+pub use plan::{TempPlan, step_buffers};
 
 use crate::codegen_cpu::lower::{CodegenOptions, CpuKernel, compile_kernel};
 use crate::ir::graph::Graph;
@@ -464,6 +464,9 @@ impl CompiledFn {
         into: &[Option<&Tensor>],
     ) -> Result<Vec<Tensor>> {
         self.check_inputs(inputs)?;
+        let _call = crate::profiler::span(crate::profiler::EventKind::Call, || {
+            self.schedule.name.clone()
+        });
         match &self.pool {
             Some(p) => p.install(|| self.run_steps(inputs, times, into)),
             None if self.opts.threads == Some(1) => {
@@ -471,6 +474,26 @@ impl CompiledFn {
             }
             None => self.run_steps(inputs, times, into),
         }
+    }
+
+    /// The profiler's event for step `i` (when a session records).
+    fn step_span(&self, i: usize) -> Option<crate::profiler::Span> {
+        let info = &self.info[i];
+        let kind = if info.is_extern {
+            crate::profiler::EventKind::Extern
+        } else {
+            crate::profiler::EventKind::Kernel
+        };
+        let mut span = crate::profiler::span(kind, || info.name.clone())?;
+        let (_, writes) = plan::step_buffers(&self.schedule.steps[i]);
+        span.values(
+            writes
+                .iter()
+                .map(|&b| format!("%{}", self.schedule.buffers[b].name))
+                .collect(),
+        );
+        span.work(info.bytes as u64, info.flops);
+        Some(span)
     }
 
     fn run_steps(
@@ -569,6 +592,7 @@ impl CompiledFn {
             }
             // the clock is read only when timing: an untimed small call is a few µs
             let t0 = times.is_some().then(Instant::now);
+            let _span = self.step_span(i);
             match (exec, step) {
                 _ if done_by_gemm == Some(i) => {}
                 (

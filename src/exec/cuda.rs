@@ -217,6 +217,10 @@ impl CudaFn {
     fn run(&self, inputs: &[Tensor], mut times: Option<&mut Vec<f32>>) -> Result<Vec<Tensor>> {
         self.check_inputs(inputs)?;
         self.gpu.bind()?;
+        let _call = crate::profiler::span(crate::profiler::EventKind::Call, || {
+            self.schedule.name.clone()
+        });
+        let profiling = crate::profiler::enabled();
         let s = &self.schedule;
         let mut bufs: Vec<Option<Buf>> = self.constants.clone();
         for (&b, t) in s.inputs.iter().zip(inputs) {
@@ -239,8 +243,14 @@ impl CudaFn {
         if self.checks_errors {
             self.gpu.zero(self.error_flag.ptr(), 4)?;
         }
-        for (step, cstep) in s.steps.iter().zip(&self.program.steps) {
+        for (i, (step, cstep)) in s.steps.iter().zip(&self.program.steps).enumerate() {
+            let host_start = Instant::now();
             let timer = match times {
+                _ if profiling => {
+                    let t = Timer::new(&self.gpu)?;
+                    t.start()?;
+                    Some(t)
+                }
                 Some(_) => {
                     let t = Timer::new(&self.gpu)?;
                     t.start()?;
@@ -259,9 +269,15 @@ impl CudaFn {
                     self.run_extern(e, &mut bufs)?;
                 }
             }
-            if let (Some(t), Some(times)) = (timer, times.as_deref_mut()) {
+            if let Some(t) = timer {
                 t.stop()?;
-                times.push(t.elapsed_ms()?);
+                let ms = t.elapsed_ms()?;
+                if let Some(times) = times.as_deref_mut() {
+                    times.push(ms);
+                }
+                if profiling {
+                    self.record_step(i, host_start, ms);
+                }
             }
         }
         if self.checks_errors {
@@ -284,6 +300,33 @@ impl CudaFn {
                 },
             )
             .collect()
+    }
+
+    /// Tells the profiler that step `i`, launched at `start`, took `ms` on the GPU (its
+    /// stream's track; the timer's synchronisation makes the host wait for it).
+    fn record_step(&self, i: usize, start: Instant, ms: f32) {
+        use crate::profiler::{EventKind, Measured, Track, record_measured};
+        let Some(info) = self.info.get(i) else { return };
+        let kind = if info.is_extern {
+            EventKind::Extern
+        } else {
+            EventKind::Kernel
+        };
+        let (_, writes) = super::cpu::step_buffers(&self.schedule.steps[i]);
+        let m = Measured {
+            values: writes
+                .iter()
+                .map(|&b| format!("%{}", self.schedule.buffers[b].name))
+                .collect(),
+            bytes: info.bytes as u64,
+            flops: info.flops,
+        };
+        let track = Track::Stream {
+            device: self.gpu.ordinal() as u32,
+            stream: 0,
+        };
+        let dur = Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3);
+        record_measured(kind, &info.name, track, start, dur, m);
     }
 
     /// The error of an index out of range, with PyTorch's message: the schedule's reference

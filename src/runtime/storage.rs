@@ -87,6 +87,52 @@ pub fn allocation_count() -> u64 {
     ALLOCATIONS.with(|c| c.get())
 }
 
+/// Host memory held by tensor storages, like `torch.cuda.memory_stats()` for the CPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostMemoryStats {
+    /// Bytes held by live storages now.
+    pub allocated: u64,
+    /// The most bytes held at once.
+    pub max_allocated: u64,
+    /// Bytes of every storage ever created.
+    pub total_allocated: u64,
+    /// Bytes of every storage ever dropped.
+    pub total_freed: u64,
+}
+
+static LIVE: AtomicU64 = AtomicU64::new(0);
+static PEAK: AtomicU64 = AtomicU64::new(0);
+static TOTAL_ALLOC: AtomicU64 = AtomicU64::new(0);
+static TOTAL_FREED: AtomicU64 = AtomicU64::new(0);
+
+/// The process's host-memory statistics (every thread's storages).
+pub fn memory_stats() -> HostMemoryStats {
+    HostMemoryStats {
+        allocated: LIVE.load(Ordering::Relaxed),
+        max_allocated: PEAK.load(Ordering::Relaxed),
+        total_allocated: TOTAL_ALLOC.load(Ordering::Relaxed),
+        total_freed: TOTAL_FREED.load(Ordering::Relaxed),
+    }
+}
+
+/// Counts a host storage coming or going, and tells the profiler.
+fn account(nbytes: usize, alloc: bool) {
+    if nbytes == 0 {
+        return;
+    }
+    let n = nbytes as u64;
+    if alloc {
+        TOTAL_ALLOC.fetch_add(n, Ordering::Relaxed);
+        let live = LIVE.fetch_add(n, Ordering::Relaxed) + n;
+        PEAK.fetch_max(live, Ordering::Relaxed);
+        crate::profiler::record_memory(crate::profiler::MemDevice::Cpu, nbytes as i64);
+    } else {
+        TOTAL_FREED.fetch_add(n, Ordering::Relaxed);
+        LIVE.fetch_sub(n, Ordering::Relaxed);
+        crate::profiler::record_memory(crate::profiler::MemDevice::Cpu, -(nbytes as i64));
+    }
+}
+
 impl Storage {
     /// A zero-filled buffer of `len` elements of `dtype`; an error when memory cannot hold it.
     pub fn zeros(dtype: DType, len: usize) -> Result<Storage> {
@@ -189,6 +235,10 @@ impl Storage {
     }
 
     fn from_parts(ptr: NonNull<u8>, nbytes: usize, owner: Owner, dtype: DType) -> Storage {
+        // device memory is the caching allocator's to count
+        if !matches!(owner, Owner::Cuda(_)) {
+            account(nbytes, true);
+        }
         Storage {
             ptr,
             nbytes,
@@ -284,6 +334,9 @@ impl Storage {
 
 impl Drop for Storage {
     fn drop(&mut self) {
+        if !matches!(self.owner, Owner::Cuda(_)) {
+            account(self.nbytes, false);
+        }
         if let Owner::Aligned(layout) = self.owner
             && !pool::give(self.ptr, layout.size())
         {

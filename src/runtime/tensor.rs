@@ -392,9 +392,19 @@ pub fn apply(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
             }
         }
     }
+    let mut span = crate::profiler::span(crate::profiler::EventKind::Op, || op.name().to_string());
+    if let Some(s) = span.as_mut()
+        && crate::profiler::records_shapes()
+    {
+        s.shapes(inputs.iter().map(|t| t.shape().to_vec()).collect());
+    }
     let types: Vec<TensorType> = inputs.iter().map(|t| t.ttype()).collect();
     let refs: Vec<&TensorType> = types.iter().collect();
     let out = op.infer(&refs)?;
+    if let Some(s) = span.as_mut() {
+        let (bytes, flops) = op_work(&op, &types, &out);
+        s.work(bytes, flops);
+    }
     if !op.is_view() {
         check_size(&out)?;
     }
@@ -421,6 +431,30 @@ pub fn apply(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
         tape(&op, inputs, &result);
     }
     Ok(result)
+}
+
+/// Bytes an eager op reads and writes (a view moves none) and its arithmetic operations
+/// (two per multiply-add of a matmul, one per output element otherwise): the profiler's
+/// figures for it.
+fn op_work(op: &Op, inputs: &[TensorType], out: &TensorType) -> (u64, u64) {
+    let size = |t: &TensorType| (numel(&t.shape) * t.dtype.size()) as u64;
+    if op.is_view() {
+        return (0, 0);
+    }
+    let bytes = inputs.iter().map(size).sum::<u64>() + size(out);
+    let n = numel(&out.shape) as u64;
+    let flops = match op {
+        Op::Matmul | Op::Linear { .. } => {
+            let k = inputs
+                .first()
+                .and_then(|t| t.shape.last())
+                .copied()
+                .unwrap_or(1);
+            2 * n * k as u64
+        }
+        _ => n,
+    };
+    (bytes, flops)
 }
 
 impl std::fmt::Debug for Tensor {

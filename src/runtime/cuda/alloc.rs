@@ -283,7 +283,13 @@ impl<B: RawAlloc> CachingAllocator<B> {
         );
         self.stats.allocated += block.size;
         self.stats.max_allocated = self.stats.max_allocated.max(self.stats.allocated);
+        self.tell_profiler(block.size as i64);
         Ok(block)
+    }
+
+    fn tell_profiler(&self, delta: i64) {
+        let device = crate::profiler::MemDevice::Cuda(self.device as u32);
+        crate::profiler::record_memory(device, delta);
     }
 
     fn oom(&self, bytes: usize) -> Error {
@@ -331,6 +337,7 @@ impl<B: RawAlloc> CachingAllocator<B> {
             .remove(&block.ptr)
             .ok_or_else(|| Self::not_held(block.ptr))?;
         self.stats.allocated -= l.size;
+        self.tell_profiler(-(l.size as i64));
         let b = Block {
             ptr: block.ptr,
             size: l.size,

@@ -64,6 +64,7 @@ impl Gpu {
             return Ok(());
         }
         self.bind()?;
+        let _span = copy_span("memcpy HtoD", src.len());
         // SAFETY: `dst` holds at least `src.len()` bytes (the caller's allocation).
         unsafe { result::memcpy_htod_sync(dst, src) }.map_err(|e| err("cuMemcpyHtoD", e))
     }
@@ -78,6 +79,7 @@ impl Gpu {
             return Ok(());
         }
         self.bind()?;
+        let _span = copy_span("memcpy HtoD (async)", src.len());
         // SAFETY: `dst` holds at least `src.len()` bytes; `src` as the caller promises.
         unsafe { result::memcpy_htod_async(dst, src, raw_for(self.ordinal)) }
             .map_err(|e| err("cuMemcpyHtoDAsync", e))
@@ -89,6 +91,7 @@ impl Gpu {
             return Ok(());
         }
         self.bind()?;
+        let _span = copy_span("memcpy DtoH", dst.len());
         // SAFETY: `src` holds at least `dst.len()` bytes.
         unsafe { result::memcpy_dtoh_sync(dst, src) }.map_err(|e| err("cuMemcpyDtoH", e))
     }
@@ -298,4 +301,12 @@ impl Drop for PinnedHost {
             let _ = unsafe { result::free_host(self.ptr.as_ptr() as *mut c_void) };
         }
     }
+}
+
+/// A profiler event for a copy of `bytes` between host and device (the span ends when the
+/// synchronous copy returns, or when an asynchronous one is queued).
+fn copy_span(name: &str, bytes: usize) -> Option<crate::profiler::Span> {
+    let mut s = crate::profiler::span(crate::profiler::EventKind::Copy, || name.to_string())?;
+    s.work(bytes as u64, 0);
+    Some(s)
 }
