@@ -2,6 +2,10 @@
 //! weights: eagerly (autograd + `optim::SGD`) and as one compiled step per batch
 //! (`train::CompiledStep`), each loop with a progress bar. Prints both accuracies and the
 //! speedup: `cargo run --release --example mlp_classifier`.
+//!
+//! With `--profile DIR` it then records a few more steps of each loop with
+//! `smelt::profiler` and writes `DIR/trace.json` (open it in Perfetto or `chrome://tracing`;
+//! eager and compiled are two processes) and `DIR/report.html`, and prints the op tables.
 
 use indicatif::{ProgressBar, ProgressStyle};
 use smelt::autograd::no_grad;
@@ -9,6 +13,7 @@ use smelt::exec::CompileOptions;
 use smelt::nn::functional::cross_entropy;
 use smelt::nn::{Linear, Module, ReLU, Sequential};
 use smelt::optim::{Optimizer, SGD, SGDConfig};
+use smelt::profiler::{self, ProfilerOptions, SortBy};
 use smelt::train::CompiledStep;
 use smelt::{Generator, Result, Tensor};
 use std::f64::consts::PI;
@@ -108,7 +113,21 @@ fn accuracy(model: &Sequential, x: &Tensor, y: &Tensor) -> Result<f64> {
     Ok(hits as f64 / labels.len() as f64)
 }
 
+/// Steps recorded per loop with `--profile`.
+const PROFILED_STEPS: usize = 5;
+
+/// The directory given with `--profile DIR`, if any.
+fn profile_dir() -> Option<std::path::PathBuf> {
+    let args: Vec<String> = std::env::args().collect();
+    let i = args.iter().position(|a| a == "--profile")?;
+    args.get(i + 1).map(Into::into)
+}
+
 fn main() -> Result<()> {
+    let profile_to = profile_dir();
+    if std::env::args().any(|a| a == "--profile") && profile_to.is_none() {
+        return Err(smelt::Error::Value("--profile needs a directory".into()));
+    }
     let mut g = Generator::new(2024);
     let (x, y) = spirals(POINTS_PER_CLASS, &mut g)?;
     let (x_test, y_test) = spirals(POINTS_PER_CLASS / 2, &mut g)?;
@@ -184,5 +203,45 @@ fn main() -> Result<()> {
         compile * 1e3,
         step.compiled().schedule().kernel_count()
     );
+
+    if let Some(dir) = profile_to {
+        let opts = ProfilerOptions::default().profile_memory(true);
+        let (r, eager_prof) = profiler::profile(opts.clone(), || -> Result<()> {
+            for (xb, yb) in batches.iter().take(PROFILED_STEPS) {
+                let _s = profiler::record_function("eager step");
+                opt.zero_grad();
+                let loss = {
+                    let _f = profiler::record_function("forward");
+                    cross_entropy(&eager.forward(xb)?, yb)?
+                };
+                {
+                    let _b = profiler::record_function("backward");
+                    loss.backward()?;
+                }
+                let _o = profiler::record_function("optimizer");
+                opt.step()?;
+            }
+            Ok(())
+        })?;
+        r?;
+        let (r, compiled_prof) = profiler::profile(opts, || -> Result<()> {
+            for (xb, yb) in batches.iter().take(PROFILED_STEPS) {
+                let _s = profiler::record_function("compiled step");
+                step.step(&[xb.clone(), yb.clone()])?;
+            }
+            Ok(())
+        })?;
+        r?;
+        for (name, p) in [("eager", &eager_prof), ("compiled", &compiled_prof)] {
+            println!("\n{name}, {PROFILED_STEPS} steps:");
+            print!("{}", p.key_averages().table(SortBy::SelfTime, Some(12)));
+        }
+        let (trace, report) = profiler::export_dir(
+            &dir,
+            "mlp_classifier: eager and compiled training steps",
+            &[("eager", &eager_prof), ("compiled", &compiled_prof)],
+        )?;
+        println!("\nwrote {} and {}", trace.display(), report.display());
+    }
     Ok(())
 }

@@ -7,6 +7,7 @@ use common::{smelt_in, temp_dir};
 use smelt::Tensor;
 use smelt::exec::{CompileOptions, CompiledFn, KernelBackend};
 use smelt::ir::parse_module;
+use smelt::profiler::html::time_text;
 use smelt::runtime::npy::write_npy;
 use std::path::Path;
 
@@ -278,4 +279,167 @@ fn a_fully_folded_graph_says_that_it_has_no_kernels() {
         "graph relu(%x: f32[4]) {\n  %y = relu(%x)\n  return %y\n}\n",
     );
     assert!(!out.contains("no fused kernels"), "{out}");
+}
+
+/// The Chrome trace's complete events of the process named `label`.
+fn process_events<'a>(trace: &'a serde_json::Value, label: &str) -> Vec<&'a serde_json::Value> {
+    let evs = trace["traceEvents"].as_array().unwrap();
+    let pid = evs
+        .iter()
+        .find(|e| e["name"] == "process_name" && e["args"]["name"].as_str() == Some(label))
+        .unwrap_or_else(|| panic!("no process {label}"))["pid"]
+        .clone();
+    evs.iter()
+        .filter(|e| e["ph"] == "X" && e["pid"] == pid)
+        .collect()
+}
+
+#[test]
+fn trace_and_html_report_hold_what_ran() {
+    let dir = temp_dir("profile-report");
+    let (json, trace, html) = (
+        dir.join("p.json"),
+        dir.join("trace.json"),
+        dir.join("report.html"),
+    );
+    let path = model("attention");
+    let o = smelt_in(
+        &dir,
+        &[
+            "profile",
+            &path,
+            "--repeat",
+            "2",
+            "--json",
+            json.to_str().unwrap(),
+            "--trace",
+            trace.to_str().unwrap(),
+            "--html",
+            html.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).expect("valid JSON");
+    let (fused_steps, unfused_steps) = (steps_of(&path, true), steps_of(&path, false));
+
+    // the compiled ways: one call each, its steps nested inside it in order
+    for (label, way, steps) in [
+        ("fused", "fused", fused_steps),
+        ("unfused (one kernel per op)", "unfused", unfused_steps),
+    ] {
+        let evs = process_events(&t, label);
+        let calls: Vec<_> = evs.iter().filter(|e| e["cat"] == "call").collect();
+        assert_eq!(calls.len(), 1, "{label}");
+        let (c0, c1) = (
+            num(&calls[0]["ts"], "ts"),
+            num(&calls[0]["ts"], "ts") + num(&calls[0]["dur"], "dur"),
+        );
+        let kernels: Vec<_> = evs
+            .iter()
+            .filter(|e| e["cat"] == "kernel" || e["cat"] == "extern")
+            .collect();
+        assert_eq!(kernels.len(), steps, "{label}");
+        let names: Vec<&str> = j[way]["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k["name"].as_str().unwrap())
+            .collect();
+        for (k, name) in kernels.iter().zip(&names) {
+            assert_eq!(k["name"].as_str(), Some(*name));
+            let (s, e) = (
+                num(&k["ts"], "ts"),
+                num(&k["ts"], "ts") + num(&k["dur"], "dur"),
+            );
+            assert!(c0 <= s && e <= c1 + 1e-3, "{label}: {k} outside its call");
+        }
+    }
+    // the eager way: one op event per eager step
+    let eager = process_events(&t, "eager (reference kernels)");
+    let eager_steps = j["eager"]["kernels"].as_array().unwrap().len();
+    assert_eq!(
+        eager.iter().filter(|e| e["cat"] == "op").count(),
+        eager_steps
+    );
+
+    // the report: every fused kernel with the unfused ones it replaced, all accounted for
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.starts_with("<!DOCTYPE html>") && page.ends_with("</html>\n"));
+    assert!(!page.contains("<script") && !page.contains("http"));
+    let mut replaced = 0;
+    for k in j["fused"]["kernels"].as_array().unwrap() {
+        let name = k["name"].as_str().unwrap();
+        let at = page
+            .find(&format!("<td class=l>{name} (replaces "))
+            .unwrap_or_else(|| panic!("no row for {name}"));
+        let n: usize = page[at..]
+            .split("(replaces ")
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|s| s.parse().ok())
+            .unwrap();
+        replaced += n;
+    }
+    assert_eq!(
+        replaced, unfused_steps,
+        "every unfused kernel is under one fused kernel"
+    );
+    let fused_ms = time_text(num(&j["fused"]["median_ms"], "fused"));
+    let unfused_ms = time_text(num(&j["unfused"]["median_ms"], "unfused"));
+    let steps = format!("{unfused_steps} → {fused_steps}");
+    for must in [
+        fused_ms.as_str(),
+        unfused_ms.as_str(),
+        steps.as_str(),
+        "copy bandwidth",
+        "Memory plan over the fused steps",
+        "Compile time by pass",
+        "decompose",
+        "memplan",
+        "codegen",
+        "<svg",
+    ] {
+        assert!(page.contains(must), "the report lacks {must}");
+    }
+}
+
+#[test]
+fn the_report_of_a_200_step_model_lists_every_step() {
+    let dir = temp_dir("profile-report-large");
+    let mut text = String::from("graph deep(%x: f32[4, 8]");
+    for i in 0..100 {
+        text += &format!(", %w{i}: f32[8, 8]");
+    }
+    text += ") {\n";
+    let mut prev = "x".to_string();
+    for i in 0..100 {
+        text += &format!("  %h{i} = linear(%{prev}, %w{i})\n  %a{i} = tanh(%h{i})\n");
+        prev = format!("a{i}");
+    }
+    text += &format!("  return %{prev}\n}}\n");
+    let path = dir.join("deep.smelt");
+    std::fs::write(&path, &text).unwrap();
+    let html = dir.join("deep.html");
+    let o = smelt_in(
+        &dir,
+        &[
+            "profile",
+            path.to_str().unwrap(),
+            "--repeat",
+            "1",
+            "--html",
+            html.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert_eq!(steps_of(path.to_str().unwrap(), true), 200);
+    assert_eq!(page.matches("<tr class=group>").count(), 200);
+    let unfused = steps_of(path.to_str().unwrap(), false);
+    assert!(page.contains(&format!("{unfused} → 200")));
+    // long tables scroll inside the page instead of stretching it
+    assert!(page.contains("<div class=scroll>"));
 }

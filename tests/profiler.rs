@@ -52,6 +52,31 @@ fn eager_ops_are_recorded_with_names_shapes_bytes_and_flops() {
 }
 
 #[test]
+fn in_place_ops_and_out_forms_are_recorded_with_a_trailing_underscore() {
+    let _t = turn();
+    let x = Tensor::zeros(&[10], DType::F32);
+    let y = Tensor::ones(&[10], DType::F32);
+    let out = Tensor::zeros(&[10], DType::F32);
+    let ((), prof) = profiler::profile(ProfilerOptions::default(), || {
+        x.add_(&y).unwrap();
+        x.mul_scalar_(2.0).unwrap();
+        x.copy_(&y).unwrap();
+        x.zero_().unwrap();
+        Tensor::add_out(&x, &y, &out).unwrap();
+    })
+    .unwrap();
+    let ops: Vec<&str> = prof
+        .of_kind(EventKind::Op)
+        .map(|e| e.name.as_str())
+        .collect();
+    assert_eq!(ops, ["add_", "mul_", "copy_", "fill_", "add (out=)"]);
+    let add = prof.of_kind(EventKind::Op).next().unwrap();
+    // x read and written, y read: 3 × 40 bytes
+    assert_eq!(add.bytes, 120);
+    assert_eq!(add.shapes, vec![vec![10], vec![10]]);
+}
+
+#[test]
 fn nothing_is_recorded_outside_a_session_and_sessions_do_not_overlap() {
     let _t = turn();
     let x = Tensor::ones(&[4], DType::F32);
@@ -321,4 +346,19 @@ fn the_html_report_of_a_profile_is_self_contained_and_names_what_ran() {
         assert!(html.contains(name), "{name}");
     }
     assert!(!html.contains("<script") && !html.contains("http"));
+
+    let dir = std::env::temp_dir().join(format!("smelt-export-{}", std::process::id()));
+    let (trace, report) = profiler::export_dir(&dir, "two", &[("a", &prof), ("b", &prof)]).unwrap();
+    let t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let processes = t["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "process_name")
+        .count();
+    assert_eq!(processes, 2);
+    let page = std::fs::read_to_string(&report).unwrap();
+    assert_eq!(page.matches("<h2>").count(), 2);
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -8,6 +8,7 @@ pub mod compile;
 pub mod grad;
 mod profile;
 mod profile_cuda;
+mod report;
 
 use crate::exec::{CompileOptions, CompiledFn, KernelBackend};
 use crate::ir::graph::{Graph, Module};

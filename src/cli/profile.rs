@@ -47,6 +47,13 @@ pub struct ProfileArgs {
     /// Skip the comparison with the CPU interpreter (for graphs too large to run there).
     #[arg(long)]
     pub no_check: bool,
+    /// Also record one call of each way and write them as a Chrome trace (Perfetto,
+    /// chrome://tracing): eager, unfused and fused on separate tracks.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Also write a self-contained HTML report of fused against unfused.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
 }
 
 /// Kernel backends selectable on the command line.
@@ -72,7 +79,7 @@ impl Way {
     pub(super) fn median_ms(&self) -> f64 {
         median(self.totals.iter().map(ms).collect())
     }
-    fn step_ms(&self, i: usize) -> f64 {
+    pub(super) fn step_ms(&self, i: usize) -> f64 {
         median(
             self.samples
                 .iter()
@@ -83,7 +90,7 @@ impl Way {
     }
 }
 
-fn ms(d: &Duration) -> f64 {
+pub(super) fn ms(d: &Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
@@ -106,6 +113,10 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
         bail!(Value, "--repeat must be at least 1");
     }
     let backend = match (a.backend, a.kernels) {
+        (Backend::Cuda, _) if a.trace.is_some() || a.html.is_some() => bail!(
+            Unsupported,
+            "--trace and --html record the CPU backends; for a GPU, use smelt::profiler from Rust"
+        ),
         (Backend::Cuda, _) => return super::profile_cuda::profile(a),
         (Backend::Interp, _) | (_, Kernels::Interp) => KernelBackend::Interp,
         (Backend::Cpu, Kernels::Cranelift) => KernelBackend::Cranelift,
@@ -178,6 +189,35 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
             ("fused".into(), way_json(&fus)),
         ]);
         write_json(path, &j)?;
+    }
+    if a.trace.is_some() || a.html.is_some() {
+        let recorded = super::report::record(g, &inputs, &unfused, &fused)?;
+        if let Some(path) = &a.trace {
+            super::report::write_trace(path, &recorded)?;
+            println!("  trace written to {}", path.display());
+        }
+        if let Some(path) = &a.html {
+            let copy_gbps = super::report::copy_bandwidth();
+            let page = super::report::html(&super::report::ReportInput {
+                graph: g,
+                backend: backend.name(),
+                eager: &eager,
+                unfused: &unf,
+                fused: &fus,
+                unfused_fn: &unfused,
+                fused_fn: &fused,
+                recorded: &recorded,
+                copy_gbps,
+                compile_ms,
+                bytes_min,
+                repeat: a.repeat,
+            })?;
+            crate::profiler::write_file(path, &page)?;
+            println!(
+                "  report written to {} (copy bandwidth {copy_gbps:.1} GB/s)",
+                path.display()
+            );
+        }
     }
     Ok(())
 }

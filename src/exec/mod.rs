@@ -7,7 +7,9 @@ pub mod cuda;
 pub mod cuda_eager;
 mod device;
 
-pub use cpu::{CompileOptions, CompiledFn, KernelBackend, PAR_MIN_ELEMS, StepInfo, StepTimes};
+pub use cpu::{
+    CompileOptions, CompiledFn, KernelBackend, PAR_MIN_ELEMS, StepInfo, StepTimes, step_buffers,
+};
 pub use cuda::{CudaCompileOptions, CudaFn};
 
 use crate::ir::graph::Graph;

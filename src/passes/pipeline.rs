@@ -118,6 +118,8 @@ pub struct PassStats {
     pub schedule: Option<ScheduleStats>,
     /// For `memplan`: `(peak_planned, peak_unplanned)` in bytes.
     pub memory: Option<(usize, usize)>,
+    /// How long the pass took.
+    pub time: std::time::Duration,
 }
 
 /// A fully compiled graph.
@@ -225,7 +227,9 @@ impl Pipeline {
             if i > stop {
                 break;
             }
+            let t0 = std::time::Instant::now();
             let next = p.run(&graph, &self.options)?;
+            let time = t0.elapsed();
             next.verify()?;
             stats.push(PassStats {
                 pass: labels[i].clone(),
@@ -233,6 +237,7 @@ impl Pipeline {
                 nodes_after: next.len(),
                 schedule: None,
                 memory: None,
+                time,
             });
             graph = next;
         }
@@ -246,7 +251,9 @@ impl Pipeline {
         if stop < fuse_at {
             return Ok(stage);
         }
+        let t0 = std::time::Instant::now();
         let s = fuse_with(&stage.graph, &self.options.fuse)?;
+        let time = t0.elapsed();
         let n = stage.graph.len();
         stage.stats.push(PassStats {
             pass: "fuse".into(),
@@ -254,15 +261,19 @@ impl Pipeline {
             nodes_after: n,
             schedule: Some(schedule_stats(&s)),
             memory: None,
+            time,
         });
         if stop > fuse_at {
+            let t0 = std::time::Instant::now();
             let p = plan(&s);
+            let time = t0.elapsed();
             stage.stats.push(PassStats {
                 pass: "memplan".into(),
                 nodes_before: n,
                 nodes_after: n,
                 schedule: None,
                 memory: Some((p.peak_planned, p.peak_unplanned)),
+                time,
             });
             stage.plan = Some(p);
         }

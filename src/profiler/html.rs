@@ -231,6 +231,20 @@ pub fn line_chart(series: &[(&str, Vec<(f64, f64)>)], x_label: &str, y_label: &s
             py = sy(y),
         );
     }
+    for k in 0..=4 {
+        let x = xmax * k as f64 / 4.0;
+        let label = if xmax >= 8.0 {
+            format!("{}", x.round())
+        } else {
+            format!("{x:.2}")
+        };
+        let _ = write!(
+            svg,
+            "<text x={:.1} y={} text-anchor=middle>{label}</text>",
+            sx(x),
+            H - PAD_B + 14.0
+        );
+    }
     for (i, (_, pts)) in series.iter().enumerate() {
         let mut d = String::new();
         let mut last_y = 0.0;
@@ -251,7 +265,7 @@ pub fn line_chart(series: &[(&str, Vec<(f64, f64)>)], x_label: &str, y_label: &s
         }
         let _ = write!(
             svg,
-            "<path d='{d}' fill=none stroke='{}' stroke-width=2/>",
+            "<path d='{d}' fill='none' stroke='{}' stroke-width='2'/>",
             COLORS[i % 4]
         );
     }
@@ -368,6 +382,34 @@ pub fn ms(ns: u64) -> String {
     format!("{:.3}", ns as f64 / 1e6)
 }
 
+/// A time given in milliseconds, in the unit that shows its digits: `1.25 s`, `3.142 ms`,
+/// `12.3 µs`, `0.48 µs`.
+pub fn time_text(ms: f64) -> String {
+    if !ms.is_finite() {
+        "–".into()
+    } else if ms >= 1000.0 {
+        format!("{:.2} s", ms / 1e3)
+    } else if ms >= 1.0 {
+        format!("{ms:.3} ms")
+    } else if ms >= 0.01 {
+        format!("{:.1} µs", ms * 1e3)
+    } else {
+        format!("{:.2} µs", ms * 1e3)
+    }
+}
+
+/// The scale of a column of bars: the 98th percentile of `values`, so that one outlier
+/// does not flatten every other bar (bars above it are drawn full width).
+pub fn bar_scale(values: &[f64]) -> f64 {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return 1.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let k = ((v.len() - 1) as f64 * 0.98).round() as usize;
+    v[k].max(1e-12)
+}
+
 /// A page with one section per profile: the figures, the key-averages table with bars of
 /// self time, and live memory over time.
 pub fn profiles_page(title: &str, profiles: &[(&str, &Profile)]) -> String {
@@ -416,7 +458,7 @@ fn profile_section(page: &mut Page, p: &Profile) {
                 Cell::Num(r.calls.to_string()),
                 Cell::Bars(
                     vec![(0, r.self_ns as f64 / top as f64)],
-                    format!("{} ms", ms(r.self_ns)),
+                    time_text(r.self_ns as f64 / 1e6),
                 ),
                 Cell::Num(ms(r.total_ns)),
                 Cell::Num(human_bytes(r.bytes)),

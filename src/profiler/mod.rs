@@ -613,6 +613,23 @@ impl Profile {
     }
 }
 
+/// Writes `profiles` into directory `dir` (created if missing) as `trace.json` (one Chrome
+/// trace, a process per profile) and `report.html` (a section per profile); returns the
+/// two paths. What the examples' `--profile DIR` writes.
+pub fn export_dir(
+    dir: impl AsRef<std::path::Path>,
+    title: &str,
+    profiles: &[(&str, &Profile)],
+) -> Result<(std::path::PathBuf, std::path::PathBuf)> {
+    let dir = dir.as_ref();
+    std::fs::create_dir_all(dir).map_err(|e| Error::Io(format!("{}: {e}", dir.display())))?;
+    let trace = dir.join("trace.json");
+    let report = dir.join("report.html");
+    write_file(&trace, &chrome::trace(profiles))?;
+    write_file(&report, &html::profiles_page(title, profiles))?;
+    Ok((trace, report))
+}
+
 /// Writes `text` to `path`, naming the path in the error.
 pub fn write_file(path: &std::path::Path, text: &str) -> Result<()> {
     std::fs::write(path, text).map_err(|e| Error::Io(format!("{}: {e}", path.display())))

@@ -11,6 +11,7 @@
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::op::{BinaryOp, Op, TensorType, UnaryOp};
 use crate::ir::shape::{expand_shape, wrap_dim};
+use crate::profiler::{EventKind, Span};
 use crate::runtime::device::Device;
 use crate::runtime::kernels::copy::{cast_new, copy_into};
 use crate::runtime::kernels::creation::scalar_to;
@@ -39,6 +40,29 @@ fn checked_type(op: &Op, inputs: &[&Tensor], dst: &Tensor) -> Result<TensorType>
         );
     }
     Ok(out)
+}
+
+/// The profiler's event for an in-place write into `dst` from `srcs` (`dst` is read and
+/// written, each source read once).
+fn write_span(name: impl FnOnce() -> String, dst: &Tensor, srcs: &[&Tensor]) -> Option<Span> {
+    let mut span = crate::profiler::span(EventKind::Op, name)?;
+    let bytes = |t: &Tensor| (t.numel() * t.element_size()) as u64;
+    let read: u64 = srcs
+        .iter()
+        .filter(|t| !std::ptr::eq(**t, dst))
+        .map(|t| bytes(t))
+        .sum();
+    span.work(2 * bytes(dst) + read, dst.numel() as u64);
+    if crate::profiler::records_shapes() {
+        let mut shapes = vec![dst.shape().to_vec()];
+        shapes.extend(
+            srcs.iter()
+                .filter(|t| !std::ptr::eq(**t, dst))
+                .map(|t| t.shape().to_vec()),
+        );
+        span.shapes(shapes);
+    }
+    Some(span)
 }
 
 /// Same device for every operand, with the message of `apply`.
@@ -82,6 +106,15 @@ impl Tensor {
                 op.name()
             );
         }
+        // `x.add_(y)` passes x as first operand and target; `add(a, b, out=c)` does not
+        let _span = write_span(
+            || match inputs.first() {
+                Some(&first) if std::ptr::eq(first, out) => format!("{}_", op.name()),
+                _ => format!("{} (out=)", op.name()),
+            },
+            out,
+            inputs,
+        );
         check_devices(inputs, out)?;
         checked_type(&op, inputs, out)?;
         crate::runtime::hooks::before_inplace(out, &op, inputs)?;
@@ -179,6 +212,7 @@ impl Tensor {
     }
     /// Sets every element to `value` (converted as a cast would).
     pub fn fill_(&self, value: impl Into<Scalar>) -> Result<&Tensor> {
+        let _span = write_span(|| "fill_".into(), self, &[]);
         check_no_overlap(self.layout())?;
         let value = value.into();
         if value.is_float() && self.dtype().is_int() && !value.to_f64().is_finite() {
@@ -220,6 +254,7 @@ impl Tensor {
     /// Allocates nothing unless `src` overlaps `self` with another layout (e.g.
     /// `x.copy_(&x.t())`), in which case `src` is read from a copy.
     pub fn copy_(&self, src: &Tensor) -> Result<&Tensor> {
+        let _span = write_span(|| "copy_".into(), self, &[src]);
         check_devices(&[src], self)?;
         let to: Vec<i64> = self.shape().iter().map(|&s| s as i64).collect();
         expand_shape(src.shape(), &to)?;
@@ -248,6 +283,7 @@ impl Tensor {
     /// `self.index_add_(dim, index, source)`: adds slice `i` of `source` along `dim` into
     /// slice `index[i]` of `self`; repeated indices accumulate.
     pub fn index_add_(&self, dim: i64, index: &Tensor, source: &Tensor) -> Result<&Tensor> {
+        let _span = write_span(|| "index_add_".into(), self, &[index, source]);
         check_devices(&[index, source], self)?;
         let op = Op::IndexAdd { dim };
         checked_type(&op, &[self, index, source], self)?;
