@@ -52,4 +52,6 @@ pub mod guide {
     pub struct Cuda;
     #[doc = include_str!("../docs/guide/09-profiling.md")]
     pub struct Profiling;
+    #[doc = include_str!("../docs/profiling.md")]
+    pub struct ProfilerGuide;
 }
