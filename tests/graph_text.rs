@@ -143,6 +143,8 @@ const OP_STATEMENTS: &[&str] = &[
     "maximum(%x, %y)",
     "minimum(%x, %y)",
     "remainder(%x, 3)",
+    "div(%x, %y, rounding_mode=\"floor\")",
+    "div(%x, 2, rounding_mode=\"trunc\")",
     "eq(%x, %y)",
     "ne(%x, 0)",
     "lt(%x, inf)",

@@ -14,6 +14,8 @@ use half::{bf16, f16};
 pub enum Sig {
     /// `(f64, f64) -> f64`
     F64F64F64,
+    /// `(f32, f32) -> f32`
+    F32F32F32,
     /// `(f64, f64, f64) -> f64`: a unary op's reference formula with its two attributes.
     Unary,
     /// `f64 -> f32`
@@ -39,6 +41,12 @@ extern "C" fn pow(a: f64, b: f64) -> f64 {
 }
 extern "C" fn fmod(a: f64, b: f64) -> f64 {
     a % b
+}
+extern "C" fn div_floor(a: f64, b: f64) -> f64 {
+    crate::ir::op::div_floor_float(a, b)
+}
+extern "C" fn div_floor_f32(a: f32, b: f32) -> f32 {
+    crate::ir::op::div_floor_float(a, b)
 }
 /// f64 to f16 as the eager kernels convert (`half`'s `from_f64`), held in an f32.
 extern "C" fn f64_to_f16(x: f64) -> f32 {
@@ -85,6 +93,8 @@ pub fn symbols() -> Vec<(&'static str, *const u8, Sig)> {
         .chain([
             ("smelt_pow", pow as *const u8, F64F64F64),
             ("smelt_fmod", fmod as *const u8, F64F64F64),
+            ("smelt_div_floor", div_floor as *const u8, F64F64F64),
+            ("smelt_div_floor_f32", div_floor_f32 as *const u8, F32F32F32),
             ("smelt_f64_to_f16", f64_to_f16 as *const u8, F64F32),
             ("smelt_f64_to_bf16", f64_to_bf16 as *const u8, F64F32),
             (

@@ -368,6 +368,7 @@ fn helper_signature(jit: &Jit, s: Sig) -> Signature {
     match s {
         Sig::Unary => jit.signature(&[F64, F64, F64], &[F64]),
         Sig::F64F64F64 => jit.signature(&[F64, F64], &[F64]),
+        Sig::F32F32F32 => jit.signature(&[F32, F32], &[F32]),
         Sig::F64F32 => jit.signature(&[F64], &[F32]),
         Sig::F32U32 => jit.signature(&[F32], &[I32]),
         Sig::U32F32 => jit.signature(&[I32], &[F32]),

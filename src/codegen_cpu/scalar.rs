@@ -516,6 +516,7 @@ impl Gen<'_, '_, '_> {
             if c == DType::F32 && b != Remainder {
                 return self.binary_float(b, x, y);
             }
+            // halves compute in f64: their quotients round to the same integers as in f32
             let (xw, yw) = (self.widen_float(x, c), self.widen_float(y, c));
             let r = self.binary_float(b, xw, yw);
             return self.narrow_f64(r, c);
@@ -540,6 +541,13 @@ impl Gen<'_, '_, '_> {
             Div => self.fb.b.ins().fdiv(x, y),
             Pow if t == F32 => math::pow(self.fb.b, x, y),
             Pow => self.call("smelt_pow", &[x, y]),
+            DivTrunc => {
+                let q = self.fb.b.ins().fdiv(x, y);
+                self.fb.b.ins().trunc(q)
+            }
+            // the reference formula, in the operands' precision
+            DivFloor if t == F32 => self.call("smelt_div_floor_f32", &[x, y]),
+            DivFloor => self.call("smelt_div_floor", &[x, y]),
             Maximum | Minimum => {
                 // NaN if either is NaN, else C++ std::max/min
                 let pick_y = if b == Maximum {
@@ -552,7 +560,7 @@ impl Gen<'_, '_, '_> {
                 let sum = self.fb.b.ins().fadd(x, y);
                 self.fb.b.ins().select(nan, sum, r)
             }
-            _ => {
+            Remainder => {
                 // Python's `%` in f64: the result takes the divisor's sign
                 let r = self.call("smelt_fmod", &[x, y]);
                 let z = self.fconst(t, 0.0);
@@ -564,6 +572,8 @@ impl Gen<'_, '_, '_> {
                 let ry = self.fb.b.ins().fadd(r, y);
                 self.fb.b.ins().select(fix, ry, r)
             }
+            // compared by the caller before it gets here
+            Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr => x,
         }
     }
 
@@ -585,9 +595,35 @@ impl Gen<'_, '_, '_> {
                 let r = self.call("smelt_pow_i64", &[xw, yw]);
                 self.reduce_int(r, c)
             }
-            _ => {
-                // remainder; a zero divisor is an error, and x % -1 == x % 1 == 0 avoids the
-                // trap of MIN % -1
+            DivTrunc | DivFloor => {
+                // a zero divisor is an error; dividing by 1 in place of 0 and -1 avoids the
+                // traps, and x / -1 is -x (wrapping, as the reference)
+                let (xw, yw) = (self.widen_int(x, c), self.widen_int(y, c));
+                let zero = self.fb.b.ins().icmp_imm_s(IntCC::Equal, yw, 0);
+                self.flag_error(zero, ERR_ZERO_DIV);
+                let m1 = self.fb.b.ins().icmp_imm_s(IntCC::Equal, yw, -1);
+                let bad = self.fb.b.ins().bor(zero, m1);
+                let one = self.iconst(I64, 1);
+                let safe = self.fb.b.ins().select(bad, one, yw);
+                let mut q = self.fb.b.ins().sdiv(xw, safe);
+                if b == DivFloor {
+                    // one less when the remainder is nonzero and the signs differ
+                    let r = self.fb.b.ins().srem(xw, safe);
+                    let rnz = self.fb.b.ins().icmp_imm_s(IntCC::NotEqual, r, 0);
+                    let xn = self.fb.b.ins().icmp_imm_s(IntCC::SignedLessThan, xw, 0);
+                    let yn = self.fb.b.ins().icmp_imm_s(IntCC::SignedLessThan, yw, 0);
+                    let diff = self.fb.b.ins().bxor(xn, yn);
+                    let fix = self.fb.b.ins().band(rnz, diff);
+                    let q1 = self.fb.b.ins().iadd_imm_s(q, -1);
+                    q = self.fb.b.ins().select(fix, q1, q);
+                }
+                let neg = self.fb.b.ins().ineg(xw);
+                let q = self.fb.b.ins().select(m1, neg, q);
+                self.reduce_int(q, c)
+            }
+            Remainder => {
+                // a zero divisor is an error, and x % -1 == x % 1 == 0 avoids the trap of
+                // MIN % -1
                 let (xw, yw) = (self.widen_int(x, c), self.widen_int(y, c));
                 let zero = self.fb.b.ins().icmp_imm_s(IntCC::Equal, yw, 0);
                 self.flag_error(zero, ERR_ZERO_DIV);
@@ -605,6 +641,8 @@ impl Gen<'_, '_, '_> {
                 let r = self.fb.b.ins().select(fix, ry, r);
                 self.reduce_int(r, c)
             }
+            // `div` computes integers in floats, and the caller compares
+            Div | Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr => x,
         }
     }
 

@@ -129,11 +129,15 @@ impl Gen<'_, '_, '_> {
                 _ => f32_ops,
             },
             Expr::Binary(b, x, _) => {
+                // fmod and rounded quotients run in the scalar code
+                let scalar_only = matches!(
+                    b,
+                    BinaryOp::Remainder | BinaryOp::DivFloor | BinaryOp::DivTrunc
+                );
                 if k.values[*x].dtype == DType::F32 {
-                    *b != BinaryOp::Remainder
+                    !scalar_only
                 } else {
-                    !matches!(b, BinaryOp::Pow | BinaryOp::Sub | BinaryOp::Div)
-                        && *b != BinaryOp::Remainder
+                    !matches!(b, BinaryOp::Pow | BinaryOp::Sub | BinaryOp::Div) && !scalar_only
                 }
             }
             Expr::Clamp { .. } => val.dtype == DType::F32,
@@ -595,7 +599,7 @@ impl Gen<'_, '_, '_> {
                 }
             }
             // refused by `vectorizable`
-            Remainder => x,
+            Remainder | DivFloor | DivTrunc => x,
         }
     }
 

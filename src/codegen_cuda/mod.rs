@@ -129,10 +129,12 @@ pub struct CudaKernelSrc {
 }
 
 impl CudaKernelSrc {
-    /// Whether the kernel may set its error flag (an integer remainder by zero, or an index
-    /// out of range).
+    /// Whether the kernel may set its error flag (an integer remainder or division by zero,
+    /// or an index out of range).
     pub fn may_raise(&self) -> bool {
-        self.source.contains("sm_irem") || self.source.contains("*sm_err =")
+        self.source.contains("sm_irem")
+            || self.source.contains("sm_idiv_")
+            || self.source.contains("*sm_err =")
     }
 }
 

@@ -58,6 +58,32 @@ __device__ __forceinline__ double sm_frem(double a, double b) {
   return (r != 0.0 && ((r < 0.0) != (b < 0.0))) ? r + b : r;
 }
 
+/* torch.div(rounding_mode="trunc"/"floor"): as PyTorch's div_trunc and div_floor kernels. */
+template <class T> __device__ __forceinline__ T sm_idiv_trunc(T a, T b, unsigned int* err) {
+  if (b == (T)0) { *err = 1u; return (T)0; }
+  long long x = (long long)a, y = (long long)b;
+  if (y == -1) return (T)(0ull - (unsigned long long)x);
+  return (T)(x / y);
+}
+template <class T> __device__ __forceinline__ T sm_idiv_floor(T a, T b, unsigned int* err) {
+  if (b == (T)0) { *err = 1u; return (T)0; }
+  long long x = (long long)a, y = (long long)b;
+  if (y == -1) return (T)(0ull - (unsigned long long)x);
+  long long q = x / y;
+  return (x % y != 0 && ((x < 0) != (y < 0))) ? (T)(q - 1) : (T)q;
+}
+__device__ __forceinline__ float sm_fdiv_trunc(float a, float b) { return truncf(a / b); }
+__device__ __forceinline__ double sm_fdiv_trunc(double a, double b) { return trunc(a / b); }
+template <class F> __device__ __forceinline__ F sm_fdiv_floor(F a, F b) {
+  if (b == (F)0) return a / b;
+  F m = fmod(a, b);
+  F div = (a - m) / b;
+  if (m != (F)0 && ((b < (F)0) != (m < (F)0))) div -= (F)1;
+  if (div == (F)0) return copysign((F)0, a / b);
+  F fl = floor(div);
+  return (div - fl > (F)0.5) ? fl + (F)1 : fl;
+}
+
 /* torch.maximum / torch.minimum: NaN wins. */
 __device__ __forceinline__ float sm_fmax(float a, float b) { return (a != a || b != b) ? SM_NAN_F : (a < b ? b : a); }
 __device__ __forceinline__ float sm_fmin(float a, float b) { return (a != a || b != b) ? SM_NAN_F : (b < a ? b : a); }

@@ -336,6 +336,8 @@ pub fn binary(op: BinaryOp, c: DType, a: &str, b: &str) -> Result<String> {
             Maximum => format!("sm_fmax({a}, {b})"),
             Minimum => format!("sm_fmin({a}, {b})"),
             Remainder => format!("sm_frem({a}, {b})"),
+            DivTrunc => format!("sm_fdiv_trunc({a}, {b})"),
+            DivFloor => format!("sm_fdiv_floor({a}, {b})"),
             _ => bail!(Unsupported, "cuda codegen: {} routed wrongly", op.name()),
         };
         return Ok(round(c, e));
@@ -353,6 +355,8 @@ pub fn binary(op: BinaryOp, c: DType, a: &str, b: &str) -> Result<String> {
         Maximum => format!("(({a}) < ({b}) ? ({b}) : ({a}))"),
         Minimum => format!("(({b}) < ({a}) ? ({b}) : ({a}))"),
         Remainder => format!("sm_irem<{t}>({a}, {b}, sm_err)"),
+        DivTrunc => format!("sm_idiv_trunc<{t}>({a}, {b}, sm_err)"),
+        DivFloor => format!("sm_idiv_floor<{t}>({a}, {b}, sm_err)"),
         _ => bail!(
             Unsupported,
             "cuda codegen: {} of {} is not a valid kernel op",

@@ -548,13 +548,13 @@ impl Op {
             Op::Tril { diagonal } | Op::Triu { diagonal } => {
                 vec![("diagonal", Attr::Int(*diagonal))]
             }
-            Op::Binary(_)
-            | Op::Where
-            | Op::Matmul
-            | Op::Linear { .. }
-            | Op::T
-            | Op::Contiguous
-            | Op::Embedding => vec![],
+            Op::Binary(b) => match b.rounding_mode() {
+                Some(m) => vec![("rounding_mode", Attr::Str(m.into()))],
+                None => vec![],
+            },
+            Op::Where | Op::Matmul | Op::Linear { .. } | Op::T | Op::Contiguous | Op::Embedding => {
+                vec![]
+            }
         }
     }
 
@@ -596,7 +596,29 @@ fn build(name: &str, slots: &[bool], a: &mut Args) -> CallResult<Op> {
         Err((n, msg)) => return err(Some(n), format!("attribute '{n}' of '{op_name}' {msg}")),
     }
     if let Some(b) = binary_from_name(name) {
-        return Ok(Op::Binary(b));
+        if b != BinaryOp::Div {
+            return Ok(Op::Binary(b));
+        }
+        // torch.div's rounding_mode: None (true division), "trunc" or "floor"
+        return Ok(Op::Binary(match a.take("rounding_mode") {
+            None => BinaryOp::Div,
+            Some(Attr::Str(m)) if m == "floor" => BinaryOp::DivFloor,
+            Some(Attr::Str(m)) if m == "trunc" => BinaryOp::DivTrunc,
+            Some(Attr::Str(m)) => {
+                return err(
+                    Some("rounding_mode"),
+                    format!(
+                        "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{m}'"
+                    ),
+                );
+            }
+            Some(_) => {
+                return err(
+                    Some("rounding_mode"),
+                    "attribute 'rounding_mode' of 'div' expects \"trunc\" or \"floor\"".into(),
+                );
+            }
+        }));
     }
     if let Some(r) = reduce_from_name(name) {
         let dim = a.dims("dim")?;

@@ -71,6 +71,12 @@ pub enum BinaryOp {
     Minimum,
     /// `torch.remainder`: Python's `%` (the result has the divisor's sign).
     Remainder,
+    /// `torch.div(a, b, rounding_mode="floor")` (`torch.floor_divide`): the quotient
+    /// rounded down, in the operands' common dtype (Python's `//`).
+    DivFloor,
+    /// `torch.div(a, b, rounding_mode="trunc")`: the quotient rounded toward zero, in the
+    /// operands' common dtype.
+    DivTrunc,
     /// `torch.eq`: `a == b`, as bool.
     Eq,
     /// `torch.ne`: `a != b`, as bool.
@@ -426,24 +432,80 @@ fn is_index_dtype(d: DType) -> bool {
     matches!(d, DType::I64 | DType::I32)
 }
 
+/// PyTorch's floor division of floats (`div_floor_floating`, Python's `//`) in the
+/// precision of `F`: the quotient of `a - fmod(a, b)`, corrected so that rounding error
+/// never moves it across an integer. A zero divisor gives IEEE `a / b`.
+pub fn div_floor_float<F: num_traits::Float>(a: F, b: F) -> F {
+    if b == F::zero() {
+        return a / b;
+    }
+    // `%` on floats is C's fmod: exact, with the dividend's sign
+    let m = a % b;
+    let mut div = (a - m) / b;
+    if m != F::zero() && (b < F::zero()) != (m < F::zero()) {
+        div = div - F::one();
+    }
+    if div == F::zero() {
+        return F::zero().copysign(a / b);
+    }
+    let fl = div.floor();
+    let half = F::one() / (F::one() + F::one());
+    if div - fl > half { fl + F::one() } else { fl }
+}
+
+/// Floor division of integers (`div_floor_integer`), wrapping (`MIN // -1` is `MIN`); the
+/// caller refuses a zero divisor.
+pub fn div_floor_int(a: i64, b: i64) -> i64 {
+    if b == 0 {
+        return 0;
+    }
+    let q = a.wrapping_div(b);
+    if a.wrapping_rem(b) != 0 && ((a < 0) != (b < 0)) {
+        q - 1
+    } else {
+        q
+    }
+}
+
+/// Truncating division of integers (C's `/`), wrapping; the caller refuses a zero divisor.
+pub fn div_trunc_int(a: i64, b: i64) -> i64 {
+    if b == 0 { 0 } else { a.wrapping_div(b) }
+}
+
+/// PyTorch's checks of `alpha` in `add(x, y, alpha=)` and `sub` against the operands'
+/// common dtype: a bool `alpha` only for bool results, a float one only for float results.
+pub fn check_alpha(alpha: Scalar, common: DType) -> Result<()> {
+    if matches!(alpha, Scalar::Bool(_)) && common != DType::Bool {
+        bail!(Value, "Boolean alpha only supported for Boolean results.");
+    }
+    if matches!(alpha, Scalar::Float(_)) && !common.is_float() {
+        bail!(
+            Value,
+            "For integral input tensors, argument alpha must not be a floating point number."
+        );
+    }
+    Ok(())
+}
+
 impl BinaryOp {
     /// Every binary op.
     pub const ALL: &'static [BinaryOp] = {
         use BinaryOp::*;
         &[
-            Add, Sub, Mul, Div, Pow, Maximum, Minimum, Remainder, Eq, Ne, Lt, Le, Gt, Ge,
-            LogicalAnd, LogicalOr,
+            Add, Sub, Mul, Div, Pow, Maximum, Minimum, Remainder, DivFloor, DivTrunc, Eq, Ne, Lt,
+            Le, Gt, Ge, LogicalAnd, LogicalOr,
         ]
     };
 
-    /// The op's name in `.smelt` text and messages (`add`).
+    /// The op's name in `.smelt` text and messages (`add`); the rounding divisions are
+    /// `div` with a `rounding_mode` attribute.
     pub fn name(self) -> &'static str {
         use BinaryOp::*;
         match self {
             Add => "add",
             Sub => "sub",
             Mul => "mul",
-            Div => "div",
+            Div | DivFloor | DivTrunc => "div",
             Pow => "pow",
             Maximum => "maximum",
             Minimum => "minimum",
@@ -456,6 +518,15 @@ impl BinaryOp {
             Ge => "ge",
             LogicalAnd => "logical_and",
             LogicalOr => "logical_or",
+        }
+    }
+
+    /// The `rounding_mode` attribute of a division (`None` for every other op).
+    pub fn rounding_mode(self) -> Option<&'static str> {
+        match self {
+            BinaryOp::DivFloor => Some("floor"),
+            BinaryOp::DivTrunc => Some("trunc"),
+            _ => None,
         }
     }
 
@@ -481,6 +552,8 @@ impl BinaryOp {
                 "Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead."
             ),
             Remainder if common.is_bool() => return Err(not_implemented("remainder", common)),
+            DivFloor if common.is_bool() => return Err(not_implemented("div_floor_cpu", common)),
+            DivTrunc if common.is_bool() => return Err(not_implemented("div_trunc_cpu", common)),
             Pow if common.is_bool() => DType::I64,
             _ => common,
         })

@@ -168,7 +168,13 @@ pub fn check_ops(k: &Kernel, backend: &str) -> Result<()> {
                         "{backend}: integer div (v{i}) is not lowered: div computes in floats"
                     );
                 }
-                if (*op == BinaryOp::Sub || *op == BinaryOp::Remainder) && da == DType::Bool {
+                let no_bools = [
+                    BinaryOp::Sub,
+                    BinaryOp::Remainder,
+                    BinaryOp::DivFloor,
+                    BinaryOp::DivTrunc,
+                ];
+                if no_bools.contains(op) && da == DType::Bool {
                     bail!(Unsupported, "{backend}: {} of bools (v{i})", op.name());
                 }
             }

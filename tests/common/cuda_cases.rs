@@ -104,6 +104,37 @@ pub const CASES: &[(&str, &str, &str)] = &[
         "%x: u8[7], %z: i8[7]",
         "%y = remainder(%x, %z)",
     ),
+    // version 2 forms of version-1 ops
+    (
+        "div_floor",
+        "%x: f32[7], %z: f32[7]",
+        "%y = div(%x, %z, rounding_mode=\"floor\")",
+    ),
+    (
+        "div_trunc_f64",
+        "%x: f64[7]",
+        "%y = div(%x, -0.7, rounding_mode=\"trunc\")",
+    ),
+    (
+        "div_floor_i64",
+        "%x: i64[7], %z: i64[7]",
+        "%y = div(%x, %z, rounding_mode=\"floor\")",
+    ),
+    (
+        "div_trunc_i16",
+        "%x: u8[7], %z: i8[7]",
+        "%y = div(%x, %z, rounding_mode=\"trunc\")",
+    ),
+    (
+        "div_floor_f16",
+        "%x: f16[7], %z: f16[7]",
+        "%y = div(%x, %z, rounding_mode=\"floor\")",
+    ),
+    (
+        "add_alpha",
+        "%x: f32[7], %z: f32[7]",
+        "%y = add(%x, %z, alpha=2.5)",
+    ),
     ("eq", "%x: f16[7], %z: f16[7]", "%y = eq(%x, %z)"),
     ("ne", "%x: i32[7], %z: i64[7]", "%y = ne(%x, %z)"),
     ("lt", "%x: f32[7]", "%y = lt(%x, 0.0)"),

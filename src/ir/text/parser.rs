@@ -5,8 +5,11 @@ use super::lexer::{Tok, Token, lex};
 use crate::ir::attrs::Attr;
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::graph::{Graph, Module, ValueId};
-use crate::ir::op::{Op, TensorType};
+use crate::ir::op::{BinaryOp, Op, TensorType};
 use crate::{Error, Result};
+
+/// A `name=value` attribute as written, with the token of its name (for error positions).
+type Attribute = (String, Attr, Token);
 
 /// Parses a `.smelt` file; `file` names it in error messages.
 pub fn parse_module(text: &str, file: &str) -> Result<Module> {
@@ -209,6 +212,7 @@ impl Parser<'_> {
                 Arg::None => None,
             })
             .collect();
+        let (operands, attrs) = self.sugar(g, &op_name, &name, operands, attrs)?;
         let attr_refs: Vec<(&str, Attr)> = attrs
             .iter()
             .map(|(n, a, _)| (n.as_str(), a.clone()))
@@ -242,6 +246,75 @@ impl Parser<'_> {
             }
         }
         Ok(())
+    }
+
+    /// PyTorch's forms that the graph spells with more than one op, rewritten into those
+    /// ops (each extra value named after the statement's, `%z.alpha`):
+    /// - `add(x, y, alpha=a)` and `sub(x, y, alpha=a)`: `y * a` first, with PyTorch's
+    ///   checks of `alpha` against the operands' dtype;
+    /// - `scatter(x, index, value, dim=)` with a bare number `value`: the number cast to
+    ///   `x`'s dtype and expanded to `index`'s shape (a view, no memory).
+    fn sugar(
+        &self,
+        g: &mut Graph,
+        op: &str,
+        name: &str,
+        mut operands: Vec<ValueId>,
+        mut attrs: Vec<Attribute>,
+    ) -> Result<(Vec<ValueId>, Vec<Attribute>)> {
+        match op {
+            "add" | "sub" => {
+                let Some(i) = attrs.iter().position(|(n, _, _)| n == "alpha") else {
+                    return Ok((operands, attrs));
+                };
+                let (_, alpha, at) = attrs.remove(i);
+                let alpha = match alpha {
+                    Attr::Int(i) => Scalar::Int(i),
+                    Attr::Float(x) => Scalar::Float(x),
+                    Attr::Bool(b) => Scalar::Bool(b),
+                    other => {
+                        return Err(self.err(
+                            &at,
+                            format!("attribute 'alpha' of '{op}' expects a number, got {other}"),
+                        ));
+                    }
+                };
+                let &[x, y] = operands.as_slice() else {
+                    return Ok((operands, attrs));
+                };
+                let (tx, ty) = (g.node(x).ty.clone(), g.node(y).ty.clone());
+                let common = BinaryOp::Add
+                    .compute_dtype(&tx, &ty)
+                    .map_err(|e| self.err(&at, e.to_string()))?;
+                crate::ir::op::check_alpha(alpha, common)
+                    .map_err(|e| self.err(&at, e.to_string()))?;
+                if alpha.to_f64() != 1.0 {
+                    let a = g
+                        .add_scalar(alpha)
+                        .map_err(|e| self.err(&at, e.to_string()))?;
+                    let scaled = g
+                        .add_op_named(Op::Binary(BinaryOp::Mul), &[y, a], &format!("{name}.alpha"))
+                        .map_err(|e| self.err(&at, e.to_string()))?;
+                    operands = vec![x, scaled];
+                }
+                Ok((operands, attrs))
+            }
+            "scatter" if operands.len() == 3 && g.node(operands[2]).is_inline_scalar() => {
+                let (x, index, v) = (operands[0], operands[1], operands[2]);
+                let dtype = g.node(x).ty.dtype;
+                let size: Vec<i64> = g.node(index).ty.shape.iter().map(|&d| d as i64).collect();
+                let at = self.peek().clone();
+                let cast = g
+                    .add_op_named(Op::To { dtype }, &[v], &format!("{name}.value"))
+                    .map_err(|e| self.err(&at, e.to_string()))?;
+                let src = g
+                    .add_op_named(Op::Expand { size }, &[cast], &format!("{name}.src"))
+                    .map_err(|e| self.err(&at, e.to_string()))?;
+                operands[2] = src;
+                Ok((operands, attrs))
+            }
+            _ => Ok((operands, attrs)),
+        }
     }
 
     /// Arguments up to and including ')': positional operands, then `name=value` attributes.

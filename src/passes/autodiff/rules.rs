@@ -554,7 +554,10 @@ fn binary(
             };
             vec![Some(g), gc]
         }
-        Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr => vec![None, None],
+        // PyTorch: a rounded quotient has a zero gradient, as comparisons do
+        DivFloor | DivTrunc | Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr => {
+            vec![None, None]
+        }
     })
 }
 

@@ -47,7 +47,8 @@ fn binary_weight(b: BinaryOp) -> f64 {
     match b {
         Maximum | Minimum => 3.0,
         Div => 4.0,
-        Pow | Remainder => 10.0,
+        Pow | Remainder | DivFloor => 10.0,
+        DivTrunc => 5.0,
         _ => 1.0,
     }
 }

@@ -8,7 +8,9 @@
 //! first (a wrapped Python number is thereby rounded to it, as in PyTorch).
 
 use crate::ir::dtype::{DType, Scalar};
-use crate::ir::op::{BinaryOp, Op, TensorType, UnaryOp};
+use crate::ir::op::{
+    BinaryOp, Op, TensorType, UnaryOp, div_floor_float, div_floor_int, div_trunc_int,
+};
 use crate::ir::unary::{DTypeClass, WithFormula};
 use crate::runtime::access;
 use crate::runtime::element::{Element, round_to_dtype};
@@ -306,7 +308,7 @@ fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, dst: &Tensor) -> Result<()> {
         );
     }
     let (a, b) = (copy::cast(a, c)?, copy::cast(b, c)?);
-    if op == Remainder
+    if matches!(op, Remainder | DivFloor | DivTrunc)
         && !c.is_float()
         && dst.numel() > 0
         && dispatch!(c, T => any_elem::<T>(&b, |v| v.to_i64() == 0))?
@@ -321,12 +323,42 @@ fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, dst: &Tensor) -> Result<()> {
 }
 
 fn binary_float<T: Element>(op: BinaryOp, a: &Tensor, b: &Tensor, dst: &Tensor) -> Result<()> {
+    use BinaryOp::*;
+    // rounding divisions round their quotient in the dtype (f32 for halves, as PyTorch's
+    // CPU kernels compute them), not in f64: trunc(1 / 0.1) is 10 in f32, 9 in f64
+    let wide = T::DTYPE == DType::F64;
+    match op {
+        DivTrunc if wide => {
+            return run2(dst, a, b, |x: T, y: T| {
+                T::from_f64((x.to_f64() / y.to_f64()).trunc())
+            });
+        }
+        DivTrunc => {
+            return run2(dst, a, b, |x: T, y: T| {
+                T::from_f64(f64::from((x.to_f64() as f32 / y.to_f64() as f32).trunc()))
+            });
+        }
+        DivFloor if wide => {
+            return run2(dst, a, b, |x: T, y: T| {
+                T::from_f64(div_floor_float(x.to_f64(), y.to_f64()))
+            });
+        }
+        DivFloor => {
+            return run2(dst, a, b, |x: T, y: T| {
+                T::from_f64(f64::from(div_floor_float(
+                    x.to_f64() as f32,
+                    y.to_f64() as f32,
+                )))
+            });
+        }
+        _ => {}
+    }
     specialise!(op, BinaryOp[Add, Sub, Mul, Div, Pow, Maximum, Minimum, Remainder], OP =>
         run2(dst, a, b, |x: T, y: T| T::from_f64(binary_f64(OP, x.to_f64(), y.to_f64()))))
 }
 
 fn binary_int<T: Element>(op: BinaryOp, a: &Tensor, b: &Tensor, dst: &Tensor) -> Result<()> {
-    specialise!(op, BinaryOp[Add, Sub, Mul, Pow, Maximum, Minimum, Remainder], OP =>
+    specialise!(op, BinaryOp[Add, Sub, Mul, Pow, Maximum, Minimum, Remainder, DivFloor, DivTrunc], OP =>
         run2(dst, a, b, |x: T, y: T| T::from_i64(binary_i64(OP, x.to_i64(), y.to_i64()))))
 }
 
@@ -384,6 +416,9 @@ fn binary_f64(op: BinaryOp, a: f64, b: f64) -> f64 {
                 r
             }
         }
+        // in the operands' precision: see `binary_float`
+        DivFloor => div_floor_float(a, b),
+        DivTrunc => (a / b).trunc(),
         // bool-valued: see `compare`
         Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr => f64::NAN,
     }
@@ -401,6 +436,8 @@ fn binary_i64(op: BinaryOp, a: i64, b: i64) -> i64 {
         Pow => pow_i64(a, b),
         Maximum => a.max(b),
         Minimum => a.min(b),
+        DivFloor => div_floor_int(a, b),
+        DivTrunc => div_trunc_int(a, b),
         Remainder => {
             if b == 0 {
                 return 0;

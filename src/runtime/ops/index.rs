@@ -3,6 +3,7 @@
 //! indexing, `sort`, `topk`). Every one of them returns a copy, never a view, as in PyTorch.
 
 use crate::Result;
+use crate::ir::dtype::Scalar;
 use crate::ir::op::Op;
 use crate::runtime::kernels::index as kern;
 use crate::runtime::tensor::{Tensor, apply};
@@ -45,6 +46,24 @@ impl Tensor {
     /// indices the last write in row-major order of `index` wins.
     pub fn scatter(&self, dim: i64, index: &Tensor, src: &Tensor) -> Result<Tensor> {
         apply(Op::Scatter { dim }, &[self, index, src])
+    }
+    /// `torch.scatter(self, dim, index, value=value)`: `value` (cast to `self`'s dtype)
+    /// written at `p with p[dim] = index[p]` for every position `p` of `index`.
+    pub fn scatter_value(
+        &self,
+        dim: i64,
+        index: &Tensor,
+        value: impl Into<Scalar>,
+    ) -> Result<Tensor> {
+        let size: Vec<i64> = index.shape().iter().map(|&d| d as i64).collect();
+        let src = apply(
+            Op::To {
+                dtype: self.dtype(),
+            },
+            &[&Tensor::wrapped(value.into())],
+        )?;
+        let src = apply(Op::Expand { size }, &[&src])?;
+        self.scatter(dim, index, &src)
     }
     /// Like `scatter`, adding instead of writing (repeated indices accumulate).
     pub fn scatter_add(&self, dim: i64, index: &Tensor, src: &Tensor) -> Result<Tensor> {

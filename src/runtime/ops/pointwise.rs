@@ -159,6 +159,12 @@ impl Tensor {
         minimum, minimum_scalar => Minimum;
         /// Python's `%`: the result has the divisor's sign; integer division by 0 is refused.
         remainder, remainder_scalar => Remainder;
+        /// `torch.floor_divide` (`torch.div(.., rounding_mode="floor")`): the quotient rounded
+        /// down, in the common dtype (Python's `//`); integer division by 0 is refused.
+        floor_divide, floor_divide_scalar => DivFloor;
+        /// `torch.div(.., rounding_mode="trunc")`: the quotient rounded toward zero, in the
+        /// common dtype; integer division by 0 is refused.
+        div_trunc, div_trunc_scalar => DivTrunc;
         /// Bool tensor of `self == other`, compared in the promoted dtype.
         eq, eq_scalar => Eq;
         /// Bool tensor of `self != other`.
@@ -175,6 +181,28 @@ impl Tensor {
         logical_and, logical_and_scalar => LogicalAnd;
         /// Bool tensor: either nonzero.
         logical_or, logical_or_scalar => LogicalOr;
+    }
+
+    /// `torch.add(self, other, alpha=alpha)`: `self + alpha * other`. As PyTorch, a float
+    /// `alpha` is refused for integer tensors and a bool one for non-bool tensors.
+    pub fn add_alpha(&self, other: &Tensor, alpha: impl Into<Scalar>) -> Result<Tensor> {
+        self.binary_alpha(BinaryOp::Add, other, alpha.into())
+    }
+
+    /// `torch.sub(self, other, alpha=alpha)`: `self - alpha * other`.
+    pub fn sub_alpha(&self, other: &Tensor, alpha: impl Into<Scalar>) -> Result<Tensor> {
+        self.binary_alpha(BinaryOp::Sub, other, alpha.into())
+    }
+
+    fn binary_alpha(&self, op: BinaryOp, other: &Tensor, alpha: Scalar) -> Result<Tensor> {
+        let common = BinaryOp::Add.compute_dtype(&self.ttype(), &other.ttype())?;
+        crate::ir::op::check_alpha(alpha, common)?;
+        let scaled = if alpha.to_f64() == 1.0 {
+            other.clone()
+        } else {
+            other.mul_scalar(alpha)?
+        };
+        apply(Op::Binary(op), &[self, &scaled])
     }
 
     /// `s - self` (PyTorch's `rsub`).
