@@ -1,31 +1,33 @@
 //! [`CompiledStep`]: one compiled graph per training step.
 //!
 //! The loss function is traced once with the parameters as named graph inputs; the autodiff
-//! pass appends the gradients of the loss with respect to them; the SGD update (weight
-//! decay, momentum, dampening, Nesterov, exactly as `optim::SGD` computes it) is appended
-//! on top, and the graph's outputs become the loss, the updated parameters and the updated
-//! momentum buffers. The whole graph goes through the ordinary pass pipeline, so the update
-//! fuses with the pointwise tail of the backward.
+//! pass appends the gradients of the loss with respect to them; the optimiser's update
+//! (SGD, Adam or AdamW, exactly as `optim` computes it, after optional clipping by global
+//! norm) is appended on top ([`super::update`]), and the graph's outputs become the loss,
+//! the updated parameters and the optimiser's new state. The whole graph goes through the
+//! ordinary pass pipeline, so the update fuses with the pointwise tail of the backward.
+//! Learning-rate schedules and Adam's bias corrections are inputs of the graph, so they
+//! never recompile; gradient accumulation compiles a second graph that only adds a
+//! micro-batch's gradient.
 //!
 //! A call writes the updated parameters into the parameter tensors (the tensors a module
 //! and an eager optimiser hold), so compiled and eager steps can be mixed: the update
 //! kernel stores into them directly where the executor allows it
-//! (`CompiledFn::call_into`), otherwise the new values are copied back. The momentum
-//! buffers live in the step: the outputs of one call are the inputs of the next.
+//! (`CompiledFn::call_into`), otherwise the new values are copied back. The optimiser's
+//! state lives in the step: the outputs of one call are the inputs of the next.
 
+use super::update::{Phase, StepConfig, StepOptimizer, build_update_graph};
 use crate::autograd::no_grad;
 use crate::exec::{CompileOptions, CompiledFn};
 use crate::ir::dtype::DType;
-use crate::ir::dtype::Scalar;
-use crate::ir::graph::{Graph, ValueId};
-use crate::ir::op::{BinaryOp, Op, TensorType};
+use crate::ir::graph::Graph;
+use crate::ir::op::TensorType;
 use crate::jit::{TraceOptions, trace_with};
 use crate::optim::SGDConfig;
-use crate::passes::autodiff::autodiff;
 use crate::runtime::{Element, Tensor};
 use crate::{Result, bail};
 
-/// A training step (forward, loss, backward, SGD update) compiled into one function.
+/// A training step (forward, loss, backward, optimiser update) compiled into one function.
 ///
 /// Compiled code has fixed shapes: a batch of other shapes (the smaller last batch of a
 /// `DataLoader` without `drop_last`) traces and compiles another specialisation on first
@@ -37,13 +39,20 @@ pub struct CompiledStep<'f> {
     variants: Vec<Variant>,
     n_inputs: usize,
     params: Vec<(String, Tensor)>,
-    /// Which parameters the loss depends on (the others are left alone, as SGD skips
-    /// parameters without a gradient).
+    /// Which parameters the loss depends on (the others are left alone, as the eager
+    /// optimisers skip parameters without a gradient).
     updated: Vec<bool>,
-    /// Momentum buffers of the updated parameters, in order (empty without momentum).
-    buffers: Vec<Tensor>,
-    config: SGDConfig,
+    /// The optimiser's state, per updated parameter its `state_names` in order.
+    state: Vec<Tensor>,
+    /// The gradients accumulated over this step's micro-batches (with accumulation).
+    acc: Vec<Tensor>,
+    config: StepConfig,
+    /// Optimiser steps run so far.
     steps: u64,
+    /// Micro-batches run since the last update.
+    micro: usize,
+    /// The gradients' norm before clipping, at the last update.
+    last_norm: Option<f64>,
     /// Whether a parameter is large enough to be updated in place.
     large: bool,
 }
@@ -56,9 +65,11 @@ struct Variant {
     inputs: Vec<TensorType>,
     graph: Graph,
     f: CompiledFn,
-    /// The graph for the first step when it differs (momentum with dampening: the buffer
-    /// starts as the gradient itself, not a damped one).
+    /// The graph for the first step when it differs (SGD momentum with dampening: the
+    /// buffer starts as the gradient itself, not a damped one).
     first: Option<(Graph, CompiledFn)>,
+    /// The graph of a micro-batch that only accumulates (with accumulation).
+    accumulate: Option<(Graph, CompiledFn)>,
 }
 
 impl<'f> CompiledStep<'f> {
@@ -79,17 +90,51 @@ impl<'f> CompiledStep<'f> {
     where
         F: Fn(&[Tensor]) -> Result<Tensor> + 'f,
     {
-        // Validates the settings with the eager optimiser's checks and messages.
-        crate::optim::SGD::new(params.iter().map(|(_, p)| p.clone()).collect(), config)?;
+        Self::with_config(
+            loss_fn,
+            example_inputs,
+            params,
+            StepConfig::sgd(config),
+            opts,
+        )
+    }
+
+    /// [`CompiledStep::new`] with any [`StepConfig`]: SGD, Adam or AdamW, clipping by
+    /// global norm, a learning-rate schedule, gradient accumulation.
+    pub fn with_config<F>(
+        loss_fn: F,
+        example_inputs: &[Tensor],
+        params: Vec<(String, Tensor)>,
+        config: StepConfig,
+        opts: &CompileOptions,
+    ) -> Result<CompiledStep<'f>>
+    where
+        F: Fn(&[Tensor]) -> Result<Tensor> + 'f,
+    {
+        // Validates the settings with the eager optimisers' checks and messages.
+        let tensors = || params.iter().map(|(_, p)| p.clone()).collect();
+        match config.optimizer {
+            StepOptimizer::Sgd(c) => drop(crate::optim::SGD::new(tensors(), c)?),
+            StepOptimizer::Adam(c) => drop(crate::optim::Adam::new(tensors(), c)?),
+            StepOptimizer::AdamW(c) => drop(crate::optim::AdamW::new(tensors(), c)?),
+        }
+        config.check()?;
         let loss_fn: LossFn<'f> = Box::new(loss_fn);
         let (variant, updated) = build_variant(&loss_fn, example_inputs, &params, &config, opts)?;
-        let buffers = if config.momentum != 0.0 {
-            params
-                .iter()
-                .zip(&updated)
-                .filter(|(_, u)| **u)
-                .map(|((_, p), _)| Tensor::zeros(p.shape(), p.dtype()))
-                .collect()
+        let kept: Vec<&Tensor> = params
+            .iter()
+            .zip(&updated)
+            .filter(|(_, u)| **u)
+            .map(|((_, p), _)| p)
+            .collect();
+        let zeros = |p: &Tensor| Tensor::zeros(p.shape(), p.dtype());
+        let n_state = config.optimizer.state_names().len();
+        let state = kept
+            .iter()
+            .flat_map(|p| (0..n_state).map(|_| zeros(p)))
+            .collect();
+        let acc = if config.accumulation_steps > 1 {
+            kept.iter().map(|p| zeros(p)).collect()
         } else {
             Vec::new()
         };
@@ -101,9 +146,12 @@ impl<'f> CompiledStep<'f> {
             large: params.iter().any(|(_, p)| p.numel() > SMALL_PARAM),
             params,
             updated,
-            buffers,
+            state,
+            acc,
             config,
             steps: 0,
+            micro: 0,
+            last_norm: None,
         })
     }
 
@@ -142,7 +190,8 @@ impl<'f> CompiledStep<'f> {
     }
 
     /// Runs one step on a batch: returns the loss (before the update) and writes the
-    /// updated parameters into the parameter tensors.
+    /// updated parameters into the parameter tensors. With accumulation over `n`
+    /// micro-batches, each call takes one micro-batch and every `n`-th call updates.
     pub fn step(&mut self, inputs: &[Tensor]) -> Result<Tensor> {
         if inputs.len() != self.n_inputs {
             bail!(
@@ -156,16 +205,30 @@ impl<'f> CompiledStep<'f> {
         }
         let vi = self.variant_for(inputs)?;
         let variant = &self.variants[vi];
-        let first_call = self.steps == 0 && variant.first.is_some();
         let mut args: Vec<Tensor> = inputs.to_vec();
         args.extend(self.params.iter().map(|(_, p)| p.clone()));
+        args.extend(self.acc.iter().cloned());
+        if self.micro + 1 < self.config.accumulation_steps {
+            let Some((_, f)) = &variant.accumulate else {
+                bail!(Value, "the training step has no accumulation graph");
+            };
+            let mut outs = f.call(&args)?.into_iter();
+            let loss = outs.next().unwrap_or_else(|| Tensor::scalar(f32::NAN));
+            self.acc = outs.collect();
+            self.micro += 1;
+            return Ok(loss);
+        }
+        let first_call = self.steps == 0 && variant.first.is_some();
         let f = match (&variant.first, first_call) {
             (Some((_, f)), true) => f,
             _ => {
-                args.extend(self.buffers.iter().cloned());
+                args.extend(self.state.iter().cloned());
                 &variant.f
             }
         };
+        for x in self.config.scalars(self.steps) {
+            args.push(Tensor::from_vec(vec![x], &[])?);
+        }
         // Large updated parameters are written into the parameters themselves where the
         // executor can do so safely; the others are copied back below (for small ones
         // the copy costs less than the in-place bookkeeping).
@@ -178,17 +241,25 @@ impl<'f> CompiledStep<'f> {
                     .filter(|(_, u)| **u)
                     .map(|((_, p), _)| (p.numel() > SMALL_PARAM).then_some(p)),
             );
+            // the optimiser's state too (not on the first SGD step, whose graph takes none)
+            if !first_call {
+                into.extend(
+                    self.state
+                        .iter()
+                        .map(|s| (s.numel() > SMALL_PARAM).then_some(s)),
+                );
+            }
             f.call_into(&args, &into)?
         } else {
             f.call(&args)?
         };
         let n_upd = self.updated.iter().filter(|u| **u).count();
-        if outs.len() != 1 + n_upd + self.buffers.len() {
+        let want = 1 + n_upd + self.state.len() + usize::from(self.config.clip_grad_norm.is_some());
+        if outs.len() != want {
             bail!(
                 Value,
-                "the step graph returned {} outputs, expected {}",
-                outs.len(),
-                1 + n_upd + self.buffers.len()
+                "the step graph returned {} outputs, expected {want}",
+                outs.len()
             );
         }
         let mut it = outs.into_iter();
@@ -203,11 +274,18 @@ impl<'f> CompiledStep<'f> {
                 }
             }
         }
-        for b in self.buffers.iter_mut() {
+        for s in self.state.iter_mut() {
             if let Some(new) = it.next() {
-                *b = new;
+                *s = new;
             }
         }
+        if let Some(norm) = it.next() {
+            self.last_norm = Some(norm.item_f64()?);
+        }
+        for a in &self.acc {
+            a.zero_()?;
+        }
+        self.micro = 0;
         self.steps += 1;
         Ok(loss)
     }
@@ -236,19 +314,39 @@ impl<'f> CompiledStep<'f> {
     /// The momentum buffer of parameter `i`, once a step has made it (as
     /// `SGD::momentum_buffer`).
     pub fn momentum_buffer(&self, i: usize) -> Option<&Tensor> {
+        self.optimizer_state(i, "momentum_buffer")
+    }
+
+    /// State `name` of parameter `i` once a step has made it: `momentum_buffer` (SGD),
+    /// `exp_avg`, `exp_avg_sq`, `max_exp_avg_sq` (Adam, AdamW), as PyTorch names them.
+    pub fn optimizer_state(&self, i: usize, name: &str) -> Option<&Tensor> {
         if self.steps == 0 || !self.updated.get(i).copied().unwrap_or(false) {
             return None;
         }
+        let names = self.config.optimizer.state_names();
+        let k = names.iter().position(|n| *n == name)?;
         let j = self.updated[..i].iter().filter(|u| **u).count();
-        self.buffers.get(j)
+        self.state.get(j * names.len() + k)
+    }
+
+    /// The gradients' global norm before clipping, at the last update (with clipping).
+    pub fn last_grad_norm(&self) -> Option<f64> {
+        self.last_norm
+    }
+
+    /// The learning rate the next update uses (the schedule's rate at that step).
+    pub fn lr(&self) -> f64 {
+        self.config
+            .schedule
+            .lr(self.config.optimizer.lr(), self.steps)
     }
 
     /// The update settings.
-    pub fn config(&self) -> &SGDConfig {
+    pub fn config(&self) -> &StepConfig {
         &self.config
     }
 
-    /// Steps run so far.
+    /// Optimiser steps run so far (updates, not micro-batches).
     pub fn steps_done(&self) -> u64 {
         self.steps
     }
@@ -260,16 +358,27 @@ fn build_variant(
     loss_fn: &dyn Fn(&[Tensor]) -> Result<Tensor>,
     inputs: &[Tensor],
     params: &[(String, Tensor)],
-    config: &SGDConfig,
+    config: &StepConfig,
     opts: &CompileOptions,
 ) -> Result<(Variant, Vec<bool>)> {
     let forward = trace_forward(&loss_fn, inputs, params)?;
     let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
-    let (graph, updated) = build_step_graph(&forward, inputs.len(), &names, config, false)?;
-    let f = CompiledFn::compile(&graph, opts)?;
-    let first = if config.momentum != 0.0 && config.dampening != 0.0 {
-        let (g, _) = build_step_graph(&forward, inputs.len(), &names, config, true)?;
+    let n = inputs.len();
+    let build = |phase| -> Result<(Graph, CompiledFn, Vec<bool>)> {
+        let (g, updated) = build_update_graph(&forward, n, &names, config, phase)?;
         let f = CompiledFn::compile(&g, opts)?;
+        Ok((g, f, updated))
+    };
+    let (graph, f, updated) = build(Phase::Update { first_step: false })?;
+    let first = match config.optimizer {
+        StepOptimizer::Sgd(c) if c.momentum != 0.0 && c.dampening != 0.0 => {
+            let (g, f, _) = build(Phase::Update { first_step: true })?;
+            Some((g, f))
+        }
+        _ => None,
+    };
+    let accumulate = if config.accumulation_steps > 1 {
+        let (g, f, _) = build(Phase::Accumulate)?;
         Some((g, f))
     } else {
         None
@@ -279,6 +388,7 @@ fn build_variant(
         graph,
         f,
         first,
+        accumulate,
     };
     Ok((variant, updated))
 }
@@ -317,24 +427,12 @@ where
     Ok(g)
 }
 
-/// Whether each input of `g` reaches one of its outputs.
-fn reaches_output(g: &Graph) -> Vec<bool> {
-    let order = g.topo_order();
-    let mut live: std::collections::HashSet<ValueId> = g.outputs().iter().copied().collect();
-    for &v in order.iter().rev() {
-        if live.contains(&v) {
-            live.extend(g.operands(v));
-        }
-    }
-    g.inputs().iter().map(|v| live.contains(v)).collect()
-}
-
-/// The step graph of a traced loss `forward` (inputs: `n_inputs` data inputs, then the
+/// The SGD step graph of a traced loss `forward` (inputs: `n_inputs` data inputs, then the
 /// parameters named `params`; one scalar output): the loss, then the SGD-updated value of
 /// every parameter the loss depends on, then (with momentum) their new momentum buffers.
 /// With momentum, the graph takes one buffer per updated parameter after the parameters,
 /// except for the `first_step` graph, which starts the buffers from the gradients. Also
-/// returns which parameters are updated.
+/// returns which parameters are updated. ([`build_update_graph`] for every optimiser.)
 pub fn build_step_graph(
     forward: &Graph,
     n_inputs: usize,
@@ -342,75 +440,14 @@ pub fn build_step_graph(
     config: &SGDConfig,
     first_step: bool,
 ) -> Result<(Graph, Vec<bool>)> {
-    if forward.inputs().len() != n_inputs + params.len() || forward.outputs().len() != 1 {
-        bail!(
-            Value,
-            "a step graph needs {} inputs and one output, graph {} has {} and {}",
-            n_inputs + params.len(),
-            forward.name,
-            forward.inputs().len(),
-            forward.outputs().len()
-        );
-    }
-    let reach = reaches_output(forward);
-    let updated: Vec<bool> = reach[n_inputs..].to_vec();
-    let wrt: Vec<&str> = params
-        .iter()
-        .zip(&updated)
-        .filter(|(_, u)| **u)
-        .map(|(n, _)| n.as_str())
-        .collect();
-    let mut g = autodiff(forward, &wrt)?;
-    let loss = g.outputs()[0];
-    let grads: Vec<ValueId> = g.outputs()[1..].to_vec();
-    let c = *config;
-    let with_momentum = c.momentum != 0.0;
-    let mut new_params = Vec::with_capacity(wrt.len());
-    let mut new_bufs = Vec::with_capacity(wrt.len());
-    for (name, &grad) in wrt.iter().zip(&grads) {
-        let Some(p) = g.value(name) else {
-            bail!(Value, "step graph: no parameter input %{name}");
-        };
-        // The same operations, in the same order, as `optim::SGD::step`.
-        let mut d = grad;
-        if c.weight_decay != 0.0 {
-            let wd = scaled(&mut g, p, c.weight_decay)?;
-            d = bin(&mut g, BinaryOp::Add, d, wd)?;
-        }
-        if with_momentum {
-            let ty = g.node(p).ty.clone();
-            let b = if first_step {
-                d
-            } else {
-                let buf = g.add_input(&format!("momentum_buffer.{name}"), ty)?;
-                let kept = scaled(&mut g, buf, c.momentum)?;
-                let fresh = scaled(&mut g, d, 1.0 - c.dampening)?;
-                bin(&mut g, BinaryOp::Add, kept, fresh)?
-            };
-            d = if c.nesterov {
-                let m = scaled(&mut g, b, c.momentum)?;
-                bin(&mut g, BinaryOp::Add, d, m)?
-            } else {
-                b
-            };
-            new_bufs.push(b);
-        }
-        let step = scaled(&mut g, d, c.lr)?;
-        new_params.push(g.add_op_named(
-            Op::Binary(BinaryOp::Sub),
-            &[p, step],
-            &format!("new.{name}"),
-        )?);
-    }
-    let mut outputs = vec![loss];
-    outputs.extend(new_params);
-    for (name, b) in wrt.iter().zip(new_bufs) {
-        // A buffer that is the gradient itself still gets its own output buffer.
-        outputs.push(g.add_op_named(Op::Contiguous, &[b], &format!("new_buffer.{name}"))?);
-    }
-    g.set_outputs(outputs);
-    g.verify()?;
-    Ok((g, updated))
+    let cfg = StepConfig::sgd(*config);
+    build_update_graph(
+        forward,
+        n_inputs,
+        params,
+        &cfg,
+        Phase::Update { first_step },
+    )
 }
 
 /// Parameters up to this many elements are written back with a plain slice copy (the
@@ -434,14 +471,4 @@ fn write_back(p: &Tensor, new: &Tensor) -> Result<()> {
 
 fn copy_slice<T: Element>(p: &Tensor, new: &Tensor) -> Result<()> {
     p.with_slice_mut(|dst: &mut [T]| new.with_slice(|src: &[T]| dst.copy_from_slice(src)))?
-}
-
-fn bin(g: &mut Graph, op: BinaryOp, x: ValueId, y: ValueId) -> Result<ValueId> {
-    g.add_op(Op::Binary(op), &[x, y])
-}
-
-/// `x * s` with `s` a Python-style number, as `Tensor::mul_scalar` records it.
-fn scaled(g: &mut Graph, x: ValueId, s: f64) -> Result<ValueId> {
-    let s = g.add_scalar(Scalar::Float(s))?;
-    bin(g, BinaryOp::Mul, x, s)
 }
