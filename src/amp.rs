@@ -87,7 +87,9 @@ pub enum CastPolicy {
 /// The autocast class of an op.
 pub fn cast_policy(op: &Op) -> CastPolicy {
     match op {
-        Op::Matmul | Op::Linear { .. } | Op::Einsum { .. } => CastPolicy::LowerPrecision,
+        Op::Matmul | Op::Linear { .. } | Op::Einsum { .. } | Op::Attention { .. } => {
+            CastPolicy::LowerPrecision
+        }
         Op::Softmax { .. }
         | Op::LogSoftmax { .. }
         | Op::LayerNorm { .. }

@@ -179,6 +179,15 @@ impl<'a> Args<'a> {
         }
     }
 
+    fn opt_float(&mut self, name: &str) -> CallResult<Option<f64>> {
+        match self.take(name) {
+            None | Some(Attr::None) => Ok(None),
+            Some(Attr::Float(x)) => Ok(Some(*x)),
+            Some(Attr::Int(i)) => Ok(Some(*i as f64)),
+            Some(a) => self.bad(name, "a number or none", a),
+        }
+    }
+
     fn bool(&mut self, name: &str, default: bool) -> CallResult<bool> {
         match self.take(name) {
             None => Ok(default),
@@ -323,6 +332,7 @@ const STRUCTURAL_OPS: &[&str] = &[
     "matmul",
     "linear",
     "einsum",
+    "scaled_dot_product_attention",
     "reshape",
     "view",
     "permute",
@@ -365,6 +375,7 @@ fn optional_positions(op: &Op) -> &'static [usize] {
     match op {
         Op::Linear { .. } => &[2],
         Op::LayerNorm { .. } => &[1, 2],
+        Op::Attention { .. } => &[3],
         _ => &[],
     }
 }
@@ -373,6 +384,7 @@ fn optional_positions(op: &Op) -> &'static [usize] {
 fn optional_slots(op: &Op) -> Option<Vec<bool>> {
     match op {
         Op::Linear { has_bias } => Some(vec![true, true, *has_bias]),
+        Op::Attention { has_mask, .. } => Some(vec![true, true, true, *has_mask]),
         Op::LayerNorm {
             has_weight,
             has_bias,
@@ -501,6 +513,12 @@ impl Op {
                 ("eps", Attr::Float(*eps)),
             ],
             Op::Einsum { equation } => vec![("equation", Attr::Str(equation.clone()))],
+            Op::Attention {
+                is_causal, scale, ..
+            } => vec![
+                ("is_causal", Attr::Bool(*is_causal)),
+                ("scale", opt(scale, |s| Attr::Float(s.get()))),
+            ],
             Op::Reshape { shape } | Op::View { shape } => vec![("shape", ints(shape))],
             Op::Permute { dims } | Op::Flip { dims } => vec![("dims", ints(dims))],
             Op::Transpose { dim0, dim1 } => {
@@ -714,6 +732,19 @@ fn build(name: &str, slots: &[bool], a: &mut Args) -> CallResult<Op> {
         "einsum" => Op::Einsum {
             equation: a.string("equation", None)?,
         },
+        "scaled_dot_product_attention" => {
+            if a.float("dropout_p", 0.0)? != 0.0 {
+                return err(
+                    Some("dropout_p"),
+                    "scaled_dot_product_attention: dropout_p other than 0 is not supported".into(),
+                );
+            }
+            Op::Attention {
+                has_mask: slots.get(3).copied().unwrap_or(false),
+                is_causal: a.bool("is_causal", false)?,
+                scale: a.opt_float("scale")?.map(crate::ir::unary::Real),
+            }
+        }
         "reshape" => Op::Reshape {
             shape: a.int_list("shape")?,
         },

@@ -256,6 +256,19 @@ pub enum Op {
         /// Whether a bias operand follows the weight.
         has_bias: bool,
     },
+    /// `torch.nn.functional.scaled_dot_product_attention`: `softmax(q kᵀ · scale + mask) v`
+    /// over the last two dims. Operands: q `[.., L, E]`, k `[.., S, E]`, v `[.., S, Ev]`
+    /// (the same leading dims), then a mask broadcastable to `[.., L, S]` when present:
+    /// bool (true takes part) or of q's dtype (added to the scores).
+    Attention {
+        /// Whether a mask operand follows v.
+        has_mask: bool,
+        /// Only positions `j <= i` take part (a lower-triangular mask aligned at the top
+        /// left, as PyTorch's).
+        is_causal: bool,
+        /// The scale of the scores; `None`: `1 / sqrt(E)`.
+        scale: Option<crate::ir::unary::Real>,
+    },
     /// `torch.einsum`: a sum of products named by `equation`, over any number of operands.
     Einsum {
         /// The subscripts (`ij,jk->ik`).
@@ -430,6 +443,77 @@ fn check_arity(name: &str, inputs: &[&TensorType], n: usize) -> Result<()> {
 
 fn is_index_dtype(d: DType) -> bool {
     matches!(d, DType::I64 | DType::I32)
+}
+
+/// The result type of attention over q, k, v (and a mask): checks PyTorch's rules.
+fn attention_type(inputs: &[&TensorType], has_mask: bool) -> Result<TensorType> {
+    let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
+    let name = "scaled_dot_product_attention";
+    if !q.dtype.is_float() {
+        bail!(DType, "{name}: expected a floating-point query, got {}", q.dtype.scalar_name());
+    }
+    if k.dtype != q.dtype || v.dtype != q.dtype {
+        bail!(
+            DType,
+            "Expected query, key, and value to have the same dtype, but got query.dtype: {} key.dtype: {} and value.dtype: {} instead.",
+            q.dtype.scalar_name(),
+            k.dtype.scalar_name(),
+            v.dtype.scalar_name()
+        );
+    }
+    if q.ndim() < 2 || k.ndim() != q.ndim() || v.ndim() != q.ndim() {
+        bail!(
+            Shape,
+            "{name}: query, key and value must have the same number of dims, at least 2; got {:?}, {:?} and {:?}",
+            q.shape,
+            k.shape,
+            v.shape
+        );
+    }
+    let n = q.ndim();
+    let (l, e) = (q.shape[n - 2], q.shape[n - 1]);
+    let (s, ek) = (k.shape[n - 2], k.shape[n - 1]);
+    if q.shape[..n - 2] != k.shape[..n - 2] || q.shape[..n - 2] != v.shape[..n - 2] {
+        bail!(
+            Shape,
+            "{name}: query, key and value must have the same batch dims; got {:?}, {:?} and {:?}",
+            q.shape,
+            k.shape,
+            v.shape
+        );
+    }
+    if ek != e || v.shape[n - 2] != s {
+        bail!(
+            Shape,
+            "{name}: key must be [.., {s}, {e}] and value [.., {s}, Ev] for a query [.., {l}, {e}]; got key {:?} and value {:?}",
+            k.shape,
+            v.shape
+        );
+    }
+    if has_mask {
+        let m = inputs[3];
+        if !m.dtype.is_bool() && m.dtype != q.dtype {
+            bail!(
+                DType,
+                "Expected attn_mask dtype to be bool or float or to match query dtype, but got attn_mask.dtype: {} and query.dtype: {} instead.",
+                m.dtype.scalar_name(),
+                q.dtype.scalar_name()
+            );
+        }
+        let mut scores = q.shape[..n - 2].to_vec();
+        scores.extend([l, s]);
+        if broadcast_shapes(&m.shape, &scores).ok().as_ref() != Some(&scores) {
+            bail!(
+                Shape,
+                "{name}: attn_mask of shape {:?} does not broadcast to the scores' shape {:?}",
+                m.shape,
+                scores
+            );
+        }
+    }
+    let mut shape = q.shape[..n - 1].to_vec();
+    shape.push(v.shape[n - 1]);
+    Ok(TensorType::new(q.dtype, shape))
 }
 
 /// PyTorch's floor division of floats (`div_floor_floating`, Python's `//`) in the
@@ -636,6 +720,7 @@ impl Op {
             Op::Matmul => "matmul",
             Op::Linear { .. } => "linear",
             Op::Einsum { .. } => "einsum",
+            Op::Attention { .. } => "scaled_dot_product_attention",
             Op::Reshape { .. } => "reshape",
             Op::View { .. } => "view",
             Op::Permute { .. } => "permute",
@@ -1000,6 +1085,10 @@ impl Op {
                     }
                 }
                 Ok(t)
+            }
+            Op::Attention { has_mask, .. } => {
+                one(3 + *has_mask as usize)?;
+                attention_type(inputs, *has_mask)
             }
             Op::Einsum { equation } => {
                 let shapes: Vec<&[usize]> = inputs.iter().map(|t| &t.shape[..]).collect();

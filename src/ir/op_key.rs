@@ -253,6 +253,22 @@ impl<'a> Enc<'a, '_> {
                 self.tag("Einsum");
                 self.tok(Tok::Str(equation));
             }
+            Op::Attention {
+                has_mask,
+                is_causal,
+                scale,
+            } => {
+                self.tag("Attention");
+                self.bool(*has_mask);
+                self.bool(*is_causal);
+                match scale {
+                    None => self.tag("none"),
+                    Some(s) => {
+                        self.tag("some");
+                        self.float(s.get());
+                    }
+                }
+            }
             Op::Reshape { shape } => {
                 self.tag("Reshape");
                 self.ints(shape);

@@ -323,3 +323,16 @@ pub fn binary_cross_entropy_with_logits(
     }
     reduce(loss, reduction)
 }
+
+/// `F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal=, scale=)`
+/// ([`Tensor::scaled_dot_product_attention`]).
+pub fn scaled_dot_product_attention(
+    query: &Tensor,
+    key: &Tensor,
+    value: &Tensor,
+    attn_mask: Option<&Tensor>,
+    is_causal: bool,
+    scale: Option<f64>,
+) -> Result<Tensor> {
+    query.scaled_dot_product_attention(key, value, attn_mask, is_causal, scale)
+}

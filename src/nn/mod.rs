@@ -5,6 +5,7 @@
 //! wherever autograd records those ops.
 
 pub mod activation;
+pub mod attention;
 pub mod functional;
 pub mod init;
 pub mod layers;
@@ -18,6 +19,7 @@ pub use activation::{
     Tanh,
 };
 pub use functional::Reduction;
+pub use attention::MultiheadAttention;
 pub use layers::{Dropout, Embedding, LayerNorm, Linear, Sequential};
 pub use loss::{BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss};
 pub use module::{Module, trace_module};

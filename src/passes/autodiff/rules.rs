@@ -65,6 +65,11 @@ pub(crate) fn vjp(
             let c = e.op(Op::Cumsum { dim: d }, &[f])?;
             Ok(vec![Some(e.op(Op::Flip { dims }, &[c])?)])
         }
+        Op::Attention {
+            has_mask,
+            is_causal,
+            scale,
+        } => attention(e, xs, *has_mask, *is_causal, scale.map(|s| s.get()), g, needs),
         Op::Softmax { dim } => {
             let gy = e.mul(g, y)?;
             let s = e.op(sum_keep(*dim), &[gy])?;
@@ -273,6 +278,85 @@ pub(crate) fn vjp(
         }
         Op::ArgMax { .. } | Op::ArgMin { .. } => Ok(vec![None]),
     }
+}
+
+/// Attention's backward with the probabilities recomputed (the `[.., L, S]` matrix exists
+/// here, unlike in the forward): `dV = Pᵀ g`, `dS = P ∘ (g Vᵀ − rowsum(g Vᵀ ∘ P))`,
+/// `dQ = dS K · scale`, `dK = dSᵀ Q · scale`; an additive mask's gradient is `dS`, a bool
+/// one has none. Rows every key of which is masked out have zero probabilities, as in the
+/// forward.
+fn attention(
+    e: &mut Emit,
+    xs: &[ValueId],
+    has_mask: bool,
+    is_causal: bool,
+    scale: Option<f64>,
+    g: ValueId,
+    needs: &[bool],
+) -> Result<Grads> {
+    let (q, k, v) = (xs[0], xs[1], xs[2]);
+    let qs = e.shape(q);
+    let n = qs.len();
+    let (l, s) = (qs[n - 2], e.shape(k)[n - 2]);
+    let scale = scale.unwrap_or(1.0 / (qs[n - 1] as f64).sqrt());
+    let kt = e.transpose_last(k)?;
+    let qk = e.op(Op::Matmul, &[q, kt])?;
+    let mut scores = e.mul_s(qk, scale)?;
+    let neg_inf = e.scalar(f64::NEG_INFINITY)?;
+    if has_mask {
+        let m = xs[3];
+        scores = if e.dtype(m).is_bool() {
+            e.op(Op::Where, &[m, scores, neg_inf])?
+        } else {
+            e.add(scores, m)?
+        };
+    }
+    if is_causal {
+        let ones = e.full(&[l, s], 1.0, crate::ir::dtype::DType::Bool)?;
+        let tril = e.op(Op::Tril { diagonal: 0 }, &[ones])?;
+        scores = e.op(Op::Where, &[tril, scores, neg_inf])?;
+    }
+    let mut p = e.op(Op::Softmax { dim: -1 }, &[scores])?;
+    if has_mask {
+        // a fully masked row: softmax of -inf everywhere is NaN, the forward gives zeros
+        let nan = e.unary(UnaryOp::IsNan, p)?;
+        let z = e.scalar(0.0)?;
+        p = e.op(Op::Where, &[nan, z, p])?;
+    }
+    let gv = if needs[2] {
+        let pt = e.transpose_last(p)?;
+        Some(e.op(Op::Matmul, &[pt, g])?)
+    } else {
+        None
+    };
+    let want_ds = needs[0] || needs[1] || (has_mask && needs.get(3).copied().unwrap_or(false));
+    if !want_ds {
+        return Ok(vec![None, None, gv, None]);
+    }
+    let vt = e.transpose_last(v)?;
+    let dp = e.op(Op::Matmul, &[g, vt])?;
+    let dpp = e.mul(dp, p)?;
+    let row = e.op(sum_keep(-1), &[dpp])?;
+    let centred = e.sub(dp, row)?;
+    let ds = e.mul(p, centred)?;
+    let dss = e.mul_s(ds, scale)?;
+    let gq = if needs[0] {
+        Some(e.op(Op::Matmul, &[dss, k])?)
+    } else {
+        None
+    };
+    let gk = if needs[1] {
+        let dst = e.transpose_last(dss)?;
+        Some(e.op(Op::Matmul, &[dst, q])?)
+    } else {
+        None
+    };
+    let gm = (has_mask && !e.dtype(xs[3]).is_bool()).then_some(ds);
+    let mut out = vec![gq, gk, gv];
+    if has_mask {
+        out.push(gm);
+    }
+    Ok(out)
 }
 
 fn sum_keep(dim: i64) -> Op {

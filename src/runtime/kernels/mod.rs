@@ -1,6 +1,7 @@
 //! Reference kernels of eager mode, one module per op family. `eval` is the only door in:
 //! it receives an op already checked by its shape rule, with the inferred output type.
 
+pub mod attention;
 pub mod copy;
 pub mod creation;
 pub mod einsum;
@@ -37,6 +38,11 @@ pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
         | Op::LayerNorm { .. } => reduce::eval(op, inputs, out),
         Op::Matmul | Op::Linear { .. } => linalg::eval(op, inputs, out),
         Op::Einsum { equation } => einsum::eval(equation, inputs, out),
+        Op::Attention {
+            has_mask,
+            is_causal,
+            scale,
+        } => attention::eval(inputs, *has_mask, *is_causal, scale.map(|s| s.get()), out),
         Op::Reshape { .. }
         | Op::View { .. }
         | Op::Permute { .. }
