@@ -123,7 +123,9 @@ fn attention_matches_float64_math_over_blocks_masks_and_causal_rows() {
                 assert_close(&got.to_f64_vec(), &want, tol, "plain");
             }
             // a bool mask over [L, S], broadcast over the batch, some rows fully masked
-            let mb: Vec<bool> = (0..l * s).map(|i| (i * 7 + i / s) % 3 != 0 && i / s != 0).collect();
+            let mb: Vec<bool> = (0..l * s)
+                .map(|i| (i * 7 + i / s) % 3 != 0 && i / s != 0)
+                .collect();
             let mask = Tensor::from_vec(mb, &[l, s]).unwrap();
             let full = broadcast(&mask, &shape(l, s));
             let fb: Vec<bool> = full.iter().map(|&x| x != 0.0).collect();
@@ -172,23 +174,60 @@ fn bad_operands_are_errors_with_pytorchs_messages() {
     let k = Tensor::zeros(&[2, 5, 8], DType::F32);
     let v = Tensor::zeros(&[2, 5, 3], DType::F32);
     let err = |r: smelt::Result<Tensor>| r.unwrap_err().to_string();
-    let e = err(q.scaled_dot_product_attention(&k.to_dtype(DType::F64).unwrap(), &v, None, false, None));
-    assert!(e.contains("Expected query, key, and value to have the same dtype"), "{e}");
-    let e = err(q.scaled_dot_product_attention(&Tensor::zeros(&[2, 5, 7], DType::F32), &v, None, false, None));
+    let e = err(q.scaled_dot_product_attention(
+        &k.to_dtype(DType::F64).unwrap(),
+        &v,
+        None,
+        false,
+        None,
+    ));
+    assert!(
+        e.contains("Expected query, key, and value to have the same dtype"),
+        "{e}"
+    );
+    let e = err(q.scaled_dot_product_attention(
+        &Tensor::zeros(&[2, 5, 7], DType::F32),
+        &v,
+        None,
+        false,
+        None,
+    ));
     assert!(e.contains("key must be"), "{e}");
-    let e = err(q.scaled_dot_product_attention(&k, &Tensor::zeros(&[2, 6, 3], DType::F32), None, false, None));
+    let e = err(q.scaled_dot_product_attention(
+        &k,
+        &Tensor::zeros(&[2, 6, 3], DType::F32),
+        None,
+        false,
+        None,
+    ));
     assert!(e.contains("value"), "{e}");
-    let e = err(q.scaled_dot_product_attention(&k, &v, Some(&Tensor::zeros(&[4, 6], DType::Bool)), false, None));
+    let e = err(q.scaled_dot_product_attention(
+        &k,
+        &v,
+        Some(&Tensor::zeros(&[4, 6], DType::Bool)),
+        false,
+        None,
+    ));
     assert!(e.contains("does not broadcast"), "{e}");
-    let e = err(q.scaled_dot_product_attention(&k, &v, Some(&Tensor::zeros(&[4, 5], DType::I64)), false, None));
+    let e = err(q.scaled_dot_product_attention(
+        &k,
+        &v,
+        Some(&Tensor::zeros(&[4, 5], DType::I64)),
+        false,
+        None,
+    ));
     assert!(e.contains("attn_mask dtype"), "{e}");
     let qi = Tensor::zeros(&[2, 4, 8], DType::I64);
-    assert!(qi.scaled_dot_product_attention(&qi, &qi, None, false, None).is_err());
+    assert!(
+        qi.scaled_dot_product_attention(&qi, &qi, None, false, None)
+            .is_err()
+    );
 }
 
 #[test]
 fn the_op_reads_and_prints_and_compiles_to_one_library_call() {
-    let text = "graph attn(%q: f32[2,4,64,16], %k: f32[2,4,64,16], %v: f32[2,4,64,16], %m: bool[64,64]) {
+    let text =
+        "graph attn(%q: f32[2,4,64,16], %k: f32[2,4,64,16], %v: f32[2,4,64,16], %m: bool[64,64]) {
   %a: f32[2,4,64,16] = scaled_dot_product_attention(%q, %k, %v, is_causal=true)
   %b: f32[2,4,64,16] = scaled_dot_product_attention(%q, %k, %v, %m, scale=0.25)
   %c: f32[2,4,64,16] = add(%a, %b)
@@ -224,7 +263,12 @@ fn the_op_reads_and_prints_and_compiles_to_one_library_call() {
     let b = ins[0]
         .scaled_dot_product_attention(&ins[1], &ins[2], Some(&ins[3]), false, Some(0.25))
         .unwrap();
-    assert_close(&got[0], &a.add(&b).unwrap(), Tol::allclose(1e-6, 1e-6), "compiled");
+    assert_close(
+        &got[0],
+        &a.add(&b).unwrap(),
+        Tol::allclose(1e-6, 1e-6),
+        "compiled",
+    );
     let bad = text.replace("scale=0.25", "dropout_p=0.1");
     let e = parse_module(&bad, "bad.smelt").unwrap_err().to_string();
     assert!(e.contains("dropout_p") && e.contains("bad.smelt:3"), "{e}");
@@ -237,11 +281,8 @@ fn gradients_pass_gradcheck_with_masks_and_causal_rows() {
     let k = randn(&[2, 6, 3], DType::F64, &mut g);
     let v = randn(&[2, 6, 4], DType::F64, &mut g);
     let add = randn(&[5, 6], DType::F64, &mut g);
-    let keep = Tensor::from_vec(
-        (0..30).map(|i| i % 4 != 1).collect::<Vec<bool>>(),
-        &[5, 6],
-    )
-    .unwrap();
+    let keep =
+        Tensor::from_vec((0..30).map(|i| i % 4 != 1).collect::<Vec<bool>>(), &[5, 6]).unwrap();
     for t in [&q, &k, &v, &add] {
         t.requires_grad_(true).unwrap();
     }
@@ -268,7 +309,9 @@ fn doubling_the_context_doubles_attentions_memory() {
         let mut g = Generator::new(5);
         let q = randn(&[1, 2, t, 32], DType::F32, &mut g);
         let ((), prof) = profiler::profile(ProfilerOptions::default().profile_memory(true), || {
-            let o = q.scaled_dot_product_attention(&q, &q, None, true, None).unwrap();
+            let o = q
+                .scaled_dot_product_attention(&q, &q, None, true, None)
+                .unwrap();
             drop(o);
         })
         .unwrap();
@@ -286,7 +329,12 @@ fn multihead_attention_matches_its_formula_and_trains() {
     let names: Vec<String> = mha.named_parameters().into_iter().map(|(n, _)| n).collect();
     assert_eq!(
         names,
-        ["in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"]
+        [
+            "in_proj_weight",
+            "in_proj_bias",
+            "out_proj.weight",
+            "out_proj.bias"
+        ]
     );
     let mut g = Generator::new(6);
     let x = randn(&[2, 7, 16], DType::F32, &mut g);
@@ -351,9 +399,19 @@ fn multihead_attention_matches_its_formula_and_trains() {
     assert_close(&y, &want, Tol::allclose(1e-5, 1e-5), "multihead");
     // gradients reach every parameter; a few steps of SGD lower a loss
     let target = randn(&[2, 7, 16], DType::F32, &mut g);
-    let loss = |m: &MultiheadAttention| m.forward(&x).unwrap().sub(&target).unwrap().square().unwrap().mean().unwrap();
+    let loss = |m: &MultiheadAttention| {
+        m.forward(&x)
+            .unwrap()
+            .sub(&target)
+            .unwrap()
+            .square()
+            .unwrap()
+            .mean()
+            .unwrap()
+    };
     let first = loss(&mha).item_f64().unwrap();
-    let mut opt = smelt::optim::SGD::new(mha.parameters(), smelt::optim::SGDConfig::new(0.5)).unwrap();
+    let mut opt =
+        smelt::optim::SGD::new(mha.parameters(), smelt::optim::SGDConfig::new(0.5)).unwrap();
     use smelt::optim::Optimizer;
     for _ in 0..20 {
         opt.zero_grad();

@@ -9,8 +9,9 @@
 //! results bit for bit. Longer scans run as two kernels, a copy of `x` and then one thread per
 //! index entry storing or adding (atomically) its `src` element into the output
 //! (`scatter_atomic`): as in PyTorch, sums then come in any order and a plain scatter with
-//! duplicate indices keeps any one of their values. `einsum` and the GEMMs stay with the
-//! runtime.
+//! duplicate indices keeps any one of their values. `scaled_dot_product_attention` runs one
+//! thread per output element with an online softmax (`Body::attention`). `einsum` and the
+//! GEMMs stay with the runtime.
 
 use super::scalar::{self, var_type};
 use super::{CudaKernelSrc, KernelParam, Launch, ParamAccess};
@@ -101,6 +102,88 @@ impl<'a> Body<'a> {
 const MAX_SCAN: usize = 256;
 
 impl Body<'_> {
+    /// Attention, one thread per output element `(.., i, c)`: the row's scores computed as
+    /// the keys go by, with the online-softmax recurrence (running maximum `sm_m`, running
+    /// sum `sm_l`, running weighted value `sm_acc`), so nothing of size `[L, S]` is stored.
+    /// Floats compute in f32 (halves too), doubles in f64; a row whose every key is masked
+    /// out gives 0, as the CPU kernel.
+    fn attention(&mut self, rank: usize, has_mask: bool, causal: bool, scale: f64, p: &[String]) {
+        let (q, k, v) = (&self.e.args[0], &self.e.args[1], &self.e.args[2]);
+        let dq = self.s.buffers[q.buffer].dtype;
+        let wide = dq == DType::F64;
+        let t = if wide { "double" } else { "float" };
+        let (exp, neg_inf) = if wide {
+            ("exp", "(-SM_INF_D)")
+        } else {
+            ("expf", "(-SM_INF_F)")
+        };
+        let (e, s) = (q.shape[rank - 1], k.shape[rank - 2]);
+        let batch: Vec<String> = p[..rank - 2].to_vec();
+        let at = |extra: [&str; 2]| {
+            let mut v = batch.clone();
+            v.extend(extra.iter().map(|x| x.to_string()));
+            v
+        };
+        let ld = |view: &View, pos: &[String]| {
+            let d = self.s.buffers[view.buffer].dtype;
+            let x = scalar::load(d, &format!("b{}[{}]", view.buffer, addr(view, pos)));
+            format!("(({t})({x}))")
+        };
+        let (i, c) = (p[rank - 2].clone(), p[rank - 1].clone());
+        let qv = ld(q, &at([&i, "sm_t"]));
+        let kv = ld(k, &at(["sm_j", "sm_t"]));
+        let vv = ld(v, &at(["sm_j", &c]));
+        let mask = has_mask.then(|| {
+            let m = &self.e.args[3];
+            // the mask's dims align with the scores' from the right
+            let full = at([&i, "sm_j"]);
+            let pos = full[full.len() - m.shape.len()..].to_vec();
+            (self.s.buffers[m.buffer].dtype, m.buffer, addr(m, &pos))
+        });
+        self.line(2, &format!("{t} sm_m = {neg_inf}, sm_l = 0, sm_acc = 0;"));
+        self.line(
+            2,
+            &format!("for (long long sm_j = 0; sm_j < {s}LL; ++sm_j) {{"),
+        );
+        if causal {
+            self.line(3, &format!("if (sm_j > {i}) break;"));
+        }
+        if let Some((DType::Bool, buf, a)) = &mask {
+            self.line(3, &format!("if (!b{buf}[{a}]) continue;"));
+        }
+        self.line(3, &format!("{t} sm_s = 0;"));
+        self.line(
+            3,
+            &format!("for (long long sm_t = 0; sm_t < {e}LL; ++sm_t) sm_s += {qv} * {kv};"),
+        );
+        self.line(3, &format!("sm_s *= ({t}){scale:?};"));
+        if let Some((d, buf, a)) = &mask
+            && *d != DType::Bool
+        {
+            let x = scalar::load(*d, &format!("b{buf}[{a}]"));
+            self.line(3, &format!("sm_s += ({t})({x});"));
+        }
+        self.line(3, &format!("if (sm_s == {neg_inf}) continue;"));
+        self.line(3, &format!("const {t} sm_x = {vv};"));
+        self.line(3, "if (sm_s > sm_m) {");
+        self.line(
+            4,
+            &format!("const {t} sm_c = sm_m == {neg_inf} ? ({t})0 : {exp}(sm_m - sm_s);"),
+        );
+        self.line(
+            4,
+            "sm_l = sm_l * sm_c + 1; sm_acc = sm_acc * sm_c + sm_x; sm_m = sm_s;",
+        );
+        self.line(3, "} else {");
+        self.line(4, &format!("const {t} sm_p = {exp}(sm_s - sm_m);"));
+        self.line(4, "sm_l += sm_p; sm_acc += sm_p * sm_x;");
+        self.line(3, "}");
+        self.line(2, "}");
+        let r = format!("(sm_l == 0 ? ({t})0 : sm_acc / sm_l)");
+        let st = scalar::store(self.out, &format!("(({})({r}))", var_type(self.out)));
+        self.line(2, &format!("sm_out[sm_i] = {st};"));
+    }
+
     /// `scatter`, `scatter_add` (operands x, index, src) and `index_add` (x, 1-d index, src)
     /// written as gathers, so that no two threads write one element: each output element
     /// starts from `x` and scans, in order, the `span` index entries that can land on it
@@ -357,6 +440,17 @@ pub fn kernels(s: &Schedule, e: &ExternCall, fn_name: &str) -> Result<Vec<CudaKe
                 return scatter_atomic(s, e, d, fn_name);
             }
             b.scatter(&e.op, d, span, &p)?;
+        }
+        Op::Attention {
+            has_mask,
+            is_causal,
+            scale,
+        } => {
+            if rank < 2 {
+                return Ok(vec![]);
+            }
+            let scale = scale.map_or(1.0 / (a[0].shape[rank - 1] as f64).sqrt(), |s| s.get());
+            b.attention(rank, *has_mask, *is_causal, scale, &p);
         }
         Op::Embedding => {
             let w = &a[1];

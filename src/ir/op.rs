@@ -450,7 +450,11 @@ fn attention_type(inputs: &[&TensorType], has_mask: bool) -> Result<TensorType> 
     let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
     let name = "scaled_dot_product_attention";
     if !q.dtype.is_float() {
-        bail!(DType, "{name}: expected a floating-point query, got {}", q.dtype.scalar_name());
+        bail!(
+            DType,
+            "{name}: expected a floating-point query, got {}",
+            q.dtype.scalar_name()
+        );
     }
     if k.dtype != q.dtype || v.dtype != q.dtype {
         bail!(

@@ -29,7 +29,7 @@ impl MultiheadAttention {
     /// A layer initialised as PyTorch does: `xavier_uniform_` input projections, zero
     /// biases, the output projection as a `Linear`'s weight.
     pub fn new(embed_dim: usize, num_heads: usize) -> Result<MultiheadAttention> {
-        if num_heads == 0 || embed_dim % num_heads != 0 {
+        if num_heads == 0 || !embed_dim.is_multiple_of(num_heads) {
             bail!(Value, "embed_dim must be divisible by num_heads");
         }
         let w = Tensor::zeros(&[3 * embed_dim, embed_dim], DType::F32);

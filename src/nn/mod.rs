@@ -18,8 +18,8 @@ pub use activation::{
     ELU, GELU, Hardswish, Hardtanh, LeakyReLU, LogSigmoid, Mish, ReLU, SiLU, Sigmoid, Softplus,
     Tanh,
 };
-pub use functional::Reduction;
 pub use attention::MultiheadAttention;
+pub use functional::Reduction;
 pub use layers::{Dropout, Embedding, LayerNorm, Linear, Sequential};
 pub use loss::{BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss};
 pub use module::{Module, trace_module};

@@ -135,6 +135,26 @@ pub const CASES: &[(&str, &str, &str)] = &[
         "%x: f32[7], %z: f32[7]",
         "%y = add(%x, %z, alpha=2.5)",
     ),
+    (
+        "attention",
+        "%q: f32[2,5,4], %k: f32[2,7,4], %v: f32[2,7,3]",
+        "%y = scaled_dot_product_attention(%q, %k, %v)",
+    ),
+    (
+        "attention_causal_f64",
+        "%q: f64[3,6,2], %k: f64[3,6,2], %v: f64[3,6,5]",
+        "%y = scaled_dot_product_attention(%q, %k, %v, is_causal=true, scale=0.5)",
+    ),
+    (
+        "attention_bool_mask",
+        "%q: f16[2,5,4], %k: f16[2,7,4], %v: f16[2,7,3], %m: bool[5,7]",
+        "%y = scaled_dot_product_attention(%q, %k, %v, %m)",
+    ),
+    (
+        "attention_add_mask_view",
+        "%q: f32[2,5,4], %k: f32[2,4,7], %v: f32[2,7,3], %m: f32[2,1,7]",
+        "%kt = transpose(%k, dim0=1, dim1=2)\n %y = scaled_dot_product_attention(%q, %kt, %v, %m)",
+    ),
     ("eq", "%x: f16[7], %z: f16[7]", "%y = eq(%x, %z)"),
     ("ne", "%x: i32[7], %z: i64[7]", "%y = ne(%x, %z)"),
     ("lt", "%x: f32[7]", "%y = lt(%x, 0.0)"),

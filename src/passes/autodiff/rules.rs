@@ -69,7 +69,15 @@ pub(crate) fn vjp(
             has_mask,
             is_causal,
             scale,
-        } => attention(e, xs, *has_mask, *is_causal, scale.map(|s| s.get()), g, needs),
+        } => attention(
+            e,
+            xs,
+            *has_mask,
+            *is_causal,
+            scale.map(|s| s.get()),
+            g,
+            needs,
+        ),
         Op::Softmax { dim } => {
             let gy = e.mul(g, y)?;
             let s = e.op(sum_keep(*dim), &[gy])?;

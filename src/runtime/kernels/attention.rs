@@ -66,10 +66,9 @@ acc!(f64);
 fn dot<A: Acc>(a: &[A], b: &[A]) -> A {
     let mut part = [A::ZERO; 8];
     let chunks = a.len() / 8;
-    for c in 0..chunks {
+    for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
         for l in 0..8 {
-            let i = c * 8 + l;
-            part[l] = part[l].add(a[i].mul(b[i]));
+            part[l] = part[l].add(ca[l].mul(cb[l]));
         }
     }
     let mut s = A::ZERO;
@@ -107,7 +106,7 @@ impl Mask {
         let mut full: Vec<i64> = batch_shape.iter().map(|&d| d as i64).collect();
         full.extend([l as i64, s as i64]);
         let view = dense.expand(&full)?;
-        let st: Vec<usize> = view.strides().iter().map(|&x| x as usize).collect();
+        let st: Vec<usize> = view.strides().to_vec();
         let nb = batch_shape.len();
         let batch_off = (0..numel(batch_shape))
             .map(|mut b| {
@@ -241,7 +240,7 @@ fn rows_of<A: Acc>(
     let scale = A::from_f64(d.scale);
     let mut m = vec![A::NEG_INF; rows];
     let mut sum = vec![A::ZERO; rows];
-    let mut scores = vec![A::ZERO; KEYS];
+    let mut scores = [A::ZERO; KEYS];
     let kb = &k[b * d.s * d.e..(b + 1) * d.s * d.e];
     let vb = &v[b * d.s * d.ev..(b + 1) * d.s * d.ev];
     let mut j0 = 0;
