@@ -577,6 +577,20 @@ impl Gen<'_, '_, '_> {
         }
     }
 
+    /// The operands of an integer division or remainder widened to i64, and the divisor
+    /// made safe: a zero divisor raises the error flag, and 1 stands in for 0 and -1 (the
+    /// traps of x / 0 and MIN / -1). Also returns whether the divisor is -1.
+    fn safe_divisor(&mut self, x: Value, y: Value, c: DType) -> (Value, Value, Value, Value) {
+        let (xw, yw) = (self.widen_int(x, c), self.widen_int(y, c));
+        let zero = self.fb.b.ins().icmp_imm_s(IntCC::Equal, yw, 0);
+        self.flag_error(zero, ERR_ZERO_DIV);
+        let m1 = self.fb.b.ins().icmp_imm_s(IntCC::Equal, yw, -1);
+        let bad = self.fb.b.ins().bor(zero, m1);
+        let one = self.iconst(I64, 1);
+        let safe = self.fb.b.ins().select(bad, one, yw);
+        (xw, yw, safe, m1)
+    }
+
     /// Integer binary arithmetic of dtype `c`, wrapping; bool results are normalised by the
     /// caller.
     fn binary_int(&mut self, b: BinaryOp, x: Value, y: Value, c: DType) -> Value {
@@ -596,15 +610,8 @@ impl Gen<'_, '_, '_> {
                 self.reduce_int(r, c)
             }
             DivTrunc | DivFloor => {
-                // a zero divisor is an error; dividing by 1 in place of 0 and -1 avoids the
-                // traps, and x / -1 is -x (wrapping, as the reference)
-                let (xw, yw) = (self.widen_int(x, c), self.widen_int(y, c));
-                let zero = self.fb.b.ins().icmp_imm_s(IntCC::Equal, yw, 0);
-                self.flag_error(zero, ERR_ZERO_DIV);
-                let m1 = self.fb.b.ins().icmp_imm_s(IntCC::Equal, yw, -1);
-                let bad = self.fb.b.ins().bor(zero, m1);
-                let one = self.iconst(I64, 1);
-                let safe = self.fb.b.ins().select(bad, one, yw);
+                // x / -1 is -x (wrapping, as the reference)
+                let (xw, yw, safe, m1) = self.safe_divisor(x, y, c);
                 let mut q = self.fb.b.ins().sdiv(xw, safe);
                 if b == DivFloor {
                     // one less when the remainder is nonzero and the signs differ
@@ -622,15 +629,8 @@ impl Gen<'_, '_, '_> {
                 self.reduce_int(q, c)
             }
             Remainder => {
-                // a zero divisor is an error, and x % -1 == x % 1 == 0 avoids the trap of
-                // MIN % -1
-                let (xw, yw) = (self.widen_int(x, c), self.widen_int(y, c));
-                let zero = self.fb.b.ins().icmp_imm_s(IntCC::Equal, yw, 0);
-                self.flag_error(zero, ERR_ZERO_DIV);
-                let m1 = self.fb.b.ins().icmp_imm_s(IntCC::Equal, yw, -1);
-                let bad = self.fb.b.ins().bor(zero, m1);
-                let one = self.iconst(I64, 1);
-                let safe = self.fb.b.ins().select(bad, one, yw);
+                // x % -1 == x % 1 == 0
+                let (xw, yw, safe, _) = self.safe_divisor(x, y, c);
                 let r = self.fb.b.ins().srem(xw, safe);
                 let rnz = self.fb.b.ins().icmp_imm_s(IntCC::NotEqual, r, 0);
                 let rn = self.fb.b.ins().icmp_imm_s(IntCC::SignedLessThan, r, 0);

@@ -202,6 +202,18 @@ fn axes(svg: &mut String, x_label: &str, y_label: &str) {
     );
 }
 
+/// A horizontal grid line at height `py` with its label on the y axis.
+fn y_grid(svg: &mut String, py: f64, label: &str) {
+    let _ = write!(
+        svg,
+        "<line x1={PAD_L} x2={} y1={py:.1} y2={py:.1} stroke='#eef1f5'/>\
+         <text x={} y={:.1} text-anchor=end>{label}</text>",
+        W - 10.0,
+        PAD_L - 4.0,
+        py + 4.0,
+    );
+}
+
 /// Step lines over a shared x axis: `series` are (name, points), drawn in order.
 pub fn line_chart(series: &[(&str, Vec<(f64, f64)>)], x_label: &str, y_label: &str) -> String {
     let xmax = series
@@ -220,16 +232,7 @@ pub fn line_chart(series: &[(&str, Vec<(f64, f64)>)], x_label: &str, y_label: &s
     axes(&mut svg, x_label, y_label);
     for k in 0..=4 {
         let y = ymax * k as f64 / 4.0;
-        let _ = write!(
-            svg,
-            "<line x1={PAD_L} x2={} y1={py:.1} y2={py:.1} stroke='#eef1f5'/>\
-             <text x={} y={:.1} text-anchor=end>{}</text>",
-            W - 10.0,
-            PAD_L - 4.0,
-            sy(y) + 4.0,
-            human_bytes(y as u64),
-            py = sy(y),
-        );
+        y_grid(&mut svg, sy(y), &human_bytes(y as u64));
     }
     for k in 0..=4 {
         let x = xmax * k as f64 / 4.0;
@@ -325,16 +328,7 @@ pub fn roofline(points: &[(String, f64, f64)], gbps: f64) -> String {
     let mut e = y0 as i32;
     while e as f64 <= y1 {
         let v = 10f64.powi(e);
-        let _ = write!(
-            svg,
-            "<line x1={PAD_L} x2={} y1={py:.1} y2={py:.1} stroke='#eef1f5'/>\
-             <text x={} y={:.1} text-anchor=end>{}</text>",
-            W - 10.0,
-            PAD_L - 4.0,
-            sy(v) + 4.0,
-            fmt_pow(e),
-            py = sy(v)
-        );
+        y_grid(&mut svg, sy(v), &fmt_pow(e));
         e += 1;
     }
     if gbps > 0.0 {

@@ -1,0 +1,72 @@
+//! Attention as one op (online softmax, nothing of size [T, T] stored) against the same
+//! attention written as matmul, softmax, matmul (the [T, T] probabilities materialised), in
+//! the same run, taking turns over rounds; f32, 2 threads on the benchmark machines.
+//!
+//! Run: `cargo bench --bench attention`.
+
+#[allow(dead_code)] // shared with the other benches; this one needs only `median_ms`
+mod timing;
+
+use smelt::{DType, Generator, Tensor};
+use std::hint::black_box;
+use timing::median_ms;
+
+const ROUNDS: usize = 5;
+
+fn main() {
+    println!("attention, f32, median of {ROUNDS} rounds (range); causal");
+    println!(
+        "| batch × heads × T × d | fused op | matmul·softmax·matmul | speedup | GFLOP/s fused |"
+    );
+    println!("|---|---|---|---|---|");
+    for &(b, h, t, d) in &[
+        (4usize, 8usize, 256usize, 64usize),
+        (2, 8, 1024, 64),
+        (1, 4, 2048, 64),
+    ] {
+        let mut g = Generator::new(0);
+        let shape = [b, h, t, d];
+        let q = Tensor::randn_with(&shape, Some(DType::F32), &mut g).unwrap();
+        let k = Tensor::randn_with(&shape, Some(DType::F32), &mut g).unwrap();
+        let v = Tensor::randn_with(&shape, Some(DType::F32), &mut g).unwrap();
+        let ones = Tensor::ones(&[t, t], DType::Bool);
+        let causal = ones.tril(0).unwrap();
+        let scale = 1.0 / (d as f64).sqrt();
+        let fused = || {
+            drop(black_box(
+                q.scaled_dot_product_attention(&k, &v, None, true, None)
+                    .unwrap(),
+            ))
+        };
+        let unfused = || {
+            let s = q
+                .matmul(&k.transpose(-2, -1).unwrap())
+                .unwrap()
+                .mul_scalar(scale)
+                .unwrap()
+                .masked_fill(&causal.logical_not().unwrap(), f64::NEG_INFINITY)
+                .unwrap();
+            let p = s.softmax(-1).unwrap();
+            drop(black_box(p.matmul(&v).unwrap()))
+        };
+        let (mut tf, mut tu) = (Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            tf.push(median_ms(3, fused));
+            tu.push(median_ms(3, unfused));
+        }
+        tf.sort_by(f64::total_cmp);
+        tu.sort_by(f64::total_cmp);
+        let (mf, mu) = (tf[ROUNDS / 2], tu[ROUNDS / 2]);
+        // causal: about half of the 4·T²·d multiply-adds
+        let flops = 2.0 * (b * h) as f64 * (t * t) as f64 * d as f64;
+        println!(
+            "| {b} × {h} × {t} × {d} | {mf:.2} ms ({:.2}–{:.2}) | {mu:.2} ms ({:.2}–{:.2}) | {:.2} | {:.1} |",
+            tf[0],
+            tf[ROUNDS - 1],
+            tu[0],
+            tu[ROUNDS - 1],
+            mu / mf,
+            flops / (mf * 1e6)
+        );
+    }
+}
