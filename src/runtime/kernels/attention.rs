@@ -16,16 +16,18 @@ use crate::{Result, bail};
 use rayon::prelude::*;
 
 /// Query rows per parallel task: they share each block of keys while it is in cache.
-const ROWS: usize = 16;
+const ROWS: usize = 64;
 /// Keys per block.
 const KEYS: usize = 128;
 
 /// Float arithmetic the kernel runs in.
 trait Acc: Copy + Send + Sync + PartialOrd + std::fmt::Debug + 'static {
     const ZERO: Self;
+    const ONE: Self;
     const NEG_INF: Self;
     fn from_f64(x: f64) -> Self;
-    fn exp(self) -> Self;
+    /// `exp(x)` for `x <= 0` (`-inf` gives 0), as the kernel needs it.
+    fn exp_le0(self) -> Self;
     fn add(self, o: Self) -> Self;
     fn sub(self, o: Self) -> Self;
     fn mul(self, o: Self) -> Self;
@@ -35,13 +37,14 @@ trait Acc: Copy + Send + Sync + PartialOrd + std::fmt::Debug + 'static {
 macro_rules! acc {
     ($t:ty) => {
         impl Acc for $t {
+            fn exp_le0(self) -> $t {
+                ExpLe0::exp_le0(self)
+            }
             const ZERO: $t = 0.0;
+            const ONE: $t = 1.0;
             const NEG_INF: $t = <$t>::NEG_INFINITY;
             fn from_f64(x: f64) -> $t {
                 x as $t
-            }
-            fn exp(self) -> $t {
-                <$t>::exp(self)
             }
             fn add(self, o: $t) -> $t {
                 self + o
@@ -61,24 +64,44 @@ macro_rules! acc {
 acc!(f32);
 acc!(f64);
 
-/// Eight partial sums, so that the dot product vectorises without reassociating floats
-/// behind the compiler's back.
-fn dot<A: Acc>(a: &[A], b: &[A]) -> A {
-    let mut part = [A::ZERO; 8];
-    let chunks = a.len() / 8;
-    for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
-        for l in 0..8 {
-            part[l] = part[l].add(ca[l].mul(cb[l]));
+impl ExpLe0 for f64 {
+    fn exp_le0(self) -> f64 {
+        self.exp()
+    }
+}
+
+/// `exp(x)` for `x <= 0` without a call into libm, so a row's exponentials vectorise:
+/// `x = n ln 2 + r` with `|r| <= ln 2 / 2` (ln 2 split in two parts so `r` is exact), a
+/// degree-7 Taylor polynomial for `e^r` (truncation below 2e-9, under f32's rounding),
+/// and `2^n` built in the exponent bits. Below -87 (where `e^x` is below f32's normal
+/// range) it gives 0.
+impl ExpLe0 for f32 {
+    fn exp_le0(self) -> f32 {
+        const LN2_HI: f32 = 0.693_145_75;
+        const LN2_LO: f32 = 1.428_606_8e-6;
+        let x = self.max(-87.0);
+        let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
+        let r = (x - n * LN2_HI) - n * LN2_LO;
+        let mut e = 1.0 / 5040.0;
+        for c in [
+            1.0 / 720.0,
+            1.0 / 120.0,
+            1.0 / 24.0,
+            1.0 / 6.0,
+            0.5,
+            1.0,
+            1.0,
+        ] {
+            e = e * r + c;
         }
+        let two_n = f32::from_bits(((n as i32 + 127) as u32) << 23);
+        if self < -87.0 { 0.0 } else { e * two_n }
     }
-    let mut s = A::ZERO;
-    for i in chunks * 8..a.len() {
-        s = s.add(a[i].mul(b[i]));
-    }
-    for p in part {
-        s = s.add(p);
-    }
-    s
+}
+
+/// The kernel's exponential, by type.
+trait ExpLe0 {
+    fn exp_le0(self) -> Self;
 }
 
 /// The mask's elements.
@@ -224,7 +247,53 @@ fn run<A: Acc>(q: &[A], k: &[A], v: &[A], mask: Option<&Mask>, d: &Dims) -> Vec<
     out
 }
 
-/// Query rows `i0 ..` of batch `b`, as many as `acc` holds, written into `acc`.
+/// `dst (rows × cols, row stride ldd) = scale · lhs (rows × inner) · rhs`, plus `dst`
+/// when `add`; `rhs` is read through its strides (`rs` between its rows, `cs` between its
+/// columns), so a block of keys is used transposed in place.
+///
+/// # Safety
+/// Every slice holds the elements its shape and strides address.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_into<A: Acc>(
+    (rows, cols, inner): (usize, usize, usize),
+    dst: &mut [A],
+    ldd: usize,
+    add: bool,
+    lhs: &[A],
+    ldl: usize,
+    rhs: &[A],
+    (rs, cs): (usize, usize),
+    scale: A,
+) {
+    // SAFETY: the caller's shapes and strides stay inside the slices.
+    unsafe {
+        gemm::gemm(
+            rows,
+            cols,
+            inner,
+            dst.as_mut_ptr(),
+            1,
+            ldd as isize,
+            add,
+            lhs.as_ptr(),
+            1,
+            ldl as isize,
+            rhs.as_ptr(),
+            cs as isize,
+            rs as isize,
+            A::ONE,
+            scale,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+/// Query rows `i0 ..` of batch `b`, as many as `acc` holds, written into `acc`. Per block
+/// of keys: the block's scores as one small GEMM, the mask, the online-softmax update of
+/// each row, then the probabilities times the block's values as a second GEMM.
 #[allow(clippy::too_many_arguments)]
 fn rows_of<A: Acc>(
     q: &[A],
@@ -237,63 +306,83 @@ fn rows_of<A: Acc>(
     acc: &mut [A],
 ) {
     let rows = acc.len() / d.ev;
-    let scale = A::from_f64(d.scale);
     let mut m = vec![A::NEG_INF; rows];
     let mut sum = vec![A::ZERO; rows];
-    let mut scores = [A::ZERO; KEYS];
+    let mut p = vec![A::ZERO; rows * KEYS];
+    let qb = &q[(b * d.l + i0) * d.e..(b * d.l + i0 + rows) * d.e];
     let kb = &k[b * d.s * d.e..(b + 1) * d.s * d.e];
     let vb = &v[b * d.s * d.ev..(b + 1) * d.s * d.ev];
+    // causal rows see keys up to their own index: later blocks are skipped whole
+    let end = if d.is_causal { d.s.min(i0 + rows) } else { d.s };
     let mut j0 = 0;
-    while j0 < d.s {
-        let keys = KEYS.min(d.s - j0);
+    while j0 < end {
+        let keys = KEYS.min(end - j0);
+        if d.e == 0 {
+            p[..rows * keys].iter_mut().for_each(|x| *x = A::ZERO);
+        } else {
+            // SAFETY: p holds rows × keys; qb rows × E; the key block keys rows of E from j0.
+            unsafe {
+                gemm_into(
+                    (rows, keys, d.e),
+                    &mut p,
+                    keys,
+                    false,
+                    qb,
+                    d.e,
+                    &kb[j0 * d.e..(j0 + keys) * d.e],
+                    (1, d.e),
+                    A::from_f64(d.scale),
+                );
+            }
+        }
         for r in 0..rows {
             let i = i0 + r;
-            // causal: keys j <= i only
-            let last = if d.is_causal {
-                if i < j0 {
-                    continue;
-                }
-                (i - j0 + 1).min(keys)
-            } else {
-                keys
-            };
-            let qi = &q[(b * d.l + i) * d.e..(b * d.l + i + 1) * d.e];
-            let mut block_max = A::NEG_INF;
-            for (jj, sc) in scores.iter_mut().enumerate().take(last) {
-                let j = j0 + jj;
-                let mut x = dot(qi, &kb[j * d.e..(j + 1) * d.e]).mul(scale);
-                if let Some(mk) = mask {
-                    x = mk.apply(x, b, i, j);
-                }
-                *sc = x;
-                if x > block_max {
-                    block_max = x;
+            let row = &mut p[r * keys..(r + 1) * keys];
+            if let Some(mk) = mask {
+                for (jj, x) in row.iter_mut().enumerate() {
+                    *x = mk.apply(*x, b, i, j0 + jj);
                 }
             }
+            if d.is_causal && i < j0 + keys {
+                let first_hidden = (i + 1).saturating_sub(j0);
+                row[first_hidden..].iter_mut().for_each(|x| *x = A::NEG_INF);
+            }
+            let block_max = row
+                .iter()
+                .fold(A::NEG_INF, |a, &x| if x > a { x } else { a });
             if block_max == A::NEG_INF {
+                row.iter_mut().for_each(|x| *x = A::ZERO);
                 continue;
             }
             let new_m = if block_max > m[r] { block_max } else { m[r] };
-            let a_row = &mut acc[r * d.ev..(r + 1) * d.ev];
             if m[r] != A::NEG_INF && new_m != m[r] {
-                let corr = m[r].sub(new_m).exp();
+                let corr = A::exp_le0(m[r].sub(new_m));
                 sum[r] = sum[r].mul(corr);
-                for a in a_row.iter_mut() {
+                for a in acc[r * d.ev..(r + 1) * d.ev].iter_mut() {
                     *a = a.mul(corr);
                 }
             }
             m[r] = new_m;
-            for (jj, &sc) in scores.iter().enumerate().take(last) {
-                if sc == A::NEG_INF {
-                    continue;
-                }
-                let p = sc.sub(new_m).exp();
-                sum[r] = sum[r].add(p);
-                let vj = &vb[(j0 + jj) * d.ev..(j0 + jj + 1) * d.ev];
-                for (a, &x) in a_row.iter_mut().zip(vj) {
-                    *a = a.add(p.mul(x));
-                }
+            let mut s = A::ZERO;
+            for x in row.iter_mut() {
+                *x = A::exp_le0(x.sub(new_m));
+                s = s.add(*x);
             }
+            sum[r] = sum[r].add(s);
+        }
+        // SAFETY: acc holds rows × Ev; p rows × keys; the value block keys rows of Ev.
+        unsafe {
+            gemm_into(
+                (rows, d.ev, keys),
+                acc,
+                d.ev,
+                true,
+                &p,
+                keys,
+                &vb[j0 * d.ev..(j0 + keys) * d.ev],
+                (d.ev, 1),
+                A::ONE,
+            );
         }
         j0 += keys;
     }
@@ -307,5 +396,26 @@ fn rows_of<A: Acc>(
                 *a = a.div(sum[r]);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ExpLe0;
+
+    #[test]
+    fn the_f32_exponential_is_within_two_ulps_of_f64s() {
+        let mut worst = 0.0f64;
+        for i in 0..=200_000 {
+            let x = -87.0f32 * i as f32 / 200_000.0;
+            let got = f64::from(x.exp_le0());
+            let want = f64::from(x).exp();
+            let ulp = f64::from(f32::EPSILON) * want;
+            worst = worst.max((got - want).abs() / ulp);
+        }
+        assert!(worst <= 2.0, "{worst} ulps");
+        assert_eq!(f32::NEG_INFINITY.exp_le0(), 0.0);
+        assert_eq!((-100.0f32).exp_le0(), 0.0);
+        assert_eq!(0.0f32.exp_le0(), 1.0);
     }
 }
