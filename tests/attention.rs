@@ -12,6 +12,14 @@ use smelt::nn::{Module, MultiheadAttention};
 use smelt::profiler::{self, MemDevice, ProfilerOptions};
 use smelt::{DType, Generator, Tensor};
 
+/// The profiler records every thread: the tests of this file take turns, so that one test's
+/// allocations never show in another's profile.
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// What a mask does in the reference.
 enum RefMask<'a> {
     None,
@@ -84,6 +92,7 @@ fn broadcast(m: &Tensor, full: &[usize]) -> Vec<f64> {
 
 #[test]
 fn attention_matches_float64_math_over_blocks_masks_and_causal_rows() {
+    let _t = turn();
     let mut g = Generator::new(1);
     // (batch dims, L, S, E, Ev): one block, many blocks of rows (16) and keys (128), L != S,
     // single rows and keys, wide values
@@ -148,6 +157,7 @@ fn attention_matches_float64_math_over_blocks_masks_and_causal_rows() {
 
 #[test]
 fn half_inputs_compute_in_float32_and_round_once() {
+    let _t = turn();
     let mut g = Generator::new(2);
     let q = randn(&[2, 6, 8], DType::F32, &mut g);
     let k = randn(&[2, 10, 8], DType::F32, &mut g);
@@ -170,6 +180,7 @@ fn half_inputs_compute_in_float32_and_round_once() {
 
 #[test]
 fn bad_operands_are_errors_with_pytorchs_messages() {
+    let _t = turn();
     let q = Tensor::zeros(&[2, 4, 8], DType::F32);
     let k = Tensor::zeros(&[2, 5, 8], DType::F32);
     let v = Tensor::zeros(&[2, 5, 3], DType::F32);
@@ -226,6 +237,7 @@ fn bad_operands_are_errors_with_pytorchs_messages() {
 
 #[test]
 fn the_op_reads_and_prints_and_compiles_to_one_library_call() {
+    let _t = turn();
     let text =
         "graph attn(%q: f32[2,4,64,16], %k: f32[2,4,64,16], %v: f32[2,4,64,16], %m: bool[64,64]) {
   %a: f32[2,4,64,16] = scaled_dot_product_attention(%q, %k, %v, is_causal=true)
@@ -276,6 +288,7 @@ fn the_op_reads_and_prints_and_compiles_to_one_library_call() {
 
 #[test]
 fn gradients_pass_gradcheck_with_masks_and_causal_rows() {
+    let _t = turn();
     let mut g = Generator::new(4);
     let q = randn(&[2, 5, 3], DType::F64, &mut g);
     let k = randn(&[2, 6, 3], DType::F64, &mut g);
@@ -304,6 +317,7 @@ fn gradients_pass_gradcheck_with_masks_and_causal_rows() {
 
 #[test]
 fn doubling_the_context_doubles_attentions_memory() {
+    let _t = turn();
     // what the forward allocates, recorded by the profiler: linear in T, not quadratic
     let peak = |t: usize| {
         let mut g = Generator::new(5);
@@ -325,6 +339,7 @@ fn doubling_the_context_doubles_attentions_memory() {
 
 #[test]
 fn multihead_attention_matches_its_formula_and_trains() {
+    let _t = turn();
     let mut mha = MultiheadAttention::new(16, 4).unwrap().causal(true);
     let names: Vec<String> = mha.named_parameters().into_iter().map(|(n, _)| n).collect();
     assert_eq!(

@@ -137,7 +137,9 @@ pub fn execute(command: &Command) -> Result<()> {
     }
 }
 
-fn run(a: &RunArgs) -> Result<()> {
+/// Runs `smelt run`: the graph on the `.npy` inputs, the outputs written as
+/// `out0.npy`, `out1.npy`, ... in `a.out`.
+pub fn run(a: &RunArgs) -> Result<()> {
     let module = load(&a.model)?;
     let g = pick(&module, a.graph.as_deref())?;
     let inputs = read_inputs(&a.inputs)?;
