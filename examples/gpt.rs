@@ -9,7 +9,10 @@
 //! greedily and prints its accuracy, saves the weights as safetensors, exports the
 //! inference graph as `.smelt` and checks that `smelt run` on it gives the model's logits.
 //!
-//! `cargo run --release --example gpt` (about a minute on two cores).
+//! `cargo run --release --example gpt` (about two minutes on two cores). With
+//! `-- --steps N` it trains N compiled steps instead of 1500; with `-- --profile DIR` it
+//! then records 3 eager and 3 compiled steps with `smelt::profiler`
+//! and writes `DIR/trace.json` and `DIR/report.html`.
 
 use indicatif::{ProgressBar, ProgressStyle};
 use smelt::autograd::no_grad;
@@ -17,6 +20,7 @@ use smelt::exec::CompileOptions;
 use smelt::nn::functional::cross_entropy;
 use smelt::nn::{Embedding, GELU, LayerNorm, Linear, Module, MultiheadAttention};
 use smelt::optim::{AdamConfig, AdamW, Optimizer};
+use smelt::profiler::{self, ProfilerOptions, SortBy};
 use smelt::train::{CompiledStep, LrSchedule, StepConfig};
 use smelt::{DType, Generator, Result, Tensor};
 use std::time::Instant;
@@ -203,7 +207,33 @@ fn accuracy(model: &Gpt, n: usize, g: &mut Generator) -> Result<f64> {
     Ok(right as f64 / n as f64)
 }
 
+/// The number given with `--steps N` (compiled steps), else `STEPS`.
+fn steps_arg() -> Result<usize> {
+    let args: Vec<String> = std::env::args().collect();
+    match args.iter().position(|a| a == "--steps") {
+        None => Ok(STEPS),
+        Some(i) => args
+            .get(i + 1)
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| smelt::Error::Value("--steps needs a number".into())),
+    }
+}
+
+/// The directory given with `--profile DIR`, if any.
+fn profile_dir() -> Result<Option<std::path::PathBuf>> {
+    let args: Vec<String> = std::env::args().collect();
+    match args.iter().position(|a| a == "--profile") {
+        None => Ok(None),
+        Some(i) => match args.get(i + 1) {
+            Some(d) => Ok(Some(d.into())),
+            None => Err(smelt::Error::Value("--profile needs a directory".into())),
+        },
+    }
+}
+
 fn main() -> Result<()> {
+    let profile_to = profile_dir()?;
+    let steps_total = steps_arg()?;
     let out_dir = std::env::temp_dir().join("smelt-gpt");
     std::fs::create_dir_all(&out_dir).map_err(|e| smelt::Error::Io(e.to_string()))?;
     smelt::manual_seed(0);
@@ -236,7 +266,7 @@ fn main() -> Result<()> {
     let t0 = Instant::now();
     let schedule = LrSchedule::WarmupCosine {
         warmup_steps: 100,
-        total_steps: STEPS as u64,
+        total_steps: steps_total as u64,
         min_lr: 3e-4,
     };
     let mut step = CompiledStep::with_config(
@@ -249,10 +279,10 @@ fn main() -> Result<()> {
         &CompileOptions::default(),
     )?;
     let compile_s = t0.elapsed().as_secs_f64();
-    let bar = progress(STEPS, "compiled");
+    let bar = progress(steps_total, "compiled");
     let t0 = Instant::now();
     let mut last = f64::NAN;
-    for i in 0..STEPS {
+    for i in 0..steps_total {
         let (x, y) = batch(&mut data)?;
         last = step.step(&[x, y])?.item_f64()?;
         if (i + 1) % 25 == 0 {
@@ -263,7 +293,7 @@ fn main() -> Result<()> {
     }
     let train_s = t0.elapsed().as_secs_f64();
     bar.finish_and_clear();
-    let compiled_rate = STEPS as f64 * tokens_per_step / train_s;
+    let compiled_rate = steps_total as f64 * tokens_per_step / train_s;
 
     let mut eval_rng = Generator::new(7);
     let acc = accuracy(&model, 200, &mut eval_rng)?;
@@ -273,7 +303,7 @@ fn main() -> Result<()> {
     );
     println!("eager:    {EAGER_STEPS} steps, loss {eager_loss:.3}, {eager_rate:.0} tokens/s");
     println!(
-        "compiled: {STEPS} steps in {train_s:.1} s ({compile_s:.2} s to compile, {} kernels), final loss {last:.3}, {compiled_rate:.0} tokens/s ({:.1}x eager)",
+        "compiled: {steps_total} steps in {train_s:.1} s ({compile_s:.2} s to compile, {} kernels), final loss {last:.3}, {compiled_rate:.0} tokens/s ({:.1}x eager)",
         step.compiled().schedule().kernel_count(),
         compiled_rate / eager_rate
     );
@@ -339,6 +369,48 @@ fn main() -> Result<()> {
         return Err(smelt::Error::Value(format!(
             "smelt run disagrees with the model by {diff}"
         )));
+    }
+
+    if let Some(dir) = profile_to {
+        let opts = ProfilerOptions::default().profile_memory(true);
+        let batches: Vec<(Tensor, Tensor)> =
+            (0..3).map(|_| batch(&mut data)).collect::<Result<_>>()?;
+        let (r, eager_prof) = profiler::profile(opts.clone(), || -> Result<()> {
+            for (x, y) in &batches {
+                let _s = profiler::record_function("eager step");
+                opt.zero_grad();
+                let l = {
+                    let _f = profiler::record_function("forward");
+                    loss(&eager, x, y)?
+                };
+                {
+                    let _b = profiler::record_function("backward");
+                    l.backward()?;
+                }
+                let _o = profiler::record_function("optimizer");
+                opt.step()?;
+            }
+            Ok(())
+        })?;
+        r?;
+        let (r, compiled_prof) = profiler::profile(opts, || -> Result<()> {
+            for (x, y) in &batches {
+                let _s = profiler::record_function("compiled step");
+                step.step(&[x.clone(), y.clone()])?;
+            }
+            Ok(())
+        })?;
+        r?;
+        for (name, p) in [("eager", &eager_prof), ("compiled", &compiled_prof)] {
+            println!("\n{name}, 3 steps:");
+            print!("{}", p.key_averages().table(SortBy::SelfTime, Some(12)));
+        }
+        let (trace, report) = profiler::export_dir(
+            &dir,
+            "gpt: eager and compiled training steps",
+            &[("eager", &eager_prof), ("compiled", &compiled_prof)],
+        )?;
+        println!("\nwrote {} and {}", trace.display(), report.display());
     }
     Ok(())
 }

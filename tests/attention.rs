@@ -440,3 +440,21 @@ fn multihead_attention_matches_its_formula_and_trains() {
     mha.eval();
     assert!(!mha.is_training() && !mha.out_proj.is_training());
 }
+
+#[test]
+fn the_profiler_counts_attentions_arithmetic() {
+    let _t = turn();
+    let q = Tensor::zeros(&[2, 5, 4], DType::F32);
+    let k = Tensor::zeros(&[2, 7, 4], DType::F32);
+    let v = Tensor::zeros(&[2, 7, 3], DType::F32);
+    let ((), prof) = profiler::profile(ProfilerOptions::default(), || {
+        let _ = q
+            .scaled_dot_product_attention(&k, &v, None, false, None)
+            .unwrap();
+    })
+    .unwrap();
+    let e = &prof.events[0];
+    assert_eq!(e.name, "scaled_dot_product_attention");
+    // scores: 2·L·S·E per batch, weighted values: 2·L·S·Ev
+    assert_eq!(e.flops, 2 * 2 * 5 * 7 * (4 + 3));
+}

@@ -466,13 +466,8 @@ pub(super) fn eager_run_synced(
             .chain(std::iter::once(&t))
             .map(|x| x.numel() * x.element_size())
             .sum();
-        let flops = match op {
-            Op::Matmul | Op::Linear { .. } => {
-                2 * t.numel() as u64 * args[0].shape().last().copied().unwrap_or(1) as u64
-            }
-            _ if op.is_view() => 0,
-            _ => t.numel() as u64,
-        };
+        let shapes: Vec<&[usize]> = args.iter().map(|a| a.shape()).collect();
+        let flops = op.flops(&shapes, t.shape());
         infos.push(StepInfo {
             name: format!("%{}", node.name),
             ops: vec![op.name().to_string()],

@@ -445,6 +445,28 @@ fn is_index_dtype(d: DType) -> bool {
     matches!(d, DType::I64 | DType::I32)
 }
 
+impl Op {
+    /// Arithmetic operations of the op on operands of shapes `inputs` with result shape
+    /// `out` (what profilers report): `2·m·n·k` for a matrix product, `2·L·S·(E + Ev)` per
+    /// batch for attention, none for a view, one per result element otherwise.
+    pub fn flops(&self, inputs: &[&[usize]], out: &[usize]) -> u64 {
+        let n = numel(out) as u64;
+        let last = |i: usize| inputs.get(i).and_then(|s| s.last()).copied().unwrap_or(1) as u64;
+        match self {
+            Op::Matmul | Op::Linear { .. } => 2 * n * last(0),
+            Op::Attention { .. } => {
+                // out is [.., L, Ev]; k is [.., S, E]
+                let k = inputs.get(1).copied().unwrap_or(&[]);
+                let s = if k.len() >= 2 { k[k.len() - 2] } else { 1 } as u64;
+                let ev = out.last().copied().unwrap_or(1).max(1) as u64;
+                2 * (n / ev) * s * (last(0) + ev)
+            }
+            _ if self.is_view() => 0,
+            _ => n,
+        }
+    }
+}
+
 /// The result type of attention over q, k, v (and a mask): checks PyTorch's rules.
 fn attention_type(inputs: &[&TensorType], has_mask: bool) -> Result<TensorType> {
     let (q, k, v) = (inputs[0], inputs[1], inputs[2]);

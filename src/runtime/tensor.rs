@@ -434,26 +434,15 @@ pub fn apply(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
 }
 
 /// Bytes an eager op reads and writes (a view moves none) and its arithmetic operations
-/// (two per multiply-add of a matmul, one per output element otherwise): the profiler's
-/// figures for it.
+/// ([`Op::flops`]): the profiler's figures for it.
 fn op_work(op: &Op, inputs: &[TensorType], out: &TensorType) -> (u64, u64) {
     let size = |t: &TensorType| (numel(&t.shape) * t.dtype.size()) as u64;
     if op.is_view() {
         return (0, 0);
     }
     let bytes = inputs.iter().map(size).sum::<u64>() + size(out);
-    let n = numel(&out.shape) as u64;
-    let flops = match op {
-        Op::Matmul | Op::Linear { .. } => {
-            let k = inputs
-                .first()
-                .and_then(|t| t.shape.last())
-                .copied()
-                .unwrap_or(1);
-            2 * n * k as u64
-        }
-        _ => n,
-    };
+    let shapes: Vec<&[usize]> = inputs.iter().map(|t| t.shape.as_slice()).collect();
+    let flops = op.flops(&shapes, &out.shape);
     (bytes, flops)
 }
 

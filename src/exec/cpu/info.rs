@@ -2,7 +2,6 @@
 //! the arithmetic it does.
 
 use super::plan::step_buffers;
-use crate::ir::op::Op;
 use crate::ir::shape::numel;
 use crate::kernel::{Expr, Level, Schedule, Step};
 
@@ -71,11 +70,9 @@ impl StepInfo {
                 }
             }
             Step::Extern(e) => {
-                let out = s.buffers.get(e.out).map_or(0, |b| b.len()) as u64;
-                let flops = match (&e.op, e.args.first()) {
-                    (Op::Matmul, Some(a)) => 2 * out * a.shape.last().copied().unwrap_or(1) as u64,
-                    _ => out,
-                };
+                let shapes: Vec<&[usize]> = e.args.iter().map(|a| a.shape.as_slice()).collect();
+                let out_shape = s.buffers.get(e.out).map_or(&[][..], |b| b.shape.as_slice());
+                let flops = e.op.flops(&shapes, out_shape);
                 StepInfo {
                     name: format!("extern_{}", e.op.name()),
                     ops: vec![e.op.name().to_string()],
