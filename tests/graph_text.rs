@@ -210,6 +210,8 @@ const OP_STATEMENTS: &[&str] = &[
     "scatter_add(%x, %j, %x, dim=0)",
     "index_add(%x, %i, %y, dim=1)",
     "embedding(%i, %x)",
+    "scaled_dot_product_attention(%x, %y, %x)",
+    "scaled_dot_product_attention(%x, %y, %y, is_causal=true, scale=0.5)",
 ];
 
 const HEADER: &str = "graph ops(%x: f32[2,3], %y: f32[2,3], %m: bool[2,3], %v: f32[3], \
