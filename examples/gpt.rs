@@ -20,7 +20,10 @@ use smelt::exec::CompileOptions;
 use smelt::nn::functional::cross_entropy;
 use smelt::nn::{Embedding, GELU, LayerNorm, Linear, Module, MultiheadAttention};
 use smelt::optim::{AdamConfig, AdamW, Optimizer};
-use smelt::profiler::{self, ProfilerOptions, SortBy};
+use smelt::profiler;
+
+#[path = "common/profiling.rs"]
+mod profiling;
 use smelt::train::{CompiledStep, LrSchedule, StepConfig};
 use smelt::{DType, Generator, Result, Tensor};
 use std::time::Instant;
@@ -219,20 +222,8 @@ fn steps_arg() -> Result<usize> {
     }
 }
 
-/// The directory given with `--profile DIR`, if any.
-fn profile_dir() -> Result<Option<std::path::PathBuf>> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == "--profile") {
-        None => Ok(None),
-        Some(i) => match args.get(i + 1) {
-            Some(d) => Ok(Some(d.into())),
-            None => Err(smelt::Error::Value("--profile needs a directory".into())),
-        },
-    }
-}
-
 fn main() -> Result<()> {
-    let profile_to = profile_dir()?;
+    let profile_to = profiling::profile_dir()?;
     let steps_total = steps_arg()?;
     let out_dir = std::env::temp_dir().join("smelt-gpt");
     std::fs::create_dir_all(&out_dir).map_err(|e| smelt::Error::Io(e.to_string()))?;
@@ -372,12 +363,14 @@ fn main() -> Result<()> {
     }
 
     if let Some(dir) = profile_to {
-        let opts = ProfilerOptions::default().profile_memory(true);
         let batches: Vec<(Tensor, Tensor)> =
             (0..3).map(|_| batch(&mut data)).collect::<Result<_>>()?;
-        let (r, eager_prof) = profiler::profile(opts.clone(), || -> Result<()> {
-            for (x, y) in &batches {
-                let _s = profiler::record_function("eager step");
+        profiling::profile_training(
+            &dir,
+            "gpt: eager and compiled training steps",
+            batches.len(),
+            |i| {
+                let (x, y) = &batches[i];
                 opt.zero_grad();
                 let l = {
                     let _f = profiler::record_function("forward");
@@ -388,29 +381,13 @@ fn main() -> Result<()> {
                     l.backward()?;
                 }
                 let _o = profiler::record_function("optimizer");
-                opt.step()?;
-            }
-            Ok(())
-        })?;
-        r?;
-        let (r, compiled_prof) = profiler::profile(opts, || -> Result<()> {
-            for (x, y) in &batches {
-                let _s = profiler::record_function("compiled step");
-                step.step(&[x.clone(), y.clone()])?;
-            }
-            Ok(())
-        })?;
-        r?;
-        for (name, p) in [("eager", &eager_prof), ("compiled", &compiled_prof)] {
-            println!("\n{name}, 3 steps:");
-            print!("{}", p.key_averages().table(SortBy::SelfTime, Some(12)));
-        }
-        let (trace, report) = profiler::export_dir(
-            &dir,
-            "gpt: eager and compiled training steps",
-            &[("eager", &eager_prof), ("compiled", &compiled_prof)],
+                opt.step()
+            },
+            |i| {
+                let (x, y) = &batches[i];
+                step.step(&[x.clone(), y.clone()]).map(drop)
+            },
         )?;
-        println!("\nwrote {} and {}", trace.display(), report.display());
     }
     Ok(())
 }

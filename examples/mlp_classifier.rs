@@ -13,7 +13,10 @@ use smelt::exec::CompileOptions;
 use smelt::nn::functional::cross_entropy;
 use smelt::nn::{Linear, Module, ReLU, Sequential};
 use smelt::optim::{Optimizer, SGD, SGDConfig};
-use smelt::profiler::{self, ProfilerOptions, SortBy};
+use smelt::profiler;
+
+#[path = "common/profiling.rs"]
+mod profiling;
 use smelt::train::CompiledStep;
 use smelt::{Generator, Result, Tensor};
 use std::f64::consts::PI;
@@ -116,18 +119,8 @@ fn accuracy(model: &Sequential, x: &Tensor, y: &Tensor) -> Result<f64> {
 /// Steps recorded per loop with `--profile`.
 const PROFILED_STEPS: usize = 5;
 
-/// The directory given with `--profile DIR`, if any.
-fn profile_dir() -> Option<std::path::PathBuf> {
-    let args: Vec<String> = std::env::args().collect();
-    let i = args.iter().position(|a| a == "--profile")?;
-    args.get(i + 1).map(Into::into)
-}
-
 fn main() -> Result<()> {
-    let profile_to = profile_dir();
-    if std::env::args().any(|a| a == "--profile") && profile_to.is_none() {
-        return Err(smelt::Error::Value("--profile needs a directory".into()));
-    }
+    let profile_to = profiling::profile_dir()?;
     let mut g = Generator::new(2024);
     let (x, y) = spirals(POINTS_PER_CLASS, &mut g)?;
     let (x_test, y_test) = spirals(POINTS_PER_CLASS / 2, &mut g)?;
@@ -205,10 +198,12 @@ fn main() -> Result<()> {
     );
 
     if let Some(dir) = profile_to {
-        let opts = ProfilerOptions::default().profile_memory(true);
-        let (r, eager_prof) = profiler::profile(opts.clone(), || -> Result<()> {
-            for (xb, yb) in batches.iter().take(PROFILED_STEPS) {
-                let _s = profiler::record_function("eager step");
+        profiling::profile_training(
+            &dir,
+            "mlp_classifier: eager and compiled training steps",
+            PROFILED_STEPS,
+            |i| {
+                let (xb, yb) = &batches[i % batches.len()];
                 opt.zero_grad();
                 let loss = {
                     let _f = profiler::record_function("forward");
@@ -219,29 +214,13 @@ fn main() -> Result<()> {
                     loss.backward()?;
                 }
                 let _o = profiler::record_function("optimizer");
-                opt.step()?;
-            }
-            Ok(())
-        })?;
-        r?;
-        let (r, compiled_prof) = profiler::profile(opts, || -> Result<()> {
-            for (xb, yb) in batches.iter().take(PROFILED_STEPS) {
-                let _s = profiler::record_function("compiled step");
-                step.step(&[xb.clone(), yb.clone()])?;
-            }
-            Ok(())
-        })?;
-        r?;
-        for (name, p) in [("eager", &eager_prof), ("compiled", &compiled_prof)] {
-            println!("\n{name}, {PROFILED_STEPS} steps:");
-            print!("{}", p.key_averages().table(SortBy::SelfTime, Some(12)));
-        }
-        let (trace, report) = profiler::export_dir(
-            &dir,
-            "mlp_classifier: eager and compiled training steps",
-            &[("eager", &eager_prof), ("compiled", &compiled_prof)],
+                opt.step()
+            },
+            |i| {
+                let (xb, yb) = &batches[i % batches.len()];
+                step.step(&[xb.clone(), yb.clone()]).map(drop)
+            },
         )?;
-        println!("\nwrote {} and {}", trace.display(), report.display());
     }
     Ok(())
 }
