@@ -17,158 +17,22 @@
 use indicatif::{ProgressBar, ProgressStyle};
 use smelt::autograd::no_grad;
 use smelt::exec::CompileOptions;
-use smelt::nn::functional::cross_entropy;
-use smelt::nn::{Embedding, GELU, LayerNorm, Linear, Module, MultiheadAttention};
+use smelt::nn::Module;
 use smelt::optim::{AdamConfig, AdamW, Optimizer};
 use smelt::profiler;
 
 #[path = "common/profiling.rs"]
 mod profiling;
 use smelt::train::{CompiledStep, LrSchedule, StepConfig};
-use smelt::{DType, Generator, Result, Tensor};
+use smelt::{Generator, Result, Tensor};
 use std::time::Instant;
 
-const VOCAB: &[u8] = b"0123456789+=;";
-const CTX: usize = 32;
-const WIDTH: usize = 96;
-const HEADS: usize = 4;
-const LAYERS: usize = 2;
-const BATCH: usize = 32;
+#[path = "common/gpt_model.rs"]
+mod gpt_model;
+use gpt_model::{BATCH, CTX, Gpt, HEADS, LAYERS, VOCAB, WIDTH, batch, loss, problem, token};
+
 const EAGER_STEPS: usize = 20;
 const STEPS: usize = 1500;
-
-fn token(c: u8) -> i64 {
-    VOCAB.iter().position(|&v| v == c).map_or(0, |p| p as i64)
-}
-
-/// `a+b=s;` for two numbers below 100.
-fn problem(g: &mut Generator) -> Result<(u32, u32)> {
-    let r = Tensor::randint_with(0, 100, &[2], None, g)?.to_i64_vec();
-    Ok((r[0] as u32, r[1] as u32))
-}
-
-/// A batch of windows of CTX + 1 tokens from a stream of problems: inputs and the next
-/// tokens to predict.
-fn batch(g: &mut Generator) -> Result<(Tensor, Tensor)> {
-    let mut xs = Vec::with_capacity(BATCH * CTX);
-    let mut ys = Vec::with_capacity(BATCH * CTX);
-    for _ in 0..BATCH {
-        let mut text = String::new();
-        while text.len() < 3 * CTX {
-            let (a, b) = problem(g)?;
-            text.push_str(&format!("{a}+{b}={};", a + b));
-        }
-        let start = Tensor::randint_with(0, 2 * CTX as i64, &[1], None, g)?.to_i64_vec()[0];
-        let toks: Vec<i64> = text.bytes().map(token).collect();
-        let w = &toks[start as usize..start as usize + CTX + 1];
-        xs.extend_from_slice(&w[..CTX]);
-        ys.extend_from_slice(&w[1..]);
-    }
-    Ok((
-        Tensor::from_vec(xs, &[BATCH, CTX])?,
-        Tensor::from_vec(ys, &[BATCH, CTX])?,
-    ))
-}
-
-/// One pre-norm block.
-struct Block {
-    ln1: LayerNorm,
-    attn: MultiheadAttention,
-    ln2: LayerNorm,
-    fc: Linear,
-    proj: Linear,
-}
-
-struct Gpt {
-    tok: Embedding,
-    pos: Tensor,
-    blocks: Vec<Block>,
-    ln_f: LayerNorm,
-    training: bool,
-}
-
-impl Gpt {
-    fn new() -> Result<Gpt> {
-        let tok = Embedding::new(VOCAB.len(), WIDTH)?;
-        smelt::nn::init::normal_(&tok.weight, 0.0, 0.02)?;
-        let pos = Tensor::zeros(&[CTX, WIDTH], DType::F32);
-        smelt::nn::init::normal_(&pos, 0.0, 0.02)?;
-        pos.requires_grad_(true)?;
-        let blocks = (0..LAYERS)
-            .map(|_| {
-                Ok(Block {
-                    ln1: LayerNorm::new(&[WIDTH], 1e-5, true)?,
-                    attn: MultiheadAttention::new(WIDTH, HEADS)?.causal(true),
-                    ln2: LayerNorm::new(&[WIDTH], 1e-5, true)?,
-                    fc: Linear::new(WIDTH, 4 * WIDTH, true)?,
-                    proj: Linear::new(4 * WIDTH, WIDTH, true)?,
-                })
-            })
-            .collect::<Result<_>>()?;
-        Ok(Gpt {
-            tok,
-            pos,
-            blocks,
-            ln_f: LayerNorm::new(&[WIDTH], 1e-5, true)?,
-            training: true,
-        })
-    }
-}
-
-impl Module for Gpt {
-    /// Token ids `[B, T]` (T at most CTX) → logits `[B, T, vocab]`.
-    fn forward(&self, idx: &Tensor) -> Result<Tensor> {
-        let t = idx.shape()[1] as i64;
-        let mut x = self.tok.forward(idx)?.add(&self.pos.narrow(0, 0, t)?)?;
-        let gelu = GELU::new();
-        for b in &self.blocks {
-            x = x.add(&b.attn.forward(&b.ln1.forward(&x)?)?)?;
-            let h = gelu.forward(&b.fc.forward(&b.ln2.forward(&x)?)?)?;
-            x = x.add(&b.proj.forward(&h)?)?;
-        }
-        // the output projection is the token embedding, transposed
-        self.ln_f.forward(&x)?.matmul(&self.tok.weight.t()?)
-    }
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut v = vec![
-            ("tok.weight".to_string(), self.tok.weight.clone()),
-            ("pos".to_string(), self.pos.clone()),
-        ];
-        for (i, b) in self.blocks.iter().enumerate() {
-            let parts: [(&str, &dyn Module); 5] = [
-                ("ln1", &b.ln1),
-                ("attn", &b.attn),
-                ("ln2", &b.ln2),
-                ("fc", &b.fc),
-                ("proj", &b.proj),
-            ];
-            for (name, m) in parts {
-                for (n, p) in m.named_parameters() {
-                    v.push((format!("blocks.{i}.{name}.{n}"), p));
-                }
-            }
-        }
-        for (n, p) in self.ln_f.named_parameters() {
-            v.push((format!("ln_f.{n}"), p));
-        }
-        v
-    }
-    fn train(&mut self, mode: bool) {
-        self.training = mode;
-    }
-    fn is_training(&self) -> bool {
-        self.training
-    }
-}
-
-fn loss(model: &Gpt, x: &Tensor, y: &Tensor) -> Result<Tensor> {
-    let logits = model.forward(x)?;
-    let n = (BATCH * CTX) as i64;
-    cross_entropy(
-        &logits.reshape(&[n, VOCAB.len() as i64])?,
-        &y.reshape(&[n])?,
-    )
-}
 
 fn progress(steps: usize, label: &str) -> ProgressBar {
     let bar = ProgressBar::new(steps as u64);
