@@ -151,3 +151,38 @@ pub fn loss(model: &Gpt, x: &Tensor, y: &Tensor) -> Result<Tensor> {
     )
 }
 
+/// A model (seed 0) and `steps` batches (data seed 1), both written to `dir` as `.npy`
+/// files for `scripts/torch_models.py`: `param.NAME.npy`, `x{i}.npy`, `y{i}.npy`.
+pub fn export_start(dir: &std::path::Path, steps: usize) -> Result<(Gpt, Vec<(Tensor, Tensor)>)> {
+    use smelt::runtime::npy::write_npy;
+    std::fs::create_dir_all(dir).map_err(|e| smelt::Error::Io(e.to_string()))?;
+    smelt::manual_seed(0);
+    let model = Gpt::new()?;
+    for (name, p) in model.named_parameters() {
+        write_npy(dir.join(format!("param.{name}.npy")), &p)?;
+    }
+    let mut data = Generator::new(1);
+    let batches: Vec<(Tensor, Tensor)> = (0..steps)
+        .map(|_| batch(&mut data))
+        .collect::<Result<_>>()?;
+    for (i, (x, y)) in batches.iter().enumerate() {
+        write_npy(dir.join(format!("x{i}.npy")), x)?;
+        write_npy(dir.join(format!("y{i}.npy")), y)?;
+    }
+    Ok((model, batches))
+}
+
+/// The AdamW step both sides train with (lr 3e-3, PyTorch's other defaults, clipping at
+/// 1.0), compiled for `model`.
+pub fn compiled_adamw_step<'a>(
+    model: &'a Gpt,
+    example: &(Tensor, Tensor),
+) -> Result<smelt::train::CompiledStep<'a>> {
+    smelt::train::CompiledStep::with_config(
+        move |b: &[Tensor]| loss(model, &b[0], &b[1]),
+        &[example.0.clone(), example.1.clone()],
+        model.named_parameters(),
+        smelt::train::StepConfig::adamw(smelt::optim::AdamConfig::new(3e-3)).clip_grad_norm(1.0),
+        &smelt::exec::CompileOptions::default(),
+    )
+}

@@ -1,0 +1,136 @@
+//! The GPT of `examples/gpt.rs` trained with AdamW (lr 3e-3, clipping at 1.0) from fixed
+//! initial weights on fixed batches: per-step time eager and compiled, and the peak memory
+//! of one step of each (recorded by `smelt::profiler`), median and range over the steps.
+//!
+//! It writes the initial weights, the batches and its first 20 losses (eager and compiled)
+//! as `.npy` files to `target/models-bench/` (or the directory after `--out`), which
+//! `scripts/torch_models.py` reads to train the same model in PyTorch and compare.
+//!
+//! Run: `cargo bench --bench models`.
+
+#[path = "../examples/common/gpt_model.rs"]
+mod gpt_model;
+
+use gpt_model::{Gpt, compiled_adamw_step, export_start, loss};
+use smelt::nn::Module;
+use smelt::optim::{AdamConfig, AdamW, Optimizer};
+use smelt::profiler::{self, MemDevice, ProfilerOptions};
+use smelt::runtime::npy::write_npy;
+use smelt::{Result, Tensor};
+use std::path::PathBuf;
+use std::time::Instant;
+
+const STEPS: usize = 20;
+
+fn out_dir() -> PathBuf {
+    let args: Vec<String> = std::env::args().collect();
+    match args.iter().position(|a| a == "--out") {
+        Some(i) if i + 1 < args.len() => PathBuf::from(&args[i + 1]),
+        _ => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target/models-bench")),
+    }
+}
+
+/// Median and range of per-step times in ms.
+fn summary(mut t: Vec<f64>) -> String {
+    t.sort_by(f64::total_cmp);
+    format!(
+        "{:.2} ms ({:.2}–{:.2})",
+        t[t.len() / 2],
+        t[0],
+        t[t.len() - 1]
+    )
+}
+
+/// Peak host memory allocated during one call of `f`.
+fn peak(f: impl FnOnce() -> Result<()>) -> Result<i64> {
+    let opts = ProfilerOptions::default().profile_memory(true);
+    let (r, prof) = profiler::profile(opts, f)?;
+    r?;
+    Ok(prof.peak_memory(MemDevice::Cpu))
+}
+
+fn main() -> Result<()> {
+    let dir = out_dir();
+    let (eager, batches) = export_start(&dir, STEPS)?;
+    // a twin of the same start for the compiled step
+    let compiled = Gpt::new()?;
+    for ((_, pe), (_, pc)) in eager
+        .named_parameters()
+        .iter()
+        .zip(compiled.named_parameters())
+    {
+        let _off = smelt::autograd::no_grad();
+        pc.copy_(pe)?;
+    }
+    let cfg = AdamConfig::new(3e-3);
+    let mut opt = AdamW::new(eager.parameters(), cfg)?;
+    let mut step = compiled_adamw_step(&compiled, &batches[0])?;
+    let (mut te, mut tc) = (Vec::new(), Vec::new());
+    let (mut le, mut lc) = (Vec::new(), Vec::new());
+    for (x, y) in &batches {
+        let t0 = Instant::now();
+        opt.zero_grad();
+        let l = loss(&eager, x, y)?;
+        l.backward()?;
+        smelt::autograd::clip_grad_norm_(&eager.parameters(), 1.0, 2.0)?;
+        opt.step()?;
+        te.push(t0.elapsed().as_secs_f64() * 1e3);
+        le.push(l.item_f64()?);
+        let t0 = Instant::now();
+        let l = step.step(&[x.clone(), y.clone()])?;
+        tc.push(t0.elapsed().as_secs_f64() * 1e3);
+        lc.push(l.item_f64()?);
+    }
+    write_npy(
+        dir.join("losses_eager.npy"),
+        &Tensor::from_vec(le.clone(), &[STEPS])?,
+    )?;
+    write_npy(
+        dir.join("losses_compiled.npy"),
+        &Tensor::from_vec(lc.clone(), &[STEPS])?,
+    )?;
+    let (x, y) = &batches[0];
+    let peak_eager = peak(|| {
+        opt.zero_grad();
+        let l = loss(&eager, x, y)?;
+        l.backward()?;
+        opt.step()
+    })?;
+    let peak_compiled = peak(|| step.step(&[x.clone(), y.clone()]).map(drop))?;
+    // the first steps pay for allocation and, compiled, nothing else: the rest are timed
+    let (te, tc) = (te[2..].to_vec(), tc[2..].to_vec());
+    println!(
+        "GPT (2 layers, width 96, 4 heads, context 32, batch 32), AdamW with clipping, {STEPS} steps, 2 threads"
+    );
+    println!(
+        "| step | time per step (median, range over steps 3–{STEPS}) | peak memory of one step |"
+    );
+    println!("|---|---|---|");
+    println!(
+        "| smelt eager | {} | {:.2} MB |",
+        summary(te),
+        peak_eager as f64 / 1e6
+    );
+    println!(
+        "| smelt compiled | {} | {:.2} MB |",
+        summary(tc),
+        peak_compiled as f64 / 1e6
+    );
+    let gap = le
+        .iter()
+        .zip(&lc)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    println!(
+        "first {STEPS} losses: eager {:.4} → {:.4}, compiled {:.4} → {:.4}, largest gap {gap:.1e}",
+        le[0],
+        le[STEPS - 1],
+        lc[0],
+        lc[STEPS - 1]
+    );
+    println!(
+        "initial weights, batches and losses written to {}",
+        dir.display()
+    );
+    Ok(())
+}

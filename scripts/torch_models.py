@@ -1,0 +1,129 @@
+"""The GPT of examples/gpt.rs in PyTorch, from the initial weights and batches that
+`cargo bench --bench models` writes: the first 20 AdamW losses (with clipping at 1.0)
+compared with smelt's, and the per-step time of PyTorch eager and torch.compile.
+
+Usage: python scripts/torch_models.py [DIR]   (DIR defaults to target/models-bench)
+Needs torch and numpy (not installed by CI: this is a comparison, not a test of CI's).
+"""
+
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+VOCAB, CTX, WIDTH, HEADS, LAYERS, BATCH, STEPS = 13, 32, 96, 4, 2, 32, 20
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(WIDTH)
+        self.attn = nn.MultiheadAttention(WIDTH, HEADS, batch_first=True)
+        self.ln2 = nn.LayerNorm(WIDTH)
+        self.fc = nn.Linear(WIDTH, 4 * WIDTH)
+        self.proj = nn.Linear(4 * WIDTH, WIDTH)
+
+    def forward(self, x, mask):
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False, is_causal=True)[0]
+        return x + self.proj(F.gelu(self.fc(self.ln2(x))))
+
+
+class Gpt(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, WIDTH)
+        self.pos = nn.Parameter(torch.zeros(CTX, WIDTH))
+        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
+        self.ln_f = nn.LayerNorm(WIDTH)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        mask = torch.triu(torch.full((t, t), float("-inf")), diagonal=1)
+        x = self.tok(idx) + self.pos[:t]
+        for b in self.blocks:
+            x = b(x, mask)
+        return self.ln_f(x) @ self.tok.weight.t()
+
+
+def load(model, d):
+    """smelt's names → this module's parameters."""
+    names = {
+        "tok.weight": "tok.weight",
+        "pos": "pos",
+        "ln_f.weight": "ln_f.weight",
+        "ln_f.bias": "ln_f.bias",
+    }
+    for i in range(LAYERS):
+        for part in ["ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias", "fc.weight", "fc.bias",
+                     "proj.weight", "proj.bias", "attn.in_proj_weight", "attn.in_proj_bias",
+                     "attn.out_proj.weight", "attn.out_proj.bias"]:
+            names[f"blocks.{i}.{part}"] = f"blocks.{i}.{part}"
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for smelt_name, ours in names.items():
+            params[ours].copy_(torch.from_numpy(np.load(os.path.join(d, f"param.{smelt_name}.npy"))))
+    assert len(params) == len(names), sorted(set(params) - set(names.values()))
+
+
+def train(model, batches, step_fn=None):
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses, times = [], []
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss
+
+    run = step_fn(step) if step_fn else step
+    for x, y in batches:
+        t0 = time.perf_counter()
+        loss = run(x, y)
+        times.append((time.perf_counter() - t0) * 1e3)
+        losses.append(loss.item())
+    return losses, times
+
+
+def main():
+    d = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "target", "models-bench")
+    torch.set_num_threads(int(os.environ.get("THREADS", "2")))
+    batches = [(torch.from_numpy(np.load(os.path.join(d, f"x{i}.npy"))),
+                torch.from_numpy(np.load(os.path.join(d, f"y{i}.npy")))) for i in range(STEPS)]
+    smelt = np.load(os.path.join(d, "losses_compiled.npy"))
+    model = Gpt()
+    load(model, d)
+    losses, t_eager = train(model, batches)
+    gap = max(abs(a - b) for a, b in zip(losses, smelt))
+    print(f"first {STEPS} losses, PyTorch: {losses[0]:.4f} → {losses[-1]:.4f}; smelt compiled: "
+          f"{smelt[0]:.4f} → {smelt[-1]:.4f}; largest gap {gap:.1e}")
+    ok = gap <= 1e-3 * max(1.0, max(abs(x) for x in losses))
+    print("the losses agree within float32 tolerance" if ok else "THE LOSSES DISAGREE")
+    if os.environ.get("SMELT_SKIP_TIMING"):
+        sys.exit(0 if ok else 1)
+    compiled = Gpt()
+    load(compiled, d)
+    try:
+        _, t_comp = train(compiled, batches, step_fn=torch.compile)
+        comp = summary(t_comp[3:])
+    except Exception as e:  # torch.compile needs a working C++ toolchain
+        comp = f"unavailable ({type(e).__name__})"
+    print(f"| PyTorch eager | {summary(t_eager[2:])} |")
+    print(f"| torch.compile | {comp} |")
+    sys.exit(0 if ok else 1)
+
+
+def summary(t):
+    t = sorted(t)
+    return f"{statistics.median(t):.2f} ms ({t[0]:.2f}–{t[-1]:.2f})"
+
+
+if __name__ == "__main__":
+    main()
