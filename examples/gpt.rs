@@ -14,7 +14,6 @@
 //! then records 3 eager and 3 compiled steps with `smelt::profiler`
 //! and writes `DIR/trace.json` and `DIR/report.html`.
 
-use indicatif::{ProgressBar, ProgressStyle};
 use smelt::autograd::no_grad;
 use smelt::exec::CompileOptions;
 use smelt::nn::Module;
@@ -23,6 +22,9 @@ use smelt::profiler;
 
 #[path = "common/profiling.rs"]
 mod profiling;
+#[path = "common/progress.rs"]
+mod progress;
+use progress::progress;
 use smelt::train::{CompiledStep, LrSchedule, StepConfig};
 use smelt::{Generator, Result, Tensor};
 use std::time::Instant;
@@ -33,15 +35,6 @@ use gpt_model::{BATCH, CTX, Gpt, HEADS, LAYERS, VOCAB, WIDTH, batch, loss, probl
 
 const EAGER_STEPS: usize = 20;
 const STEPS: usize = 1500;
-
-fn progress(steps: usize, label: &str) -> ProgressBar {
-    let bar = ProgressBar::new(steps as u64);
-    bar.set_style(
-        ProgressStyle::with_template(&format!("{label:>8} {{bar:30}} {{pos}}/{{len}} {{msg}}"))
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    bar
-}
 
 /// Greedy answers to `n` problems the training stream is unlikely to have shown in this
 /// exact context: the share answered exactly.

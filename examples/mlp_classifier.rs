@@ -7,7 +7,6 @@
 //! `smelt::profiler` and writes `DIR/trace.json` (open it in Perfetto or `chrome://tracing`;
 //! eager and compiled are two processes) and `DIR/report.html`, and prints the op tables.
 
-use indicatif::{ProgressBar, ProgressStyle};
 use smelt::autograd::no_grad;
 use smelt::exec::CompileOptions;
 use smelt::nn::functional::cross_entropy;
@@ -17,6 +16,10 @@ use smelt::profiler;
 
 #[path = "common/profiling.rs"]
 mod profiling;
+#[path = "common/progress.rs"]
+mod progress;
+use indicatif::ProgressBar;
+use progress::progress;
 use smelt::train::CompiledStep;
 use smelt::{Generator, Result, Tensor};
 use std::f64::consts::PI;
@@ -82,16 +85,6 @@ fn twin_models(g: &mut Generator) -> Result<(Sequential, Sequential)> {
         )?);
     }
     Ok((a, b))
-}
-
-/// A progress bar over `steps` training steps (drawn on a terminal only).
-fn progress(steps: usize, label: &str) -> ProgressBar {
-    let bar = ProgressBar::new(steps as u64);
-    bar.set_style(
-        ProgressStyle::with_template(&format!("{label:>8} {{bar:30}} {{pos}}/{{len}} {{msg}}"))
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    bar
 }
 
 /// Advances `bar` past step `i`; every 50 steps it shows the loss and the step rate.
