@@ -156,6 +156,45 @@ fn attention_matches_float64_math_over_blocks_masks_and_causal_rows() {
 }
 
 #[test]
+fn masks_that_are_views_of_other_tensors_read_their_own_elements() {
+    let _t = turn();
+    let mut g = Generator::new(9);
+    let q = randn(&[2, 3, 4], DType::F64, &mut g);
+    let k = randn(&[2, 5, 4], DType::F64, &mut g);
+    let v = randn(&[2, 5, 2], DType::F64, &mut g);
+    // a slice that starts inside a larger tensor, and a transposed one
+    let big = randn(&[4, 3, 5], DType::F64, &mut g);
+    let sliced = big.narrow(0, 2, 2).unwrap();
+    let t = randn(&[5, 3], DType::F64, &mut g).t().unwrap();
+    for m in [sliced, t] {
+        let got = q
+            .scaled_dot_product_attention(&k, &v, Some(&m), false, None)
+            .unwrap();
+        let dense = m.contiguous().unwrap();
+        let want = q
+            .scaled_dot_product_attention(&k, &v, Some(&dense), false, None)
+            .unwrap();
+        let full = broadcast(&dense, &[2, 3, 5]);
+        let r = reference(
+            &q.to_f64_vec(),
+            &k.to_f64_vec(),
+            &v.to_f64_vec(),
+            (2, 3, 5, 4, 2),
+            RefMask::Add(&full),
+            false,
+            0.5,
+        );
+        assert_close(
+            &got.to_f64_vec(),
+            &r,
+            Tol::allclose(1e-12, 1e-12),
+            "view mask",
+        );
+        assert_close(&got, &want, Tol::EXACT, "view mask against its copy");
+    }
+}
+
+#[test]
 fn half_inputs_compute_in_float32_and_round_once() {
     let _t = turn();
     let mut g = Generator::new(2);

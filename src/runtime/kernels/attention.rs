@@ -138,7 +138,8 @@ impl Mask {
                     off += (b % batch_shape[d]) * st[d];
                     b /= batch_shape[d];
                 }
-                off + view.storage_offset()
+                // `values` below start at the mask's first element: no storage offset
+                off
             })
             .collect();
         let values = dense.to_f64_vec();
