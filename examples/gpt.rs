@@ -38,6 +38,26 @@ const STEPS: usize = 1500;
 
 /// Greedy answers to `n` problems the training stream is unlikely to have shown in this
 /// exact context: the share answered exactly.
+/// Up to `n` characters that the model writes after `prompt`, each its most likely next
+/// token, stopping before `stop`.
+fn greedy(model: &Gpt, prompt: &str, n: usize, stop: Option<u8>) -> Result<String> {
+    let mut toks: Vec<i64> = prompt.bytes().map(token).collect();
+    let mut out = String::new();
+    for _ in 0..n {
+        let ctx = &toks[toks.len().saturating_sub(CTX)..];
+        let x = Tensor::from_vec(ctx.to_vec(), &[1, ctx.len()])?;
+        let logits = model.forward(&x)?.select(1, ctx.len() as i64 - 1)?;
+        let next = logits.argmax(Some(-1), false)?.to_i64_vec()[0];
+        let c = VOCAB[next as usize];
+        if Some(c) == stop {
+            break;
+        }
+        out.push(c as char);
+        toks.push(next);
+    }
+    Ok(out)
+}
+
 fn accuracy(model: &Gpt, n: usize, g: &mut Generator) -> Result<f64> {
     let _off = no_grad();
     let mut right = 0;
@@ -46,20 +66,7 @@ fn accuracy(model: &Gpt, n: usize, g: &mut Generator) -> Result<f64> {
         let (a0, b0) = problem(g)?;
         let (a, b) = problem(g)?;
         let prompt = format!("{a0}+{b0}={};{a}+{b}=", a0 + b0);
-        let mut toks: Vec<i64> = prompt.bytes().map(token).collect();
-        let mut answer = String::new();
-        for _ in 0..4 {
-            let ctx = &toks[toks.len().saturating_sub(CTX)..];
-            let x = Tensor::from_vec(ctx.to_vec(), &[1, ctx.len()])?;
-            let logits = model.forward(&x)?.select(1, ctx.len() as i64 - 1)?;
-            let next = logits.argmax(Some(-1), false)?.to_i64_vec()[0];
-            let c = VOCAB[next as usize];
-            if c == b';' {
-                break;
-            }
-            answer.push(c as char);
-            toks.push(next);
-        }
+        let answer = greedy(model, &prompt, 4, Some(b';'))?;
         if answer == (a + b).to_string() {
             right += 1;
         }
@@ -160,19 +167,11 @@ fn main() -> Result<()> {
         100.0 * acc
     );
 
-    // a sample
-    {
+    let sample = {
         let _off = no_grad();
-        let mut toks: Vec<i64> = b"12+34=46;".iter().map(|&c| token(c)).collect();
-        for _ in 0..20 {
-            let ctx = &toks[toks.len().saturating_sub(CTX)..];
-            let x = Tensor::from_vec(ctx.to_vec(), &[1, ctx.len()])?;
-            let logits = model.forward(&x)?.select(1, ctx.len() as i64 - 1)?;
-            toks.push(logits.argmax(Some(-1), false)?.to_i64_vec()[0]);
-        }
-        let text: String = toks.iter().map(|&t| VOCAB[t as usize] as char).collect();
-        println!("sample: {text}");
-    }
+        greedy(&model, "12+34=46;", 20, None)?
+    };
+    println!("sample: 12+34=46;{sample}");
 
     // weights, the inference graph, and `smelt run` on it
     let weights = out_dir.join("gpt.safetensors");

@@ -551,9 +551,12 @@ impl Profile {
             .filter(move |(_, e)| e.parent == Some(i))
     }
 
-    /// Time of event `i` not spent in events nested inside it on the same track.
+    /// Time of event `i` not spent in events nested inside it on the same track (0 for an
+    /// index past the events).
     pub fn self_ns(&self, i: usize) -> u64 {
-        let e = &self.events[i];
+        let Some(e) = self.events.get(i) else {
+            return 0;
+        };
         let inner: u64 = self
             .children(i)
             .filter(|(_, c)| c.track == e.track)

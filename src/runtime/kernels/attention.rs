@@ -11,6 +11,7 @@ use super::copy;
 use crate::ir::dtype::DType;
 use crate::ir::op::TensorType;
 use crate::ir::shape::numel;
+use crate::runtime::access;
 use crate::runtime::tensor::Tensor;
 use crate::{Result, bail};
 use rayon::prelude::*;
@@ -197,15 +198,12 @@ pub fn eval(
     };
     let result = match q.dtype() {
         DType::F64 => {
-            let (q, k, v) = (dense::<f64>(q)?, dense::<f64>(k)?, dense::<f64>(v)?);
-            let o = run(&q, &k, &v, mask.as_ref(), &dims);
+            let o = with_dense::<f64>([q, k, v], |[q, k, v]| run(q, k, v, mask.as_ref(), &dims))?;
             Tensor::from_vec(o, &out.shape)?
         }
         DType::F32 | DType::F16 | DType::BF16 => {
-            let (qf, kf, vf) = (dense::<f32>(q)?, dense::<f32>(k)?, dense::<f32>(v)?);
-            let o = run(&qf, &kf, &vf, mask.as_ref(), &dims);
-            let t = Tensor::from_vec(o, &out.shape)?;
-            copy::cast(&t, out.dtype)?
+            let o = with_dense::<f32>([q, k, v], |[q, k, v]| run(q, k, v, mask.as_ref(), &dims))?;
+            copy::cast(&Tensor::from_vec(o, &out.shape)?, out.dtype)?
         }
         d => bail!(
             DType,
@@ -216,10 +214,22 @@ pub fn eval(
     Ok(result)
 }
 
-/// The elements of `t` as a dense vector of `A` (f32 for halves).
-fn dense<A: crate::runtime::Element>(t: &Tensor) -> Result<Vec<A>> {
-    let c = copy::contiguous(&copy::cast(t, A::DTYPE)?)?;
-    c.with_slice(|x: &[A]| x.to_vec())
+/// Runs `f` on the elements of q, k and v as dense slices of `A` (f32 for halves): the
+/// tensors' own memory when they already are, else contiguous copies. One lock covers the
+/// three (they may share a storage: self-attention passes one tensor thrice).
+fn with_dense<A: crate::runtime::Element>(
+    ts: [&Tensor; 3],
+    f: impl FnOnce([&[A]; 3]) -> Vec<A>,
+) -> Result<Vec<A>> {
+    let [q, k, v] = ts.map(|t| copy::contiguous(&copy::cast(t, A::DTYPE)?));
+    let d = [q?, k?, v?];
+    let acc = access::lock(&[&d[0], &d[1], &d[2]], &[]);
+    // SAFETY: each tensor is contiguous with elements of type A, and the read lock on its
+    // storage is held for the call.
+    let slices: [&[A]; 3] = std::array::from_fn(|i| unsafe {
+        std::slice::from_raw_parts(acc.read::<A>(i), d[i].numel())
+    });
+    Ok(f(slices))
 }
 
 struct Dims {
