@@ -87,10 +87,14 @@ pub enum CastPolicy {
 /// The autocast class of an op.
 pub fn cast_policy(op: &Op) -> CastPolicy {
     match op {
-        Op::Matmul | Op::Linear { .. } | Op::Einsum { .. } | Op::Attention { .. } => {
-            CastPolicy::LowerPrecision
-        }
-        Op::Softmax { .. }
+        Op::Matmul
+        | Op::Linear { .. }
+        | Op::Einsum { .. }
+        | Op::Attention { .. }
+        | Op::Conv { .. } => CastPolicy::LowerPrecision,
+        // its f32 parameters and statistics take a lower-precision input up to f32
+        Op::BatchNorm(_)
+        | Op::Softmax { .. }
         | Op::LogSoftmax { .. }
         | Op::LayerNorm { .. }
         | Op::Var { .. }

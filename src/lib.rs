@@ -52,6 +52,8 @@ pub mod guide {
     pub struct Cuda;
     #[doc = include_str!("../docs/guide/09-profiling.md")]
     pub struct Profiling;
+    #[doc = include_str!("../docs/guide/10-cnn.md")]
+    pub struct Cnn;
     #[doc = include_str!("../docs/profiling.md")]
     pub struct ProfilerGuide;
 }

@@ -11,9 +11,11 @@ pub use crate::jit::{trace, trace_with_params};
 pub use crate::nn::functional as F;
 pub use crate::nn::trace_module;
 pub use crate::nn::{
-    CrossEntropyLoss, Dropout, Embedding, LayerNorm, Linear, MSELoss, Module, ReLU, Reduction,
+    AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, Conv1d, Conv2d, CrossEntropyLoss,
+    Dropout, Embedding, Flatten, LayerNorm, Linear, MSELoss, MaxPool2d, Module, ReLU, Reduction,
     Sequential,
 };
 pub use crate::optim::{Adam, AdamConfig, AdamW, GradScaler, Optimizer, SGD, SGDConfig};
+pub use crate::runtime::{ConvOptions, MemoryFormat, PoolOptions};
 pub use crate::train::CompiledStep;
 pub use crate::{DType, Device, Error, Result, Scalar, Tensor, manual_seed, tensor};

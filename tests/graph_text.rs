@@ -212,10 +212,31 @@ const OP_STATEMENTS: &[&str] = &[
     "embedding(%i, %x)",
     "scaled_dot_product_attention(%x, %y, %x)",
     "scaled_dot_product_attention(%x, %y, %y, is_causal=true, scale=0.5)",
+    "conv2d(%c, %k, none)",
+    "conv2d(%c, %k, %v4, stride=[2, 1], padding=1, dilation=2)",
+    "conv2d(%c, %k, none, padding=\"same\")",
+    "conv2d(%c, %k3, none, padding=\"valid\", groups=3)",
+    "conv1d(%s, %k1, %v4, stride=2, padding=1)",
+    "convolution_backward_input(%go, %k, input_size=[2, 3, 6, 5])",
+    "convolution_backward_weight(%go, %c, weight_size=[4, 3, 3, 3])",
+    "max_pool2d(%c, kernel_size=2)",
+    "max_pool2d(%c, kernel_size=[3, 2], stride=1, padding=1, dilation=[1, 2], ceil_mode=true)",
+    "max_pool2d_backward(%gp, %c, kernel_size=2)",
+    "avg_pool2d(%c, kernel_size=2, count_include_pad=false)",
+    "avg_pool2d(%c, kernel_size=3, stride=2, padding=1, ceil_mode=true)",
+    "avg_pool2d_backward(%gp, input_size=[2, 3, 6, 5], kernel_size=2)",
+    "adaptive_avg_pool2d(%c, output_size=[3, 2])",
+    "adaptive_avg_pool2d_backward(%gp, input_size=[2, 3, 6, 5])",
+    "batch_norm(%c, %v, %v, %v, %v)",
+    "batch_norm(%c, none, none, none, %v, training=true, momentum=0.2, eps=0.001)",
+    "dropout(%x, p=0.2, seed=7)",
+    "dropout(%x, training=false)",
 ];
 
 const HEADER: &str = "graph ops(%x: f32[2,3], %y: f32[2,3], %m: bool[2,3], %v: f32[3], \
-     %w: f32[3,4], %w2: f32[4,3], %v4: f32[4], %i: i64[3], %j: i64[2,3])";
+     %w: f32[3,4], %w2: f32[4,3], %v4: f32[4], %i: i64[3], %j: i64[2,3], %c: f32[2,3,6,5], \
+     %k: f32[4,3,3,3], %k3: f32[6,1,2,2], %s: f32[2,3,7], %k1: f32[4,3,3], %go: f32[2,4,4,3], \
+     %gp: f32[2,3,3,2])";
 
 fn op_graph(stmt: &str) -> String {
     // logical ops and isnan work on any dtype; the bool mask input covers where/masked_fill.

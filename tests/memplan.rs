@@ -22,6 +22,7 @@ fn buf(name: &str, dtype: DType, n: usize, kind: BufferKind) -> Buffer {
         dtype,
         shape: vec![n],
         kind,
+        channels_last: false,
     }
 }
 

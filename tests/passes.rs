@@ -795,6 +795,7 @@ fn run_until_stops_where_asked_and_refuses_unknown_passes() {
     assert_eq!(
         p.labels(),
         [
+            "fold_bn",
             "decompose",
             "cse",
             "fold",
@@ -807,7 +808,7 @@ fn run_until_stops_where_asked_and_refuses_unknown_passes() {
         ]
     );
     let st = p.run_until(&g, "decompose").unwrap();
-    assert_eq!(st.stats.len(), 1);
+    assert_eq!(st.stats.len(), 2);
     assert_eq!(count_ops(&st.graph, |o| matches!(o, Op::Linear { .. })), 0);
     let st = p.run_until(&g, "fuse").unwrap();
     assert!(st.schedule.is_some() && st.plan.is_none());

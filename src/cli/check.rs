@@ -25,6 +25,10 @@ pub struct CheckArgs {
     /// Print the kernels and extern calls, the statistics of every pass and the memory plan.
     #[arg(long)]
     pub fusion: bool,
+    /// Inputs that arrive in the channels_last memory format (comma-separated names): the
+    /// 4-D values computed from them are planned NHWC.
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    pub channels_last: Vec<String>,
 }
 
 /// Accepts the label of a stage of the default pipeline.
@@ -58,7 +62,8 @@ pub fn check(a: &CheckArgs) -> Result<()> {
         print!("{text}");
         return Ok(());
     }
-    let pipeline = Pipeline::default();
+    let mut pipeline = Pipeline::default();
+    pipeline.options.fuse.channels_last_inputs = a.channels_last.clone();
     let mut out = String::new();
     for g in graphs {
         if let Some(label) = &a.dump_after {
@@ -89,9 +94,10 @@ fn plural(n: usize, one: &str, many: &str) -> String {
 pub fn fusion_text(s: &Schedule, plan: &MemoryPlan, stats: &[PassStats]) -> String {
     let mut t = String::new();
     let bufname = |b: usize| {
-        s.buffers
-            .get(b)
-            .map_or(format!("b{b}"), |x| format!("b{b} %{}", x.name))
+        s.buffers.get(b).map_or(format!("b{b}"), |x| {
+            let nhwc = if x.channels_last { " nhwc" } else { "" };
+            format!("b{b} %{}{nhwc}", x.name)
+        })
     };
     let _ = writeln!(
         t,
@@ -100,6 +106,15 @@ pub fn fusion_text(s: &Schedule, plan: &MemoryPlan, stats: &[PassStats]) -> Stri
         plural(s.kernel_count(), "kernel", "kernels"),
         plural(s.externs().count(), "extern call", "extern calls")
     );
+    let nhwc: Vec<String> = s
+        .buffers
+        .iter()
+        .filter(|b| b.channels_last)
+        .map(|b| format!("%{}", b.name))
+        .collect();
+    if !nhwc.is_empty() {
+        let _ = writeln!(t, "layout: channels_last (NHWC) {}", nhwc.join(", "));
+    }
     let (mut nk, mut ne) = (0, 0);
     for step in &s.steps {
         match step {

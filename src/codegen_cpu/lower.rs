@@ -240,6 +240,7 @@ fn localize(k: &Kernel, buffers: &[Buffer]) -> Result<(Kernel, Vec<Buffer>, Vec<
                 dtype: x.dtype,
                 shape: x.shape.clone(),
                 kind: BufferKind::Temp,
+                channels_last: x.channels_last,
             }),
             None => bail!(Value, "kernel {}: buffer b{b} does not exist", k.name),
         })
@@ -294,7 +295,7 @@ pub fn compile_kernel(
 /// Compiles a localized kernel; `buffers` are its own.
 fn compile_code(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Result<Code> {
     crate::kernel::check_ops(k, "cpu codegen")?;
-    let ck = crate::kernel::coalesce(k);
+    let ck = crate::kernel::coalesce(&crate::kernel::store_order(k));
     // The per-op f64 helpers only of the unary ops this kernel computes: a kernel declares
     // the handful it can call, not one per op of the table.
     let unary: Vec<&str> = k

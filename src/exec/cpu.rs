@@ -88,6 +88,10 @@ pub struct CompileOptions {
     pub inline_math: bool,
     /// Threads for one call (`None`: rayon's global pool).
     pub threads: Option<usize>,
+    /// Graph inputs that arrive in the channels_last memory format: they are read through
+    /// their strides with no copy, and the 4-D values computed from them are kept NHWC
+    /// (convolutions and pooling run their NHWC kernels, results come back channels_last).
+    pub channels_last_inputs: Vec<String>,
 }
 
 impl Default for CompileOptions {
@@ -98,6 +102,7 @@ impl Default for CompileOptions {
             fast_math: false,
             inline_math: false,
             threads: None,
+            channels_last_inputs: Vec::new(),
         }
     }
 }
@@ -119,6 +124,11 @@ impl CompileOptions {
     /// kernel runs on the calling thread).
     pub fn threads(mut self, n: usize) -> CompileOptions {
         self.threads = Some(n);
+        self
+    }
+    /// The same options with these inputs taken in the channels_last memory format.
+    pub fn channels_last<S: AsRef<str>>(mut self, inputs: &[S]) -> CompileOptions {
+        self.channels_last_inputs = inputs.iter().map(|s| s.as_ref().to_string()).collect();
         self
     }
     /// The same options with transcendentals kept inline (no strips) or not.
@@ -175,6 +185,9 @@ pub struct CompiledFn {
     returned: Vec<bool>,
     /// Scratch of the calls, kept between them.
     frames: FramePool,
+    /// Calls made so far: a `dropout` draws a fresh mask on every call after the first, as
+    /// an eager step draws one from the advancing generator.
+    calls: std::sync::atomic::AtomicU64,
     /// Which outputs `call_into` may write into a caller's tensor.
     in_place: Vec<Option<inplace::InPlace>>,
     /// Which outputs each call copies ([`Schedule::fresh_outputs`]).
@@ -202,7 +215,7 @@ impl CompiledFn {
     /// Runs the pass pipeline (partitioning fused or not) and compiles every kernel of `g`.
     pub fn compile(g: &Graph, opts: &CompileOptions) -> Result<CompiledFn> {
         let t0 = Instant::now();
-        let p = super::plan(g, opts.fuse, opts.fast_math)?;
+        let p = super::plan(g, opts.fuse, opts.fast_math, &opts.channels_last_inputs)?;
         let mut f = CompiledFn::from_schedule(p.schedule, p.input_names, opts)?;
         f.fresh = f.schedule.fresh_outputs(&p.may_alias);
         f.compile_time = t0.elapsed();
@@ -283,12 +296,9 @@ impl CompiledFn {
         let mut names: Vec<String> = input_names;
         names.resize_with(s.inputs.len(), String::new);
         Ok(CompiledFn {
-            layouts: s
-                .buffers
-                .iter()
-                .map(|b| Layout::contiguous(&b.shape))
-                .collect(),
+            layouts: s.buffers.iter().map(kernel::Buffer::layout).collect(),
             frames: FramePool::new(s.buffers.len(), places),
+            calls: std::sync::atomic::AtomicU64::new(0),
             in_place: inplace::analyse(&s),
             fresh: s.fresh_outputs(&[]),
             returned: (0..s.buffers.len())
@@ -521,7 +531,7 @@ impl CompiledFn {
                 || dest.device() != Device::Cpu
                 || dest.dtype() != buf.dtype
                 || dest.shape() != buf.shape.as_slice()
-                || !dest.is_contiguous()
+                || dest.strides() != buf.strides().as_slice()
                 || f.into[ip.buffer].is_some()
             {
                 continue;
@@ -560,11 +570,14 @@ impl CompiledFn {
         into: &[Option<&Tensor>],
     ) -> Result<Vec<Tensor>> {
         let s = &self.schedule;
+        let call = self
+            .calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         for (b, c) in f.bufs.iter_mut().zip(&self.constants) {
             b.clone_from(c);
         }
         for (&b, t) in s.inputs.iter().zip(inputs.iter().chain(&self.bound)) {
-            f.bufs[b] = Some(copy::contiguous(t)?);
+            f.bufs[b] = Some(s.buffers[b].conform(t)?);
         }
         if into.iter().any(Option::is_some) {
             self.choose_into(f, into);
@@ -612,9 +625,18 @@ impl CompiledFn {
                     }
                 }
                 (Exec::Interp, _) => kernel::interp::run_step(s, step, &mut f.bufs)?,
-                (Exec::Extern { ty }, Step::Extern(e)) => {
-                    run_extern(s, e, ty.as_ref(), &mut f.bufs)?
-                }
+                (Exec::Extern { ty }, Step::Extern(e)) => match &e.op {
+                    Op::Dropout { p, training, seed } if call > 0 => {
+                        let op = Op::Dropout {
+                            p: *p,
+                            training: *training,
+                            seed: crate::ir::conv::dropout_seed(*seed, call),
+                        };
+                        let e = ExternCall { op, ..e.clone() };
+                        run_extern(s, &e, ty.as_ref(), &mut f.bufs)?
+                    }
+                    _ => run_extern(s, e, ty.as_ref(), &mut f.bufs)?,
+                },
                 (
                     Exec::Gemm {
                         gemm,

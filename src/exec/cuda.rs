@@ -96,7 +96,7 @@ impl CudaFn {
     pub fn compile(g: &Graph, opts: &CudaCompileOptions) -> Result<CudaFn> {
         let t0 = Instant::now();
         let gpu = Gpu::get(opts.device)?;
-        let p = super::plan(g, opts.fuse, opts.fast_math)?;
+        let p = super::plan(g, opts.fuse, opts.fast_math, &[])?;
         let mut f = CudaFn::from_schedule(&gpu, p.schedule, p.input_names, opts.fast_math)?;
         f.fresh = f.schedule.fresh_outputs(&p.may_alias);
         f.compile_time = t0.elapsed();

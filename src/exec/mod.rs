@@ -28,11 +28,20 @@ pub(crate) struct Planned {
 
 /// Runs the pass pipeline up to fusion: fused kernels, or the unfused baseline (the ops as
 /// written, one kernel each: no rewriting).
-pub(crate) fn plan(g: &Graph, fuse: bool, fast_math: bool) -> Result<Planned> {
+pub(crate) fn plan(
+    g: &Graph,
+    fuse: bool,
+    fast_math: bool,
+    channels_last: &[String],
+) -> Result<Planned> {
     let mut pipeline = Pipeline::default();
     pipeline.options.fuse.fuse = fuse;
+    pipeline.options.fuse.channels_last_inputs = channels_last.to_vec();
     if !fuse {
-        pipeline.graph_passes.retain(|p| p.name() != "rewrite");
+        // the unfused baseline: one op at a time, nothing rewritten or folded away
+        pipeline
+            .graph_passes
+            .retain(|p| p.name() != "rewrite" && p.name() != "fold_bn");
     }
     pipeline.options.rewrite.fast_math = fast_math;
     let schedule = pipeline

@@ -2,8 +2,10 @@
 //! positional operand slots and `name=value` attributes (PyTorch's defaults fill the rest);
 //! `Op::attrs` lists an op's attributes back.
 
+use super::conv::{BatchNormAttrs, ConvAttrs, ConvPadding, PoolAttrs};
 use super::dtype::{DType, Scalar};
 use super::op::{BinaryOp, Literal, Op, ReduceOp, UnaryOp};
+use super::unary::Real;
 use crate::{Error, Result};
 use std::fmt;
 use std::sync::Arc;
@@ -240,6 +242,66 @@ impl<'a> Args<'a> {
         }
     }
 
+    /// An int or a list of ints (`stride=2`, `stride=[2, 1]`), broadcast to `n` entries as
+    /// PyTorch's `_pair`; `default` when left out (or `none`).
+    fn int_or_list(&mut self, name: &str, n: usize, default: &[i64]) -> CallResult<Vec<i64>> {
+        let xs = match self.take(name) {
+            None | Some(Attr::None) => return Ok(default.to_vec()),
+            Some(Attr::List(l)) if l.is_empty() => return Ok(default.to_vec()),
+            Some(a @ Attr::List(_)) => self.int_list_of(name, a)?,
+            Some(a) => vec![self.int_of(name, a)?],
+        };
+        crate::ir::conv::spatial_list(name, &xs, n).or_else(|e| err(Some(name), e.to_string()))
+    }
+
+    /// A convolution's `padding`: an int, a list, `"same"` or `"valid"`.
+    fn conv_padding(&mut self, n: usize) -> CallResult<ConvPadding> {
+        match self.take("padding") {
+            Some(Attr::Str(s)) => match s.as_str() {
+                "same" => Ok(ConvPadding::Same),
+                "valid" => Ok(ConvPadding::Valid),
+                _ => err(Some("padding"), format!("Invalid padding string: '{s}'")),
+            },
+            Some(a) => {
+                let xs = match a {
+                    Attr::List(_) => self.int_list_of("padding", a)?,
+                    other => vec![self.int_of("padding", other)?],
+                };
+                crate::ir::conv::spatial_list("padding", &xs, n)
+                    .map(ConvPadding::Explicit)
+                    .or_else(|e| err(Some("padding"), e.to_string()))
+            }
+            None => Ok(ConvPadding::Explicit(vec![0; n])),
+        }
+    }
+
+    fn conv_attrs(&mut self, n: usize) -> CallResult<ConvAttrs> {
+        Ok(ConvAttrs {
+            stride: self.int_or_list("stride", n, &vec![1; n])?,
+            padding: self.conv_padding(n)?,
+            dilation: self.int_or_list("dilation", n, &vec![1; n])?,
+            groups: self.int("groups", Some(1))?,
+        })
+    }
+
+    fn pool_attrs(&mut self, dilation: bool) -> CallResult<PoolAttrs> {
+        let kernel_size = self.int_or_list("kernel_size", 2, &[])?;
+        if kernel_size.is_empty() {
+            return self.missing("kernel_size");
+        }
+        Ok(PoolAttrs {
+            stride: self.int_or_list("stride", 2, &kernel_size)?,
+            padding: self.int_or_list("padding", 2, &[0, 0])?,
+            dilation: if dilation {
+                self.int_or_list("dilation", 2, &[1, 1])?
+            } else {
+                vec![1, 1]
+            },
+            ceil_mode: self.bool("ceil_mode", false)?,
+            kernel_size,
+        })
+    }
+
     fn size_list(&mut self, name: &str) -> CallResult<Vec<usize>> {
         let a = self.take(name);
         let xs = match a {
@@ -359,6 +421,18 @@ const STRUCTURAL_OPS: &[&str] = &[
     "scatter_add",
     "index_add",
     "embedding",
+    "conv1d",
+    "conv2d",
+    "convolution_backward_input",
+    "convolution_backward_weight",
+    "max_pool2d",
+    "max_pool2d_backward",
+    "avg_pool2d",
+    "avg_pool2d_backward",
+    "adaptive_avg_pool2d",
+    "adaptive_avg_pool2d_backward",
+    "batch_norm",
+    "dropout",
 ];
 
 /// Every op name the text format knows: the structural ops and each family's table.
@@ -376,6 +450,8 @@ fn optional_positions(op: &Op) -> &'static [usize] {
         Op::Linear { .. } => &[2],
         Op::LayerNorm { .. } => &[1, 2],
         Op::Attention { .. } => &[3],
+        Op::Conv { .. } => &[2],
+        Op::BatchNorm(_) => &[1, 2, 3, 4],
         _ => &[],
     }
 }
@@ -385,6 +461,14 @@ fn optional_slots(op: &Op) -> Option<Vec<bool>> {
     match op {
         Op::Linear { has_bias } => Some(vec![true, true, *has_bias]),
         Op::Attention { has_mask, .. } => Some(vec![true, true, true, *has_mask]),
+        Op::Conv { has_bias, .. } => Some(vec![true, true, *has_bias]),
+        Op::BatchNorm(bn) => Some(vec![
+            true,
+            bn.has_running,
+            bn.has_running,
+            bn.has_weight,
+            bn.has_bias,
+        ]),
         Op::LayerNorm {
             has_weight,
             has_bias,
@@ -573,6 +657,48 @@ impl Op {
             Op::Where | Op::Matmul | Op::Linear { .. } | Op::T | Op::Contiguous | Op::Embedding => {
                 vec![]
             }
+            Op::Conv { conv, .. } => conv_attrs(conv),
+            Op::ConvInputGrad { conv, input_size } => {
+                let mut v = vec![("input_size", usizes(input_size))];
+                v.extend(conv_attrs(conv));
+                v
+            }
+            Op::ConvWeightGrad { conv, weight_size } => {
+                let mut v = vec![("weight_size", usizes(weight_size))];
+                v.extend(conv_attrs(conv));
+                v
+            }
+            Op::MaxPool2d { pool } | Op::MaxPool2dGrad { pool } => pool_attrs(pool, true),
+            Op::AvgPool2d {
+                pool,
+                count_include_pad,
+            } => {
+                let mut v = pool_attrs(pool, false);
+                v.push(("count_include_pad", Attr::Bool(*count_include_pad)));
+                v
+            }
+            Op::AvgPool2dGrad {
+                pool,
+                count_include_pad,
+                input_size,
+            } => {
+                let mut v = vec![("input_size", usizes(input_size))];
+                v.extend(pool_attrs(pool, false));
+                v.push(("count_include_pad", Attr::Bool(*count_include_pad)));
+                v
+            }
+            Op::AdaptiveAvgPool2d { output_size } => vec![("output_size", dims(output_size))],
+            Op::AdaptiveAvgPool2dGrad { input_size } => vec![("input_size", usizes(input_size))],
+            Op::BatchNorm(bn) => vec![
+                ("training", Attr::Bool(bn.training)),
+                ("momentum", Attr::Float(bn.momentum.get())),
+                ("eps", Attr::Float(bn.eps.get())),
+            ],
+            Op::Dropout { p, training, seed } => vec![
+                ("p", Attr::Float(p.get())),
+                ("training", Attr::Bool(*training)),
+                ("seed", Attr::Int(*seed as i64)),
+            ],
         }
     }
 
@@ -827,8 +953,111 @@ fn build(name: &str, slots: &[bool], a: &mut Args) -> CallResult<Op> {
             dim: a.int("dim", None)?,
         },
         "embedding" => Op::Embedding,
+        "conv1d" | "conv2d" => Op::Conv {
+            conv: a.conv_attrs(if name == "conv1d" { 1 } else { 2 })?,
+            has_bias: slots.get(2).copied().unwrap_or(false),
+        },
+        "convolution_backward_input" => {
+            let input_size = a.size_list("input_size")?;
+            Op::ConvInputGrad {
+                conv: a.conv_attrs(input_size.len().saturating_sub(2).max(1))?,
+                input_size,
+            }
+        }
+        "convolution_backward_weight" => {
+            let weight_size = a.size_list("weight_size")?;
+            Op::ConvWeightGrad {
+                conv: a.conv_attrs(weight_size.len().saturating_sub(2).max(1))?,
+                weight_size,
+            }
+        }
+        "max_pool2d" => Op::MaxPool2d {
+            pool: a.pool_attrs(true)?,
+        },
+        "max_pool2d_backward" => Op::MaxPool2dGrad {
+            pool: a.pool_attrs(true)?,
+        },
+        "avg_pool2d" => Op::AvgPool2d {
+            pool: a.pool_attrs(false)?,
+            count_include_pad: a.bool("count_include_pad", true)?,
+        },
+        "avg_pool2d_backward" => Op::AvgPool2dGrad {
+            input_size: a.size_list("input_size")?,
+            pool: a.pool_attrs(false)?,
+            count_include_pad: a.bool("count_include_pad", true)?,
+        },
+        "adaptive_avg_pool2d" => {
+            let output_size = a.int_or_list("output_size", 2, &[])?;
+            if output_size.is_empty() {
+                return a.missing("output_size");
+            }
+            Op::AdaptiveAvgPool2d { output_size }
+        }
+        "adaptive_avg_pool2d_backward" => Op::AdaptiveAvgPool2dGrad {
+            input_size: a.size_list("input_size")?,
+        },
+        "batch_norm" => {
+            let slot = |i: usize| slots.get(i).copied().unwrap_or(false);
+            if slot(1) != slot(2) {
+                return err(
+                    None,
+                    "batch_norm: give both running_mean and running_var, or neither".into(),
+                );
+            }
+            Op::BatchNorm(BatchNormAttrs {
+                has_running: slot(1),
+                has_weight: slot(3),
+                has_bias: slot(4),
+                training: a.bool("training", false)?,
+                momentum: Real(a.float("momentum", 0.1)?),
+                eps: Real(a.float("eps", 1e-5)?),
+            })
+        }
+        "dropout" => {
+            let seed = a.int("seed", Some(0))?;
+            Op::Dropout {
+                p: Real(a.float("p", 0.5)?),
+                training: a.bool("training", true)?,
+                seed: seed as u64,
+            }
+        }
         _ => return err(None, format!("unknown op '{name}'")),
     })
+}
+
+/// Per-dim sizes as PyTorch users write them: one int when every dim has the same size.
+fn dims(xs: &[i64]) -> Attr {
+    match xs {
+        [first, rest @ ..] if rest.iter().all(|x| x == first) => Attr::Int(*first),
+        _ => ints(xs),
+    }
+}
+
+fn conv_attrs(c: &ConvAttrs) -> Vec<(&'static str, Attr)> {
+    let padding = match &c.padding {
+        ConvPadding::Explicit(p) => dims(p),
+        ConvPadding::Same => Attr::Str("same".into()),
+        ConvPadding::Valid => Attr::Str("valid".into()),
+    };
+    vec![
+        ("stride", dims(&c.stride)),
+        ("padding", padding),
+        ("dilation", dims(&c.dilation)),
+        ("groups", Attr::Int(c.groups)),
+    ]
+}
+
+fn pool_attrs(p: &PoolAttrs, dilation: bool) -> Vec<(&'static str, Attr)> {
+    let mut v = vec![
+        ("kernel_size", dims(&p.kernel_size)),
+        ("stride", dims(&p.stride)),
+        ("padding", dims(&p.padding)),
+    ];
+    if dilation {
+        v.push(("dilation", dims(&p.dilation)));
+    }
+    v.push(("ceil_mode", Attr::Bool(p.ceil_mode)));
+    v
 }
 
 /// `constant(dtype=, shape=, data=[...])`: the elements in row-major order.

@@ -1,11 +1,13 @@
 //! The op set. Each op's shape and dtype rule is defined here once; eager tensors, the graph
 //! verifier and the parser all call `Op::infer`.
 
+use super::conv::{BatchNormAttrs, ConvAttrs, PoolAttrs};
 use super::dtype::{DType, PromoteArg, Scalar, result_type};
 use super::shape::{
     Shape, arange_len, broadcast_all, broadcast_shapes, expand_shape, flatten_shape, infer_size,
     matmul_shape, numel, permute_shape, reduced_shape, wrap_dim, wrap_dims,
 };
+use super::unary::Real;
 use crate::{Error, Result, bail};
 use std::sync::Arc;
 
@@ -420,6 +422,81 @@ pub enum Op {
     },
     /// Operands: index, weight (the order of `torch.nn.functional.embedding`).
     Embedding,
+    // convolutional networks (attributes and shape rules in `ir::conv`)
+    /// `conv1d`/`conv2d(x, weight, bias)`: x `[N, C, *spatial]` (or without N), weight
+    /// `[C_out, C / groups, *kernel]`, then a bias `[C_out]` when present.
+    Conv {
+        /// Stride, padding, dilation, groups.
+        conv: ConvAttrs,
+        /// Whether a bias operand follows the weight.
+        has_bias: bool,
+    },
+    /// The gradient of a convolution with respect to its input (a transposed convolution).
+    /// Operands: the output's gradient `[N, C_out, *out]`, the weight.
+    ConvInputGrad {
+        /// The forward convolution's attributes.
+        conv: ConvAttrs,
+        /// The input's shape `[N, C, *spatial]`.
+        input_size: Vec<usize>,
+    },
+    /// The gradient of a convolution with respect to its weight. Operands: the output's
+    /// gradient, the input `[N, C, *spatial]`.
+    ConvWeightGrad {
+        /// The forward convolution's attributes.
+        conv: ConvAttrs,
+        /// The weight's shape.
+        weight_size: Vec<usize>,
+    },
+    /// `max_pool2d(x)` over `[N, C, H, W]` or `[C, H, W]`.
+    MaxPool2d {
+        /// Window, stride, padding, dilation, ceil_mode.
+        pool: PoolAttrs,
+    },
+    /// The gradient of `max_pool2d`, routed to the first maximal element of each window.
+    /// Operands: the output's gradient, the input.
+    MaxPool2dGrad {
+        /// The forward pooling's attributes.
+        pool: PoolAttrs,
+    },
+    /// `avg_pool2d(x)` over `[N, C, H, W]` or `[C, H, W]`.
+    AvgPool2d {
+        /// Window, stride, padding, ceil_mode (dilation is 1).
+        pool: PoolAttrs,
+        /// Whether padded zeros count in a window's divisor.
+        count_include_pad: bool,
+    },
+    /// The gradient of `avg_pool2d`. Operand: the output's gradient.
+    AvgPool2dGrad {
+        /// The forward pooling's attributes.
+        pool: PoolAttrs,
+        /// Whether padded zeros count in a window's divisor.
+        count_include_pad: bool,
+        /// The input's shape.
+        input_size: Vec<usize>,
+    },
+    /// `adaptive_avg_pool2d(x, output_size)`: windows that tile the input into the output size.
+    AdaptiveAvgPool2d {
+        /// Output height and width.
+        output_size: Vec<i64>,
+    },
+    /// The gradient of `adaptive_avg_pool2d`. Operand: the output's gradient.
+    AdaptiveAvgPool2dGrad {
+        /// The input's shape.
+        input_size: Vec<usize>,
+    },
+    /// `batch_norm(x, running_mean, running_var, weight, bias)` over dim 1 of `[N, C, ..]`;
+    /// the optional operands follow `x` in that order when present.
+    BatchNorm(BatchNormAttrs),
+    /// `dropout(x, p)`: each element zeroed with probability `p` and the rest scaled by
+    /// `1 / (1 - p)`; the mask is a pure function of `seed` and the element's index.
+    Dropout {
+        /// The probability of zeroing an element.
+        p: Real,
+        /// Whether to drop at all (`false`: the identity).
+        training: bool,
+        /// The mask's seed.
+        seed: u64,
+    },
 }
 
 fn not_implemented(name: &str, d: DType) -> Error {
@@ -461,10 +538,57 @@ impl Op {
                 let ev = out.last().copied().unwrap_or(1).max(1) as u64;
                 2 * (n / ev) * s * (last(0) + ev)
             }
+            // per output element, one multiply-add per tap of its input channels
+            Op::Conv { .. } => 2 * n * inputs.get(1).map_or(1, |w| numel(&w[1..]) as u64),
+            Op::ConvInputGrad { .. } => {
+                let g = inputs.first().map_or(0, |g| numel(g)) as u64;
+                2 * g * inputs.get(1).map_or(1, |w| numel(&w[1..]) as u64)
+            }
+            Op::ConvWeightGrad { weight_size, .. } => {
+                let g = inputs.first().map_or(0, |g| numel(g)) as u64;
+                2 * g * numel(&weight_size[1..]) as u64
+            }
             _ if self.is_view() => 0,
             _ => n,
         }
     }
+}
+
+/// Checks a convolution gradient's operands: the forward convolution of `x` by `w` has the
+/// gradient's type, and both gradient ops take batched operands.
+fn conv_grad_type(
+    op: &Op,
+    conv: &super::conv::ConvAttrs,
+    g: &TensorType,
+    x: &TensorType,
+    w: &TensorType,
+) -> Result<()> {
+    if x.ndim() != conv.spatial() + 2 {
+        bail!(
+            Shape,
+            "{}: expected a batched input of {} dims, got {:?}",
+            op.name(),
+            conv.spatial() + 2,
+            x.shape
+        );
+    }
+    let y = super::conv::conv_type(conv, x, w, None)?;
+    grad_matches(op.name(), g, &y)
+}
+
+/// A gradient operand must have its forward result's type.
+fn grad_matches(name: &str, g: &TensorType, y: &TensorType) -> Result<()> {
+    if g.shape != y.shape || g.dtype != y.dtype {
+        bail!(
+            Shape,
+            "{name}: expected a gradient of type {}{:?}, got {}{:?}",
+            y.dtype,
+            y.shape,
+            g.dtype,
+            g.shape
+        );
+    }
+    Ok(())
 }
 
 /// The result type of attention over q, k, v (and a mask): checks PyTorch's rules.
@@ -773,6 +897,17 @@ impl Op {
             Op::ScatterAdd { .. } => "scatter_add",
             Op::IndexAdd { .. } => "index_add",
             Op::Embedding => "embedding",
+            Op::Conv { conv, .. } => conv.op_name(),
+            Op::ConvInputGrad { .. } => "convolution_backward_input",
+            Op::ConvWeightGrad { .. } => "convolution_backward_weight",
+            Op::MaxPool2d { .. } => "max_pool2d",
+            Op::MaxPool2dGrad { .. } => "max_pool2d_backward",
+            Op::AvgPool2d { .. } => "avg_pool2d",
+            Op::AvgPool2dGrad { .. } => "avg_pool2d_backward",
+            Op::AdaptiveAvgPool2d { .. } => "adaptive_avg_pool2d",
+            Op::AdaptiveAvgPool2dGrad { .. } => "adaptive_avg_pool2d_backward",
+            Op::BatchNorm(_) => "batch_norm",
+            Op::Dropout { .. } => "dropout",
         }
     }
 
@@ -1115,6 +1250,78 @@ impl Op {
             Op::Attention { has_mask, .. } => {
                 one(3 + *has_mask as usize)?;
                 attention_type(inputs, *has_mask)
+            }
+            Op::Conv { conv, has_bias } => {
+                one(2 + *has_bias as usize)?;
+                let bias = has_bias.then(|| inputs[2]);
+                super::conv::conv_type(conv, inputs[0], inputs[1], bias)
+            }
+            Op::ConvInputGrad { conv, input_size } => {
+                one(2)?;
+                let x = TensorType::new(inputs[1].dtype, input_size.clone());
+                conv_grad_type(self, conv, inputs[0], &x, inputs[1])?;
+                Ok(x)
+            }
+            Op::ConvWeightGrad { conv, weight_size } => {
+                one(2)?;
+                let w = TensorType::new(inputs[1].dtype, weight_size.clone());
+                conv_grad_type(self, conv, inputs[0], inputs[1], &w)?;
+                Ok(w)
+            }
+            Op::MaxPool2d { pool } => {
+                one(1)?;
+                pool.pool_type(name, inputs[0])
+            }
+            Op::AvgPool2d { pool, .. } => {
+                one(1)?;
+                pool.pool_type(name, inputs[0])
+            }
+            Op::MaxPool2dGrad { pool } => {
+                one(2)?;
+                let y = pool.pool_type("max_pool2d", inputs[1])?;
+                grad_matches(name, inputs[0], &y)?;
+                Ok(inputs[1].clone())
+            }
+            Op::AvgPool2dGrad {
+                pool, input_size, ..
+            } => {
+                one(1)?;
+                let x = TensorType::new(inputs[0].dtype, input_size.clone());
+                grad_matches(name, inputs[0], &pool.pool_type("avg_pool2d", &x)?)?;
+                Ok(x)
+            }
+            Op::AdaptiveAvgPool2d { output_size } => {
+                one(1)?;
+                super::conv::adaptive_pool_type(output_size, inputs[0])
+            }
+            Op::AdaptiveAvgPool2dGrad { input_size } => {
+                one(1)?;
+                let g = inputs[0];
+                let x = TensorType::new(g.dtype, input_size.clone());
+                let nd = g.ndim();
+                if nd < 2 {
+                    bail!(
+                        Shape,
+                        "{name}: expected a 3-D or 4-D gradient, got {:?}",
+                        g.shape
+                    );
+                }
+                let size = [g.shape[nd - 2] as i64, g.shape[nd - 1] as i64];
+                grad_matches(name, g, &super::conv::adaptive_pool_type(&size, &x)?)?;
+                Ok(x)
+            }
+            Op::BatchNorm(bn) => {
+                let [_, _, w, b] = bn.positions();
+                one(1 + 2 * bn.has_running as usize + w.is_some() as usize + b.is_some() as usize)?;
+                bn.infer(inputs)
+            }
+            Op::Dropout { p, .. } => {
+                one(1)?;
+                super::conv::check_dropout(p.get())?;
+                if !inputs[0].dtype.is_float() {
+                    return Err(not_implemented(name, inputs[0].dtype));
+                }
+                Ok(inputs[0].clone())
             }
             Op::Einsum { equation } => {
                 let shapes: Vec<&[usize]> = inputs.iter().map(|t| &t.shape[..]).collect();

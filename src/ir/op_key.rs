@@ -5,6 +5,7 @@
 //! attribute exactly instead: floats by their bits, captured constants by dtype, shape and
 //! bytes.
 
+use super::conv::{ConvAttrs, ConvPadding, PoolAttrs};
 use super::dtype::{DType, Scalar};
 use super::op::{Op, UnaryOp};
 use std::cmp::Ordering;
@@ -379,7 +380,91 @@ impl<'a> Enc<'a, '_> {
                 self.int(*dim);
             }
             Op::Embedding => self.tag("Embedding"),
+            Op::Conv { conv, has_bias } => {
+                self.tag("Conv");
+                self.conv(conv);
+                self.bool(*has_bias);
+            }
+            Op::ConvInputGrad { conv, input_size } => {
+                self.tag("ConvInputGrad");
+                self.conv(conv);
+                self.sizes(input_size);
+            }
+            Op::ConvWeightGrad { conv, weight_size } => {
+                self.tag("ConvWeightGrad");
+                self.conv(conv);
+                self.sizes(weight_size);
+            }
+            Op::MaxPool2d { pool } => {
+                self.tag("MaxPool2d");
+                self.pool(pool);
+            }
+            Op::MaxPool2dGrad { pool } => {
+                self.tag("MaxPool2dGrad");
+                self.pool(pool);
+            }
+            Op::AvgPool2d {
+                pool,
+                count_include_pad,
+            } => {
+                self.tag("AvgPool2d");
+                self.pool(pool);
+                self.bool(*count_include_pad);
+            }
+            Op::AvgPool2dGrad {
+                pool,
+                count_include_pad,
+                input_size,
+            } => {
+                self.tag("AvgPool2dGrad");
+                self.pool(pool);
+                self.bool(*count_include_pad);
+                self.sizes(input_size);
+            }
+            Op::AdaptiveAvgPool2d { output_size } => {
+                self.tag("AdaptiveAvgPool2d");
+                self.ints(output_size);
+            }
+            Op::AdaptiveAvgPool2dGrad { input_size } => {
+                self.tag("AdaptiveAvgPool2dGrad");
+                self.sizes(input_size);
+            }
+            Op::BatchNorm(bn) => {
+                self.tag("BatchNorm");
+                for f in [bn.has_running, bn.has_weight, bn.has_bias, bn.training] {
+                    self.bool(f);
+                }
+                self.float(bn.momentum.get());
+                self.float(bn.eps.get());
+            }
+            Op::Dropout { p, training, seed } => {
+                self.tag("Dropout");
+                self.float(p.get());
+                self.bool(*training);
+                self.int(*seed as i64);
+            }
         }
+    }
+
+    fn conv(&mut self, c: &ConvAttrs) {
+        self.ints(&c.stride);
+        match &c.padding {
+            ConvPadding::Explicit(p) => {
+                self.tag("explicit");
+                self.ints(p);
+            }
+            ConvPadding::Same => self.tag("same"),
+            ConvPadding::Valid => self.tag("valid"),
+        }
+        self.ints(&c.dilation);
+        self.int(c.groups);
+    }
+
+    fn pool(&mut self, p: &PoolAttrs) {
+        for v in [&p.kernel_size, &p.stride, &p.padding, &p.dilation] {
+            self.ints(v);
+        }
+        self.bool(p.ceil_mode);
     }
 }
 

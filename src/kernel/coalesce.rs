@@ -68,3 +68,39 @@ pub fn coalesce(k: &Kernel) -> Kernel {
     }
     out
 }
+
+/// A pointwise kernel (no inner dims, no reductions) with its outer dims reordered so that
+/// the first store's strides decrease: the innermost loop then walks its output in memory
+/// order (an NHWC store of an NCHW-ordered space would otherwise write with a stride of C
+/// in the innermost loop). Each row is still one point of the space, so which rows a chunk
+/// runs is unaffected; only the order inside the kernel changes.
+pub fn store_order(k: &Kernel) -> Kernel {
+    let Some(st) = k.stores.first() else {
+        return k.clone();
+    };
+    let ko = k.outer.len();
+    if !k.inner.is_empty() || !k.passes.is_empty() || st.map.strides.len() != ko {
+        return k.clone();
+    }
+    let s = &st.map.strides;
+    if s.windows(2).all(|w| w[0] >= w[1]) {
+        return k.clone();
+    }
+    let mut perm: Vec<usize> = (0..ko).collect();
+    // larger strides outside; size-1 dims anywhere (their stride is never stepped)
+    perm.sort_by_key(|&d| std::cmp::Reverse(if k.outer[d] == 1 { usize::MAX } else { s[d] }));
+    let mut out = k.clone();
+    out.outer = perm.iter().map(|&d| k.outer[d]).collect();
+    let permute = |m: &mut IndexMap| {
+        m.strides = perm.iter().map(|&d| m.strides[d]).collect();
+    };
+    for v in &mut out.values {
+        if let Expr::Load { map, .. } | Expr::Index { map } = &mut v.expr {
+            permute(map);
+        }
+    }
+    for st in &mut out.stores {
+        permute(&mut st.map);
+    }
+    out
+}

@@ -105,7 +105,7 @@ pub fn run_extern(
         );
     }
     let r = crate::runtime::kernels::eval(&e.op, &refs, &ty)?;
-    copy::contiguous(&r)
+    b.conform(&r)
 }
 
 fn bind_input(b: &Buffer, t: Option<&Tensor>) -> Result<Tensor> {
@@ -123,7 +123,7 @@ fn bind_input(b: &Buffer, t: Option<&Tensor>) -> Result<Tensor> {
             t.shape()
         );
     }
-    copy::contiguous(t)
+    b.conform(t)
 }
 
 /// The buffer's tensor and the storage offset of its element 0.
@@ -214,7 +214,8 @@ fn run_kernel(s: &Schedule, k: &Kernel, bufs: &mut [Option<Tensor>]) -> Result<(
         };
         let b = &s.buffers[st.buffer];
         if bufs[st.buffer].is_none() {
-            bufs[st.buffer] = Some(Tensor::alloc(b.dtype, &b.shape)?);
+            let t = Tensor::alloc(b.dtype, &b.shape)?;
+            bufs[st.buffer] = Some(t.with_layout(b.layout()));
         }
         let dst = mapped(bufs, st.buffer, &st.map, shape)?;
         check_no_overlap(dst.layout())?;

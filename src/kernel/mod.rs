@@ -33,7 +33,7 @@ pub mod interp;
 mod print;
 
 pub use check::{check_kernel, check_ops};
-pub use coalesce::coalesce;
+pub use coalesce::{coalesce, store_order};
 
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::op::{BinaryOp, Literal, Op, UnaryOp};
@@ -63,13 +63,46 @@ pub struct Buffer {
     pub name: String,
     /// Element type.
     pub dtype: DType,
-    /// Sizes (row-major, contiguous).
+    /// Sizes (row-major, contiguous unless `channels_last`).
     pub shape: Shape,
     /// Where its contents come from.
     pub kind: BufferKind,
+    /// A 4-D buffer stored NHWC: the strides of a channels_last tensor of `shape`.
+    pub channels_last: bool,
 }
 
 impl Buffer {
+    /// The buffer's layout (offset 0).
+    pub fn layout(&self) -> crate::runtime::layout::Layout {
+        crate::runtime::layout::Layout {
+            shape: self.shape.clone(),
+            strides: self.strides(),
+            offset: 0,
+        }
+    }
+
+    /// `t` in this buffer's layout: `t` itself when its strides already are, else a copy
+    /// (channels_last or contiguous).
+    pub fn conform(&self, t: &crate::runtime::Tensor) -> crate::Result<crate::runtime::Tensor> {
+        use crate::runtime::kernels::copy;
+        if !self.channels_last {
+            return copy::contiguous(t);
+        }
+        if t.strides() == self.strides().as_slice() {
+            return Ok(t.clone());
+        }
+        copy::to_channels_last(t)
+    }
+
+    /// The element strides of the buffer's layout.
+    pub fn strides(&self) -> Vec<usize> {
+        let s = &self.shape;
+        if self.channels_last && s.len() == 4 {
+            vec![s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]]
+        } else {
+            crate::ir::shape::contiguous_strides(s)
+        }
+    }
     /// Number of elements.
     pub fn len(&self) -> usize {
         numel(&self.shape)

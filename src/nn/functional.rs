@@ -46,13 +46,7 @@ fn reduce(loss: Tensor, reduction: Reduction) -> Result<Tensor> {
 }
 
 pub(crate) fn check_dropout_p(p: f64) -> Result<()> {
-    if !(0.0..=1.0).contains(&p) {
-        bail!(
-            Value,
-            "dropout probability has to be between 0 and 1, but got {p}"
-        );
-    }
-    Ok(())
+    crate::ir::conv::check_dropout(p)
 }
 
 /// Dropout drawing its mask from the global generator (`F.dropout`).
@@ -68,12 +62,9 @@ pub fn dropout_with(x: &Tensor, p: f64, training: bool, g: &mut Generator) -> Re
     if !training || p == 0.0 {
         return Ok(x.clone());
     }
-    if p == 1.0 {
-        return x.mul_scalar(0.0);
-    }
-    let u = Tensor::rand_with(x.shape(), Some(DType::F64), g)?;
-    let keep = u.lt_scalar(1.0 - p)?.to_dtype(x.dtype())?;
-    x.mul(&keep)?.mul_scalar(1.0 / (1.0 - p))
+    // one op whose mask is a pure function of the seed: a traced or compiled graph draws
+    // the same mask as eager mode
+    x.dropout_seeded(p, true, g.next_seed())
 }
 
 /// Mean squared error `(input - target)²`, reduced (`F.mse_loss`). Shapes must match.
@@ -335,4 +326,77 @@ pub fn scaled_dot_product_attention(
     scale: Option<f64>,
 ) -> Result<Tensor> {
     query.scaled_dot_product_attention(key, value, attn_mask, is_causal, scale)
+}
+
+/// `F.conv1d(x, weight, bias, stride=, padding=, dilation=, groups=)` ([`Tensor::conv1d`]).
+pub fn conv1d(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    opts: &crate::runtime::ConvOptions,
+) -> Result<Tensor> {
+    x.conv1d(weight, bias, opts)
+}
+
+/// `F.conv2d(x, weight, bias, stride=, padding=, dilation=, groups=)` ([`Tensor::conv2d`]).
+pub fn conv2d(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    opts: &crate::runtime::ConvOptions,
+) -> Result<Tensor> {
+    x.conv2d(weight, bias, opts)
+}
+
+/// `F.max_pool2d` ([`Tensor::max_pool2d`]).
+pub fn max_pool2d(x: &Tensor, opts: &crate::runtime::PoolOptions) -> Result<Tensor> {
+    x.max_pool2d(opts)
+}
+
+/// `F.avg_pool2d` ([`Tensor::avg_pool2d`]).
+pub fn avg_pool2d(x: &Tensor, opts: &crate::runtime::PoolOptions) -> Result<Tensor> {
+    x.avg_pool2d(opts)
+}
+
+/// `F.adaptive_avg_pool2d(x, output_size)` ([`Tensor::adaptive_avg_pool2d`]).
+pub fn adaptive_avg_pool2d(x: &Tensor, output_size: [usize; 2]) -> Result<Tensor> {
+    x.adaptive_avg_pool2d(output_size)
+}
+
+/// `F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)`
+/// over dim 1 ([`Tensor::batch_norm`]). Training normalises with the batch's statistics
+/// and, when running statistics are given, updates them in place, outside autograd:
+/// `running = (1 - momentum) · running + momentum · batch`, with the batch's unbiased
+/// variance (as PyTorch). Evaluation uses the running statistics.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm(
+    x: &Tensor,
+    running_mean: Option<&Tensor>,
+    running_var: Option<&Tensor>,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    training: bool,
+    momentum: f64,
+    eps: f64,
+) -> Result<Tensor> {
+    let y = x.batch_norm(
+        running_mean,
+        running_var,
+        weight,
+        bias,
+        training,
+        momentum,
+        eps,
+    )?;
+    if let (true, Some(rm), Some(rv)) = (training, running_mean, running_var) {
+        let _g = crate::autograd::no_grad();
+        let dims: Vec<i64> = (0..x.dim() as i64).filter(|&d| d != 1).collect();
+        let mean = x.mean_dim(&dims, false)?;
+        let var = x.var(Some(&dims), 1.0, false)?;
+        rm.mul_scalar_(1.0 - momentum)?;
+        rm.add_(&mean.mul_scalar(momentum)?)?;
+        rv.mul_scalar_(1.0 - momentum)?;
+        rv.add_(&var.mul_scalar(momentum)?)?;
+    }
+    Ok(y)
 }

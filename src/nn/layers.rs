@@ -334,6 +334,17 @@ impl Module for Sequential {
             })
             .collect()
     }
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        self.layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, m)| {
+                m.named_buffers()
+                    .into_iter()
+                    .map(move |(name, p)| (format!("{i}.{name}"), p))
+            })
+            .collect()
+    }
     fn train(&mut self, mode: bool) {
         self.training = mode;
         for layer in &mut self.layers {

@@ -6,6 +6,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod conv;
 pub mod functional;
 pub mod init;
 pub mod layers;
@@ -19,6 +20,10 @@ pub use activation::{
     Tanh,
 };
 pub use attention::MultiheadAttention;
+pub use conv::{
+    AdaptiveAvgPool2d, AvgPool2d, BatchNorm, BatchNorm1d, BatchNorm2d, Conv1d, Conv2d, Flatten,
+    MaxPool2d,
+};
 pub use functional::Reduction;
 pub use layers::{Dropout, Embedding, LayerNorm, Linear, Sequential};
 pub use loss::{BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss};

@@ -34,6 +34,12 @@ pub trait Module: Send {
     /// The parameters with their dotted names (`weight`, `0.bias`), in registration order.
     fn named_parameters(&self) -> Vec<(String, Tensor)>;
 
+    /// State that is not a parameter (`BatchNorm`'s running statistics), with dotted
+    /// names; saved in the state dict after the parameters. None by default.
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+
     /// Switches training mode on or off (`module.train(mode)`), recursively.
     fn train(&mut self, mode: bool);
 
@@ -72,6 +78,9 @@ impl<M: Module + ?Sized> Module for Box<M> {
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         (**self).named_parameters()
+    }
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        (**self).named_buffers()
     }
     fn train(&mut self, mode: bool) {
         (**self).train(mode)

@@ -168,9 +168,12 @@ pub fn load_safetensors(path: impl AsRef<Path>) -> Result<Vec<(String, Tensor)>>
     })
 }
 
-/// A module's state: its parameters by name. The tensors share storage with the module's.
+/// A module's state: its parameters, then its buffers (running statistics), by name. The
+/// tensors share storage with the module's.
 pub fn state_dict<M: Module + ?Sized>(module: &M) -> Vec<(String, Tensor)> {
-    module.named_parameters()
+    let mut state = module.named_parameters();
+    state.extend(module.named_buffers());
+    state
 }
 
 /// Copies `state` into the module's parameters (`load_state_dict`). Every key is checked
@@ -181,7 +184,7 @@ pub fn load_state_dict<M: Module + ?Sized>(
     state: &[(String, Tensor)],
     strict: bool,
 ) -> Result<()> {
-    let params = module.named_parameters();
+    let params = state_dict(module);
     let given: BTreeMap<&str, &Tensor> = state.iter().map(|(k, t)| (k.as_str(), t)).collect();
     let own: HashSet<&str> = params.iter().map(|(k, _)| k.as_str()).collect();
     let mut errors = Vec::new();

@@ -9,6 +9,10 @@
 //! - `var/std`            → `sum((x - mean(x))^2) / max(0, N - correction)` (then `sqrt`)
 //! - `logsumexp`          → `log(sum(exp(x - m))) + m`, `m = amax(x)` with ±inf maxima set to 0
 //! - `linear(x, w, b)`    → `matmul(x, t(w)) + b` (the transpose is a view, never a copy)
+//! - `batch_norm`         → `(x - mean) * (rsqrt(var + eps) * w) + b`, per channel: the
+//!   batch's statistics (row reductions over every dim but the channels) when training, the
+//!   running ones otherwise (then a pointwise op, which constant folding turns into one
+//!   scale and shift per channel when the statistics are constants)
 //! - `einsum`             → the eager kernel's own lowering, op for op: `diagonal` views for
 //!   repeated subscripts, `expand` for size-1 broadcasts, `sum` of subscripts needed nowhere
 //!   else, one batched `matmul` per pair of operands between `permute`/`reshape` views, and a
@@ -156,6 +160,7 @@ fn expand(b: &mut Builder, name: &str, op: &Op, args: &[ValueId]) -> Result<Opti
             let bias = has_bias.then(|| args[1 + *has_weight as usize]);
             layer_norm(b, name, x, normalized_shape.len(), *eps, w, bias)?
         }
+        Op::BatchNorm(bn) => batch_norm(b, name, bn, args)?,
         Op::Var {
             dim,
             correction,
@@ -319,6 +324,59 @@ fn layer_norm(
     if let Some(bias) = bias {
         let bf = b.upcast(name, bias)?;
         y = b.binary(name, BinaryOp::Add, y, bf)?;
+    }
+    b.cast(name, y, d)
+}
+
+/// `batch_norm` over every dim but the channels: the batch's mean and biased variance when
+/// training (two row reductions over N·H·W per channel), else the running statistics; the
+/// per-channel vectors are viewed as `[C, 1, ..]` to broadcast.
+fn batch_norm(
+    b: &mut Builder,
+    name: &str,
+    bn: &crate::ir::conv::BatchNormAttrs,
+    args: &[ValueId],
+) -> Result<ValueId> {
+    let x = args[0];
+    let d = b.dtype(x);
+    let shape = b.g.node(x).ty.shape.clone();
+    let nd = shape.len();
+    let mut chan: Vec<i64> = vec![shape[1] as i64];
+    chan.extend(std::iter::repeat_n(1, nd - 2));
+    let per_channel = |b: &mut Builder, i: Option<usize>| -> Result<Option<ValueId>> {
+        let Some(i) = i else { return Ok(None) };
+        let v = b.upcast(name, args[i])?;
+        let shape = chan.clone();
+        b.op(name, Op::View { shape }, &[v]).map(Some)
+    };
+    let [rm, rv, w, bias] = bn.positions();
+    let (rm, rv) = (per_channel(b, rm)?, per_channel(b, rv)?);
+    let (w, bias) = (per_channel(b, w)?, per_channel(b, bias)?);
+    let xf = b.upcast(name, x)?;
+    let eps = b.scalar(Scalar::Float(bn.eps.get()))?;
+    let (c, var) = match (bn.training, rm, rv) {
+        (true, _, _) | (false, None, _) | (false, _, None) => {
+            let dims = Some(
+                crate::ir::conv::BatchNormAttrs::reduced_dims(nd)
+                    .into_iter()
+                    .map(|d| d as i64)
+                    .collect(),
+            );
+            let mean = b.reduce(name, ReduceOp::Mean, xf, &dims, true)?;
+            let c = b.binary(name, BinaryOp::Sub, xf, mean)?;
+            let sq = b.binary(name, BinaryOp::Mul, c, c)?;
+            (c, b.reduce(name, ReduceOp::Mean, sq, &dims, true)?)
+        }
+        (false, Some(rm), Some(rv)) => (b.binary(name, BinaryOp::Sub, xf, rm)?, rv),
+    };
+    let ve = b.binary(name, BinaryOp::Add, var, eps)?;
+    let mut scale = b.unary(name, UnaryOp::Rsqrt, ve)?;
+    if let Some(w) = w {
+        scale = b.binary(name, BinaryOp::Mul, scale, w)?;
+    }
+    let mut y = b.binary(name, BinaryOp::Mul, c, scale)?;
+    if let Some(bias) = bias {
+        y = b.binary(name, BinaryOp::Add, y, bias)?;
     }
     b.cast(name, y, d)
 }

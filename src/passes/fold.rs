@@ -202,7 +202,7 @@ fn reduce_uniform(g: &Graph, v: ValueId, uniform: &HashMap<ValueId, Tensor>) -> 
 }
 
 /// The tensor's elements as a literal (row-major, little-endian bytes).
-fn literal(t: &Tensor) -> Result<Literal> {
+pub(crate) fn literal(t: &Tensor) -> Result<Literal> {
     macro_rules! le {
         ($T:ty) => {
             t.to_vec::<$T>()?

@@ -4,6 +4,7 @@
 pub mod autodiff;
 pub mod decompose;
 pub mod fold;
+pub mod fold_bn;
 pub mod fuse;
 pub mod memplan;
 pub mod pipeline;

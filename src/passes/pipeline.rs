@@ -1,6 +1,6 @@
 //! The pass manager: the ordered passes from a traced or parsed graph to a planned schedule,
 //!
-//! `decompose → cse → fold → dce → rewrite → cse2 → dce2 → fuse → memplan`,
+//! `fold_bn → decompose → cse → fold → dce → rewrite → cse2 → dce2 → fuse → memplan`,
 //!
 //! each callable alone, with statistics per pass. Graph passes implement [`GraphPass`]; a pass
 //! that runs twice is labelled with its run number from the second run on (`cse2`), so every
@@ -35,6 +35,8 @@ pub trait GraphPass {
     fn run(&self, g: &Graph, opts: &PassOptions) -> Result<Graph>;
 }
 
+/// Evaluation-mode batch norms folded into their convolutions ([`super::fold_bn`]).
+pub struct FoldBatchNorm;
 /// Composite ops into primitives ([`super::decompose`](mod@super::decompose)).
 pub struct Decompose;
 /// Common-subexpression elimination ([`super::cse`]).
@@ -45,6 +47,15 @@ pub struct Fold;
 pub struct Dce;
 /// Equality saturation with IEEE-exact (and, if asked, fast-math) rules ([`super::rewrite`]).
 pub struct Rewrite;
+
+impl GraphPass for FoldBatchNorm {
+    fn name(&self) -> &'static str {
+        "fold_bn"
+    }
+    fn run(&self, g: &Graph, _: &PassOptions) -> Result<Graph> {
+        super::fold_bn::fold_batch_norm(g)
+    }
+}
 
 impl GraphPass for Decompose {
     fn name(&self) -> &'static str {
@@ -160,6 +171,7 @@ impl Default for Pipeline {
     fn default() -> Pipeline {
         Pipeline {
             graph_passes: vec![
+                Box::new(FoldBatchNorm),
                 Box::new(Decompose),
                 Box::new(Cse),
                 Box::new(Fold),

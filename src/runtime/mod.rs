@@ -19,5 +19,5 @@ pub mod threads;
 
 pub use device::Device;
 pub use element::Element;
-pub use ops::ClampBound;
+pub use ops::{ClampBound, ConvOptions, IntoSizes, MemoryFormat, PoolOptions};
 pub use tensor::{Dim, Tensor, apply};

@@ -38,6 +38,10 @@ impl Generator {
     pub fn initial_seed(&self) -> u64 {
         self.seed
     }
+    /// A fresh seed for a counter-based draw (a dropout mask), advancing the sequence.
+    pub fn next_seed(&mut self) -> u64 {
+        self.rng.random::<u64>()
+    }
 }
 
 impl Default for Generator {

@@ -64,7 +64,7 @@ impl Frame {
             && t.storage().len() == len
             && sole_owner(t)
         {
-            if !returned && t.shape() == layout.shape.as_slice() {
+            if !returned && t.layout() == layout {
                 return Ok(t.clone());
             }
             return Ok(Tensor::from_parts(t.storage_arc().clone(), layout.clone()));

@@ -285,6 +285,41 @@ pub(crate) fn vjp(
             ])
         }
         Op::ArgMax { .. } | Op::ArgMin { .. } => Ok(vec![None]),
+        Op::Conv { conv, has_bias } => conv_grads(e, conv, *has_bias, xs, g, needs),
+        Op::MaxPool2d { pool } => Ok(vec![Some(
+            e.op(Op::MaxPool2dGrad { pool: pool.clone() }, &[g, xs[0]])?,
+        )]),
+        Op::AvgPool2d {
+            pool,
+            count_include_pad,
+        } => Ok(vec![Some(e.op(
+            Op::AvgPool2dGrad {
+                pool: pool.clone(),
+                count_include_pad: *count_include_pad,
+                input_size: e.shape(xs[0]),
+            },
+            &[g],
+        )?)]),
+        Op::AdaptiveAvgPool2d { .. } => Ok(vec![Some(e.op(
+            Op::AdaptiveAvgPool2dGrad {
+                input_size: e.shape(xs[0]),
+            },
+            &[g],
+        )?)]),
+        Op::ConvInputGrad { .. }
+        | Op::ConvWeightGrad { .. }
+        | Op::MaxPool2dGrad { .. }
+        | Op::AvgPool2dGrad { .. }
+        | Op::AdaptiveAvgPool2dGrad { .. } => {
+            bail!(
+                Unsupported,
+                "{}: a second derivative is not supported",
+                op.name()
+            )
+        }
+        Op::BatchNorm(bn) => batch_norm(e, bn, xs, g),
+        // the same mask, scaled the same way
+        Op::Dropout { .. } => Ok(vec![Some(e.op(op.clone(), &[g])?)]),
     }
 }
 
@@ -819,6 +854,125 @@ fn layer_norm(
     }
     if has_bias {
         out.push(Some(g));
+    }
+    Ok(out)
+}
+
+/// Gradients of a convolution: a transposed convolution for the input, a correlation of the
+/// input with the gradient for the weight, and the gradient summed over all but the
+/// channels for the bias. An unbatched input is differentiated as a batch of one.
+fn conv_grads(
+    e: &mut Emit,
+    conv: &crate::ir::conv::ConvAttrs,
+    has_bias: bool,
+    xs: &[ValueId],
+    g: ValueId,
+    needs: &[bool],
+) -> Result<Grads> {
+    let unbatched = e.ty(xs[0]).ndim() == conv.spatial() + 1;
+    let (x, gb) = if unbatched {
+        (e.unsqueeze(xs[0], 0)?, e.unsqueeze(g, 0)?)
+    } else {
+        (xs[0], g)
+    };
+    let mut out = vec![None, None];
+    if needs[0] {
+        let input_size = e.shape(x);
+        let gx = e.op(
+            Op::ConvInputGrad {
+                conv: conv.clone(),
+                input_size,
+            },
+            &[gb, xs[1]],
+        )?;
+        out[0] = Some(if unbatched { e.squeeze(gx, 0)? } else { gx });
+    }
+    if needs[1] {
+        let weight_size = e.shape(xs[1]);
+        out[1] = Some(e.op(
+            Op::ConvWeightGrad {
+                conv: conv.clone(),
+                weight_size,
+            },
+            &[gb, x],
+        )?);
+    }
+    if has_bias {
+        let nd = e.ty(gb).ndim();
+        let dims: Vec<usize> = (0..nd).filter(|&d| d != 1).collect();
+        out.push(Some(e.sum_dims(gb, &dims, false)?));
+    }
+    Ok(out)
+}
+
+/// Gradients of `batch_norm`. Training: the layer-norm formula over every dim but the
+/// channels; evaluation: a per-channel affine map of `x`. The running statistics get none.
+fn batch_norm(
+    e: &mut Emit,
+    bn: &crate::ir::conv::BatchNormAttrs,
+    xs: &[ValueId],
+    g: ValueId,
+) -> Result<Grads> {
+    let x = xs[0];
+    let shape = e.shape(x);
+    let nd = shape.len();
+    let dims = crate::ir::conv::BatchNormAttrs::reduced_dims(nd);
+    // a per-channel vector as [C, 1, ..] so it broadcasts against [N, C, ..]
+    let mut chan = vec![shape[1]];
+    chan.extend(std::iter::repeat_n(1, nd - 2));
+    let [rm, rv, w, b] = bn.positions();
+    let w = match w {
+        Some(i) => Some(e.reshape(xs[i], &chan)?),
+        None => None,
+    };
+    let (xhat, gx) = if bn.training {
+        let mu = e.reduce(ReduceOp::Mean, x, &dims, true)?;
+        let xc = e.sub(x, mu)?;
+        let sq = e.mul(xc, xc)?;
+        let var = e.reduce(ReduceOp::Mean, sq, &dims, true)?;
+        let ve = e.add_s(var, bn.eps.get())?;
+        let rstd = e.unary(UnaryOp::Rsqrt, ve)?;
+        let xhat = e.mul(xc, rstd)?;
+        let gy = match w {
+            Some(w) => e.mul(g, w)?,
+            None => g,
+        };
+        let m1 = e.reduce(ReduceOp::Mean, gy, &dims, true)?;
+        let gyx = e.mul(gy, xhat)?;
+        let m2 = e.reduce(ReduceOp::Mean, gyx, &dims, true)?;
+        let t = e.mul(xhat, m2)?;
+        let d0 = e.sub(gy, m1)?;
+        let d = e.sub(d0, t)?;
+        (xhat, e.mul(rstd, d)?)
+    } else {
+        let (Some(rm), Some(rv)) = (rm, rv) else {
+            bail!(
+                Value,
+                "running_mean and running_var must be defined in evaluation mode"
+            );
+        };
+        let mean = e.reshape(xs[rm], &chan)?;
+        let var = e.reshape(xs[rv], &chan)?;
+        let ve = e.add_s(var, bn.eps.get())?;
+        let rstd = e.unary(UnaryOp::Rsqrt, ve)?;
+        let xc = e.sub(x, mean)?;
+        let xhat = e.mul(xc, rstd)?;
+        let scale = match w {
+            Some(w) => e.mul(w, rstd)?,
+            None => rstd,
+        };
+        (xhat, e.mul(g, scale)?)
+    };
+    let mut out = vec![Some(gx)];
+    if bn.has_running {
+        out.extend([None, None]);
+    }
+    if bn.has_weight {
+        let gw = e.mul(g, xhat)?;
+        out.push(Some(e.sum_dims(gw, &dims, false)?));
+    }
+    if b.is_some() {
+        out.push(Some(e.sum_dims(g, &dims, false)?));
     }
     Ok(out)
 }

@@ -8,7 +8,7 @@ use crate::Error;
 use crate::ir::dtype::DType;
 use crate::ir::graph::ValueId;
 use crate::ir::op::{BinaryOp, Op, ReduceOp};
-use crate::ir::shape::{Shape, contiguous_strides, reduced_shape};
+use crate::ir::shape::{Shape, reduced_shape};
 use crate::kernel::{
     Buffer, BufferId, BufferKind, Combiner, Expr, ExternCall, Kernel, Schedule, Step, ValId, Value,
     View, accumulator,
@@ -93,6 +93,7 @@ impl<'g> Fuser<'g> {
             dtype: n.ty.dtype,
             shape: n.ty.shape.clone(),
             kind,
+            channels_last: self.nhwc.contains(&v),
         }
     }
 
@@ -261,7 +262,7 @@ impl<'a, 'g> KernelBuilder<'a, 'g> {
             let v = self.emit(t, &m)?;
             if self.stored.contains(&t) {
                 let b = self.buf_of[&t];
-                let strides = contiguous_strides(&self.f.ty(t).shape);
+                let strides = self.f.buffer_layout(t).strides;
                 let map = m.through(&strides, 0, self.ndims())?;
                 stores.push(crate::kernel::Store {
                     buffer: b,
@@ -442,7 +443,7 @@ impl<'a, 'g> KernelBuilder<'a, 'g> {
                 root: self.root,
             });
         };
-        let strides = contiguous_strides(&self.f.ty(v).shape);
+        let strides = self.f.buffer_layout(v).strides;
         let map = m.through(&strides, 0, self.ndims())?;
         Ok(self.push(Expr::Load { buffer: b, map }, self.f.ty(v).dtype))
     }

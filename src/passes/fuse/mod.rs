@@ -66,6 +66,9 @@ pub struct FuseOptions {
     /// False for the unfused baseline: every pointwise op and reduction is its own kernel
     /// (views are still folded into index maps, matmul is still an extern call).
     pub fuse: bool,
+    /// Graph inputs stored in the channels_last memory format (NHWC): the 4-D values
+    /// computed from them are stored NHWC too (see `Fuser::channels_last`).
+    pub channels_last_inputs: Vec<String>,
 }
 
 impl Default for FuseOptions {
@@ -75,6 +78,7 @@ impl Default for FuseOptions {
             max_cone: 256,
             max_distance: 64,
             fuse: true,
+            channels_last_inputs: Vec::new(),
         }
     }
 }

@@ -38,6 +38,55 @@ pub(super) fn classify(kind: &NodeKind) -> Class {
     }
 }
 
+/// The values kept channels_last, as PyTorch's eager ops propagate the memory format: the
+/// inputs named channels_last, then every 4-D result of a convolution, pooling or
+/// pointwise op whose input (for pointwise ops: any full-size operand) is channels_last.
+/// Views and reductions start no NHWC value (their results are laid out row-major).
+fn channels_last(
+    g: &Graph,
+    order: &[ValueId],
+    class: &HashMap<ValueId, Class>,
+    inputs: &[String],
+) -> HashSet<ValueId> {
+    let mut nhwc = HashSet::new();
+    if inputs.is_empty() {
+        return nhwc;
+    }
+    let four_d = |v: ValueId| g.node(v).ty.ndim() == 4 && g.node(v).ty.shape[1] > 1;
+    for &v in g.inputs() {
+        if inputs.contains(&g.node(v).name) && four_d(v) {
+            nhwc.insert(v);
+        }
+    }
+    for &v in order {
+        let Some(op) = g.node(v).op() else { continue };
+        if !four_d(v) {
+            continue;
+        }
+        let ops = g.operands(v);
+        let follows = match op {
+            Op::Conv { .. }
+            | Op::MaxPool2d { .. }
+            | Op::AvgPool2d { .. }
+            | Op::AdaptiveAvgPool2d { .. }
+            | Op::BatchNorm(_)
+            | Op::Dropout { .. } => ops.first().is_some_and(|x| nhwc.contains(x)),
+            Op::ConvInputGrad { .. }
+            | Op::MaxPool2dGrad { .. }
+            | Op::AvgPool2dGrad { .. }
+            | Op::AdaptiveAvgPool2dGrad { .. } => ops.iter().any(|x| nhwc.contains(x)),
+            _ if class[&v] == Class::Pointwise => ops
+                .iter()
+                .any(|x| nhwc.contains(x) && g.node(*x).ty.shape == g.node(v).ty.shape),
+            _ => false,
+        };
+        if follows {
+            nhwc.insert(v);
+        }
+    }
+    nhwc
+}
+
 /// The row space of a reduction: its input shape and the reduced dims (sorted).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(super) struct RowKey {
@@ -107,6 +156,8 @@ pub(super) struct Fuser<'g> {
     pub(super) class: HashMap<ValueId, Class>,
     pub(super) realized: HashSet<ValueId>,
     pub(super) isolated: HashSet<ValueId>,
+    /// 4-D values stored NHWC (channels_last) when they are buffers.
+    pub(super) nhwc: HashSet<ValueId>,
 }
 
 fn op_cost(op: &Op) -> u32 {
@@ -133,6 +184,7 @@ impl<'g> Fuser<'g> {
             .iter()
             .map(|&v| (v, classify(&g.node(v).kind)))
             .collect();
+        let nhwc = channels_last(g, &order, &class, &opts.channels_last_inputs);
         Fuser {
             g,
             opts,
@@ -141,6 +193,17 @@ impl<'g> Fuser<'g> {
             class,
             realized: HashSet::new(),
             isolated: HashSet::new(),
+            nhwc,
+        }
+    }
+
+    /// The strides of `v`'s buffer: row-major, or NHWC for a channels_last value.
+    pub(super) fn buffer_layout(&self, v: ValueId) -> Layout {
+        let shape = &self.ty(v).shape;
+        if self.nhwc.contains(&v) {
+            Layout::contiguous(&[shape[0], shape[2], shape[3], shape[1]]).permute(&[0, 3, 1, 2])
+        } else {
+            Layout::contiguous(shape)
         }
     }
 
@@ -197,7 +260,7 @@ impl<'g> Fuser<'g> {
         is_buf: &dyn Fn(ValueId) -> bool,
     ) -> Option<(ValueId, Layout)> {
         if is_buf(v) {
-            return Some((v, Layout::contiguous(&self.ty(v).shape)));
+            return Some((v, self.buffer_layout(v)));
         }
         if self.class[&v] != Class::View {
             return None;

@@ -64,3 +64,22 @@ pub fn convert<A: Element, O: Element>(a: A) -> O {
         O::from_i64(a.to_i64())
     }
 }
+
+/// A copy of 4-D `x` in the channels_last memory format: NHWC in memory, `x`'s shape.
+pub fn to_channels_last(x: &Tensor) -> Result<Tensor> {
+    let s = x.shape();
+    let nhwc = Tensor::alloc_for_overwrite(x.dtype(), &[s[0], s[2], s[3], s[1]])?;
+    let out = nhwc.with_layout(nhwc.layout().permute(&[0, 3, 1, 2]));
+    copy_into(&out, x);
+    Ok(out)
+}
+
+/// A new tensor holding `x`'s values in `x`'s memory format (channels_last stays
+/// channels_last; anything else becomes contiguous).
+pub fn clone_format(x: &Tensor) -> Result<Tensor> {
+    if x.dim() == 4 && super::conv::is_channels_last(x.shape(), x.strides()) {
+        to_channels_last(x)
+    } else {
+        cast_new(x, x.dtype())
+    }
+}

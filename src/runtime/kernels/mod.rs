@@ -2,12 +2,15 @@
 //! it receives an op already checked by its shape rule, with the inferred output type.
 
 pub mod attention;
+pub mod cnn;
+pub mod conv;
 pub mod copy;
 pub mod creation;
 pub mod einsum;
 pub mod index;
 pub mod linalg;
 pub mod pointwise;
+pub mod pool;
 pub mod reduce;
 pub(crate) mod views;
 
@@ -68,5 +71,16 @@ pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
         | Op::ScatterAdd { .. }
         | Op::IndexAdd { .. }
         | Op::Embedding => index::eval(op, inputs, out),
+        Op::Conv { .. }
+        | Op::ConvInputGrad { .. }
+        | Op::ConvWeightGrad { .. }
+        | Op::MaxPool2d { .. }
+        | Op::MaxPool2dGrad { .. }
+        | Op::AvgPool2d { .. }
+        | Op::AvgPool2dGrad { .. }
+        | Op::AdaptiveAvgPool2d { .. }
+        | Op::AdaptiveAvgPool2dGrad { .. }
+        | Op::BatchNorm(_)
+        | Op::Dropout { .. } => cnn::eval(op, inputs, out),
     }
 }

@@ -41,9 +41,27 @@ fn misrouted(name: &str) -> Error {
     Error::Unsupported(format!("pointwise kernel: no {name} loop for these dtypes"))
 }
 
+/// The result's memory: channels_last when a full-size operand is (PyTorch keeps the
+/// memory format through pointwise ops, so a channels_last network stays NHWC), else
+/// contiguous.
+fn alloc_like(inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
+    let nhwc = out.shape.len() == 4
+        && inputs.iter().any(|t| {
+            t.shape() == &out.shape[..]
+                && !t.is_contiguous()
+                && super::conv::is_channels_last(t.shape(), t.strides())
+        });
+    if !nhwc {
+        return Tensor::alloc_for_overwrite(out.dtype, &out.shape);
+    }
+    let s = &out.shape;
+    let t = Tensor::alloc_for_overwrite(out.dtype, &[s[0], s[2], s[3], s[1]])?;
+    Ok(t.with_layout(t.layout().permute(&[0, 3, 1, 2])))
+}
+
 /// Runs pointwise `op` into a new tensor of type `out` (the op's inferred result type).
 pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
-    let dst = Tensor::alloc_for_overwrite(out.dtype, &out.shape)?;
+    let dst = alloc_like(inputs, out)?;
     write(op, inputs, &dst)?;
     Ok(dst)
 }

@@ -1,5 +1,6 @@
 //! The methods of `Tensor`, one file per op family.
 
+mod cnn;
 mod creation;
 mod device;
 mod einsum;
@@ -10,4 +11,5 @@ mod pointwise;
 mod reduce;
 mod views;
 
+pub use cnn::{ConvOptions, IntoSizes, MemoryFormat, PoolOptions};
 pub use pointwise::ClampBound;
