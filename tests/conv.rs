@@ -598,5 +598,26 @@ fn smelt_check_reports_a_conv_bn_relu_block_and_its_layout() {
         out.contains("layout: channels_last (NHWC) %x, %c, %r"),
         "{out}"
     );
-    assert!(out.contains("-> b"), "{out}");
+    assert!(out.contains("conv2d(b0 %x nhwc, b1 %w) -> b"), "{out}");
+    assert!(out.contains("%c nhwc"), "{out}");
+    // in training mode the batch statistics are passes of the same kernel
+    let t = dir.join("train.smelt");
+    std::fs::write(
+        &t,
+        "graph block(%x: f32[8,16,14,14], %w: f32[16,16,3,3], %g: f32[16], %b: f32[16]) {
+  %c = conv2d(%x, %w, none, padding=1)
+  %n = batch_norm(%c, none, none, %g, %b, training=true)
+  %r = relu(%n)
+  return %r
+}
+",
+    )
+    .unwrap();
+    let o = common::cli::smelt(&["check", t.to_str().unwrap(), "--fusion"]);
+    let out = common::cli::stdout(&o);
+    assert!(
+        out.starts_with("graph block: 1 kernel, 1 extern call"),
+        "{out}"
+    );
+    assert!(out.contains("[mean, sub, mul, mean, add, rsqrt"), "{out}");
 }

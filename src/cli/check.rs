@@ -134,8 +134,12 @@ pub fn fusion_text(s: &Schedule, plan: &MemoryPlan, stats: &[PassStats]) -> Stri
                     .args
                     .iter()
                     .map(|v| {
-                        let contiguous = crate::ir::shape::contiguous_strides(&v.shape);
-                        let how = if v.strides == contiguous && v.offset == 0 {
+                        // the buffer as it is laid out (contiguous, or NHWC)
+                        let whole = s
+                            .buffers
+                            .get(v.buffer)
+                            .is_some_and(|b| b.shape == v.shape && b.strides() == v.strides);
+                        let how = if whole && v.offset == 0 {
                             ""
                         } else {
                             " (view)"

@@ -566,9 +566,7 @@ fn forward_in<A: Acc>(
             if d.depthwise() && nhwc {
                 depthwise_forward_nhwc(xs, &wv, bv, d, y);
             } else if d.depthwise() {
-                let xst = dense_strides(false, d.c, d.h, d.w);
-                let yst = dense_strides(false, d.co, d.oh, d.ow);
-                depthwise_forward(xs, xst, &wv, bv, d, y, yst);
+                depthwise_forward(xs, &wv, bv, d, y);
             } else if nhwc {
                 forward_nhwc(xs, &wv, bv, d, y);
             } else {
@@ -859,54 +857,63 @@ fn forward_nhwc<A: Acc>(x: &[A], w: &[A], bias: Option<&[A]>, d: &Dims, y: &mut 
     });
 }
 
-/// Depthwise forward by direct loops, per (image, channel) plane; `x` and `y` are dense
-/// with strides `xs` and `ys` (NCHW or NHWC), `w` is `[C, kH·kW]`.
-fn depthwise_forward<A: Acc>(
-    x: &[A],
-    xs: [usize; 4],
-    w: &[A],
-    bias: Option<&[A]>,
-    d: &Dims,
-    y: &mut [A],
-    ys: [usize; 4],
-) {
+/// `dst[k] += a · x[k]`.
+fn axpy<A: Acc>(dst: &mut [A], a: A, x: &[A]) {
+    for (o, &v) in dst.iter_mut().zip(x) {
+        *o += a * v;
+    }
+}
+
+/// `Σ a[k] · b[k]`, in eight interleaved partial sums (so it vectorises).
+fn dot<A: Acc>(a: &[A], b: &[A]) -> A {
+    let mut part = [A::zero(); 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (u, v) in ca.zip(cb) {
+        for k in 0..8 {
+            part[k] += u[k] * v[k];
+        }
+    }
+    let mut s = A::zero();
+    for (&u, &v) in ra.iter().zip(rb) {
+        s += u * v;
+    }
+    part.iter().fold(s, |s, &p| s + p)
+}
+
+/// Depthwise forward in NCHW by direct loops, per (image, channel) plane: each tap adds a
+/// weighted run of an input row to a run of an output row. `w` is `[C, kH·kW]`.
+fn depthwise_forward<A: Acc>(x: &[A], w: &[A], bias: Option<&[A]>, d: &Dims, y: &mut [A]) {
+    let (ipix, opix) = (d.ipix(), d.opix());
     let yp = SendPtr(y.as_mut_ptr());
-    par_tasks::<A>(d.n * d.c, d.opix(), &|t, acc| {
-        let (ni, ci) = (t / d.c, t % d.c);
-        acc.fill(bias.map_or(A::zero(), |b| b[ci]));
-        let xb = ni * xs[0] + ci * xs[1];
-        let step = d.sw * xs[3];
+    par_tasks::<A>(d.n * d.c, 0, &|t, _| {
+        let ci = t % d.c;
+        // SAFETY: plane t of y is this task's alone.
+        let yplane = unsafe { std::slice::from_raw_parts_mut(yp.get().add(t * opix), opix) };
+        yplane.fill(bias.map_or(A::zero(), |b| b[ci]));
+        let xplane = &x[t * ipix..(t + 1) * ipix];
         for oh in 0..d.oh {
-            let arow = &mut acc[oh * d.ow..(oh + 1) * d.ow];
+            let yrow = &mut yplane[oh * d.ow..(oh + 1) * d.ow];
             for i in 0..d.kh {
                 let Some(ih) = d.in_row(oh, i) else {
                     continue;
                 };
+                let xrow = &xplane[ih * d.w..(ih + 1) * d.w];
                 for j in 0..d.kw {
                     let wv = w[(ci * d.kh + i) * d.kw + j];
                     let (lo, hi) = d.cols(0, d.ow, j);
                     if lo >= hi {
                         continue;
                     }
-                    let s0 =
-                        xb + ih * xs[2] + ((lo * d.sw) as isize + d.col_off(j)) as usize * xs[3];
-                    if step == 1 {
-                        for (a, &v) in arow[lo..hi].iter_mut().zip(&x[s0..s0 + (hi - lo)]) {
-                            *a += wv * v;
-                        }
+                    let s0 = ((lo * d.sw) as isize + d.col_off(j)) as usize;
+                    if d.sw == 1 {
+                        axpy(&mut yrow[lo..hi], wv, &xrow[s0..s0 + (hi - lo)]);
                     } else {
-                        for (k, a) in arow[lo..hi].iter_mut().enumerate() {
-                            *a += wv * x[s0 + k * step];
+                        for (k, o) in yrow[lo..hi].iter_mut().enumerate() {
+                            *o += wv * xrow[s0 + k * d.sw];
                         }
                     }
                 }
-            }
-        }
-        let yb = ni * ys[0] + ci * ys[1];
-        for oh in 0..d.oh {
-            for ow in 0..d.ow {
-                // SAFETY: plane (ni, ci) of y is this task's alone.
-                unsafe { *yp.get().add(yb + oh * ys[2] + ow * ys[3]) = acc[oh * d.ow + ow] };
             }
         }
     });
@@ -1082,9 +1089,7 @@ fn backward_input_in<A: Acc>(
             if d.depthwise() && nhwc {
                 depthwise_backward_input_nhwc(gs, &wv, d, dx);
             } else if d.depthwise() {
-                let gst = dense_strides(false, d.co, d.oh, d.ow);
-                let xst = dense_strides(false, d.c, d.h, d.w);
-                depthwise_backward_input(gs, gst, &wv, d, dx, xst);
+                depthwise_backward_input(gs, &wv, d, dx);
             } else {
                 backward_input_gemm(gs, &wv, d, nhwc, dx);
             }
@@ -1196,26 +1201,23 @@ fn backward_input_gemm<A: Acc>(gy: &[A], w: &[A], d: &Dims, nhwc: bool, dx: &mut
     }
 }
 
-/// Depthwise input gradient by direct loops, per (image, channel) plane.
-fn depthwise_backward_input<A: Acc>(
-    gy: &[A],
-    gs: [usize; 4],
-    w: &[A],
-    d: &Dims,
-    dx: &mut [A],
-    xs: [usize; 4],
-) {
+/// Depthwise input gradient in NCHW by direct loops, per (image, channel) plane: each tap
+/// adds a weighted run of a gradient row to a run of an input row. `dx` is zeroed.
+fn depthwise_backward_input<A: Acc>(gy: &[A], w: &[A], d: &Dims, dx: &mut [A]) {
+    let (ipix, opix) = (d.ipix(), d.opix());
     let dxp = SendPtr(dx.as_mut_ptr());
-    par_tasks::<A>(d.n * d.c, d.ipix(), &|t, acc| {
-        let (ni, ci) = (t / d.c, t % d.c);
-        acc.fill(A::zero());
-        let gb = ni * gs[0] + ci * gs[1];
+    par_tasks::<A>(d.n * d.c, 0, &|t, _| {
+        let ci = t % d.c;
+        // SAFETY: plane t of dx is this task's alone.
+        let xplane = unsafe { std::slice::from_raw_parts_mut(dxp.get().add(t * ipix), ipix) };
+        let gplane = &gy[t * opix..(t + 1) * opix];
         for oh in 0..d.oh {
+            let grow = &gplane[oh * d.ow..(oh + 1) * d.ow];
             for i in 0..d.kh {
                 let Some(ih) = d.in_row(oh, i) else {
                     continue;
                 };
-                let arow = &mut acc[ih * d.w..(ih + 1) * d.w];
+                let xrow = &mut xplane[ih * d.w..(ih + 1) * d.w];
                 for j in 0..d.kw {
                     let wv = w[(ci * d.kh + i) * d.kw + j];
                     let (lo, hi) = d.cols(0, d.ow, j);
@@ -1223,25 +1225,14 @@ fn depthwise_backward_input<A: Acc>(
                         continue;
                     }
                     let s0 = ((lo * d.sw) as isize + d.col_off(j)) as usize;
-                    let g0 = gb + oh * gs[2] + lo * gs[3];
-                    if d.sw == 1 && gs[3] == 1 {
-                        let src = &gy[g0..g0 + (hi - lo)];
-                        for (a, &v) in arow[s0..s0 + (hi - lo)].iter_mut().zip(src) {
-                            *a += wv * v;
-                        }
+                    if d.sw == 1 {
+                        axpy(&mut xrow[s0..s0 + (hi - lo)], wv, &grow[lo..hi]);
                     } else {
-                        for k in 0..hi - lo {
-                            arow[s0 + k * d.sw] += wv * gy[g0 + k * gs[3]];
+                        for (k, &g) in grow[lo..hi].iter().enumerate() {
+                            xrow[s0 + k * d.sw] += wv * g;
                         }
                     }
                 }
-            }
-        }
-        let xb = ni * xs[0] + ci * xs[1];
-        for ih in 0..d.h {
-            for iw in 0..d.w {
-                // SAFETY: plane (ni, ci) of dx is this task's alone.
-                unsafe { *dxp.get().add(xb + ih * xs[2] + iw * xs[3]) = acc[ih * d.w + iw] };
             }
         }
     });
@@ -1287,9 +1278,7 @@ fn backward_weight_in<A: Acc>(
         if d.depthwise() && nhwc {
             depthwise_backward_weight_nhwc(gs, xs, d)
         } else if d.depthwise() {
-            let xst = dense_strides(false, d.c, d.h, d.w);
-            let gst = dense_strides(false, d.co, d.oh, d.ow);
-            depthwise_backward_weight(gs, gst, xs, xst, d)
+            depthwise_backward_weight(gs, xs, d)
         } else {
             let dw = backward_weight_gemm(gs, xs, d, nhwc);
             if nhwc {
@@ -1387,48 +1376,40 @@ fn backward_weight_gemm<A: Acc>(gy: &[A], x: &[A], d: &Dims, nhwc: bool) -> Vec<
     parts
 }
 
-/// Depthwise weight gradient by direct loops, one task per channel over all images.
-fn depthwise_backward_weight<A: Acc>(
-    gy: &[A],
-    gs: [usize; 4],
-    x: &[A],
-    xs: [usize; 4],
-    d: &Dims,
-) -> Vec<A> {
-    let kp = d.kh * d.kw;
+/// Depthwise weight gradient in NCHW by direct loops as `[C, kH·kW]`, one task per
+/// channel over all images: each tap sums products of a gradient row and an input row.
+fn depthwise_backward_weight<A: Acc>(gy: &[A], x: &[A], d: &Dims) -> Vec<A> {
+    let (kp, ipix, opix) = (d.kh * d.kw, d.ipix(), d.opix());
     let mut dw = vec![A::zero(); d.c * kp];
     let dwp = SendPtr(dw.as_mut_ptr());
     par_tasks::<A>(d.c, 0, &|ci, _| {
         // SAFETY: channel ci's taps are this task's alone.
         let taps = unsafe { std::slice::from_raw_parts_mut(dwp.get().add(ci * kp), kp) };
-        let xstep = d.sw * xs[3];
         for ni in 0..d.n {
-            let (gb, xb) = (ni * gs[0] + ci * gs[1], ni * xs[0] + ci * xs[1]);
+            let t = ni * d.c + ci;
+            let (xplane, gplane) = (&x[t * ipix..(t + 1) * ipix], &gy[t * opix..(t + 1) * opix]);
             for oh in 0..d.oh {
-                let grow = gb + oh * gs[2];
+                let grow = &gplane[oh * d.ow..(oh + 1) * d.ow];
                 for i in 0..d.kh {
                     let Some(ih) = d.in_row(oh, i) else {
                         continue;
                     };
+                    let xrow = &xplane[ih * d.w..(ih + 1) * d.w];
                     for j in 0..d.kw {
                         let (lo, hi) = d.cols(0, d.ow, j);
                         if lo >= hi {
                             continue;
                         }
-                        let s0 = xb
-                            + ih * xs[2]
-                            + ((lo * d.sw) as isize + d.col_off(j)) as usize * xs[3];
-                        let mut sum = A::zero();
-                        if xstep == 1 && gs[3] == 1 {
-                            for (&g, &v) in gy[grow + lo..grow + hi].iter().zip(&x[s0..]) {
-                                sum += g * v;
-                            }
+                        let s0 = ((lo * d.sw) as isize + d.col_off(j)) as usize;
+                        taps[i * d.kw + j] += if d.sw == 1 {
+                            dot(&grow[lo..hi], &xrow[s0..s0 + (hi - lo)])
                         } else {
-                            for k in 0..hi - lo {
-                                sum += gy[grow + (lo + k) * gs[3]] * x[s0 + k * xstep];
+                            let mut sum = A::zero();
+                            for (k, &g) in grow[lo..hi].iter().enumerate() {
+                                sum += g * xrow[s0 + k * d.sw];
                             }
-                        }
-                        taps[i * d.kw + j] += sum;
+                            sum
+                        };
                     }
                 }
             }
