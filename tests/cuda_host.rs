@@ -347,15 +347,28 @@ fn check(unit: &Unit, lib: &libloading::Library) {
     }
 }
 
-#[test]
-fn every_op_computes_the_interpreters_values() {
-    let test = "every_op_computes_the_interpreters_values";
+/// Whether a case exercises the convolutional family (its own test, so that neither
+/// host build takes a minute).
+fn is_cnn_case(body: &str) -> bool {
+    [
+        "conv1d(",
+        "conv2d(",
+        "convolution_backward",
+        "pool2d",
+        "dropout(",
+    ]
+    .iter()
+    .any(|op| body.contains(op))
+}
+
+/// Runs the cases `keep` selects, fused and unfused, against the interpreter.
+fn run_cases(test: &str, min_programs: usize, keep: fn(&str) -> bool) {
     let Some(cxx) = compiler_or_skip(test) else {
         return;
     };
     smelt::manual_seed(11);
     let mut unit = Unit::default();
-    for (name, params, body) in CASES {
+    for (name, params, body) in CASES.iter().filter(|(_, _, b)| keep(b)) {
         let g = graph_of(name, params, body);
         for fuse in [true, false] {
             unit.add(name, &g, fuse);
@@ -368,12 +381,28 @@ fn every_op_computes_the_interpreters_values() {
         unit.skipped.len()
     );
     assert!(
-        unit.cases.len() >= 120,
+        unit.cases.len() >= min_programs,
         "{test}: too few programs run: {}",
         unit.cases.len()
     );
-    let lib = unit.build(&cxx, "ops");
+    let lib = unit.build(&cxx, test);
     check(&unit, &lib);
+}
+
+#[test]
+fn every_op_computes_the_interpreters_values() {
+    run_cases("every_op_computes_the_interpreters_values", 120, |b| {
+        !is_cnn_case(b)
+    });
+}
+
+#[test]
+fn convolutional_ops_compute_the_interpreters_values() {
+    run_cases(
+        "convolutional_ops_compute_the_interpreters_values",
+        100,
+        is_cnn_case,
+    );
 }
 
 #[test]

@@ -10,8 +10,9 @@
 //! index entry storing or adding (atomically) its `src` element into the output
 //! (`scatter_atomic`): as in PyTorch, sums then come in any order and a plain scatter with
 //! duplicate indices keeps any one of their values. `scaled_dot_product_attention` runs one
-//! thread per output element with an online softmax (`Body::attention`). `einsum` and the
-//! GEMMs stay with the runtime.
+//! thread per output element with an online softmax (`Body::attention`). The convolutional
+//! family (convolutions, pooling, their gradients, `dropout`) is dispatched here too, its
+//! bodies written in `codegen_cuda::cnn`. `einsum` and the GEMMs stay with the runtime.
 
 use super::scalar::{self, var_type};
 use super::{CudaKernelSrc, KernelParam, Launch, ParamAccess};
@@ -29,7 +30,7 @@ const BLOCK: u32 = 256;
 const MAX_GRID: u64 = 1 << 16;
 
 /// The element address of view `v` at positions `pos` (C expressions, one per dim).
-fn addr(v: &View, pos: &[String]) -> String {
+pub(super) fn addr(v: &View, pos: &[String]) -> String {
     let mut terms: Vec<String> = v
         .strides
         .iter()
@@ -51,10 +52,13 @@ fn addr(v: &View, pos: &[String]) -> String {
 }
 
 /// Builds a kernel's body line by line.
-struct Body<'a> {
-    s: &'a Schedule,
-    e: &'a ExternCall,
-    out: DType,
+pub(super) struct Body<'a> {
+    /// The schedule.
+    pub(super) s: &'a Schedule,
+    /// The extern call the kernel computes.
+    pub(super) e: &'a ExternCall,
+    /// The result's dtype.
+    pub(super) out: DType,
     text: String,
 }
 
@@ -68,7 +72,7 @@ impl<'a> Body<'a> {
         }
     }
 
-    fn line(&mut self, indent: usize, t: &str) {
+    pub(super) fn line(&mut self, indent: usize, t: &str) {
         let _ = writeln!(self.text, "{}{t}", "  ".repeat(indent));
     }
 
@@ -456,6 +460,68 @@ pub fn kernels(s: &Schedule, e: &ExternCall, fn_name: &str) -> Result<Vec<CudaKe
             let w = &a[1];
             b.index(2, 0, &p[..rank - 1], w.shape[0]);
             b.copy(2, 1, &["sm_v".to_string(), p[rank - 1].clone()]);
+        }
+        // the convolutional family (`cnn`): false leaves the op to the runtime
+        Op::Conv { conv, has_bias } => {
+            if !b.conv(conv, *has_bias, &p)? {
+                return Ok(vec![]);
+            }
+        }
+        Op::ConvInputGrad { conv, .. } => {
+            if !b.conv_input_grad(conv, &p)? {
+                return Ok(vec![]);
+            }
+        }
+        Op::ConvWeightGrad { conv, weight_size } => {
+            if !b.conv_weight_grad(conv, weight_size, &p)? {
+                return Ok(vec![]);
+            }
+        }
+        Op::MaxPool2d { pool } => {
+            if !b.max_pool(pool, &p)? {
+                return Ok(vec![]);
+            }
+        }
+        Op::MaxPool2dGrad { pool } => {
+            if !b.max_pool_grad(pool, &p)? {
+                return Ok(vec![]);
+            }
+        }
+        Op::AvgPool2d {
+            pool,
+            count_include_pad,
+        } => {
+            if !b.avg_pool(pool, *count_include_pad, &p)? {
+                return Ok(vec![]);
+            }
+        }
+        Op::AvgPool2dGrad {
+            pool,
+            count_include_pad,
+            ..
+        } => {
+            if !b.avg_pool_grad(pool, *count_include_pad, &p)? {
+                return Ok(vec![]);
+            }
+        }
+        Op::AdaptiveAvgPool2d { .. } => {
+            if !b.adaptive_pool(&p)? {
+                return Ok(vec![]);
+            }
+        }
+        Op::AdaptiveAvgPool2dGrad { .. } => {
+            if !b.adaptive_pool_grad(&p)? {
+                return Ok(vec![]);
+            }
+        }
+        Op::Dropout {
+            p: prob,
+            training,
+            seed,
+        } => {
+            if !b.dropout(prob.get(), *training, *seed, &p)? {
+                return Ok(vec![]);
+            }
         }
         _ => return Ok(vec![]),
     }

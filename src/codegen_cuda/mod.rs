@@ -12,6 +12,7 @@
 //! op, integers wrap, max/min propagate NaN, an integer remainder by zero sets the error flag
 //! (`*sm_err = 1`) instead of trapping, float→int casts saturate (NaN gives 0).
 
+mod cnn;
 mod emit;
 pub mod indexing;
 pub use crate::runtime::cuda::{locate, nvrtc};

@@ -384,6 +384,277 @@ pub const CASES: &[(&str, &str, &str)] = &[
         "%i: i64[3], %w: f32[7,5]",
         "%y = embedding(%i, %w)",
     ),
+    // convolutional networks: generated kernels (`codegen_cuda::cnn`)
+    (
+        "conv2d",
+        "%x: f32[2,3,7,6], %w: f32[4,3,3,3], %b: f32[4]",
+        "%y = conv2d(%x, %w, %b, stride=[2, 1], padding=1, dilation=[1, 2])",
+    ),
+    (
+        "conv2d_groups_f64",
+        "%x: f64[2,4,6,5], %w: f64[6,2,2,3]",
+        "%y = conv2d(%x, %w, none, stride=2, padding=[1, 0], groups=2)",
+    ),
+    (
+        "conv2d_depthwise_f16",
+        "%x: f16[1,3,6,6], %w: f16[3,1,3,3], %b: f16[3]",
+        "%y = conv2d(%x, %w, %b, padding=1, groups=3)",
+    ),
+    (
+        "conv2d_same_even",
+        "%x: f32[2,2,6,5], %w: f32[3,2,4,2]",
+        "%y = conv2d(%x, %w, none, padding=\"same\")",
+    ),
+    (
+        "conv2d_same_dilated_bf16",
+        "%x: bf16[1,2,6,7], %w: bf16[2,2,2,3], %b: bf16[2]",
+        "%y = conv2d(%x, %w, %b, padding=\"same\", dilation=[3, 2])",
+    ),
+    (
+        "conv2d_transposed_input",
+        "%x: f32[2,3,6,5], %w: f32[2,3,3,3], %b: f32[2]",
+        "%t = transpose(%x, dim0=2, dim1=3)\n %y = conv2d(%t, %w, %b, padding=\"valid\")",
+    ),
+    (
+        "conv2d_unbatched",
+        "%x: f32[3,6,5], %w: f32[4,3,3,2], %b: f32[4]",
+        "%y = conv2d(%x, %w, %b, stride=2)",
+    ),
+    (
+        "conv2d_empty_batch",
+        "%x: f32[0,3,5,5], %w: f32[2,3,3,3]",
+        "%y = conv2d(%x, %w, none)",
+    ),
+    (
+        "conv1d",
+        "%x: f32[2,3,9], %w: f32[4,3,3], %b: f32[4]",
+        "%y = conv1d(%x, %w, %b, stride=2, padding=1, dilation=2)",
+    ),
+    (
+        "conv1d_unbatched_same_f64",
+        "%x: f64[3,9], %w: f64[2,3,4]",
+        "%y = conv1d(%x, %w, none, padding=\"same\")",
+    ),
+    (
+        "conv_input_grad",
+        "%g: f32[2,4,4,4], %w: f32[4,3,3,3]",
+        "%y = convolution_backward_input(%g, %w, input_size=[2, 3, 7, 6], stride=[2, 1], padding=1, dilation=[1, 2])",
+    ),
+    (
+        "conv_input_grad_groups_f64",
+        "%g: f64[2,6,3,2], %w: f64[6,2,2,3]",
+        "%y = convolution_backward_input(%g, %w, input_size=[2, 4, 5, 6], stride=2, padding=[1, 0], groups=2)",
+    ),
+    (
+        "conv_input_grad_same_f16",
+        "%g: f16[1,2,5,6], %w: f16[2,2,4,3]",
+        "%y = convolution_backward_input(%g, %w, input_size=[1, 2, 5, 6], padding=\"same\")",
+    ),
+    (
+        "conv_input_grad_depthwise_view",
+        "%g: f32[2,3,3,3], %w: f32[3,1,3,3]",
+        "%t = transpose(%g, dim0=2, dim1=3)\n %y = convolution_backward_input(%t, %w, input_size=[2, 3, 6, 6], stride=2, padding=1, groups=3)",
+    ),
+    (
+        "conv1d_input_grad",
+        "%g: f32[2,4,4], %w: f32[4,3,3]",
+        "%y = convolution_backward_input(%g, %w, input_size=[2, 3, 9], stride=2, padding=1, dilation=2)",
+    ),
+    (
+        "conv_weight_grad",
+        "%g: f32[2,4,4,4], %x: f32[2,3,7,6]",
+        "%y = convolution_backward_weight(%g, %x, weight_size=[4, 3, 3, 3], stride=[2, 1], padding=1, dilation=[1, 2])",
+    ),
+    (
+        "conv_weight_grad_depthwise_f16",
+        "%g: f16[2,3,3,3], %x: f16[2,3,6,6]",
+        "%y = convolution_backward_weight(%g, %x, weight_size=[3, 1, 3, 3], stride=2, padding=1, groups=3)",
+    ),
+    (
+        "conv_weight_grad_groups_view_f64",
+        "%g: f64[2,6,3,2], %x: f64[2,4,6,5]",
+        "%t = transpose(%x, dim0=2, dim1=3)\n %y = convolution_backward_weight(%g, %t, weight_size=[6, 2, 2, 3], stride=2, padding=[1, 0], groups=2)",
+    ),
+    (
+        "conv_weight_grad_same",
+        "%g: f32[1,2,5,6], %x: f32[1,2,5,6]",
+        "%y = convolution_backward_weight(%g, %x, weight_size=[2, 2, 4, 3], padding=\"same\")",
+    ),
+    (
+        "conv1d_weight_grad_f64",
+        "%g: f64[2,4,4], %x: f64[2,3,9]",
+        "%y = convolution_backward_weight(%g, %x, weight_size=[4, 3, 3], stride=2, padding=1, dilation=2)",
+    ),
+    (
+        "max_pool2d",
+        "%x: f32[2,3,7,6]",
+        "%y = max_pool2d(%x, kernel_size=3, stride=2, padding=1)",
+    ),
+    (
+        "max_pool2d_ceil_dilated_f64",
+        "%x: f64[2,2,7,8]",
+        "%y = max_pool2d(%x, kernel_size=[3, 2], stride=[2, 3], padding=[1, 0], dilation=[2, 1], ceil_mode=true)",
+    ),
+    (
+        "max_pool2d_unbatched_f16",
+        "%x: f16[3,6,5]",
+        "%y = max_pool2d(%x, kernel_size=2, stride=1)",
+    ),
+    (
+        "max_pool2d_i32",
+        "%x: i32[1,2,5,5]",
+        "%y = max_pool2d(%x, kernel_size=2, ceil_mode=true)",
+    ),
+    // round gives ties, log a few NaNs (of negatives) and -infs (of zeros)
+    (
+        "max_pool2d_nan_ties",
+        "%x: f32[1,2,6,6]",
+        "%r = round(%x)\n %a = add(%r, 4.0)\n %l = log(%a)\n %y = max_pool2d(%l, kernel_size=3, stride=1, padding=1)",
+    ),
+    // windows with no element inside the input
+    (
+        "max_pool2d_outside",
+        "%x: f32[1,2,1,5]",
+        "%y = max_pool2d(%x, kernel_size=[2, 1], stride=1, padding=[2, 0], dilation=[3, 1])",
+    ),
+    (
+        "max_pool2d_transposed_input",
+        "%x: f32[2,3,5,7]",
+        "%t = transpose(%x, dim0=2, dim1=3)\n %y = max_pool2d(%t, kernel_size=2)",
+    ),
+    (
+        "max_pool2d_empty_batch",
+        "%x: f32[0,2,4,4]",
+        "%y = max_pool2d(%x, kernel_size=2)",
+    ),
+    (
+        "max_pool2d_backward",
+        "%g: f32[2,3,4,3], %x: f32[2,3,7,6]",
+        "%y = max_pool2d_backward(%g, %x, kernel_size=3, stride=2, padding=1)",
+    ),
+    (
+        "max_pool2d_backward_nan_ties",
+        "%g: f32[1,2,6,6], %x: f32[1,2,6,6]",
+        "%r = round(%x)\n %a = add(%r, 4.0)\n %l = log(%a)\n %y = max_pool2d_backward(%g, %l, kernel_size=3, stride=1, padding=1)",
+    ),
+    (
+        "max_pool2d_backward_ceil_dilated_f64",
+        "%g: f64[2,2,3,3], %x: f64[2,2,7,8]",
+        "%r = round(%x)\n %y = max_pool2d_backward(%g, %r, kernel_size=[3, 2], stride=[2, 3], padding=[1, 0], dilation=[2, 1], ceil_mode=true)",
+    ),
+    (
+        "max_pool2d_backward_unbatched_f16",
+        "%g: f16[3,5,4], %x: f16[3,6,5]",
+        "%y = max_pool2d_backward(%g, %x, kernel_size=2, stride=1)",
+    ),
+    (
+        "max_pool2d_backward_outside",
+        "%g: f32[1,2,2,5], %x: f32[1,2,1,5]",
+        "%y = max_pool2d_backward(%g, %x, kernel_size=[2, 1], stride=1, padding=[2, 0], dilation=[3, 1])",
+    ),
+    (
+        "avg_pool2d",
+        "%x: f32[2,3,7,6]",
+        "%y = avg_pool2d(%x, kernel_size=3, stride=2, padding=1)",
+    ),
+    (
+        "avg_pool2d_ceil_no_pad_count_f64",
+        "%x: f64[2,2,7,8]",
+        "%y = avg_pool2d(%x, kernel_size=[3, 2], stride=2, padding=1, ceil_mode=true, count_include_pad=false)",
+    ),
+    (
+        "avg_pool2d_ceil_f32",
+        "%x: f32[2,2,7,8]",
+        "%y = avg_pool2d(%x, kernel_size=[3, 2], stride=2, padding=1, ceil_mode=true)",
+    ),
+    (
+        "avg_pool2d_unbatched_f16",
+        "%x: f16[3,5,5]",
+        "%y = avg_pool2d(%x, kernel_size=2, ceil_mode=true)",
+    ),
+    (
+        "avg_pool2d_transposed_input",
+        "%x: f32[2,3,5,7]",
+        "%t = transpose(%x, dim0=2, dim1=3)\n %y = avg_pool2d(%t, kernel_size=2, stride=1)",
+    ),
+    (
+        "avg_pool2d_backward",
+        "%g: f32[2,3,4,3]",
+        "%y = avg_pool2d_backward(%g, input_size=[2, 3, 7, 6], kernel_size=3, stride=2, padding=1)",
+    ),
+    (
+        "avg_pool2d_backward_ceil_no_pad_count_f64",
+        "%g: f64[2,2,4,5]",
+        "%y = avg_pool2d_backward(%g, input_size=[2, 2, 7, 8], kernel_size=[3, 2], stride=2, padding=1, ceil_mode=true, count_include_pad=false)",
+    ),
+    (
+        "avg_pool2d_backward_ceil",
+        "%g: f32[2,2,4,5]",
+        "%y = avg_pool2d_backward(%g, input_size=[2, 2, 7, 8], kernel_size=[3, 2], stride=2, padding=1, ceil_mode=true)",
+    ),
+    (
+        "avg_pool2d_backward_unbatched_f16",
+        "%g: f16[3,3,3]",
+        "%y = avg_pool2d_backward(%g, input_size=[3, 5, 5], kernel_size=2, ceil_mode=true)",
+    ),
+    (
+        "adaptive_avg_pool2d",
+        "%x: f32[2,3,7,5]",
+        "%y = adaptive_avg_pool2d(%x, output_size=[3, 2])",
+    ),
+    (
+        "adaptive_avg_pool2d_up_f64",
+        "%x: f64[1,2,3,4]",
+        "%y = adaptive_avg_pool2d(%x, output_size=[5, 7])",
+    ),
+    (
+        "adaptive_avg_pool2d_unbatched_f16",
+        "%x: f16[3,6,6]",
+        "%t = transpose(%x, dim0=1, dim1=2)\n %y = adaptive_avg_pool2d(%t, output_size=[4, 4])",
+    ),
+    (
+        "adaptive_avg_pool2d_backward",
+        "%g: f32[2,3,3,2]",
+        "%y = adaptive_avg_pool2d_backward(%g, input_size=[2, 3, 7, 5])",
+    ),
+    (
+        "adaptive_avg_pool2d_backward_up_f64",
+        "%g: f64[1,2,5,7]",
+        "%y = adaptive_avg_pool2d_backward(%g, input_size=[1, 2, 3, 4])",
+    ),
+    (
+        "adaptive_avg_pool2d_backward_unbatched_f16",
+        "%g: f16[3,4,4]",
+        "%y = adaptive_avg_pool2d_backward(%g, input_size=[3, 6, 6])",
+    ),
+    (
+        "dropout",
+        "%x: f32[5,7]",
+        "%t = t(%x)\n %y = dropout(%t, p=0.3, seed=42)",
+    ),
+    (
+        "dropout_f64",
+        "%x: f64[4,5,3]",
+        "%y = dropout(%x, seed=9223372036854775807)",
+    ),
+    (
+        "dropout_f16",
+        "%x: f16[3,5]",
+        "%y = dropout(%x, p=0.25, seed=3)",
+    ),
+    (
+        "dropout_bf16",
+        "%x: bf16[3,5]",
+        "%y = dropout(%x, p=0.7, seed=9)",
+    ),
+    (
+        "dropout_eval",
+        "%x: f32[5,3]",
+        "%t = t(%x)\n %y = dropout(%t, p=0.3, training=false)",
+    ),
+    ("dropout_all", "%x: f32[7]", "%y = dropout(%x, p=1.0)"),
+    ("dropout_none", "%x: f16[7]", "%y = dropout(%x, p=0.0)"),
+    ("dropout_0d", "%x: f32[]", "%y = dropout(%x, p=0.5, seed=1)"),
     // creation
     (
         "full",
