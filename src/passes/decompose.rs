@@ -136,6 +136,63 @@ pub fn decompose(g: &Graph) -> Result<Graph> {
     Ok(b.g)
 }
 
+/// Per-channel reductions of channels_last values (a `sum`/`mean` over every dim but dim
+/// 1 of a 4-D value in `nhwc`: batch norm's statistics and their gradients, bias gradients)
+/// rewritten over the NHWC view `[N·H·W, C]`, whose rows are contiguous: a column
+/// reduction the fuser runs at memory speed, where the NCHW order would walk each channel
+/// with a stride of C. [`decompose`] then tiles it as any column reduction.
+pub fn nhwc_reductions(g: &Graph, nhwc: &HashSet<ValueId>) -> Result<Graph> {
+    let mut b = Builder {
+        g: Graph::new(&g.name),
+        taken: g.names().keys().cloned().collect(),
+        next: 0,
+    };
+    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+    for &v in g.inputs() {
+        let n = g.node(v);
+        map.insert(v, b.g.add_input(&n.name, n.ty.clone())?);
+    }
+    for v in g.topo_order() {
+        let n = g.node(v);
+        let NodeKind::Op(op) = &n.kind else { continue };
+        let args: Vec<ValueId> = g.operands(v).iter().map(|o| map[o]).collect();
+        let per_channel = match op {
+            Op::Reduce {
+                op: rop @ (ReduceOp::Sum | ReduceOp::Mean),
+                dim,
+                keepdim,
+            } if nhwc.contains(&g.operands(v)[0]) => {
+                let shape = &g.node(g.operands(v)[0]).ty.shape;
+                (shape.len() == 4 && reduction_dims(dim, 4)? == [0, 2, 3])
+                    .then(|| (*rop, *keepdim, shape.clone()))
+            }
+            _ => None,
+        };
+        let nv = match per_channel {
+            Some((rop, keepdim, shape)) => {
+                let name = &n.name;
+                let c = shape[1] as i64;
+                let p = b.op(
+                    name,
+                    Op::Permute {
+                        dims: vec![0, 2, 3, 1],
+                    },
+                    &args,
+                )?;
+                let rows = b.op(name, Op::Reshape { shape: vec![-1, c] }, &[p])?;
+                let r = b.reduce(name, rop, rows, &Some(vec![0]), false)?;
+                let out = if keepdim { vec![1, c, 1, 1] } else { vec![c] };
+                b.g.add_op_named(Op::Reshape { shape: out }, &[r], name)?
+            }
+            None if n.is_inline_scalar() => b.g.add_op(op.clone(), &args)?,
+            None => b.g.add_op_named(op.clone(), &args, &n.name)?,
+        };
+        map.insert(v, nv);
+    }
+    b.g.set_outputs(g.outputs().iter().map(|o| map[o]).collect());
+    Ok(b.g)
+}
+
 /// The decomposition of one node, or `None` to copy it unchanged.
 fn expand(b: &mut Builder, name: &str, op: &Op, args: &[ValueId]) -> Result<Option<ValueId>> {
     let Some(&x) = args.first() else {

@@ -61,8 +61,15 @@ impl GraphPass for Decompose {
     fn name(&self) -> &'static str {
         "decompose"
     }
-    fn run(&self, g: &Graph, _: &PassOptions) -> Result<Graph> {
-        super::decompose(g)
+    fn run(&self, g: &Graph, opts: &PassOptions) -> Result<Graph> {
+        let d = super::decompose(g)?;
+        let inputs = &opts.fuse.channels_last_inputs;
+        if inputs.is_empty() {
+            return Ok(d);
+        }
+        // per-channel statistics of NHWC values as column reductions, then tiled as any
+        let nhwc = super::fuse::nhwc_values(&d, inputs);
+        super::decompose(&super::decompose::nhwc_reductions(&d, &nhwc)?)
     }
 }
 

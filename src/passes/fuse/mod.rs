@@ -47,6 +47,8 @@ mod affine;
 mod build;
 mod plan;
 
+pub(crate) use plan::nhwc_values;
+
 use super::decompose::decompose;
 use crate::ir::graph::{Graph, ValueId};
 use crate::kernel::Schedule;

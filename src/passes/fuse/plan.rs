@@ -38,6 +38,16 @@ pub(super) fn classify(kind: &NodeKind) -> Class {
     }
 }
 
+/// The values of `g` kept channels_last when the graph inputs named `inputs` arrive so.
+pub(crate) fn nhwc_values(g: &Graph, inputs: &[String]) -> HashSet<ValueId> {
+    let order = g.topo_order();
+    let class = order
+        .iter()
+        .map(|&v| (v, classify(&g.node(v).kind)))
+        .collect();
+    channels_last(g, &order, &class, inputs)
+}
+
 /// The values kept channels_last, as PyTorch's eager ops propagate the memory format: the
 /// inputs named channels_last, then every 4-D result of a convolution, pooling or
 /// pointwise op whose input (for pointwise ops: any full-size operand) is channels_last.
