@@ -11,7 +11,7 @@ use smelt::exec::{CompileOptions, CompiledFn};
 use smelt::ir::parse_module;
 use smelt::nn::{self, Module};
 use smelt::optim::Optimizer;
-use smelt::runtime::{ConvOptions, MemoryFormat, PoolOptions, interp};
+use smelt::runtime::{ConvOptions, MemoryFormat, PoolOptions};
 use smelt::{DType, Generator, Tensor};
 
 fn rand(g: &mut Generator, shape: &[usize]) -> Tensor {
@@ -590,13 +590,7 @@ fn pooling_norm_and_dropout_graphs_run_on_every_cpu_path() {
             t.to_dtype(DType::F32).unwrap()
         })
         .collect();
-    let named: Vec<(String, Tensor)> = g
-        .inputs()
-        .iter()
-        .zip(&inputs)
-        .map(|(&v, t)| (g.node(v).name.clone(), t.clone()))
-        .collect();
-    let want = interp::run(g, &named).unwrap();
+    let want = common::inputs::interpret(g, &inputs);
     for fuse in [true, false] {
         let f = CompiledFn::compile(g, &CompileOptions::default().fused(fuse)).unwrap();
         let got = f.call(&inputs).unwrap();

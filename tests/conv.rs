@@ -457,13 +457,7 @@ fn conv_graphs_run_on_every_cpu_path() {
         .iter()
         .map(|&v| rand(&mut rng, &g.node(v).ty.shape, DType::F32))
         .collect();
-    let named: Vec<(String, Tensor)> = g
-        .inputs()
-        .iter()
-        .zip(&inputs)
-        .map(|(&v, t)| (g.node(v).name.clone(), t.clone()))
-        .collect();
-    let want = interp::run(g, &named).unwrap();
+    let want = common::inputs::interpret(g, &inputs);
     for fuse in [true, false] {
         let f = CompiledFn::compile(g, &CompileOptions::default().fused(fuse)).unwrap();
         let got = f.call(&inputs).unwrap();

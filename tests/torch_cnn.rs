@@ -7,6 +7,8 @@
 //! to 1e-9. It needs a Python with torch and numpy (`SMELT_TORCH_PYTHON`, else `python3`);
 //! without one, and always in CI, it says why it skips.
 
+mod common;
+
 use smelt::nn::functional as F;
 use smelt::optim::{Optimizer, SGD, SGDConfig};
 use smelt::runtime::npy::write_npy;
@@ -72,19 +74,9 @@ fn close(what: &str, got: &[f64], want: &[f64]) {
 
 #[test]
 fn a_small_cnn_trains_as_pytorch_trains_it() {
-    if std::env::var_os("CI").is_some() {
-        eprintln!("skipped: the PyTorch comparison never runs in CI");
+    let Some(python) = common::torch::python_with_torch() else {
         return;
-    }
-    let python = std::env::var("SMELT_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_torch = Command::new(&python)
-        .args(["-c", "import torch, numpy"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_torch {
-        eprintln!("skipped: {python} has no torch and numpy (set SMELT_TORCH_PYTHON)");
-        return;
-    }
+    };
     let dir = std::env::temp_dir().join(format!("smelt-torch-cnn-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut g = Generator::new(3);

@@ -7,25 +7,17 @@
 #[path = "../examples/common/gpt_model.rs"]
 mod gpt_model;
 
+mod common;
+
 use smelt::Tensor;
 use smelt::runtime::npy::write_npy;
 use std::process::Command;
 
 #[test]
 fn the_gpt_trains_as_pytorch_trains_it() {
-    if std::env::var_os("CI").is_some() {
-        eprintln!("skipped: the PyTorch comparison never runs in CI");
+    let Some(python) = common::torch::python_with_torch() else {
         return;
-    }
-    let python = std::env::var("SMELT_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_torch = Command::new(&python)
-        .args(["-c", "import torch, numpy"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_torch {
-        eprintln!("skipped: {python} has no torch and numpy (set SMELT_TORCH_PYTHON)");
-        return;
-    }
+    };
     let dir = std::env::temp_dir().join(format!("smelt-torch-models-{}", std::process::id()));
     let (model, batches) = gpt_model::export_start(&dir, 20).unwrap();
     let mut step = gpt_model::compiled_adamw_step(&model, &batches[0]).unwrap();

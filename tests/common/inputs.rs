@@ -115,3 +115,14 @@ pub fn special_inputs_for(g: &Graph, seed: u64) -> Vec<(String, Tensor)> {
         })
         .collect()
 }
+
+/// The interpreter's outputs of `g` on `inputs`, given in the graph's input order.
+pub fn interpret(g: &smelt::ir::Graph, inputs: &[Tensor]) -> Vec<Tensor> {
+    let named: Vec<(String, Tensor)> = g
+        .inputs()
+        .iter()
+        .zip(inputs)
+        .map(|(&v, t)| (g.node(v).name.clone(), t.clone()))
+        .collect();
+    smelt::runtime::interp::run(g, &named).unwrap()
+}

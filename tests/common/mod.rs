@@ -5,6 +5,7 @@
 //!   [`assert_bits`] for bit-identical results;
 //! - [`graphs`]: the one random-graph generator, [`random_graph_from`] a [`Recipe`];
 //! - [`inputs`]: random inputs for a graph's parameters ([`inputs_for`] and its variants);
+//! - [`torch`]: the Python of the PyTorch comparisons, or why they skip;
 //! - [`cli`]: fresh temporary directories and runs of the `smelt` binary;
 //! - [`cuda_cases`] and [`cuda_check`]: the per-op graphs and inputs of the CUDA tests.
 
@@ -16,6 +17,7 @@ pub mod cuda_cases;
 pub mod cuda_check;
 pub mod graphs;
 pub mod inputs;
+pub mod torch;
 
 // The names the tests use most, at the top; each test uses only some of them.
 #[allow(unused_imports)]
