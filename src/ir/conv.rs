@@ -93,6 +93,20 @@ impl ConvAttrs {
     /// Checks the sizes and resolves the padding for a kernel of spatial sizes `kernel`.
     pub fn geometry(&self, kernel: &[usize]) -> Result<ConvGeometry> {
         let n = self.spatial();
+        let explicit = match &self.padding {
+            ConvPadding::Explicit(p) => p.len(),
+            _ => n,
+        };
+        if !(1..=2).contains(&n) || self.dilation.len() != n || explicit != n || kernel.len() != n {
+            bail!(
+                Value,
+                "a convolution over {} spatial dims needs stride, padding and dilation of one size per dim, got stride={:?}, padding={:?}, dilation={:?}",
+                kernel.len(),
+                self.stride,
+                self.padding,
+                self.dilation
+            );
+        }
         if self.stride.iter().any(|&s| s <= 0) {
             bail!(Value, "non-positive stride is not supported");
         }
@@ -309,6 +323,19 @@ impl PoolAttrs {
 
     /// Checks the sizes (PyTorch's messages).
     pub fn geometry(&self) -> Result<PoolGeometry> {
+        for (name, v) in [
+            ("kernel_size", &self.kernel_size),
+            ("stride", &self.stride),
+            ("padding", &self.padding),
+            ("dilation", &self.dilation),
+        ] {
+            if v.len() != 2 {
+                bail!(
+                    Value,
+                    "2-d pooling needs {name} to be a single integer value or a list of 2 values, but got {name}={v:?}"
+                );
+            }
+        }
         let two = |v: &[i64]| [v[0], v[1]];
         let (k, s, p, d) = (
             two(&self.kernel_size),
@@ -436,6 +463,9 @@ pub fn adaptive_pool_type(output_size: &[i64], x: &TensorType) -> Result<TensorT
                 x.shape
             );
         }
+    }
+    if output_size.len() != 2 {
+        bail!(Value, "{name}: output_size must be 2, got {output_size:?}");
     }
     if output_size.iter().any(|&s| s < 0) {
         bail!(
@@ -623,6 +653,16 @@ mod tests {
             q.pool_type("max_pool2d", &t(&[1, 1, 5, 5])).unwrap().shape,
             vec![1, 1, 3, 3]
         );
+    }
+
+    #[test]
+    fn malformed_attributes_are_errors_not_panics() {
+        let mut a = ConvAttrs::new(2);
+        a.dilation = vec![1];
+        assert!(a.geometry(&[3, 3]).is_err());
+        assert!(ConvAttrs::new(3).geometry(&[1, 1, 1]).is_err());
+        assert!(PoolAttrs::new(&[3]).geometry().is_err());
+        assert!(adaptive_pool_type(&[2], &t(&[1, 2, 4, 4])).is_err());
     }
 
     #[test]
