@@ -419,6 +419,27 @@ fn batch_norm_normalises_and_updates_running_statistics() {
         .batch_norm(None, None, Some(&w), Some(&b), true, 0.1, 1e-5)
         .unwrap();
     assert_close(&y.to_f64_vec(), &want, 1e-12, "training");
+    let xl = x.to_memory_format(MemoryFormat::ChannelsLast).unwrap();
+    let yl = xl
+        .batch_norm(None, None, Some(&w), Some(&b), true, 0.1, 1e-5)
+        .unwrap();
+    assert_eq!(yl.suggest_memory_format(), MemoryFormat::ChannelsLast);
+    assert_close(&yl.to_f64_vec(), &want, 1e-12, "training, channels_last");
+    // f32 rounds once from the f64 computation
+    let y32 = x
+        .to_dtype(DType::F32)
+        .unwrap()
+        .batch_norm(
+            None,
+            None,
+            Some(&w.to_dtype(DType::F32).unwrap()),
+            Some(&b.to_dtype(DType::F32).unwrap()),
+            true,
+            0.1,
+            1e-5,
+        )
+        .unwrap();
+    assert_close(&y32.to_f64_vec(), &want, 1e-5, "training, f32");
     let stats = (m.to_f64_vec(), v.to_f64_vec());
     let want = bn_ref(
         &x.to_f64_vec(),

@@ -5,6 +5,7 @@
 use super::{conv, copy, pool, views};
 use crate::ir::conv::{BatchNormAttrs, dropout_keep};
 use crate::ir::op::{Op, TensorType};
+use crate::runtime::element::Element;
 use crate::runtime::tensor::Tensor;
 use crate::{Result, bail};
 
@@ -132,51 +133,112 @@ fn like(x: &Tensor, values: Vec<f64>) -> Result<Tensor> {
     Ok(t)
 }
 
-/// `batch_norm` in f64: per channel, `(x - mean) / sqrt(var + eps) * w + b` with the batch's
-/// biased variance when training, else the running statistics.
+/// `batch_norm`: per channel, `(x - mean) · w / sqrt(var + eps) + b`, with the batch's
+/// mean and biased variance when training, else the running statistics. `x` is read in its
+/// memory order (NCHW, or NHWC for channels_last, whose result is channels_last too);
+/// statistics accumulate in f64 (two passes: the mean, then squared deviations), each
+/// element is computed in f64 and rounded once. Channels (NCHW) or blocks of pixels (NHWC)
+/// run in parallel.
 fn batch_norm(bn: &BatchNormAttrs, inputs: &[&Tensor]) -> Result<Tensor> {
+    use rayon::prelude::*;
     let x = inputs[0];
     let [rm, rv, w, b] = bn.positions().map(|p| p.map(|i| inputs[i].to_f64_vec()));
-    let shape = x.shape();
+    let shape = x.shape().to_vec();
     let c = shape[1];
-    let inner: usize = shape[2..].iter().product();
     let n = shape[0];
-    let xs = x.to_f64_vec();
+    let inner: usize = shape[2..].iter().product();
+    let nhwc = x.dim() == 4 && !x.is_contiguous() && conv::is_channels_last(&shape, x.strides());
+    // the elements in memory order: [N, C, inner] or [N, H, W, C]
+    let (dense, dense_shape) = if nhwc {
+        let s = [shape[0], shape[2], shape[3], shape[1]];
+        let v = views::eval(
+            &Op::Permute {
+                dims: vec![0, 2, 3, 1],
+            },
+            x,
+            &TensorType::new(x.dtype(), s.to_vec()),
+        )?;
+        (copy::contiguous(&v)?, s.to_vec())
+    } else {
+        (copy::contiguous(x)?, shape.clone())
+    };
     let count = (n * inner) as f64;
-    let mut ys = vec![0.0; xs.len()];
-    for ch in 0..c {
-        let at = |i: usize, j: usize| (i * c + ch) * inner + j;
-        let (mean, var) = if bn.training {
-            let mut s = 0.0;
-            for i in 0..n {
-                s += (0..inner).map(|j| xs[at(i, j)]).sum::<f64>();
+    // element i of the dense buffer belongs to channel `chan(i)`
+    let chan = |i: usize| {
+        if nhwc {
+            i % c.max(1)
+        } else {
+            (i / inner.max(1)) % c.max(1)
+        }
+    };
+    let stats = |xs: &[f64]| -> Vec<(f64, f64)> {
+        let sums = |f: &(dyn Fn(usize, f64) -> f64 + Sync)| -> Vec<f64> {
+            // partial per-channel sums over chunks, added in chunk order
+            let chunk = (c * inner).max(1 << 14);
+            let parts: Vec<Vec<f64>> = xs
+                .par_chunks(chunk)
+                .enumerate()
+                .map(|(k, part)| {
+                    let mut acc = vec![0.0; c];
+                    for (j, &v) in part.iter().enumerate() {
+                        let i = k * chunk + j;
+                        acc[chan(i)] += f(chan(i), v);
+                    }
+                    acc
+                })
+                .collect();
+            let mut total = vec![0.0; c];
+            for p in parts {
+                for (t, v) in total.iter_mut().zip(p) {
+                    *t += v;
+                }
             }
-            let mean = s / count;
-            let mut q = 0.0;
-            for i in 0..n {
-                q += (0..inner)
-                    .map(|j| (xs[at(i, j)] - mean).powi(2))
-                    .sum::<f64>();
-            }
-            (mean, q / count)
+            total
+        };
+        let mean: Vec<f64> = sums(&|_, v| v).iter().map(|s| s / count).collect();
+        let var = sums(&|ch, v| (v - mean[ch]) * (v - mean[ch]));
+        mean.iter().zip(var).map(|(&m, q)| (m, q / count)).collect()
+    };
+    crate::dispatch_float!(x.dtype(), T => {
+        let xs: Vec<f64> = dense.with_slice::<T, _>(|s| s.par_iter().map(|v| v.to_f64()).collect())?;
+        let st: Vec<(f64, f64)> = if bn.training {
+            stats(&xs)
         } else {
             match (&rm, &rv) {
-                (Some(m), Some(v)) => (m[ch], v[ch]),
+                (Some(m), Some(v)) => m.iter().copied().zip(v.iter().copied()).collect(),
                 _ => bail!(
                     Value,
                     "running_mean and running_var must be defined in evaluation mode"
                 ),
             }
         };
-        let scale = w.as_ref().map_or(1.0, |w| w[ch]) / (var + bn.eps.get()).sqrt();
-        let shift = b.as_ref().map_or(0.0, |b| b[ch]);
-        for i in 0..n {
-            for j in 0..inner {
-                ys[at(i, j)] = (xs[at(i, j)] - mean) * scale + shift;
-            }
+        let affine: Vec<(f64, f64, f64)> = (0..c)
+            .map(|ch| {
+                let scale = w.as_ref().map_or(1.0, |w| w[ch]) / (st[ch].1 + bn.eps.get()).sqrt();
+                (st[ch].0, scale, b.as_ref().map_or(0.0, |b| b[ch]))
+            })
+            .collect();
+        let ys: Vec<T> = xs
+            .par_iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                let (m, s, sh) = affine[chan(i)];
+                T::from_f64((v - m) * s + sh)
+            })
+            .collect();
+        let y = Tensor::from_vec(ys, &dense_shape)?;
+        if nhwc {
+            views::eval(
+                &Op::Permute {
+                    dims: vec![0, 3, 1, 2],
+                },
+                &y,
+                &TensorType::new(x.dtype(), shape.clone()),
+            )
+        } else {
+            Ok(y)
         }
-    }
-    like(x, ys)
+    }, else bail!(DType, "\"batch_norm\" not implemented for '{}'", x.dtype().scalar_name()))
 }
 
 /// `dropout` with its counter-based mask: element `i` (in logical order) kept as
