@@ -163,40 +163,46 @@ fn batch_norm(bn: &BatchNormAttrs, inputs: &[&Tensor]) -> Result<Tensor> {
         (copy::contiguous(x)?, shape.clone())
     };
     let count = (n * inner) as f64;
-    // element i of the dense buffer belongs to channel `chan(i)`
-    let chan = |i: usize| {
-        if nhwc {
-            i % c.max(1)
-        } else {
-            (i / inner.max(1)) % c.max(1)
+    // the dense buffer as runs of one channel: NCHW planes of `inner` elements (plane `p` is
+    // channel `p % c`), or NHWC rows of `c` elements (element `j` of a row is channel `j`)
+    let (run, rows_per_task) = if nhwc {
+        (c.max(1), (1 << 14) / c.max(1) + 1)
+    } else {
+        (inner.max(1), 1)
+    };
+    let channel_sums = |xs: &[f64], f: &(dyn Fn(usize, f64) -> f64 + Sync)| -> Vec<f64> {
+        let parts: Vec<Vec<f64>> = xs
+            .par_chunks(run * rows_per_task)
+            .enumerate()
+            .map(|(k, task)| {
+                let mut acc = vec![0.0; c];
+                for (r, row) in task.chunks(run).enumerate() {
+                    if nhwc {
+                        for (ch, &v) in row.iter().enumerate() {
+                            acc[ch] += f(ch, v);
+                        }
+                    } else {
+                        let ch = (k * rows_per_task + r) % c;
+                        acc[ch] += row.iter().map(|&v| f(ch, v)).sum::<f64>();
+                    }
+                }
+                acc
+            })
+            .collect();
+        let mut total = vec![0.0; c];
+        for p in parts {
+            for (t, v) in total.iter_mut().zip(p) {
+                *t += v;
+            }
         }
+        total
     };
     let stats = |xs: &[f64]| -> Vec<(f64, f64)> {
-        let sums = |f: &(dyn Fn(usize, f64) -> f64 + Sync)| -> Vec<f64> {
-            // partial per-channel sums over chunks, added in chunk order
-            let chunk = (c * inner).max(1 << 14);
-            let parts: Vec<Vec<f64>> = xs
-                .par_chunks(chunk)
-                .enumerate()
-                .map(|(k, part)| {
-                    let mut acc = vec![0.0; c];
-                    for (j, &v) in part.iter().enumerate() {
-                        let i = k * chunk + j;
-                        acc[chan(i)] += f(chan(i), v);
-                    }
-                    acc
-                })
-                .collect();
-            let mut total = vec![0.0; c];
-            for p in parts {
-                for (t, v) in total.iter_mut().zip(p) {
-                    *t += v;
-                }
-            }
-            total
-        };
-        let mean: Vec<f64> = sums(&|_, v| v).iter().map(|s| s / count).collect();
-        let var = sums(&|ch, v| (v - mean[ch]) * (v - mean[ch]));
+        let mean: Vec<f64> = channel_sums(xs, &|_, v| v)
+            .iter()
+            .map(|s| s / count)
+            .collect();
+        let var = channel_sums(xs, &|ch, v| (v - mean[ch]) * (v - mean[ch]));
         mean.iter().zip(var).map(|(&m, q)| (m, q / count)).collect()
     };
     crate::dispatch_float!(x.dtype(), T => {
@@ -218,14 +224,16 @@ fn batch_norm(bn: &BatchNormAttrs, inputs: &[&Tensor]) -> Result<Tensor> {
                 (st[ch].0, scale, b.as_ref().map_or(0.0, |b| b[ch]))
             })
             .collect();
-        let ys: Vec<T> = xs
-            .par_iter()
+        let mut ys: Vec<T> = vec![T::from_f64(0.0); xs.len()];
+        ys.par_chunks_mut(run)
+            .zip(xs.par_chunks(run))
             .enumerate()
-            .map(|(i, &v)| {
-                let (m, s, sh) = affine[chan(i)];
-                T::from_f64((v - m) * s + sh)
-            })
-            .collect();
+            .for_each(|(r, (out, row))| {
+                for (j, (o, &v)) in out.iter_mut().zip(row).enumerate() {
+                    let (m, s, sh) = affine[if nhwc { j } else { r % c }];
+                    *o = T::from_f64((v - m) * s + sh);
+                }
+            });
         let y = Tensor::from_vec(ys, &dense_shape)?;
         if nhwc {
             views::eval(
