@@ -543,6 +543,12 @@ fn compiled_functions_keep_channels_last_inputs_nhwc() {
     let got = f.call(std::slice::from_ref(&xl)).unwrap();
     assert_close(&got[0], &want[0], 1e-4, "channels_last");
     assert_eq!(got[0].suggest_memory_format(), MemoryFormat::ChannelsLast);
+    // an unknown name is an error, not silently ignored
+    let e = CompiledFn::compile(&g, &CompileOptions::default().channels_last(&["y"]));
+    assert!(
+        e.err()
+            .is_some_and(|e| e.to_string().contains("has no input named 'y'")),
+    );
     // a contiguous input is converted, with the same result
     let got = f.call(std::slice::from_ref(&x)).unwrap();
     assert_close(&got[0], &want[0], 1e-4, "contiguous input");

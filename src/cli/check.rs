@@ -78,6 +78,7 @@ pub fn check(a: &CheckArgs) -> Result<()> {
             }
         }
         if a.fusion {
+            crate::exec::check_channels_last(g, &a.channels_last)?;
             let c = pipeline.run(g)?;
             out.push_str(&fusion_text(&c.schedule, &c.plan, &c.stats));
         }
