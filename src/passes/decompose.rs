@@ -111,6 +111,15 @@ impl Builder {
 
 /// Rewrites every composite op of `g` into primitives; the result computes the same values.
 pub fn decompose(g: &Graph) -> Result<Graph> {
+    rebuild(g, |b, name, op, args, _| expand(b, name, op, args))
+}
+
+/// `g` rebuilt node by node: `f` gives the replacement of a node (its name, op, mapped
+/// operands and id in `g`), or `None` to copy it.
+fn rebuild(
+    g: &Graph,
+    mut f: impl FnMut(&mut Builder, &str, &Op, &[ValueId], ValueId) -> Result<Option<ValueId>>,
+) -> Result<Graph> {
     let mut b = Builder {
         g: Graph::new(&g.name),
         taken: g.names().keys().cloned().collect(),
@@ -125,7 +134,7 @@ pub fn decompose(g: &Graph) -> Result<Graph> {
         let n = g.node(v);
         let NodeKind::Op(op) = &n.kind else { continue };
         let args: Vec<ValueId> = g.operands(v).iter().map(|o| map[o]).collect();
-        let nv = match expand(&mut b, &n.name, op, &args)? {
+        let nv = match f(&mut b, &n.name, op, &args, v)? {
             Some(r) => r,
             None if n.is_inline_scalar() => b.g.add_op(op.clone(), &args)?,
             None => b.g.add_op_named(op.clone(), &args, &n.name)?,
@@ -142,55 +151,34 @@ pub fn decompose(g: &Graph) -> Result<Graph> {
 /// reduction the fuser runs at memory speed, where the NCHW order would walk each channel
 /// with a stride of C. [`decompose`] then tiles it as any column reduction.
 pub fn nhwc_reductions(g: &Graph, nhwc: &HashSet<ValueId>) -> Result<Graph> {
-    let mut b = Builder {
-        g: Graph::new(&g.name),
-        taken: g.names().keys().cloned().collect(),
-        next: 0,
-    };
-    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
-    for &v in g.inputs() {
-        let n = g.node(v);
-        map.insert(v, b.g.add_input(&n.name, n.ty.clone())?);
-    }
-    for v in g.topo_order() {
-        let n = g.node(v);
-        let NodeKind::Op(op) = &n.kind else { continue };
-        let args: Vec<ValueId> = g.operands(v).iter().map(|o| map[o]).collect();
-        let per_channel = match op {
-            Op::Reduce {
-                op: rop @ (ReduceOp::Sum | ReduceOp::Mean),
-                dim,
-                keepdim,
-            } if nhwc.contains(&g.operands(v)[0]) => {
-                let shape = &g.node(g.operands(v)[0]).ty.shape;
-                (shape.len() == 4 && reduction_dims(dim, 4)? == [0, 2, 3])
-                    .then(|| (*rop, *keepdim, shape.clone()))
-            }
-            _ => None,
+    rebuild(g, |b, name, op, args, v| {
+        let Op::Reduce {
+            op: rop @ (ReduceOp::Sum | ReduceOp::Mean),
+            dim,
+            keepdim,
+        } = op
+        else {
+            return Ok(None);
         };
-        let nv = match per_channel {
-            Some((rop, keepdim, shape)) => {
-                let name = &n.name;
-                let c = shape[1] as i64;
-                let p = b.op(
-                    name,
-                    Op::Permute {
-                        dims: vec![0, 2, 3, 1],
-                    },
-                    &args,
-                )?;
-                let rows = b.op(name, Op::Reshape { shape: vec![-1, c] }, &[p])?;
-                let r = b.reduce(name, rop, rows, &Some(vec![0]), false)?;
-                let out = if keepdim { vec![1, c, 1, 1] } else { vec![c] };
-                b.g.add_op_named(Op::Reshape { shape: out }, &[r], name)?
-            }
-            None if n.is_inline_scalar() => b.g.add_op(op.clone(), &args)?,
-            None => b.g.add_op_named(op.clone(), &args, &n.name)?,
-        };
-        map.insert(v, nv);
-    }
-    b.g.set_outputs(g.outputs().iter().map(|o| map[o]).collect());
-    Ok(b.g)
+        let x = g.operands(v)[0];
+        let shape = &g.node(x).ty.shape;
+        if !nhwc.contains(&x) || shape.len() != 4 || reduction_dims(dim, 4)? != [0, 2, 3] {
+            return Ok(None);
+        }
+        let c = shape[1] as i64;
+        let p = b.op(
+            name,
+            Op::Permute {
+                dims: vec![0, 2, 3, 1],
+            },
+            args,
+        )?;
+        let rows = b.op(name, Op::Reshape { shape: vec![-1, c] }, &[p])?;
+        let r = b.reduce(name, *rop, rows, &Some(vec![0]), false)?;
+        let out = if *keepdim { vec![1, c, 1, 1] } else { vec![c] };
+        b.g.add_op_named(Op::Reshape { shape: out }, &[r], name)
+            .map(Some)
+    })
 }
 
 /// The decomposition of one node, or `None` to copy it unchanged.

@@ -833,21 +833,7 @@ fn layer_norm(
     let x = xs[0];
     let nd = e.ty(x).ndim();
     let dims: Vec<usize> = (nd - k..nd).collect();
-    let mu = e.reduce(ReduceOp::Mean, x, &dims, true)?;
-    let xc = e.sub(x, mu)?;
-    let sq = e.mul(xc, xc)?;
-    let var = e.reduce(ReduceOp::Mean, sq, &dims, true)?;
-    let ve = e.add_s(var, eps)?;
-    let rstd = e.unary(UnaryOp::Rsqrt, ve)?;
-    let xhat = e.mul(xc, rstd)?;
-    let gy = if has_weight { e.mul(g, xs[1])? } else { g };
-    let m1 = e.reduce(ReduceOp::Mean, gy, &dims, true)?;
-    let gyx = e.mul(gy, xhat)?;
-    let m2 = e.reduce(ReduceOp::Mean, gyx, &dims, true)?;
-    let t = e.mul(xhat, m2)?;
-    let d0 = e.sub(gy, m1)?;
-    let d = e.sub(d0, t)?;
-    let gx = e.mul(rstd, d)?;
+    let (xhat, gx) = normalized_grad(e, x, &dims, eps, has_weight.then(|| xs[1]), g)?;
     let mut out = vec![Some(gx)];
     if has_weight {
         out.push(Some(e.mul(g, xhat)?));
@@ -905,6 +891,37 @@ fn conv_grads(
     Ok(out)
 }
 
+/// The normalisation over `dims` of `x` (`xhat`, with the biased variance plus `eps`) and
+/// the gradient of `x` given the result's gradient `g` and the scale `w` (layer norm and
+/// training-mode batch norm): `rstd · (gy - mean(gy) - xhat · mean(gy · xhat))`, `gy = g·w`.
+fn normalized_grad(
+    e: &mut Emit,
+    x: ValueId,
+    dims: &[usize],
+    eps: f64,
+    w: Option<ValueId>,
+    g: ValueId,
+) -> Result<(ValueId, ValueId)> {
+    let mu = e.reduce(ReduceOp::Mean, x, dims, true)?;
+    let xc = e.sub(x, mu)?;
+    let sq = e.mul(xc, xc)?;
+    let var = e.reduce(ReduceOp::Mean, sq, dims, true)?;
+    let ve = e.add_s(var, eps)?;
+    let rstd = e.unary(UnaryOp::Rsqrt, ve)?;
+    let xhat = e.mul(xc, rstd)?;
+    let gy = match w {
+        Some(w) => e.mul(g, w)?,
+        None => g,
+    };
+    let m1 = e.reduce(ReduceOp::Mean, gy, dims, true)?;
+    let gyx = e.mul(gy, xhat)?;
+    let m2 = e.reduce(ReduceOp::Mean, gyx, dims, true)?;
+    let t = e.mul(xhat, m2)?;
+    let d0 = e.sub(gy, m1)?;
+    let d = e.sub(d0, t)?;
+    Ok((xhat, e.mul(rstd, d)?))
+}
+
 /// Gradients of `batch_norm`. Training: the layer-norm formula over every dim but the
 /// channels; evaluation: a per-channel affine map of `x`. The running statistics get none.
 fn batch_norm(
@@ -926,24 +943,7 @@ fn batch_norm(
         None => None,
     };
     let (xhat, gx) = if bn.training {
-        let mu = e.reduce(ReduceOp::Mean, x, &dims, true)?;
-        let xc = e.sub(x, mu)?;
-        let sq = e.mul(xc, xc)?;
-        let var = e.reduce(ReduceOp::Mean, sq, &dims, true)?;
-        let ve = e.add_s(var, bn.eps.get())?;
-        let rstd = e.unary(UnaryOp::Rsqrt, ve)?;
-        let xhat = e.mul(xc, rstd)?;
-        let gy = match w {
-            Some(w) => e.mul(g, w)?,
-            None => g,
-        };
-        let m1 = e.reduce(ReduceOp::Mean, gy, &dims, true)?;
-        let gyx = e.mul(gy, xhat)?;
-        let m2 = e.reduce(ReduceOp::Mean, gyx, &dims, true)?;
-        let t = e.mul(xhat, m2)?;
-        let d0 = e.sub(gy, m1)?;
-        let d = e.sub(d0, t)?;
-        (xhat, e.mul(rstd, d)?)
+        normalized_grad(e, x, &dims, bn.eps.get(), w, g)?
     } else {
         let (Some(rm), Some(rv)) = (rm, rv) else {
             bail!(
