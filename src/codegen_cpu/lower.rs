@@ -295,7 +295,8 @@ pub fn compile_kernel(
 /// Compiles a localized kernel; `buffers` are its own.
 fn compile_code(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Result<Code> {
     crate::kernel::check_ops(k, "cpu codegen")?;
-    let ck = crate::kernel::coalesce(&crate::kernel::store_order(k));
+    let ordered = crate::kernel::store_order(k);
+    let ck = crate::kernel::coalesce(ordered.as_ref().unwrap_or(k));
     // The per-op f64 helpers only of the unary ops this kernel computes: a kernel declares
     // the handful it can call, not one per op of the table.
     let unary: Vec<&str> = k

@@ -26,8 +26,6 @@ pub(crate) struct Planned {
     pub may_alias: Vec<bool>,
 }
 
-/// Runs the pass pipeline up to fusion: fused kernels, or the unfused baseline (the ops as
-/// written, one kernel each: no rewriting).
 /// Every name given as a channels_last input must be an input of `g`.
 pub(crate) fn check_channels_last(g: &Graph, channels_last: &[String]) -> Result<()> {
     let names: Vec<&str> = g
@@ -45,24 +43,15 @@ pub(crate) fn check_channels_last(g: &Graph, channels_last: &[String]) -> Result
     Ok(())
 }
 
+/// Runs the pass pipeline up to fusion: fused kernels, or the unfused baseline (the ops as
+/// written, one kernel each: no rewriting).
 pub(crate) fn plan(
     g: &Graph,
     fuse: bool,
     fast_math: bool,
     channels_last: &[String],
 ) -> Result<Planned> {
-    let names: Vec<&str> = g
-        .inputs()
-        .iter()
-        .map(|&v| g.node(v).name.as_str())
-        .collect();
-    if let Some(bad) = channels_last.iter().find(|n| !names.contains(&n.as_str())) {
-        return Err(Error::Value(format!(
-            "channels_last: graph {} has no input named '{bad}' (its inputs: {})",
-            g.name,
-            names.join(", ")
-        )));
-    }
+    check_channels_last(g, channels_last)?;
     let mut pipeline = Pipeline::default();
     pipeline.options.fuse.fuse = fuse;
     pipeline.options.fuse.channels_last_inputs = channels_last.to_vec();

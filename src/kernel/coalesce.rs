@@ -73,18 +73,17 @@ pub fn coalesce(k: &Kernel) -> Kernel {
 /// the first store's strides decrease: the innermost loop then walks its output in memory
 /// order (an NHWC store of an NCHW-ordered space would otherwise write with a stride of C
 /// in the innermost loop). Each row is still one point of the space, so which rows a chunk
-/// runs is unaffected; only the order inside the kernel changes.
-pub fn store_order(k: &Kernel) -> Kernel {
-    let Some(st) = k.stores.first() else {
-        return k.clone();
-    };
+/// runs is unaffected; only the order inside the kernel changes. `None`: the order is
+/// already right (or the kernel is not pointwise).
+pub fn store_order(k: &Kernel) -> Option<Kernel> {
+    let st = k.stores.first()?;
     let ko = k.outer.len();
     if !k.inner.is_empty() || !k.passes.is_empty() || st.map.strides.len() != ko {
-        return k.clone();
+        return None;
     }
     let s = &st.map.strides;
     if s.windows(2).all(|w| w[0] >= w[1]) {
-        return k.clone();
+        return None;
     }
     let mut perm: Vec<usize> = (0..ko).collect();
     // larger strides outside; size-1 dims anywhere (their stride is never stepped)
@@ -102,5 +101,5 @@ pub fn store_order(k: &Kernel) -> Kernel {
     for st in &mut out.stores {
         permute(&mut st.map);
     }
-    out
+    Some(out)
 }

@@ -1,8 +1,6 @@
 //! Activation modules: parameter-free wrappers of the pointwise ops.
 
-use crate::Result;
-use crate::nn::Module;
-use crate::runtime::Tensor;
+use crate::nn::module::stateless_module;
 
 macro_rules! activation {
     ($($(#[$doc:meta])* $name:ident $({ $($(#[$fdoc:meta])* $f:ident : f64 = $def:expr),+ })?
@@ -34,21 +32,7 @@ macro_rules! activation {
             )?
         }
 
-        impl Module for $name {
-            fn forward(&self, $x: &Tensor) -> Result<Tensor> {
-                let $s = self;
-                $body
-            }
-            fn named_parameters(&self) -> Vec<(String, Tensor)> {
-                Vec::new()
-            }
-            fn train(&mut self, mode: bool) {
-                self.training = mode;
-            }
-            fn is_training(&self) -> bool {
-                self.training
-            }
-        }
+        stateless_module!($name, |$s, $x| $body);
     )*};
 }
 
@@ -124,21 +108,8 @@ impl GELU {
     }
 }
 
-impl Module for GELU {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if self.tanh_approximation {
-            x.gelu_tanh()
-        } else {
-            x.gelu()
-        }
-    }
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        Vec::new()
-    }
-    fn train(&mut self, mode: bool) {
-        self.training = mode;
-    }
-    fn is_training(&self) -> bool {
-        self.training
-    }
-}
+stateless_module!(GELU, |s, x| if s.tanh_approximation {
+    x.gelu_tanh()
+} else {
+    x.gelu()
+});

@@ -3,6 +3,7 @@
 
 use crate::nn::Module;
 use crate::nn::init::{self, FanMode, Nonlinearity};
+use crate::nn::module::stateless_module;
 use crate::runtime::{ConvOptions, PoolOptions, Tensor};
 use crate::{DType, Result, bail};
 
@@ -248,26 +249,6 @@ impl Module for BatchNorm {
     }
 }
 
-macro_rules! stateless {
-    ($name:ident, |$s:ident, $x:ident| $body:expr) => {
-        impl Module for $name {
-            fn forward(&self, $x: &Tensor) -> Result<Tensor> {
-                let $s = self;
-                $body
-            }
-            fn named_parameters(&self) -> Vec<(String, Tensor)> {
-                Vec::new()
-            }
-            fn train(&mut self, mode: bool) {
-                self.training = mode;
-            }
-            fn is_training(&self) -> bool {
-                self.training
-            }
-        }
-    };
-}
-
 /// `nn.MaxPool2d`.
 pub struct MaxPool2d {
     /// Window, stride, padding, dilation, ceil_mode.
@@ -284,7 +265,7 @@ impl MaxPool2d {
         }
     }
 }
-stateless!(MaxPool2d, |s, x| x.max_pool2d(&s.opts));
+stateless_module!(MaxPool2d, |s, x| x.max_pool2d(&s.opts));
 
 /// `nn.AvgPool2d`.
 pub struct AvgPool2d {
@@ -302,7 +283,7 @@ impl AvgPool2d {
         }
     }
 }
-stateless!(AvgPool2d, |s, x| x.avg_pool2d(&s.opts));
+stateless_module!(AvgPool2d, |s, x| x.avg_pool2d(&s.opts));
 
 /// `nn.AdaptiveAvgPool2d`: averages over windows that tile the input into `output_size`.
 pub struct AdaptiveAvgPool2d {
@@ -320,7 +301,7 @@ impl AdaptiveAvgPool2d {
         }
     }
 }
-stateless!(AdaptiveAvgPool2d, |s, x| x
+stateless_module!(AdaptiveAvgPool2d, |s, x| x
     .adaptive_avg_pool2d(s.output_size));
 
 /// `nn.Flatten`: dims `start_dim..=end_dim` into one (PyTorch's defaults: 1 and -1).
@@ -348,4 +329,4 @@ impl Flatten {
         }
     }
 }
-stateless!(Flatten, |s, x| x.flatten(s.start_dim, s.end_dim));
+stateless_module!(Flatten, |s, x| x.flatten(s.start_dim, s.end_dim));

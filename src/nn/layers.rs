@@ -1,6 +1,7 @@
 //! Layers with parameters (`Linear`, `LayerNorm`, `Embedding`), `Dropout` and `Sequential`.
 
 use crate::nn::init::{self, FanMode, Nonlinearity};
+use crate::nn::module::stateless_module;
 use crate::nn::{Module, functional};
 use crate::runtime::Tensor;
 use crate::runtime::random::Generator;
@@ -244,26 +245,13 @@ impl Dropout {
     }
 }
 
-impl Module for Dropout {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match &self.generator {
-            Some(g) => {
-                let mut g = g.lock().unwrap_or_else(|e| e.into_inner());
-                functional::dropout_with(x, self.p, self.training, &mut g)
-            }
-            None => functional::dropout(x, self.p, self.training),
-        }
+stateless_module!(Dropout, |s, x| match &s.generator {
+    Some(g) => {
+        let mut g = g.lock().unwrap_or_else(|e| e.into_inner());
+        functional::dropout_with(x, s.p, s.training, &mut g)
     }
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        Vec::new()
-    }
-    fn train(&mut self, mode: bool) {
-        self.training = mode;
-    }
-    fn is_training(&self) -> bool {
-        self.training
-    }
-}
+    None => functional::dropout(x, s.p, s.training),
+});
 
 /// Modules applied one after another (`nn.Sequential`); parameters are named by position
 /// (`0.weight`, `2.bias`).

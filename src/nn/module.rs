@@ -89,3 +89,29 @@ impl<M: Module + ?Sized> Module for Box<M> {
         (**self).is_training()
     }
 }
+
+/// `impl Module` for a layer without parameters whose forward is `|self, x| body`; the
+/// struct has a `training: bool` field.
+macro_rules! stateless_module {
+    ($name:ident, |$s:ident, $x:ident| $body:expr) => {
+        impl $crate::nn::Module for $name {
+            fn forward(
+                &self,
+                $x: &$crate::runtime::Tensor,
+            ) -> $crate::Result<$crate::runtime::Tensor> {
+                let $s = self;
+                $body
+            }
+            fn named_parameters(&self) -> Vec<(String, $crate::runtime::Tensor)> {
+                Vec::new()
+            }
+            fn train(&mut self, mode: bool) {
+                self.training = mode;
+            }
+            fn is_training(&self) -> bool {
+                self.training
+            }
+        }
+    };
+}
+pub(crate) use stateless_module;
