@@ -253,10 +253,17 @@ enum Level {
 fn level() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
     *LEVEL.get_or_init(|| {
+        // `SMELT_CPU=avx2` (or `baseline`) caps the helpers below what the CPU has, to
+        // measure the paths of smaller CPUs on a larger one
+        let cap = std::env::var("SMELT_CPU").unwrap_or_default();
+        if cap == "baseline" {
+            return Level::Unavailable;
+        }
         #[cfg(target_arch = "x86_64")]
         {
             let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
             if avx2
+                && cap != "avx2"
                 && is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512vl")
                 && is_x86_feature_detected!("avx512dq")
