@@ -443,3 +443,36 @@ fn the_report_of_a_200_step_model_lists_every_step() {
     // long tables scroll inside the page instead of stretching it
     assert!(page.contains("<div class=scroll>"));
 }
+
+#[test]
+fn smelt_cpu_caps_the_strip_helpers_without_changing_results() {
+    let d = temp_dir("isa");
+    let text = "graph g(%x: f32[64,256]) {\n  %y = gelu(%x, approximate=\"tanh\")\n  %s = sum(%y, dim=1)\n  return %s\n}\n";
+    let path = d.join("g.smelt");
+    std::fs::write(&path, text).unwrap();
+    let run = |cap: Option<&str>| {
+        let json = d.join(format!("{}.json", cap.unwrap_or("native")));
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_smelt"));
+        c.args(["profile", path.to_str().unwrap(), "--repeat", "1", "--json"])
+            .arg(&json)
+            .current_dir(&d);
+        if let Some(cap) = cap {
+            c.env("SMELT_CPU", cap);
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let j: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        j
+    };
+    let native = run(None);
+    let base = run(Some("baseline"));
+    assert_eq!(base["strip_isa"], "none");
+    let avx2 = run(Some("avx2"));
+    assert_ne!(avx2["strip_isa"], "avx512");
+    assert!(["avx512", "avx2+fma", "none"].contains(&native["strip_isa"].as_str().unwrap()));
+    // every way still agrees with the eager kernels within the profile's own check
+    for j in [&native, &base, &avx2] {
+        assert!(num(&j["max_abs_diff"], "max_abs_diff") < 1e-3, "{j}");
+    }
+}

@@ -180,6 +180,11 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
         let j = Json::Obj(vec![
             ("graph".into(), Json::Str(g.name.clone())),
             ("backend".into(), Json::Str(backend.name().into())),
+            // the vector width of the CPU kernels' native helpers (SMELT_CPU caps it)
+            (
+                "strip_isa".into(),
+                Json::Str(crate::codegen_cpu::vmath::isa().into()),
+            ),
             ("repeat".into(), Json::Num(a.repeat as f64)),
             ("compile_ms".into(), Json::Num(compile_ms)),
             ("bytes_min".into(), Json::Num(bytes_min as f64)),
