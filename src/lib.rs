@@ -8,6 +8,7 @@
 #[macro_use]
 pub mod macros;
 pub mod amp;
+pub mod aot;
 pub mod autograd;
 pub mod cli;
 pub mod codegen_cpu;

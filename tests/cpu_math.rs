@@ -9,7 +9,8 @@ use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{F32, F32X4, I64};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
 use cranelift_frontend::FunctionBuilder;
-use smelt::codegen_cpu::jit::Jit;
+use cranelift_module::Linkage;
+use smelt::codegen_cpu::jit::{CodeModule, Jit};
 use smelt::codegen_cpu::math;
 use smelt::codegen_cpu::vmath::{self, StripOp};
 
@@ -21,7 +22,7 @@ fn define_map(jit: &mut Jit, name: &str, arity: usize, emit: &Emit) -> cranelift
     let mut params = vec![ptr; arity + 1];
     params.push(I64);
     let sig = jit.signature(&params, &[]);
-    jit.define(name, &sig, |fb| {
+    jit.define(name, Linkage::Export, &sig, &mut |fb| {
         let b = &mut *fb.b;
         let entry = b.current_block().unwrap();
         let args = b.block_params(entry).to_vec();
@@ -660,8 +661,7 @@ fn basic_arithmetic_is_exact() {
 fn jit_reports_misuse_as_errors() {
     let mut jit = Jit::new().unwrap();
     let sig = jit.signature(&[F32], &[F32]);
-    let id = jit
-        .define("id", &sig, |fb| {
+    let id = jit.define("id", Linkage::Export, &sig, &mut |fb| {
             let entry = fb.b.current_block().unwrap();
             let x = fb.b.block_params(entry)[0];
             fb.b.ins().return_(&[x]);
@@ -670,7 +670,7 @@ fn jit_reports_misuse_as_errors() {
         .unwrap();
     assert!(jit.code_ptr(id).is_err(), "used before finalize");
     // Redefining a name and importing an unregistered symbol are errors, not panics.
-    let again = jit.define("id", &sig, |fb| {
+    let again = jit.define("id", Linkage::Export, &sig, &mut |fb| {
         let entry = fb.b.current_block().unwrap();
         let x = fb.b.block_params(entry)[0];
         fb.b.ins().return_(&[x]);
@@ -679,7 +679,7 @@ fn jit_reports_misuse_as_errors() {
     assert!(matches!(again, Err(smelt::Error::Unsupported(_))));
     assert!(jit.import("no_such_symbol", &sig).is_err());
     // Invalid IR (wrong return type) is rejected by the verifier.
-    let bad = jit.define("bad", &sig, |fb| {
+    let bad = jit.define("bad", Linkage::Export, &sig, &mut |fb| {
         let v = fb.b.ins().iconst(I64, 1);
         fb.b.ins().return_(&[v]);
         Ok(())
@@ -700,8 +700,7 @@ fn imported_symbol_is_callable() {
     let mut jit = Jit::with_symbols(&[("twice", twice as *const u8)]).unwrap();
     let sig = jit.signature(&[F32], &[F32]);
     let callee = jit.import("twice", &sig).unwrap();
-    let id = jit
-        .define("call_twice", &sig, |fb| {
+    let id = jit.define("call_twice", Linkage::Export, &sig, &mut |fb| {
             let f = fb.func_ref(callee);
             let entry = fb.b.current_block().unwrap();
             let x = fb.b.block_params(entry)[0];

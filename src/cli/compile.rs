@@ -1,5 +1,8 @@
 //! `smelt compile MODEL --target cuda --out DIR`: the fused schedule of a graph as CUDA C,
 //! PTX and CUBIN files, one set per kernel, plus `manifest.json` describing how to run them.
+//!
+//! `smelt compile MODEL --target cpu --out DIR`: the model as an object file with a C header
+//! and a manifest ([`crate::aot`]), the run-time library beside it, and `link-flags.txt`.
 
 use super::{load, pick};
 use crate::codegen_cuda::nvrtc::{self, CompileOptions};
@@ -15,6 +18,8 @@ use std::path::{Path, PathBuf};
 pub enum Target {
     /// CUDA C compiled by NVRTC to PTX and CUBIN.
     Cuda,
+    /// An object file and a C header for the CPU, linked against `libsmelt_rt.a`.
+    Cpu,
 }
 
 /// Arguments of `smelt compile`.
@@ -37,6 +42,12 @@ pub struct CompileArgs {
     /// Compile with --use_fast_math.
     #[arg(long)]
     pub fast_math: bool,
+    /// The prefix of the C symbols (cpu; default: the graph's name).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// The CPU the code is for (cpu): native, x86-64-v3 or x86-64-v4.
+    #[arg(long, default_value = "native")]
+    pub cpu: String,
 }
 
 fn write(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -47,6 +58,9 @@ fn write(path: &Path, bytes: &[u8]) -> Result<()> {
 pub fn run(a: &CompileArgs) -> Result<()> {
     let module = load(&a.model)?;
     let g = pick(&module, a.graph.as_deref())?;
+    if a.target == Target::Cpu {
+        return cpu(a, g);
+    }
     let schedule = fuse::compile(g)?;
     let opts = CudaOptions {
         fast_math: a.fast_math,
@@ -70,6 +84,38 @@ pub fn run(a: &CompileArgs) -> Result<()> {
     let nv = nvrtc::version()?;
     let manifest = manifest(&schedule, &prog, &a.arch, nv);
     write(&a.out.join("manifest.json"), manifest.as_bytes())
+}
+
+/// `--target cpu`: the object, header and manifest, the run-time library and the link
+/// flags, all in `--out`.
+fn cpu(a: &CompileArgs, g: &crate::ir::graph::Graph) -> Result<()> {
+    let opts = crate::aot::AotOptions {
+        name: a.name.clone(),
+        cpu: crate::aot::CpuTarget::parse(&a.cpu)?,
+        graph: None,
+    };
+    // everything that can fail before writing comes first, so a failure leaves no output
+    let m = crate::aot::compile(g, &opts)?;
+    let rt = crate::aot::runtime_library()?;
+    let lib = std::fs::read(&rt).map_err(|e| Error::Io(format!("{}: {e}", rt.display())))?;
+    m.write(&a.out)?;
+    let dest = a.out.join("libsmelt_rt.a");
+    write(&dest, &lib)?;
+    let dest =
+        std::fs::canonicalize(&dest).map_err(|e| Error::Io(format!("{}: {e}", dest.display())))?;
+    let flags = crate::aot::link_flags(&dest) + "\n";
+    write(&a.out.join("link-flags.txt"), flags.as_bytes())?;
+    println!(
+        "{}: {} input(s), {} output(s), {} scratch bytes, CPU {} ({}) -> {}",
+        m.name,
+        m.inputs.len(),
+        m.outputs.len(),
+        m.scratch_bytes,
+        m.cpu.name(),
+        m.features.join(" "),
+        a.out.display()
+    );
+    Ok(())
 }
 
 /// A JSON string literal.

@@ -211,11 +211,5 @@ fn load(path: &Path) -> Result<Module> {
 }
 
 fn pick<'m>(module: &'m Module, name: Option<&str>) -> Result<&'m Graph> {
-    match name {
-        Some(n) => module.graph(n),
-        None => module
-            .graphs
-            .first()
-            .ok_or_else(|| Error::Value("the model has no graph".into())),
-    }
+    module.pick(name)
 }

@@ -29,13 +29,108 @@ fn module_err(e: ModuleError) -> Error {
 pub struct FnBody<'a, 'b> {
     /// The Cranelift IR builder of the function being defined.
     pub b: &'a mut FunctionBuilder<'b>,
-    module: &'a mut JITModule,
+    module: &'a mut dyn Module,
+}
+
+/// Where generated functions go: the JIT's executable memory ([`Jit`]) or an object file
+/// (`super::object::ObjectCode`). Kernels are emitted through this, so both hold the same
+/// machine code.
+pub trait CodeModule {
+    /// The ISA the code is compiled for.
+    fn isa(&self) -> &dyn cranelift_codegen::isa::TargetIsa;
+    /// Declares a function defined outside the module (a helper of the run-time library).
+    fn import(&mut self, name: &str, sig: &Signature) -> Result<FuncId>;
+    /// Defines function `name` with `linkage`: `body` receives a builder positioned in the
+    /// entry block, whose parameters are the signature's, and must fill every block it
+    /// creates.
+    fn define(
+        &mut self,
+        name: &str,
+        linkage: Linkage,
+        sig: &Signature,
+        body: &mut dyn FnMut(&mut FnBody) -> Result<()>,
+    ) -> Result<FuncId>;
+
+    /// The pointer-sized integer type of the target.
+    fn pointer_type(&self) -> Type {
+        self.isa().pointer_type()
+    }
+
+    /// A signature in the target's C calling convention.
+    fn signature(&self, params: &[Type], returns: &[Type]) -> Signature {
+        let mut sig = Signature::new(self.isa().default_call_conv());
+        sig.params.extend(params.iter().map(|&t| AbiParam::new(t)));
+        sig.returns
+            .extend(returns.iter().map(|&t| AbiParam::new(t)));
+        sig
+    }
+}
+
+/// Defines a function in `module` (see [`CodeModule::define`]), reusing the contexts.
+pub(super) fn define_function(
+    module: &mut dyn Module,
+    ctx: &mut cranelift_codegen::Context,
+    fctx: &mut FunctionBuilderContext,
+    (name, linkage): (&str, Linkage),
+    sig: &Signature,
+    body: &mut dyn FnMut(&mut FnBody) -> Result<()>,
+) -> Result<FuncId> {
+    let id = module
+        .declare_function(name, linkage, sig)
+        .map_err(module_err)?;
+    module.clear_context(ctx);
+    ctx.func.signature = sig.clone();
+    ctx.func.name = ir::UserFuncName::user(0, id.as_u32());
+    let config = module.target_config();
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, fctx);
+        let entry = b.create_block();
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        let mut fb = FnBody {
+            b: &mut b,
+            module: &mut *module,
+        };
+        body(&mut fb)?;
+        b.seal_all_blocks();
+        b.finalize(config);
+    }
+    let dump = dump_asm();
+    ctx.set_disasm(dump);
+    let res = module.define_function(id, ctx).map_err(module_err);
+    if dump && let Some(code) = ctx.compiled_code().and_then(|c| c.vcode.as_deref()) {
+        eprintln!("; smelt kernel {name}\n{code}");
+    }
+    module.clear_context(ctx);
+    res?;
+    Ok(id)
+}
+
+/// Cranelift's settings for smelt's code: optimised for speed, position-independent code
+/// when it goes into an object file.
+pub(super) fn flags(pic: bool) -> Result<settings::Flags> {
+    let mut flags = settings::builder();
+    let set = |f: &mut settings::Builder, k: &str, v: &str| {
+        f.set(k, v)
+            .map_err(|e| Error::Unsupported(format!("cpu codegen flag {k}={v}: {e}")))
+    };
+    set(&mut flags, "opt_level", "speed")?;
+    // The JIT places code anywhere in memory: absolute addresses, far calls. An object file
+    // is linked into position-independent executables.
+    set(&mut flags, "is_pic", if pic { "true" } else { "false" })?;
+    set(&mut flags, "use_colocated_libcalls", "false")?;
+    Ok(settings::Flags::new(flags))
 }
 
 impl FnBody<'_, '_> {
     /// A reference usable with `call` inside this body to the declared function `id`.
     pub fn func_ref(&mut self, id: FuncId) -> FuncRef {
         self.module.declare_func_in_func(id, self.b.func)
+    }
+
+    /// The address of data object `id` as a global value usable in this body.
+    pub fn data_ref(&mut self, id: cranelift_module::DataId) -> ir::GlobalValue {
+        self.module.declare_data_in_func(id, self.b.func)
     }
 }
 
@@ -60,18 +155,9 @@ impl Jit {
 
     /// A JIT for the host CPU that resolves the given names (e.g. libm functions) to addresses.
     pub fn with_symbols(symbols: &[(&str, *const u8)]) -> Result<Jit> {
-        let mut flags = settings::builder();
-        let set = |f: &mut settings::Builder, k: &str, v: &str| {
-            f.set(k, v)
-                .map_err(|e| Error::Unsupported(format!("cpu codegen flag {k}={v}: {e}")))
-        };
-        set(&mut flags, "opt_level", "speed")?;
-        // The JIT places code anywhere in memory: absolute addresses, far calls.
-        set(&mut flags, "is_pic", "false")?;
-        set(&mut flags, "use_colocated_libcalls", "false")?;
         let isa = cranelift_native::builder()
             .map_err(|e| Error::Unsupported(format!("cpu codegen: host not supported: {e}")))?
-            .finish(settings::Flags::new(flags))
+            .finish(flags(false)?)
             .map_err(|e| Error::Unsupported(format!("cpu codegen: {e}")))?;
         let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
         for (name, ptr) in symbols {
@@ -95,82 +181,6 @@ impl Jit {
 
     fn module_mut(&mut self) -> &mut JITModule {
         self.module.as_mut().unwrap_or_else(|| unreachable!())
-    }
-
-    /// The pointer-sized integer type of the host.
-    pub fn pointer_type(&self) -> Type {
-        self.module().target_config().pointer_type()
-    }
-
-    /// The ISA the code is compiled for (to query CPU features).
-    pub fn isa(&self) -> &dyn cranelift_codegen::isa::TargetIsa {
-        self.module().isa()
-    }
-
-    /// A host-ABI signature with the given parameter and return types.
-    pub fn signature(&self, params: &[Type], returns: &[Type]) -> Signature {
-        let mut sig = self.module().make_signature();
-        sig.params.extend(params.iter().map(|&t| AbiParam::new(t)));
-        sig.returns
-            .extend(returns.iter().map(|&t| AbiParam::new(t)));
-        sig
-    }
-
-    /// Declares a function defined outside the module; `name` must be one of the symbols given
-    /// to [`Jit::with_symbols`] (e.g. a libm function for f64 math).
-    pub fn import(&mut self, name: &str, sig: &Signature) -> Result<FuncId> {
-        if !self.symbols.contains(name) {
-            return Err(Error::Unsupported(format!(
-                "cpu codegen: symbol {name} was not registered with the JIT"
-            )));
-        }
-        self.module_mut()
-            .declare_function(name, Linkage::Import, sig)
-            .map_err(module_err)
-    }
-
-    /// Defines an exported function `name`: `body` receives a builder positioned in the entry
-    /// block, whose parameters are the signature's, and must fill every block it creates.
-    pub fn define(
-        &mut self,
-        name: &str,
-        sig: &Signature,
-        body: impl FnOnce(&mut FnBody) -> Result<()>,
-    ) -> Result<FuncId> {
-        let Jit {
-            module, ctx, fctx, ..
-        } = self;
-        let module = module.as_mut().unwrap_or_else(|| unreachable!());
-        let id = module
-            .declare_function(name, Linkage::Export, sig)
-            .map_err(module_err)?;
-        module.clear_context(ctx);
-        ctx.func.signature = sig.clone();
-        ctx.func.name = ir::UserFuncName::user(0, id.as_u32());
-        let config = module.target_config();
-        {
-            let mut b = FunctionBuilder::new(&mut ctx.func, fctx);
-            let entry = b.create_block();
-            b.append_block_params_for_function_params(entry);
-            b.switch_to_block(entry);
-            let mut fb = FnBody {
-                b: &mut b,
-                module: &mut *module,
-            };
-            body(&mut fb)?;
-            b.seal_all_blocks();
-            b.finalize(config);
-        }
-        let dump = dump_asm();
-        ctx.set_disasm(dump);
-        let res = module.define_function(id, ctx).map_err(module_err);
-        if dump && let Some(code) = ctx.compiled_code().and_then(|c| c.vcode.as_deref()) {
-            eprintln!("; smelt kernel {name}\n{code}");
-        }
-        module.clear_context(ctx);
-        res?;
-        self.pending.insert(id);
-        Ok(id)
     }
 
     /// Makes every defined function executable (resolving imports). Call before `code_ptr`.
@@ -206,6 +216,40 @@ impl Jit {
 fn dump_asm() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("SMELT_DUMP_ASM").is_some_and(|v| v != "0"))
+}
+
+impl CodeModule for Jit {
+    fn isa(&self) -> &dyn cranelift_codegen::isa::TargetIsa {
+        self.module().isa()
+    }
+
+    /// `name` must be one of the symbols given to [`Jit::with_symbols`].
+    fn import(&mut self, name: &str, sig: &Signature) -> Result<FuncId> {
+        if !self.symbols.contains(name) {
+            return Err(Error::Unsupported(format!(
+                "cpu codegen: symbol {name} was not registered with the JIT"
+            )));
+        }
+        self.module_mut()
+            .declare_function(name, Linkage::Import, sig)
+            .map_err(module_err)
+    }
+
+    fn define(
+        &mut self,
+        name: &str,
+        linkage: Linkage,
+        sig: &Signature,
+        body: &mut dyn FnMut(&mut FnBody) -> Result<()>,
+    ) -> Result<FuncId> {
+        let Jit {
+            module, ctx, fctx, ..
+        } = self;
+        let module = module.as_mut().unwrap_or_else(|| unreachable!());
+        let id = define_function(module, ctx, fctx, (name, linkage), sig, body)?;
+        self.pending.insert(id);
+        Ok(id)
+    }
 }
 
 impl Drop for Jit {

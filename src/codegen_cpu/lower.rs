@@ -26,7 +26,7 @@
 //!   itself then runs on a safe divisor, so no instruction traps.
 
 use super::helpers::{self, Sig};
-use super::jit::{FnBody, Jit};
+use super::jit::{CodeModule, FnBody, Jit};
 use crate::ir::dtype::DType;
 use crate::ir::shape::numel;
 use crate::kernel::{Buffer, BufferId, BufferKind, Combiner, Expr, IndexMap, Kernel, Level, ValId};
@@ -36,6 +36,7 @@ use cranelift_codegen::ir::types::{F32, F64, I32, I64};
 use cranelift_codegen::ir::{FuncRef, Inst, InstBuilder, MemFlagsData, Signature, Type, Value};
 use cranelift_frontend::Variable;
 use cranelift_module::FuncId;
+use cranelift_module::Linkage;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -53,7 +54,7 @@ pub struct CodegenOptions {
     pub stream_min_bytes: Option<usize>,
 }
 
-type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64) -> i32;
+use smelt_rt::model::KernelFn;
 
 /// Error code of an integer division or remainder by zero.
 pub(super) const ERR_ZERO_DIV: i64 = 1;
@@ -214,7 +215,10 @@ fn cache() -> &'static Mutex<HashMap<String, Arc<Code>>> {
 /// schedule buffer of each number. Kernels that differ only in the buffers they touch, such
 /// as the one-op kernels of an unfused chain, become equal; a buffer read and written keeps
 /// one number, so aliasing is part of the structure.
-fn localize(k: &Kernel, buffers: &[Buffer]) -> Result<(Kernel, Vec<Buffer>, Vec<BufferId>)> {
+pub(crate) fn localize(
+    k: &Kernel,
+    buffers: &[Buffer],
+) -> Result<(Kernel, Vec<Buffer>, Vec<BufferId>)> {
     let mut slots: Vec<BufferId> = Vec::new();
     let mut number: HashMap<BufferId, BufferId> = HashMap::new();
     let mut renumber = |b: &mut BufferId| {
@@ -250,7 +254,7 @@ fn localize(k: &Kernel, buffers: &[Buffer]) -> Result<(Kernel, Vec<Buffer>, Vec<
 
 /// The structural cache key of a localized kernel: the kernel without its name, the dtypes
 /// and lengths of its buffers, and the options. `Debug` prints floats exactly.
-fn cache_key(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> String {
+pub(crate) fn cache_key(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> String {
     let bufs: Vec<(DType, usize)> = buffers.iter().map(|x| (x.dtype, x.len())).collect();
     format!(
         "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
@@ -292,13 +296,58 @@ pub fn compile_kernel(
     }))
 }
 
-/// Compiles a localized kernel; `buffers` are its own.
-fn compile_code(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Result<Code> {
+/// What code generation chose for a kernel, for reports.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct CodeStats {
+    vector_loops: usize,
+    cached_rows: usize,
+    lane_rows: usize,
+    strip_loops: usize,
+    column_sums: usize,
+    /// Innermost loops whose stores stream: the caller fences after running the kernel.
+    pub stream_loops: usize,
+}
+
+/// Defines the localized kernel `k` (whose buffers are `buffers`) in `m` as function `name`
+/// with the signature of [`KernelFn`], importing the helpers it may call.
+pub(crate) fn define_kernel(
+    m: &mut dyn CodeModule,
+    (name, linkage): (&str, Linkage),
+    k: &Kernel,
+    buffers: &[Buffer],
+    opts: &CodegenOptions,
+) -> Result<(FuncId, CodeStats)> {
     crate::kernel::check_ops(k, "cpu codegen")?;
     let ordered = crate::kernel::store_order(k);
     let ck = crate::kernel::coalesce(ordered.as_ref().unwrap_or(k));
-    // The per-op f64 helpers only of the unary ops this kernel computes: a kernel declares
-    // the handful it can call, not one per op of the table.
+    let ptr = m.pointer_type();
+    let mut imports = HashMap::new();
+    for (sym, sig) in kernel_helpers(k) {
+        let s = helper_signature(m, sig);
+        imports.insert(sym, m.import(sym, &s)?);
+    }
+    let sig = m.signature(&[ptr, I64, I64], &[I32]);
+    let mut stats = CodeStats::default();
+    let id = m.define(name, linkage, &sig, &mut |fb| {
+        let mut g = Gen::new(fb, &ck, buffers, &imports, ptr, opts.clone());
+        g.emit_function()?;
+        stats = CodeStats {
+            vector_loops: g.vector_loops,
+            cached_rows: g.row_cache.len(),
+            lane_rows: g.lane_rows,
+            strip_loops: g.strip_loops,
+            column_sums: g.column_sums,
+            stream_loops: g.stream_loops,
+        };
+        Ok(())
+    })?;
+    Ok((id, stats))
+}
+
+/// The helpers kernel `k` may call, with their signatures: the per-op f64 helpers only of the
+/// unary ops it computes (a kernel declares the handful it can call, not one per op of the
+/// table), and every helper of the run-time library.
+fn kernel_helpers(k: &Kernel) -> Vec<(&'static str, Sig)> {
     let unary: Vec<&str> = k
         .values
         .iter()
@@ -307,32 +356,29 @@ fn compile_code(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Result
             _ => None,
         })
         .collect();
-    let syms: Vec<_> = helpers::symbols()
+    helpers::symbols()
         .into_iter()
         .filter(|&(n, _, sig)| sig != Sig::Unary || unary.contains(&n))
+        .map(|(n, _, sig)| (n, sig))
+        .collect()
+}
+
+/// Compiles a localized kernel; `buffers` are its own.
+fn compile_code(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Result<Code> {
+    let wanted: Vec<&str> = kernel_helpers(k).into_iter().map(|(n, _)| n).collect();
+    let pairs: Vec<(&str, *const u8)> = helpers::symbols()
+        .into_iter()
+        .filter(|(n, _, _)| wanted.contains(n))
+        .map(|(n, p, _)| (n, p))
         .collect();
-    let pairs: Vec<(&str, *const u8)> = syms.iter().map(|&(n, p, _)| (n, p)).collect();
     let mut jit = Jit::with_symbols(&pairs)?;
-    let ptr = jit.pointer_type();
-    let mut imports = HashMap::new();
-    for &(name, _, sig) in &syms {
-        let s = helper_signature(&jit, sig);
-        imports.insert(name, jit.import(name, &s)?);
-    }
-    let sig = jit.signature(&[ptr, I64, I64], &[I32]);
-    let (mut vector_loops, mut cached_rows, mut lane_rows) = (0, 0, 0);
-    let (mut strip_loops, mut column_sums, mut stream_loops) = (0, 0, 0);
-    let id = jit.define(&k.name_for_symbol(), &sig, |fb| {
-        let mut g = Gen::new(fb, &ck, buffers, &imports, ptr, opts.clone());
-        g.emit_function()?;
-        vector_loops = g.vector_loops;
-        cached_rows = g.row_cache.len();
-        lane_rows = g.lane_rows;
-        strip_loops = g.strip_loops;
-        column_sums = g.column_sums;
-        stream_loops = g.stream_loops;
-        Ok(())
-    })?;
+    let (id, st) = define_kernel(
+        &mut jit,
+        (&k.name_for_symbol(), Linkage::Export),
+        k,
+        buffers,
+        opts,
+    )?;
     jit.finalize()?;
     let code = jit.code_ptr(id)?;
     // SAFETY: `code` is the entry of the function just defined with signature
@@ -341,12 +387,12 @@ fn compile_code(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Result
     Ok(Code {
         func,
         slots: buffers.len(),
-        vector_loops,
-        cached_rows,
-        lane_rows,
-        strip_loops,
-        column_sums,
-        stream_loops,
+        vector_loops: st.vector_loops,
+        cached_rows: st.cached_rows,
+        lane_rows: st.lane_rows,
+        strip_loops: st.strip_loops,
+        column_sums: st.column_sums,
+        stream_loops: st.stream_loops,
         _jit: jit,
     })
 }
@@ -366,7 +412,7 @@ impl SymbolName for Kernel {
     }
 }
 
-fn helper_signature(jit: &Jit, s: Sig) -> Signature {
+fn helper_signature(jit: &dyn CodeModule, s: Sig) -> Signature {
     match s {
         Sig::Unary => jit.signature(&[F64, F64, F64], &[F64]),
         Sig::F64F64F64 => jit.signature(&[F64, F64], &[F64]),

@@ -43,6 +43,7 @@ use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F32X4, F64, I8X16, I32, I32X4, I64, I64X2};
 use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
+use smelt_rt::consts::{EXP_G, EXP_TAYLOR7, LN2_HI, LN2_LO, LOG2E, SHIFT32, SHIFT64};
 
 type B<'a, 'b> = &'a mut FunctionBuilder<'b>;
 
@@ -198,9 +199,6 @@ fn two_sum_err(b: B, x: Value, y: Value, s: Value) -> Value {
     b.ins().fadd(dx, dy)
 }
 
-pub(super) const SHIFT32: f64 = 12582912.0; // 1.5·2^23: adding it rounds an f32 to an integer
-pub(super) const SHIFT64: f64 = 6755399441055744.0; // 1.5·2^52: the same for f64
-
 /// `(nearest(x), nearest(x) as integer)` for `|x| < 2^22` (f32) or `2^51` (f64): the integer is
 /// read from the low mantissa bits of `x + 1.5·2^p`, which avoids slow vector conversions.
 fn round_int(b: B, x: Value) -> (Value, Value) {
@@ -273,20 +271,6 @@ fn small_uint_to_float(b: B, n: Value, ft: Type) -> Value {
 
 // ---------------------------------------------------------------------------------------------
 // exp, expm1
-
-pub(super) const LN2_HI: f64 = 0.693_147_182_464_599_6; // f32 nearest to ln 2
-pub(super) const LN2_LO: f64 = -1.904_654_299_957_768e-9; // ln 2 - LN2_HI
-pub(super) const LOG2E: f64 = std::f64::consts::LOG2_E;
-
-/// `(exp(r) - 1 - r) / r²` on `|r| ≤ ln2/2`, Chebyshev fit (max error 9e-9 after f32 rounding).
-pub(super) const EXP_G: [f64; 6] = [
-    0.5,
-    0.166_666_671_633_720_4,
-    0.041_666_466_742_753_98,
-    0.008_333_310_484_886_17,
-    0.001_393_364_160_321_652_9,
-    0.000_198_909_809_114_411_47,
-];
 
 /// `x = k·ln2 + r`, `|r| ≤ ln2/2` (Cody-Waite: the product with the high part is exact in fma).
 fn reduce_ln2(b: B, x: Value) -> (Value, Value) {
@@ -692,18 +676,6 @@ pub fn gelu_tanh(b: B, x: Value) -> Value {
     let y = flush_subnormal(b, y);
     neg_inf_to_nan(b, x, y)
 }
-
-/// Taylor coefficients of `e^r` to `r^7`.
-pub(super) const EXP_TAYLOR7: [f64; 8] = [
-    1.0,
-    1.0,
-    0.5,
-    1.0 / 6.0,
-    1.0 / 24.0,
-    1.0 / 120.0,
-    1.0 / 720.0,
-    1.0 / 5040.0,
-];
 
 /// `e^z` for f64 lanes and `z ∈ [-708, 0]`, to f32 accuracy only (relative error ~6e-9):
 /// Cody-Waite by ln2 in one fma (the f64 rounding of ln2 is far below that), Taylor to r^7.

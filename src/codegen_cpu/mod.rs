@@ -6,12 +6,13 @@ pub mod jit;
 mod lanes;
 pub mod lower;
 pub mod math;
+pub mod object;
 mod rowcache;
 mod scalar;
 mod stream;
 mod strip;
 mod vector;
-pub mod vmath;
+pub use smelt_rt::vmath;
 
 pub use lower::{CodegenOptions, CpuKernel, compile_kernel};
 pub use stream::STREAM_MIN_BYTES;

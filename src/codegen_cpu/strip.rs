@@ -18,6 +18,7 @@ use super::lower::{Body, Gen};
 use super::vmath::{self, StripOp};
 use crate::Result;
 use crate::ir::dtype::DType;
+use crate::ir::op::UnaryOp;
 use crate::kernel::{Combiner, Expr, ValId};
 use cranelift_codegen::ir::types::{I32, I64};
 use cranelift_codegen::ir::{InstBuilder, Value};
@@ -39,6 +40,19 @@ pub const STRIP_STACK_BYTES: usize = 32 << 10;
 
 const ROW_BYTES: usize = STRIP as usize * 4;
 
+/// The strip op that evaluates f32 unary op `u`, if one does.
+pub fn strip_of(u: UnaryOp) -> Option<StripOp> {
+    StripOp::ALL.into_iter().find(|&s| {
+        u == match s {
+            StripOp::Exp => UnaryOp::Exp,
+            StripOp::Tanh => UnaryOp::Tanh,
+            StripOp::Sigmoid => UnaryOp::Sigmoid,
+            StripOp::Silu => UnaryOp::Silu,
+            StripOp::GeluTanh => UnaryOp::Gelu { tanh: true },
+        }
+    })
+}
+
 fn within(vals: &[ValId], set: &[ValId]) -> Vec<ValId> {
     vals.iter().copied().filter(|v| set.contains(v)).collect()
 }
@@ -51,7 +65,7 @@ impl Gen<'_, '_, '_> {
             Expr::Unary(u, a)
                 if val.dtype == DType::F32 && self.k.values[a].dtype == DType::F32 =>
             {
-                StripOp::of(u)
+                strip_of(u)
             }
             _ => None,
         }

@@ -43,15 +43,13 @@ use rayon::prelude::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use smelt_rt::model::CHUNKS_PER_THREAD;
 /// Kernels whose index space has fewer elements than this run on the calling thread: below
 /// it, handing chunks to other threads (about 35 µs of wake-up on a 2-core machine) costs
 /// more than it saves. Chosen from the "small kernels" table of `cargo bench --bench
 /// compiled`: one thread 0.054 ms against 0.042 ms on both at 262144 elements, 0.028 against
-/// 0.046 ms at 131072.
-pub const PAR_MIN_ELEMS: usize = 1 << 18;
-
-/// Chunks per thread for a parallel kernel, so uneven rows still balance.
-const CHUNKS_PER_THREAD: usize = 4;
+/// 0.046 ms at 131072. Ahead-of-time compiled models follow the same rule.
+pub use smelt_rt::model::PAR_MIN_ELEMS;
 
 /// What runs the fused kernels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

@@ -412,6 +412,18 @@ impl Module {
         self.graphs.iter().find(|g| g.name == name)
     }
 
+    /// The graph called `name`, or the first when `name` is None (the command line's
+    /// `--graph`).
+    pub fn pick(&self, name: Option<&str>) -> Result<&Graph> {
+        match name {
+            Some(n) => self.graph(n),
+            None => self
+                .graphs
+                .first()
+                .ok_or_else(|| Error::Value("the model has no graph".into())),
+        }
+    }
+
     /// The graph called `name`, or an error listing the graphs there are.
     pub fn graph(&self, name: &str) -> Result<&Graph> {
         self.get(name).ok_or_else(|| {

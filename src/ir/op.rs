@@ -666,26 +666,7 @@ fn attention_type(inputs: &[&TensorType], has_mask: bool) -> Result<TensorType> 
     Ok(TensorType::new(q.dtype, shape))
 }
 
-/// PyTorch's floor division of floats (`div_floor_floating`, Python's `//`) in the
-/// precision of `F`: the quotient of `a - fmod(a, b)`, corrected so that rounding error
-/// never moves it across an integer. A zero divisor gives IEEE `a / b`.
-pub fn div_floor_float<F: num_traits::Float>(a: F, b: F) -> F {
-    if b == F::zero() {
-        return a / b;
-    }
-    // `%` on floats is C's fmod: exact, with the dividend's sign
-    let m = a % b;
-    let mut div = (a - m) / b;
-    if m != F::zero() && (b < F::zero()) != (m < F::zero()) {
-        div = div - F::one();
-    }
-    if div == F::zero() {
-        return F::zero().copysign(a / b);
-    }
-    let fl = div.floor();
-    let half = F::one() / (F::one() + F::one());
-    if div - fl > half { fl + F::one() } else { fl }
-}
+pub use smelt_rt::scalar::div_floor_float;
 
 /// Floor division of integers (`div_floor_integer`), wrapping (`MIN // -1` is `MIN`); the
 /// caller refuses a zero divisor.

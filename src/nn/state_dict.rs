@@ -46,71 +46,6 @@ fn from_st_dtype(d: StDtype, name: &str) -> Result<DType> {
     })
 }
 
-/// The little-endian bytes of a tensor's elements in row-major order.
-fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>> {
-    if t.numel() == 0 {
-        return Ok(Vec::new());
-    }
-    Ok(match t.dtype() {
-        DType::Bool => t.to_vec::<bool>()?.into_iter().map(u8::from).collect(),
-        DType::U8 => t.to_vec::<u8>()?,
-        DType::I8 => bytemuck::cast_slice(&t.to_vec::<i8>()?).to_vec(),
-        DType::I16 => bytemuck::cast_slice(&t.to_vec::<i16>()?).to_vec(),
-        DType::I32 => bytemuck::cast_slice(&t.to_vec::<i32>()?).to_vec(),
-        DType::I64 => bytemuck::cast_slice(&t.to_vec::<i64>()?).to_vec(),
-        DType::F16 => bytemuck::cast_slice(&t.to_vec::<half::f16>()?).to_vec(),
-        DType::BF16 => bytemuck::cast_slice(&t.to_vec::<half::bf16>()?).to_vec(),
-        DType::F32 => bytemuck::cast_slice(&t.to_vec::<f32>()?).to_vec(),
-        DType::F64 => bytemuck::cast_slice(&t.to_vec::<f64>()?).to_vec(),
-    })
-}
-
-/// A tensor from little-endian bytes (any alignment); `bytes` has exactly numel elements.
-fn tensor_from_bytes(dtype: DType, shape: &[usize], bytes: &[u8], name: &str) -> Result<Tensor> {
-    fn pod<T: crate::Element + bytemuck::Pod + bytemuck::Zeroable>(
-        b: &[u8],
-        shape: &[usize],
-    ) -> Result<Tensor> {
-        // Copy into a vector of T: the file's bytes need not be aligned for T.
-        let mut v = vec![T::zeroed(); b.len() / std::mem::size_of::<T>()];
-        bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(b);
-        Tensor::from_vec(v, shape)
-    }
-    let numel = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
-    if numel.and_then(|n| n.checked_mul(dtype.size())) != Some(bytes.len()) {
-        bail!(
-            Value,
-            "safetensors: tensor \"{name}\" of shape {shape:?} does not match its {} bytes of data",
-            bytes.len()
-        );
-    }
-    match dtype {
-        DType::Bool => {
-            let mut v = Vec::with_capacity(bytes.len());
-            for &b in bytes {
-                match b {
-                    0 => v.push(false),
-                    1 => v.push(true),
-                    _ => bail!(
-                        Value,
-                        "safetensors: tensor \"{name}\" holds the byte {b}, which is not a bool"
-                    ),
-                }
-            }
-            Tensor::from_vec(v, shape)
-        }
-        DType::U8 => Tensor::from_vec(bytes.to_vec(), shape),
-        DType::I8 => pod::<i8>(bytes, shape),
-        DType::I16 => pod::<i16>(bytes, shape),
-        DType::I32 => pod::<i32>(bytes, shape),
-        DType::I64 => pod::<i64>(bytes, shape),
-        DType::F16 => pod::<half::f16>(bytes, shape),
-        DType::BF16 => pod::<half::bf16>(bytes, shape),
-        DType::F32 => pod::<f32>(bytes, shape),
-        DType::F64 => pod::<f64>(bytes, shape),
-    }
-}
-
 /// Encodes named tensors as the bytes of a safetensors file.
 pub fn to_safetensors_bytes(tensors: &[(String, Tensor)]) -> Result<Vec<u8>> {
     let mut seen = HashSet::new();
@@ -119,12 +54,7 @@ pub fn to_safetensors_bytes(tensors: &[(String, Tensor)]) -> Result<Vec<u8>> {
         if !seen.insert(name.as_str()) {
             bail!(Value, "safetensors: the name \"{name}\" appears twice");
         }
-        data.push((
-            name.clone(),
-            t.dtype(),
-            t.shape().to_vec(),
-            tensor_bytes(t)?,
-        ));
+        data.push((name.clone(), t.dtype(), t.shape().to_vec(), t.to_bytes()?));
     }
     let views = data
         .iter()
@@ -144,7 +74,8 @@ pub fn from_safetensors_bytes(bytes: &[u8]) -> Result<Vec<(String, Tensor)>> {
     let mut out = Vec::with_capacity(st.len());
     for (name, view) in st.iter() {
         let dtype = from_st_dtype(view.dtype(), name)?;
-        let t = tensor_from_bytes(dtype, view.shape(), view.data(), name)?;
+        let t = Tensor::from_bytes(dtype, view.shape(), view.data())
+            .map_err(|e| Error::Value(format!("safetensors: tensor \"{name}\": {e}")))?;
         out.push((name.to_string(), t));
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));

@@ -1,6 +1,7 @@
 //! Eager execution: tensors, storage, layouts and the reference kernels.
 
 pub mod access;
+mod bytes;
 pub mod cuda;
 pub mod device;
 mod display;

@@ -8,11 +8,6 @@ use crate::ir::dtype::DType;
 use crate::ir::op::{BinaryOp, Op};
 use crate::ir::shape::{contiguous_strides, numel};
 use crate::kernel::{BufferId, Expr, ExternCall, Schedule, Step, ValId, View};
-use gemm::Parallelism;
-
-/// Products with at least this many multiply-adds use several threads (the eager kernel's
-/// rule, `kernels::linalg::PAR_FLOPS`).
-const PAR_FLOPS: usize = 1 << 18;
 
 /// One operand: its buffer, element offset and strides.
 #[derive(Clone, Debug)]
@@ -96,48 +91,25 @@ impl DirectGemm {
         }
     }
 
-    unsafe fn run_typed<T: 'static + Copy + num_traits::One>(
+    unsafe fn run_typed<T: smelt_rt::gemm::GemmElem>(
         &self,
         a: *const u8,
         b: *const u8,
         out: *mut u8,
         update: Option<T>,
     ) {
+        let product = smelt_rt::gemm::Product {
+            m: self.m,
+            n: self.n,
+            k: self.k,
+            a: (self.a.rs, self.a.cs),
+            b: (self.b.rs, self.b.cs),
+        };
+        let ptrs = (a as *const T, b as *const T, out as *mut T);
+        let offs = [[0, self.a.offset, self.b.offset]];
         let threads = crate::runtime::threads::available();
-        let par = if self.m * self.n * self.k >= PAR_FLOPS && threads > 1 {
-            Parallelism::Rayon(threads)
-        } else {
-            Parallelism::None
-        };
-        let one = T::one();
-        let (read_dst, beta) = match update {
-            Some(beta) => (true, beta),
-            None => (false, one),
-        };
         // SAFETY: offsets and strides come from views checked against their buffers.
-        unsafe {
-            gemm::gemm(
-                self.m,
-                self.n,
-                self.k,
-                out as *mut T,
-                1,
-                self.n as isize,
-                read_dst,
-                (a as *const T).add(self.a.offset),
-                self.a.cs,
-                self.a.rs,
-                (b as *const T).add(self.b.offset),
-                self.b.cs,
-                self.b.rs,
-                one,
-                beta,
-                false,
-                false,
-                false,
-                par,
-            )
-        }
+        unsafe { smelt_rt::gemm::batches(&product, ptrs, &offs, update, threads) }
     }
 }
 

@@ -12,11 +12,9 @@ use crate::runtime::kernels::copy::{cast_new, copy_into};
 use crate::runtime::strided::{SendPtr, Walk};
 use crate::runtime::tensor::Tensor;
 use crate::{Result, bail, dispatch};
-use gemm::Parallelism;
 use half::f16;
 
-/// Products with at least this many multiply-adds use several threads.
-const PAR_FLOPS: usize = 1 << 18;
+use smelt_rt::gemm::PAR_FLOPS;
 
 /// One operand seen as a batch of matrices.
 struct Operand {
@@ -175,54 +173,24 @@ fn product(a: &Tensor, b: &Tensor, bias: Option<&Tensor>, ty: &TensorType) -> Re
 ///
 /// # Safety
 /// `offs` and the plan's strides must address the buffers behind `ptrs` in bounds.
-unsafe fn gemm_batches<T: Element>(
+unsafe fn gemm_batches<T: smelt_rt::gemm::GemmElem>(
     p: &Plan,
     offs: &[[usize; 3]],
     (pa, pb, po): (*const u8, *const u8, *mut u8),
     accumulate: bool,
 ) {
-    let (m, k, n) = (p.a.rows, p.a.cols, p.b.cols);
-    let (pa, pb, po) = (
-        SendPtr(pa as *mut T),
-        SendPtr(pb as *mut T),
-        SendPtr(po as *mut T),
-    );
-    let threads = crate::runtime::threads::available();
-    let flops = m * n * k;
-    let one = T::from_f64(1.0);
-    let run = |&[o, a, b]: &[usize; 3], par: Parallelism| unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            po.get().add(o),
-            1,
-            n as isize,
-            accumulate,
-            pa.get().add(a) as *const T,
-            p.a.cs as isize,
-            p.a.rs as isize,
-            pb.get().add(b) as *const T,
-            p.b.cs as isize,
-            p.b.rs as isize,
-            one,
-            one,
-            false,
-            false,
-            false,
-            par,
-        )
+    let product = smelt_rt::gemm::Product {
+        m: p.a.rows,
+        n: p.b.cols,
+        k: p.a.cols,
+        a: (p.a.rs as isize, p.a.cs as isize),
+        b: (p.b.rs as isize, p.b.cs as isize),
     };
-    if flops < PAR_FLOPS && offs.len() > 1 && flops.saturating_mul(offs.len()) >= PAR_FLOPS {
-        crate::runtime::threads::par_for(offs.len(), &|i| run(&offs[i], Parallelism::None));
-    } else {
-        let par = if flops >= PAR_FLOPS && threads > 1 {
-            Parallelism::Rayon(threads)
-        } else {
-            Parallelism::None
-        };
-        offs.iter().for_each(|o| run(o, par));
-    }
+    let ptrs = (pa as *const T, pb as *const T, po as *mut T);
+    let beta = accumulate.then_some(T::ONE);
+    let threads = crate::runtime::threads::available();
+    // SAFETY: as the caller promises.
+    unsafe { smelt_rt::gemm::batches(&product, ptrs, offs, beta, threads) }
 }
 
 /// Integer product: wrapping i64 sums added to the (zero or bias) output.

@@ -17,8 +17,7 @@
 //! The column sum (`col_sum`) serves rows as lanes (`super::lanes`). It only adds
 //! converted f32s and needs no fma, so it runs its portable build wherever AVX2 is missing.
 
-use super::math::{EXP_G, EXP_TAYLOR7, LN2_HI, LN2_LO, LOG2E, SHIFT32, SHIFT64};
-use crate::ir::op::UnaryOp;
+use crate::consts::{EXP_G, EXP_TAYLOR7, LN2_HI, LN2_LO, LOG2E, SHIFT32, SHIFT64};
 use std::sync::OnceLock;
 
 /// An op a strip helper evaluates.
@@ -46,24 +45,8 @@ impl StripOp {
         StripOp::GeluTanh,
     ];
 
-    /// The unary op a strip op evaluates (defined from this side, so that the unary ops
-    /// without a strip need no entry here).
-    pub fn unary(self) -> UnaryOp {
-        match self {
-            StripOp::Exp => UnaryOp::Exp,
-            StripOp::Tanh => UnaryOp::Tanh,
-            StripOp::Sigmoid => UnaryOp::Sigmoid,
-            StripOp::Silu => UnaryOp::Silu,
-            StripOp::GeluTanh => UnaryOp::Gelu { tanh: true },
-        }
-    }
-
-    /// The strip op of an f32 unary op, if it has one.
-    pub fn of(u: UnaryOp) -> Option<Self> {
-        Self::ALL.into_iter().find(|s| s.unary() == u)
-    }
-
-    fn from_code(c: i32) -> Option<Self> {
+    /// The strip op of a code generated kernels pass.
+    pub fn from_code(c: i32) -> Option<Self> {
         Self::ALL.into_iter().find(|&op| op as i32 == c)
     }
 }
@@ -394,7 +377,8 @@ pub fn apply(op: StripOp, xs: &mut [f32]) {
 /// # Safety
 /// `src` points to `n` initialised f32s, `dst` to `n` writable ones; nothing else touches
 /// them during the call.
-pub(super) unsafe extern "C" fn strip_math(op: i32, src: *const f32, dst: *mut f32, n: i64) {
+#[unsafe(export_name = "smelt_strip_math")]
+pub unsafe extern "C" fn strip_math(op: i32, src: *const f32, dst: *mut f32, n: i64) {
     let (Some(op), Ok(n)) = (StripOp::from_code(op), usize::try_from(n)) else {
         return;
     };
@@ -415,7 +399,8 @@ pub(super) unsafe extern "C" fn strip_math(op: i32, src: *const f32, dst: *mut f
 ///
 /// # Safety
 /// `src` points to `n` initialised f32s that nothing writes during the call.
-pub(super) unsafe extern "C" fn strip_sum(src: *const f32, n: i64) -> f64 {
+#[unsafe(export_name = "smelt_strip_sum")]
+pub unsafe extern "C" fn strip_sum(src: *const f32, n: i64) -> f64 {
     match usize::try_from(n) {
         // SAFETY: the caller's contract.
         Ok(n) if n > 0 => sum(unsafe { std::slice::from_raw_parts(src, n) }),
@@ -440,7 +425,8 @@ pub fn fence() {
 /// # Safety
 /// `src` points to `n` initialised f32s and `dst` to `n` writable ones that do not overlap
 /// them; nothing else touches either during the call.
-pub(super) unsafe extern "C" fn stream(src: *const f32, dst: *mut f32, n: i64) {
+#[unsafe(export_name = "smelt_stream")]
+pub unsafe extern "C" fn stream(src: *const f32, dst: *mut f32, n: i64) {
     let Ok(n) = usize::try_from(n) else {
         return;
     };
@@ -476,7 +462,8 @@ unsafe fn stream_avx(src: *const f32, dst: *mut f32, n: usize) {
 /// # Safety
 /// For every `r < rows`, the `cols` f32s at `src + r·stride` are initialised and nothing
 /// writes them during the call; `dst` points to `cols` writable f64s that nothing else uses.
-pub(super) unsafe extern "C" fn col_sum(
+#[unsafe(export_name = "smelt_col_sum")]
+pub unsafe extern "C" fn col_sum(
     src: *const f32,
     stride: i64,
     cols: i64,

@@ -1,0 +1,84 @@
+//! smelt's run-time library: what compiled CPU code calls while it runs, with no compiler in
+//! it (no Cranelift, egg or petgraph).
+//!
+//! - [`scalar`] and [`vmath`]: the math helpers generated kernels call by name;
+//! - [`gemm`]: strided, batched matrix products;
+//! - [`model`]: the entry point of ahead-of-time compiled models: it checks the CPU, lays
+//!   out the buffers in the caller's scratch, runs the kernels over threads and the GEMMs,
+//!   and copies the outputs out.
+//!
+//! The JIT links this crate as a Rust library; a C program that links an ahead-of-time
+//! compiled model links it as `libsmelt_rt.a`.
+
+#![warn(missing_docs)]
+
+pub mod consts;
+pub mod gemm;
+pub mod model;
+pub mod scalar;
+pub mod vmath;
+
+pub use half;
+
+/// The C signature of a helper, for a code generator that imports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sig {
+    /// `(f64, f64) -> f64`
+    F64F64F64,
+    /// `(f32, f32) -> f32`
+    F32F32F32,
+    /// `(f64, f64, f64) -> f64`: a unary op's reference formula with its two attributes.
+    Unary,
+    /// `f64 -> f32`
+    F64F32,
+    /// `f32 -> u32`
+    F32U32,
+    /// `u32 -> f32`
+    U32F32,
+    /// `(i64, i64) -> i64`
+    I64I64I64,
+    /// `(i32, pointer, pointer, i64)`, no result: a strip helper ([`vmath`]).
+    Strip,
+    /// `(pointer, i64) -> f64`: a strip sum ([`vmath`]).
+    StripSum,
+    /// `(pointer, i64, i64, i64, pointer)`, no result: a column sum ([`vmath`]).
+    ColSum,
+    /// `(pointer, pointer, i64)`, no result: a streamed copy ([`vmath`]).
+    Stream,
+}
+
+/// Every helper this library exports to generated code: symbol, address, signature.
+pub fn helpers() -> Vec<(&'static str, *const u8, Sig)> {
+    use Sig::*;
+    vec![
+        ("smelt_pow", scalar::pow as *const u8, F64F64F64),
+        ("smelt_fmod", scalar::fmod as *const u8, F64F64F64),
+        ("smelt_div_floor", scalar::div_floor as *const u8, F64F64F64),
+        (
+            "smelt_div_floor_f32",
+            scalar::div_floor_f32 as *const u8,
+            F32F32F32,
+        ),
+        ("smelt_f64_to_f16", scalar::f64_to_f16 as *const u8, F64F32),
+        (
+            "smelt_f64_to_bf16",
+            scalar::f64_to_bf16 as *const u8,
+            F64F32,
+        ),
+        (
+            "smelt_f32_to_f16_bits",
+            scalar::f32_to_f16_bits as *const u8,
+            F32U32,
+        ),
+        (
+            "smelt_f16_bits_to_f32",
+            scalar::f16_bits_to_f32 as *const u8,
+            U32F32,
+        ),
+        ("smelt_pow_i64", scalar::pow_i64 as *const u8, I64I64I64),
+        (vmath::SYMBOL, vmath::strip_math as *const u8, Strip),
+        (vmath::SUM_SYMBOL, vmath::strip_sum as *const u8, StripSum),
+        (vmath::COL_SUM_SYMBOL, vmath::col_sum as *const u8, ColSum),
+        (vmath::STREAM_SYMBOL, vmath::stream as *const u8, Stream),
+    ]
+}

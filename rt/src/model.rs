@@ -1,0 +1,686 @@
+//! The entry point of ahead-of-time compiled models.
+//!
+//! `smelt compile --target cpu` writes an object file whose `NAME_run` hands three tables
+//! to [`smelt_rt_run`]: the model's *plan* (a list of `u64` words, below), its kernels'
+//! addresses and its constant data. This module reads the plan and runs it: it checks the
+//! arguments and the CPU, points every buffer into the caller's inputs, the scratch buffer
+//! or the constants, runs the kernels (rows split over threads when large) and the GEMMs in
+//! order, and copies the outputs (strided views of buffers) into the caller's contiguous
+//! output arrays.
+//!
+//! Nothing here allocates when the caller passes a scratch buffer: the buffer-pointer table
+//! and every kernel's slot table have places in the scratch. (The thread pool and the GEMM
+//! library set up per-thread state the first time a thread uses them.)
+//!
+//! # The plan
+//! Words, in order:
+//! - header: [`MAGIC`], [`FORMAT`], CPU features ([`FEATURES`] bits), scratch bytes, number
+//!   of buffers, inputs, outputs and steps;
+//! - per buffer: kind ([`BUF_INPUT`], [`BUF_SCRATCH`], [`BUF_CONST`]), the input index or
+//!   byte offset, its size in bytes;
+//! - per output: buffer, element size, element offset, rank, then the shape and the strides
+//!   (in elements);
+//! - per step, a tag then its fields:
+//!   - [`STEP_KERNEL`]: kernel index, rows, elements, streams (0/1), slot-table byte offset
+//!     in the scratch, slot count, then the buffer of each slot;
+//!   - [`STEP_GEMM`]: dtype ([`GEMM_F16`]..), m, n, k, a's row and column strides, b's
+//!     (as two's complement), buffers a, b and out, the number of batches, then the
+//!     `[out, a, b]` element offsets of each batch; a bf16 product carries three more
+//!     words, the scratch byte offsets of the f32 copies of a, b and out.
+
+use crate::gemm::{self, Product};
+use half::{bf16, f16};
+
+/// First word of every plan.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"SMELTAOT");
+/// The plan format this library reads.
+pub const FORMAT: u64 = 1;
+
+/// A buffer that is an input (the word after the kind: its index).
+pub const BUF_INPUT: u64 = 0;
+/// A buffer in the scratch (its byte offset).
+pub const BUF_SCRATCH: u64 = 1;
+/// A constant of the model (its byte offset in the constant data).
+pub const BUF_CONST: u64 = 2;
+
+/// A fused kernel step.
+pub const STEP_KERNEL: u64 = 0;
+/// A GEMM step.
+pub const STEP_GEMM: u64 = 1;
+
+/// GEMM element types.
+pub const GEMM_F16: u64 = 0;
+/// f32 products.
+pub const GEMM_F32: u64 = 1;
+/// f64 products.
+pub const GEMM_F64: u64 = 2;
+/// bf16 products, computed in f32 as the eager kernel does.
+pub const GEMM_BF16: u64 = 3;
+
+/// Success.
+pub const OK: i32 = 0;
+/// `inputs` or `outputs` is NULL, or one of their entries is.
+pub const ERR_NULL_POINTER: i32 = 1;
+/// The scratch buffer is smaller than the model's scratch size.
+pub const ERR_SCRATCH_TOO_SMALL: i32 = 2;
+/// The CPU lacks an instruction set extension the code was compiled for.
+pub const ERR_CPU_UNSUPPORTED: i32 = 3;
+/// The model's tables are not a plan this library reads (a different smelt version).
+pub const ERR_BAD_MODEL: i32 = 4;
+/// An integer division or remainder by zero.
+pub const ERR_ZERO_DIVISION: i32 = 5;
+/// A kernel reported an error other than a division by zero.
+pub const ERR_KERNEL: i32 = 6;
+/// The scratch buffer was NULL and allocating one failed.
+pub const ERR_OUT_OF_MEMORY: i32 = 7;
+
+/// The scratch buffer is not aligned to [`SCRATCH_ALIGN`] bytes.
+pub const ERR_SCRATCH_MISALIGNED: i32 = 8;
+
+/// The alignment a caller's scratch buffer needs (what `malloc` gives).
+pub const SCRATCH_ALIGN: usize = 16;
+
+/// Every error code with its name and message, for headers ([`error_message`] gives the
+/// same messages NUL-terminated).
+pub const ERRORS: [(i32, &str, &str); 9] = [
+    (OK, "OK", "success"),
+    (
+        ERR_NULL_POINTER,
+        "ERR_NULL_POINTER",
+        "a NULL inputs or outputs array, or a NULL entry in one",
+    ),
+    (
+        ERR_SCRATCH_TOO_SMALL,
+        "ERR_SCRATCH_TOO_SMALL",
+        "the scratch buffer is smaller than the model's scratch size",
+    ),
+    (
+        ERR_CPU_UNSUPPORTED,
+        "ERR_CPU_UNSUPPORTED",
+        "this CPU lacks instructions the model was compiled for",
+    ),
+    (
+        ERR_BAD_MODEL,
+        "ERR_BAD_MODEL",
+        "the model's tables do not match this run-time library",
+    ),
+    (
+        ERR_ZERO_DIVISION,
+        "ERR_ZERO_DIVISION",
+        "integer division or remainder by zero",
+    ),
+    (ERR_KERNEL, "ERR_KERNEL", "a kernel reported an error"),
+    (
+        ERR_OUT_OF_MEMORY,
+        "ERR_OUT_OF_MEMORY",
+        "allocating the scratch buffer failed",
+    ),
+    (
+        ERR_SCRATCH_MISALIGNED,
+        "ERR_SCRATCH_MISALIGNED",
+        "the scratch buffer is not 16-byte aligned",
+    ),
+];
+
+/// The message of an error code, NUL-terminated for C.
+pub fn error_message(code: i32) -> &'static str {
+    match code {
+        OK => "success\0",
+        ERR_NULL_POINTER => "a NULL inputs or outputs array, or a NULL entry in one\0",
+        ERR_SCRATCH_TOO_SMALL => "the scratch buffer is smaller than the model's scratch size\0",
+        ERR_CPU_UNSUPPORTED => "this CPU lacks instructions the model was compiled for\0",
+        ERR_BAD_MODEL => "the model's tables do not match this run-time library\0",
+        ERR_ZERO_DIVISION => "integer division or remainder by zero\0",
+        ERR_KERNEL => "a kernel reported an error\0",
+        ERR_OUT_OF_MEMORY => "allocating the scratch buffer failed\0",
+        ERR_SCRATCH_MISALIGNED => "the scratch buffer is not 16-byte aligned\0",
+        _ => "unknown error code\0",
+    }
+}
+
+/// The CPU features a plan may require: bit `i` of its feature word is `FEATURES[i]`, named
+/// as Cranelift's x86-64 setting and as `is_x86_feature_detected!`.
+pub const FEATURES: [(&str, &str); 16] = [
+    ("has_sse3", "sse3"),
+    ("has_ssse3", "ssse3"),
+    ("has_sse41", "sse4.1"),
+    ("has_sse42", "sse4.2"),
+    ("has_popcnt", "popcnt"),
+    ("has_avx", "avx"),
+    ("has_avx2", "avx2"),
+    ("has_fma", "fma"),
+    ("has_bmi1", "bmi1"),
+    ("has_bmi2", "bmi2"),
+    ("has_lzcnt", "lzcnt"),
+    ("has_avx512f", "avx512f"),
+    ("has_avx512vl", "avx512vl"),
+    ("has_avx512dq", "avx512dq"),
+    ("has_avx512vbmi", "avx512vbmi"),
+    ("has_avx512bitalg", "avx512bitalg"),
+];
+
+/// Whether this CPU has feature `i` of [`FEATURES`].
+#[cfg(target_arch = "x86_64")]
+fn has_feature(i: usize) -> bool {
+    match i {
+        0 => is_x86_feature_detected!("sse3"),
+        1 => is_x86_feature_detected!("ssse3"),
+        2 => is_x86_feature_detected!("sse4.1"),
+        3 => is_x86_feature_detected!("sse4.2"),
+        4 => is_x86_feature_detected!("popcnt"),
+        5 => is_x86_feature_detected!("avx"),
+        6 => is_x86_feature_detected!("avx2"),
+        7 => is_x86_feature_detected!("fma"),
+        8 => is_x86_feature_detected!("bmi1"),
+        9 => is_x86_feature_detected!("bmi2"),
+        10 => is_x86_feature_detected!("lzcnt"),
+        11 => is_x86_feature_detected!("avx512f"),
+        12 => is_x86_feature_detected!("avx512vl"),
+        13 => is_x86_feature_detected!("avx512dq"),
+        14 => is_x86_feature_detected!("avx512vbmi"),
+        15 => is_x86_feature_detected!("avx512bitalg"),
+        _ => false,
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn has_feature(_: usize) -> bool {
+    false
+}
+
+/// The features of `mask` this CPU lacks, by name.
+pub fn missing_features(mask: u64) -> Vec<&'static str> {
+    (0..FEATURES.len())
+        .filter(|&i| mask & (1 << i) != 0 && !has_feature(i))
+        .map(|i| FEATURES[i].1)
+        .collect()
+}
+
+/// Kernels whose index space has fewer elements than this run on the calling thread:
+/// below it, waking other threads costs more than it saves.
+pub const PAR_MIN_ELEMS: usize = 1 << 18;
+
+/// Chunks per thread for a parallel kernel, so uneven rows still balance.
+pub const CHUNKS_PER_THREAD: usize = 4;
+
+/// A generated kernel: `(slot table, first row, end row) -> error code`.
+pub type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64) -> i32;
+
+/// Runs rows `[0, rows)` of `f` over `table`, split into chunks over the threads when the
+/// kernel has `elems ≥ PAR_MIN_ELEMS` elements; each chunk fences its streamed stores.
+/// Returns the kernel's first nonzero code.
+///
+/// # Safety
+/// `table` holds, for every slot of the kernel, a pointer to memory of that buffer's dtype
+/// and size, readable (and writable where the kernel writes) and unused by others meanwhile.
+pub unsafe fn run_rows(
+    f: KernelFn,
+    table: *const *mut u8,
+    rows: usize,
+    elems: usize,
+    streams: bool,
+) -> i32 {
+    let call = |table: SendTable, begin: usize, end: usize| {
+        // SAFETY: the caller's contract; chunks cover disjoint rows.
+        let rc = unsafe { f(table.0, begin as i64, end as i64) };
+        if streams {
+            // streamed stores are weakly ordered: complete them before anyone reads them
+            crate::vmath::fence();
+        }
+        rc
+    };
+    let table = SendTable(table);
+    let threads = rayon::current_num_threads();
+    if elems < PAR_MIN_ELEMS || threads < 2 || rows < 2 {
+        return call(table, 0, rows);
+    }
+    use rayon::prelude::*;
+    let chunks = rows.min(threads * CHUNKS_PER_THREAD);
+    (0..chunks)
+        .into_par_iter()
+        .map(|c| call(table, c * rows / chunks, (c + 1) * rows / chunks))
+        .find_first(|&rc| rc != 0)
+        .unwrap_or(0)
+}
+
+#[derive(Clone, Copy)]
+struct SendTable(*const *mut u8);
+// SAFETY: the table and the buffers behind it are lent to the kernel for the call; chunks
+// write disjoint rows.
+unsafe impl Send for SendTable {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for SendTable {}
+
+/// A cursor over the plan's words; running off the end is [`ERR_BAD_MODEL`].
+struct Words<'a> {
+    w: &'a [u64],
+    at: usize,
+}
+
+impl Words<'_> {
+    fn next(&mut self) -> Result<u64, i32> {
+        let v = *self.w.get(self.at).ok_or(ERR_BAD_MODEL)?;
+        self.at += 1;
+        Ok(v)
+    }
+    fn usize(&mut self) -> Result<usize, i32> {
+        usize::try_from(self.next()?).map_err(|_| ERR_BAD_MODEL)
+    }
+    fn isize(&mut self) -> Result<isize, i32> {
+        Ok(self.next()? as i64 as isize)
+    }
+}
+
+/// The tables of a compiled model, as its object file holds them.
+#[repr(C)]
+pub struct ModelTables {
+    /// The plan's words.
+    pub plan: *const u64,
+    /// Number of plan words.
+    pub plan_words: u64,
+    /// The kernels' entry points, by index.
+    pub kernels: *const KernelFn,
+    /// Number of kernels.
+    pub kernel_count: u64,
+    /// The constants' bytes.
+    pub consts: *const u8,
+    /// Number of constant bytes.
+    pub const_bytes: u64,
+}
+
+/// The scratch size a plan needs, or None when it is not a plan of this format.
+pub fn scratch_bytes(plan: &[u64]) -> Option<usize> {
+    (plan.len() >= 8 && plan[0] == MAGIC && plan[1] == FORMAT)
+        .then(|| usize::try_from(plan[3]).ok())
+        .flatten()
+}
+
+/// Runs a compiled model (the function `NAME_run` calls): the contract is the one the
+/// model's C header states.
+///
+/// # Safety
+/// `tables` points to the model's own tables; `inputs` (`outputs`) to as many pointers as
+/// the model has inputs (outputs), each to memory of that input's (output's) size; `scratch`
+/// is NULL or points to `scratch_bytes` writable bytes. Nothing else writes the inputs or
+/// touches the outputs and the scratch during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn smelt_rt_run(
+    tables: *const ModelTables,
+    inputs: *const *const u8,
+    outputs: *const *mut u8,
+    scratch: *mut u8,
+    scratch_len: usize,
+) -> i32 {
+    if tables.is_null() {
+        return ERR_BAD_MODEL;
+    }
+    // SAFETY: the caller's contract: the model's own tables.
+    let t = unsafe { &*tables };
+    let (Ok(words), Ok(kernels), Ok(consts)) = (
+        usize::try_from(t.plan_words),
+        usize::try_from(t.kernel_count),
+        usize::try_from(t.const_bytes),
+    ) else {
+        return ERR_BAD_MODEL;
+    };
+    // SAFETY: the tables describe their own arrays.
+    let (plan, kernels, consts) = unsafe {
+        (
+            std::slice::from_raw_parts(t.plan, words),
+            std::slice::from_raw_parts(t.kernels, kernels),
+            std::slice::from_raw_parts(t.consts, consts),
+        )
+    };
+    let Some(need) = scratch_bytes(plan) else {
+        return ERR_BAD_MODEL;
+    };
+    if !missing_features(plan[2]).is_empty() {
+        return ERR_CPU_UNSUPPORTED;
+    }
+    if inputs.is_null() || outputs.is_null() {
+        return ERR_NULL_POINTER;
+    }
+    let mut owned = None;
+    let scratch = if scratch.is_null() {
+        match Scratch::new(need) {
+            Some(s) => owned.insert(s).ptr,
+            None => return ERR_OUT_OF_MEMORY,
+        }
+    } else if scratch_len < need {
+        return ERR_SCRATCH_TOO_SMALL;
+    } else if scratch.align_offset(SCRATCH_ALIGN) != 0 {
+        return ERR_SCRATCH_MISALIGNED;
+    } else {
+        scratch
+    };
+    // SAFETY: the caller's contract, and a scratch of at least `need` bytes.
+    let rc = unsafe { run_plan(plan, kernels, consts, inputs, outputs, scratch, need) };
+    drop(owned);
+    match rc {
+        Ok(()) => OK,
+        Err(code) => code,
+    }
+}
+
+/// The message of a code, as a NUL-terminated C string (`NAME_error_string` calls it).
+#[unsafe(no_mangle)]
+pub extern "C" fn smelt_rt_error_string(code: i32) -> *const std::ffi::c_char {
+    error_message(code).as_ptr().cast()
+}
+
+/// A scratch buffer allocated for one call (the caller passed none), 64-byte aligned.
+struct Scratch {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl Scratch {
+    fn new(bytes: usize) -> Option<Scratch> {
+        let layout = std::alloc::Layout::from_size_align(bytes.max(64), 64).ok()?;
+        // SAFETY: the layout has a nonzero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        (!ptr.is_null()).then_some(Scratch { ptr, layout })
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// The memory a call's buffers live in.
+struct Memory<'a> {
+    inputs: *const *const u8,
+    ninputs: usize,
+    consts: &'a [u8],
+    scratch: *mut u8,
+    scratch_len: usize,
+}
+
+impl Memory<'_> {
+    /// Where a buffer lives, checked against the memory it is in.
+    fn buffer(&self, kind: u64, at: usize, bytes: usize) -> Result<*mut u8, i32> {
+        let inside = |len: usize| at.checked_add(bytes).is_some_and(|e| e <= len);
+        match kind {
+            BUF_INPUT if at < self.ninputs => {
+                // SAFETY: the caller passes one pointer per input.
+                let p = unsafe { *self.inputs.add(at) };
+                if p.is_null() && bytes > 0 {
+                    return Err(ERR_NULL_POINTER);
+                }
+                Ok(p as *mut u8)
+            }
+            BUF_SCRATCH if inside(self.scratch_len) => Ok(self.scratch.wrapping_add(at)),
+            // constants are only read: the plan never names them as a step's output
+            BUF_CONST if inside(self.consts.len()) => {
+                Ok(self.consts.as_ptr().wrapping_add(at) as *mut u8)
+            }
+            _ => Err(ERR_BAD_MODEL),
+        }
+    }
+}
+
+/// The plan's body; see the module docs for the layout.
+///
+/// # Safety
+/// As [`smelt_rt_run`], with a scratch of `scratch_len` bytes.
+unsafe fn run_plan(
+    plan: &[u64],
+    kernels: &[KernelFn],
+    consts: &[u8],
+    inputs: *const *const u8,
+    outputs: *const *mut u8,
+    scratch: *mut u8,
+    scratch_len: usize,
+) -> Result<(), i32> {
+    let mut w = Words { w: plan, at: 4 };
+    let (nbuf, ninputs, noutputs, nsteps) = (w.usize()?, w.usize()?, w.usize()?, w.usize()?);
+    // the buffer table lives at the start of the scratch
+    let table_bytes = nbuf.checked_mul(8).ok_or(ERR_BAD_MODEL)?;
+    if table_bytes > scratch_len {
+        return Err(ERR_BAD_MODEL);
+    }
+    let bufs = scratch as *mut *mut u8;
+    let mem = Memory {
+        inputs,
+        ninputs,
+        consts,
+        scratch,
+        scratch_len,
+    };
+    for b in 0..nbuf {
+        let (kind, at, bytes) = (w.next()?, w.usize()?, w.usize()?);
+        let p = mem.buffer(kind, at, bytes)?;
+        // SAFETY: the table's `nbuf` entries are inside the scratch (checked above).
+        unsafe { bufs.add(b).write(p) };
+    }
+    let outputs_at = w.at;
+    // skip the outputs to reach the steps
+    for _ in 0..noutputs {
+        let (_buf, _size, _off, rank) = (w.next()?, w.next()?, w.next()?, w.usize()?);
+        for _ in 0..rank.checked_mul(2).ok_or(ERR_BAD_MODEL)? {
+            w.next()?;
+        }
+    }
+    // SAFETY (the whole loop): buffers hold the plan's sizes, as the compiler laid them out.
+    let buf = |b: usize| -> Result<*mut u8, i32> {
+        if b < nbuf {
+            Ok(unsafe { *bufs.add(b) })
+        } else {
+            Err(ERR_BAD_MODEL)
+        }
+    };
+    for _ in 0..nsteps {
+        match w.next()? {
+            STEP_KERNEL => {
+                let (k, rows, elems, streams) = (w.usize()?, w.usize()?, w.usize()?, w.next()?);
+                let (table_at, slots) = (w.usize()?, w.usize()?);
+                let f = *kernels.get(k).ok_or(ERR_BAD_MODEL)?;
+                let end = slots
+                    .checked_mul(8)
+                    .and_then(|s| s.checked_add(table_at))
+                    .ok_or(ERR_BAD_MODEL)?;
+                if end > scratch_len || table_at % 8 != 0 {
+                    return Err(ERR_BAD_MODEL);
+                }
+                let table = scratch.wrapping_add(table_at) as *mut *mut u8;
+                for s in 0..slots {
+                    let p = buf(w.usize()?)?;
+                    unsafe { table.add(s).write(p) };
+                }
+                let rc = unsafe { run_rows(f, table, rows, elems, streams != 0) };
+                match rc {
+                    0 => {}
+                    1 => return Err(ERR_ZERO_DIVISION),
+                    _ => return Err(ERR_KERNEL),
+                }
+            }
+            STEP_GEMM => unsafe { gemm_step(&mut w, &buf, scratch, scratch_len)? },
+            _ => return Err(ERR_BAD_MODEL),
+        }
+    }
+    let mut w = Words {
+        w: plan,
+        at: outputs_at,
+    };
+    for i in 0..noutputs {
+        let (b, size, off, rank) = (w.usize()?, w.usize()?, w.usize()?, w.usize()?);
+        let mut shape = [0usize; 16];
+        let mut strides = [0isize; 16];
+        if rank > 16 {
+            return Err(ERR_BAD_MODEL);
+        }
+        for d in shape.iter_mut().take(rank) {
+            *d = w.usize()?;
+        }
+        for s in strides.iter_mut().take(rank) {
+            *s = w.isize()?;
+        }
+        let dst = unsafe { *outputs.add(i) };
+        let n: usize = shape[..rank].iter().product();
+        if n == 0 {
+            continue;
+        }
+        if dst.is_null() {
+            return Err(ERR_NULL_POINTER);
+        }
+        let src = buf(b)?.wrapping_add(off * size);
+        unsafe { copy_strided(src, dst, size, &shape[..rank], &strides[..rank]) };
+    }
+    Ok(())
+}
+
+/// Copies the strided view at `src` into contiguous `dst`, `size` bytes an element.
+///
+/// # Safety
+/// The view's elements are readable; `dst` holds the view's element count.
+unsafe fn copy_strided(src: *const u8, dst: *mut u8, size: usize, shape: &[usize], st: &[isize]) {
+    let n: usize = shape.iter().product();
+    let contiguous = {
+        let mut expect = 1isize;
+        shape.iter().zip(st).rev().all(|(&d, &s)| {
+            let ok = d == 1 || s == expect;
+            expect *= d as isize;
+            ok
+        })
+    };
+    if contiguous {
+        // SAFETY: the caller's contract; a contiguous view is `n` adjacent elements.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, n * size) };
+        return;
+    }
+    let mut idx = [0usize; 16];
+    let rank = shape.len();
+    for i in 0..n {
+        let off: isize = (0..rank).map(|d| idx[d] as isize * st[d]).sum();
+        // SAFETY: the element at the multi-index is inside the view; `i < n`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.wrapping_offset(off * size as isize),
+                dst.add(i * size),
+                size,
+            )
+        };
+        for d in (0..rank).rev() {
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// Reads and runs one GEMM step.
+///
+/// # Safety
+/// The buffers are laid out as the plan says.
+unsafe fn gemm_step(
+    w: &mut Words,
+    buf: &dyn Fn(usize) -> Result<*mut u8, i32>,
+    scratch: *mut u8,
+    scratch_len: usize,
+) -> Result<(), i32> {
+    let dtype = w.next()?;
+    let (m, n, k) = (w.usize()?, w.usize()?, w.usize()?);
+    let a = (w.isize()?, w.isize()?);
+    let b = (w.isize()?, w.isize()?);
+    let (pa, pb, po) = (buf(w.usize()?)?, buf(w.usize()?)?, buf(w.usize()?)?);
+    let batches = w.usize()?;
+    let mut offs = [[0usize; 3]; 64];
+    let start = w.at;
+    let p = Product { m, n, k, a, b };
+    let threads = rayon::current_num_threads();
+    // batches come in groups of 64 so that no call allocates
+    let run = |offs: &[[usize; 3]]| -> Result<(), i32> {
+        unsafe {
+            match dtype {
+                GEMM_F16 => {
+                    gemm::batches::<f16>(&p, (pa as _, pb as _, po as _), offs, None, threads)
+                }
+                GEMM_F32 => {
+                    gemm::batches::<f32>(&p, (pa as _, pb as _, po as _), offs, None, threads)
+                }
+                GEMM_F64 => {
+                    gemm::batches::<f64>(&p, (pa as _, pb as _, po as _), offs, None, threads)
+                }
+                _ => return Err(ERR_BAD_MODEL),
+            }
+        }
+        Ok(())
+    };
+    if dtype == GEMM_BF16 {
+        // skip to the conversion offsets, convert, run in f32, convert back
+        w.at = start + batches.checked_mul(3).ok_or(ERR_BAD_MODEL)?;
+        let (a32, b32, o32) = (w.usize()?, w.usize()?, w.usize()?);
+        let (alen, blen, olen) = (w.usize()?, w.usize()?, w.usize()?);
+        for (at, len) in [(a32, alen), (b32, blen), (o32, olen)] {
+            if at % 4 != 0 || at.checked_add(len * 4).is_none_or(|e| e > scratch_len) {
+                return Err(ERR_BAD_MODEL);
+            }
+        }
+        let (fa, fb, fo) = (
+            scratch.wrapping_add(a32) as *mut f32,
+            scratch.wrapping_add(b32) as *mut f32,
+            scratch.wrapping_add(o32) as *mut f32,
+        );
+        unsafe {
+            for i in 0..alen {
+                fa.add(i)
+                    .write((pa as *const bf16).add(i).read_unaligned().to_f32());
+            }
+            for i in 0..blen {
+                fb.add(i)
+                    .write((pb as *const bf16).add(i).read_unaligned().to_f32());
+            }
+        }
+        let end = w.at;
+        w.at = start;
+        let mut done = 0;
+        while done < batches {
+            let c = (batches - done).min(offs.len());
+            for o in offs.iter_mut().take(c) {
+                *o = [w.usize()?, w.usize()?, w.usize()?];
+            }
+            unsafe { gemm::batches::<f32>(&p, (fa, fb, fo), &offs[..c], None, threads) };
+            done += c;
+        }
+        w.at = end;
+        unsafe {
+            for i in 0..olen {
+                (po as *mut bf16)
+                    .add(i)
+                    .write(bf16::from_f32(fo.add(i).read()));
+            }
+        }
+        return Ok(());
+    }
+    let mut done = 0;
+    while done < batches {
+        let c = (batches - done).min(offs.len());
+        for o in offs.iter_mut().take(c) {
+            *o = [w.usize()?, w.usize()?, w.usize()?];
+        }
+        run(&offs[..c])?;
+        done += c;
+    }
+    Ok(())
+}
+
+/// A nonzero result of a compiled model's entry point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AotError {
+    /// The code (`ERR_*`).
+    pub code: i32,
+}
+
+impl std::fmt::Display for AotError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let msg = error_message(self.code);
+        write!(f, "{} (code {})", &msg[..msg.len() - 1], self.code)
+    }
+}
+
+impl std::error::Error for AotError {}

@@ -1,0 +1,466 @@
+//! The plan of an ahead-of-time compiled model: where every buffer lives (the caller's
+//! inputs, the scratch buffer, the constants) and the steps in order, as the words
+//! `smelt_rt::model` reads (its module docs give the layout).
+//!
+//! The scratch holds, in order: the buffer-pointer table, one slot table per kernel step,
+//! then the temporaries, placed by liveness: two temporaries share bytes only when no step
+//! from the first's definition to its last use overlaps the other's.
+
+use crate::exec::cpu::step_buffers;
+use crate::ir::dtype::DType;
+use crate::ir::op::Op;
+use crate::ir::shape::numel;
+use crate::kernel::{BufferKind, ExternCall, Kernel, Schedule, Step, View};
+use crate::runtime::apply;
+use crate::{Result, bail};
+use smelt_rt::model as rt;
+
+/// Alignment of every temporary and constant.
+const ALIGN: usize = 64;
+
+/// The plan and what the object needs besides it.
+pub(super) struct Built {
+    /// The plan's words.
+    pub words: Vec<u64>,
+    /// Bytes of scratch a call needs.
+    pub scratch_bytes: usize,
+    /// The constants' bytes.
+    pub consts: Vec<u8>,
+    /// Per buffer: where it lives, for the manifest.
+    pub places: Vec<Place>,
+    /// Per step: its kernel index or "gemm", for the manifest.
+    pub steps: Vec<String>,
+}
+
+/// Where a buffer lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Place {
+    /// Input `i`.
+    Input(usize),
+    /// At this byte offset of the scratch.
+    Scratch(usize),
+    /// At this byte offset of the constants.
+    Const(usize),
+    /// Nothing reads or writes it.
+    Unused,
+}
+
+fn align(x: usize, a: usize) -> usize {
+    x.next_multiple_of(a)
+}
+
+/// A region of scratch alive from step `from` to step `to`, both included.
+struct Life {
+    from: usize,
+    to: usize,
+    bytes: usize,
+}
+
+/// Places regions with overlapping lives at disjoint offsets (first fit, largest first
+/// among those born at the same step), starting at `base`; returns the offsets and the end.
+fn place(lives: &[Life], base: usize) -> (Vec<usize>, usize) {
+    let mut order: Vec<usize> = (0..lives.len()).collect();
+    order.sort_by_key(|&i| (lives[i].from, std::cmp::Reverse(lives[i].bytes)));
+    let mut at = vec![0; lives.len()];
+    let mut placed: Vec<usize> = Vec::new();
+    let mut end = base;
+    for i in order {
+        let l = &lives[i];
+        let mut busy: Vec<(usize, usize)> = placed
+            .iter()
+            .filter(|&&j| lives[j].from <= l.to && l.from <= lives[j].to)
+            .map(|&j| (at[j], at[j] + lives[j].bytes))
+            .collect();
+        busy.sort_unstable();
+        let mut off = base;
+        for (lo, hi) in busy {
+            if off + l.bytes <= lo {
+                break;
+            }
+            off = off.max(align(hi, ALIGN));
+        }
+        at[i] = off;
+        end = end.max(off + l.bytes);
+        placed.push(i);
+    }
+    (at, align(end, ALIGN))
+}
+
+/// A kernel step's code: its index in the kernel table, whether it streams its stores, and
+/// the schedule buffer of each slot of its table.
+pub(super) type KernelCode = (usize, bool, Vec<usize>);
+
+/// Builds the plan of `s`; `kernel` defines (or finds) the code of a kernel step and gives
+/// its index in the kernel table, whether it streams, and the schedule buffer of each of its
+/// slots.
+pub(super) fn build(
+    s: &Schedule,
+    features: u64,
+    kernel: &mut dyn FnMut(&Kernel) -> Result<KernelCode>,
+) -> Result<Built> {
+    let nbuf = s.buffers.len();
+    let nsteps = s.steps.len();
+    // lives of the temporaries, and of each bf16 GEMM's f32 copies
+    let mut first: Vec<Option<usize>> = vec![None; nbuf];
+    let mut last: Vec<usize> = vec![0; nbuf];
+    for (i, step) in s.steps.iter().enumerate() {
+        let (reads, writes) = step_buffers(step);
+        for &b in &writes {
+            if matches!(
+                s.buffers[b].kind,
+                BufferKind::Input(_) | BufferKind::Constant(_)
+            ) {
+                bail!(
+                    Unsupported,
+                    "aot: step {i} writes into {} ({}), which a compiled model only reads",
+                    s.buffers[b].name,
+                    if matches!(s.buffers[b].kind, BufferKind::Input(_)) {
+                        "an input"
+                    } else {
+                        "a constant"
+                    }
+                );
+            }
+            first[b].get_or_insert(i);
+        }
+        for b in reads.into_iter().chain(writes) {
+            last[b] = last[b].max(i);
+        }
+    }
+    for v in &s.outputs {
+        last[v.buffer] = nsteps;
+    }
+    let mut lives = Vec::new();
+    let mut life_of: Vec<Option<usize>> = vec![None; nbuf];
+    for b in 0..nbuf {
+        if let (BufferKind::Temp, Some(from)) = (&s.buffers[b].kind, first[b]) {
+            life_of[b] = Some(lives.len());
+            lives.push(Life {
+                from,
+                to: last[b],
+                bytes: s.buffers[b].len() * s.buffers[b].dtype.size(),
+            });
+        }
+    }
+    // per bf16 GEMM step: the lives of its f32 copies of a, b and out
+    let mut copies: Vec<Option<[usize; 3]>> = vec![None; nsteps];
+    for (i, step) in s.steps.iter().enumerate() {
+        if let Step::Extern(e) = step
+            && s.buffers[e.out].dtype == DType::BF16
+        {
+            let lens = [
+                s.buffers[e.args[0].buffer].len(),
+                s.buffers[e.args[1].buffer].len(),
+                s.buffers[e.out].len(),
+            ];
+            copies[i] = Some(lens.map(|n| {
+                lives.push(Life {
+                    from: i,
+                    to: i,
+                    bytes: n * 4,
+                });
+                lives.len() - 1
+            }));
+        }
+    }
+    // the fixed part: the buffer table, then one slot table per kernel step
+    let mut fixed = align(nbuf * 8, 8);
+    let mut tables = vec![0; nsteps];
+    let mut kernels = vec![(0, false, Vec::new()); nsteps];
+    for (i, step) in s.steps.iter().enumerate() {
+        if let Step::Kernel(k) = step {
+            kernels[i] = kernel(k)?;
+            tables[i] = fixed;
+            fixed += kernels[i].2.len() * 8;
+        }
+    }
+    let (offsets, scratch_bytes) = place(&lives, align(fixed, ALIGN));
+
+    // buffers
+    let mut consts = Vec::new();
+    let mut places = vec![Place::Unused; nbuf];
+    let mut w = vec![
+        rt::MAGIC,
+        rt::FORMAT,
+        features,
+        scratch_bytes as u64,
+        nbuf as u64,
+        s.inputs.len() as u64,
+        s.outputs.len() as u64,
+        nsteps as u64,
+    ];
+    for (b, buf) in s.buffers.iter().enumerate() {
+        let bytes = buf.len() * buf.dtype.size();
+        places[b] = match &buf.kind {
+            BufferKind::Input(_) => match s.inputs.iter().position(|&x| x == b) {
+                Some(i) => Place::Input(i),
+                None => bail!(
+                    Value,
+                    "aot: buffer b{b} is an input the schedule does not list"
+                ),
+            },
+            BufferKind::Constant(lit) => {
+                let t = apply(Op::Constant(lit.clone()), &[])?;
+                let data = t.to_bytes()?;
+                if data.len() != bytes {
+                    bail!(
+                        Value,
+                        "aot: constant b{b} has {} bytes, its buffer {bytes}",
+                        data.len()
+                    );
+                }
+                consts.resize(align(consts.len(), ALIGN), 0);
+                let at = consts.len();
+                consts.extend_from_slice(&data);
+                Place::Const(at)
+            }
+            BufferKind::Temp => match life_of[b] {
+                Some(l) => Place::Scratch(offsets[l]),
+                None => Place::Unused,
+            },
+        };
+        let (kind, at) = match places[b] {
+            Place::Input(i) => (rt::BUF_INPUT, i),
+            Place::Scratch(o) => (rt::BUF_SCRATCH, o),
+            Place::Const(o) => (rt::BUF_CONST, o),
+            Place::Unused => (rt::BUF_SCRATCH, 0),
+        };
+        let bytes = if places[b] == Place::Unused { 0 } else { bytes };
+        w.extend([kind, at as u64, bytes as u64]);
+    }
+
+    // outputs
+    for v in &s.outputs {
+        w.extend([
+            v.buffer as u64,
+            s.buffers[v.buffer].dtype.size() as u64,
+            v.offset as u64,
+            v.shape.len() as u64,
+        ]);
+        w.extend(v.shape.iter().map(|&d| d as u64));
+        w.extend(v.strides.iter().map(|&st| st as u64));
+    }
+
+    // steps
+    let mut steps = Vec::with_capacity(nsteps);
+    for (i, step) in s.steps.iter().enumerate() {
+        match step {
+            Step::Kernel(k) => {
+                let (index, streams, slots) = &kernels[i];
+                w.extend([
+                    rt::STEP_KERNEL,
+                    *index as u64,
+                    numel(&k.outer) as u64,
+                    numel(&k.space()) as u64,
+                    u64::from(*streams),
+                    tables[i] as u64,
+                    slots.len() as u64,
+                ]);
+                w.extend(slots.iter().map(|&b| b as u64));
+                steps.push(format!("kernel {index}"));
+            }
+            Step::Extern(e) => {
+                let c = copies[i].map(|c| c.map(|l| offsets[l]));
+                gemm_words(s, e, c, &mut w)?;
+                steps.push("gemm".into());
+            }
+        }
+    }
+    Ok(Built {
+        words: w,
+        scratch_bytes,
+        consts,
+        places,
+        steps,
+    })
+}
+
+/// A matmul operand seen as a batch of matrices: batch shape and strides, then the
+/// matrix's rows, columns and their strides.
+struct Mat {
+    batch: Vec<(usize, isize)>,
+    rows: usize,
+    cols: usize,
+    rs: isize,
+    cs: isize,
+}
+
+fn mat(v: &View, left: bool) -> Result<Mat> {
+    let st: Vec<isize> = v.strides.iter().map(|&x| x as isize).collect();
+    let r = v.shape.len();
+    Ok(match r {
+        0 => bail!(Shape, "aot: matmul of a 0-d operand"),
+        // a vector is a row (left) or a column (right)
+        1 if left => Mat {
+            batch: vec![],
+            rows: 1,
+            cols: v.shape[0],
+            rs: 0,
+            cs: st[0],
+        },
+        1 => Mat {
+            batch: vec![],
+            rows: v.shape[0],
+            cols: 1,
+            rs: st[0],
+            cs: 0,
+        },
+        _ => Mat {
+            batch: v.shape[..r - 2]
+                .iter()
+                .zip(&st[..r - 2])
+                .map(|(&d, &s)| (d, s))
+                .collect(),
+            rows: v.shape[r - 2],
+            cols: v.shape[r - 1],
+            rs: st[r - 2],
+            cs: st[r - 1],
+        },
+    })
+}
+
+/// The words of a GEMM step (`copies`: the scratch offsets of a bf16 product's f32 copies).
+fn gemm_words(
+    s: &Schedule,
+    e: &ExternCall,
+    copies: Option<[usize; 3]>,
+    w: &mut Vec<u64>,
+) -> Result<()> {
+    if e.op != Op::Matmul || e.args.len() != 2 {
+        bail!(
+            Unsupported,
+            "aot: the library op {} is not supported in compiled models yet (matmul is)",
+            e.op.name()
+        );
+    }
+    let out = &s.buffers[e.out];
+    let dtype = out.dtype;
+    let code = match dtype {
+        DType::F16 => rt::GEMM_F16,
+        DType::F32 => rt::GEMM_F32,
+        DType::F64 => rt::GEMM_F64,
+        DType::BF16 => rt::GEMM_BF16,
+        d => bail!(
+            Unsupported,
+            "aot: matmul of {d} is not supported (float dtypes are)"
+        ),
+    };
+    for a in &e.args {
+        if s.buffers[a.buffer].dtype != dtype {
+            bail!(DType, "aot: matmul operands of different dtypes");
+        }
+    }
+    let (a, b) = (mat(&e.args[0], true)?, mat(&e.args[1], false)?);
+    if a.cols != b.rows {
+        bail!(
+            Shape,
+            "aot: matmul of {:?} and {:?}",
+            e.args[0].shape,
+            e.args[1].shape
+        );
+    }
+    let (m, n, k) = (a.rows, b.cols, a.cols);
+    // broadcast the batch dims, right-aligned
+    let rank = a.batch.len().max(b.batch.len());
+    let dim = |x: &Mat, d: usize| -> (usize, isize) {
+        let pad = rank - x.batch.len();
+        if d < pad { (1, 0) } else { x.batch[d - pad] }
+    };
+    let mut shape = Vec::with_capacity(rank);
+    for d in 0..rank {
+        let (da, db) = (dim(&a, d).0, dim(&b, d).0);
+        if da != db && da != 1 && db != 1 {
+            bail!(
+                Shape,
+                "aot: matmul batch dims {da} and {db} do not broadcast"
+            );
+        }
+        shape.push(da.max(db));
+    }
+    let batches = numel(&shape);
+    if batches * m * n != out.len() {
+        bail!(Shape, "aot: matmul result does not fill its buffer");
+    }
+    w.extend([rt::STEP_GEMM, code, m as u64, n as u64, k as u64]);
+    w.extend([a.rs, a.cs, b.rs, b.cs].map(|x| x as u64));
+    w.extend([e.args[0].buffer, e.args[1].buffer, e.out].map(|x| x as u64));
+    w.push(batches as u64);
+    let mut idx = vec![0usize; rank];
+    for bi in 0..batches {
+        let off = |x: &Mat, base: usize| -> u64 {
+            let o: isize = (0..rank)
+                .map(|d| {
+                    let (size, st) = dim(x, d);
+                    if size == 1 { 0 } else { idx[d] as isize * st }
+                })
+                .sum();
+            (base as isize + o) as u64
+        };
+        w.extend([
+            (bi * m * n) as u64,
+            off(&a, e.args[0].offset),
+            off(&b, e.args[1].offset),
+        ]);
+        for d in (0..rank).rev() {
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    if let Some([a32, b32, o32]) = copies {
+        w.extend([a32, b32, o32].map(|x| x as u64));
+        w.extend(
+            [
+                s.buffers[e.args[0].buffer].len(),
+                s.buffers[e.args[1].buffer].len(),
+                out.len(),
+            ]
+            .map(|x| x as u64),
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regions_alive_together_never_overlap() {
+        let lives = [
+            Life {
+                from: 0,
+                to: 2,
+                bytes: 100,
+            },
+            Life {
+                from: 1,
+                to: 1,
+                bytes: 64,
+            },
+            Life {
+                from: 3,
+                to: 4,
+                bytes: 200,
+            },
+            Life {
+                from: 2,
+                to: 3,
+                bytes: 8,
+            },
+        ];
+        let (at, end) = place(&lives, 128);
+        for i in 0..lives.len() {
+            assert!(at[i] >= 128 && at[i] % ALIGN == 0 && at[i] + lives[i].bytes <= end);
+            for j in 0..i {
+                let together = lives[i].from <= lives[j].to && lives[j].from <= lives[i].to;
+                let apart = at[i] + lives[i].bytes <= at[j] || at[j] + lives[j].bytes <= at[i];
+                assert!(!together || apart, "{i} and {j} overlap");
+            }
+        }
+        // the third region reuses the first's bytes: they are never alive together
+        assert_eq!(at[2], 128);
+    }
+}

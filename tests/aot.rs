@@ -1,0 +1,306 @@
+//! Ahead-of-time compiled models (`smelt::aot`, `smelt compile --target cpu`): objects linked
+//! by the system C compiler against the run-time library, run, and compared with the
+//! reference interpreter; the documented error codes for bad arguments; every model of the
+//! repository compiles.
+//!
+//! The tests that link need a C compiler (`cc`); without one they say so and pass, unless
+//! `SMELT_REQUIRE_CXX=1` (CI), where they fail.
+
+mod common;
+
+use common::close::Tol;
+use common::{assert_close, inputs_for, temp_dir};
+use smelt::aot::{AotOptions, CpuTarget};
+use smelt::ir::text::parse_module;
+use smelt::{DType, Tensor};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Whether `cc` runs; panics under `SMELT_REQUIRE_CXX=1` when it does not.
+fn have_cc(test: &str) -> bool {
+    let ok = Command::new("cc")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        if std::env::var("SMELT_REQUIRE_CXX").as_deref() == Ok("1") {
+            panic!("{test}: SMELT_REQUIRE_CXX=1 but no C compiler runs as `cc`");
+        }
+        eprintln!("{test}: skipped: no C compiler runs as `cc`");
+    }
+    ok
+}
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn module(path: &str) -> smelt::ir::graph::Module {
+    let text = std::fs::read_to_string(root().join(path)).unwrap();
+    parse_module(&text, path).unwrap()
+}
+
+/// Links the generic driver against model `m` written to `dir`; returns the executable.
+fn link_driver(m: &smelt::aot::AotModel, dir: &Path) -> PathBuf {
+    m.write(dir).unwrap();
+    let rt = smelt::aot::runtime_library().unwrap();
+    let exe = dir.join(format!("{}_driver", m.name));
+    let mut cmd = Command::new("cc");
+    cmd.arg("-O1")
+        .arg(format!("-DMODEL={}", m.name))
+        .arg(format!("-DNIN={}", m.inputs.len()))
+        .arg(format!("-DNOUT={}", m.outputs.len()))
+        .arg(format!("-DSCRATCH={}", m.scratch_bytes))
+        .arg(root().join("tests/aot_driver.c"))
+        .arg(dir.join(format!("{}.o", m.name)))
+        .args(smelt::aot::link_flags(&rt).split_whitespace())
+        .arg("-o")
+        .arg(&exe);
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "linking {}: {}",
+        m.name,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+/// Runs a linked driver on `inputs`; returns the outputs and the printed codes.
+fn run_driver(
+    m: &smelt::aot::AotModel,
+    exe: &Path,
+    dir: &Path,
+    inputs: &[Tensor],
+) -> (Vec<Tensor>, String) {
+    let mut args = Vec::new();
+    for (i, t) in inputs.iter().enumerate() {
+        let p = dir.join(format!("in{i}.bin"));
+        std::fs::write(&p, t.to_bytes().unwrap()).unwrap();
+        args.push(p);
+    }
+    let outs: Vec<PathBuf> = (0..m.outputs.len())
+        .map(|i| dir.join(format!("out{i}.bin")))
+        .collect();
+    args.extend(outs.iter().cloned());
+    let out = Command::new(exe).args(&args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{} failed: {}",
+        m.name,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tensors = m
+        .outputs
+        .iter()
+        .zip(&outs)
+        .map(|(p, f)| Tensor::from_bytes(p.dtype, &p.shape, &std::fs::read(f).unwrap()).unwrap())
+        .collect();
+    (tensors, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Every graph of a file, with whether its inputs are small enough to run here.
+fn graphs_of(path: &str) -> Vec<(smelt::ir::Graph, bool)> {
+    module(path)
+        .graphs
+        .into_iter()
+        .map(|g| {
+            let elems: usize = g
+                .inputs()
+                .iter()
+                .map(|&v| g.node(v).ty.shape.iter().product::<usize>())
+                .sum();
+            (g, elems <= 1 << 22)
+        })
+        .collect()
+}
+
+const MODELS: [&str; 9] = [
+    "examples/models/attention.smelt",
+    "examples/models/residual.smelt",
+    "examples/models/mlp_block.smelt",
+    "examples/models/layer_norm.smelt",
+    "examples/models/linear_regression.smelt",
+    "examples/models/softmax.smelt",
+    "examples/models/relu_scale.smelt",
+    "benches/models/big.smelt",
+    "benches/models/gpu.smelt",
+];
+
+#[test]
+fn every_model_of_the_repository_compiles() {
+    for path in MODELS {
+        for (g, _) in graphs_of(path) {
+            let m = smelt::aot::compile(&g, &AotOptions::default())
+                .unwrap_or_else(|e| panic!("{path} {}: {e}", g.name));
+            assert_eq!(&m.object[..4], b"\x7fELF", "{path} {}", g.name);
+            assert_eq!(m.inputs.len(), g.inputs().len());
+            assert!(m.header().contains(&format!("int {}_run(", g.name)));
+            assert!(m.manifest.contains("\"scratch_bytes\""));
+        }
+    }
+}
+
+#[test]
+fn compiled_models_agree_with_the_interpreter_and_refuse_bad_arguments() {
+    if !have_cc("compiled_models_agree_with_the_interpreter") {
+        return;
+    }
+    for path in MODELS {
+        for (g, small) in graphs_of(path) {
+            // the 256 MiB GPU-sized operands are compiled above but not run here
+            if !small {
+                continue;
+            }
+            let dir = temp_dir(&g.name);
+            let m = smelt::aot::compile(&g, &AotOptions::default()).unwrap();
+            let exe = link_driver(&m, &dir);
+            for seed in [1, 2] {
+                let inputs = inputs_for(&g, seed);
+                let want = common::inputs::interpret(&g, &inputs);
+                let (got, codes) = run_driver(&m, &exe, &dir, &inputs);
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(a.dtype(), b.dtype());
+                    assert_close(
+                        a,
+                        b,
+                        Tol::allclose(1e-5, 1e-5),
+                        &format!("{path} {} output {i}", g.name),
+                    );
+                }
+                let expect = format!(
+                    "null_inputs 1\nnull_outputs 1\nnull_entry 1\nsmall_scratch 2\nmisaligned_scratch 8\nnull_scratch 0\nmessage {}\n",
+                    "the scratch buffer is smaller than the model's scratch size"
+                );
+                assert_eq!(codes, expect, "{path} {}", g.name);
+            }
+        }
+    }
+}
+
+/// The AOT object and the JIT run the same kernels: their outputs are the same bits.
+#[test]
+fn compiled_models_match_the_jit_bit_for_bit() {
+    if !have_cc("compiled_models_match_the_jit_bit_for_bit") {
+        return;
+    }
+    for path in [
+        "examples/models/mlp_block.smelt",
+        "examples/models/attention.smelt",
+        "examples/models/residual.smelt",
+    ] {
+        let g = module(path).graphs.remove(0);
+        let dir = temp_dir(&format!("jit-{}", g.name));
+        let m = smelt::aot::compile(&g, &AotOptions::default()).unwrap();
+        let exe = link_driver(&m, &dir);
+        let inputs = inputs_for(&g, 7);
+        let (got, _) = run_driver(&m, &exe, &dir, &inputs);
+        let f = smelt::exec::CompiledFn::compile(&g, &Default::default()).unwrap();
+        let want = f.call(&inputs).unwrap();
+        for (a, b) in got.iter().zip(&want) {
+            common::assert_bits(a, b, path);
+        }
+    }
+}
+
+/// Batched and broadcast products, f64, and a bf16 product (computed in f32 as eagerly).
+#[test]
+fn products_of_every_float_dtype_and_batch_shape_agree() {
+    if !have_cc("products_of_every_float_dtype_and_batch_shape_agree") {
+        return;
+    }
+    let text = r#"
+graph batched(%a: f32[3,1,5,7], %b: f32[4,7,6]) {
+  %y = matmul(%a, %b)
+  return %y
+}
+graph vec_mat(%v: f64[7], %b: f64[2,7,3], %c: f64[3]) {
+  %y = matmul(%v, %b)
+  %z = matmul(%y, %c)
+  return %y, %z
+}
+graph halves(%a: bf16[4,8], %b: bf16[8,5], %c: f16[4,8], %d: f16[8,5]) {
+  %y = matmul(%a, %b)
+  %t = transpose(%y, dim0=0, dim1=1)
+  %z = matmul(%c, %d)
+  return %t, %z
+}
+graph empty_sum(%a: f32[3,0], %b: f32[0,4]) {
+  %y = matmul(%a, %b)
+  return %y
+}
+"#;
+    let module = parse_module(text, "products").unwrap();
+    for g in &module.graphs {
+        let dir = temp_dir(&g.name);
+        let m = smelt::aot::compile(g, &AotOptions::default()).unwrap();
+        let exe = link_driver(&m, &dir);
+        let inputs = inputs_for(g, 3);
+        let want = common::inputs::interpret(g, &inputs);
+        let (got, _) = run_driver(&m, &exe, &dir, &inputs);
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            let tol = match a.dtype() {
+                DType::BF16 | DType::F16 => Tol::allclose(1e-2, 1e-2),
+                _ => Tol::allclose(1e-5, 1e-5),
+            };
+            assert_close(a, b, tol, &format!("{} output {i}", g.name));
+        }
+    }
+}
+
+#[test]
+fn bad_names_targets_and_library_ops_are_clear_errors() {
+    let g = module("examples/models/relu_scale.smelt").graphs.remove(0);
+    let opts = AotOptions {
+        name: Some("9lives".into()),
+        ..AotOptions::default()
+    };
+    let e = smelt::aot::compile(&g, &opts).err().unwrap().to_string();
+    assert!(e.contains("not a C identifier"), "{e}");
+    let e = CpuTarget::parse("pentium").err().unwrap().to_string();
+    assert!(e.contains("x86-64-v3"), "{e}");
+    let sort = parse_module(
+        "graph s(%x: f32[4]) {\n  %v, %i = sort(%x)\n  return %v\n}\n",
+        "s",
+    );
+    if let Ok(m) = sort {
+        let e = smelt::aot::compile(&m.graphs[0], &AotOptions::default());
+        assert!(e.is_err());
+    }
+    let f64_exp = parse_module(
+        "graph e(%x: f64[4]) {\n  %y = exp(%x)\n  return %y\n}\n",
+        "e",
+    )
+    .unwrap();
+    let e = smelt::aot::compile(&f64_exp.graphs[0], &AotOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("smelt_unary_exp") && e.contains("f32"), "{e}");
+}
+
+/// Code for x86-64-v3 needs no AVX-512; x86-64-v4 names it.
+#[test]
+fn cpu_targets_record_the_extensions_they_need() {
+    let g = module("examples/models/softmax.smelt").graphs.remove(0);
+    let v3 = smelt::aot::compile(
+        &g,
+        &AotOptions {
+            cpu: CpuTarget::X86_64V3,
+            ..AotOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(v3.features.contains(&"avx2") && v3.features.contains(&"fma"));
+    assert!(!v3.features.iter().any(|f| f.starts_with("avx512")));
+    let v4 = smelt::aot::compile(
+        &g,
+        &AotOptions {
+            cpu: CpuTarget::X86_64V4,
+            ..AotOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(v4.features.contains(&"avx512f"));
+    assert!(v4.manifest.contains("\"x86-64-v4\""));
+}
