@@ -55,6 +55,8 @@ pub mod guide {
     pub struct Profiling;
     #[doc = include_str!("../docs/guide/10-cnn.md")]
     pub struct Cnn;
+    #[doc = include_str!("../docs/guide/11-aot.md")]
+    pub struct Aot;
     #[doc = include_str!("../docs/profiling.md")]
     pub struct ProfilerGuide;
 }

@@ -661,7 +661,8 @@ fn basic_arithmetic_is_exact() {
 fn jit_reports_misuse_as_errors() {
     let mut jit = Jit::new().unwrap();
     let sig = jit.signature(&[F32], &[F32]);
-    let id = jit.define("id", Linkage::Export, &sig, &mut |fb| {
+    let id = jit
+        .define("id", Linkage::Export, &sig, &mut |fb| {
             let entry = fb.b.current_block().unwrap();
             let x = fb.b.block_params(entry)[0];
             fb.b.ins().return_(&[x]);
@@ -700,7 +701,8 @@ fn imported_symbol_is_callable() {
     let mut jit = Jit::with_symbols(&[("twice", twice as *const u8)]).unwrap();
     let sig = jit.signature(&[F32], &[F32]);
     let callee = jit.import("twice", &sig).unwrap();
-    let id = jit.define("call_twice", Linkage::Export, &sig, &mut |fb| {
+    let id = jit
+        .define("call_twice", Linkage::Export, &sig, &mut |fb| {
             let f = fb.func_ref(callee);
             let entry = fb.b.current_block().unwrap();
             let x = fb.b.block_params(entry)[0];

@@ -152,7 +152,8 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
     let _ = writeln!(out, "summary");
     let _ = writeln!(
         out,
-        "  compile (parse + passes + codegen, cold): {compile_ms:.3} ms"
+        "  compile (parse + passes + codegen, cold): {compile_ms:.3} ms; code: {}",
+        fused.code_origin().name()
     );
     let _ = writeln!(
         out,
@@ -187,6 +188,11 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
             ),
             ("repeat".into(), Json::Num(a.repeat as f64)),
             ("compile_ms".into(), Json::Num(compile_ms)),
+            ("code_origin".into(), Json::str(fused.code_origin().name())),
+            (
+                "cranelift_functions".into(),
+                Json::Num(crate::codegen_cpu::jit::functions_compiled() as f64),
+            ),
             ("bytes_min".into(), Json::Num(bytes_min as f64)),
             ("max_abs_diff".into(), Json::Num(diff)),
             ("eager".into(), way_json(&eager)),

@@ -66,6 +66,15 @@ pub trait CodeModule {
     }
 }
 
+/// Functions Cranelift has compiled in this process (JIT and object files alike).
+static COMPILED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many functions Cranelift has compiled in this process: code loaded from the disk
+/// cache adds none.
+pub fn functions_compiled() -> usize {
+    COMPILED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Defines a function in `module` (see [`CodeModule::define`]), reusing the contexts.
 pub(super) fn define_function(
     module: &mut dyn Module,
@@ -98,6 +107,7 @@ pub(super) fn define_function(
     let dump = dump_asm();
     ctx.set_disasm(dump);
     let res = module.define_function(id, ctx).map_err(module_err);
+    COMPILED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     if dump && let Some(code) = ctx.compiled_code().and_then(|c| c.vcode.as_deref()) {
         eprintln!("; smelt kernel {name}\n{code}");
     }

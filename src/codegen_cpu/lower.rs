@@ -73,10 +73,18 @@ struct Code {
     column_sums: usize,
     stream_loops: usize,
     /// Owns the machine code `func` points into; never used after construction.
-    _jit: Jit,
+    _owner: Owner,
 }
 
-// SAFETY: after `compile_code` returns, the `Jit` is never touched again except by `Drop`
+/// What holds a kernel's machine code.
+enum Owner {
+    /// The JIT module it was compiled into.
+    Jit(#[allow(dead_code)] Box<Jit>),
+    /// An object loaded from the disk cache (shared by the kernels of one schedule).
+    Loaded(#[allow(dead_code)] Arc<super::loader::Loaded>),
+}
+
+// SAFETY: after `compile_code` returns, the owner is never touched again except by `Drop`
 // (which frees the code once no `Code` reference exists, so no call can be running). The
 // generated function reads only its arguments and its own stack (no globals, no mutable
 // state shared between calls), and the helpers it calls are pure `extern "C"` functions, so
@@ -297,7 +305,7 @@ pub fn compile_kernel(
 }
 
 /// What code generation chose for a kernel, for reports.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct CodeStats {
     vector_loops: usize,
     cached_rows: usize,
@@ -363,6 +371,41 @@ fn kernel_helpers(k: &Kernel) -> Vec<(&'static str, Sig)> {
         .collect()
 }
 
+/// Kernel `k` of a schedule whose buffers are `buffers`, running the loaded function `func`
+/// (a [`define_kernel`] of `k` localized, with the same options) that `image` holds.
+///
+/// # Safety
+/// `func` must be that function's entry in `image`.
+pub(crate) unsafe fn loaded_kernel(
+    k: &Kernel,
+    buffers: &[Buffer],
+    func: *const u8,
+    stats: CodeStats,
+    image: Arc<super::loader::Loaded>,
+) -> Result<Arc<CpuKernel>> {
+    let (_, local_bufs, slots) = localize(k, buffers)?;
+    // SAFETY: the caller's contract: an entry with `KernelFn`'s signature.
+    let func = unsafe { std::mem::transmute::<*const u8, KernelFn>(func) };
+    let code = Code {
+        func,
+        slots: local_bufs.len(),
+        vector_loops: stats.vector_loops,
+        cached_rows: stats.cached_rows,
+        lane_rows: stats.lane_rows,
+        strip_loops: stats.strip_loops,
+        column_sums: stats.column_sums,
+        stream_loops: stats.stream_loops,
+        _owner: Owner::Loaded(image),
+    };
+    Ok(Arc::new(CpuKernel {
+        name: k.name.clone(),
+        rows: numel(&k.outer),
+        slots,
+        nbufs: buffers.len(),
+        code: Arc::new(code),
+    }))
+}
+
 /// Compiles a localized kernel; `buffers` are its own.
 fn compile_code(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Result<Code> {
     let wanted: Vec<&str> = kernel_helpers(k).into_iter().map(|(n, _)| n).collect();
@@ -393,7 +436,7 @@ fn compile_code(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Result
         strip_loops: st.strip_loops,
         column_sums: st.column_sums,
         stream_loops: st.stream_loops,
-        _jit: jit,
+        _owner: Owner::Jit(Box::new(jit)),
     })
 }
 

@@ -4,6 +4,7 @@
 pub mod helpers;
 pub mod jit;
 mod lanes;
+pub mod loader;
 pub mod lower;
 pub mod math;
 pub mod object;

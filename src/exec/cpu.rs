@@ -17,12 +17,14 @@
 //! Two kernel backends run through the same executor: machine code from the Cranelift
 //! lowering, and the kernel-IR interpreter (one step at a time), which needs no codegen.
 
+mod cache;
 mod frame;
 mod gemm;
 mod info;
 mod inplace;
 mod plan;
 
+pub use cache::CodeOrigin;
 pub use info::StepInfo;
 pub use plan::{TempPlan, step_buffers};
 
@@ -90,6 +92,20 @@ pub struct CompileOptions {
     /// their strides with no copy, and the 4-D values computed from them are kept NHWC
     /// (convolutions and pooling run their NHWC kernels, results come back channels_last).
     pub channels_last_inputs: Vec<String>,
+    /// Where compiled code is cached between processes.
+    pub disk_cache: DiskCache,
+}
+
+/// Where [`CompiledFn::compile`] caches compiled code between processes ([`CodeOrigin`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum DiskCache {
+    /// `$SMELT_CACHE_DIR/cpu` (the default; `SMELT_CACHE_DIR=off` turns it off).
+    #[default]
+    Env,
+    /// No disk cache: the JIT compiles in memory.
+    Off,
+    /// This directory.
+    At(std::path::PathBuf),
 }
 
 impl Default for CompileOptions {
@@ -101,6 +117,7 @@ impl Default for CompileOptions {
             inline_math: false,
             threads: None,
             channels_last_inputs: Vec::new(),
+            disk_cache: DiskCache::Env,
         }
     }
 }
@@ -127,6 +144,11 @@ impl CompileOptions {
     /// The same options with these inputs taken in the channels_last memory format.
     pub fn channels_last<S: AsRef<str>>(mut self, inputs: &[S]) -> CompileOptions {
         self.channels_last_inputs = inputs.iter().map(|s| s.as_ref().to_string()).collect();
+        self
+    }
+    /// The same options with compiled code cached in `cache`.
+    pub fn disk_cache(mut self, cache: DiskCache) -> CompileOptions {
+        self.disk_cache = cache;
         self
     }
     /// The same options with transcendentals kept inline (no strips) or not.
@@ -190,6 +212,8 @@ pub struct CompiledFn {
     in_place: Vec<Option<inplace::InPlace>>,
     /// Which outputs each call copies ([`Schedule::fresh_outputs`]).
     fresh: Vec<bool>,
+    /// Where the kernels' code came from.
+    origin: CodeOrigin,
 }
 
 /// Per-step wall times of one call, in step order.
@@ -211,13 +235,30 @@ impl Ptrs<'_> {
 
 impl CompiledFn {
     /// Runs the pass pipeline (partitioning fused or not) and compiles every kernel of `g`.
+    ///
+    /// With the disk cache on (`SMELT_CACHE_DIR`, see [`CodeOrigin`]), a graph compiled by
+    /// an earlier process loads from it: neither the passes nor Cranelift run.
     pub fn compile(g: &Graph, opts: &CompileOptions) -> Result<CompiledFn> {
         let t0 = Instant::now();
-        let p = super::plan(g, opts.fuse, opts.fast_math, &opts.channels_last_inputs)?;
-        let mut f = CompiledFn::from_schedule(p.schedule, p.input_names, opts)?;
+        let (p, kernels, origin) = match cache::compile(g, opts)? {
+            Some(c) => (c.planned, Some(c.kernels), c.origin),
+            None => (
+                super::plan(g, opts.fuse, opts.fast_math, &opts.channels_last_inputs)?,
+                None,
+                CodeOrigin::Jit,
+            ),
+        };
+        let mut f = CompiledFn::build(p.schedule, p.input_names, opts, kernels)?;
         f.fresh = f.schedule.fresh_outputs(&p.may_alias);
+        f.origin = origin;
         f.compile_time = t0.elapsed();
         Ok(f)
+    }
+
+    /// Where the code came from: the JIT, or the disk cache (compiled and stored now, or
+    /// loaded).
+    pub fn code_origin(&self) -> CodeOrigin {
+        self.origin
     }
 
     /// Compiles an already partitioned schedule; `input_names` name its inputs in errors.
@@ -225,6 +266,17 @@ impl CompiledFn {
         s: Schedule,
         input_names: Vec<String>,
         opts: &CompileOptions,
+    ) -> Result<CompiledFn> {
+        CompiledFn::build(s, input_names, opts, None)
+    }
+
+    /// [`CompiledFn::from_schedule`], with the code of each kernel step when it is already
+    /// compiled (loaded from the disk cache).
+    fn build(
+        s: Schedule,
+        input_names: Vec<String>,
+        opts: &CompileOptions,
+        mut compiled: Option<Vec<Option<Arc<CpuKernel>>>>,
     ) -> Result<CompiledFn> {
         let t0 = Instant::now();
         s.validate()?;
@@ -258,7 +310,11 @@ impl CompiledFn {
                 },
                 (Step::Kernel(_), KernelBackend::Interp) => Exec::Interp,
                 (Step::Kernel(k), KernelBackend::Cranelift) => {
-                    let code = compile_kernel(k, &s.buffers, &cg)?;
+                    let loaded = compiled.as_mut().and_then(|c| c.get_mut(i)?.take());
+                    let code = match loaded {
+                        Some(code) => code,
+                        None => compile_kernel(k, &s.buffers, &cg)?,
+                    };
                     let (reads, writes) = plan::step_buffers(step);
                     Exec::Native {
                         code,
@@ -311,6 +367,7 @@ impl CompiledFn {
             pool,
             opts: opts.clone(),
             compile_time: t0.elapsed(),
+            origin: CodeOrigin::Jit,
             bound: Vec::new(),
             schedule: s,
         })

@@ -8,7 +8,8 @@ pub mod cuda_eager;
 mod device;
 
 pub use cpu::{
-    CompileOptions, CompiledFn, KernelBackend, PAR_MIN_ELEMS, StepInfo, StepTimes, step_buffers,
+    CodeOrigin, CompileOptions, CompiledFn, DiskCache, KernelBackend, PAR_MIN_ELEMS, StepInfo,
+    StepTimes, step_buffers,
 };
 pub use cuda::{CudaCompileOptions, CudaFn};
 

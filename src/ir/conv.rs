@@ -10,7 +10,7 @@ use super::unary::Real;
 use crate::{Result, bail};
 
 /// The `padding` of a convolution: sizes per spatial dim, or PyTorch's two strings.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ConvPadding {
     /// Zeros added on both sides of each spatial dim.
     Explicit(Vec<i64>),
@@ -23,7 +23,7 @@ pub enum ConvPadding {
 
 /// `stride`, `padding`, `dilation` and `groups` of a convolution with `stride.len()` spatial
 /// dims (1 for `conv1d`, 2 for `conv2d`).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ConvAttrs {
     /// Step between output positions, per spatial dim.
     pub stride: Vec<i64>,
@@ -281,7 +281,7 @@ pub fn conv_type(
 }
 
 /// `kernel_size`, `stride`, `padding`, `dilation` and `ceil_mode` of a 2-d pooling.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct PoolAttrs {
     /// Window size.
     pub kernel_size: Vec<i64>,
@@ -488,7 +488,7 @@ pub fn adaptive_pool_type(output_size: &[i64], x: &TensorType) -> Result<TensorT
 }
 
 /// `batch_norm`'s flags: which optional operands follow `x`, the mode and its constants.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct BatchNormAttrs {
     /// Running mean and variance follow `x` (both or neither).
     pub has_running: bool,

@@ -3,7 +3,9 @@
 use std::fmt;
 
 /// The element type of a tensor. `I16` exists because PyTorch promotes `u8` with `i8` to it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum DType {
     /// `torch.bool`.
     Bool,
@@ -152,7 +154,7 @@ impl fmt::Display for DType {
 }
 
 /// A Python-style scalar: the "wrapped number" of PyTorch.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Scalar {
     /// A Python `bool`.
     Bool(bool),

@@ -54,7 +54,7 @@ impl TensorType {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 /// A pointwise op of two broadcast operands.
 pub enum BinaryOp {
     /// `torch.add`: `a + b`.
@@ -97,7 +97,7 @@ pub enum BinaryOp {
     LogicalOr,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 /// A reduction over some dims (`Op::Reduce`).
 pub enum ReduceOp {
     /// `torch.sum` (integers and bool sum in i64).
@@ -119,7 +119,7 @@ pub enum ReduceOp {
 }
 
 /// Tensor data embedded in a graph (a captured constant): raw little-endian bytes.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Literal {
     /// Element type.
     pub dtype: DType,
@@ -130,7 +130,7 @@ pub struct Literal {
 }
 
 /// One operation. Attribute names follow PyTorch's argument names.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Op {
     // leaves
     /// A Python scalar operand.

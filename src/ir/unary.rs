@@ -17,7 +17,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 
 /// An f64 attribute that compares and hashes by its bits, so that ops holding one stay `Eq`.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct Real(pub f64);
 
 impl Real {
@@ -132,7 +132,7 @@ macro_rules! unary_ops {
             = $name:literal, $class:ident, $cost:ident, $grad:literal;
     )*) => {
         /// A unary pointwise op (one row of the table in `ir/unary.rs`); attributes are its fields.
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
         pub enum UnaryOp {
             $($(#[$doc])* $var $({ $(
                 #[doc = concat!(

@@ -46,7 +46,7 @@ pub type BufferId = usize;
 pub type ValId = usize;
 
 /// Where a buffer's contents come from.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum BufferKind {
     /// The `i`-th graph input.
     Input(usize),
@@ -57,7 +57,7 @@ pub enum BufferKind {
 }
 
 /// A dense row-major array.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Buffer {
     /// The graph value it holds (for dumps).
     pub name: String,
@@ -120,7 +120,7 @@ impl Buffer {
 /// An affine map from a kernel's index space to an element of a buffer:
 /// `offset + Σ_d strides[d] * i[d]` over the dims of `outer ++ inner`. A stride of 0
 /// broadcasts along that dim.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct IndexMap {
     /// Elements to step per unit of each dim (`outer` dims, then `inner`).
     pub strides: Vec<usize>,
@@ -149,7 +149,7 @@ impl IndexMap {
 }
 
 /// A strided view of a buffer (extern-call operands and graph outputs).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct View {
     /// The buffer viewed.
     pub buffer: BufferId,
@@ -162,7 +162,7 @@ pub struct View {
 }
 
 /// How a reduction combines the elements of the inner space.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Combiner {
     /// Sum.
     Sum,
@@ -218,7 +218,7 @@ pub fn accumulator(d: DType) -> DType {
 /// comparisons and logical ops; `Where`'s branches have the result dtype; `Clamp`'s operand
 /// has the result dtype; a `Unary` op reads its operand in its own dtype and produces
 /// `UnaryOp::out_dtype`. Semantics of every op are those of the eager kernels (PyTorch's).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Expr {
     /// The element of `buffer` at `map(i)`.
     Load {
@@ -303,7 +303,7 @@ impl Expr {
 }
 
 /// One SSA value of a kernel.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Value {
     /// How it is computed.
     pub expr: Expr,
@@ -323,7 +323,7 @@ pub enum Level {
 /// A write of `value` to `buffer` at `map(i)`. A store whose map has zero inner strides is a
 /// row store: it runs once per row, after the passes; any other store runs over the whole
 /// space (an outer-level value is then broadcast along the row).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Store {
     /// The buffer written.
     pub buffer: BufferId,
@@ -334,7 +334,7 @@ pub struct Store {
 }
 
 /// One fused kernel.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Kernel {
     /// The kernel's name (`k0`), for dumps and generated code.
     pub name: String,
@@ -431,7 +431,7 @@ impl Kernel {
 /// A call to a library kernel: `op` applied to strided views, result in `out`.
 /// `Op::Matmul` is a GEMM (the gemm crate on the CPU, cuBLAS on the GPU); any other op runs
 /// the eager reference kernel.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ExternCall {
     /// The op (its attributes; operands come from `args`).
     pub op: Op,
@@ -442,7 +442,7 @@ pub struct ExternCall {
 }
 
 /// One step of a schedule.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Step {
     /// A fused kernel.
     Kernel(Kernel),
@@ -451,7 +451,7 @@ pub enum Step {
 }
 
 /// A compiled graph: buffers, steps in execution order, and where the outputs are.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Schedule {
     /// The graph's name.
     pub name: String,

@@ -2,6 +2,7 @@
 
 pub mod access;
 mod bytes;
+pub mod cache;
 pub mod cuda;
 pub mod device;
 mod display;

@@ -6,7 +6,8 @@
  *   cc -O2 -I DIR examples/aot/c/main.c DIR/mlp.o DIR/attention.o $(cat DIR/link-flags.txt)
  *
  * Input j of a model holds ((7 i + 3 j) mod 17 - 8) / 8 at element i: values every
- * language writes exactly, so a caller in any language can feed the same inputs. */
+ * language writes exactly, so a caller in any language can feed the same inputs
+ * (examples/aot/rust prints the same lines). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,7 +42,7 @@ static int run(const char *name, run_fn f, error_fn err, int n_in, const size_t 
     for (int j = 0; j < n_out; j++) {
         printf("%s %s:", name, out_names[j]);
         const float *y = outs[j];
-        for (size_t i = 0; i < out_bytes[j] / sizeof(float); i++) printf(" %.9g", y[i]);
+        for (size_t i = 0; i < out_bytes[j] / sizeof(float); i++) printf(" %.6f", y[i]);
         printf("\n");
     }
     /* bad arguments get error codes, not crashes */

@@ -8,6 +8,7 @@
 use super::driver::{Gpu, Module};
 use super::nvrtc;
 use crate::Result;
+use crate::runtime::cache::{fnv1a, store};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -34,33 +35,9 @@ impl Origin {
     }
 }
 
-/// FNV-1a: stable across builds and platforms, unlike `std`'s hasher.
-fn fnv1a(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for &b in *p {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-/// The disk cache folder, if enabled.
+/// The directory of cached CUBIN files (see [`crate::runtime::cache`]).
 pub fn cache_dir() -> Option<PathBuf> {
-    let base = match std::env::var_os("SMELT_CACHE_DIR") {
-        Some(v) if v == "off" => return None,
-        Some(v) if !v.is_empty() => PathBuf::from(v),
-        _ => match std::env::var_os("XDG_CACHE_HOME") {
-            Some(v) if !v.is_empty() => PathBuf::from(v).join("smelt"),
-            _ => PathBuf::from(std::env::var_os("HOME")?)
-                .join(".cache")
-                .join("smelt"),
-        },
-    };
-    Some(base.join("cuda"))
+    crate::runtime::cache::dir("cuda")
 }
 
 type MemCache = Mutex<HashMap<(usize, u64), Arc<Module>>>;
@@ -110,30 +87,4 @@ pub fn load(
         .unwrap_or_else(|e| e.into_inner())
         .insert((gpu.ordinal(), key), module.clone());
     Ok((module, origin))
-}
-
-/// Writes a cache file through a temporary name, so readers never see half a file. A
-/// cache that cannot be written only costs a later compile.
-fn store(file: &std::path::Path, bytes: &[u8]) {
-    let Some(dir) = file.parent() else { return };
-    if std::fs::create_dir_all(dir).is_err() {
-        return;
-    }
-    let tmp = file.with_extension(format!("tmp{}", std::process::id()));
-    if std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, file).is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hash_is_stable_and_separates_parts() {
-        // FNV-1a of the empty input is its offset basis; the part separator changes it
-        assert_ne!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"a", b"bc"]));
-        assert_eq!(fnv1a(&[b"kernel"]), fnv1a(&[b"kernel"]));
-        assert_ne!(fnv1a(&[b"kernel", b"sm_90"]), fnv1a(&[b"kernel", b"sm_80"]));
-    }
 }

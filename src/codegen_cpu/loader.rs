@@ -1,0 +1,220 @@
+//! Loads a relocatable object made by [`super::object::ObjectCode`] into executable memory
+//! of this process: a small static linker for the x86-64 ELF relocations Cranelift emits,
+//! so that code compiled in an earlier process (the disk cache) runs without Cranelift.
+//!
+//! The allocated sections are copied into one mapping, followed by a table of addresses (a
+//! GOT) for the symbols reached through it and a jump stub per external function called
+//! directly; relocations are applied, and the mapping is made read-only and executable.
+//! Anything it does not understand (another architecture or relocation type, a symbol it
+//! cannot resolve, an offset outside its section) is an error, never a guess.
+
+use crate::{Error, Result};
+use object::{Object, ObjectSection, ObjectSymbol, RelocationFlags, RelocationTarget, SectionKind};
+use std::collections::HashMap;
+
+/// Machine code loaded from an object; unmapped when dropped.
+pub struct Loaded {
+    map: memmap2::Mmap,
+    /// Addresses of the object's defined symbols, by name.
+    symbols: HashMap<String, usize>,
+}
+
+impl std::fmt::Debug for Loaded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Loaded({} bytes, {} symbols)",
+            self.map.len(),
+            self.symbols.len()
+        )
+    }
+}
+
+fn bad(what: impl std::fmt::Display) -> Error {
+    Error::Unsupported(format!("loading compiled code: {what}"))
+}
+
+impl Loaded {
+    /// The address of defined symbol `name`.
+    pub fn symbol(&self, name: &str) -> Option<*const u8> {
+        self.symbols.get(name).map(|&a| a as *const u8)
+    }
+
+    /// Loads `bytes`, resolving undefined symbols with `resolve`.
+    pub fn new(bytes: &[u8], resolve: &dyn Fn(&str) -> Option<usize>) -> Result<Loaded> {
+        let file = object::File::parse(bytes).map_err(bad)?;
+        if file.architecture() != object::Architecture::X86_64 || !cfg!(target_arch = "x86_64") {
+            return Err(bad("not x86-64 code for this machine"));
+        }
+        // lay out the allocated sections
+        let mut base: HashMap<object::SectionIndex, usize> = HashMap::new();
+        let mut size = 0usize;
+        for s in file.sections() {
+            if !matches!(
+                s.kind(),
+                SectionKind::Text
+                    | SectionKind::Data
+                    | SectionKind::ReadOnlyData
+                    | SectionKind::ReadOnlyDataWithRel
+                    | SectionKind::ReadOnlyString
+                    | SectionKind::UninitializedData
+            ) {
+                continue;
+            }
+            let align = usize::try_from(s.align().max(1)).map_err(bad)?;
+            size = size.next_multiple_of(align);
+            base.insert(s.index(), size);
+            size += usize::try_from(s.size()).map_err(bad)?;
+        }
+        // symbols, and the GOT slots and stubs of the ones relocations reach indirectly
+        let mut addr_of: HashMap<object::SymbolIndex, (String, Option<usize>)> = HashMap::new();
+        for sym in file.symbols() {
+            if sym.kind() == object::SymbolKind::File {
+                continue;
+            }
+            let name = sym.name().unwrap_or("").to_string();
+            let local = match sym.section_index() {
+                Some(i) => Some(
+                    base.get(&i)
+                        .copied()
+                        .ok_or_else(|| bad(format!("{name} in an unloaded section")))?
+                        + usize::try_from(sym.address()).map_err(bad)?,
+                ),
+                None => None,
+            };
+            addr_of.insert(sym.index(), (name, local));
+        }
+        let mut got: HashMap<object::SymbolIndex, usize> = HashMap::new();
+        let mut stubs: HashMap<object::SymbolIndex, usize> = HashMap::new();
+        size = size.next_multiple_of(8);
+        let relocs: Vec<_> = file
+            .sections()
+            .filter(|s| base.contains_key(&s.index()))
+            .flat_map(|s| {
+                s.relocations()
+                    .map(move |r| (s.index(), r))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for (_, (_, r)) in &relocs {
+            let RelocationTarget::Symbol(i) = r.target() else {
+                return Err(bad("a relocation against something other than a symbol"));
+            };
+            let RelocationFlags::Elf { r_type } = r.flags() else {
+                return Err(bad("not an ELF relocation"));
+            };
+            let external = addr_of.get(&i).is_some_and(|(_, a)| a.is_none());
+            match r_type {
+                object::elf::R_X86_64_GOTPCREL
+                | object::elf::R_X86_64_GOTPCRELX
+                | object::elf::R_X86_64_REX_GOTPCRELX => {
+                    got.entry(i).or_insert_with(|| {
+                        size += 8;
+                        size - 8
+                    });
+                }
+                object::elf::R_X86_64_PLT32 | object::elf::R_X86_64_PC32 if external => {
+                    got.entry(i).or_insert_with(|| {
+                        size += 8;
+                        size - 8
+                    });
+                    stubs.entry(i).or_insert_with(|| {
+                        size += 8;
+                        size - 8
+                    });
+                }
+                _ => {}
+            }
+        }
+        let mut map = memmap2::MmapMut::map_anon(size.max(1)).map_err(bad)?;
+        let start = map.as_ptr() as usize;
+        for s in file.sections() {
+            if let Some(&b) = base.get(&s.index()) {
+                let data = s.data().map_err(bad)?;
+                map[b..b + data.len()].copy_from_slice(data);
+            }
+        }
+        // the absolute address of every symbol a relocation names
+        let mut abs: HashMap<object::SymbolIndex, usize> = HashMap::new();
+        for (_, (_, r)) in &relocs {
+            let RelocationTarget::Symbol(i) = r.target() else {
+                continue;
+            };
+            let (name, local) = addr_of
+                .get(&i)
+                .ok_or_else(|| bad("a relocation against an unknown symbol"))?;
+            let a = match local {
+                Some(off) => start + off,
+                None => resolve(name).ok_or_else(|| bad(format!("unresolved symbol {name}")))?,
+            };
+            abs.insert(i, a);
+        }
+        let target = |i: &object::SymbolIndex| {
+            abs.get(i)
+                .copied()
+                .ok_or_else(|| bad("a relocation against an unresolved symbol"))
+        };
+        for (i, &slot) in &got {
+            map[slot..slot + 8].copy_from_slice(&(target(i)? as u64).to_le_bytes());
+        }
+        for (i, &stub) in &stubs {
+            // jmp *[rip + disp32] to the symbol's GOT slot, then two bytes of padding
+            let disp = rel32(start + got[i], start + stub + 6)?;
+            map[stub..stub + 2].copy_from_slice(&[0xff, 0x25]);
+            map[stub + 2..stub + 6].copy_from_slice(&disp.to_le_bytes());
+            map[stub + 6..stub + 8].copy_from_slice(&[0xcc, 0xcc]);
+        }
+        for (section, (offset, r)) in &relocs {
+            let RelocationTarget::Symbol(i) = r.target() else {
+                continue;
+            };
+            let RelocationFlags::Elf { r_type } = r.flags() else {
+                continue;
+            };
+            let at = base[section] + usize::try_from(*offset).map_err(bad)?;
+            let place = start + at;
+            let a = r.addend();
+            let width = if r_type == object::elf::R_X86_64_64 {
+                8
+            } else {
+                4
+            };
+            if at + width > size {
+                return Err(bad("a relocation outside the code"));
+            }
+            let add = |x: usize| (x as i64).wrapping_add(a) as usize;
+            match r_type {
+                object::elf::R_X86_64_64 => {
+                    map[at..at + 8].copy_from_slice(&(add(target(&i)?) as u64).to_le_bytes())
+                }
+                object::elf::R_X86_64_GOTPCREL
+                | object::elf::R_X86_64_GOTPCRELX
+                | object::elf::R_X86_64_REX_GOTPCRELX => {
+                    let v = rel32(add(start + got[&i]), place)?;
+                    map[at..at + 4].copy_from_slice(&v.to_le_bytes());
+                }
+                object::elf::R_X86_64_PC32 | object::elf::R_X86_64_PLT32 => {
+                    let s = match stubs.get(&i) {
+                        Some(&stub) => start + stub,
+                        None => target(&i)?,
+                    };
+                    let v = rel32(add(s), place)?;
+                    map[at..at + 4].copy_from_slice(&v.to_le_bytes());
+                }
+                t => return Err(bad(format!("relocation type {t}"))),
+            }
+        }
+        let map = map.make_exec().map_err(bad)?;
+        let symbols = addr_of
+            .values()
+            .filter_map(|(n, off)| Some((n.clone(), start + (*off)?)))
+            .filter(|(n, _)| !n.is_empty())
+            .collect();
+        Ok(Loaded { map, symbols })
+    }
+}
+
+/// `to - from` as a 32-bit displacement.
+fn rel32(to: usize, from: usize) -> Result<i32> {
+    i32::try_from(to as i64 - from as i64).map_err(|_| bad("a displacement beyond 2 GiB"))
+}

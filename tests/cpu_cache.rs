@@ -1,0 +1,129 @@
+//! The disk cache of compiled CPU code: a model compiled once loads from it without the
+//! passes or Cranelift, in this process and in fresh ones, and runs the same code; a
+//! damaged entry is compiled afresh, never run.
+
+mod common;
+
+use common::{assert_bits, inputs_for, temp_dir};
+use smelt::exec::{CodeOrigin, CompileOptions, CompiledFn, DiskCache};
+use smelt::ir::text::parse_module;
+
+const MODELS: [&str; 4] = [
+    "examples/models/mlp_block.smelt",
+    "examples/models/attention.smelt",
+    "examples/models/layer_norm.smelt",
+    "examples/models/softmax.smelt",
+];
+
+fn graph(path: &str) -> smelt::ir::Graph {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join(path)).unwrap();
+    parse_module(&text, path).unwrap().graphs.remove(0)
+}
+
+#[test]
+fn cached_code_gives_the_jits_bits_fused_and_unfused() {
+    let dir = temp_dir("same-bits");
+    for path in MODELS {
+        let g = graph(path);
+        for fuse in [true, false] {
+            let at = CompileOptions::default()
+                .fused(fuse)
+                .disk_cache(DiskCache::At(dir.clone()));
+            let jit = CompiledFn::compile(&g, &at.clone().disk_cache(DiskCache::Off)).unwrap();
+            assert_eq!(jit.code_origin(), CodeOrigin::Jit);
+            let stored = CompiledFn::compile(&g, &at).unwrap();
+            assert_eq!(stored.code_origin(), CodeOrigin::Compiled, "{path}");
+            let loaded = CompiledFn::compile(&g, &at).unwrap();
+            assert_eq!(loaded.code_origin(), CodeOrigin::Disk, "{path}");
+            assert_eq!(
+                loaded.schedule(),
+                stored.schedule(),
+                "{path}: the same schedule"
+            );
+            for seed in [1, 2] {
+                let inputs = inputs_for(&g, seed);
+                let want = jit.call(&inputs).unwrap();
+                for f in [&stored, &loaded] {
+                    for (a, b) in f.call(&inputs).unwrap().iter().zip(&want) {
+                        assert_bits(a, b, path);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn damaged_entries_are_compiled_afresh() {
+    let dir = temp_dir("damaged");
+    let g = graph("examples/models/mlp_block.smelt");
+    let at = CompileOptions::default().disk_cache(DiskCache::At(dir.clone()));
+    let first = CompiledFn::compile(&g, &at).unwrap();
+    let inputs = inputs_for(&g, 3);
+    let want = first.call(&inputs).unwrap();
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1);
+    let good = std::fs::read(&files[0]).unwrap();
+    let damages: Vec<Vec<u8>> = vec![
+        good[..good.len() / 2].to_vec(),
+        {
+            let mut b = good.clone();
+            let n = b.len();
+            b[n - 100] ^= 0xff;
+            b
+        },
+        b"not a cache entry".to_vec(),
+        Vec::new(),
+    ];
+    for bad in damages {
+        std::fs::write(&files[0], &bad).unwrap();
+        let f = CompiledFn::compile(&g, &at).unwrap();
+        assert_eq!(f.code_origin(), CodeOrigin::Compiled);
+        for (a, b) in f.call(&inputs).unwrap().iter().zip(&want) {
+            assert_bits(a, b, "recompiled");
+        }
+        // and the entry is whole again
+        assert_eq!(
+            CompiledFn::compile(&g, &at).unwrap().code_origin(),
+            CodeOrigin::Disk
+        );
+    }
+}
+
+/// A fresh process loads the model from the cache: `smelt profile` reports where its code
+/// came from and that Cranelift compiled no function.
+#[test]
+fn a_fresh_process_loads_without_cranelift() {
+    let dir = temp_dir("fresh");
+    let cache = dir.join("cache");
+    let run = || {
+        let json = dir.join("profile.json");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_smelt"))
+            .args(["profile", "examples/models/mlp_block.smelt", "--json"])
+            .arg(&json)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("SMELT_CACHE_DIR", &cache)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        (
+            v["code_origin"].as_str().unwrap().to_string(),
+            v["cranelift_functions"].as_f64().unwrap(),
+            v["max_abs_diff"].as_f64().unwrap(),
+        )
+    };
+    let (origin, functions, diff) = run();
+    assert_eq!(origin, "compiled, stored in the disk cache");
+    assert!(functions > 0.0);
+    assert!(diff < 1e-4);
+    let (origin, functions, diff2) = run();
+    assert_eq!(origin, "disk cache");
+    assert_eq!(functions, 0.0, "a cached model runs no Cranelift");
+    assert_eq!(diff, diff2);
+}
