@@ -1,9 +1,9 @@
-//! Native vector math for strips (`super::strip`): f32 transcendentals mapped over a buffer
+//! Native vector math for strips (`smelt::codegen_cpu::strip`): f32 transcendentals mapped over a buffer
 //! by loops that rustc vectorises for AVX-512 or AVX2 + FMA, chosen once at run time.
 //!
 //! Cranelift emits 128-bit vectors only, and a transcendental costs some forty instructions per
 //! vector: in a fused kernel it, not memory, sets the pace. These loops run the same math 8 or
-//! 16 lanes at a time. Each function is a port of its emitter in [`super::math`]: the same
+//! 16 lanes at a time. Each function is a port of its emitter in `smelt::codegen_cpu::math`: the same
 //! constants and the same IEEE operations in the same order (fused multiply-adds where the
 //! emitter fuses), so a strip's results are bit-identical to the inline code's
 //! (`tests/cpu_math.rs` checks every op over its whole range).
@@ -12,9 +12,9 @@
 //! a software fma would make these loops slower than Cranelift's.
 //!
 //! The streamed copy (`stream`) moves a stack row to a large output with non-temporal AVX
-//! stores (`super::stream`); kernels stream only where [`available`] is true.
+//! stores (`smelt::codegen_cpu::stream`); kernels stream only where [`available`] is true.
 //!
-//! The column sum (`col_sum`) serves rows as lanes (`super::lanes`). It only adds
+//! The column sum (`col_sum`) serves rows as lanes (`smelt::codegen_cpu::lanes`). It only adds
 //! converted f32s and needs no fma, so it runs its portable build wherever AVX2 is missing.
 
 use crate::consts::{EXP_G, EXP_TAYLOR7, LN2_HI, LN2_LO, LOG2E, SHIFT32, SHIFT64};
@@ -59,11 +59,11 @@ pub const SYMBOL: &str = "smelt_strip_math";
 pub const SUM_SYMBOL: &str = "smelt_strip_sum";
 
 /// The symbol of the column sum: `smelt_col_sum(src, stride, cols, rows, dst)` writes the f64
-/// sums of `cols` adjacent columns over `rows` rows `stride` elements apart (`super::lanes`).
+/// sums of `cols` adjacent columns over `rows` rows `stride` elements apart (`smelt::codegen_cpu::lanes`).
 pub const COL_SUM_SYMBOL: &str = "smelt_col_sum";
 
 /// The symbol of the streamed copy: `smelt_stream(src, dst, n)` copies `n` f32s from a stack
-/// row to an output with non-temporal stores (`super::stream`).
+/// row to an output with non-temporal stores (`smelt::codegen_cpu::stream`).
 pub const STREAM_SYMBOL: &str = "smelt_stream";
 
 // ---------------------------------------------------------------------------------------------

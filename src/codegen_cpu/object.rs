@@ -1,5 +1,5 @@
 //! Code generation into a relocatable object file instead of executable memory: the same
-//! kernels as the JIT ([`super::lower::define_kernel`]), for ahead-of-time compiled models.
+//! kernels as the JIT (`lower::define_kernel`), for ahead-of-time compiled models.
 //!
 //! The object is position-independent (it links into PIE executables); helpers are
 //! imported by name and resolved by the run-time library (`libsmelt_rt.a`) at link time.
