@@ -2,8 +2,8 @@
 //!
 //! 1. **AOT against JIT**: the same model (same kernels) called from a C program linking its
 //!    object and from `CompiledFn::call`, median ns per call, rounds alternating;
-//! 2. **a C program's first call**: the wall time of a process that links the MLP block,
-//!    starts, makes one call and exits (no compilation at run time);
+//! 2. **a C program's first call**: the wall time of a process that links the MLP block of
+//!    `examples/models`, starts, makes one call and exits (no compilation at run time);
 //! 3. **compilation with the disk cache warm**: `CompiledFn::compile_time` of the first
 //!    compile in fresh processes, cache off (passes + Cranelift) against warm (loaded), for a
 //!    4-op and a 100-op graph.
@@ -121,17 +121,19 @@ fn main() {
 
     // 1. AOT against JIT, and 2. the first call of a C program
     println!("\n1. AOT vs JIT, median ns per call over {ROUNDS} rounds (range)");
-    for (text, name) in [
-        (MLP, "mlp"),
-        (
-            &std::fs::read_to_string(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/examples/models/attention.smelt"
-            ))
-            .unwrap()[..],
-            "attention",
-        ),
+    let example = |f: &str| {
+        std::fs::read_to_string(format!(
+            "{}/examples/models/{f}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
+    };
+    for (text, name, calls) in [
+        (example("mlp_block.smelt"), "mlp_block", 20000),
+        (example("attention.smelt"), "attention", 20000),
+        (MLP.to_string(), "mlp_64x256x1024", 200),
     ] {
+        let text = &text[..];
         let g = parse_module(text, name).unwrap().graphs.remove(0);
         let m = smelt::aot::compile(
             &g,
@@ -154,7 +156,6 @@ fn main() {
                 Tensor::from_vec(x, &ty.shape).unwrap()
             })
             .collect();
-        let calls = 2000;
         let (mut aot, mut jit) = (Vec::new(), Vec::new());
         for _ in 0..ROUNDS {
             let out = Command::new(&exe).arg(calls.to_string()).output().unwrap();
@@ -179,7 +180,7 @@ fn main() {
             fmt(jit, "ns"),
             fmt(ratio.iter().map(|r| r * 100.0).collect(), "%")
         );
-        if name == "mlp" {
+        if name == "mlp_block" {
             let mut wall = Vec::new();
             for _ in 0..ROUNDS * 3 {
                 let t0 = Instant::now();
@@ -189,7 +190,7 @@ fn main() {
             }
             let size = std::fs::metadata(&exe).unwrap().len();
             println!(
-                "2. a C program linking the MLP block ({:.1} MB, no compiler): start + first call + exit {}",
+                "  2. a C program linking it ({:.1} MB, no compiler): start + first call + exit {}",
                 size as f64 / 1e6,
                 fmt(wall, "ms")
             );

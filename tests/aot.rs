@@ -169,7 +169,7 @@ fn compiled_models_agree_with_the_interpreter_and_refuse_bad_arguments() {
                     );
                 }
                 let expect = format!(
-                    "null_inputs 1\nnull_outputs 1\nnull_entry 1\nsmall_scratch 2\nmisaligned_scratch 8\nnull_scratch 0\nmessage {}\n",
+                    "threads_agree 1\nnull_inputs 1\nnull_outputs 1\nnull_entry 1\nsmall_scratch 2\nmisaligned_scratch 8\nnull_scratch 0\nmessage {}\n",
                     "the scratch buffer is smaller than the model's scratch size"
                 );
                 assert_eq!(codes, expect, "{path} {}", g.name);
@@ -303,4 +303,87 @@ fn cpu_targets_record_the_extensions_they_need() {
     .unwrap();
     assert!(v4.features.contains(&"avx512f"));
     assert!(v4.manifest.contains("\"x86-64-v4\""));
+}
+
+/// The C example (examples/aot/c/main.c) prints what the interpreter computes.
+#[test]
+fn the_c_example_prints_the_interpreters_values() {
+    if !have_cc("the_c_example_prints_the_interpreters_values") {
+        return;
+    }
+    let dir = temp_dir("c-example");
+    let mut objects = Vec::new();
+    let mut graphs = Vec::new();
+    for (path, name) in [
+        ("examples/models/mlp_block.smelt", "mlp"),
+        ("examples/models/attention.smelt", "attention"),
+    ] {
+        let g = module(path).graphs.remove(0);
+        let opts = AotOptions {
+            name: Some(name.into()),
+            ..AotOptions::default()
+        };
+        smelt::aot::compile(&g, &opts).unwrap().write(&dir).unwrap();
+        objects.push(dir.join(format!("{name}.o")));
+        graphs.push((name, g));
+    }
+    let rt = smelt::aot::runtime_library().unwrap();
+    let exe = dir.join("example");
+    let out = Command::new("cc")
+        .arg("-O1")
+        .arg("-I")
+        .arg(&dir)
+        .arg(root().join("examples/aot/c/main.c"))
+        .args(&objects)
+        .args(smelt::aot::link_flags(&rt).split_whitespace())
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(&exe).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    for (name, g) in &graphs {
+        // input j holds ((7 i + 3 j) mod 17 - 8) / 8 at element i
+        let inputs: Vec<Tensor> = g
+            .inputs()
+            .iter()
+            .enumerate()
+            .map(|(j, &v)| {
+                let shape = &g.node(v).ty.shape;
+                let n: usize = shape.iter().product();
+                let x: Vec<f32> = (0..n)
+                    .map(|i| (((7 * i + 3 * j) % 17) as f32 - 8.0) / 8.0)
+                    .collect();
+                Tensor::from_vec(x, shape).unwrap()
+            })
+            .collect();
+        let want = common::inputs::interpret(g, &inputs);
+        let out_name = &g.node(g.outputs()[0]).name;
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} {out_name}:")))
+            .unwrap_or_else(|| panic!("no output line for {name} in:\n{text}"));
+        let got: Vec<f32> = line
+            .split_once(':')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .map(|v| v.parse().unwrap())
+            .collect();
+        let got = Tensor::from_vec(got, want[0].shape()).unwrap();
+        // printed with six decimals
+        assert_close(&got, &want[0], Tol::allclose(1e-5, 2e-6), name);
+        assert!(text.contains(&format!("{name} null inputs: 1 (")), "{text}");
+        assert!(
+            text.contains(&format!("{name} small scratch: 2 (")),
+            "{text}"
+        );
+        assert!(text.contains(&format!("{name} null scratch: 0")), "{text}");
+    }
 }

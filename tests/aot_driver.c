@@ -3,6 +3,7 @@
  *   driver IN0.bin .. OUT0.bin ..
  * It reads each input's bytes, runs the model with a scratch of the stated size, writes
  * each output's bytes, then prints the result codes of calls with bad arguments. */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,22 @@ static void *read_file(const char *path, size_t want) {
     return p;
 }
 
+/* One of several threads calling the model at once, each with its own outputs and scratch. */
+struct job {
+    const void *const *ins;
+    void *outs[NOUT + 1];
+    int rc;
+};
+
+static void *call(void *arg) {
+    struct job *j = arg;
+    void *scratch = malloc(SCRATCH > 0 ? SCRATCH : 1);
+    for (int rep = 0; rep < 20 && j->rc == 0; rep++)
+        j->rc = CAT(MODEL, _run)(j->ins, j->outs, scratch, SCRATCH);
+    free(scratch);
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     if (argc != 1 + NIN + NOUT) {
         fprintf(stderr, "usage: driver %d inputs %d outputs\n", NIN, NOUT);
@@ -51,6 +68,23 @@ int main(int argc, char **argv) {
         fwrite(outs[i], 1, CAT(MODEL, _output_bytes)[i], f);
         fclose(f);
     }
+    /* four threads at once, each with its own scratch, give the same bytes */
+    struct job jobs[4];
+    pthread_t th[4];
+    for (int t = 0; t < 4; t++) {
+        jobs[t].ins = ins;
+        jobs[t].rc = 0;
+        for (int i = 0; i < NOUT; i++) jobs[t].outs[i] = calloc(1, CAT(MODEL, _output_bytes)[i] + 1);
+        pthread_create(&th[t], NULL, call, &jobs[t]);
+    }
+    int same = 1;
+    for (int t = 0; t < 4; t++) {
+        pthread_join(th[t], NULL);
+        same &= jobs[t].rc == 0;
+        for (int i = 0; i < NOUT; i++)
+            same &= memcmp(jobs[t].outs[i], outs[i], CAT(MODEL, _output_bytes)[i]) == 0;
+    }
+    printf("threads_agree %d\n", same);
     /* the error codes of bad arguments */
     const void *null_in[NIN + 1];
     for (int i = 0; i < NIN; i++) null_in[i] = NULL;

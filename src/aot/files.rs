@@ -99,9 +99,13 @@ pub(super) fn header(m: &AotModel) -> String {
         let names: Vec<String> = ports.iter().map(|p| format!("\"{}\"", p.name)).collect();
         let _ = writeln!(h, "#define {up}_{kind}_NAMES {{{}}}", names.join(", "));
     }
+    // C has no empty arrays: a model without inputs declares one (zero) entry
+    let len = |n: usize, m: &str| if n > 0 { m.to_string() } else { "1".into() };
     let _ = writeln!(
         h,
-        "\n/* Bytes of each input and output array. */\nextern const size_t {n}_input_bytes[{up}_NUM_INPUTS > 0 ? {up}_NUM_INPUTS : 1];\nextern const size_t {n}_output_bytes[{up}_NUM_OUTPUTS > 0 ? {up}_NUM_OUTPUTS : 1];\n"
+        "\n/* Bytes of each input and output array. */\nextern const size_t {n}_input_bytes[{}];\nextern const size_t {n}_output_bytes[{}];\n",
+        len(m.inputs.len(), &format!("{up}_NUM_INPUTS")),
+        len(m.outputs.len(), &format!("{up}_NUM_OUTPUTS"))
     );
     let _ = writeln!(
         h,

@@ -6,7 +6,9 @@
 //! and constants, and two exported functions: `NAME_run`, which hands the tables to
 //! `smelt_rt_run` (buffers in the caller's scratch, kernels over threads, GEMMs), and
 //! `NAME_error_string`. [`compile`] builds it; [`AotModel::write`] writes the files;
-//! [`compile_model`] is the one-call form for a `build.rs`.
+//! [`compile_model`] is the one-call form for a `build.rs`. Kernels are emitted exactly as
+//! for the JIT's disk cache (`exec::cpu`'s entries), and a schedule that cache holds for
+//! the graph is reused instead of running the passes again.
 
 mod files;
 mod plan;
@@ -95,7 +97,11 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
             "aot: the name '{name}' is not a C identifier (letters, digits and _, not starting with a digit)"
         );
     }
-    let planned = crate::exec::plan(g, true, false, &[])?;
+    // the schedule the JIT's disk cache holds for this graph, if any: the same passes ran
+    let planned = match crate::exec::cpu::cached_plan(g, &Default::default()) {
+        Some(p) => p,
+        None => crate::exec::plan(g, true, false, &[])?,
+    };
     let s = planned.schedule;
     s.validate()?;
     let mut obj = ObjectCode::new(&name, opts.cpu)?;

@@ -25,6 +25,7 @@ mod inplace;
 mod plan;
 
 pub use cache::CodeOrigin;
+pub(crate) use cache::cached_plan;
 pub use info::StepInfo;
 pub use plan::{TempPlan, step_buffers};
 

@@ -202,8 +202,25 @@ fn encode(e: &Entry) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// An entry's compiled graph, or why it does not check out.
-fn load(bytes: &[u8], key: &str) -> std::result::Result<Cached, String> {
+/// The schedule of `g` compiled with `opts` when the disk cache holds it (for
+/// ahead-of-time compilation, which then skips the passes).
+pub(crate) fn cached_plan(g: &Graph, opts: &CompileOptions) -> Option<Planned> {
+    let dir = match &opts.disk_cache {
+        DiskCache::Env => crate::runtime::cache::dir("cpu")?,
+        DiskCache::Off => return None,
+        DiskCache::At(d) => d.clone(),
+    };
+    let key = key(g, opts);
+    let e = decode(&std::fs::read(file_of(&dir, &key)).ok()?, &key).ok()?;
+    Some(Planned {
+        schedule: e.schedule,
+        input_names: e.input_names,
+        may_alias: e.may_alias,
+    })
+}
+
+/// An entry whose header, checksum, key and schedule check out.
+fn decode(bytes: &[u8], key: &str) -> std::result::Result<Entry, String> {
     let payload = bytes.strip_prefix(MAGIC.as_slice()).ok_or("not an entry")?;
     let (format, rest) = payload.split_at_checked(4).ok_or("truncated")?;
     let (sum, payload) = rest.split_at_checked(8).ok_or("truncated")?;
@@ -218,6 +235,12 @@ fn load(bytes: &[u8], key: &str) -> std::result::Result<Cached, String> {
         return Err("another key".into());
     }
     e.schedule.validate().map_err(|x| x.to_string())?;
+    Ok(e)
+}
+
+/// An entry's compiled graph, or why it does not check out.
+fn load(bytes: &[u8], key: &str) -> std::result::Result<Cached, String> {
+    let e = decode(bytes, key)?;
     let image = Arc::new(Loaded::new(&e.object, &resolve).map_err(|x| x.to_string())?);
     let s = &e.schedule;
     let mut kernels = vec![None; s.steps.len()];
