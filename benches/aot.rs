@@ -8,9 +8,10 @@
 //!    compile in fresh processes, cache off (passes + Cranelift) against warm (loaded), for a
 //!    4-op and a 100-op graph.
 //!
-//! Needs a C compiler (`cc`). Run: `cargo bench --bench aot`.
+//! Needs a C compiler (`cc`). Run: `cargo bench --bench aot`; the AVX2 path:
+//! `SMELT_CPU=avx2 SMELT_AOT_CPU=x86-64-v3 cargo bench --bench aot`.
 
-use smelt::aot::AotOptions;
+use smelt::aot::{AotOptions, CpuTarget};
 use smelt::exec::{CompileOptions, CompiledFn};
 use smelt::ir::text::parse_module;
 use smelt::{DType, Tensor};
@@ -55,6 +56,15 @@ const MLP: &str = "graph mlp(%x: f32[64,256], %w1: f32[1024,256], %b1: f32[1024]
   return %y
 }
 ";
+
+/// The instruction set of the AOT objects: `SMELT_AOT_CPU` (`x86-64-v3` with `SMELT_CPU=avx2`
+/// measures the AVX2 path), else the machine's own.
+fn cpu_target() -> CpuTarget {
+    std::env::var("SMELT_AOT_CPU")
+        .ok()
+        .map(|s| CpuTarget::parse(&s).unwrap())
+        .unwrap_or_default()
+}
 
 /// Links the timing driver against `m` in `dir`.
 fn link(m: &smelt::aot::AotModel, dir: &Path) -> PathBuf {
@@ -114,8 +124,9 @@ fn main() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     println!(
-        "CPU: strips {}, smelt {}",
+        "CPU: strips {}, AOT objects for {}, smelt {}",
         smelt::codegen_cpu::vmath::isa(),
+        cpu_target().name(),
         env!("CARGO_PKG_VERSION")
     );
 
@@ -139,6 +150,7 @@ fn main() {
             &g,
             &AotOptions {
                 name: Some(name.into()),
+                cpu: cpu_target(),
                 ..AotOptions::default()
             },
         )

@@ -230,10 +230,11 @@ pub unsafe fn run_rows(
         rc
     };
     let table = SendTable(table);
-    let threads = rayon::current_num_threads();
-    if elems < PAR_MIN_ELEMS || threads < 2 || rows < 2 {
+    // a small kernel never starts the thread pool
+    if elems < PAR_MIN_ELEMS || rows < 2 || rayon::current_num_threads() < 2 {
         return call(table, 0, rows);
     }
+    let threads = rayon::current_num_threads();
     use rayon::prelude::*;
     let chunks = rows.min(threads * CHUNKS_PER_THREAD);
     (0..chunks)
@@ -592,7 +593,12 @@ unsafe fn gemm_step(
     let mut offs = [[0usize; 3]; 64];
     let start = w.at;
     let p = Product { m, n, k, a, b };
-    let threads = rayon::current_num_threads();
+    // a small product never starts the thread pool
+    let threads = if m * n * k >= gemm::PAR_FLOPS || batches > 1 {
+        rayon::current_num_threads()
+    } else {
+        1
+    };
     // batches come in groups of 64 so that no call allocates
     let run = |offs: &[[usize; 3]]| -> Result<(), i32> {
         unsafe {
