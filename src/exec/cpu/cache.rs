@@ -2,7 +2,9 @@
 //! with neither the passes nor Cranelift running.
 //!
 //! An entry is keyed by the graph's text, the options that change the code, the CPU
-//! features the code may use, and the smelt version with a hash of its sources (`build.rs`).
+//! features the code may use (the ISA's and the strip helpers' level, which `SMELT_CPU` caps),
+//! and the smelt version with a hash of its sources (`build.rs`). Entries are never evicted:
+//! removing the directory clears the cache.
 //! It holds the schedule, and the kernels as one relocatable object, the same code
 //! generation as ahead-of-time models ([`crate::aot`]), loaded by [`Loaded`]. A file whose
 //! checksum, key, schedule or object does not check out is compiled afresh and overwritten,
@@ -96,10 +98,12 @@ fn codegen(opts: &CompileOptions) -> CodegenOptions {
 
 fn key(g: &Graph, opts: &CompileOptions) -> String {
     format!(
-        "smelt {} {}|format {FORMAT}|{}|fuse {} fast_math {} channels_last {:?}|{:?}|{}",
+        "smelt {} {}|format {FORMAT}|{} strips {}|fuse {} fast_math {} channels_last {:?}|{:?}|{}",
         env!("CARGO_PKG_VERSION"),
         env!("SMELT_SOURCE_HASH"),
         host_features(),
+        // what the kernels hand to native helpers depends on it (`SMELT_CPU` caps it)
+        crate::codegen_cpu::vmath::isa(),
         opts.fuse,
         opts.fast_math,
         opts.channels_last_inputs,
