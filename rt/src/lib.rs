@@ -14,6 +14,7 @@
 
 pub mod consts;
 pub mod gemm;
+pub mod libcalls;
 pub mod model;
 pub mod scalar;
 pub mod vmath;

@@ -105,9 +105,16 @@ pub extern "C" fn f32_to_f16_bits(x: f32) -> u32 {
 pub extern "C" fn f16_bits_to_f32(b: u32) -> f32 {
     f16::from_bits(b as u16).to_f32()
 }
-/// Integer power by squaring, wrapping; negative exponents as PyTorch's integer `pow`.
+/// [`pow_int`] for generated code.
 #[unsafe(export_name = "smelt_pow_i64")]
-pub extern "C" fn pow_i64(mut a: i64, mut b: i64) -> i64 {
+pub extern "C" fn pow_i64(a: i64, b: i64) -> i64 {
+    pow_int(a, b)
+}
+
+/// Integer power by squaring, wrapping; negative exponents give PyTorch's integer results
+/// (`1`, `±1` for a base of -1, else 0). The eager kernel and compiled code share it.
+#[inline]
+pub fn pow_int(mut a: i64, mut b: i64) -> i64 {
     if b < 0 {
         return match a {
             1 => 1,

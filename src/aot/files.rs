@@ -397,23 +397,6 @@ pub(super) fn manifest(
         + "\n"
 }
 
-/// Symbols the object may leave to the linker besides the run-time library's: what
-/// Cranelift calls for float operations without an instruction on the target.
-const LIBC_SYMBOLS: [&str; 12] = [
-    "fma",
-    "fmaf",
-    "floor",
-    "floorf",
-    "ceil",
-    "ceilf",
-    "trunc",
-    "truncf",
-    "nearbyint",
-    "nearbyintf",
-    "memcpy",
-    "memset",
-];
-
 /// Refuses an object that calls a function the run-time library (or libc/libm) lacks,
 /// naming it: the link would fail otherwise, far from the cause.
 pub(super) fn check_imports(bytes: &[u8]) -> Result<()> {
@@ -422,7 +405,8 @@ pub(super) fn check_imports(bytes: &[u8]) -> Result<()> {
         .map_err(|e| Error::Unsupported(format!("aot: reading back the object: {e}")))?;
     let mut known: Vec<&str> = smelt_rt::helpers().iter().map(|h| h.0).collect();
     known.extend(["smelt_rt_run", "smelt_rt_error_string"]);
-    known.extend(LIBC_SYMBOLS);
+    // libc and libm hold these for a C program
+    known.extend(smelt_rt::libcalls::NAMES);
     for section in file.sections() {
         for (_, r) in section.relocations() {
             let RelocationTarget::Symbol(i) = r.target() else {

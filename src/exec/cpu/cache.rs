@@ -280,8 +280,7 @@ fn load(bytes: &[u8], key: &str) -> std::result::Result<Cached, String> {
 }
 
 /// The address of a function the cached code calls: a helper of the code generator or of
-/// the run-time library, or a libm function Cranelift calls for float operations its target
-/// lacks instructions for.
+/// the run-time library, or a libcall ([`smelt_rt::libcalls`]).
 fn resolve(name: &str) -> Option<usize> {
     if let Some((_, p, _)) = crate::codegen_cpu::helpers::symbols()
         .into_iter()
@@ -289,50 +288,7 @@ fn resolve(name: &str) -> Option<usize> {
     {
         return Some(p as usize);
     }
-    extern "C" fn fmaf(a: f32, b: f32, c: f32) -> f32 {
-        a.mul_add(b, c)
-    }
-    extern "C" fn fma(a: f64, b: f64, c: f64) -> f64 {
-        a.mul_add(b, c)
-    }
-    extern "C" fn floorf(a: f32) -> f32 {
-        a.floor()
-    }
-    extern "C" fn floor(a: f64) -> f64 {
-        a.floor()
-    }
-    extern "C" fn ceilf(a: f32) -> f32 {
-        a.ceil()
-    }
-    extern "C" fn ceil(a: f64) -> f64 {
-        a.ceil()
-    }
-    extern "C" fn truncf(a: f32) -> f32 {
-        a.trunc()
-    }
-    extern "C" fn trunc(a: f64) -> f64 {
-        a.trunc()
-    }
-    extern "C" fn nearbyintf(a: f32) -> f32 {
-        a.round_ties_even()
-    }
-    extern "C" fn nearbyint(a: f64) -> f64 {
-        a.round_ties_even()
-    }
-    let f: *const u8 = match name {
-        "fmaf" => fmaf as *const u8,
-        "fma" => fma as *const u8,
-        "floorf" => floorf as *const u8,
-        "floor" => floor as *const u8,
-        "ceilf" => ceilf as *const u8,
-        "ceil" => ceil as *const u8,
-        "truncf" => truncf as *const u8,
-        "trunc" => trunc as *const u8,
-        "nearbyintf" => nearbyintf as *const u8,
-        "nearbyint" => nearbyint as *const u8,
-        _ => return None,
-    };
-    Some(f as usize)
+    smelt_rt::libcalls::address(name).map(|f| f as usize)
 }
 
 #[cfg(test)]

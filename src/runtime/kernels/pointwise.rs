@@ -20,6 +20,7 @@ use crate::runtime::layout::check_no_overlap;
 use crate::runtime::strided::{Walk, map1, map2, map3};
 use crate::runtime::tensor::Tensor;
 use crate::{Error, Result, bail, dispatch, dispatch_float, dispatch_int};
+use smelt_rt::scalar::pow_int as pow_i64;
 use std::marker::PhantomData;
 
 /// Evaluates `$body` with `$c` a constant equal to `$op`, one arm per listed variant, so the
@@ -469,29 +470,6 @@ fn binary_i64(op: BinaryOp, a: i64, b: i64) -> i64 {
         }
         _ => 0,
     }
-}
-
-/// Integer power by squaring, wrapping; negative exponents give PyTorch's integer results
-/// (`1`, `±1` for a base of -1, else 0).
-#[inline(always)]
-fn pow_i64(mut a: i64, mut b: i64) -> i64 {
-    if b < 0 {
-        return match a {
-            1 => 1,
-            -1 if b % 2 != 0 => -1,
-            -1 => 1,
-            _ => 0,
-        };
-    }
-    let mut r: i64 = 1;
-    while b != 0 {
-        if b & 1 == 1 {
-            r = r.wrapping_mul(a);
-        }
-        b >>= 1;
-        a = a.wrapping_mul(a);
-    }
-    r
 }
 
 /// Comparisons and logical ops on one pair of values (nonzero is true, NaN included).
