@@ -188,12 +188,18 @@ fn has_feature(_: usize) -> bool {
     false
 }
 
-/// The features of `mask` this CPU lacks, by name.
+/// The features of `mask` this CPU lacks, by name; a bit this library does not know is
+/// reported as `"unknown"` (code for a newer library's CPU).
 pub fn missing_features(mask: u64) -> Vec<&'static str> {
-    (0..FEATURES.len())
+    let known = (1u64 << FEATURES.len()) - 1;
+    let mut missing: Vec<&str> = (0..FEATURES.len())
         .filter(|&i| mask & (1 << i) != 0 && !has_feature(i))
         .map(|i| FEATURES[i].1)
-        .collect()
+        .collect();
+    if mask & !known != 0 {
+        missing.push("unknown");
+    }
+    missing
 }
 
 /// Kernels whose index space has fewer elements than this run on the calling thread:
@@ -325,12 +331,14 @@ pub unsafe extern "C" fn smelt_rt_run(
         return ERR_BAD_MODEL;
     };
     // SAFETY: the tables describe their own arrays.
-    let (plan, kernels, consts) = unsafe {
+    let (Some(plan), Some(kernels), Some(consts)) = (unsafe {
         (
-            std::slice::from_raw_parts(t.plan, words),
-            std::slice::from_raw_parts(t.kernels, kernels),
-            std::slice::from_raw_parts(t.consts, consts),
+            table(t.plan, words),
+            table(t.kernels, kernels),
+            table(t.consts, consts),
         )
+    }) else {
+        return ERR_BAD_MODEL;
     };
     let Some(need) = scratch_bytes(plan) else {
         return ERR_BAD_MODEL;
@@ -361,6 +369,22 @@ pub unsafe extern "C" fn smelt_rt_run(
         Ok(()) => OK,
         Err(code) => code,
     }
+}
+
+/// The `len` elements at `p`: empty when `len` is 0, None when `p` is NULL or misaligned
+/// otherwise.
+///
+/// # Safety
+/// A non-NULL `p` points to `len` initialised elements that outlive the result.
+unsafe fn table<'a, T>(p: *const T, len: usize) -> Option<&'a [T]> {
+    if len == 0 {
+        return Some(&[]);
+    }
+    if p.is_null() || !p.is_aligned() {
+        return None;
+    }
+    // SAFETY: the caller's contract; non-NULL and aligned, checked above.
+    Some(unsafe { std::slice::from_raw_parts(p, len) })
 }
 
 /// The message of a code, as a NUL-terminated C string (`NAME_error_string` calls it).
@@ -690,3 +714,105 @@ impl std::fmt::Display for AotError {
 }
 
 impl std::error::Error for AotError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A model with no steps whose output is its input (4 f32s), under `features`.
+    fn identity(features: u64) -> Vec<u64> {
+        let mut w = vec![MAGIC, FORMAT, features, 64, 1, 1, 1, 0];
+        w.extend([BUF_INPUT, 0, 16]);
+        w.extend([0, 4, 0, 1, 4, 1]);
+        w
+    }
+
+    /// Runs `plan` with no kernels and no constants.
+    fn run(
+        plan: &[u64],
+        inputs: *const *const u8,
+        outputs: *const *mut u8,
+        scratch: *mut u8,
+        len: usize,
+    ) -> i32 {
+        let consts = [0u8; 8];
+        let tables = ModelTables {
+            plan: plan.as_ptr(),
+            plan_words: plan.len() as u64,
+            kernels: std::ptr::null(),
+            kernel_count: 0,
+            consts: consts.as_ptr(),
+            const_bytes: 0,
+        };
+        // SAFETY: the tables describe `plan`; the pointers are the test's own buffers.
+        unsafe { smelt_rt_run(&tables, inputs, outputs, scratch, len) }
+    }
+
+    #[test]
+    fn the_entry_point_runs_a_plan_and_reports_bad_arguments() {
+        let x = [1.0f32, -2.0, 3.5, 0.25];
+        let mut y = [0.0f32; 4];
+        let ins = [x.as_ptr() as *const u8];
+        let outs = [y.as_mut_ptr() as *mut u8];
+        let mut scratch = vec![0u128; 8];
+        let sp = scratch.as_mut_ptr() as *mut u8;
+        let plan = identity(0);
+        assert_eq!(run(&plan, ins.as_ptr(), outs.as_ptr(), sp, 128), OK);
+        assert_eq!(y, x);
+        // NULL scratch: the call allocates
+        assert_eq!(
+            run(&plan, ins.as_ptr(), outs.as_ptr(), std::ptr::null_mut(), 0),
+            OK
+        );
+        assert_eq!(
+            run(&plan, std::ptr::null(), outs.as_ptr(), sp, 128),
+            ERR_NULL_POINTER
+        );
+        assert_eq!(
+            run(&plan, ins.as_ptr(), std::ptr::null(), sp, 128),
+            ERR_NULL_POINTER
+        );
+        let null_in = [std::ptr::null::<u8>()];
+        assert_eq!(
+            run(&plan, null_in.as_ptr(), outs.as_ptr(), sp, 128),
+            ERR_NULL_POINTER
+        );
+        assert_eq!(
+            run(&plan, ins.as_ptr(), outs.as_ptr(), sp, 63),
+            ERR_SCRATCH_TOO_SMALL
+        );
+        assert_eq!(
+            run(&plan, ins.as_ptr(), outs.as_ptr(), sp.wrapping_add(1), 127),
+            ERR_SCRATCH_MISALIGNED
+        );
+        // code that needs a CPU feature this library does not know
+        let newer = identity(1 << 40);
+        assert_eq!(
+            run(&newer, ins.as_ptr(), outs.as_ptr(), sp, 128),
+            ERR_CPU_UNSUPPORTED
+        );
+        // a plan of another format, or cut short
+        let mut other = plan.clone();
+        other[1] = FORMAT + 1;
+        assert_eq!(
+            run(&other, ins.as_ptr(), outs.as_ptr(), sp, 128),
+            ERR_BAD_MODEL
+        );
+        assert_eq!(
+            run(&plan[..10], ins.as_ptr(), outs.as_ptr(), sp, 128),
+            ERR_BAD_MODEL
+        );
+        // a buffer outside the scratch
+        let mut outside = plan.clone();
+        outside[8] = BUF_SCRATCH;
+        outside[9] = 60;
+        assert_eq!(
+            run(&outside, ins.as_ptr(), outs.as_ptr(), sp, 128),
+            ERR_BAD_MODEL
+        );
+        for (code, _, msg) in ERRORS {
+            assert_eq!(error_message(code).trim_end_matches('\0'), msg);
+        }
+        assert_eq!(error_message(99), "unknown error code\0");
+    }
+}
