@@ -6,7 +6,6 @@ use smelt::autograd::{
     clip_grad_value_, no_grad, saved_tensor_bytes, zero_grad,
 };
 use smelt::{DType, Result, Tensor};
-use std::sync::Arc;
 
 fn leaf(v: &[f32], shape: &[usize]) -> Tensor {
     let t = Tensor::from_slice(v, shape).unwrap();
@@ -286,7 +285,7 @@ fn custom_function_saved_tensor_modified() {
 fn layer(w: &Tensor) -> Segment {
     let w = w.clone();
     // Four saved intermediates per layer: what checkpointing avoids keeping.
-    Arc::new(move |xs: &[Tensor]| xs[0].matmul(&w)?.tanh()?.mul_scalar(0.5)?.sin())
+    Segment::new(move |xs: &[Tensor]| xs[0].matmul(&w)?.tanh()?.mul_scalar(0.5)?.sin())
 }
 
 #[test]
@@ -327,9 +326,28 @@ fn checkpoint_same_gradients_less_saved_memory() {
     );
 
     zero_grad(&ws);
-    let one = checkpoint(fns[0].clone(), &[&x]).unwrap();
+    let one = fns[0].checkpoint(&[&x]).unwrap();
     one.sum().unwrap().backward().unwrap();
     assert!(ws[0].grad().is_some() && ws[1].grad().is_none());
+
+    // a plain closure is a segment too, with the gradient of the unsegmented run
+    zero_grad(&ws);
+    let w0 = ws[0].clone();
+    let direct = checkpoint(
+        move |xs: &[Tensor]| xs[0].matmul(&w0)?.tanh()?.mul_scalar(0.5)?.sin(),
+        &[&x],
+    )
+    .unwrap();
+    direct.sum().unwrap().backward().unwrap();
+    let by_closure = grad(&ws[0]);
+    zero_grad(&ws);
+    fns[0](std::slice::from_ref(&x))
+        .unwrap()
+        .sum()
+        .unwrap()
+        .backward()
+        .unwrap();
+    close(&by_closure, &grad(&ws[0]));
 }
 
 #[test]

@@ -7,8 +7,49 @@ use crate::runtime::Tensor;
 use crate::{Result, bail};
 use std::sync::Arc;
 
-/// A segment of a model: tensors in, one tensor out.
-pub type Segment = Arc<dyn Fn(&[Tensor]) -> Result<Tensor> + Send + Sync>;
+/// The closure of a segment.
+type SegmentFn = dyn Fn(&[Tensor]) -> Result<Tensor> + Send + Sync;
+
+/// A segment of a model: tensors in, one tensor out. Any such closure converts into one
+/// (`Segment::new(f)` or `f.into()`); cloning a segment shares the closure, and a segment is
+/// called like one (`seg(&[x])`).
+///
+/// The closure owns what it captures, since backward runs it again after the caller's
+/// scope: move a clone of each parameter into it (a `Tensor` clone is a handle to the same
+/// storage and gradient, not a copy of the data).
+#[derive(Clone)]
+pub struct Segment(Arc<SegmentFn>);
+
+impl Segment {
+    /// The segment of closure `f`.
+    pub fn new(f: impl Fn(&[Tensor]) -> Result<Tensor> + Send + Sync + 'static) -> Segment {
+        Segment(Arc::new(f))
+    }
+
+    /// Runs the segment on `inputs` checkpointed (see [`checkpoint`]).
+    pub fn checkpoint(&self, inputs: &[&Tensor]) -> Result<Tensor> {
+        apply_recorded(Checkpoint { f: self.clone() }, inputs, true)
+    }
+}
+
+impl<F: Fn(&[Tensor]) -> Result<Tensor> + Send + Sync + 'static> From<F> for Segment {
+    fn from(f: F) -> Segment {
+        Segment::new(f)
+    }
+}
+
+impl std::ops::Deref for Segment {
+    type Target = SegmentFn;
+    fn deref(&self) -> &SegmentFn {
+        &*self.0
+    }
+}
+
+impl std::fmt::Debug for Segment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Segment")
+    }
+}
 
 struct Checkpoint {
     f: Segment,
@@ -54,10 +95,27 @@ impl Function for Checkpoint {
     }
 }
 
-/// Runs `f` on `inputs` keeping only the inputs for backward, which runs `f` again. With
-/// grad mode on the result is always recorded: `f` may read parameters that require grad.
-pub fn checkpoint(f: Segment, inputs: &[&Tensor]) -> Result<Tensor> {
-    apply_recorded(Checkpoint { f }, inputs, true)
+/// Runs closure `f` on `inputs` keeping only the inputs for backward, which runs `f` again
+/// ([`Segment::checkpoint`] for a segment). With grad mode on the result is always recorded: `f` may read
+/// parameters that require grad.
+///
+/// ```
+/// use smelt::autograd::checkpoint;
+/// use smelt::Tensor;
+/// let w = Tensor::from_vec(vec![0.5f32, -1.0, 2.0, 0.25], &[2, 2])?;
+/// w.requires_grad_(true)?;
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0], &[1, 2])?;
+/// let wc = w.clone(); // a handle: the segment updates `w`'s gradient
+/// let y = checkpoint(move |xs| xs[0].matmul(&wc)?.tanh(), &[&x])?;
+/// y.sum()?.backward()?;
+/// assert!(w.grad().is_some());
+/// # Ok::<(), smelt::Error>(())
+/// ```
+pub fn checkpoint(
+    f: impl Fn(&[Tensor]) -> Result<Tensor> + Send + Sync + 'static,
+    inputs: &[&Tensor],
+) -> Result<Tensor> {
+    Segment::new(f).checkpoint(inputs)
 }
 
 /// Runs `fns` in order on `input`, split into `segments` runs of consecutive functions; every
@@ -71,7 +129,7 @@ pub fn checkpoint_sequential(fns: &[Segment], segments: usize, input: &Tensor) -
     let mut x = input.clone();
     for (i, chunk) in chunks.iter().enumerate() {
         let run: Vec<Segment> = chunk.to_vec();
-        let seg: Segment = Arc::new(move |ins: &[Tensor]| {
+        let seg = Segment::new(move |ins: &[Tensor]| {
             let mut y = ins[0].clone();
             for f in &run {
                 y = f(&[y])?;
@@ -81,7 +139,7 @@ pub fn checkpoint_sequential(fns: &[Segment], segments: usize, input: &Tensor) -
         x = if i + 1 == chunks.len() {
             seg(&[x])?
         } else {
-            checkpoint(seg, &[&x])?
+            seg.checkpoint(&[&x])?
         };
     }
     Ok(x)
