@@ -201,9 +201,7 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
         Linkage::Export,
         &obj.signature(&[ptr, ptr, ptr, I64], &[I32]),
         &mut |fb| {
-            let p =
-                fb.b.block_params(fb.b.current_block().unwrap_or_else(|| unreachable!()))
-                    .to_vec();
+            let p = fb.b.block_params(entry_block(fb)?).to_vec();
             let gv = fb.data_ref(tables);
             let t = fb.b.ins().symbol_value(ptr, gv);
             let f = fb.func_ref(rt_run);
@@ -220,9 +218,7 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
         Linkage::Export,
         &err_sig,
         &mut |fb| {
-            let p =
-                fb.b.block_params(fb.b.current_block().unwrap_or_else(|| unreachable!()))
-                    .to_vec();
+            let p = fb.b.block_params(entry_block(fb)?).to_vec();
             let f = fb.func_ref(rt_err);
             let call = fb.b.ins().call(f, &[p[0]]);
             let r = fb.b.inst_results(call)[0];
@@ -252,6 +248,12 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
     };
     m.manifest = files::manifest(&m, &s, &built, &kernel_names);
     Ok(m)
+}
+
+/// The block a function body starts in (where its parameters are).
+fn entry_block(fb: &crate::codegen_cpu::jit::FnBody) -> Result<cranelift_codegen::ir::Block> {
+    fb.b.current_block()
+        .ok_or_else(|| Error::Unsupported("aot: a function body without its entry block".into()))
 }
 
 /// The whole of buffer `b` as a view.
