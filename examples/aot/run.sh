@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-target/aot-example}"
-cargo build --workspace
+# the test profile (the settings of dev): what `cargo test` built is reused
+cargo build --workspace --profile test
 mkdir -p "$OUT"
 target/debug/smelt compile examples/models/mlp_block.smelt --target cpu --out "$OUT" --name mlp
 target/debug/smelt compile examples/models/attention.smelt --target cpu --out "$OUT" --name attention
