@@ -489,3 +489,87 @@ fn tensors_larger_than_memory_are_errors() {
     let o = smelt_in(&d, &["profile", "expand.smelt", "--random-inputs"]);
     assert_error(&o, &[oom]);
 }
+
+/// `compile --target cpu` writes the object, header, manifest, run-time library and link
+/// flags; a bad CPU target or C name is an error with nothing written.
+#[test]
+fn compile_for_the_cpu_writes_every_file() {
+    let dir = temp_dir("compile-cpu");
+    setup(&dir);
+    let o = smelt_in(
+        &dir,
+        &[
+            "compile",
+            "model.smelt",
+            "--target",
+            "cpu",
+            "--out",
+            "out",
+            "--name",
+            "mm_model",
+            "--cpu",
+            "x86-64-v3",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    for f in [
+        "mm_model.o",
+        "mm_model.h",
+        "manifest.json",
+        "libsmelt_rt.a",
+        "link-flags.txt",
+    ] {
+        assert!(dir.join("out").join(f).is_file(), "{f}");
+    }
+    let h = std::fs::read_to_string(dir.join("out/mm_model.h")).unwrap();
+    assert!(h.contains("#define MM_MODEL_NUM_INPUTS 2"), "{h}");
+    assert!(h.contains("#define MM_MODEL_NUM_OUTPUTS 3"), "{h}");
+    assert!(h.contains("extern const size_t mm_model_input_bytes[MM_MODEL_NUM_INPUTS];"));
+    assert!(h.contains("const char *mm_model_error_string(int code);"));
+    let flags = std::fs::read_to_string(dir.join("out/link-flags.txt")).unwrap();
+    assert!(
+        flags.contains("libsmelt_rt.a") && flags.contains("-lpthread"),
+        "{flags}"
+    );
+    let manifest = std::fs::read_to_string(dir.join("out/manifest.json")).unwrap();
+    let m: serde_json::Value = serde_json::from_str(&manifest).unwrap();
+    assert_eq!(m["cpu"], "x86-64-v3");
+    assert_eq!(m["outputs"][1]["shape"], serde_json::json!([2, 2]));
+    assert!(
+        m["cpu_features"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f == "avx2")
+    );
+
+    let o = smelt_in(
+        &dir,
+        &[
+            "compile",
+            "model.smelt",
+            "--target",
+            "cpu",
+            "--out",
+            "bad",
+            "--cpu",
+            "i386",
+        ],
+    );
+    assert_error(&o, &["unknown CPU target 'i386'"]);
+    let o = smelt_in(
+        &dir,
+        &[
+            "compile",
+            "model.smelt",
+            "--target",
+            "cpu",
+            "--out",
+            "bad",
+            "--name",
+            "a-b",
+        ],
+    );
+    assert_error(&o, &["not a C identifier"]);
+    assert!(!dir.join("bad").exists());
+}
