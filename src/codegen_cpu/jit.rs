@@ -20,7 +20,7 @@ use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module, ModuleError, default_libcall_names};
 use std::collections::HashSet;
 
-fn module_err(e: ModuleError) -> Error {
+pub(super) fn module_err(e: ModuleError) -> Error {
     Error::Unsupported(format!("cpu codegen: {e}"))
 }
 

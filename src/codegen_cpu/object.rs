@@ -4,7 +4,7 @@
 //! The object is position-independent (it links into PIE executables); helpers are
 //! imported by name and resolved by the run-time library (`libsmelt_rt.a`) at link time.
 
-use super::jit::{CodeModule, FnBody, define_function, flags};
+use super::jit::{CodeModule, FnBody, define_function, flags, module_err};
 use crate::{Error, Result};
 use cranelift_codegen::ir::Signature;
 use cranelift_codegen::isa::TargetIsa;
@@ -101,10 +101,6 @@ pub struct ObjectCode {
     module: ObjectModule,
     ctx: cranelift_codegen::Context,
     fctx: FunctionBuilderContext,
-}
-
-fn module_err(e: cranelift_module::ModuleError) -> Error {
-    Error::Unsupported(format!("cpu codegen: {e}"))
 }
 
 impl ObjectCode {
