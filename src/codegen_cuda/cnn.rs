@@ -91,6 +91,18 @@ impl Body<'_> {
     }
 
     /// Closes `n` nested blocks opened at indents `from + n - 1` down to `from`.
+    /// The innermost step of the three convolutions' loops (`nd` spatial loops inside a
+    /// channel loop): `sm_acc += arg0[pa] * arg1[pb]`, then the loops close and the sum is
+    /// stored at output position `p`.
+    fn dot_tail(&mut self, p: &[String], t: &str, nd: usize, pa: &[String], pb: &[String]) {
+        let a = self.load_as(0, pa, t);
+        let b = self.load_as(1, pb, t);
+        self.line(3 + nd, &format!("sm_acc += {a} * {b};"));
+        self.close(3, nd);
+        self.line(2, "}");
+        self.store_at(2, p, "sm_acc");
+    }
+
     fn close(&mut self, from: usize, n: usize) {
         for k in (0..n).rev() {
             self.line(from + k, "}");
@@ -157,12 +169,7 @@ impl Body<'_> {
             xp.push(format!("sm_i{k}"));
             wp.push(format!("sm_k{k}"));
         }
-        let xv = self.load_as(0, &xp, t);
-        let wv = self.load_as(1, &wp, t);
-        self.line(3 + nd, &format!("sm_acc += {xv} * {wv};"));
-        self.close(3, nd);
-        self.line(2, "}");
-        self.store_at(2, p, "sm_acc");
+        self.dot_tail(p, t, nd, &xp, &wp);
         Ok(true)
     }
 
@@ -223,12 +230,7 @@ impl Body<'_> {
             gp.push(format!("sm_q{k}"));
             wp.push(format!("sm_k{k}"));
         }
-        let gv = self.load_as(0, &gp, t);
-        let wv = self.load_as(1, &wp, t);
-        self.line(3 + nd, &format!("sm_acc += {gv} * {wv};"));
-        self.close(3, nd);
-        self.line(2, "}");
-        self.store_at(2, p, "sm_acc");
+        self.dot_tail(p, t, nd, &gp, &wp);
         Ok(true)
     }
 
@@ -300,12 +302,7 @@ impl Body<'_> {
             gp.push(format!("sm_q{k}"));
             xp.push(format!("sm_i{k}"));
         }
-        let gv = self.load_as(0, &gp, t);
-        let xv = self.load_as(1, &xp, t);
-        self.line(3 + nd, &format!("sm_acc += {gv} * {xv};"));
-        self.close(3, nd);
-        self.line(2, "}");
-        self.store_at(2, p, "sm_acc");
+        self.dot_tail(p, t, nd, &gp, &xp);
         Ok(true)
     }
 
