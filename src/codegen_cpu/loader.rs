@@ -140,6 +140,9 @@ impl Loaded {
             let RelocationTarget::Symbol(i) = r.target() else {
                 continue;
             };
+            if abs.contains_key(&i) {
+                continue;
+            }
             let (name, local) = addr_of
                 .get(&i)
                 .ok_or_else(|| bad("a relocation against an unknown symbol"))?;

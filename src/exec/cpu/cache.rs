@@ -282,13 +282,18 @@ fn load(bytes: &[u8], key: &str) -> std::result::Result<Cached, String> {
 /// The address of a function the cached code calls: a helper of the code generator or of
 /// the run-time library, or a libcall ([`smelt_rt::libcalls`]).
 fn resolve(name: &str) -> Option<usize> {
-    if let Some((_, p, _)) = crate::codegen_cpu::helpers::symbols()
-        .into_iter()
-        .find(|(n, _, _)| *n == name)
-    {
-        return Some(p as usize);
-    }
-    smelt_rt::libcalls::address(name).map(|f| f as usize)
+    // built once: a load resolves a symbol per relocation
+    static HELPERS: OnceLock<HashMap<&'static str, usize>> = OnceLock::new();
+    let helpers = HELPERS.get_or_init(|| {
+        crate::codegen_cpu::helpers::symbols()
+            .into_iter()
+            .map(|(n, p, _)| (n, p as usize))
+            .collect()
+    });
+    helpers
+        .get(name)
+        .copied()
+        .or_else(|| smelt_rt::libcalls::address(name).map(|f| f as usize))
 }
 
 #[cfg(test)]
