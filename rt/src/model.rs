@@ -623,78 +623,77 @@ unsafe fn gemm_step(
     } else {
         1
     };
-    // batches come in groups of 64 so that no call allocates
-    let run = |offs: &[[usize; 3]]| -> Result<(), i32> {
-        unsafe {
-            match dtype {
-                GEMM_F16 => {
-                    gemm::batches::<f16>(&p, (pa as _, pb as _, po as _), offs, None, threads)
-                }
-                GEMM_F32 => {
-                    gemm::batches::<f32>(&p, (pa as _, pb as _, po as _), offs, None, threads)
-                }
-                GEMM_F64 => {
-                    gemm::batches::<f64>(&p, (pa as _, pb as _, po as _), offs, None, threads)
-                }
-                _ => return Err(ERR_BAD_MODEL),
-            }
-        }
-        Ok(())
-    };
+    // a bf16 product runs in f32 on copies in the scratch, as the eager kernel does; the
+    // copies' offsets and lengths follow the batch offsets
+    let mut copies = None;
     if dtype == GEMM_BF16 {
-        // skip to the conversion offsets, convert, run in f32, convert back
         w.at = start + batches.checked_mul(3).ok_or(ERR_BAD_MODEL)?;
         let (a32, b32, o32) = (w.usize()?, w.usize()?, w.usize()?);
         let (alen, blen, olen) = (w.usize()?, w.usize()?, w.usize()?);
-        for (at, len) in [(a32, alen), (b32, blen), (o32, olen)] {
+        let mut f32s = [std::ptr::null_mut::<f32>(); 3];
+        for (j, (at, len)) in [(a32, alen), (b32, blen), (o32, olen)]
+            .into_iter()
+            .enumerate()
+        {
             if at % 4 != 0 || at.checked_add(len * 4).is_none_or(|e| e > scratch_len) {
                 return Err(ERR_BAD_MODEL);
             }
+            f32s[j] = scratch.wrapping_add(at) as *mut f32;
         }
-        let (fa, fb, fo) = (
-            scratch.wrapping_add(a32) as *mut f32,
-            scratch.wrapping_add(b32) as *mut f32,
-            scratch.wrapping_add(o32) as *mut f32,
-        );
+        // SAFETY: the operands hold `alen` and `blen` bf16s; the copies are in the scratch.
         unsafe {
-            for i in 0..alen {
-                fa.add(i)
-                    .write((pa as *const bf16).add(i).read_unaligned().to_f32());
-            }
-            for i in 0..blen {
-                fb.add(i)
-                    .write((pb as *const bf16).add(i).read_unaligned().to_f32());
+            for (src, dst, len) in [(pa, f32s[0], alen), (pb, f32s[1], blen)] {
+                for i in 0..len {
+                    let x = (src as *const bf16).add(i).read_unaligned();
+                    dst.add(i).write(x.to_f32());
+                }
             }
         }
-        let end = w.at;
+        copies = Some((f32s, olen, w.at));
         w.at = start;
-        let mut done = 0;
-        while done < batches {
-            let c = (batches - done).min(offs.len());
-            for o in offs.iter_mut().take(c) {
-                *o = [w.usize()?, w.usize()?, w.usize()?];
-            }
-            unsafe { gemm::batches::<f32>(&p, (fa, fb, fo), &offs[..c], None, threads) };
-            done += c;
-        }
-        w.at = end;
-        unsafe {
-            for i in 0..olen {
-                (po as *mut bf16)
-                    .add(i)
-                    .write(bf16::from_f32(fo.add(i).read()));
-            }
-        }
-        return Ok(());
     }
+    let (kind, (xa, xb, xo)) = match copies {
+        Some((f, _, _)) => (
+            GEMM_F32,
+            (f[0] as *mut u8, f[1] as *mut u8, f[2] as *mut u8),
+        ),
+        None => (dtype, (pa, pb, po)),
+    };
+    // batches come in groups of 64 so that no call allocates
     let mut done = 0;
     while done < batches {
         let c = (batches - done).min(offs.len());
         for o in offs.iter_mut().take(c) {
             *o = [w.usize()?, w.usize()?, w.usize()?];
         }
-        run(&offs[..c])?;
+        let offs = &offs[..c];
+        // SAFETY: the plan's sizes and offsets, as the compiler laid them out.
+        unsafe {
+            match kind {
+                GEMM_F16 => {
+                    gemm::batches::<f16>(&p, (xa as _, xb as _, xo as _), offs, None, threads)
+                }
+                GEMM_F32 => {
+                    gemm::batches::<f32>(&p, (xa as _, xb as _, xo as _), offs, None, threads)
+                }
+                GEMM_F64 => {
+                    gemm::batches::<f64>(&p, (xa as _, xb as _, xo as _), offs, None, threads)
+                }
+                _ => return Err(ERR_BAD_MODEL),
+            }
+        }
         done += c;
+    }
+    if let Some((f, olen, end)) = copies {
+        // SAFETY: the result's copy holds `olen` f32s; the output holds `olen` bf16s.
+        unsafe {
+            for i in 0..olen {
+                (po as *mut bf16)
+                    .add(i)
+                    .write(bf16::from_f32(f[2].add(i).read()));
+            }
+        }
+        w.at = end;
     }
     Ok(())
 }

@@ -452,9 +452,9 @@ pub(super) fn write_archive(path: &Path, member: &str, object: &[u8]) -> Result<
 }
 
 /// The run-time library a C program links (`libsmelt_rt.a`): `SMELT_RT_LIB` when set, else
-/// beside the running executable (`cargo build --release --workspace` puts it next to
-/// `smelt`) or one directory up, else the newest one cargo built as a dependency there
-/// (`deps/libsmelt_rt-HASH.a`: test and example executables).
+/// the newest one beside the running executable or one directory up (`cargo build
+/// --workspace` puts it next to `smelt`), or in their `deps/` (`libsmelt_rt-HASH.a`, built as
+/// a dependency of test and example executables).
 pub fn runtime_library() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("SMELT_RT_LIB") {
         let p = PathBuf::from(p);
@@ -464,15 +464,11 @@ pub fn runtime_library() -> Result<PathBuf> {
         bail!(Io, "SMELT_RT_LIB={}: no such file", p.display());
     }
     let exe = std::env::current_exe().map_err(|e| Error::Io(format!("current executable: {e}")))?;
-    let dirs: Vec<&Path> = exe.ancestors().skip(1).take(2).collect();
-    for d in &dirs {
-        let p = d.join("libsmelt_rt.a");
-        if p.is_file() {
-            return Ok(p);
-        }
-    }
-    let newest = dirs
-        .iter()
+    // the newest candidate: an older uplifted copy must not shadow a fresh build
+    let newest = exe
+        .ancestors()
+        .skip(1)
+        .take(2)
         .flat_map(|d| [d.to_path_buf(), d.join("deps")])
         .filter_map(|d| std::fs::read_dir(d).ok())
         .flatten()
@@ -480,7 +476,7 @@ pub fn runtime_library() -> Result<PathBuf> {
         .filter(|e| {
             let n = e.file_name();
             let n = n.to_string_lossy();
-            n.starts_with("libsmelt_rt-") && n.ends_with(".a")
+            n == "libsmelt_rt.a" || (n.starts_with("libsmelt_rt-") && n.ends_with(".a"))
         })
         .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
         .max();
