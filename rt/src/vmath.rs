@@ -17,7 +17,9 @@
 //! The column sum (`col_sum`) serves rows as lanes (`smelt::codegen_cpu::lanes`). It only adds
 //! converted f32s and needs no fma, so it runs its portable build wherever AVX2 is missing.
 
-use crate::consts::{EXP_G, EXP_TAYLOR7, LN2_HI, LN2_LO, LOG2E, SHIFT32, SHIFT64};
+use crate::consts::{
+    ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, EXP_G, EXP_TAYLOR7, LN2_HI, LN2_LO, LOG2E, SHIFT32, SHIFT64,
+};
 use std::sync::OnceLock;
 
 /// An op a strip helper evaluates.
@@ -33,16 +35,19 @@ pub enum StripOp {
     Silu = 3,
     /// GELU with the tanh approximation (`approximate="tanh"`).
     GeluTanh = 4,
+    /// GELU, exact form `x·Φ(x)` (`approximate="none"`).
+    GeluErf = 5,
 }
 
 impl StripOp {
     /// Every strip op, in discriminant order.
-    pub const ALL: [StripOp; 5] = [
+    pub const ALL: [StripOp; 6] = [
         StripOp::Exp,
         StripOp::Tanh,
         StripOp::Sigmoid,
         StripOp::Silu,
         StripOp::GeluTanh,
+        StripOp::GeluErf,
     ];
 
     /// The strip op of a code generated kernels pass.
@@ -191,6 +196,83 @@ fn gelu_tanh(x: f32) -> f32 {
     if x == f32::NEG_INFINITY { f32::NAN } else { y }
 }
 
+/// The derivative's coefficients of `ERFC_Q` (`math::erfc_tail` computes them as it emits).
+const ERFC_DQ: [f64; 9] = {
+    let mut d = [0.0; 9];
+    let mut i = 1;
+    while i < 10 {
+        d[i - 1] = i as f64 * ERFC_Q[i];
+        i += 1;
+    }
+    d
+};
+
+/// `math::erf_small`: `erf(x)` for `|x| ≤ 1`.
+#[inline(always)]
+fn erf_small(x: f32) -> f32 {
+    x * poly32(x * x, &ERF_SMALL)
+}
+
+/// `math::two_sum_err`: the rounding error of `s = x + y`.
+#[inline(always)]
+fn two_sum_err(x: f32, y: f32, s: f32) -> f32 {
+    let yv = s - x;
+    let xv = s - yv;
+    (x - xv) + (y - yv)
+}
+
+/// `math::erfc_tail`: `erfc(z + zl) = w·p·2^k` given `z² = hi + lo`.
+#[inline(always)]
+fn erfc_tail(z: f32, zl: f32, hi: f32, lo: f32) -> (f32, f32, i32) {
+    let (p, k) = exp_parts(-hi);
+    let d = z + 2.0;
+    let dl = two_sum_err(z, 2.0, d) + zl;
+    let t0 = 2.0 / d;
+    let rem = (-t0).mul_add(d, 2.0);
+    let rem = (-t0).mul_add(dl, rem);
+    let c = rem / d;
+    let ts = t0 + (-ERFC_Q_CENTER as f32);
+    let q = poly32(ts, &ERFC_Q);
+    let dq = poly32(ts, &ERFC_DQ);
+    let slope = t0.mul_add(dq, q);
+    let w = c.mul_add(slope, t0 * q);
+    let w = (-w).mul_add(lo, w);
+    (w, p, k)
+}
+
+/// `math::gelu`: `x·Φ(x)`, from `erf` near 0 and `erfc` in the tails; subnormal results
+/// flushed, `gelu(-inf)` NaN.
+#[inline(always)]
+fn gelu_erf(x: f32) -> f32 {
+    use std::f64::consts::{FRAC_1_SQRT_2, SQRT_2};
+    let es = erf_small(x * FRAC_1_SQRT_2 as f32);
+    let y_small = x * es.mul_add(0.5, 0.5);
+    // z = |x|/√2 as az + azl, with √½ split into two f32s
+    let r2h = FRAC_1_SQRT_2 as f32;
+    let r2l = (FRAC_1_SQRT_2 - f64::from(r2h)) as f32;
+    let a = clamp(x.abs(), 0.0, 15.0);
+    let az = a * r2h;
+    let azl = a.mul_add(r2h, -az);
+    let azl = a.mul_add(r2l, azl);
+    let z = clamp(az, 0.5, 10.5);
+    let xc = clamp(x, -15.0, 15.0);
+    let hi = xc * xc;
+    let lo = xc.mul_add(xc, -hi);
+    let (w, p, k) = erfc_tail(z, azl, hi * 0.5, lo * 0.5);
+    let wp = w * p;
+    let y_neg = scale2n((0.5 * xc) * wp, k);
+    let y_pos = x * (1.0 - scale2n(0.5 * wp, k));
+    let y_tail = if x > 0.0 { y_pos } else { y_neg };
+    let near0 = x > -FRAC_1_SQRT_2 as f32 && x < SQRT_2 as f32;
+    let y = if near0 { y_small } else { y_tail };
+    let y = if y.abs() < f32::MIN_POSITIVE {
+        y * 0.0
+    } else {
+        y
+    };
+    if x == f32::NEG_INFINITY { f32::NAN } else { y }
+}
+
 /// Sixteen f64 partial sums (two AVX-512 vectors), added up at the end.
 #[inline(always)]
 fn sum_with(xs: &[f32]) -> f64 {
@@ -212,14 +294,42 @@ fn sum_with(xs: &[f32]) -> f64 {
     s
 }
 
+/// Plain `for` loops, not `for_each` with a closure: rustc may outline a generic
+/// `for_each` out of the `#[target_feature]` caller, and the copy outside it computes every
+/// `mul_add` with a software fma call (the exact GELU ran 100x slower that way).
 #[inline(always)]
 fn map_with(op: StripOp, xs: &mut [f32]) {
     match op {
-        StripOp::Exp => xs.iter_mut().for_each(|x| *x = exp(*x)),
-        StripOp::Tanh => xs.iter_mut().for_each(|x| *x = tanh(*x)),
-        StripOp::Sigmoid => xs.iter_mut().for_each(|x| *x = sigmoid(*x)),
-        StripOp::Silu => xs.iter_mut().for_each(|x| *x *= sigmoid(*x)),
-        StripOp::GeluTanh => xs.iter_mut().for_each(|x| *x = gelu_tanh(*x)),
+        StripOp::Exp => {
+            for x in xs {
+                *x = exp(*x);
+            }
+        }
+        StripOp::Tanh => {
+            for x in xs {
+                *x = tanh(*x);
+            }
+        }
+        StripOp::Sigmoid => {
+            for x in xs {
+                *x = sigmoid(*x);
+            }
+        }
+        StripOp::Silu => {
+            for x in xs {
+                *x *= sigmoid(*x);
+            }
+        }
+        StripOp::GeluTanh => {
+            for x in xs {
+                *x = gelu_tanh(*x);
+            }
+        }
+        StripOp::GeluErf => {
+            for x in xs {
+                *x = gelu_erf(*x);
+            }
+        }
     }
 }
 

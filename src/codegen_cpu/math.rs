@@ -35,7 +35,7 @@
 //!
 //! f64 math is not provided here: the backend computes f64 transcendentals by calling libm.
 //!
-//! In f32 vector loops, exp, tanh, sigmoid, silu and gelu_tanh usually run in strips instead
+//! In f32 vector loops, exp, tanh, sigmoid, silu, gelu and gelu_tanh usually run in strips instead
 //! (`super::strip`): [`super::vmath`] ports these emitters to native 256/512-bit loops with
 //! the same bits.
 
@@ -43,7 +43,9 @@ use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F32X4, F64, I8X16, I32, I32X4, I64, I64X2};
 use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
-use smelt_rt::consts::{EXP_G, EXP_TAYLOR7, LN2_HI, LN2_LO, LOG2E, SHIFT32, SHIFT64};
+use smelt_rt::consts::{
+    ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, EXP_G, EXP_TAYLOR7, LN2_HI, LN2_LO, LOG2E, SHIFT32, SHIFT64,
+};
 
 type B<'a, 'b> = &'a mut FunctionBuilder<'b>;
 
@@ -484,32 +486,6 @@ pub fn sigmoid(b: B, x: Value) -> Value {
 
 // ---------------------------------------------------------------------------------------------
 // erf, erfc, gelu
-
-/// `erf(x)/x` as a polynomial in `u = x²` on `[0, 1]` (Chebyshev fit, 5.5e-8 after rounding).
-const ERF_SMALL: [f64; 6] = [
-    1.128_379_106_521_606_4,
-    -0.376_123_428_344_726_56,
-    0.112_803_168_594_837_19,
-    -0.026_715_055_108_070_374,
-    0.004_921_761_807_054_281,
-    -0.000_564_805_988_688_021_9,
-];
-
-/// `Q(t) = erfc(z)·e^{z²}/t` with `t = 2/(2+z)`, as a polynomial in `t - 0.48`, fitted at
-/// Chebyshev nodes on `t ∈ [0.16, 0.8]` (`z ∈ [0.5, 10.5]`; max error 1.1e-8 after rounding).
-const ERFC_Q_CENTER: f64 = 0.48;
-const ERFC_Q: [f64; 10] = [
-    0.497_270_524_501_800_54,
-    0.664_983_272_552_490_2,
-    0.549_792_885_780_334_5,
-    0.159_105_673_432_350_16,
-    -0.161_085_739_731_788_64,
-    -0.115_054_689_347_743_99,
-    0.088_909_037_411_212_92,
-    0.067_203_886_806_964_87,
-    -0.063_872_873_783_111_57,
-    -0.027_606_032_788_753_51,
-];
 
 /// `erf(x)` for `|x| ≤ 1`.
 fn erf_small(b: B, x: Value) -> Value {

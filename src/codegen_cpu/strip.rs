@@ -49,6 +49,7 @@ pub fn strip_of(u: UnaryOp) -> Option<StripOp> {
             StripOp::Sigmoid => UnaryOp::Sigmoid,
             StripOp::Silu => UnaryOp::Silu,
             StripOp::GeluTanh => UnaryOp::Gelu { tanh: true },
+            StripOp::GeluErf => UnaryOp::Gelu { tanh: false },
         }
     })
 }
