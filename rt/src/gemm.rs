@@ -8,6 +8,10 @@ use half::f16;
 /// Products with at least this many multiply-adds use several threads.
 pub const PAR_FLOPS: usize = 1 << 18;
 
+/// A batch of products runs one product per thread unless each has at least this many
+/// multiply-adds (and the batch is short): then the threads share each product.
+pub const PAR_INSIDE_FLOPS: usize = 1 << 26;
+
 /// The element types `gemm` multiplies.
 pub trait GemmElem: Copy + Send + Sync + 'static {
     /// 1 in this type.
@@ -52,6 +56,156 @@ impl<T> Ptr<T> {
     fn get(self) -> *mut T {
         self.0
     }
+}
+
+/// One operand of a (batched) product: its shape and strides in elements and the offset of
+/// its first element. Rank 1 is a vector: a row on the left, a column on the right.
+#[derive(Clone, Copy, Debug)]
+pub struct Operand<'a> {
+    /// Sizes, batch dims first.
+    pub shape: &'a [usize],
+    /// Strides in elements, one per dim.
+    pub strides: &'a [isize],
+    /// Element offset of the first element.
+    pub offset: usize,
+}
+
+/// Why two operands do not multiply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlanError {
+    /// An operand has rank 0 (or strides that do not match its shape).
+    Rank,
+    /// Columns of the left operand, rows of the right one: they differ.
+    Inner(usize, usize),
+    /// Two batch sizes that do not broadcast.
+    Batch(usize, usize),
+}
+
+/// A batched product `[batch..] m×k · k×n` into a contiguous `[batch.., m, n]` result: the
+/// matrices' geometry and the `[out, a, b]` element offsets of each matrix (the input of
+/// [`batches`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Batched {
+    /// Sizes and strides of every matrix of the batch.
+    pub product: Product,
+    /// `[out, a, b]` offsets, one triple per matrix.
+    pub offs: Vec<[usize; 3]>,
+}
+
+/// A matrix operand: batch dims `(size, stride)`, then rows, columns and their strides.
+struct Mat {
+    batch: Vec<(usize, isize)>,
+    rows: usize,
+    cols: usize,
+    rs: isize,
+    cs: isize,
+}
+
+fn mat(x: &Operand, left: bool) -> Result<Mat, PlanError> {
+    let (sh, st) = (x.shape, x.strides);
+    let r = sh.len();
+    if r == 0 || st.len() != r {
+        return Err(PlanError::Rank);
+    }
+    Ok(match r {
+        1 if left => Mat {
+            batch: vec![],
+            rows: 1,
+            cols: sh[0],
+            rs: 0,
+            cs: st[0],
+        },
+        1 => Mat {
+            batch: vec![],
+            rows: sh[0],
+            cols: 1,
+            rs: st[0],
+            cs: 0,
+        },
+        _ => Mat {
+            batch: sh[..r - 2]
+                .iter()
+                .copied()
+                .zip(st[..r - 2].iter().copied())
+                .collect(),
+            rows: sh[r - 2],
+            cols: sh[r - 1],
+            rs: st[r - 2],
+            cs: st[r - 1],
+        },
+    })
+}
+
+/// Plans `a · b` with PyTorch's `matmul` rules: batch dims broadcast, right-aligned.
+///
+/// Batch dims over which `b` is broadcast and `a`'s rows run on at an even stride (a 3-D
+/// activation times a weight) fold into the rows: one tall product instead of a batch of
+/// short ones, which the GEMM packs once and threads well.
+pub fn plan(a: Operand, b: Operand) -> Result<Batched, PlanError> {
+    let (mut ma, mb) = (mat(&a, true)?, mat(&b, false)?);
+    if ma.cols != mb.rows {
+        return Err(PlanError::Inner(ma.cols, mb.rows));
+    }
+    let rank = ma.batch.len().max(mb.batch.len());
+    // (size, stride) of batch dim d of x, broadcast: stride 0 where x has size 1 or no dim
+    let dim = |x: &Mat, d: usize| -> (usize, isize) {
+        let pad = rank - x.batch.len();
+        match d.checked_sub(pad).map(|i| x.batch[i]) {
+            Some((size, st)) if size != 1 => (size, st),
+            _ => (1, 0),
+        }
+    };
+    let mut dims = Vec::with_capacity(rank);
+    for d in 0..rank {
+        let ((da, sa), (db, sb)) = (dim(&ma, d), dim(&mb, d));
+        if da != db && da != 1 && db != 1 {
+            return Err(PlanError::Batch(da, db));
+        }
+        dims.push((if da == 1 { db } else { da }, sa, sb));
+    }
+    // fold trailing batch dims into a's rows
+    while let Some(&(size, sa, sb)) = dims.last() {
+        let even = ma.rows == 1 || Some(sa) == isize::try_from(ma.rows).ok().map(|r| r * ma.rs);
+        if size != 1 && !(sb == 0 && sa != 0 && even) {
+            break;
+        }
+        if size != 1 {
+            if ma.rows == 1 {
+                ma.rs = sa;
+            }
+            ma.rows *= size;
+        }
+        dims.pop();
+    }
+    let (m, n, k) = (ma.rows, mb.cols, ma.cols);
+    let count: usize = dims.iter().map(|d| d.0).product();
+    let mut offs = Vec::with_capacity(count);
+    let mut idx = vec![0usize; dims.len()];
+    for bi in 0..count {
+        let (mut oa, mut ob) = (a.offset as isize, b.offset as isize);
+        for (&i, &(_, sa, sb)) in idx.iter().zip(&dims) {
+            oa += i as isize * sa;
+            ob += i as isize * sb;
+        }
+        offs.push([bi * m * n, oa as usize, ob as usize]);
+        for d in (0..dims.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < dims[d].0 {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    Ok(Batched {
+        product: Product {
+            m,
+            n,
+            k,
+            a: (ma.rs, ma.cs),
+            b: (mb.rs, mb.cs),
+        },
+        offs,
+    })
 }
 
 /// Runs one product per batch, `[out, a, b]` element offsets each: `out = a·b`, or with
@@ -115,7 +269,15 @@ pub unsafe fn batches<T: GemmElem>(
         }
     };
     let flops = m * n * k;
-    if flops < PAR_FLOPS && offs.len() > 1 && flops.saturating_mul(offs.len()) >= PAR_FLOPS {
+    let total = flops.saturating_mul(offs.len());
+    // Across the batch when there is a batch to share: small products split poorly inside
+    // (a [128,384]·[384,384] ran no faster on two threads than on one), while whole
+    // products per thread scale; inside one product only when it is alone or huge.
+    let across = offs.len() > 1
+        && total >= PAR_FLOPS
+        && threads > 1
+        && (flops < PAR_INSIDE_FLOPS || offs.len() >= 4 * threads);
+    if across {
         use rayon::prelude::*;
         offs.par_iter().for_each(|o| run(o, Parallelism::None));
     } else {
@@ -125,5 +287,200 @@ pub unsafe fn batches<T: GemmElem>(
             Parallelism::None
         };
         offs.iter().for_each(|o| run(o, par));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Row-major strides of `shape`.
+    fn strides(shape: &[usize]) -> Vec<isize> {
+        let mut st = vec![0isize; shape.len()];
+        let mut acc = 1isize;
+        for d in (0..shape.len()).rev() {
+            st[d] = acc;
+            acc *= shape[d] as isize;
+        }
+        st
+    }
+
+    /// `a · b` by PyTorch's matmul rules, summed in f64 element by element, read through
+    /// shapes and strides: the reference the planned products are checked against.
+    fn reference(a: (&[usize], &[isize], &[f64]), b: (&[usize], &[isize], &[f64])) -> Vec<f64> {
+        let (sa, ta, xa) = a;
+        let (sb, tb, xb) = b;
+        // vectors as a row / a column, dims to drop from the result afterwards
+        let (sa, ta) = if sa.len() == 1 {
+            (vec![1, sa[0]], vec![0, ta[0]])
+        } else {
+            (sa.to_vec(), ta.to_vec())
+        };
+        let (sb, tb) = if sb.len() == 1 {
+            (vec![sb[0], 1], vec![tb[0], 0])
+        } else {
+            (sb.to_vec(), tb.to_vec())
+        };
+        let (ra, rb) = (sa.len() - 2, sb.len() - 2);
+        let rank = ra.max(rb);
+        let size = |s: &[usize], r: usize, d: usize| {
+            if d < rank - r { 1 } else { s[d - (rank - r)] }
+        };
+        let batch: Vec<usize> = (0..rank)
+            .map(|d| match (size(&sa, ra, d), size(&sb, rb, d)) {
+                (1, y) => y,
+                (x, _) => x,
+            })
+            .collect();
+        let (m, k, n) = (sa[ra], sa[ra + 1], sb[rb + 1]);
+        let count: usize = batch.iter().product();
+        let mut out = Vec::with_capacity(count * m * n);
+        for bi in 0..count {
+            // batch index, then each operand's offset (broadcast dims stay at 0)
+            let mut idx = vec![0usize; rank];
+            let mut r = bi;
+            for d in (0..rank).rev() {
+                idx[d] = r % batch[d];
+                r /= batch[d];
+            }
+            let off = |s: &[usize], t: &[isize], rr: usize| -> isize {
+                (0..rank)
+                    .filter(|&d| d >= rank - rr)
+                    .map(|d| {
+                        let i = d - (rank - rr);
+                        if s[i] == 1 { 0 } else { idx[d] as isize * t[i] }
+                    })
+                    .sum()
+            };
+            let (oa, ob) = (off(&sa, &ta, ra), off(&sb, &tb, rb));
+            for i in 0..m {
+                for j in 0..n {
+                    let mut s = 0.0;
+                    for l in 0..k {
+                        let pa = oa + i as isize * ta[ra] + l as isize * ta[ra + 1];
+                        let pb = ob + l as isize * tb[rb] + j as isize * tb[rb + 1];
+                        s += xa[pa as usize] * xb[pb as usize];
+                    }
+                    out.push(s);
+                }
+            }
+        }
+        out
+    }
+
+    /// Runs the planned product of `a` and `b` in f64.
+    fn planned(a: (&[usize], &[isize], &[f64]), b: (&[usize], &[isize], &[f64])) -> Vec<f64> {
+        let p = plan(
+            Operand {
+                shape: a.0,
+                strides: a.1,
+                offset: 0,
+            },
+            Operand {
+                shape: b.0,
+                strides: b.1,
+                offset: 0,
+            },
+        )
+        .expect("shapes multiply");
+        let mut out = vec![0.0; p.offs.len() * p.product.m * p.product.n];
+        // SAFETY: the operands are the full buffers their shapes and strides address.
+        unsafe {
+            batches(
+                &p.product,
+                (a.2.as_ptr(), b.2.as_ptr(), out.as_mut_ptr()),
+                &p.offs,
+                None,
+                2,
+            )
+        };
+        out
+    }
+
+    #[test]
+    fn planned_products_match_a_float64_reference() {
+        let mut seed = 7u64;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as usize
+        };
+        // (a shape, b shape, transpose b's last two dims)
+        let cases: &[(&[usize], &[usize], bool)] = &[
+            (&[5, 7, 3], &[3, 4], false),
+            (&[5, 7, 3], &[4, 3], true),
+            (&[2, 3, 7, 3], &[4, 3], true),
+            (&[2, 1, 7, 3], &[4, 3, 5], false),
+            (&[1, 7, 3], &[6, 3, 5], false),
+            (&[6, 7, 3], &[6, 5, 3], true),
+            (&[7], &[4, 7, 5], false),
+            (&[4, 7, 5], &[5], false),
+            (&[3], &[3], false),
+            (&[4, 1, 3], &[3, 2], false),
+            (&[0, 7, 3], &[3, 4], false),
+            (&[2, 0, 3], &[3, 4], false),
+            (&[64, 33, 17], &[19, 17], true),
+        ];
+        for &(sa, sb0, tb) in cases {
+            let xa: Vec<f64> = (0..sa.iter().product::<usize>())
+                .map(|_| (next() % 17) as f64 - 8.0)
+                .collect();
+            let xb: Vec<f64> = (0..sb0.iter().product::<usize>())
+                .map(|_| (next() % 13) as f64 - 6.0)
+                .collect();
+            let ta = strides(sa);
+            let (sb, stb) = if tb {
+                // the transposed view of a row-major buffer, as linear's weight
+                let r = sb0.len();
+                let mut s = sb0.to_vec();
+                let mut t = strides(sb0);
+                s.swap(r - 2, r - 1);
+                t.swap(r - 2, r - 1);
+                (s, t)
+            } else {
+                (sb0.to_vec(), strides(sb0))
+            };
+            let want = reference((sa, &ta, &xa), (&sb, &stb, &xb));
+            let got = planned((sa, &ta, &xa), (&sb, &stb, &xb));
+            assert_eq!(got, want, "{sa:?} x {sb:?}");
+        }
+    }
+
+    #[test]
+    fn a_weight_shared_by_the_batch_folds_into_the_rows() {
+        let (sa, sb) = ([32usize, 16, 8], [8usize, 4]);
+        let (ta, tb) = (strides(&sa), strides(&sb));
+        let op = |shape, strides| Operand {
+            shape,
+            strides,
+            offset: 0,
+        };
+        let p = plan(op(&sa, &ta), op(&sb, &tb)).expect("shapes multiply");
+        assert_eq!((p.product.m, p.offs.len()), (512, 1));
+        // a batched right operand keeps the batch
+        let sb3 = [32usize, 8, 4];
+        let tb3 = strides(&sb3);
+        let p = plan(op(&sa, &ta), op(&sb3, &tb3)).expect("shapes multiply");
+        assert_eq!((p.product.m, p.offs.len()), (16, 32));
+        // rows that do not run on evenly (a slice of every matrix) keep the batch too
+        let ts = [16 * 9, 8, 1];
+        let p = plan(op(&sa, &ts), op(&sb, &tb)).expect("shapes multiply");
+        assert_eq!((p.product.m, p.offs.len()), (16, 32));
+        let xa: Vec<f64> = (0..32 * 16 * 9).map(|i| (i % 11) as f64).collect();
+        let xb: Vec<f64> = (0..32).map(|i| (i % 5) as f64 - 2.0).collect();
+        assert_eq!(
+            planned((&sa, &ts, &xa), (&sb, &tb, &xb)),
+            reference((&sa, &ts, &xa), (&sb, &tb, &xb))
+        );
+        assert_eq!(
+            plan(op(&sa, &ta), op(&[7, 4], &[4, 1])),
+            Err(PlanError::Inner(8, 7))
+        );
+        assert_eq!(
+            plan(op(&[3, 2, 8], &[16, 8, 1]), op(&[4, 8, 2], &[16, 2, 1])),
+            Err(PlanError::Batch(3, 4))
+        );
+        assert_eq!(plan(op(&[], &[]), op(&sb, &tb)), Err(PlanError::Rank));
     }
 }

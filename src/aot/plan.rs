@@ -13,6 +13,7 @@ use crate::ir::shape::numel;
 use crate::kernel::{BufferKind, ExternCall, Kernel, Schedule, Step, View};
 use crate::runtime::apply;
 use crate::{Result, bail};
+use smelt_rt::gemm as rt_gemm;
 use smelt_rt::model as rt;
 
 /// Alignment of every temporary and constant.
@@ -275,50 +276,6 @@ pub(super) fn build(
     })
 }
 
-/// A matmul operand seen as a batch of matrices: batch shape and strides, then the
-/// matrix's rows, columns and their strides.
-struct Mat {
-    batch: Vec<(usize, isize)>,
-    rows: usize,
-    cols: usize,
-    rs: isize,
-    cs: isize,
-}
-
-fn mat(v: &View, left: bool) -> Result<Mat> {
-    let st: Vec<isize> = v.strides.iter().map(|&x| x as isize).collect();
-    let r = v.shape.len();
-    Ok(match r {
-        0 => bail!(Shape, "aot: matmul of a 0-d operand"),
-        // a vector is a row (left) or a column (right)
-        1 if left => Mat {
-            batch: vec![],
-            rows: 1,
-            cols: v.shape[0],
-            rs: 0,
-            cs: st[0],
-        },
-        1 => Mat {
-            batch: vec![],
-            rows: v.shape[0],
-            cols: 1,
-            rs: st[0],
-            cs: 0,
-        },
-        _ => Mat {
-            batch: v.shape[..r - 2]
-                .iter()
-                .zip(&st[..r - 2])
-                .map(|(&d, &s)| (d, s))
-                .collect(),
-            rows: v.shape[r - 2],
-            cols: v.shape[r - 1],
-            rs: st[r - 2],
-            cs: st[r - 1],
-        },
-    })
-}
-
 /// The words of a GEMM step (`copies`: the scratch offsets of a bf16 product's f32 copies).
 fn gemm_words(
     s: &Schedule,
@@ -350,65 +307,36 @@ fn gemm_words(
             bail!(DType, "aot: matmul operands of different dtypes");
         }
     }
-    let (a, b) = (mat(&e.args[0], true)?, mat(&e.args[1], false)?);
-    if a.cols != b.rows {
+    let strides = |v: &View| -> Vec<isize> { v.strides.iter().map(|&x| x as isize).collect() };
+    let (sa, sb) = (strides(&e.args[0]), strides(&e.args[1]));
+    let planned = rt_gemm::plan(
+        rt_gemm::Operand {
+            shape: &e.args[0].shape,
+            strides: &sa,
+            offset: e.args[0].offset,
+        },
+        rt_gemm::Operand {
+            shape: &e.args[1].shape,
+            strides: &sb,
+            offset: e.args[1].offset,
+        },
+    );
+    let Ok(rt_gemm::Batched { product: p, offs }) = planned else {
         bail!(
             Shape,
             "aot: matmul of {:?} and {:?}",
             e.args[0].shape,
             e.args[1].shape
         );
-    }
-    let (m, n, k) = (a.rows, b.cols, a.cols);
-    // broadcast the batch dims, right-aligned
-    let rank = a.batch.len().max(b.batch.len());
-    let dim = |x: &Mat, d: usize| -> (usize, isize) {
-        let pad = rank - x.batch.len();
-        if d < pad { (1, 0) } else { x.batch[d - pad] }
     };
-    let mut shape = Vec::with_capacity(rank);
-    for d in 0..rank {
-        let (da, db) = (dim(&a, d).0, dim(&b, d).0);
-        if da != db && da != 1 && db != 1 {
-            bail!(
-                Shape,
-                "aot: matmul batch dims {da} and {db} do not broadcast"
-            );
-        }
-        shape.push(da.max(db));
-    }
-    let batches = numel(&shape);
-    if batches * m * n != out.len() {
+    if offs.len() * p.m * p.n != out.len() {
         bail!(Shape, "aot: matmul result does not fill its buffer");
     }
-    w.extend([rt::STEP_GEMM, code, m as u64, n as u64, k as u64]);
-    w.extend([a.rs, a.cs, b.rs, b.cs].map(|x| x as u64));
+    w.extend([rt::STEP_GEMM, code, p.m as u64, p.n as u64, p.k as u64]);
+    w.extend([p.a.0, p.a.1, p.b.0, p.b.1].map(|x| x as u64));
     w.extend([e.args[0].buffer, e.args[1].buffer, e.out].map(|x| x as u64));
-    w.push(batches as u64);
-    let mut idx = vec![0usize; rank];
-    for bi in 0..batches {
-        let off = |x: &Mat, base: usize| -> u64 {
-            let o: isize = (0..rank)
-                .map(|d| {
-                    let (size, st) = dim(x, d);
-                    if size == 1 { 0 } else { idx[d] as isize * st }
-                })
-                .sum();
-            (base as isize + o) as u64
-        };
-        w.extend([
-            (bi * m * n) as u64,
-            off(&a, e.args[0].offset),
-            off(&b, e.args[1].offset),
-        ]);
-        for d in (0..rank).rev() {
-            idx[d] += 1;
-            if idx[d] < shape[d] {
-                break;
-            }
-            idx[d] = 0;
-        }
-    }
+    w.push(offs.len() as u64);
+    w.extend(offs.iter().flatten().map(|&x| x as u64));
     if let Some([a32, b32, o32]) = copies {
         w.extend([a32, b32, o32].map(|x| x as u64));
         w.extend(

@@ -5,113 +5,43 @@
 
 use crate::ir::dtype::DType;
 use crate::ir::op::{Op, TensorType};
-use crate::ir::shape::{broadcast_shapes, contiguous_strides, numel};
+use crate::ir::shape::numel;
 use crate::runtime::access;
 use crate::runtime::element::Element;
 use crate::runtime::kernels::copy::{cast_new, copy_into};
-use crate::runtime::strided::{SendPtr, Walk};
+use crate::runtime::strided::SendPtr;
 use crate::runtime::tensor::Tensor;
 use crate::{Result, bail, dispatch};
 use half::f16;
 
-use smelt_rt::gemm::PAR_FLOPS;
+use smelt_rt::gemm::{Batched, Operand, PAR_FLOPS, PlanError, Product};
 
-/// One operand seen as a batch of matrices.
-struct Operand {
-    rows: usize,
-    cols: usize,
-    rs: usize,
-    cs: usize,
-    /// Strides of the batch dims, broadcast to the output's batch shape.
-    batch: Vec<usize>,
-}
-
-/// The geometry of a (batched) product `[batch] m×k · k×n`.
-struct Plan {
-    batch: Vec<usize>,
-    a: Operand,
-    b: Operand,
-}
-
-/// `x` as matrices; a 1-D operand becomes a row (`as_row`) or a column.
-fn operand(x: &Tensor, as_row: bool) -> (Vec<usize>, Vec<usize>, Operand) {
-    let (sh, st) = (x.shape(), x.strides());
-    if sh.len() == 1 {
-        let (rows, cols, rs, cs) = if as_row {
-            (1, sh[0], 0, st[0])
-        } else {
-            (sh[0], 1, st[0], 0)
-        };
-        return (
-            vec![],
-            vec![],
-            Operand {
-                rows,
-                cols,
-                rs,
-                cs,
-                batch: vec![],
-            },
-        );
+/// The shared plan of `a · b` (batch broadcast, folding, per-matrix offsets).
+fn plan(a: &Tensor, b: &Tensor) -> Result<Batched> {
+    let st = |t: &Tensor| -> Vec<isize> { t.strides().iter().map(|&s| s as isize).collect() };
+    let (sa, sb) = (st(a), st(b));
+    let (oa, ob) = (
+        Operand {
+            shape: a.shape(),
+            strides: &sa,
+            offset: 0,
+        },
+        Operand {
+            shape: b.shape(),
+            strides: &sb,
+            offset: 0,
+        },
+    );
+    match smelt_rt::gemm::plan(oa, ob) {
+        Ok(p) => Ok(p),
+        Err(PlanError::Inner(ka, kb)) => {
+            bail!(Shape, "matmul: inner sizes {ka} and {kb} differ")
+        }
+        Err(PlanError::Batch(da, db)) => {
+            bail!(Shape, "matmul: batch sizes {da} and {db} do not broadcast")
+        }
+        Err(PlanError::Rank) => bail!(Shape, "matmul: both arguments need at least 1 dimension"),
     }
-    let r = sh.len() - 2;
-    let op = Operand {
-        rows: sh[r],
-        cols: sh[r + 1],
-        rs: st[r],
-        cs: st[r + 1],
-        batch: vec![],
-    };
-    (sh[..r].to_vec(), st[..r].to_vec(), op)
-}
-
-/// Strides of batch dims `sh`/`st` read as the broadcast batch shape `to` (0 where broadcast).
-fn batch_strides(sh: &[usize], st: &[usize], to: &[usize]) -> Vec<usize> {
-    let lead = to.len() - sh.len();
-    (0..to.len())
-        .map(|i| {
-            if i < lead || sh[i - lead] != to[i] {
-                0
-            } else {
-                st[i - lead]
-            }
-        })
-        .collect()
-}
-
-fn plan(a: &Tensor, b: &Tensor) -> Result<Plan> {
-    let (ash, ast, mut pa) = operand(a, true);
-    let (bsh, bst, mut pb) = operand(b, false);
-    let batch = broadcast_shapes(&ash, &bsh)?;
-    pa.batch = batch_strides(&ash, &ast, &batch);
-    pb.batch = batch_strides(&bsh, &bst, &batch);
-    if pa.cols != pb.rows {
-        bail!(
-            Shape,
-            "matmul: inner sizes {} and {} differ",
-            pa.cols,
-            pb.rows
-        );
-    }
-    Ok(Plan {
-        batch,
-        a: pa,
-        b: pb,
-    })
-}
-
-/// Element offsets `(out, a, b)` of each matrix of the batch.
-fn batch_offsets(p: &Plan, m: usize, n: usize) -> Vec<[usize; 3]> {
-    let mut full = p.batch.clone();
-    full.extend([m, n]);
-    let out_st = contiguous_strides(&full);
-    let nb = p.batch.len();
-    let walk = Walk::new(&p.batch, [&out_st[..nb], &p.a.batch, &p.b.batch]);
-    let mut v = Vec::with_capacity(walk.numel());
-    walk.run_range(0, walk.numel(), &mut |[o, a, b], len, [so, sa, sb]| {
-        v.extend((0..len).map(|i| [o + i * so, a + i * sa, b + i * sb]));
-    });
-    v
 }
 
 /// Entry point for `matmul` and `linear`; `out` is the type the shape rule inferred.
@@ -146,11 +76,10 @@ fn product(a: &Tensor, b: &Tensor, bias: Option<&Tensor>, ty: &TensorType) -> Re
     if let Some(bias) = bias {
         copy_into(&out, bias);
     }
-    let (m, k, n) = (p.a.rows, p.a.cols, p.b.cols);
-    if out.numel() == 0 || k == 0 {
+    if out.numel() == 0 || p.product.k == 0 {
         return Ok(out);
     }
-    let offs = batch_offsets(&p, m, n);
+    let Batched { product: p, offs } = p;
     let acc = access::lock(&[a, b], &[&out]);
     let ptrs = (acc.read::<u8>(0), acc.read::<u8>(1), acc.write::<u8>(0));
     let accumulate = bias.is_some();
@@ -174,23 +103,16 @@ fn product(a: &Tensor, b: &Tensor, bias: Option<&Tensor>, ty: &TensorType) -> Re
 /// # Safety
 /// `offs` and the plan's strides must address the buffers behind `ptrs` in bounds.
 unsafe fn gemm_batches<T: smelt_rt::gemm::GemmElem>(
-    p: &Plan,
+    product: &Product,
     offs: &[[usize; 3]],
     (pa, pb, po): (*const u8, *const u8, *mut u8),
     accumulate: bool,
 ) {
-    let product = smelt_rt::gemm::Product {
-        m: p.a.rows,
-        n: p.b.cols,
-        k: p.a.cols,
-        a: (p.a.rs as isize, p.a.cs as isize),
-        b: (p.b.rs as isize, p.b.cs as isize),
-    };
     let ptrs = (pa as *const T, pb as *const T, po as *mut T);
     let beta = accumulate.then_some(T::ONE);
     let threads = crate::runtime::threads::available();
     // SAFETY: as the caller promises.
-    unsafe { smelt_rt::gemm::batches(&product, ptrs, offs, beta, threads) }
+    unsafe { smelt_rt::gemm::batches(product, ptrs, offs, beta, threads) }
 }
 
 /// Integer product: wrapping i64 sums added to the (zero or bias) output.
@@ -198,11 +120,12 @@ unsafe fn gemm_batches<T: smelt_rt::gemm::GemmElem>(
 /// # Safety
 /// As for `gemm_batches`.
 unsafe fn int_batches<T: Element>(
-    p: &Plan,
+    p: &Product,
     offs: &[[usize; 3]],
     (pa, pb, po): (*const u8, *const u8, *mut u8),
 ) {
-    let (m, k, n) = (p.a.rows, p.a.cols, p.b.cols);
+    let (m, k, n) = (p.m, p.k, p.n);
+    let ((ars, acs), (brs, bcs)) = (p.a, p.b);
     let (pa, pb, po) = (
         SendPtr(pa as *mut T),
         SendPtr(pb as *mut T),
@@ -215,8 +138,12 @@ unsafe fn int_batches<T: Element>(
         for j in 0..n {
             let mut s = 0i64;
             for l in 0..k {
-                let x = *pa.get().add(a + i * p.a.rs + l * p.a.cs);
-                let y = *pb.get().add(b + l * p.b.rs + j * p.b.cs);
+                let x = *pa
+                    .get()
+                    .offset(a as isize + i as isize * ars + l as isize * acs);
+                let y = *pb
+                    .get()
+                    .offset(b as isize + l as isize * brs + j as isize * bcs);
                 s = s.wrapping_add(x.to_i64().wrapping_mul(y.to_i64()));
             }
             let d = po.get().add(o + i * n + j);
