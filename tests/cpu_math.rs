@@ -395,13 +395,14 @@ fn silu(b: &mut FunctionBuilder, x: Value) -> Value {
 /// whole sweep, so the accuracy figures above hold for them too.
 #[test]
 fn strip_helpers_match_the_inline_math() {
-    let emitters: [(StripOp, math::UnaryEmitter); 6] = [
+    let emitters: [(StripOp, math::UnaryEmitter); 7] = [
         (StripOp::Exp, math::exp),
         (StripOp::Tanh, math::tanh),
         (StripOp::Sigmoid, math::sigmoid),
         (StripOp::Silu, silu),
         (StripOp::GeluTanh, math::gelu_tanh),
         (StripOp::GeluErf, math::gelu),
+        (StripOp::Erf, math::erf),
     ];
     let xs = sweep();
     println!("strip helpers: {}", vmath::isa());

@@ -37,17 +37,20 @@ pub enum StripOp {
     GeluTanh = 4,
     /// GELU, exact form `x·Φ(x)` (`approximate="none"`).
     GeluErf = 5,
+    /// The error function (the exact GELU's gradient computes it).
+    Erf = 6,
 }
 
 impl StripOp {
     /// Every strip op, in discriminant order.
-    pub const ALL: [StripOp; 6] = [
+    pub const ALL: [StripOp; 7] = [
         StripOp::Exp,
         StripOp::Tanh,
         StripOp::Sigmoid,
         StripOp::Silu,
         StripOp::GeluTanh,
         StripOp::GeluErf,
+        StripOp::Erf,
     ];
 
     /// The strip op of a code generated kernels pass.
@@ -240,6 +243,20 @@ fn erfc_tail(z: f32, zl: f32, hi: f32, lo: f32) -> (f32, f32, i32) {
     (w, p, k)
 }
 
+/// `math::erf`: `x·P(x²)` below 1, `1 - erfc(|x|)` (with the sign of `x`) above.
+#[inline(always)]
+fn erf(x: f32) -> f32 {
+    let a = x.abs();
+    let small = erf_small(x);
+    // erf rounds to ±1 beyond 3.92
+    let z = clamp(a, 0.5, 4.0);
+    let hi = z * z;
+    let lo = z.mul_add(z, -hi);
+    let (w, p, k) = erfc_tail(z, 0.0, hi, lo);
+    let big = (1.0 - scale2n(w * p, k)).copysign(x);
+    if a < 1.0 { small } else { big }
+}
+
 /// `math::gelu`: `x·Φ(x)`, from `erf` near 0 and `erfc` in the tails; subnormal results
 /// flushed, `gelu(-inf)` NaN.
 #[inline(always)]
@@ -328,6 +345,11 @@ fn map_with(op: StripOp, xs: &mut [f32]) {
         StripOp::GeluErf => {
             for x in xs {
                 *x = gelu_erf(*x);
+            }
+        }
+        StripOp::Erf => {
+            for x in xs {
+                *x = erf(*x);
             }
         }
     }

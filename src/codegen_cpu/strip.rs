@@ -1,5 +1,5 @@
 //! Strips: an innermost vector loop whose body applies a transcendental that a native helper
-//! evaluates ([`super::vmath`]: exp, tanh, sigmoid, silu, gelu_tanh), or sums f32 values, runs
+//! evaluates ([`super::vmath`]: exp, tanh, sigmoid, silu, both GELUs, erf), or sums f32 values, runs
 //! in strips of [`STRIP`] elements ([`SHORT_STRIP`] where a helper reads memory). Per strip:
 //! - for each such value in order, a loop computes its operand into the value's strip row and
 //!   the helper maps the row in place; an operand that is a contiguous load is read from its
@@ -50,6 +50,7 @@ pub fn strip_of(u: UnaryOp) -> Option<StripOp> {
             StripOp::Silu => UnaryOp::Silu,
             StripOp::GeluTanh => UnaryOp::Gelu { tanh: true },
             StripOp::GeluErf => UnaryOp::Gelu { tanh: false },
+            StripOp::Erf => UnaryOp::Erf,
         }
     })
 }
