@@ -242,6 +242,42 @@ fn odd_and_empty_sizes() {
     }
 }
 
+/// `where(mask, x, -inf)` then a softmax over the last dim: the causal attention pattern.
+/// The bool mask is read in the vector loop, four bytes to four lanes, or one byte splat
+/// where it is broadcast along the row.
+fn masked_softmax(xshape: &[usize], mshape: &[usize]) -> Graph {
+    let mut g = Graph::new("masked_softmax");
+    let x = input(&mut g, "x", DType::F32, xshape);
+    let m = input(&mut g, "m", DType::Bool, mshape);
+    let ninf = g.add_scalar(Scalar::Float(f64::NEG_INFINITY)).unwrap();
+    let w = op(&mut g, Op::Where, &[m, x, ninf]);
+    let s = op(&mut g, Op::Softmax { dim: -1 }, &[w]);
+    g.set_outputs(vec![w, s]);
+    g
+}
+
+#[test]
+fn bool_masks_in_vector_loops() {
+    for (xs, ms) in [
+        (vec![3, 4, 32, 32], vec![32, 32]),
+        (vec![2, 9, 33], vec![9, 33]),
+        (vec![5, 7], vec![5, 1]),
+        (vec![6, 13], vec![13]),
+        (vec![4, 1], vec![4, 1]),
+        (vec![0, 8], vec![8]),
+    ] {
+        check(&masked_softmax(&xs, &ms), 1e-6);
+    }
+    // a strided mask: every other column of a wider one
+    let g = masked_softmax(&[6, 11], &[6, 11]);
+    let mut rng = StdRng::seed_from_u64(5);
+    let x = random_tensor(&mut rng, DType::F32, &[6, 11], &INPUTS);
+    let wide = random_tensor(&mut rng, DType::Bool, &[6, 22], &INPUTS);
+    let m = wide.slice(1, Some(0), Some(22), 2).unwrap();
+    assert!(!m.is_contiguous());
+    check_on(&g, &[x, m], 1e-6);
+}
+
 #[test]
 fn zero_dim_tensors() {
     check(&relu_scale_bias(DType::F32, &[], &[]), 0.0);

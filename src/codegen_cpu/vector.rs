@@ -12,8 +12,8 @@ use crate::ir::dtype::DType;
 use crate::ir::op::{BinaryOp, UnaryOp};
 use crate::kernel::{Combiner, Expr, ValId};
 use crate::runtime::element::round_to_dtype;
-use cranelift_codegen::ir::condcodes::FloatCC;
-use cranelift_codegen::ir::types::{F32, F32X4, F64, F64X2, I8X16, I32, I32X4};
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::types::{F32, F32X4, F64, F64X2, I8, I8X16, I32, I32X4};
 use cranelift_codegen::ir::{
     ConstantData, Endianness, InstBuilder, MemFlagsData, StackSlot, StackSlotData, StackSlotKind,
     Type, Value,
@@ -63,6 +63,27 @@ impl Gen<'_, '_, '_> {
     fn stride_ok(&self, a: usize, allow_zero: bool) -> bool {
         let s = self.cur_stride[a];
         s == 1 || (allow_zero && s == 0)
+    }
+
+    /// The I32X4 mask of four bools at `p + off` (one bool splat when `splat`): a bool
+    /// operand (a causal mask, a comparison's stored result) keeps its loop vectorised.
+    fn vmask_load(&mut self, p: Value, off: i32, splat: bool) -> Value {
+        let b = &mut self.fb.b;
+        if splat {
+            let x = b.ins().load(I8, flags(), p, off);
+            let m = b.ins().bmask(I32, x);
+            return b.ins().splat(I32X4, m);
+        }
+        // four bytes into the low lane, widened byte by byte to four i32 lanes
+        let x = b.ins().load(I32, flags(), p, off);
+        let v = b.ins().scalar_to_vector(I32X4, x);
+        let fl = MemFlagsData::new().with_endianness(Endianness::Little);
+        let v = b.ins().bitcast(I8X16, fl, v);
+        let v = b.ins().uwiden_low(v);
+        let v = b.ins().uwiden_low(v);
+        let zero = b.ins().iconst(I32, 0);
+        let zero = b.ins().splat(I32X4, zero);
+        b.ins().icmp(IntCC::NotEqual, v, zero)
     }
 
     /// Whether `body` can run in the vector loop at the current position.
@@ -121,7 +142,7 @@ impl Gen<'_, '_, '_> {
             .first()
             .is_none_or(|&o| k.values[o].dtype == DType::F32);
         match &val.expr {
-            Expr::Load { .. } => val.dtype == DType::F32,
+            Expr::Load { .. } => matches!(val.dtype, DType::F32 | DType::Bool),
             Expr::Const(_) => true,
             Expr::Index { .. } | Expr::Cast(_) | Expr::Reduce { .. } => false,
             Expr::Unary(u, _) => match u {
@@ -408,6 +429,11 @@ impl Gen<'_, '_, '_> {
             })
         };
         Ok(match &val.expr {
+            Expr::Load { .. } if val.dtype == DType::Bool => {
+                let a = self.access_of_val[&v];
+                let (p, off) = self.addr(a, i, lane);
+                self.vmask_load(p, off, self.lane_step(a) == 0)
+            }
             Expr::Load { .. } => {
                 let a = self.access_of_val[&v];
                 let (p, off) = self.addr(a, i, lane);
