@@ -1,20 +1,25 @@
-//! The GPT of `examples/gpt.rs` trained with AdamW (lr 3e-3, clipping at 1.0) from fixed
-//! initial weights on fixed batches: per-step time eager and compiled, and the peak memory
-//! of one step of each (recorded by `smelt::profiler`), median and range over the steps.
+//! The GPT of `examples/gpt.rs` trained with AdamW (lr 3e-3, clipping at 1.0) and the
+//! ResNet of `examples/resnet.rs` trained with SGD (momentum 0.9, lr 0.05, dropout off),
+//! each from fixed initial weights on fixed batches: per-step time eager and compiled, and
+//! the peak memory of one step of each (recorded by `smelt::profiler`), median and range
+//! over the steps.
 //!
-//! It writes the initial weights, the batches and its first 20 losses (eager and compiled)
+//! It writes the initial weights, the batches and the first 20 losses (eager and compiled)
 //! as `.npy` files to `target/models-bench/` (or the directory after `--out`), which
-//! `scripts/torch_models.py` reads to train the same model in PyTorch and compare.
+//! `scripts/torch_models.py` reads to train the same models in PyTorch and compare.
 //!
 //! Run: `cargo bench --bench models`.
 
 #[path = "../examples/common/gpt_model.rs"]
 mod gpt_model;
+#[path = "../examples/common/resnet_model.rs"]
+mod resnet_model;
 
 use gpt_model::{Gpt, compiled_adamw_step, export_start, loss};
 use smelt::nn::Module;
-use smelt::optim::{AdamConfig, AdamW, Optimizer};
+use smelt::optim::{AdamConfig, AdamW, Optimizer, SGD};
 use smelt::profiler::{self, MemDevice, ProfilerOptions};
+use smelt::runtime::MemoryFormat;
 use smelt::runtime::npy::write_npy;
 use smelt::{Result, Tensor};
 use std::path::PathBuf;
@@ -51,7 +56,20 @@ fn peak(f: impl FnOnce() -> Result<()>) -> Result<i64> {
 
 fn main() -> Result<()> {
     let dir = out_dir();
-    let (eager, batches) = export_start(&dir, STEPS)?;
+    gpt(&dir)?;
+    resnet(&dir)
+}
+
+/// Largest difference of two loss curves.
+fn gap(a: &[f64], b: &[f64]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max)
+}
+
+fn gpt(dir: &std::path::Path) -> Result<()> {
+    let (eager, batches) = export_start(dir, STEPS)?;
     // a twin of the same start for the compiled step
     let compiled = Gpt::new()?;
     for ((_, pe), (_, pc)) in eager
@@ -116,11 +134,7 @@ fn main() -> Result<()> {
         summary(tc),
         peak_compiled as f64 / 1e6
     );
-    let gap = le
-        .iter()
-        .zip(&lc)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f64::max);
+    let gap = gap(&le, &lc);
     println!(
         "first {STEPS} losses: eager {:.4} → {:.4}, compiled {:.4} → {:.4}, largest gap {gap:.1e}",
         le[0],
@@ -131,6 +145,77 @@ fn main() -> Result<()> {
     println!(
         "initial weights, batches and losses written to {}",
         dir.display()
+    );
+    Ok(())
+}
+
+/// The ResNet: eager NCHW, eager channels_last and compiled NCHW, from one start.
+fn resnet(dir: &std::path::Path) -> Result<()> {
+    let (start, batches) = resnet_model::export_start(dir, STEPS)?;
+    let twin = || -> Result<resnet_model::ResNet> {
+        let m = resnet_model::ResNet::with_dropout(0.0)?;
+        let _off = smelt::autograd::no_grad();
+        for ((_, a), (_, b)) in m.named_parameters().iter().zip(start.named_parameters()) {
+            a.copy_(&b)?;
+        }
+        Ok(m)
+    };
+    let eager_run = |fmt: MemoryFormat| -> Result<(Vec<f64>, Vec<f64>)> {
+        let model = twin()?;
+        let mut opt = SGD::new(model.parameters(), resnet_model::sgd())?;
+        let (mut t, mut l) = (Vec::new(), Vec::new());
+        for (x, y) in &batches {
+            let x = x.to_memory_format(fmt)?;
+            let t0 = Instant::now();
+            opt.zero_grad();
+            let loss = resnet_model::loss(&model, &x, y)?;
+            loss.backward()?;
+            opt.step()?;
+            t.push(t0.elapsed().as_secs_f64() * 1e3);
+            l.push(loss.item_f64()?);
+        }
+        Ok((t, l))
+    };
+    let (te, le) = eager_run(MemoryFormat::Contiguous)?;
+    let (tl, _) = eager_run(MemoryFormat::ChannelsLast)?;
+    let compiled = twin()?;
+    let mut step = resnet_model::compiled_sgd_step(&compiled, &batches[0])?;
+    let (mut tc, mut lc) = (Vec::new(), Vec::new());
+    for (x, y) in &batches {
+        let t0 = Instant::now();
+        let l = step.step(&[x.clone(), y.clone()])?;
+        tc.push(t0.elapsed().as_secs_f64() * 1e3);
+        lc.push(l.item_f64()?);
+    }
+    write_npy(
+        dir.join("resnet.losses_compiled.npy"),
+        &Tensor::from_vec(lc.clone(), &[STEPS])?,
+    )?;
+    let (x, y) = &batches[0];
+    let peak_compiled = peak(|| step.step(&[x.clone(), y.clone()]).map(drop))?;
+    println!(
+        "ResNet (stem 16, blocks 16 and 32, images [{}, 1, 16, 16]), SGD momentum 0.9, {STEPS} steps, 2 threads",
+        resnet_model::BATCH
+    );
+    println!("| step | time per step (median, range over steps 3–{STEPS}) |");
+    println!("|---|---|");
+    println!("| smelt eager NCHW | {} |", summary(te[2..].to_vec()));
+    println!(
+        "| smelt eager channels_last | {} |",
+        summary(tl[2..].to_vec())
+    );
+    println!(
+        "| smelt compiled NCHW | {} (peak memory {:.2} MB) |",
+        summary(tc[2..].to_vec()),
+        peak_compiled as f64 / 1e6
+    );
+    println!(
+        "first {STEPS} losses: eager {:.4} → {:.4}, compiled {:.4} → {:.4}, largest gap {:.1e}",
+        le[0],
+        le[STEPS - 1],
+        lc[0],
+        lc[STEPS - 1],
+        gap(&le, &lc)
     );
     Ok(())
 }

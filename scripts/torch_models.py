@@ -1,8 +1,10 @@
-"""The GPT of examples/gpt.rs in PyTorch, from the initial weights and batches that
-`cargo bench --bench models` writes: the first 20 AdamW losses (with clipping at 1.0)
-compared with smelt's, and the per-step time of PyTorch eager and torch.compile.
+"""The GPT of examples/gpt.rs and the ResNet of examples/resnet.rs in PyTorch, from the
+initial weights and batches that `cargo bench --bench models` writes: the first 20 losses
+(GPT: AdamW with clipping at 1.0; ResNet: SGD with momentum, dropout off) compared with
+smelt's compiled step, and the per-step time of PyTorch eager and torch.compile.
 
-Usage: python scripts/torch_models.py [DIR]   (DIR defaults to target/models-bench)
+Usage: python scripts/torch_models.py [DIR] [gpt|resnet|both]
+(DIR defaults to target/models-bench; both models by default)
 Needs torch and numpy (not installed by CI: this is a comparison, not a test of CI's).
 """
 
@@ -92,9 +94,107 @@ def train(model, batches, step_fn=None):
     return losses, times
 
 
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.proj = None
+        if cin != cout or stride != 1:
+            self.proj = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
+                                      nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        h = F.relu(self.bn1(self.conv1(x)))
+        h = self.bn2(self.conv2(h))
+        return F.relu(h + (self.proj(x) if self.proj is not None else x))
+
+
+class ResNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(1, 16, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(16)
+        self.blocks = nn.ModuleList([BasicBlock(16, 16, 1), BasicBlock(16, 32, 2)])
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = F.relu(self.bn(self.stem(x)))
+        for b in self.blocks:
+            h = b(h)
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
+
+
+def resnet(d):
+    """The ResNet's losses against smelt's compiled step, then eager and compiled timings."""
+    batches = [(torch.from_numpy(np.load(os.path.join(d, f"resnet.x{i}.npy"))),
+                torch.from_numpy(np.load(os.path.join(d, f"resnet.y{i}.npy")))) for i in range(STEPS)]
+    smelt = np.load(os.path.join(d, "resnet.losses_compiled.npy"))
+
+    def fresh(fmt=torch.contiguous_format):
+        model = ResNet()
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, p in params.items():
+                p.copy_(torch.from_numpy(np.load(os.path.join(d, f"resnet.param.{name}.npy"))))
+        return model.to(memory_format=fmt)
+
+    def train(model, fmt=torch.contiguous_format, step_fn=None):
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        run = step_fn(step) if step_fn else step
+        losses, times = [], []
+        for x, y in batches:
+            x = x.contiguous(memory_format=fmt)
+            t0 = time.perf_counter()
+            loss = run(x, y)
+            times.append((time.perf_counter() - t0) * 1e3)
+            losses.append(loss.item())
+        return losses, times
+
+    losses, t_nchw = train(fresh())
+    gap = max(abs(a - b) for a, b in zip(losses, smelt))
+    print(f"ResNet: first {STEPS} losses, PyTorch: {losses[0]:.4f} → {losses[-1]:.4f}; smelt compiled: "
+          f"{smelt[0]:.4f} → {smelt[-1]:.4f}; largest gap {gap:.1e}")
+    ok = gap <= 1e-3 * max(1.0, max(abs(x) for x in losses))
+    print("the ResNet losses agree within float32 tolerance" if ok else "THE RESNET LOSSES DISAGREE")
+    if os.environ.get("SMELT_SKIP_TIMING"):
+        return ok
+    _, t_cl = train(fresh(torch.channels_last), torch.channels_last)
+    try:
+        _, t_comp = train(fresh(), step_fn=torch.compile)
+        comp = summary(t_comp[3:])
+    except Exception as e:  # torch.compile needs a working C++ toolchain
+        comp = f"unavailable ({type(e).__name__})"
+    print(f"| PyTorch eager NCHW | {summary(t_nchw[2:])} |")
+    print(f"| PyTorch eager channels_last | {summary(t_cl[2:])} |")
+    print(f"| torch.compile NCHW | {comp} |")
+    return ok
+
+
 def main():
     d = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "target", "models-bench")
+    which = sys.argv[2] if len(sys.argv) > 2 else "both"
     torch.set_num_threads(int(os.environ.get("THREADS", "2")))
+    ok = True
+    if which in ("gpt", "both"):
+        ok = gpt(d) and ok
+    if which in ("resnet", "both"):
+        ok = resnet(d) and ok
+    sys.exit(0 if ok else 1)
+
+
+def gpt(d):
+    """The GPT's losses against smelt's compiled step, then eager and compiled timings."""
     batches = [(torch.from_numpy(np.load(os.path.join(d, f"x{i}.npy"))),
                 torch.from_numpy(np.load(os.path.join(d, f"y{i}.npy")))) for i in range(STEPS)]
     smelt = np.load(os.path.join(d, "losses_compiled.npy"))
@@ -107,7 +207,7 @@ def main():
     ok = gap <= 1e-3 * max(1.0, max(abs(x) for x in losses))
     print("the losses agree within float32 tolerance" if ok else "THE LOSSES DISAGREE")
     if os.environ.get("SMELT_SKIP_TIMING"):
-        sys.exit(0 if ok else 1)
+        return ok
     compiled = Gpt()
     load(compiled, d)
     try:
@@ -117,7 +217,7 @@ def main():
         comp = f"unavailable ({type(e).__name__})"
     print(f"| PyTorch eager | {summary(t_eager[2:])} |")
     print(f"| torch.compile | {comp} |")
-    sys.exit(0 if ok else 1)
+    return ok
 
 
 def summary(t):
