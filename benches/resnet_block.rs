@@ -7,17 +7,18 @@
 //!
 //! Run: `SMELT_TORCH_PYTHON=python3 cargo bench --bench resnet_block`.
 
+#[path = "timing/peer.rs"]
+mod peer;
 #[allow(dead_code)] // shared with the other benches; this one needs only `median_ms`
 mod timing;
 
+use peer::Peer;
 use smelt::exec::{CompileOptions, CompiledFn};
 use smelt::ir::parse_module;
 use smelt::passes::autodiff::{Seed, autodiff_with};
 use smelt::runtime::{ConvOptions, MemoryFormat};
 use smelt::{DType, Generator, Tensor};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
 use timing::median_ms;
 
 const ROUNDS: usize = 3;
@@ -50,60 +51,6 @@ fn eager_block(ps: &[Tensor]) -> Tensor {
     let h = bn(&h, &ps[2], &ps[3]).relu().unwrap();
     let h = bn(&h.conv2d(&ps[4], None, &o).unwrap(), &ps[5], &ps[6]);
     h.add(&ps[0]).unwrap().relu().unwrap()
-}
-
-struct Torch {
-    child: std::process::Child,
-    out: BufReader<std::process::ChildStdout>,
-}
-
-impl Torch {
-    fn start(n: usize) -> Option<Torch> {
-        let python = std::env::var("SMELT_TORCH_PYTHON").ok()?;
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/torch_resnet_block.py");
-        let mut child = Command::new(python)
-            .arg(script)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .ok()?;
-        let out = BufReader::new(child.stdout.take()?);
-        let mut t = Torch { child, out };
-        eprintln!("PyTorch: compiling and warming up ...");
-        (t.ask(&format!("setup {n}"))? == "ready").then_some(t)
-    }
-
-    fn ask(&mut self, line: &str) -> Option<String> {
-        let stdin = self.child.stdin.as_mut()?;
-        writeln!(stdin, "{line}").ok()?;
-        stdin.flush().ok()?;
-        let mut reply = String::new();
-        self.out.read_line(&mut reply).ok()?;
-        Some(reply.trim().to_string())
-    }
-
-    /// One round: median ms per variant.
-    fn round(&mut self) -> Vec<(String, f64)> {
-        let Some(reply) = self.ask("round") else {
-            return Vec::new();
-        };
-        // {"name": ms, ...}: flat, so split by hand
-        reply
-            .trim_matches(|c| c == '{' || c == '}')
-            .split(", \"")
-            .filter_map(|kv| {
-                let (k, v) = kv.rsplit_once(": ")?;
-                Some((k.trim_matches('"').to_string(), v.parse().ok()?))
-            })
-            .collect()
-    }
-}
-
-impl Drop for Torch {
-    fn drop(&mut self) {
-        let _ = self.ask("quit");
-        let _ = self.child.wait();
-    }
 }
 
 fn main() {
@@ -194,7 +141,7 @@ fn main() {
         .unwrap();
     assert!(diff < 1e-3, "eager and graph differ by {diff}");
 
-    let mut torch = Torch::start(n);
+    let mut torch = Peer::start("torch_resnet_block.py", &n.to_string());
     let mut times: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for round in 0..ROUNDS {
         eprintln!("round {}/{ROUNDS}", round + 1);

@@ -150,6 +150,12 @@ fn linear_algebra() {
     check2(t(&[2, 2, 3], 1), t(&[3], 2), |a, b| a.matmul(b));
     check2(t(&[2, 2, 3], 1), t(&[3, 2], 2), |a, b| a.matmul(b));
     check2(t(&[1, 2, 3], 1), t(&[2, 3, 2], 2), |a, b| a.matmul(b));
+    // a weight shared by a batch of two dims: its gradient is one folded product
+    check2(t(&[2, 3, 2, 3], 1), t(&[3, 4], 2), |a, b| a.matmul(b));
+    // ... also read through transposed views on both sides
+    check2(t(&[3, 2, 3], 1), t(&[4, 3], 2), |a, b| {
+        a.transpose(0, 1)?.matmul(&b.t()?)
+    });
     gradcheck(
         |a| a[0].linear(&a[1], Some(&a[2])),
         &[t(&[2, 3], 3), t(&[4, 3], 4), t(&[4], 5)],

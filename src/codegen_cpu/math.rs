@@ -35,7 +35,7 @@
 //!
 //! f64 math is not provided here: the backend computes f64 transcendentals by calling libm.
 //!
-//! In f32 vector loops, exp, tanh, sigmoid, silu, gelu and gelu_tanh usually run in strips instead
+//! In f32 vector loops, exp, tanh, sigmoid, silu, erf, gelu and gelu_tanh usually run in strips instead
 //! (`super::strip`): [`super::vmath`] ports these emitters to native 256/512-bit loops with
 //! the same bits.
 

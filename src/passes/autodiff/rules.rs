@@ -1027,7 +1027,18 @@ fn matmul(
                 let bt = e.transpose_last(b)?;
                 ga = Some(mm(e, g, bt)?);
             }
-            if nb {
+            if nb && rb == 2 {
+                // b is shared by a's whole batch (a 3-D activation times a weight): fold the
+                // batch into the rows, one [k, rows] · [rows, n] GEMM instead of a batch of
+                // products and a sum over it
+                let sa = e.shape(a);
+                let (rows, k) = (sa[..ra - 1].iter().product::<usize>(), sa[ra - 1]);
+                let n = *e.shape(g).last().unwrap_or(&0);
+                let a2 = e.reshape(a, &[rows, k])?;
+                let g2 = e.reshape(g, &[rows, n])?;
+                let at = e.op(Op::T, &[a2])?;
+                gb = Some(mm(e, at, g2)?);
+            } else if nb {
                 let at = e.transpose_last(a)?;
                 gb = Some(mm(e, at, g)?);
             }

@@ -29,6 +29,8 @@ trait Acc: Copy + Send + Sync + PartialOrd + std::fmt::Debug + 'static {
     fn from_f64(x: f64) -> Self;
     /// `exp(x)` for `x <= 0` (`-inf` gives 0), as the kernel needs it.
     fn exp_le0(self) -> Self;
+    /// `row[j] = exp(row[j] - m)` for a row whose maximum is `m`.
+    fn exp_shifted(row: &mut [Self], m: Self);
     fn add(self, o: Self) -> Self;
     fn sub(self, o: Self) -> Self;
     fn mul(self, o: Self) -> Self;
@@ -40,6 +42,9 @@ macro_rules! acc {
         impl Acc for $t {
             fn exp_le0(self) -> $t {
                 ExpLe0::exp_le0(self)
+            }
+            fn exp_shifted(row: &mut [$t], m: $t) {
+                <$t as ExpLe0>::exp_shifted(row, m)
             }
             const ZERO: $t = 0.0;
             const ONE: $t = 1.0;
@@ -68,6 +73,11 @@ acc!(f64);
 impl ExpLe0 for f64 {
     fn exp_le0(self) -> f64 {
         self.exp()
+    }
+    fn exp_shifted(row: &mut [f64], m: f64) {
+        for x in row {
+            *x = (*x - m).exp();
+        }
     }
 }
 
@@ -98,11 +108,27 @@ impl ExpLe0 for f32 {
         let two_n = f32::from_bits(((n as i32 + 127) as u32) << 23);
         if self < -87.0 { 0.0 } else { e * two_n }
     }
+    /// The compiled kernels' native exp strips where the CPU has them (16 or 8 lanes, no
+    /// call per element: `floor` above is a libm call on baseline x86-64), else the loop.
+    fn exp_shifted(row: &mut [f32], m: f32) {
+        for x in row.iter_mut() {
+            *x -= m;
+        }
+        if smelt_rt::vmath::available() {
+            smelt_rt::vmath::apply(smelt_rt::vmath::StripOp::Exp, row);
+        } else {
+            for x in row {
+                *x = ExpLe0::exp_le0(*x);
+            }
+        }
+    }
 }
 
 /// The kernel's exponential, by type.
-trait ExpLe0 {
+trait ExpLe0: Sized {
     fn exp_le0(self) -> Self;
+    /// `row[j] = exp(row[j] - m)` (`m` the row's maximum, so every argument is `<= 0`).
+    fn exp_shifted(row: &mut [Self], m: Self);
 }
 
 /// The mask's elements.
@@ -302,6 +328,21 @@ unsafe fn gemm_into<A: Acc>(
     }
 }
 
+/// `row` folded by `f` from `init` in eight interleaved chains, then the chains together:
+/// a single chain would serialise a row's adds (or compares) on their latency.
+fn lanes<A: Acc>(row: &[A], init: A, f: impl Fn(A, A) -> A) -> A {
+    let mut acc = [init; 8];
+    let chunks = row.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = f(*a, x);
+        }
+    }
+    let r = acc.into_iter().fold(init, &f);
+    tail.iter().fold(r, |a, &x| f(a, x))
+}
+
 /// Query rows `i0 ..` of batch `b`, as many as `acc` holds, written into `acc`. Per block
 /// of keys: the block's scores as one small GEMM, the mask, the online-softmax update of
 /// each row, then the probabilities times the block's values as a second GEMM.
@@ -358,9 +399,7 @@ fn rows_of<A: Acc>(
                 let first_hidden = (i + 1).saturating_sub(j0);
                 row[first_hidden..].iter_mut().for_each(|x| *x = A::NEG_INF);
             }
-            let block_max = row
-                .iter()
-                .fold(A::NEG_INF, |a, &x| if x > a { x } else { a });
+            let block_max = lanes(row, A::NEG_INF, |a, x| if x > a { x } else { a });
             if block_max == A::NEG_INF {
                 row.iter_mut().for_each(|x| *x = A::ZERO);
                 continue;
@@ -374,11 +413,8 @@ fn rows_of<A: Acc>(
                 }
             }
             m[r] = new_m;
-            let mut s = A::ZERO;
-            for x in row.iter_mut() {
-                *x = A::exp_le0(x.sub(new_m));
-                s = s.add(*x);
-            }
+            A::exp_shifted(row, new_m);
+            let s = lanes(row, A::ZERO, A::add);
             sum[r] = sum[r].add(s);
         }
         // SAFETY: acc holds rows × Ev; p rows × keys; the value block keys rows of Ev.
