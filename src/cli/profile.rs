@@ -1,5 +1,5 @@
-//! `smelt profile`: times a graph three ways — the reference interpreter (eager kernels, node
-//! by node), the compiled unfused schedule (one kernel per op) and the compiled fused
+//! `smelt profile`: times a graph three ways — eagerly (the eager kernels, node by node, as
+//! `Tensor` ops run them), the compiled unfused schedule (one kernel per op) and the compiled fused
 //! schedule — and prints a table per way (kernel, ops, time, bytes, GB/s, GFLOP/s) and a
 //! summary with the speedups; `--json FILE` writes the same figures as JSON.
 
@@ -141,11 +141,7 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
     let mut out = String::new();
     let title = format!("{} ({} kernels: {})", g.name, "compiled", backend.name());
     let _ = writeln!(out, "profile of {title}, median of {} calls\n", a.repeat);
-    table(
-        &mut out,
-        "eager (reference interpreter, one op at a time)",
-        &eager,
-    );
+    table(&mut out, "eager (eager kernels, one op at a time)", &eager);
     table(&mut out, "unfused (one kernel per op)", &unf);
     table(&mut out, "fused", &fus);
     let (e, u, f) = (eager.median_ms(), unf.median_ms(), fus.median_ms());

@@ -18,7 +18,6 @@ use super::lower::{Body, Gen};
 use super::vmath::{self, StripOp};
 use crate::Result;
 use crate::ir::dtype::DType;
-use crate::ir::op::UnaryOp;
 use crate::kernel::{Combiner, Expr, ValId};
 use cranelift_codegen::ir::types::{I32, I64};
 use cranelift_codegen::ir::{InstBuilder, Value};
@@ -40,20 +39,7 @@ pub const STRIP_STACK_BYTES: usize = 32 << 10;
 
 const ROW_BYTES: usize = STRIP as usize * 4;
 
-/// The strip op that evaluates f32 unary op `u`, if one does.
-pub fn strip_of(u: UnaryOp) -> Option<StripOp> {
-    StripOp::ALL.into_iter().find(|&s| {
-        u == match s {
-            StripOp::Exp => UnaryOp::Exp,
-            StripOp::Tanh => UnaryOp::Tanh,
-            StripOp::Sigmoid => UnaryOp::Sigmoid,
-            StripOp::Silu => UnaryOp::Silu,
-            StripOp::GeluTanh => UnaryOp::Gelu { tanh: true },
-            StripOp::GeluErf => UnaryOp::Gelu { tanh: false },
-            StripOp::Erf => UnaryOp::Erf,
-        }
-    })
-}
+pub use crate::runtime::native::strip_of;
 
 fn within(vals: &[ValId], set: &[ValId]) -> Vec<ValId> {
     vals.iter().copied().filter(|v| set.contains(v)).collect()

@@ -9,6 +9,8 @@ use std::collections::HashMap;
 
 /// Runs `g` on named inputs (names without `%`) and returns its outputs in return order.
 pub fn run<S: AsRef<str>>(g: &Graph, inputs: &[(S, Tensor)]) -> Result<Vec<Tensor>> {
+    // the reference formulas, not the native f32 paths of eager ops
+    let _reference = crate::runtime::native::ReferenceMode::enter();
     let given = bind_inputs(g, inputs)?;
     // Uses left per value, so intermediates are dropped as soon as nothing needs them.
     let mut uses: HashMap<ValueId, usize> = HashMap::new();

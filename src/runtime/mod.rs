@@ -11,6 +11,7 @@ pub mod hooks;
 pub mod interp;
 pub mod kernels;
 pub mod layout;
+pub mod native;
 pub mod npy;
 mod ops;
 pub mod random;

@@ -275,6 +275,9 @@ fn unary(op: UnaryOp, x: &Tensor, dst: &Tensor) -> Result<()> {
     // The result dtype is the computation dtype (`exp(int)` computes in f32).
     let d = dst.dtype();
     let x = copy::cast(x, d)?;
+    if crate::runtime::native::unary_f32(op, &x, dst).is_some() {
+        return Ok(());
+    }
     dispatch_float!(d, T => op.with_formula(FloatLoop::<T> { x: &x, dst, t: PhantomData }),
     else if op.eval_i64(0).is_some() {
         dispatch_int!(d, T => unary_int::<T>(op, &x, dst), else Err(misrouted(op.name())))

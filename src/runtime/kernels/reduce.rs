@@ -740,6 +740,11 @@ pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
         Op::Softmax { dim } | Op::LogSoftmax { dim } => {
             let d = one_dim(*dim)?;
             let log = matches!(op, Op::LogSoftmax { .. });
+            if let [last] = d[..]
+                && let Some(r) = crate::runtime::native::softmax_f32(x, last, log)
+            {
+                return r;
+            }
             dispatch_float!(x.dtype(), T => rows::<T, T, f64>(x, &d, out, T::to_f64, T::from_f64,
                 |v| softmax_row(v, log)), else bail!(DType, "{} needs a float input", op.name()))
         }

@@ -1,0 +1,183 @@
+//! Eager f32 transcendentals on the compiled kernels' native strip helpers
+//! (`smelt_rt::vmath`): exp, tanh, sigmoid, silu, erf and both GELUs of an f32 tensor run
+//! 8 or 16 lanes at a time with the compiled code's bits, instead of the float64 reference
+//! formulas, which made eager GELU 7–11× slower than PyTorch eager.
+//!
+//! The reference interpreter (`super::interp::run`, the oracle compiled code is tested
+//! against, and `--backend interp`) keeps the reference formulas: it runs in
+//! [`ReferenceMode`], which turns this path off on its thread.
+
+use super::access;
+use super::kernels::copy;
+use super::tensor::Tensor;
+use crate::ir::dtype::DType;
+use crate::ir::op::UnaryOp;
+use smelt_rt::vmath::{self, StripOp};
+use std::cell::Cell;
+
+/// The strip op that evaluates f32 unary op `u`, if one does.
+pub fn strip_of(u: UnaryOp) -> Option<StripOp> {
+    StripOp::ALL.into_iter().find(|&s| {
+        u == match s {
+            StripOp::Exp => UnaryOp::Exp,
+            StripOp::Tanh => UnaryOp::Tanh,
+            StripOp::Sigmoid => UnaryOp::Sigmoid,
+            StripOp::Silu => UnaryOp::Silu,
+            StripOp::GeluTanh => UnaryOp::Gelu { tanh: true },
+            StripOp::GeluErf => UnaryOp::Gelu { tanh: false },
+            StripOp::Erf => UnaryOp::Erf,
+        }
+    })
+}
+
+thread_local! {
+    static REFERENCE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether eager ops on this thread run the reference formulas only.
+pub fn reference() -> bool {
+    REFERENCE.with(Cell::get)
+}
+
+/// While alive, eager ops on this thread run the reference formulas only.
+pub struct ReferenceMode {
+    before: bool,
+}
+
+impl ReferenceMode {
+    /// Enters reference mode on this thread until the guard drops.
+    pub fn enter() -> ReferenceMode {
+        ReferenceMode {
+            before: REFERENCE.with(|r| r.replace(true)),
+        }
+    }
+}
+
+impl Drop for ReferenceMode {
+    fn drop(&mut self) {
+        REFERENCE.with(|r| r.set(self.before));
+    }
+}
+
+/// Elements per parallel task.
+const CHUNK: usize = 1 << 14;
+
+/// `dst = u(x)` on the native helpers, when `u` has one, both are f32 of one shape, `dst`
+/// is contiguous and this thread is not in reference mode; `None` leaves it to the
+/// reference loop.
+pub(crate) fn unary_f32(u: UnaryOp, x: &Tensor, dst: &Tensor) -> Option<()> {
+    let op = strip_of(u)?;
+    let usable = !reference()
+        && vmath::available()
+        && x.dtype() == DType::F32
+        && dst.dtype() == DType::F32
+        && x.shape() == dst.shape()
+        && dst.is_contiguous();
+    if !usable {
+        return None;
+    }
+    // in place when x is dst itself, else its elements first (any layout) into dst
+    if !(x.shares_storage(dst) && x.layout() == dst.layout()) {
+        copy::copy_into(dst, x);
+    }
+    let n = dst.numel();
+    let acc = access::lock(&[], &[dst]);
+    // SAFETY: dst is contiguous f32, so its n elements follow element 0; the write lock
+    // on its storage is held while the slice lives.
+    let xs = unsafe { std::slice::from_raw_parts_mut(acc.write::<f32>(0), n) };
+    if n >= 2 * CHUNK {
+        use rayon::prelude::*;
+        xs.par_chunks_mut(CHUNK).for_each(|c| vmath::apply(op, c));
+    } else {
+        vmath::apply(op, xs);
+    }
+    Some(())
+}
+
+/// `max` of `row` in eight chains; NaN wins, as in the reference softmax.
+fn row_max(row: &[f32]) -> f32 {
+    let pick = |m: f32, x: f32| if x > m || x.is_nan() { x } else { m };
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let chunks = row.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = pick(*a, x);
+        }
+    }
+    let m = acc.into_iter().fold(f32::NEG_INFINITY, pick);
+    tail.iter().fold(m, |m, &x| pick(m, x))
+}
+
+/// The f64 sum of `row` in eight chains.
+fn row_sum(row: &[f32]) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let chunks = row.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a += f64::from(x);
+        }
+    }
+    acc.into_iter().sum::<f64>() + tail.iter().map(|&x| f64::from(x)).sum::<f64>()
+}
+
+/// One row of softmax (or log_softmax) in place: `e = exp(x - max)` on the native exp,
+/// then `e / sum(e)` (or `x - max - ln(sum(e))`) in f64, rounded once.
+fn softmax_row(row: &mut [f32], log: bool, scratch: &mut Vec<f32>) {
+    let m = row_max(row);
+    scratch.clear();
+    scratch.extend(row.iter().map(|&x| x - m));
+    vmath::apply(StripOp::Exp, scratch);
+    let sum = row_sum(scratch);
+    if log {
+        let lse = sum.ln();
+        for x in row.iter_mut() {
+            *x = (f64::from(*x) - f64::from(m) - lse) as f32;
+        }
+    } else {
+        for (x, &e) in row.iter_mut().zip(scratch.iter()) {
+            *x = (f64::from(e) / sum) as f32;
+        }
+    }
+}
+
+/// softmax or log_softmax of an f32 tensor along its last dim on the native exp (any
+/// layout: the result is a contiguous copy worked in place), when this thread is not in
+/// reference mode; `None` leaves it to the reference kernel.
+pub(crate) fn softmax_f32(x: &Tensor, dim: usize, log: bool) -> Option<crate::Result<Tensor>> {
+    let usable = !reference()
+        && vmath::available()
+        && x.dtype() == DType::F32
+        && x.dim() > 0
+        && dim + 1 == x.dim();
+    if !usable {
+        return None;
+    }
+    let run = || -> crate::Result<Tensor> {
+        let out = copy::cast_new(x, DType::F32)?;
+        let (n, len) = (out.numel(), x.shape()[dim]);
+        if n == 0 || len == 0 {
+            return Ok(out);
+        }
+        let acc = access::lock(&[], &[&out]);
+        // SAFETY: out is a fresh contiguous f32 tensor of n elements; its write lock is held.
+        let xs = unsafe { std::slice::from_raw_parts_mut(acc.write::<f32>(0), n) };
+        let per_task = (CHUNK / len).max(1) * len;
+        let task = |rows: &mut [f32]| {
+            let mut scratch = Vec::with_capacity(len);
+            for row in rows.chunks_mut(len) {
+                softmax_row(row, log, &mut scratch);
+            }
+        };
+        if n >= 2 * CHUNK {
+            use rayon::prelude::*;
+            xs.par_chunks_mut(per_task).for_each(task);
+        } else {
+            task(xs);
+        }
+        drop(acc);
+        Ok(out)
+    };
+    Some(run())
+}

@@ -1,0 +1,242 @@
+//! Eager f32 transcendentals run on the compiled kernels' native helpers
+//! (`runtime::native`), the reference interpreter keeps the float64 formulas: eager results
+//! are the helpers' bits, within the documented ulps of the reference, for contiguous,
+//! strided and small tensors; the interpreter's are the reference's own.
+
+mod common;
+
+use common::close::ulps;
+use smelt::codegen_cpu::vmath::{self, StripOp};
+use smelt::ir::graph::Graph;
+use smelt::ir::op::{Op, TensorType, UnaryOp};
+use smelt::jit::run_graph;
+use smelt::{DType, Generator, Tensor};
+
+/// Each op, its eager method, its exact value in f64 (written so that no tail cancels:
+/// GELU through `erfc`, the tanh GELU as `x·sigmoid(2u)`), and the ulps its helper may be
+/// from it (`codegen_cpu::math`'s table; GELU's documented exception is 4.36).
+type Case = (
+    UnaryOp,
+    fn(&Tensor) -> smelt::Result<Tensor>,
+    fn(f64) -> f64,
+    u64,
+);
+
+fn ops() -> Vec<Case> {
+    use std::f64::consts::{FRAC_1_SQRT_2, PI};
+    vec![
+        (UnaryOp::Exp, Tensor::exp, f64::exp, 1),
+        (UnaryOp::Tanh, Tensor::tanh, f64::tanh, 3),
+        (
+            UnaryOp::Sigmoid,
+            Tensor::sigmoid,
+            |v| 1.0 / (1.0 + (-v).exp()),
+            3,
+        ),
+        (UnaryOp::Silu, Tensor::silu, |v| v / (1.0 + (-v).exp()), 4),
+        (
+            UnaryOp::Gelu { tanh: false },
+            Tensor::gelu,
+            |v| 0.5 * v * libm::erfc(-v * FRAC_1_SQRT_2),
+            5,
+        ),
+        (
+            UnaryOp::Gelu { tanh: true },
+            Tensor::gelu_tanh,
+            |v| {
+                let u = (2.0 / PI).sqrt() * (v + 0.044715 * v * v * v);
+                v / (1.0 + (-2.0 * u).exp())
+            },
+            3,
+        ),
+        (UnaryOp::Erf, Tensor::erf, libm::erf, 3),
+    ]
+}
+
+/// `u` of `x` by the reference interpreter (a one-op graph).
+fn reference(u: UnaryOp, x: &Tensor) -> Vec<f32> {
+    let mut g = Graph::new("one");
+    let v = g
+        .add_input("x", TensorType::new(DType::F32, x.shape().to_vec()))
+        .unwrap();
+    let y = g.add_op(Op::Unary(u), &[v]).unwrap();
+    g.set_outputs(vec![y]);
+    run_graph(&g, std::slice::from_ref(x)).unwrap()[0]
+        .contiguous()
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap()
+}
+
+fn inputs() -> Vec<Tensor> {
+    let mut g = Generator::new(3);
+    let big = Tensor::randn_with(&[1000, 37], Some(DType::F32), &mut g)
+        .unwrap()
+        .mul_scalar(4.0)
+        .unwrap();
+    let wide = Tensor::randn_with(&[37, 2000], Some(DType::F32), &mut g).unwrap();
+    let special = Tensor::from_vec(
+        vec![
+            0.0f32,
+            -0.0,
+            1e-30,
+            -1e-30,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            30.0,
+            -30.0,
+            -9.5,
+        ],
+        &[10],
+    )
+    .unwrap();
+    vec![
+        big,
+        // a transposed view and every other column: read through strides
+        wide.t().unwrap(),
+        wide.slice(1, Some(0), Some(2000), 2).unwrap(),
+        special,
+        Tensor::zeros(&[0, 4], DType::F32),
+    ]
+}
+
+#[test]
+fn eager_transcendentals_run_the_native_helpers() {
+    for x in inputs() {
+        let dense = x.contiguous().unwrap().to_vec::<f32>().unwrap();
+        for (u, eager, exact, bound) in ops() {
+            let got = eager(&x).unwrap();
+            assert_eq!(got.shape(), x.shape());
+            let got = got.contiguous().unwrap().to_vec::<f32>().unwrap();
+            for (&g, &xi) in got.iter().zip(&dense) {
+                let w = exact(f64::from(xi)) as f32;
+                // GELUs flush results below the normal range to ±0, as documented
+                let flushed =
+                    matches!(u, UnaryOp::Gelu { .. }) && w.abs() < f32::MIN_POSITIVE && g == 0.0;
+                let close = (g.is_nan() && w.is_nan()) || flushed || ulps(g, w) <= bound;
+                assert!(close, "{u:?}({xi:e}): eager {g:e}, exact {w:e}");
+            }
+            if vmath::available() {
+                // the helpers' own bits: the native path ran
+                let op = smelt::runtime::native::strip_of(u).unwrap();
+                let mut helper = dense.clone();
+                vmath::apply(op, &mut helper);
+                let same = got
+                    .iter()
+                    .zip(&helper)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{u:?}: eager is not the helper's result");
+            }
+        }
+    }
+    // strip ops cover exactly these
+    assert_eq!(StripOp::ALL.len(), ops().len());
+}
+
+#[test]
+fn the_interpreter_keeps_the_reference_formulas() {
+    // the reference is PyTorch's formula evaluated in f64 and rounded once
+    let x = inputs().remove(0);
+    let dense = x.to_vec::<f32>().unwrap();
+    let got = reference(UnaryOp::Gelu { tanh: false }, &x);
+    for (&g, &v) in got.iter().zip(&dense) {
+        let v = f64::from(v);
+        let want = (0.5 * v * (1.0 + libm::erf(v * std::f64::consts::FRAC_1_SQRT_2))) as f32;
+        assert_eq!(g.to_bits(), want.to_bits(), "gelu({v:e})");
+    }
+    // and eager differs from it somewhere (else the first test could not tell the paths apart)
+    if vmath::available() {
+        let eager = x.gelu().unwrap().to_vec::<f32>().unwrap();
+        assert!(
+            eager
+                .iter()
+                .zip(&got)
+                .any(|(a, b)| a.to_bits() != b.to_bits())
+        );
+    }
+}
+
+/// `softmax` or `log_softmax` over the last dim by the reference interpreter.
+fn reference_softmax(x: &Tensor, log: bool) -> Vec<f32> {
+    let mut g = Graph::new("one");
+    let v = g
+        .add_input("x", TensorType::new(DType::F32, x.shape().to_vec()))
+        .unwrap();
+    let op = if log {
+        Op::LogSoftmax { dim: -1 }
+    } else {
+        Op::Softmax { dim: -1 }
+    };
+    let y = g.add_op(op, &[v]).unwrap();
+    g.set_outputs(vec![y]);
+    run_graph(&g, std::slice::from_ref(x)).unwrap()[0]
+        .to_vec::<f32>()
+        .unwrap()
+}
+
+#[test]
+fn eager_softmax_runs_the_native_exp() {
+    let mut rows = inputs();
+    // rows with -inf (masked keys), all -inf, and a NaN
+    let ninf = f32::NEG_INFINITY;
+    rows.push(
+        Tensor::from_vec(
+            vec![
+                1.0,
+                ninf,
+                2.0,
+                0.5,
+                3.0, //
+                ninf,
+                ninf,
+                ninf,
+                ninf,
+                ninf, //
+                1.0,
+                f32::NAN,
+                0.0,
+                -1.0,
+                2.0,
+            ],
+            &[3, 5],
+        )
+        .unwrap(),
+    );
+    for x in rows {
+        let dense = x.contiguous().unwrap().to_vec::<f32>().unwrap();
+        let len = x.shape().last().copied().unwrap_or(1).max(1);
+        for log in [false, true] {
+            let got = if log {
+                x.log_softmax(-1)
+            } else {
+                x.softmax(-1)
+            }
+            .unwrap();
+            assert!(got.is_contiguous() && got.shape() == x.shape());
+            let got = got.to_vec::<f32>().unwrap();
+            let want = reference_softmax(&x, log);
+            if vmath::available() && x.numel() > 10_000 {
+                // f32 arithmetic, not the reference's f64: the native path ran
+                assert!(got.iter().zip(&want).any(|(a, b)| a.to_bits() != b.to_bits()));
+            }
+            for (r, row) in dense.chunks(len).enumerate() {
+                let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let lo = row.iter().copied().fold(f32::INFINITY, f32::min);
+                let span = f64::from(m - lo).min(1e30);
+                for (j, &xi) in row.iter().enumerate() {
+                    let (g, w) = (got[r * len + j], want[r * len + j]);
+                    // x - max rounds in f32 (as in PyTorch's kernel): a relative error of
+                    // up to ε·|x - max| in each exponential, so up to ε·span in their sum
+                    // (log_softmax's logarithm), on top of a few roundings
+                    let dx = if log { span } else { f64::from((xi - m).abs()) };
+                    let eps = f64::from(f32::EPSILON) * (dx + 4.0);
+                    let err = f64::from((g - w).abs());
+                    let scale = if log { 1.0 + f64::from(w.abs()) } else { f64::from(w.abs()) };
+                    let close = (g.is_nan() && w.is_nan()) || g == w || err <= eps * scale;
+                    assert!(close, "log={log} x={xi:e}: eager {g:e}, reference {w:e}");
+                }
+            }
+        }
+    }
+}
