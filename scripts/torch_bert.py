@@ -3,21 +3,15 @@ width 384, 12 heads, FFN 1536, exact GELU, random weights; x [32, 128, 384]; inf
 eager and torch.compile'd, timed on request so that the bench alternates rounds of smelt
 and PyTorch in one run.
 
-Protocol (one line per message): `setup` builds and warms up both variants and answers
-`ready`; each `round` is answered with one JSON object of median milliseconds per variant;
-`quit` ends it. Needs torch (not installed by CI: a comparison, not a test).
+The protocol is scripts/peer_protocol.py's. Needs torch (not installed by CI: a comparison, not a test).
 """
-
-import json
-import statistics
-import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
+from peer_protocol import serve
+
 B, T, D, H, FF, L = 32, 128, 384, 12, 1536, 6
-REPS = 3
 
 
 def make_layers():
@@ -39,47 +33,23 @@ def encoder(x, layers):
     return x
 
 
-def median_ms(f):
-    f()
-    times = []
-    for _ in range(REPS):
-        t = time.perf_counter()
-        f()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+def setup(_args):
+    layers = make_layers()
+    x = torch.randn(B, T, D)
+    compiled = torch.compile(encoder)
 
+    def eager():
+        with torch.no_grad():
+            encoder(x, layers)
 
-def main():
-    torch.set_num_threads(2)
-    torch.manual_seed(0)
-    variants = {}
-    for line in sys.stdin:
-        cmd = line.split()
-        if not cmd:
-            continue
-        if cmd[0] == "setup":
-            layers = make_layers()
-            x = torch.randn(B, T, D)
-            compiled = torch.compile(encoder)
+    def comp():
+        with torch.no_grad():
+            compiled(x, layers)
 
-            def eager():
-                with torch.no_grad():
-                    encoder(x, layers)
-
-            def comp():
-                with torch.no_grad():
-                    compiled(x, layers)
-
-            variants = {"torch eager": eager, "torch.compile": comp}
-            for f in variants.values():
-                f()
-                f()
-            print("ready", flush=True)
-        elif cmd[0] == "round":
-            print(json.dumps({k: median_ms(f) for k, f in variants.items()}), flush=True)
-        elif cmd[0] == "quit":
-            return
+    return {"torch eager": eager, "torch.compile": comp}
 
 
 if __name__ == "__main__":
-    main()
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    serve(setup)

@@ -9,16 +9,11 @@ median milliseconds per variant; `quit` ends it.
 Needs torch (not installed by CI: a comparison, not a test).
 """
 
-import json
-import statistics
-import sys
-import time
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-REPS = 3
+from peer_protocol import serve
 
 
 class Block(nn.Module):
@@ -36,64 +31,42 @@ class Block(nn.Module):
         return F.relu(self.b2(self.c2(h)) + x)
 
 
-def median_ms(f):
-    f()
-    times = []
-    for _ in range(REPS):
-        t = time.perf_counter()
-        f()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
-
-
-def main():
-    torch.set_num_threads(2)
-    torch.manual_seed(0)
+def setup(args):
+    n = int(args[0])
     variants = {}
-    for line in sys.stdin:
-        cmd = line.split()
-        if not cmd:
-            continue
-        if cmd[0] == "setup":
-            n = int(cmd[1])
-            for fmt_name, fmt in [("nchw", torch.contiguous_format), ("cl", torch.channels_last)]:
-                block = Block().to(memory_format=fmt)
-                compiled = torch.compile(block)
-                x = torch.randn(n, 64, 56, 56).to(memory_format=fmt)
-                gy = torch.randn(n, 64, 56, 56).to(memory_format=fmt)
-                xg = x.clone().requires_grad_(True)
+    for fmt_name, fmt in [("nchw", torch.contiguous_format), ("cl", torch.channels_last)]:
+        block = Block().to(memory_format=fmt)
+        compiled = torch.compile(block)
+        x = torch.randn(n, 64, 56, 56).to(memory_format=fmt)
+        gy = torch.randn(n, 64, 56, 56).to(memory_format=fmt)
+        xg = x.clone().requires_grad_(True)
 
-                def fwd(m=block, x=x):
-                    with torch.no_grad():
-                        m(x)
+        def fwd(m=block, x=x):
+            with torch.no_grad():
+                m(x)
 
-                def fwd_bwd(m=block, x=xg, gy=gy):
-                    m.zero_grad(set_to_none=True)
-                    x.grad = None
-                    m(x).backward(gy)
+        def fwd_bwd(m=block, x=xg, gy=gy):
+            m.zero_grad(set_to_none=True)
+            x.grad = None
+            m(x).backward(gy)
 
-                def cfwd(m=compiled, x=x):
-                    with torch.no_grad():
-                        m(x)
+        def cfwd(m=compiled, x=x):
+            with torch.no_grad():
+                m(x)
 
-                def cfwd_bwd(m=compiled, x=xg, gy=gy):
-                    m.zero_grad(set_to_none=True)
-                    x.grad = None
-                    m(x).backward(gy)
+        def cfwd_bwd(m=compiled, x=xg, gy=gy):
+            m.zero_grad(set_to_none=True)
+            x.grad = None
+            m(x).backward(gy)
 
-                variants[f"torch eager {fmt_name} fwd"] = fwd
-                variants[f"torch eager {fmt_name} fwd+bwd"] = fwd_bwd
-                variants[f"torch.compile {fmt_name} fwd"] = cfwd
-                variants[f"torch.compile {fmt_name} fwd+bwd"] = cfwd_bwd
-            for f in variants.values():
-                f()
-                f()
-            print("ready", flush=True)
-        elif cmd[0] == "round":
-            print(json.dumps({k: median_ms(f) for k, f in variants.items()}), flush=True)
-        elif cmd[0] == "quit":
-            return
+        variants[f"torch eager {fmt_name} fwd"] = fwd
+        variants[f"torch eager {fmt_name} fwd+bwd"] = fwd_bwd
+        variants[f"torch.compile {fmt_name} fwd"] = cfwd
+        variants[f"torch.compile {fmt_name} fwd+bwd"] = cfwd_bwd
+    return variants
 
 
 if __name__ == "__main__":
-    main()
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    serve(setup)

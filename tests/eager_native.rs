@@ -218,7 +218,11 @@ fn eager_softmax_runs_the_native_exp() {
             let want = reference_softmax(&x, log);
             if vmath::available() && x.numel() > 10_000 {
                 // f32 arithmetic, not the reference's f64: the native path ran
-                assert!(got.iter().zip(&want).any(|(a, b)| a.to_bits() != b.to_bits()));
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .any(|(a, b)| a.to_bits() != b.to_bits())
+                );
             }
             for (r, row) in dense.chunks(len).enumerate() {
                 let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -232,7 +236,11 @@ fn eager_softmax_runs_the_native_exp() {
                     let dx = if log { span } else { f64::from((xi - m).abs()) };
                     let eps = f64::from(f32::EPSILON) * (dx + 4.0);
                     let err = f64::from((g - w).abs());
-                    let scale = if log { 1.0 + f64::from(w.abs()) } else { f64::from(w.abs()) };
+                    let scale = if log {
+                        1.0 + f64::from(w.abs())
+                    } else {
+                        f64::from(w.abs())
+                    };
                     let close = (g.is_nan() && w.is_nan()) || g == w || err <= eps * scale;
                     assert!(close, "log={log} x={xi:e}: eager {g:e}, reference {w:e}");
                 }
