@@ -101,12 +101,18 @@ fn main() {
         ));
         for fuse in [true, false] {
             let what = if fuse { "fused" } else { "unfused" };
-            let mut opts = CompileOptions::default().fused(fuse);
-            if cl {
-                opts = opts.channels_last(&["x", "grad_out0"]);
-            }
-            let f = CompiledFn::compile(g, &opts).unwrap();
-            let b = CompiledFn::compile(&grad, &opts).unwrap();
+            let opts = CompileOptions::default().fused(fuse);
+            // the forward graph has no gradient input to name
+            let (fwd_opts, bwd_opts) = if cl {
+                (
+                    opts.clone().channels_last(&["x"]),
+                    opts.channels_last(&["x", "grad_out0"]),
+                )
+            } else {
+                (opts.clone(), opts)
+            };
+            let f = CompiledFn::compile(g, &fwd_opts).unwrap();
+            let b = CompiledFn::compile(&grad, &bwd_opts).unwrap();
             let psf = ps.clone();
             smelt_runs.push((
                 format!("smelt compiled {what} {fmt} fwd"),
