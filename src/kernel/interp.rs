@@ -24,6 +24,8 @@ use crate::{Result, bail};
 
 /// Runs `s` on `inputs` (one tensor per graph input) and returns the graph outputs.
 pub fn run(s: &Schedule, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    // a reference backend: the eager kernels' float64 formulas, not their native f32 paths
+    let _reference = crate::runtime::native::ReferenceMode::enter();
     s.validate()?;
     if inputs.len() != s.inputs.len() {
         bail!(
@@ -52,6 +54,7 @@ pub fn run(s: &Schedule, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
 /// while unwritten). A kernel writes into the tensors already there (allocating missing
 /// ones); an extern call replaces its output buffer with the eager result.
 pub fn run_step(s: &Schedule, step: &Step, bufs: &mut [Option<Tensor>]) -> Result<()> {
+    let _reference = crate::runtime::native::ReferenceMode::enter();
     if bufs.len() != s.buffers.len() {
         bail!(
             Value,
