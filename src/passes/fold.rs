@@ -45,6 +45,8 @@ pub fn fold(g: &Graph) -> Result<Graph> {
 /// frontier where such values meet the rest of the graph or the outputs. The nodes it
 /// replaces are left for [`super::dce`].
 pub fn fold_with(g: &Graph, opts: &FoldOptions) -> Result<Graph> {
+    // folded values are the interpreter's: the reference formulas
+    let _reference = crate::runtime::native::ReferenceMode::enter();
     let order = g.topo_order();
     let mut evaluable: HashSet<ValueId> = HashSet::new();
     for &v in &order {

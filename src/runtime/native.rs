@@ -64,7 +64,8 @@ const CHUNK: usize = 1 << 14;
 
 /// `dst = u(x)` on the native helpers, when `u` has one, both are f32 of one shape, `dst`
 /// is contiguous and this thread is not in reference mode; `None` leaves it to the
-/// reference loop.
+/// reference loop. Results below f32's normal range (where the helpers, working in f32,
+/// lose precision with the exponent) are recomputed by the reference formula.
 pub(crate) fn unary_f32(u: UnaryOp, x: &Tensor, dst: &Tensor) -> Option<()> {
     let op = strip_of(u)?;
     let usable = !reference()
@@ -76,20 +77,38 @@ pub(crate) fn unary_f32(u: UnaryOp, x: &Tensor, dst: &Tensor) -> Option<()> {
     if !usable {
         return None;
     }
-    // in place when x is dst itself, else its elements first (any layout) into dst
-    if !(x.shares_storage(dst) && x.layout() == dst.layout()) {
-        copy::copy_into(dst, x);
-    }
+    // a contiguous source apart from dst (an in-place call reads a copy)
+    let src = if x.is_contiguous() && !x.shares_storage(dst) {
+        x.clone()
+    } else {
+        copy::cast_new(x, DType::F32).ok()?
+    };
     let n = dst.numel();
-    let acc = access::lock(&[], &[dst]);
-    // SAFETY: dst is contiguous f32, so its n elements follow element 0; the write lock
-    // on its storage is held while the slice lives.
-    let xs = unsafe { std::slice::from_raw_parts_mut(acc.write::<f32>(0), n) };
+    let acc = access::lock(&[&src], &[dst]);
+    // SAFETY: src and dst are contiguous f32 tensors of n elements in distinct storages;
+    // the read and write locks are held while the slices live.
+    let (xs, ys) = unsafe {
+        (
+            std::slice::from_raw_parts(acc.read::<f32>(0), n),
+            std::slice::from_raw_parts_mut(acc.write::<f32>(0), n),
+        )
+    };
+    let task = |(y, x): (&mut [f32], &[f32])| {
+        y.copy_from_slice(x);
+        vmath::apply(op, y);
+        for (y, &x) in y.iter_mut().zip(x) {
+            if y.abs() < f32::MIN_POSITIVE {
+                *y = u.eval_f64(f64::from(x)) as f32;
+            }
+        }
+    };
     if n >= 2 * CHUNK {
         use rayon::prelude::*;
-        xs.par_chunks_mut(CHUNK).for_each(|c| vmath::apply(op, c));
+        ys.par_chunks_mut(CHUNK)
+            .zip(xs.par_chunks(CHUNK))
+            .for_each(task);
     } else {
-        vmath::apply(op, xs);
+        task((ys, xs));
     }
     Some(())
 }
