@@ -96,9 +96,16 @@ pub(crate) fn unary_f32(u: UnaryOp, x: &Tensor, dst: &Tensor) -> Option<()> {
     let task = |(y, x): (&mut [f32], &[f32])| {
         y.copy_from_slice(x);
         vmath::apply(op, y);
-        for (y, &x) in y.iter_mut().zip(x) {
-            if y.abs() < f32::MIN_POSITIVE {
-                *y = u.eval_f64(f64::from(x)) as f32;
+        // a counting pass vectorises; the fix-up below runs only where one is needed
+        let tiny: u32 = y
+            .iter()
+            .map(|y| u32::from(y.abs() < f32::MIN_POSITIVE))
+            .sum();
+        if tiny > 0 {
+            for (y, &x) in y.iter_mut().zip(x) {
+                if y.abs() < f32::MIN_POSITIVE {
+                    *y = u.eval_f64(f64::from(x)) as f32;
+                }
             }
         }
     };
