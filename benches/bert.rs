@@ -89,8 +89,14 @@ fn main() {
     let text = encoder_text();
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--write") {
-        let path = args.get(i + 1).expect("--write needs a file name");
-        std::fs::write(path, &text).expect("the graph file is writable");
+        let written = match args.get(i + 1) {
+            Some(path) => std::fs::write(path, &text).map_err(|e| format!("{path}: {e}")),
+            None => Err("--write needs a file name".into()),
+        };
+        if let Err(e) = written {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
         return;
     }
     let m = parse_module(&text, "bert").unwrap();

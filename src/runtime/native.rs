@@ -120,57 +120,55 @@ pub(crate) fn unary_f32(u: UnaryOp, x: &Tensor, dst: &Tensor) -> Option<()> {
     Some(())
 }
 
-/// `max` of `row` in eight chains; NaN wins, as in the reference softmax.
-fn row_max(row: &[f32]) -> f32 {
-    let pick = |m: f32, x: f32| if x > m || x.is_nan() { x } else { m };
-    let mut acc = [f32::NEG_INFINITY; 8];
-    let chunks = row.chunks_exact(8);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (a, &x) in acc.iter_mut().zip(c) {
-            *a = pick(*a, x);
+/// `row` folded by `step` in eight interleaved chains from `init`, joined by `join` at the
+/// end: a single chain would serialise the row on each step's latency.
+pub(crate) fn chains<E: Copy, A: Copy>(
+    row: &[E],
+    init: A,
+    step: impl Fn(A, E) -> A,
+    join: impl Fn(A, A) -> A,
+) -> A {
+    let mut acc = [init; 8];
+    let blocks = row.chunks_exact(8);
+    let tail = blocks.remainder();
+    for b in blocks {
+        for (a, &x) in acc.iter_mut().zip(b) {
+            *a = step(*a, x);
         }
     }
-    let m = acc.into_iter().fold(f32::NEG_INFINITY, pick);
-    tail.iter().fold(m, |m, &x| pick(m, x))
+    let r = acc.into_iter().fold(init, join);
+    tail.iter().fold(r, |a, &x| step(a, x))
 }
 
-/// The f64 sum of `row` in eight chains.
-fn row_sum(row: &[f32]) -> f64 {
-    let mut acc = [0.0f64; 8];
-    let chunks = row.chunks_exact(8);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (a, &x) in acc.iter_mut().zip(c) {
-            *a += f64::from(x);
-        }
-    }
-    acc.into_iter().sum::<f64>() + tail.iter().map(|&x| f64::from(x)).sum::<f64>()
-}
-
-/// One row of softmax (or log_softmax) in place: `e = exp(x - max)` on the native exp,
-/// then `e / sum(e)` (or `x - max - ln(sum(e))`) in f64, rounded once.
-fn softmax_row(row: &mut [f32], log: bool, scratch: &mut Vec<f32>) {
-    let m = row_max(row);
-    scratch.clear();
-    scratch.extend(row.iter().map(|&x| x - m));
-    vmath::apply(StripOp::Exp, scratch);
-    let sum = row_sum(scratch);
+/// One row of softmax (or log_softmax) of `x` into `out`: `e = exp(x - max)` on the native
+/// exp, then `e / sum(e)` (or `x - max - ln(sum(e))`) in f64, rounded once.
+fn softmax_row(x: &[f32], out: &mut [f32], log: bool, scratch: &mut Vec<f32>) {
+    // NaN wins, as in the reference softmax
+    let pick = |m: f32, v: f32| if v > m || v.is_nan() { v } else { m };
+    let m = chains(x, f32::NEG_INFINITY, pick, pick);
     if log {
-        let lse = sum.ln();
-        for x in row.iter_mut() {
-            *x = (f64::from(*x) - f64::from(m) - lse) as f32;
+        scratch.clear();
+        scratch.extend(x.iter().map(|&v| v - m));
+        vmath::apply(StripOp::Exp, scratch);
+        let lse = vmath::sum(scratch).ln();
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = (f64::from(v) - f64::from(m) - lse) as f32;
         }
     } else {
-        for (x, &e) in row.iter_mut().zip(scratch.iter()) {
-            *x = (f64::from(e) / sum) as f32;
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = v - m;
+        }
+        vmath::apply(StripOp::Exp, out);
+        let sum = vmath::sum(out);
+        for o in out.iter_mut() {
+            *o = (f64::from(*o) / sum) as f32;
         }
     }
 }
 
-/// softmax or log_softmax of an f32 tensor along its last dim on the native exp (any
-/// layout: the result is a contiguous copy worked in place), when this thread is not in
-/// reference mode; `None` leaves it to the reference kernel.
+/// softmax or log_softmax of an f32 tensor along its last dim on the native exp (a
+/// contiguous result; a strided input is read through a contiguous copy), when this thread
+/// is not in reference mode; `None` leaves it to the reference kernel.
 pub(crate) fn softmax_f32(x: &Tensor, dim: usize, log: bool) -> Option<crate::Result<Tensor>> {
     let usable = !reference()
         && vmath::available()
@@ -181,26 +179,35 @@ pub(crate) fn softmax_f32(x: &Tensor, dim: usize, log: bool) -> Option<crate::Re
         return None;
     }
     let run = || -> crate::Result<Tensor> {
-        let out = copy::cast_new(x, DType::F32)?;
+        let src = copy::contiguous(x)?;
+        let out = Tensor::alloc_for_overwrite(DType::F32, x.shape())?;
         let (n, len) = (out.numel(), x.shape()[dim]);
         if n == 0 || len == 0 {
             return Ok(out);
         }
-        let acc = access::lock(&[], &[&out]);
-        // SAFETY: out is a fresh contiguous f32 tensor of n elements; its write lock is held.
-        let xs = unsafe { std::slice::from_raw_parts_mut(acc.write::<f32>(0), n) };
+        let acc = access::lock(&[&src], &[&out]);
+        // SAFETY: src and the fresh out are contiguous f32 tensors of n elements in
+        // distinct storages; the read and write locks are held while the slices live.
+        let (xs, ys) = unsafe {
+            (
+                std::slice::from_raw_parts(acc.read::<f32>(0), n),
+                std::slice::from_raw_parts_mut(acc.write::<f32>(0), n),
+            )
+        };
         let per_task = (CHUNK / len).max(1) * len;
-        let task = |rows: &mut [f32]| {
-            let mut scratch = Vec::with_capacity(len);
-            for row in rows.chunks_mut(len) {
-                softmax_row(row, log, &mut scratch);
+        let task = |(ys, xs): (&mut [f32], &[f32])| {
+            let mut scratch = Vec::new();
+            for (y, x) in ys.chunks_mut(len).zip(xs.chunks(len)) {
+                softmax_row(x, y, log, &mut scratch);
             }
         };
         if n >= 2 * CHUNK {
             use rayon::prelude::*;
-            xs.par_chunks_mut(per_task).for_each(task);
+            ys.par_chunks_mut(per_task)
+                .zip(xs.par_chunks(per_task))
+                .for_each(task);
         } else {
-            task(xs);
+            task((ys, xs));
         }
         drop(acc);
         Ok(out)

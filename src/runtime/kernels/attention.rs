@@ -12,6 +12,7 @@ use crate::ir::dtype::DType;
 use crate::ir::op::TensorType;
 use crate::ir::shape::numel;
 use crate::runtime::access;
+use crate::runtime::native::chains;
 use crate::runtime::tensor::Tensor;
 use crate::{Result, bail};
 use rayon::prelude::*;
@@ -328,21 +329,6 @@ unsafe fn gemm_into<A: Acc>(
     }
 }
 
-/// `row` folded by `f` from `init` in eight interleaved chains, then the chains together:
-/// a single chain would serialise a row's adds (or compares) on their latency.
-fn lanes<A: Acc>(row: &[A], init: A, f: impl Fn(A, A) -> A) -> A {
-    let mut acc = [init; 8];
-    let chunks = row.chunks_exact(8);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (a, &x) in acc.iter_mut().zip(c) {
-            *a = f(*a, x);
-        }
-    }
-    let r = acc.into_iter().fold(init, &f);
-    tail.iter().fold(r, |a, &x| f(a, x))
-}
-
 /// Query rows `i0 ..` of batch `b`, as many as `acc` holds, written into `acc`. Per block
 /// of keys: the block's scores as one small GEMM, the mask, the online-softmax update of
 /// each row, then the probabilities times the block's values as a second GEMM.
@@ -399,7 +385,8 @@ fn rows_of<A: Acc>(
                 let first_hidden = (i + 1).saturating_sub(j0);
                 row[first_hidden..].iter_mut().for_each(|x| *x = A::NEG_INF);
             }
-            let block_max = lanes(row, A::NEG_INF, |a, x| if x > a { x } else { a });
+            let max = |a: A, x: A| if x > a { x } else { a };
+            let block_max = chains(row, A::NEG_INF, max, max);
             if block_max == A::NEG_INF {
                 row.iter_mut().for_each(|x| *x = A::ZERO);
                 continue;
@@ -414,7 +401,7 @@ fn rows_of<A: Acc>(
             }
             m[r] = new_m;
             A::exp_shifted(row, new_m);
-            let s = lanes(row, A::ZERO, A::add);
+            let s = chains(row, A::ZERO, A::add, A::add);
             sum[r] = sum[r].add(s);
         }
         // SAFETY: acc holds rows × Ev; p rows × keys; the value block keys rows of Ev.
