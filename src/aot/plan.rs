@@ -265,6 +265,12 @@ pub(super) fn build(
                 gemm_words(s, e, c, &mut w)?;
                 steps.push("gemm".into());
             }
+            Step::Control(c) => {
+                return Err(crate::Error::Unsupported(format!(
+                    "aot: control flow ({}) is not compiled into ahead-of-time models; run the graph with CompiledFn",
+                    c.control.name()
+                )));
+            }
         }
     }
     Ok(Built {

@@ -157,6 +157,29 @@ pub fn fusion_text(s: &Schedule, plan: &MemoryPlan, stats: &[PassStats]) -> Stri
                 );
                 ne += 1;
             }
+            Step::Control(c) => {
+                let bodies: Vec<String> = c
+                    .control
+                    .kind
+                    .body_names()
+                    .iter()
+                    .zip(&c.control.bodies)
+                    .map(|(r, b)| format!("{r}=@{}", b.0.name))
+                    .collect();
+                let outs: Vec<String> = c
+                    .outs
+                    .iter()
+                    .map(|o| o.map_or_else(|| "_".to_string(), bufname))
+                    .collect();
+                let _ = writeln!(
+                    t,
+                    "control {}({} args, {}) -> {}",
+                    c.control.name(),
+                    c.args.len(),
+                    bodies.join(", "),
+                    outs.join(", ")
+                );
+            }
         }
     }
     let _ = writeln!(t, "passes:");

@@ -66,22 +66,34 @@ pub fn run(a: &CompileArgs) -> Result<()> {
         fast_math: a.fast_math,
     };
     let prog = generate(&schedule, &opts)?;
+    // a control op's bodies: programs of their own, each with its manifest
+    let bodies = crate::codegen_cuda::generate_bodies(g, &opts)?;
     let mut copts = CompileOptions::for_arch(&a.arch);
     copts.fast_math = a.fast_math;
     // compile everything before writing anything, so a failure leaves no partial output
     let mut compiled = Vec::new();
-    for i in 0..prog.kernels.len() {
-        let unit = prog.unit(i).unwrap_or_default();
-        let name = format!("{}.cu", prog.kernels[i].name);
-        compiled.push((unit.clone(), nvrtc::compile(&unit, &name, &copts)?));
+    for p in std::iter::once(&prog).chain(bodies.iter().map(|(_, _, p)| p)) {
+        for i in 0..p.kernels.len() {
+            let unit = p.unit(i).unwrap_or_default();
+            let name = format!("{}.cu", p.kernels[i].name);
+            compiled.push((
+                p.kernels[i].name.clone(),
+                unit.clone(),
+                nvrtc::compile(&unit, &name, &copts)?,
+            ));
+        }
     }
     std::fs::create_dir_all(&a.out).map_err(|e| Error::Io(format!("{}: {e}", a.out.display())))?;
-    for (k, (unit, c)) in prog.kernels.iter().zip(&compiled) {
-        write(&a.out.join(format!("{}.cu", k.name)), unit.as_bytes())?;
-        write(&a.out.join(format!("{}.ptx", k.name)), c.ptx.as_bytes())?;
-        write(&a.out.join(format!("{}.cubin", k.name)), &c.cubin)?;
+    for (name, unit, c) in &compiled {
+        write(&a.out.join(format!("{name}.cu")), unit.as_bytes())?;
+        write(&a.out.join(format!("{name}.ptx")), c.ptx.as_bytes())?;
+        write(&a.out.join(format!("{name}.cubin")), &c.cubin)?;
     }
     let nv = nvrtc::version()?;
+    for (name, s, p) in &bodies {
+        let m = manifest(s, p, &a.arch, nv);
+        write(&a.out.join(format!("body_{name}.json")), m.as_bytes())?;
+    }
     let manifest = manifest(&schedule, &prog, &a.arch, nv);
     write(&a.out.join("manifest.json"), manifest.as_bytes())
 }
@@ -215,6 +227,17 @@ pub fn manifest(s: &Schedule, p: &CudaProgram, arch: &str, nvrtc: (i32, i32)) ->
                     js(&e.op),
                     args.join(", "),
                     e.out
+                )
+            }
+            CudaStep::Control { op, bodies } => {
+                let b: Vec<String> = bodies
+                    .iter()
+                    .map(|n| js(&format!("body_{n}.json")))
+                    .collect();
+                format!(
+                    "    {{\"control\": {}, \"bodies\": [{}]}}",
+                    js(op),
+                    b.join(", ")
                 )
             }
         })

@@ -157,6 +157,14 @@ pub enum CudaStep {
     Kernel(usize),
     /// An extern op with no generated kernel, run by the executor (a cuBLAS GEMM).
     Extern(ExternInfo),
+    /// A control op, driven from the host; each body is a program of its own
+    /// ([`generate_bodies`]).
+    Control {
+        /// The op's name (`fori_loop`).
+        op: String,
+        /// The bodies' graph names, in the op's body order.
+        bodies: Vec<String>,
+    },
 }
 
 /// The CUDA form of a schedule.
@@ -247,6 +255,10 @@ pub fn generate(s: &Schedule, opts: &CudaOptions) -> Result<CudaProgram> {
                     steps.push(CudaStep::Kernel(kernels.len() - 1));
                 }
             }
+            Step::Control(c) => steps.push(CudaStep::Control {
+                op: c.control.name().to_string(),
+                bodies: c.control.bodies.iter().map(|b| b.0.name.clone()).collect(),
+            }),
         }
     }
     Ok(CudaProgram {
@@ -255,6 +267,22 @@ pub fn generate(s: &Schedule, opts: &CudaOptions) -> Result<CudaProgram> {
         steps,
         options: opts.clone(),
     })
+}
+
+/// The programs of every body that `g`'s control ops call (bodies of bodies too), each
+/// partitioned as `smelt compile` partitions a graph: `(graph name, schedule, program)`.
+pub fn generate_bodies(
+    g: &crate::ir::graph::Graph,
+    opts: &CudaOptions,
+) -> Result<Vec<(String, Schedule, CudaProgram)>> {
+    crate::ir::control::Control::bodies_of(g)
+        .iter()
+        .map(|b| {
+            let s = crate::passes::fuse::compile(b)?;
+            let p = generate(&s, opts)?;
+            Ok((b.name.clone(), s, p))
+        })
+        .collect()
 }
 
 /// The C element type of a buffer of `d` (for manifests).

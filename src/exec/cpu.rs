@@ -38,7 +38,7 @@ use crate::kernel::{self, BufferId, BufferKind, ExternCall, Schedule, Step, View
 use crate::runtime::device::Device;
 use crate::runtime::kernels::copy;
 use crate::runtime::layout::Layout;
-use crate::runtime::{Tensor, access, apply};
+use crate::runtime::{Tensor, access, apply, control};
 use crate::{Result, bail};
 use frame::{Frame, FramePool, Locks};
 use gemm::DirectGemm;
@@ -173,6 +173,8 @@ enum Exec {
     },
     /// The kernel-IR interpreter runs the whole step.
     Interp,
+    /// A control op: its bodies compiled, in the op's body order.
+    Control(Vec<CompiledFn>),
     /// A library call on the eager kernels; `ty` is its result type when the shape rule
     /// accepted the argument types at compile time.
     Extern { ty: Option<TensorType> },
@@ -309,6 +311,18 @@ impl CompiledFn {
                         ty: extern_type(&s, e),
                     },
                 },
+                (Step::Control(c), _) => {
+                    // bodies run on the caller's pool (or serially, as the caller does)
+                    let mut body_opts = opts.clone();
+                    body_opts.threads = opts.threads.filter(|&n| n == 1);
+                    Exec::Control(
+                        c.control
+                            .bodies
+                            .iter()
+                            .map(|b| CompiledFn::compile(b.graph(), &body_opts))
+                            .collect::<Result<_>>()?,
+                    )
+                }
                 (Step::Kernel(_), KernelBackend::Interp) => Exec::Interp,
                 (Step::Kernel(k), KernelBackend::Cranelift) => {
                     let loaded = compiled.as_mut().and_then(|c| c.get_mut(i)?.take());
@@ -708,8 +722,22 @@ impl CompiledFn {
                         self.run_gemm(gemm, *place, f)?
                     }
                 }
-                (Exec::Extern { .. }, Step::Kernel(k)) => {
-                    bail!(Value, "kernel {} has no compiled code", k.name)
+                (Exec::Control(bodies), Step::Control(c)) => {
+                    let args: Vec<Tensor> = c
+                        .args
+                        .iter()
+                        .map(|v| view_of(&f.bufs, v))
+                        .collect::<Result<_>>()?;
+                    let results = control::run(&c.control, &args, &Compiled(bodies))?;
+                    for (r, out) in results.into_iter().zip(&c.outs) {
+                        if let Some(b) = out {
+                            // a body may return a view: buffers hold their own layout
+                            f.bufs[*b] = Some(s.buffers[*b].conform(&r)?);
+                        }
+                    }
+                }
+                (Exec::Extern { .. } | Exec::Control(_), _) => {
+                    bail!(Value, "step {i} of {} has no code of its kind", s.name)
                 }
             }
             if let (Some(t), Some(t0)) = (times.as_deref_mut(), t0) {
@@ -857,6 +885,19 @@ impl CompiledFn {
         // SAFETY: every buffer the kernel touches is allocated with its schedule dtype and
         // size and locked above (reads shared, writes exclusive).
         unsafe { run_rows(code, elems, &ptrs) }
+    }
+}
+
+/// The compiled bodies of a control step; a loop's spare carries are written in place
+/// where `call_into` finds it safe.
+struct Compiled<'a>(&'a [CompiledFn]);
+
+impl control::Bodies for Compiled<'_> {
+    fn call(&self, i: usize, inputs: &[Tensor], into: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+        let Some(body) = self.0.get(i) else {
+            bail!(Value, "a control step has no body {i}");
+        };
+        body.call_into(inputs, into)
     }
 }
 

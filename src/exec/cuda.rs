@@ -89,6 +89,8 @@ pub struct CudaFn {
     origin: Origin,
     /// Which outputs each call copies ([`Schedule::fresh_outputs`]).
     fresh: Vec<bool>,
+    /// The compiled bodies of each control step (empty for other steps).
+    bodies: Vec<Vec<CudaFn>>,
 }
 
 impl CudaFn {
@@ -140,6 +142,24 @@ impl CudaFn {
             })
             .collect::<Result<Vec<_>>>()?;
         let checks_errors = program.kernels.iter().any(|k| k.may_raise());
+        let body_opts = CudaCompileOptions {
+            fuse: true,
+            fast_math,
+            device: gpu.ordinal(),
+        };
+        let bodies = s
+            .steps
+            .iter()
+            .map(|st| match st {
+                crate::kernel::Step::Control(c) => c
+                    .control
+                    .bodies
+                    .iter()
+                    .map(|b| CudaFn::compile(b.graph(), &body_opts))
+                    .collect::<Result<Vec<_>>>(),
+                _ => Ok(Vec::new()),
+            })
+            .collect::<Result<Vec<_>>>()?;
         let mut names = input_names;
         names.resize_with(s.inputs.len(), String::new);
         Ok(CudaFn {
@@ -155,6 +175,7 @@ impl CudaFn {
             compile_time: t0.elapsed(),
             origin,
             fresh: s.fresh_outputs(&[]),
+            bodies,
             schedule: s,
         })
     }
@@ -268,6 +289,12 @@ impl CudaFn {
                     };
                     self.run_extern(e, &mut bufs)?;
                 }
+                CudaStep::Control { .. } => {
+                    let crate::kernel::Step::Control(c) = step else {
+                        bail!(Value, "schedule and CUDA program disagree");
+                    };
+                    self.run_control(c, &self.bodies[i], &mut bufs)?;
+                }
             }
             if let Some(t) = timer {
                 t.stop()?;
@@ -370,6 +397,39 @@ impl CudaFn {
         unsafe { self.functions[i].launch(grid, k.launch.block(), 0, &args) }
     }
 
+    /// Runs a control step from the host: the loop's bookkeeping on the CPU, every body a
+    /// call of its compiled program on the GPU.
+    fn run_control(
+        &self,
+        c: &crate::kernel::ControlCall,
+        bodies: &[CudaFn],
+        bufs: &mut [Option<Buf>],
+    ) -> Result<()> {
+        let args: Vec<Tensor> = c
+            .args
+            .iter()
+            .map(|v| match bufs.get(v.buffer).and_then(Option::as_ref) {
+                Some(b) => Ok(b.view(v)),
+                None => bail!(
+                    Value,
+                    "schedule: b{} is read before it is written",
+                    v.buffer
+                ),
+            })
+            .collect::<Result<_>>()?;
+        let results = crate::runtime::control::run(&c.control, &args, &OnGpu(bodies))?;
+        for (r, out) in results.into_iter().zip(&c.outs) {
+            if let Some(b) = out {
+                let dense = crate::runtime::cuda::tensor::contiguous(&r)?;
+                bufs[*b] = Some(Buf {
+                    offset: dense.storage_offset(),
+                    storage: dense.storage_arc().clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
     fn run_extern(&self, e: &ExternCall, bufs: &mut [Option<Buf>]) -> Result<()> {
         let args: Vec<Tensor> = e
             .args
@@ -406,6 +466,27 @@ impl CudaFn {
             storage: dev.storage_arc().clone(),
         });
         Ok(())
+    }
+}
+
+/// The compiled bodies of a control step on a GPU; host values (a loop's counter) are
+/// uploaded first.
+struct OnGpu<'a>(&'a [CudaFn]);
+
+impl crate::runtime::control::Bodies for OnGpu<'_> {
+    fn call(&self, i: usize, inputs: &[Tensor], _into: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+        let Some(body) = self.0.get(i) else {
+            bail!(Value, "a control step has no body {i}");
+        };
+        let ordinal = body.gpu.ordinal();
+        let on_gpu = inputs
+            .iter()
+            .map(|t| match t.device() {
+                Device::Cpu => crate::runtime::cuda::tensor::upload(t, ordinal),
+                _ => Ok(t.clone()),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        body.call(&on_gpu)
     }
 }
 

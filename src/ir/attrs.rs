@@ -27,6 +27,8 @@ pub enum Attr {
     List(Vec<Attr>),
     /// Python's `None`: an optional attribute left out.
     None,
+    /// `@name`: a graph of the same file (a control op's body).
+    Graph(String),
 }
 
 impl fmt::Display for Attr {
@@ -38,6 +40,7 @@ impl fmt::Display for Attr {
             Attr::Str(s) => write!(f, "\"{}\"", escape(s)),
             Attr::DType(d) => f.write_str(d.name()),
             Attr::None => f.write_str("none"),
+            Attr::Graph(g) => write!(f, "@{g}"),
             Attr::List(xs) => {
                 f.write_str("[")?;
                 for (i, x) in xs.iter().enumerate() {
@@ -77,6 +80,7 @@ impl Attr {
             Attr::DType(_) => "a dtype",
             Attr::List(_) => "a list",
             Attr::None => "none",
+            Attr::Graph(_) => "a graph",
         }
     }
 }
@@ -699,6 +703,15 @@ impl Op {
                 ("training", Attr::Bool(*training)),
                 ("seed", Attr::Int(*seed as i64)),
             ],
+            // bodies print as `name=@graph` (the text printer writes control ops itself)
+            Op::Control(c) => match c.kind {
+                crate::ir::control::ControlKind::Scan { carries, reverse } => vec![
+                    ("carries", Attr::Int(carries as i64)),
+                    ("reverse", Attr::Bool(reverse)),
+                ],
+                _ => vec![],
+            },
+            Op::Result { index, .. } => vec![("index", Attr::Int(*index as i64))],
         }
     }
 

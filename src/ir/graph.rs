@@ -110,7 +110,7 @@ impl Graph {
     /// Adds `op` applied to `operands`, with a generated name; its type comes from `Op::infer`.
     /// Scalar ops get an anonymous name and print inline where used.
     pub fn add_op(&mut self, op: Op, operands: &[ValueId]) -> Result<ValueId> {
-        let name = if matches!(op, Op::Scalar(_)) {
+        let name = if matches!(op, Op::Scalar(_) | Op::Control(_)) {
             self.next_anon += 1;
             format!("${}", self.next_anon - 1)
         } else {
@@ -120,9 +120,116 @@ impl Graph {
     }
 
     /// Adds `op` applied to `operands` under the value name `name`.
+    /// An anonymous name (`$3`, a scalar's or a control call's, copied from another graph)
+    /// gets a fresh anonymous name instead.
     pub fn add_op_named(&mut self, op: Op, operands: &[ValueId], name: &str) -> Result<ValueId> {
+        if is_anonymous(name) && matches!(op, Op::Scalar(_) | Op::Control(_)) {
+            return self.add_op(op, operands);
+        }
         self.check_new_name(name)?;
         self.insert_op(op, operands, name.to_string())
+    }
+
+    /// Adds control op `c` applied to `operands` and one `Result` value per result, named
+    /// `names[i]` (generated names where `names` is `None`); returns the result values.
+    pub fn add_control(
+        &mut self,
+        c: super::control::Control,
+        operands: &[ValueId],
+        names: Option<&[String]>,
+    ) -> Result<Vec<ValueId>> {
+        let tys: Vec<TensorType> = operands
+            .iter()
+            .map(|&o| match self.try_node(o) {
+                Some(n) => Ok(n.ty.clone()),
+                None => bail!(
+                    Value,
+                    "{}: operand {} is not a value of this graph",
+                    c.name(),
+                    o.index()
+                ),
+            })
+            .collect::<Result<_>>()?;
+        let results = c.result_types(&tys.iter().collect::<Vec<_>>())?;
+        if let Some(n) = names
+            && n.len() != results.len()
+        {
+            bail!(
+                Value,
+                "{} has {} result{} but {} name{} given",
+                c.name(),
+                results.len(),
+                if results.len() == 1 { "" } else { "s" },
+                n.len(),
+                if n.len() == 1 { " is" } else { "s are" }
+            );
+        }
+        if let Some(n) = names {
+            for name in n {
+                self.check_new_name(name)?;
+            }
+        }
+        let t = self.add_op(Op::Control(Box::new(c)), operands)?;
+        results
+            .into_iter()
+            .enumerate()
+            .map(|(index, ty)| {
+                let op = Op::Result { index, ty };
+                match names {
+                    Some(n) => self.add_op_named(op, &[t], &n[index]),
+                    None => self.add_op(op, &[t]),
+                }
+            })
+            .collect()
+    }
+
+    /// The control op of a `Result` value and the result's index.
+    pub fn result_of(&self, v: ValueId) -> Option<(ValueId, usize)> {
+        match self.try_node(v)?.op()? {
+            Op::Result { index, .. } => Some((*self.operands(v).first()?, *index)),
+            _ => None,
+        }
+    }
+
+    /// The `Result` values of control node `t`, by result index (`None` where a result has
+    /// no value: nothing used it).
+    pub fn results_of(&self, t: ValueId) -> Vec<Option<ValueId>> {
+        let n = match self.try_node(t).and_then(Node::op) {
+            Some(Op::Control(c)) => {
+                let tys: Vec<&TensorType> =
+                    self.operands(t).iter().map(|&o| &self.g[o].ty).collect();
+                c.result_types(&tys).map_or(0, |r| r.len())
+            }
+            _ => 0,
+        };
+        let mut out = vec![None; n];
+        for u in self.users(t) {
+            if let Some((_, i)) = self.result_of(u)
+                && i < n
+            {
+                out[i] = Some(u);
+            }
+        }
+        out
+    }
+
+    /// Reorders the inputs: `order[k]` is the position of the input that becomes input `k`
+    /// (a permutation of `0..inputs().len()`).
+    pub fn permute_inputs(&mut self, order: &[usize]) -> Result<()> {
+        let mut seen = vec![false; self.inputs.len()];
+        if order.len() != self.inputs.len()
+            || order
+                .iter()
+                .any(|&i| i >= seen.len() || std::mem::replace(&mut seen[i], true))
+        {
+            bail!(
+                Value,
+                "graph {}: not a permutation of its inputs",
+                self.name
+            );
+        }
+        self.inputs = order.iter().map(|&i| self.inputs[i]).collect();
+        Ok(())
     }
 
     /// Adds a Python-scalar operand node.

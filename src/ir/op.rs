@@ -18,7 +18,7 @@ pub use super::shape::{
 };
 
 /// The type of a value: dtype, shape, and whether it is a wrapped Python number.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct TensorType {
     /// Element type.
     pub dtype: DType,
@@ -497,6 +497,17 @@ pub enum Op {
         /// The mask's seed.
         seed: u64,
     },
+    // control flow (`ir::control`)
+    /// `cond`, `while_loop`, `fori_loop` or `scan`: the op's node has the marker type
+    /// [`tuple_type`](super::control::tuple_type); its values are the `Result` nodes.
+    Control(Box<super::control::Control>),
+    /// Result `index` of the control op that is its operand, of type `ty`.
+    Result {
+        /// Which result.
+        index: usize,
+        /// Its type (the control op's typing rule gives it; the verifier checks it).
+        ty: TensorType,
+    },
 }
 
 fn not_implemented(name: &str, d: DType) -> Error {
@@ -889,6 +900,8 @@ impl Op {
             Op::AdaptiveAvgPool2dGrad { .. } => "adaptive_avg_pool2d_backward",
             Op::BatchNorm(_) => "batch_norm",
             Op::Dropout { .. } => "dropout",
+            Op::Control(c) => c.name(),
+            Op::Result { .. } => "result",
         }
     }
 
@@ -1295,6 +1308,17 @@ impl Op {
                 let [_, _, w, b] = bn.positions();
                 one(1 + 2 * bn.has_running as usize + w.is_some() as usize + b.is_some() as usize)?;
                 bn.infer(inputs)
+            }
+            Op::Control(c) => {
+                c.result_types(inputs)?;
+                Ok(super::control::tuple_type())
+            }
+            Op::Result { ty, .. } => {
+                one(1)?;
+                if *inputs[0] != super::control::tuple_type() {
+                    bail!(Value, "result: the operand is not a control op");
+                }
+                Ok(ty.clone())
             }
             Op::Dropout { p, .. } => {
                 one(1)?;

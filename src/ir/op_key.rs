@@ -443,6 +443,28 @@ impl<'a> Enc<'a, '_> {
                 self.bool(*training);
                 self.int(*seed as i64);
             }
+            Op::Control(c) => {
+                self.tag(c.name());
+                if let crate::ir::control::ControlKind::Scan { carries, reverse } = c.kind {
+                    self.size(carries);
+                    self.bool(reverse);
+                }
+                // bodies by identity: ops calling one shared body are equal
+                self.size(c.bodies.len());
+                for b in &c.bodies {
+                    self.tok(Tok::Str(&b.0.name));
+                    self.size(std::sync::Arc::as_ptr(&b.0) as usize);
+                }
+            }
+            Op::Result { index, ty } => {
+                self.tag("Result");
+                self.size(*index);
+                self.dtype(ty.dtype);
+                self.size(ty.shape.len());
+                for &d in &ty.shape {
+                    self.size(d);
+                }
+            }
         }
     }
 

@@ -1,7 +1,7 @@
 //! The graph verifier: every graph the parser, the builder and the tracer hand out passes it.
 
 use super::graph::{Graph, NodeKind, ValueId, is_anonymous, is_valid_name};
-use super::op::TensorType;
+use super::op::{Op, TensorType};
 use super::text::fmt_type;
 use crate::{Result, bail};
 use petgraph::Direction;
@@ -25,7 +25,8 @@ fn check_names(g: &Graph) -> Result<()> {
     let mut seen = HashSet::new();
     for v in pg.node_indices() {
         let n = &pg[v];
-        let anon_scalar = is_anonymous(&n.name) && n.is_inline_scalar();
+        let anon_scalar = is_anonymous(&n.name)
+            && (n.is_inline_scalar() || matches!(n.op(), Some(super::op::Op::Control(_))));
         if !anon_scalar && !is_valid_name(&n.name) {
             bail!(Value, "graph {}: invalid value name '{}'", g.name, n.name);
         }
@@ -109,6 +110,7 @@ fn check_node(g: &Graph, v: ValueId) -> Result<()> {
             op.name()
         ))
     })?;
+    check_control(g, v, op)?;
     if inferred != n.ty {
         bail!(
             Value,
@@ -119,6 +121,82 @@ fn check_node(g: &Graph, v: ValueId) -> Result<()> {
             op.name(),
             fmt_type(&inferred)
         );
+    }
+    Ok(())
+}
+
+/// A control op's node is used only by its `Result` values; each of those has the type the
+/// op's rule gives its index.
+fn check_control(g: &Graph, v: ValueId, op: &Op) -> Result<()> {
+    let name = &g.node(v).name;
+    match op {
+        Op::Control(c) => {
+            for u in g.users(v) {
+                if !matches!(g.node(u).op(), Some(Op::Result { .. })) {
+                    bail!(
+                        Value,
+                        "graph {}: %{} uses the results of {} as one value",
+                        g.name,
+                        g.node(u).name,
+                        c.name()
+                    );
+                }
+            }
+            if g.outputs().contains(&v) {
+                bail!(
+                    Value,
+                    "graph {}: a {} call is returned as one value",
+                    g.name,
+                    c.name()
+                );
+            }
+        }
+        Op::Result { index, ty } => {
+            let Some(&t) = g.operands(v).first() else {
+                return Ok(());
+            };
+            let Some(Op::Control(c)) = g.node(t).op() else {
+                bail!(
+                    Value,
+                    "graph {}: %{name} is a result of a value that is not a control op",
+                    g.name
+                );
+            };
+            let args: Vec<&TensorType> = g.operands(t).iter().map(|&o| &g.node(o).ty).collect();
+            let want = c.result_types(&args)?;
+            match want.get(*index) {
+                Some(w) if w == ty => {}
+                Some(w) => bail!(
+                    Value,
+                    "graph {}: %{name} is result {index} of {} of type {} but is recorded as {}",
+                    g.name,
+                    c.name(),
+                    fmt_type(w),
+                    fmt_type(ty)
+                ),
+                None => bail!(
+                    Value,
+                    "graph {}: %{name} is result {index} of {}, which has {} results",
+                    g.name,
+                    c.name(),
+                    want.len()
+                ),
+            }
+            let twins = g
+                .users(t)
+                .into_iter()
+                .filter(|&u| g.result_of(u).map(|(_, i)| i) == Some(*index))
+                .count();
+            if twins > 1 {
+                bail!(
+                    Value,
+                    "graph {}: result {index} of a {} call has {twins} values",
+                    g.name,
+                    c.name()
+                );
+            }
+        }
+        _ => {}
     }
     Ok(())
 }

@@ -75,6 +75,21 @@ pub fn run_step(s: &Schedule, step: &Step, bufs: &mut [Option<Tensor>]) -> Resul
             bufs[e.out] = Some(run_extern(s, e, &args, None)?);
             Ok(())
         }
+        Step::Control(c) => {
+            let args: Vec<Tensor> = c
+                .args
+                .iter()
+                .map(|v| view_of(bufs, v))
+                .collect::<Result<_>>()?;
+            let bodies = crate::runtime::interp::ReferenceBodies(&c.control);
+            let results = crate::runtime::control::run(&c.control, &args, &bodies)?;
+            for (r, out) in results.into_iter().zip(&c.outs) {
+                if let Some(b) = out {
+                    bufs[*b] = Some(s.buffers[*b].conform(&r)?);
+                }
+            }
+            Ok(())
+        }
     }
 }
 

@@ -35,6 +35,7 @@ mod print;
 pub use check::{check_kernel, check_ops};
 pub use coalesce::{coalesce, store_order};
 
+use crate::ir::control::Control;
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::op::{BinaryOp, Literal, Op, UnaryOp};
 use crate::ir::shape::{Shape, numel};
@@ -441,6 +442,18 @@ pub struct ExternCall {
     pub out: BufferId,
 }
 
+/// A control op (`cond`, `while_loop`, `fori_loop`, `scan`): the executor runs its bodies,
+/// each compiled as a schedule of its own, and hands the results over as buffers.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ControlCall {
+    /// The op and its bodies.
+    pub control: Control,
+    /// The operands, as strided views.
+    pub args: Vec<View>,
+    /// The buffer of each result (`None`: nothing reads it).
+    pub outs: Vec<Option<BufferId>>,
+}
+
 /// One step of a schedule.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Step {
@@ -448,6 +461,8 @@ pub enum Step {
     Kernel(Kernel),
     /// A library call.
     Extern(ExternCall),
+    /// A branch or a loop over sub-schedules.
+    Control(ControlCall),
 }
 
 /// A compiled graph: buffers, steps in execution order, and where the outputs are.
@@ -487,7 +502,7 @@ impl Schedule {
     pub fn kernels(&self) -> impl Iterator<Item = &Kernel> {
         self.steps.iter().filter_map(|s| match s {
             Step::Kernel(k) => Some(k),
-            Step::Extern(_) => None,
+            Step::Extern(_) | Step::Control(_) => None,
         })
     }
 
@@ -495,7 +510,15 @@ impl Schedule {
     pub fn externs(&self) -> impl Iterator<Item = &ExternCall> {
         self.steps.iter().filter_map(|s| match s {
             Step::Extern(e) => Some(e),
-            Step::Kernel(_) => None,
+            Step::Kernel(_) | Step::Control(_) => None,
+        })
+    }
+
+    /// The control steps, in order.
+    pub fn controls(&self) -> impl Iterator<Item = &ControlCall> {
+        self.steps.iter().filter_map(|s| match s {
+            Step::Control(c) => Some(c),
+            Step::Kernel(_) | Step::Extern(_) => None,
         })
     }
 
@@ -525,6 +548,41 @@ impl Schedule {
                     self.buffer(e.out)?;
                     for a in &e.args {
                         self.check_view(a)?;
+                    }
+                }
+                Step::Control(c) => {
+                    for a in &c.args {
+                        self.check_view(a)?;
+                    }
+                    let tys: Vec<crate::ir::op::TensorType> = c
+                        .args
+                        .iter()
+                        .map(|a| {
+                            let b = self.buffer(a.buffer)?;
+                            Ok(crate::ir::op::TensorType::new(b.dtype, a.shape.clone()))
+                        })
+                        .collect::<Result<_>>()?;
+                    let res = c.control.result_types(&tys.iter().collect::<Vec<_>>())?;
+                    if res.len() != c.outs.len() {
+                        bail!(
+                            Value,
+                            "schedule: a {} step has {} results but {} buffers",
+                            c.control.name(),
+                            res.len(),
+                            c.outs.len()
+                        );
+                    }
+                    for (t, b) in res.iter().zip(&c.outs) {
+                        if let Some(b) = b {
+                            let buf = self.buffer(*b)?;
+                            if buf.dtype != t.dtype || buf.shape != t.shape {
+                                bail!(
+                                    Value,
+                                    "schedule: b{b} does not have the type of its {} result",
+                                    c.control.name()
+                                );
+                            }
+                        }
                     }
                 }
             }

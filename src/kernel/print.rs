@@ -13,7 +13,9 @@
 //! return b1[4,7 : 7,1 : +0]
 //! ```
 
-use super::{Buffer, BufferKind, Expr, ExternCall, IndexMap, Kernel, Schedule, Step, View};
+use super::{
+    Buffer, BufferKind, ControlCall, Expr, ExternCall, IndexMap, Kernel, Schedule, Step, View,
+};
 use crate::ir::text::fmt_type;
 use std::fmt::{self, Display, Formatter};
 
@@ -124,6 +126,28 @@ fn fmt_extern(e: &ExternCall) -> String {
     format!("extern {}({}) -> b{}", e.op.name(), args.join(", "), e.out)
 }
 
+fn fmt_control(c: &ControlCall) -> String {
+    let args: Vec<String> = c.args.iter().map(fmt_view).collect();
+    let bodies: Vec<String> = c
+        .control
+        .bodies
+        .iter()
+        .map(|b| format!("@{}", b.0.name))
+        .collect();
+    let outs: Vec<String> = c
+        .outs
+        .iter()
+        .map(|o| o.map_or("_".into(), |b| format!("b{b}")))
+        .collect();
+    format!(
+        "control {}({}; {}) -> {}",
+        c.control.name(),
+        args.join(", "),
+        bodies.join(", "),
+        outs.join(", ")
+    )
+}
+
 impl Display for Schedule {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
         writeln!(f, "schedule {}", self.name)?;
@@ -134,6 +158,7 @@ impl Display for Schedule {
             match s {
                 Step::Kernel(k) => write!(f, "{k}")?,
                 Step::Extern(e) => writeln!(f, "{}", fmt_extern(e))?,
+                Step::Control(c) => writeln!(f, "{}", fmt_control(c))?,
             }
         }
         let outs: Vec<String> = self.outputs.iter().map(fmt_view).collect();

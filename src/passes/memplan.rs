@@ -60,6 +60,10 @@ fn step_io(step: &Step) -> (Vec<BufferId>, Vec<BufferId>) {
             (reads, k.stores.iter().map(|s| s.buffer).collect())
         }
         Step::Extern(e) => (e.args.iter().map(|a| a.buffer).collect(), vec![e.out]),
+        Step::Control(c) => (
+            c.args.iter().map(|a| a.buffer).collect(),
+            c.outs.iter().flatten().copied().collect(),
+        ),
     }
 }
 

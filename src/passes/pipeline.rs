@@ -383,7 +383,7 @@ pub fn schedule_stats(s: &Schedule) -> ScheduleStats {
             .iter()
             .map(|st| match st {
                 Step::Kernel(k) => kernel_bytes(s, k),
-                Step::Extern(_) => 0,
+                Step::Extern(_) | Step::Control(_) => 0,
             })
             .sum(),
     }

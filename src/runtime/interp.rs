@@ -1,8 +1,11 @@
 //! The reference interpreter: runs a graph node by node on the eager kernels (`apply`). It is
 //! the oracle every compiled backend is tested against, so it stays simple.
 
+use crate::ir::control::Control;
 use crate::ir::graph::{Graph, NodeKind, ValueId};
+use crate::ir::op::Op;
 use crate::ir::text::fmt_type;
+use crate::runtime::control;
 use crate::runtime::tensor::{Tensor, apply};
 use crate::{Error, Result, bail};
 use std::collections::HashMap;
@@ -23,6 +26,8 @@ pub fn run<S: AsRef<str>>(g: &Graph, inputs: &[(S, Tensor)]) -> Result<Vec<Tenso
         *uses.entry(o).or_default() += 1;
     }
     let mut values: HashMap<ValueId, Tensor> = HashMap::new();
+    // the results of control ops, until their `Result` nodes take them
+    let mut tuples: HashMap<ValueId, Vec<Tensor>> = HashMap::new();
     for v in g.topo_order() {
         let node = g.node(v);
         let t = match &node.kind {
@@ -30,6 +35,37 @@ pub fn run<S: AsRef<str>>(g: &Graph, inputs: &[(S, Tensor)]) -> Result<Vec<Tenso
                 Some(t) => (*t).clone(),
                 None => bail!(Value, "graph {}: %{name} is not a declared input", g.name),
             },
+            NodeKind::Op(Op::Control(c)) => {
+                let operands = g.operands(v);
+                let args = operands
+                    .iter()
+                    .map(|o| value(g, &values, *o).cloned())
+                    .collect::<Result<Vec<Tensor>>>()?;
+                tuples.insert(v, control::run(c, &args, &ReferenceBodies(c))?);
+                for o in operands {
+                    release(&mut uses, &mut values, o);
+                }
+                continue;
+            }
+            NodeKind::Op(Op::Result { index, .. }) => {
+                let Some(t) = g.operands(v).first().and_then(|t| tuples.get(t)) else {
+                    bail!(
+                        Value,
+                        "graph {}: %{} reads a control op that has not run",
+                        g.name,
+                        node.name
+                    );
+                };
+                match t.get(*index) {
+                    Some(t) => t.clone(),
+                    None => bail!(
+                        Value,
+                        "graph {}: %{} reads a missing result",
+                        g.name,
+                        node.name
+                    ),
+                }
+            }
             NodeKind::Op(op) => {
                 let operands = g.operands(v);
                 let args = operands
@@ -60,6 +96,32 @@ pub fn run<S: AsRef<str>>(g: &Graph, inputs: &[(S, Tensor)]) -> Result<Vec<Tenso
         .iter()
         .map(|&o| value(g, &values, o).cloned())
         .collect()
+}
+
+/// Runs the bodies of a control op on the interpreter.
+pub struct ReferenceBodies<'a>(pub &'a Control);
+
+impl control::Bodies for ReferenceBodies<'_> {
+    fn call(&self, i: usize, inputs: &[Tensor], _into: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+        let g = self.0.bodies[i].graph();
+        if inputs.len() != g.inputs().len() {
+            bail!(
+                Value,
+                "{}: body @{} takes {} inputs but got {}",
+                self.0.name(),
+                g.name,
+                g.inputs().len(),
+                inputs.len()
+            );
+        }
+        let named: Vec<(&str, Tensor)> = g
+            .inputs()
+            .iter()
+            .zip(inputs)
+            .map(|(&v, t)| (g.node(v).name.as_str(), t.clone()))
+            .collect();
+        run(g, &named)
+    }
 }
 
 /// The given named inputs in the graph's parameter order, checked as [`run`] checks them.

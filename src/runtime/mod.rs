@@ -3,6 +3,7 @@
 pub mod access;
 mod bytes;
 pub mod cache;
+pub mod control;
 pub mod cuda;
 pub mod device;
 mod display;

@@ -81,6 +81,14 @@ impl StepInfo {
                     is_extern: true,
                 }
             }
+            // the bodies' kernels report themselves (their own calls) while they run
+            Step::Control(c) => StepInfo {
+                name: format!("control_{}", c.control.name()),
+                ops: vec![c.control.name().to_string()],
+                bytes,
+                flops: 0,
+                is_extern: true,
+            },
         }
     }
 }

@@ -72,6 +72,8 @@ pub(super) fn analyse(s: &Schedule) -> Vec<Option<InPlace>> {
                             e.args.iter().any(|a| a.buffer == ib)
                                 && !matches!(e.op, Op::Matmul | Op::Linear { .. })
                         }
+                        // a result may be an operand passed through
+                        Step::Control(c) => c.args.iter().any(|a| a.buffer == ib),
                         Step::Kernel(_) => false,
                     });
                     let same_element = k.values.iter().all(|val| match &val.expr {

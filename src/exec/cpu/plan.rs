@@ -41,6 +41,10 @@ pub fn step_buffers(step: &Step) -> (Vec<BufferId>, Vec<BufferId>) {
             reads.extend(e.args.iter().map(|a| a.buffer));
             writes.push(e.out);
         }
+        Step::Control(c) => {
+            reads.extend(c.args.iter().map(|a| a.buffer));
+            writes.extend(c.outs.iter().flatten());
+        }
     }
     reads.sort_unstable();
     reads.dedup();

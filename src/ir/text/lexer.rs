@@ -8,6 +8,8 @@ pub enum Tok {
     Ident(String),
     /// `%name` (the name without `%`).
     Value(String),
+    /// `@name`: a graph of the same file (the name without `@`).
+    GraphRef(String),
     Int(i64),
     Float(f64),
     Str(String),
@@ -21,6 +23,7 @@ impl fmt::Display for Tok {
         match self {
             Tok::Ident(s) => write!(f, "'{s}'"),
             Tok::Value(s) => write!(f, "%{s}"),
+            Tok::GraphRef(s) => write!(f, "@{s}"),
             Tok::Int(i) => write!(f, "{i}"),
             Tok::Float(x) => write!(f, "{x:?}"),
             Tok::Str(s) => write!(f, "\"{}\"", crate::ir::attrs::escape(s)),
@@ -125,6 +128,14 @@ pub fn lex(text: &str) -> Result<Vec<Token>, LexError> {
                     return Err(fail("expected a value name after '%'".into()));
                 }
                 Tok::Value(name)
+            }
+            '@' => {
+                lx.bump();
+                let name = lx.take_while(is_name_char);
+                if name.is_empty() {
+                    return Err(fail("expected a graph name after '@'".into()));
+                }
+                Tok::GraphRef(name)
             }
             '"' => {
                 lx.bump();

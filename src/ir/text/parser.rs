@@ -7,11 +7,14 @@ use crate::ir::dtype::{DType, Scalar};
 use crate::ir::graph::{Graph, Module, ValueId};
 use crate::ir::op::{BinaryOp, Op, TensorType};
 use crate::{Error, Result};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 /// A `name=value` attribute as written, with the token of its name (for error positions).
 type Attribute = (String, Attr, Token);
 
-/// Parses a `.smelt` file; `file` names it in error messages.
+/// Parses a `.smelt` file; `file` names it in error messages. A control op's bodies (`@name`)
+/// may be any graph of the file, before or after it.
 pub fn parse_module(text: &str, file: &str) -> Result<Module> {
     let toks = lex(text).map_err(|e| Error::Parse {
         file: file.to_string(),
@@ -19,14 +22,32 @@ pub fn parse_module(text: &str, file: &str) -> Result<Module> {
         col: e.col,
         msg: e.msg,
     })?;
-    let mut p = Parser { toks, pos: 0, file };
+    let mut p = Parser {
+        spans: graph_spans(&toks),
+        toks,
+        pos: 0,
+        file,
+        done: HashMap::new(),
+        active: Vec::new(),
+    };
     let mut graphs: Vec<Graph> = Vec::new();
     loop {
         let t = p.peek().clone();
         if t.tok == Tok::Eof && !graphs.is_empty() {
             return Ok(Module { graphs });
         }
-        let g = p.graph()?;
+        let start = p.pos;
+        let g = match p.span_at(start) {
+            // parsed already, as the body of a graph before it
+            Some((name, end)) if p.done.contains_key(&name) => {
+                if graphs.iter().any(|h| h.name == name) {
+                    return Err(p.err(&t, format!("graph '{name}' defined twice")));
+                }
+                p.pos = end;
+                p.done[&name].as_ref().clone()
+            }
+            _ => p.graph()?.as_ref().clone(),
+        };
         if graphs.iter().any(|h| h.name == g.name) {
             return Err(p.err(&t, format!("graph '{}' defined twice", g.name)));
         }
@@ -34,10 +55,53 @@ pub fn parse_module(text: &str, file: &str) -> Result<Module> {
     }
 }
 
+/// Where each top-level graph's tokens start and end (`graph NAME ... }`), by name: the
+/// first definition of a name only (a second one is an error when the main loop reaches it).
+fn graph_spans(toks: &[Token]) -> HashMap<String, (usize, usize)> {
+    let mut spans = HashMap::new();
+    let mut i = 0;
+    while let (Some(Tok::Ident(kw)), Some(Tok::Ident(name))) =
+        (toks.get(i).map(|t| &t.tok), toks.get(i + 1).map(|t| &t.tok))
+    {
+        if kw != "graph" {
+            break;
+        }
+        let mut j = i + 2;
+        while j < toks.len() && toks[j].tok != Tok::Punct('{') {
+            j += 1;
+        }
+        let mut depth = 0usize;
+        let end = loop {
+            match toks.get(j).map(|t| &t.tok) {
+                Some(Tok::Punct('{')) => depth += 1,
+                Some(Tok::Punct('}')) => {
+                    depth -= 1;
+                    if depth == 0 {
+                        break Some(j + 1);
+                    }
+                }
+                None | Some(Tok::Eof) => break None,
+                _ => {}
+            }
+            j += 1;
+        };
+        let Some(end) = end else { break };
+        spans.entry(name.clone()).or_insert((i, end));
+        i = end;
+    }
+    spans
+}
+
 struct Parser<'a> {
     toks: Vec<Token>,
     pos: usize,
     file: &'a str,
+    /// Top-level graphs by name: first and one-past-last token.
+    spans: HashMap<String, (usize, usize)>,
+    /// Graphs parsed so far, by name.
+    done: HashMap<String, Arc<Graph>>,
+    /// Graphs being parsed (outermost first): a body among them is a recursion.
+    active: Vec<String>,
 }
 
 /// One parsed call argument.
@@ -114,9 +178,54 @@ impl Parser<'_> {
         }
     }
 
-    fn graph(&mut self) -> Result<Graph> {
+    /// The graph whose definition starts at token `start`, and its end.
+    fn span_at(&self, start: usize) -> Option<(String, usize)> {
+        self.spans
+            .iter()
+            .find(|(_, (s, _))| *s == start)
+            .map(|(n, (_, e))| (n.clone(), *e))
+    }
+
+    /// The graph `@name` (at token `at`), parsed now if the file defines it later.
+    fn body(&mut self, name: &str, at: &Token) -> Result<Arc<Graph>> {
+        if let Some(g) = self.done.get(name) {
+            return Ok(g.clone());
+        }
+        if self.active.iter().any(|a| a == name) {
+            let chain: Vec<String> = self.active.iter().map(|a| format!("@{a}")).collect();
+            return Err(self.err(
+                at,
+                format!(
+                    "recursive body @{name}: {} -> @{name} (bodies may not call themselves)",
+                    chain.join(" -> ")
+                ),
+            ));
+        }
+        let Some(&(start, _)) = self.spans.get(name) else {
+            return Err(self.err(at, format!("no graph named @{name} in this file")));
+        };
+        let back = self.pos;
+        self.pos = start;
+        let g = self.graph();
+        self.pos = back;
+        g
+    }
+
+    fn graph(&mut self) -> Result<Arc<Graph>> {
+        self.active.push(String::new());
+        let g = self.graph_inner();
+        self.active.pop();
+        let g = Arc::new(g?);
+        self.done.insert(g.name.clone(), g.clone());
+        Ok(g)
+    }
+
+    fn graph_inner(&mut self) -> Result<Graph> {
         let kw = self.keyword("graph")?;
         let (name, _) = self.ident("a graph name")?;
+        if let Some(a) = self.active.last_mut() {
+            *a = name.clone();
+        }
         let mut g = Graph::new(&name);
         self.punct('(')?;
         if !self.eat(')') {
@@ -187,21 +296,41 @@ impl Parser<'_> {
     }
 
     fn stmt(&mut self, g: &mut Graph) -> Result<()> {
-        let (name, at) = self.value_name()?;
-        if g.value(&name).is_some() {
-            return Err(self.err(&at, format!("value %{name} defined twice")));
+        // `%a, %b: f32[4] = op(...)`: one or more results, each optionally typed
+        let mut results: Vec<(String, Token, Option<(TensorType, Token)>)> = Vec::new();
+        loop {
+            let (name, at) = self.value_name()?;
+            if g.value(&name).is_some() || results.iter().any(|(n, _, _)| *n == name) {
+                return Err(self.err(&at, format!("value %{name} defined twice")));
+            }
+            let annot = if self.eat(':') {
+                let t = self.peek().clone();
+                Some((self.ty()?, t))
+            } else {
+                None
+            };
+            results.push((name, at, annot));
+            if !self.eat(',') {
+                break;
+            }
         }
-        let annot = if self.eat(':') {
-            let t = self.peek().clone();
-            Some((self.ty()?, t))
-        } else {
-            None
-        };
         self.punct('=')?;
         let (op_name, op_at) = self.ident("an op name")?;
+        if crate::ir::control::CONTROL_OPS.contains(&op_name.as_str()) {
+            return self.control_stmt(g, &op_name, &op_at, results);
+        }
         if !crate::ir::attrs::op_names().contains(&op_name.as_str()) {
             return Err(self.err(&op_at, format!("unknown op '{op_name}'")));
         }
+        if results.len() > 1 {
+            return Err(self.err(
+                &results[1].1,
+                format!("'{op_name}' has one result but {} are named", results.len()),
+            ));
+        }
+        let Some((name, _, annot)) = results.pop() else {
+            return Err(self.expected("a value (%name)"));
+        };
         self.punct('(')?;
         let (args, attrs) = self.args(g)?;
         let slots: Vec<bool> = args.iter().map(|a| matches!(a, Arg::Operand(_))).collect();
@@ -232,6 +361,15 @@ impl Parser<'_> {
         let v = g
             .add_op_named(op, &operands, &name)
             .map_err(|e| self.err(&op_at, format!("{op_name}: {e}")))?;
+        self.check_annotation(g, v, annot)
+    }
+
+    fn check_annotation(
+        &self,
+        g: &Graph,
+        v: ValueId,
+        annot: Option<(TensorType, Token)>,
+    ) -> Result<()> {
         if let Some((want, t)) = annot {
             let got = &g.node(v).ty;
             if got.dtype != want.dtype || got.shape != want.shape {
@@ -244,6 +382,78 @@ impl Parser<'_> {
                     ),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// `%a, %b = while_loop(%x, %y, cond=@c, body=@b)` and the other control ops: operands,
+    /// bodies by name, and `scan`'s `carries=`/`reverse=`.
+    fn control_stmt(
+        &mut self,
+        g: &mut Graph,
+        op_name: &str,
+        op_at: &Token,
+        results: Vec<(String, Token, Option<(TensorType, Token)>)>,
+    ) -> Result<()> {
+        use crate::ir::control::{Control, ControlKind};
+        self.punct('(')?;
+        let (args, attrs) = self.args(g)?;
+        let mut operands = Vec::with_capacity(args.len());
+        for a in args {
+            match a {
+                Arg::Operand(v) => operands.push(v),
+                Arg::None => return Err(self.err(op_at, format!("{op_name}: an operand is none"))),
+            }
+        }
+        let mut carries: Option<usize> = None;
+        let mut reverse = false;
+        let mut refs: Vec<(String, String, Token)> = Vec::new();
+        for (n, a, at) in attrs {
+            match (n.as_str(), a) {
+                ("carries", Attr::Int(c)) if op_name == "scan" && c >= 0 => {
+                    carries = Some(c as usize)
+                }
+                ("reverse", Attr::Bool(r)) if op_name == "scan" => reverse = r,
+                (_, Attr::Graph(b)) => refs.push((n, b, at)),
+                (_, other) => {
+                    return Err(
+                        self.err(&at, format!("{op_name}: unexpected attribute {n}={other}"))
+                    );
+                }
+            }
+        }
+        let kind = match op_name {
+            "cond" => ControlKind::Cond,
+            "while_loop" => ControlKind::WhileLoop,
+            "fori_loop" => ControlKind::ForiLoop,
+            _ => ControlKind::Scan {
+                carries: carries.ok_or_else(|| {
+                    self.err(
+                        op_at,
+                        "scan: expects carries=N (how many operands are carries)".into(),
+                    )
+                })?,
+                reverse,
+            },
+        };
+        let mut bodies = Vec::new();
+        for role in kind.body_names() {
+            let Some(i) = refs.iter().position(|(n, _, _)| n == role) else {
+                return Err(self.err(op_at, format!("{op_name}: expects {role}=@graph")));
+            };
+            let (_, b, at) = refs.remove(i);
+            bodies.push(crate::ir::control::Body(self.body(&b, &at)?));
+        }
+        if let Some((n, _, at)) = refs.first() {
+            return Err(self.err(at, format!("{op_name}: unexpected attribute {n}=@...")));
+        }
+        let names: Vec<String> = results.iter().map(|(n, _, _)| n.clone()).collect();
+        let c = Control { kind, bodies };
+        let vs = g
+            .add_control(c, &operands, Some(&names))
+            .map_err(|e| self.err(op_at, e.to_string()))?;
+        for (v, (_, _, annot)) in vs.into_iter().zip(results) {
+            self.check_annotation(g, v, annot)?;
         }
         Ok(())
     }
@@ -395,6 +605,7 @@ impl Parser<'_> {
             Tok::Int(i) => Attr::Int(i),
             Tok::Float(x) => Attr::Float(x),
             Tok::Str(ref s) => Attr::Str(s.clone()),
+            Tok::GraphRef(ref s) => Attr::Graph(s.clone()),
             Tok::Punct('[') => {
                 let mut xs = Vec::new();
                 if !self.eat(']') {

@@ -2,12 +2,25 @@
 //! statement with its type; attributes equal to PyTorch's defaults are left out.
 
 use super::fmt_type;
+use crate::ir::control::{Control, ControlKind};
 use crate::ir::graph::{Graph, Module, NodeKind, ValueId};
 use crate::ir::op::Op;
 use std::fmt::Write;
 
-/// The text of one graph.
+/// The text of one graph, followed by the bodies its control ops call (transitively), so
+/// that the text parses back on its own.
 pub fn print_graph(g: &Graph) -> String {
+    let mut parts = vec![print_one(g)];
+    for b in Control::bodies_of(g) {
+        if b.name != g.name {
+            parts.push(print_one(&b));
+        }
+    }
+    parts.join("\n")
+}
+
+/// The text of one graph alone.
+fn print_one(g: &Graph) -> String {
     let mut s = String::new();
     let params: Vec<String> = g
         .inputs()
@@ -20,7 +33,17 @@ pub fn print_graph(g: &Graph) -> String {
         let NodeKind::Op(op) = &n.kind else {
             continue;
         };
-        if n.is_inline_scalar() {
+        if n.is_inline_scalar() || matches!(op, Op::Result { .. }) {
+            continue;
+        }
+        if let Op::Control(c) = op {
+            let _ = writeln!(
+                s,
+                "  {} = {}({})",
+                results(g, v),
+                c.name(),
+                control_args(g, v, c).join(", ")
+            );
             continue;
         }
         let _ = writeln!(
@@ -38,13 +61,62 @@ pub fn print_graph(g: &Graph) -> String {
     s
 }
 
-/// The text of a module: its graphs separated by blank lines.
+/// The text of a module: its graphs separated by blank lines (and any body a graph calls
+/// that the module does not hold, after them).
 pub fn print_module(m: &Module) -> String {
-    m.graphs
+    let mut parts: Vec<String> = m.graphs.iter().map(print_one).collect();
+    let mut extra: Vec<String> = Vec::new();
+    for g in &m.graphs {
+        for b in Control::bodies_of(g) {
+            if m.get(&b.name).is_none() && !extra.contains(&b.name) {
+                extra.push(b.name.clone());
+                parts.push(print_one(&b));
+            }
+        }
+    }
+    parts.join("\n")
+}
+
+/// `%a: f32[4], %b: i64[]`: the results of control node `t` (a result nothing uses gets a
+/// fresh name).
+fn results(g: &Graph, t: ValueId) -> String {
+    let tys: Vec<&crate::ir::op::TensorType> =
+        g.operands(t).iter().map(|&o| &g.node(o).ty).collect();
+    let Some(Op::Control(c)) = g.node(t).op() else {
+        return String::new();
+    };
+    let types = c.result_types(&tys).unwrap_or_default();
+    let mut fresh = 0usize;
+    g.results_of(t)
         .iter()
-        .map(print_graph)
+        .zip(&types)
+        .map(|(r, ty)| {
+            let name = match r {
+                Some(v) => g.node(*v).name.clone(),
+                None => loop {
+                    let n = format!("unused{fresh}");
+                    fresh += 1;
+                    if g.value(&n).is_none() {
+                        break n;
+                    }
+                },
+            };
+            format!("%{name}: {}", fmt_type(ty))
+        })
         .collect::<Vec<_>>()
-        .join("\n")
+        .join(", ")
+}
+
+fn control_args(g: &Graph, t: ValueId, c: &Control) -> Vec<String> {
+    let mut args: Vec<String> = g.operands(t).into_iter().map(|o| operand(g, o)).collect();
+    for (role, b) in c.kind.body_names().iter().zip(&c.bodies) {
+        args.push(format!("{role}=@{}", b.0.name));
+    }
+    if let ControlKind::Scan { carries, reverse } = c.kind {
+        args.push(format!("carries={carries}"));
+        args.push(format!("reverse={reverse}"));
+    }
+    args
 }
 
 fn operand(g: &Graph, v: ValueId) -> String {

@@ -25,6 +25,10 @@ pub(crate) fn vjp(
 ) -> Result<Grads> {
     match op {
         Op::Scalar(_) | Op::Constant(_) | Op::Full { .. } | Op::Arange { .. } => Ok(vec![]),
+        Op::Control(_) | Op::Result { .. } => Err(crate::Error::Unsupported(format!(
+            "{}: control ops are differentiated as a whole by autodiff::control",
+            op.name()
+        ))),
         Op::Unary(u) => Ok(vec![Some(unary(e, *u, xs[0], y, g)?)]),
         Op::Binary(b) => binary(e, *b, xs[0], xs[1], y, g, needs),
         Op::Where => {

@@ -10,8 +10,8 @@ use crate::ir::graph::ValueId;
 use crate::ir::op::{BinaryOp, Op, ReduceOp};
 use crate::ir::shape::{Shape, reduced_shape};
 use crate::kernel::{
-    Buffer, BufferId, BufferKind, Combiner, Expr, ExternCall, Kernel, Schedule, Step, ValId, Value,
-    View, accumulator,
+    Buffer, BufferId, BufferKind, Combiner, ControlCall, Expr, ExternCall, Kernel, Schedule, Step,
+    ValId, Value, View, accumulator,
 };
 use std::collections::{HashMap, HashSet};
 
@@ -42,7 +42,10 @@ impl<'g> Fuser<'g> {
         for (u, unit) in p.units.iter().enumerate() {
             if unit.is_extern {
                 let v = unit.roots[0];
-                steps_by_unit.push(Step::Extern(self.extern_call(v, &buf_of)?));
+                // a control op's results are buffers its step writes: no step of their own
+                if !matches!(self.op(v), Some(Op::Result { .. })) {
+                    steps_by_unit.push(self.extern_step(v, &buf_of)?);
+                }
                 emitted.push(HashSet::new());
                 continue;
             }
@@ -53,7 +56,12 @@ impl<'g> Fuser<'g> {
         }
         self.check_duplication(&emitted)?;
         let order = self.unit_order(p);
-        let mut steps: Vec<Option<Step>> = steps_by_unit.into_iter().map(Some).collect();
+        let mut steps: Vec<Option<Step>> = Vec::with_capacity(p.units.len());
+        let mut made = steps_by_unit.into_iter();
+        for unit in &p.units {
+            let none = unit.is_extern && matches!(self.op(unit.roots[0]), Some(Op::Result { .. }));
+            steps.push(if none { None } else { made.next() });
+        }
         let mut out_steps = Vec::new();
         for (i, u) in order.into_iter().enumerate() {
             if let Some(mut s) = steps[u].take() {
@@ -113,6 +121,25 @@ impl<'g> Fuser<'g> {
             }
         }
         s
+    }
+
+    /// The step of extern node `v`: a library call, or a control op with its result buffers.
+    fn extern_step(&self, v: ValueId, buf_of: &HashMap<ValueId, BufferId>) -> R<Step> {
+        let e = self.extern_call(v, buf_of)?;
+        let Some(Op::Control(c)) = self.op(v) else {
+            return Ok(Step::Extern(e));
+        };
+        let outs = self
+            .g
+            .results_of(v)
+            .into_iter()
+            .map(|r| r.map(|r| buf_of[&r]))
+            .collect();
+        Ok(Step::Control(ControlCall {
+            control: (**c).clone(),
+            args: e.args,
+            outs,
+        }))
     }
 
     fn extern_call(&self, v: ValueId, buf_of: &HashMap<ValueId, BufferId>) -> R<ExternCall> {

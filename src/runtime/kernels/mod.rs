@@ -25,6 +25,10 @@ pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
         Op::Scalar(_) | Op::Constant(_) | Op::Full { .. } | Op::Arange { .. } => {
             creation::eval(op, out)
         }
+        Op::Control(_) | Op::Result { .. } => Err(crate::Error::Unsupported(format!(
+            "{} has several results: it runs through runtime::control, not as one kernel",
+            op.name()
+        ))),
         Op::To { dtype } => copy::cast(inputs[0], *dtype),
         Op::Contiguous => copy::contiguous(inputs[0]),
         Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Clamp { .. } | Op::MaskedFill { .. } => {
