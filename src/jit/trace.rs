@@ -370,9 +370,25 @@ struct Recorder {
     /// Every tensor seen, kept alive so that no handle address is reused during the trace.
     keep: Vec<Tensor>,
     error: Option<Error>,
+    /// In a body's trace: the tensors the enclosing traces know. A body that reads one
+    /// takes it as an extra input (a capture) rather than as a constant.
+    outer: std::collections::HashSet<usize>,
+    /// The captured tensors, in the order of their inputs.
+    captures: Vec<Tensor>,
 }
 
 impl Recorder {
+    fn new(name: &str) -> Recorder {
+        Recorder {
+            graph: Graph::new(name),
+            values: HashMap::new(),
+            keep: Vec::new(),
+            error: None,
+            outer: Default::default(),
+            captures: Vec::new(),
+        }
+    }
+
     fn bind(&mut self, t: &Tensor, v: ValueId) {
         self.values.insert(key(t), v);
         self.keep.push(t.clone());
@@ -385,6 +401,10 @@ impl Recorder {
         }
         let v = if t.is_wrapped_number() {
             self.graph.add_scalar(scalar_value(t)?)?
+        } else if self.outer.contains(&key(t)) {
+            self.captures.push(t.clone());
+            let name = format!("capture{}", self.captures.len() - 1);
+            self.graph.add_input(&name, t.ttype())?
         } else {
             self.graph.add_op(Op::Constant(literal(t)?), &[])?
         };
@@ -493,12 +513,7 @@ fn record(
     inputs: &[Tensor],
     opts: &TraceOptions,
 ) -> Result<(Graph, Vec<Tensor>)> {
-    let mut rec = Recorder {
-        graph: Graph::new(&opts.name),
-        values: HashMap::new(),
-        keep: Vec::new(),
-        error: None,
-    };
+    let mut rec = Recorder::new(&opts.name);
     let fresh = inputs
         .iter()
         .map(fresh_handle)
@@ -537,4 +552,119 @@ fn record(
     rec.graph.set_outputs(ids);
     rec.graph.verify()?;
     Ok((rec.graph, outs))
+}
+
+/// A body traced for a control op: its graph (inputs: the examples' values, then one per
+/// captured tensor) and the tensors of the enclosing trace it captured, in input order.
+pub(crate) struct TracedBody {
+    pub graph: Graph,
+    pub captures: Vec<Tensor>,
+}
+
+/// While tracing, traces `f` on `examples` as the body graph `name` of a control op: the
+/// enclosing trace is set aside meanwhile. Tensors the enclosing traces know become captures
+/// (extra inputs after the examples), `seed` ones first (so that two bodies of one op share
+/// their captures' order), then any other in the order `f` reads them.
+pub(crate) fn trace_body(
+    name: &str,
+    examples: &[Tensor],
+    seed: &[Tensor],
+    f: &mut dyn FnMut(&[Tensor]) -> Result<Vec<Tensor>>,
+) -> Result<TracedBody> {
+    let outer = suspend()?;
+    let mut rec = Recorder::new(name);
+    rec.outer = outer.values.keys().copied().collect();
+    rec.outer.extend(outer.outer.iter().copied());
+    let traced = (|| {
+        let fresh = examples
+            .iter()
+            .map(fresh_handle)
+            .collect::<Result<Vec<_>>>()?;
+        for (i, t) in fresh.iter().enumerate() {
+            let v = rec.graph.add_input(&format!("in{i}"), t.ttype())?;
+            rec.bind(t, v);
+        }
+        for t in seed {
+            rec.value_of(t)?;
+        }
+        let installed = Installed::new(rec)?;
+        let result = f(&fresh);
+        let mut rec = installed
+            .finish()
+            .ok_or_else(|| Error::Value("trace: the recorder vanished".into()))?;
+        let outs = result?;
+        if let Some(e) = rec.error.take() {
+            return Err(e);
+        }
+        let mut ids = Vec::with_capacity(outs.len());
+        for (i, t) in outs.iter().enumerate() {
+            let v = rec.value_of(t)?;
+            // an output must be a named value: an inline number, or an input returned as
+            // it is, gets a statement of its own
+            let v = if rec.graph.node(v).is_inline_scalar() {
+                let op = rec.graph.node(v).op().cloned().unwrap_or(Op::Contiguous);
+                rec.graph.add_op_named(op, &[], &format!("out{i}"))?
+            } else {
+                v
+            };
+            ids.push(v);
+        }
+        rec.graph.set_outputs(ids);
+        Ok(TracedBody {
+            graph: rec.graph,
+            captures: rec.captures,
+        })
+    })();
+    resume(outer)?;
+    traced
+}
+
+/// Runs `f` with the current trace set aside: nothing it does is recorded.
+pub(crate) fn untraced<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let outer = suspend()?;
+    let r = f();
+    resume(outer)?;
+    r
+}
+
+/// Records control op `c` on `operands` with the eager `results` as its values.
+pub(crate) fn record_control(
+    c: crate::ir::control::Control,
+    operands: &[&Tensor],
+    results: &[Tensor],
+) -> Result<()> {
+    RECORDER.with(|r| {
+        let mut r = r
+            .try_borrow_mut()
+            .map_err(|_| Error::Value("trace: the recorder is busy".into()))?;
+        let Some(rec) = r.as_mut() else {
+            return Ok(());
+        };
+        let ids = operands
+            .iter()
+            .map(|t| rec.value_of(t))
+            .collect::<Result<Vec<_>>>()?;
+        let vs = rec.graph.add_control(c, &ids, None)?;
+        for (t, v) in results.iter().zip(vs) {
+            rec.bind(t, v);
+        }
+        Ok(())
+    })
+}
+
+fn suspend() -> Result<Recorder> {
+    RECORDER.with(|r| {
+        r.try_borrow_mut()
+            .map_err(|_| Error::Value("trace: the recorder is busy".into()))?
+            .take()
+            .ok_or_else(|| Error::Value("trace: not tracing".into()))
+    })
+}
+
+fn resume(rec: Recorder) -> Result<()> {
+    RECORDER.with(|r| {
+        *r.try_borrow_mut()
+            .map_err(|_| Error::Value("trace: the recorder is busy".into()))? = Some(rec);
+        Ok(())
+    })
 }
