@@ -6,6 +6,7 @@
 //! node (and `ValueId`): eager autograd relies on that to feed the values it already has.
 //! Each op's vector-Jacobian product lives in `rules`.
 
+mod control;
 mod emit;
 pub(crate) mod rules;
 
@@ -150,14 +151,21 @@ pub(crate) fn backward(
     // needs[v]: some value of `wrt` is v or flows into v through float values.
     let mut needs: HashMap<ValueId, bool> = HashMap::with_capacity(order.len());
     for &v in &order {
+        // a control op's node is a marker (not float): it needs what its operands need,
+        // and passes that on to its float results
+        let carries = g.node(v).ty.dtype.is_float()
+            || matches!(g.node(v).op(), Some(Op::Control(_)))
+            || matches!(g.node(v).op(), Some(Op::Result { ty, .. }) if ty.dtype.is_float());
         let n = wrt.contains(&v)
-            || (g.node(v).ty.dtype.is_float()
+            || (carries
                 && g.operands(v)
                     .iter()
                     .any(|o| needs.get(o).copied().unwrap_or(false)));
         needs.insert(v, n);
     }
     let mut adj: HashMap<ValueId, ValueId> = HashMap::new();
+    // cotangents of control ops' results, by control node and result index
+    let mut results: HashMap<ValueId, Vec<Option<ValueId>>> = HashMap::new();
     let mut e = Emit { g };
     for &(v, s) in seeds {
         if needs.get(&v).copied().unwrap_or(false) {
@@ -165,6 +173,39 @@ pub(crate) fn backward(
         }
     }
     for &v in order.iter().rev() {
+        if let Some((t, i)) = e.g.result_of(v) {
+            if let Some(&gv) = adj.get(&v) {
+                let slots = results
+                    .entry(t)
+                    .or_insert_with(|| vec![None; e.g.results_of(t).len()]);
+                if let Some(s) = slots.get_mut(i) {
+                    *s = Some(gv);
+                }
+            }
+            continue;
+        }
+        if let Some(Op::Control(c)) = e.g.node(v).op().cloned() {
+            let Some(cots) = results.remove(&v) else {
+                continue;
+            };
+            let xs = e.g.operands(v);
+            let need: Vec<bool> = xs
+                .iter()
+                .map(|o| needs.get(o).copied().unwrap_or(false))
+                .collect();
+            if !need.iter().any(|&b| b) {
+                continue;
+            }
+            let grads = control::vjp(&mut e, &c, v, &cots, &need)?;
+            for ((&x, gx), n) in xs.iter().zip(grads).zip(need) {
+                if let Some(gx) = gx
+                    && n
+                {
+                    accumulate(&mut e, &mut adj, x, gx)?;
+                }
+            }
+            continue;
+        }
         let Some(&gv) = adj.get(&v) else { continue };
         let Some(op) = e.g.node(v).op().cloned() else {
             continue;
