@@ -799,6 +799,7 @@ fn run_until_stops_where_asked_and_refuses_unknown_passes() {
             "decompose",
             "cse",
             "fold",
+            "control",
             "dce",
             "rewrite",
             "cse2",

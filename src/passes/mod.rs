@@ -2,6 +2,7 @@
 //! turns a graph into a kernel schedule.
 
 pub mod autodiff;
+pub mod control;
 pub mod decompose;
 pub mod fold;
 pub mod fold_bn;

@@ -1,6 +1,6 @@
 //! The pass manager: the ordered passes from a traced or parsed graph to a planned schedule,
 //!
-//! `fold_bn → decompose → cse → fold → dce → rewrite → cse2 → dce2 → fuse → memplan`,
+//! `fold_bn → decompose → cse → fold → control → dce → rewrite → cse2 → dce2 → fuse → memplan`,
 //!
 //! each callable alone, with statistics per pass. Graph passes implement [`GraphPass`]; a pass
 //! that runs twice is labelled with its run number from the second run on (`cse2`), so every
@@ -21,6 +21,8 @@ use std::collections::HashSet;
 pub struct PassOptions {
     /// Options of constant folding.
     pub fold: FoldOptions,
+    /// Options of control-flow simplification.
+    pub control: super::control::ControlOptions,
     /// Options of the egg rewriter.
     pub rewrite: RewriteOptions,
     /// Options of fusion.
@@ -45,6 +47,9 @@ pub struct Cse;
 pub struct Fold;
 /// Dead-code elimination ([`super::dce`]).
 pub struct Dce;
+/// Control-flow simplification: constant branches, short loops, invariants, dead carries
+/// ([`super::control`]).
+pub struct ControlFlow;
 /// Equality saturation with IEEE-exact (and, if asked, fast-math) rules ([`super::rewrite`]).
 pub struct Rewrite;
 
@@ -88,6 +93,15 @@ impl GraphPass for Fold {
     }
     fn run(&self, g: &Graph, opts: &PassOptions) -> Result<Graph> {
         fold_with(g, &opts.fold)
+    }
+}
+
+impl GraphPass for ControlFlow {
+    fn name(&self) -> &'static str {
+        "control"
+    }
+    fn run(&self, g: &Graph, opts: &PassOptions) -> Result<Graph> {
+        super::control::simplify_control(g, &opts.control)
     }
 }
 
@@ -182,6 +196,7 @@ impl Default for Pipeline {
                 Box::new(Decompose),
                 Box::new(Cse),
                 Box::new(Fold),
+                Box::new(ControlFlow),
                 Box::new(Dce),
                 // the second cse/dce round cleans up after the rewrites
                 Box::new(Rewrite),
