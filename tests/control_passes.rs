@@ -191,3 +191,20 @@ graph s(%c: f32[2], %d: f32[2], %x: f32[2]) {
     assert_eq!(body.outputs().len(), 2);
     assert_eq!(ops(&body, "exp"), 0);
 }
+
+#[test]
+fn dot_draws_bodies_as_clusters() {
+    let text = format!(
+        "graph main(%x: f32[3], %y: f32[3], %p: bool[]) {{\n  %z = cond(%p, %x, %y, then=@t, else=@e)\n  return %z\n}}\n{BRANCHES}"
+    );
+    let dot = parse(&text).to_dot();
+    for want in [
+        "subgraph cluster_0",
+        "label=\"@t\"",
+        "label=\"@e\"",
+        "lhead=cluster_1, label=\"then\"",
+        "lhead=cluster_2, label=\"else\"",
+    ] {
+        assert!(dot.contains(want), "{want}\n{dot}");
+    }
+}

@@ -415,27 +415,64 @@ impl Graph {
     }
 
     /// Graphviz text of the graph: one node per value labelled with its name, op and type.
+    /// The bodies of control ops are clusters of their own, each joined to the op that
+    /// calls it by a dashed edge.
     pub fn to_dot(&self) -> String {
-        use petgraph::dot::{Config, Dot};
-        let node_attr = |_, (_, n): (ValueId, &Node)| {
-            let what = match &n.kind {
-                NodeKind::Input { .. } => "input".to_string(),
-                NodeKind::Op(Op::Scalar(s)) => format!("scalar {s}"),
-                NodeKind::Op(op) => op.name().to_string(),
-            };
-            let label = format!("%{} = {}\\n{}", n.name, what, super::text::fmt_type(&n.ty));
-            format!("label=\"{}\"", label.replace('"', "\\\""))
-        };
-        let edge_attr = |_, e: petgraph::stable_graph::EdgeReference<'_, usize>| {
-            format!("label=\"{}\"", e.weight())
-        };
-        let dot = Dot::with_attr_getters(
-            &self.g,
-            &[Config::NodeNoLabel, Config::EdgeNoLabel],
-            &edge_attr,
-            &node_attr,
-        );
-        format!("{dot:?}")
+        let bodies = super::control::Control::bodies_of(self);
+        let mut graphs: Vec<&Graph> = vec![self];
+        graphs.extend(bodies.iter().map(|b| b.as_ref()));
+        let mut s = String::from("digraph {\n    compound=true\n");
+        let id = |gi: usize, v: ValueId| format!("g{gi}_{}", v.index());
+        let mut calls = Vec::new();
+        for (gi, g) in graphs.iter().enumerate() {
+            if graphs.len() > 1 {
+                s += &format!("    subgraph cluster_{gi} {{\n    label=\"@{}\"\n", g.name);
+            }
+            for v in g.topo_order() {
+                let n = g.node(v);
+                let what = match &n.kind {
+                    NodeKind::Input { .. } => "input".to_string(),
+                    NodeKind::Op(Op::Scalar(x)) => format!("scalar {x}"),
+                    NodeKind::Op(op) => op.name().to_string(),
+                };
+                let label = format!("%{} = {}\\n{}", n.name, what, super::text::fmt_type(&n.ty));
+                s += &format!(
+                    "    {} [ label=\"{}\" ]\n",
+                    id(gi, v),
+                    label.replace('"', "\\\"")
+                );
+                if let Some(Op::Control(c)) = n.op() {
+                    for (role, b) in c.kind.body_names().iter().zip(&c.bodies) {
+                        if let Some(bi) = graphs.iter().position(|h| h.name == b.0.name) {
+                            calls.push((id(gi, v), bi, role.to_string()));
+                        }
+                    }
+                }
+            }
+            if graphs.len() > 1 {
+                s += "    }\n";
+            }
+            for e in g.g.edge_indices() {
+                if let Some((a, b)) = g.g.edge_endpoints(e) {
+                    s += &format!(
+                        "    {} -> {} [ label=\"{}\" ]\n",
+                        id(gi, a),
+                        id(gi, b),
+                        g.g[e]
+                    );
+                }
+            }
+        }
+        for (from, bi, role) in calls {
+            if let Some(&first) = graphs[bi].inputs().first().or(graphs[bi].outputs().first()) {
+                s += &format!(
+                    "    {from} -> {} [ style=dashed, lhead=cluster_{bi}, label=\"{role}\" ]\n",
+                    id(bi, first)
+                );
+            }
+        }
+        s.push_str("}\n");
+        s
     }
 
     pub(crate) fn names(&self) -> &HashMap<String, ValueId> {
