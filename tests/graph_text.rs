@@ -590,8 +590,12 @@ fn errors_name_file_line_column_and_what_was_expected() {
             "model.smelt:2:16: expected digits after '1.'",
         ),
         (
+            "graph g(%x: f32[2]) {\n  %h = relu(%x) !\n}",
+            "model.smelt:2:17: unexpected character '!'",
+        ),
+        (
             "graph g(%x: f32[2]) {\n  %h = relu(%x) @\n}",
-            "model.smelt:2:17: unexpected character '@'",
+            "model.smelt:2:17: expected a graph name after '@'",
         ),
         (
             "graph g(%x: f32[2]) {\n  %h = to(%x, dtype=\"f16)\n  return %h\n}",
