@@ -7,7 +7,8 @@
 use super::{load, pick};
 use crate::codegen_cuda::nvrtc::{self, CompileOptions};
 use crate::codegen_cuda::{CudaOptions, CudaProgram, CudaStep, Launch, c_type, generate};
-use crate::kernel::{BufferKind, Schedule, View};
+use crate::ir::control::ControlKind;
+use crate::kernel::{BufferKind, Schedule, Step, View};
 use crate::passes::fuse;
 use crate::{Error, Result};
 use clap::ValueEnum;
@@ -215,6 +216,11 @@ pub fn manifest(s: &Schedule, p: &CudaProgram, arch: &str, nvrtc: (i32, i32)) ->
         .map(|v| format!("    {}", view_json(v)))
         .collect();
     o.push_str(&format!("  \"outputs\": [\n{}\n  ],\n", outs.join(",\n")));
+    // the schedule's control calls, in the order of the program's control steps
+    let mut calls = s.steps.iter().filter_map(|st| match st {
+        Step::Control(c) => Some(c),
+        _ => None,
+    });
     let steps: Vec<String> = p
         .steps
         .iter()
@@ -234,10 +240,27 @@ pub fn manifest(s: &Schedule, p: &CudaProgram, arch: &str, nvrtc: (i32, i32)) ->
                     .iter()
                     .map(|n| js(&format!("body_{n}.json")))
                     .collect();
+                // what a host driver needs besides the bodies, as for an extern call: the
+                // operands' views and the results' buffers (null: unread), and a scan's
+                // carry count and direction
+                let (mut args, mut outs, mut scan) = (Vec::new(), Vec::new(), String::new());
+                if let Some(c) = calls.next() {
+                    args = c.args.iter().map(view_json).collect();
+                    outs = c
+                        .outs
+                        .iter()
+                        .map(|o| o.map_or("null".to_string(), |b| b.to_string()))
+                        .collect();
+                    if let ControlKind::Scan { carries, reverse } = c.control.kind {
+                        scan = format!(", \"carries\": {carries}, \"reverse\": {reverse}");
+                    }
+                }
                 format!(
-                    "    {{\"control\": {}, \"bodies\": [{}]}}",
+                    "    {{\"control\": {}, \"bodies\": [{}], \"args\": [{}], \"outs\": [{}]{scan}}}",
                     js(op),
-                    b.join(", ")
+                    b.join(", "),
+                    args.join(", "),
+                    outs.join(", ")
                 )
             }
         })

@@ -130,6 +130,13 @@ fn plain(t: &TensorType) -> TensorType {
     TensorType::new(t.dtype, t.shape.clone())
 }
 
+/// `%name` of input `i` of body `g`, for messages.
+fn param(g: &Graph, i: usize) -> String {
+    g.inputs()
+        .get(i)
+        .map_or_else(|| "?".into(), |&v| format!("%{}", g.node(v).name))
+}
+
 fn same(a: &TensorType, b: &TensorType) -> bool {
     a.dtype == b.dtype && a.shape == b.shape
 }
@@ -283,10 +290,12 @@ impl Control {
                 }
                 for (i, (o, c)) in outs.iter().zip(cs).enumerate() {
                     if !same(o, c) {
+                        let g = self.bodies[0].graph();
                         bail!(
                             Value,
-                            "scan: body @{} changes carry {i} from {} to {}",
-                            self.bodies[0].0.name,
+                            "scan: body @{} changes carry {i} ({}) from {} to {}",
+                            g.name,
+                            param(g, i),
                             fmt(c),
                             fmt(o)
                         );
@@ -335,12 +344,15 @@ impl Control {
                     want.len()
                 );
             }
+            // the carries are the body's last inputs (a fori_loop's index comes first)
+            let first = inputs.len() - want.len();
             for (k, (o, w)) in outs.iter().zip(want).enumerate() {
                 if !same(o, w) {
                     bail!(
                         Value,
-                        "{name}: {role} @{} changes carry {k} from {} to {}",
+                        "{name}: {role} @{} changes carry {k} ({}) from {} to {}",
                         g.name,
+                        param(g, first + k),
                         fmt(w),
                         fmt(o)
                     );

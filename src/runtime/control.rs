@@ -22,6 +22,17 @@ pub trait Bodies {
 
 /// Runs control op `c` on `args` (its operands); returns its results.
 pub fn run(c: &Control, args: &[Tensor], bodies: &dyn Bodies) -> Result<Vec<Tensor>> {
+    // A literal operand (`fori_loop(0, 3, 0.5, ..)`) arrives as a wrapped Python number; the
+    // typing rule makes it a plain 0-d tensor for the bodies and results, and so must this,
+    // or type promotion in a body (`mul(%f, 1.5)`) would differ from the body's types.
+    let args: Vec<Tensor> = args
+        .iter()
+        .map(|a| match a.is_wrapped_number() {
+            true => a.with_layout(a.layout().clone()),
+            false => a.clone(),
+        })
+        .collect();
+    let args = args.as_slice();
     let types: Vec<TensorType> = args.iter().map(Tensor::ttype).collect();
     let results = c.result_types(&types.iter().collect::<Vec<_>>())?;
     match c.kind {

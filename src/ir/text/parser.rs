@@ -10,8 +10,13 @@ use crate::{Error, Result};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// A `name=value` attribute as written, with the token of its name (for error positions).
+/// A `name=value` attribute as written, with the token of its name (of its value `@name` for
+/// a body reference), for error positions.
 type Attribute = (String, Attr, Token);
+
+/// A statement's result as written (`%a: f32[4]`): its name and token, and its type
+/// annotation with the annotation's token.
+type Named = (String, Token, Option<(TensorType, Token)>);
 
 /// Parses a `.smelt` file; `file` names it in error messages. A control op's bodies (`@name`)
 /// may be any graph of the file, before or after it.
@@ -297,7 +302,7 @@ impl Parser<'_> {
 
     fn stmt(&mut self, g: &mut Graph) -> Result<()> {
         // `%a, %b: f32[4] = op(...)`: one or more results, each optionally typed
-        let mut results: Vec<(String, Token, Option<(TensorType, Token)>)> = Vec::new();
+        let mut results: Vec<Named> = Vec::new();
         loop {
             let (name, at) = self.value_name()?;
             if g.value(&name).is_some() || results.iter().any(|(n, _, _)| *n == name) {
@@ -393,7 +398,7 @@ impl Parser<'_> {
         g: &mut Graph,
         op_name: &str,
         op_at: &Token,
-        results: Vec<(String, Token, Option<(TensorType, Token)>)>,
+        results: Vec<Named>,
     ) -> Result<()> {
         use crate::ir::control::{Control, ControlKind};
         self.punct('(')?;
@@ -544,7 +549,15 @@ impl Parser<'_> {
                 if attrs.iter().any(|(m, _, _)| *m == n) {
                     return Err(self.err(&at, format!("attribute '{n}' given twice")));
                 }
+                let value_at = self.peek().clone();
                 let a = self.attr()?;
+                // what is wrong with a body reference (missing, recursive) is reported at
+                // its `@name`; anything else at the attribute's name
+                let at = if matches!(a, Attr::Graph(_)) {
+                    value_at
+                } else {
+                    at
+                };
                 attrs.push((n, a, at));
             } else {
                 if !attrs.is_empty() {

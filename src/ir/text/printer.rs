@@ -28,6 +28,9 @@ fn print_one(g: &Graph) -> String {
         .map(|&v| format!("%{}: {}", g.node(v).name, fmt_type(&g.node(v).ty)))
         .collect();
     let _ = writeln!(s, "graph {}({}) {{", g.name, params.join(", "));
+    // names invented for unused results, counted over the whole graph so that two calls
+    // never get the same one
+    let mut fresh = 0usize;
     for v in g.topo_order() {
         let n = g.node(v);
         let NodeKind::Op(op) = &n.kind else {
@@ -40,7 +43,7 @@ fn print_one(g: &Graph) -> String {
             let _ = writeln!(
                 s,
                 "  {} = {}({})",
-                results(g, v),
+                results(g, v, &mut fresh),
                 c.name(),
                 control_args(g, v, c).join(", ")
             );
@@ -78,15 +81,14 @@ pub fn print_module(m: &Module) -> String {
 }
 
 /// `%a: f32[4], %b: i64[]`: the results of control node `t` (a result nothing uses gets a
-/// fresh name).
-fn results(g: &Graph, t: ValueId) -> String {
+/// fresh name, `%unused{fresh}` with `fresh` counting on).
+fn results(g: &Graph, t: ValueId, fresh: &mut usize) -> String {
     let tys: Vec<&crate::ir::op::TensorType> =
         g.operands(t).iter().map(|&o| &g.node(o).ty).collect();
     let Some(Op::Control(c)) = g.node(t).op() else {
         return String::new();
     };
     let types = c.result_types(&tys).unwrap_or_default();
-    let mut fresh = 0usize;
     g.results_of(t)
         .iter()
         .zip(&types)
@@ -95,7 +97,7 @@ fn results(g: &Graph, t: ValueId) -> String {
                 Some(v) => g.node(*v).name.clone(),
                 None => loop {
                     let n = format!("unused{fresh}");
-                    fresh += 1;
+                    *fresh += 1;
                     if g.value(&n).is_none() {
                         break n;
                     }
