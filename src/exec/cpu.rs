@@ -23,6 +23,7 @@ mod gemm;
 mod info;
 mod inplace;
 mod plan;
+mod tight;
 
 pub use cache::CodeOrigin;
 pub(crate) use cache::cached_plan;
@@ -173,8 +174,12 @@ enum Exec {
     },
     /// The kernel-IR interpreter runs the whole step.
     Interp,
-    /// A control op: its bodies compiled, in the op's body order.
-    Control(Vec<CompiledFn>),
+    /// A control op: its bodies compiled, in the op's body order, and those that run on
+    /// raw buffers.
+    Control {
+        bodies: Vec<CompiledFn>,
+        tight: Vec<Option<tight::TightBody>>,
+    },
     /// A library call on the eager kernels; `ty` is its result type when the shape rule
     /// accepted the argument types at compile time.
     Extern { ty: Option<TensorType> },
@@ -315,13 +320,14 @@ impl CompiledFn {
                     // bodies run on the caller's pool (or serially, as the caller does)
                     let mut body_opts = opts.clone();
                     body_opts.threads = opts.threads.filter(|&n| n == 1);
-                    Exec::Control(
-                        c.control
-                            .bodies
-                            .iter()
-                            .map(|b| CompiledFn::compile(b.graph(), &body_opts))
-                            .collect::<Result<_>>()?,
-                    )
+                    let bodies: Vec<CompiledFn> = c
+                        .control
+                        .bodies
+                        .iter()
+                        .map(|b| CompiledFn::compile(b.graph(), &body_opts))
+                        .collect::<Result<_>>()?;
+                    let tight = bodies.iter().map(tight::TightBody::of).collect();
+                    Exec::Control { bodies, tight }
                 }
                 (Step::Kernel(_), KernelBackend::Interp) => Exec::Interp,
                 (Step::Kernel(k), KernelBackend::Cranelift) => {
@@ -722,13 +728,16 @@ impl CompiledFn {
                         self.run_gemm(gemm, *place, f)?
                     }
                 }
-                (Exec::Control(bodies), Step::Control(c)) => {
+                (Exec::Control { bodies, tight }, Step::Control(c)) => {
                     let args: Vec<Tensor> = c
                         .args
                         .iter()
                         .map(|v| view_of(&f.bufs, v))
                         .collect::<Result<_>>()?;
-                    let results = control::run(&c.control, &args, &Compiled(bodies))?;
+                    let results = match tight::run(&c.control, &args, bodies, tight)? {
+                        Some(r) => r,
+                        None => control::run(&c.control, &args, &Compiled(bodies))?,
+                    };
                     for (r, out) in results.into_iter().zip(&c.outs) {
                         if let Some(b) = out {
                             // a body may return a view: buffers hold their own layout
@@ -736,7 +745,7 @@ impl CompiledFn {
                         }
                     }
                 }
-                (Exec::Extern { .. } | Exec::Control(_), _) => {
+                (Exec::Extern { .. } | Exec::Control { .. }, _) => {
                     bail!(Value, "step {i} of {} has no code of its kind", s.name)
                 }
             }

@@ -287,6 +287,18 @@ impl Graph {
         }
     }
 
+    /// Makes generated names (`%17`) skip every numeric name of `other`, so that a pass
+    /// copying `other`'s values under their names can add new values before them.
+    pub fn avoid_names_of(&mut self, other: &Graph) {
+        let top = other
+            .names
+            .keys()
+            .filter_map(|n| n.parse::<usize>().ok())
+            .max()
+            .map_or(0, |m| m + 1);
+        self.next_name = self.next_name.max(top);
+    }
+
     /// Sets the graph's results, in order.
     pub fn set_outputs(&mut self, outputs: Vec<ValueId>) {
         self.outputs = outputs;

@@ -34,6 +34,8 @@ impl Default for ControlOptions {
 /// Simplifies every control op of `g` (not inside its bodies).
 pub fn simplify_control(g: &Graph, opts: &ControlOptions) -> Result<Graph> {
     let (mut out, mut map) = start_copy(g)?;
+    // inlined and hoisted values are added before some of `g`'s are copied
+    out.avoid_names_of(g);
     let outputs: HashSet<ValueId> = g.outputs().iter().copied().collect();
     // control nodes replaced by something else: their results are mapped (or unread, gone)
     let mut replaced: HashSet<ValueId> = HashSet::new();
