@@ -7,6 +7,7 @@
 //! The semantics are `runtime::control::run`'s (which the executor uses for every other
 //! loop); the control-flow tests compare both with the interpreter.
 
+use super::gemm::DirectGemm;
 use super::{CompiledFn, Exec, run_rows};
 use crate::codegen_cpu::lower::CpuKernel;
 use crate::ir::control::{Control, ControlKind};
@@ -23,7 +24,7 @@ use std::sync::Arc;
 /// A body that runs on raw buffers: its kernels in order, and where its inputs and outputs
 /// live.
 pub(super) struct TightBody {
-    kernels: Vec<(Arc<CpuKernel>, usize)>,
+    steps: Vec<Step>,
     inputs: Vec<BufferId>,
     outputs: Vec<BufferId>,
 }
@@ -33,10 +34,11 @@ impl TightBody {
     /// whole contiguous buffer written by the body (or an input returned as it is).
     pub(super) fn of(f: &CompiledFn) -> Option<TightBody> {
         let s = &f.schedule;
-        let mut kernels = Vec::new();
+        let mut steps = Vec::new();
         for e in &f.execs {
             match e {
-                Exec::Native { code, elems, .. } => kernels.push((code.clone(), *elems)),
+                Exec::Native { code, elems, .. } => steps.push(Step::Kernel(code.clone(), *elems)),
+                Exec::Gemm { gemm, .. } => steps.push(Step::Gemm(gemm.clone())),
                 _ => return None,
             }
         }
@@ -58,7 +60,7 @@ impl TightBody {
             outputs.push(v.buffer);
         }
         Some(TightBody {
-            kernels,
+            steps,
             inputs: s.inputs.clone(),
             outputs,
         })
@@ -70,12 +72,26 @@ impl TightBody {
     /// Every pointer addresses memory of its buffer's dtype and size that nobody else
     /// uses meanwhile (read-only where the body only reads it).
     unsafe fn run(&self, ptrs: &[*mut u8]) -> Result<()> {
-        for (code, elems) in &self.kernels {
-            // SAFETY: as the caller promises.
-            unsafe { run_rows(code, *elems, ptrs)? };
+        for step in &self.steps {
+            // SAFETY: as the caller promises (a GEMM's operands and result are buffers of
+            // the schedule it was planned for).
+            unsafe {
+                match step {
+                    Step::Kernel(code, elems) => run_rows(code, *elems, ptrs)?,
+                    Step::Gemm(g) => g.run(ptrs[g.a.buffer], ptrs[g.b.buffer], ptrs[g.out], None),
+                }
+            }
         }
         Ok(())
     }
+}
+
+/// One step of a tight body.
+enum Step {
+    /// A compiled kernel over its elements.
+    Kernel(Arc<CpuKernel>, usize),
+    /// A direct GEMM into its result buffer.
+    Gemm(DirectGemm),
 }
 
 /// The memory of one buffer of a body, owned by the loop.
