@@ -7,6 +7,7 @@
 //!    Rust control flow (the body copied once per step);
 //! 3. the MLP of `examples/mlp_classifier` trained one epoch as one `CompiledLoop` call
 //!    against `CompiledStep` step by step.
+//!
 //! Rounds alternate the sides; each figure is the median of the rounds' medians, with their
 //! range. `-- --rounds N` sets the number of rounds (default 5).
 

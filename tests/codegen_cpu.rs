@@ -116,6 +116,12 @@ fn run_compiled(
                 let r = apply(e.op.clone(), &refs)?;
                 mem[e.out] = tensor_words(&r);
             }
+            Step::Control(c) => {
+                return Err(smelt::Error::Unsupported(format!(
+                    "this harness runs kernels and externs, not {}",
+                    c.control.name()
+                )));
+            }
         }
     }
     Ok(s.outputs.iter().map(|v| view(&mem, s, v)).collect())
@@ -763,7 +769,7 @@ fn kernels_equal_up_to_their_buffers_share_code() {
                 k.values[0].dtype,
                 compile_kernel(k, &s.buffers, &opts).unwrap(),
             ),
-            Step::Extern(_) => panic!("only kernels expected"),
+            Step::Extern(_) | Step::Control(_) => panic!("only kernels expected"),
         })
         .collect();
     assert_eq!(ks.len(), 5);
@@ -1272,7 +1278,7 @@ fn reductions_across_rows_run_rows_as_lanes() {
                             .unwrap()
                             .lane_rows(),
                     ),
-                    Step::Extern(_) => None,
+                    Step::Extern(_) | Step::Control(_) => None,
                 })
                 .collect();
             assert!(
@@ -1308,7 +1314,7 @@ fn column_sums(s: &Schedule) -> usize {
             Step::Kernel(k) => compile_kernel(k, &s.buffers, &CodegenOptions::default())
                 .unwrap()
                 .column_sums(),
-            Step::Extern(_) => 0,
+            Step::Extern(_) | Step::Control(_) => 0,
         })
         .sum()
 }

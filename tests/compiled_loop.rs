@@ -68,7 +68,7 @@ fn agree(cfg: StepConfig) {
         |xs: &[Tensor]| loss(&a, &xs[0], &xs[1]),
         &[batches[0].0.clone(), batches[0].1.clone()],
         a.named_parameters(),
-        cfg.clone(),
+        cfg,
         &opts,
     )
     .unwrap();

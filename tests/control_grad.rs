@@ -107,8 +107,9 @@ graph s(%c: f64[3], %w: f64[3], %x: f64[3]) {
 }";
 
 fn scan_unrolled(len: usize, reverse: bool) -> String {
-    let mut s = String::from(
-        "graph main(%c: f64[3], %w: f64[3], %xs: f64[LEN,3]) {\n".replace("LEN", &len.to_string()),
+    let mut s = format!(
+        "graph main(%c: f64[3], %w: f64[3], %xs: f64[{len},3]) {{
+"
     );
     let mut c = "c".to_string();
     let mut ys = vec![String::new(); len];

@@ -67,7 +67,7 @@ fn fori_loop_of_1000_steps_stays_one_op() -> Result<()> {
         let fi = i.to_dtype(DType::F32)?;
         Ok(vec![&(&c[0] * 0.9) + &(&(w * 0.1) * &fi)])
     };
-    let eager = fori_loop(0, 1000, &[x.clone()], |i, c| body(i, c, &w))?;
+    let eager = fori_loop(0, 1000, std::slice::from_ref(&x), |i, c| body(i, c, &w))?;
     close(&eager[0], &affine_steps(&x, &w, 1000), 1e-5);
     let traced = trace(
         |xs: &[Tensor]| fori_loop(0, 1000, &[xs[0].clone()], |i, c| body(i, c, &xs[1])),

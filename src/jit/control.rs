@@ -125,7 +125,7 @@ pub fn fori_loop(
     init: &[Tensor],
     mut body: impl FnMut(&Tensor, &[Tensor]) -> Result<Vec<Tensor>>,
 ) -> Result<Vec<Tensor>> {
-    let run = |body: &mut dyn FnMut(&Tensor, &[Tensor]) -> Result<Vec<Tensor>>| {
+    let run = |body: &mut IndexedBody| {
         let mut carries = init.to_vec();
         for i in lower..upper {
             let next = body(&Tensor::scalar(i), &carries)?;
@@ -360,6 +360,9 @@ fn truth(t: &Tensor, what: &str) -> Result<bool> {
 fn is_bool_scalar(t: &TensorType) -> bool {
     t.dtype == crate::ir::dtype::DType::Bool && t.shape.is_empty()
 }
+
+/// A loop body that also takes the step's index.
+type IndexedBody<'a> = dyn FnMut(&Tensor, &[Tensor]) -> Result<Vec<Tensor>> + 'a;
 
 /// A body name no other body of this process has.
 fn fresh(what: &str) -> String {

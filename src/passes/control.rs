@@ -359,7 +359,7 @@ fn with_hoisted(
             outs.extend(rest);
         }
         b.set_outputs(outs);
-        Ok(super::dce(&b)?)
+        super::dce(&b)
     };
     let bodies = match c.kind {
         ControlKind::WhileLoop => vec![
