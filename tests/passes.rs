@@ -920,7 +920,7 @@ fn check_refuses_an_unknown_pass_with_the_list() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("unknown pass 'fusion'"), "{err}");
     assert!(
-        err.contains("decompose, cse, fold, dce, rewrite, cse2, dce2, fuse, memplan"),
+        err.contains("decompose, cse, fold, control, dce, rewrite, cse2, dce2, fuse, memplan"),
         "{err}"
     );
 }

@@ -405,18 +405,7 @@ impl CudaFn {
         bodies: &[CudaFn],
         bufs: &mut [Option<Buf>],
     ) -> Result<()> {
-        let args: Vec<Tensor> = c
-            .args
-            .iter()
-            .map(|v| match bufs.get(v.buffer).and_then(Option::as_ref) {
-                Some(b) => Ok(b.view(v)),
-                None => bail!(
-                    Value,
-                    "schedule: b{} is read before it is written",
-                    v.buffer
-                ),
-            })
-            .collect::<Result<_>>()?;
+        let args = views(bufs, &c.args)?;
         let results = crate::runtime::control::run(&c.control, &args, &OnGpu(bodies))?;
         for (r, out) in results.into_iter().zip(&c.outs) {
             if let Some(b) = out {
@@ -431,18 +420,7 @@ impl CudaFn {
     }
 
     fn run_extern(&self, e: &ExternCall, bufs: &mut [Option<Buf>]) -> Result<()> {
-        let args: Vec<Tensor> = e
-            .args
-            .iter()
-            .map(|v| match bufs.get(v.buffer).and_then(Option::as_ref) {
-                Some(b) => Ok(b.view(v)),
-                None => bail!(
-                    Value,
-                    "schedule: b{} is read before it is written",
-                    v.buffer
-                ),
-            })
-            .collect::<Result<_>>()?;
+        let args = views(bufs, &e.args)?;
         let out = &self.schedule.buffers[e.out];
         if matches!(e.op, Op::Matmul) && args.len() == 2 && blas::supports(out.dtype) {
             let dst = Storage::cuda_for_overwrite(self.gpu.ordinal(), out.dtype, out.len())?;
@@ -467,6 +445,20 @@ impl CudaFn {
         });
         Ok(())
     }
+}
+
+/// The tensors of strided views of a call's buffers.
+fn views(bufs: &[Option<Buf>], vs: &[View]) -> Result<Vec<Tensor>> {
+    vs.iter()
+        .map(|v| match bufs.get(v.buffer).and_then(Option::as_ref) {
+            Some(b) => Ok(b.view(v)),
+            None => bail!(
+                Value,
+                "schedule: b{} is read before it is written",
+                v.buffer
+            ),
+        })
+        .collect()
 }
 
 /// The compiled bodies of a control step on a GPU; host values (a loop's counter) are

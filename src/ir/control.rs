@@ -2,8 +2,9 @@
 //! `scan`, whose bodies are other graphs of the same `.smelt` file.
 //!
 //! A control op has several results. In the graph it is one node of [`tuple_type`] (a
-//! zero-element marker that no kernel reads) followed by one [`Op::Result`] node per result,
-//! each carrying its type; the text format writes both as `%a, %b = op(...)`.
+//! zero-element marker that no kernel reads) followed by one
+//! [`Op::Result`](super::op::Op::Result) node per result, each carrying its type; the text
+//! format writes both as `%a, %b = op(...)`.
 //!
 //! Operands and bodies:
 //! - `cond(pred, operands..)`, bodies `[then, else]`: `pred` is `bool[]`; both branches take

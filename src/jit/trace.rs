@@ -257,22 +257,7 @@ thread_local! {
 
 /// Evaluates a graph with the reference interpreter (`inputs` in the graph's input order).
 pub fn run_graph(g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
-    if inputs.len() != g.inputs().len() {
-        bail!(
-            Value,
-            "graph {} takes {} inputs but got {}",
-            g.name,
-            g.inputs().len(),
-            inputs.len()
-        );
-    }
-    let named: Vec<(&str, Tensor)> = g
-        .inputs()
-        .iter()
-        .zip(inputs)
-        .map(|(&v, t)| (g.node(v).name.as_str(), t.clone()))
-        .collect();
-    crate::runtime::interp::run(g, &named)
+    crate::runtime::interp::run_positional(g, inputs)
 }
 
 /// True while a trace is being recorded on this thread.
@@ -387,6 +372,23 @@ impl Recorder {
             outer: Default::default(),
             captures: Vec::new(),
         }
+    }
+
+    /// The values of a traced function's results: an inline number gets a named statement
+    /// of its own (an output must be a named value).
+    fn output_values(&mut self, outs: &[Tensor]) -> Result<Vec<ValueId>> {
+        let mut ids = Vec::with_capacity(outs.len());
+        for (i, t) in outs.iter().enumerate() {
+            let v = self.value_of(t)?;
+            let v = if self.graph.node(v).is_inline_scalar() {
+                let op = self.graph.node(v).op().cloned().unwrap_or(Op::Contiguous);
+                self.graph.add_op_named(op, &[], &format!("out{i}"))?
+            } else {
+                v
+            };
+            ids.push(v);
+        }
+        Ok(ids)
     }
 
     fn bind(&mut self, t: &Tensor, v: ValueId) {
@@ -538,17 +540,7 @@ fn record(
     if let Some(e) = rec.error.take() {
         return Err(e);
     }
-    let mut ids = Vec::with_capacity(outs.len());
-    for (i, t) in outs.iter().enumerate() {
-        let v = rec.value_of(t)?;
-        let v = if rec.graph.node(v).is_inline_scalar() {
-            let op = rec.graph.node(v).op().cloned().unwrap_or(Op::Contiguous);
-            rec.graph.add_op_named(op, &[], &format!("out{i}"))?
-        } else {
-            v
-        };
-        ids.push(v);
-    }
+    let ids = rec.output_values(&outs)?;
     rec.graph.set_outputs(ids);
     rec.graph.verify()?;
     Ok((rec.graph, outs))
@@ -596,19 +588,7 @@ pub(crate) fn trace_body(
         if let Some(e) = rec.error.take() {
             return Err(e);
         }
-        let mut ids = Vec::with_capacity(outs.len());
-        for (i, t) in outs.iter().enumerate() {
-            let v = rec.value_of(t)?;
-            // an output must be a named value: an inline number, or an input returned as
-            // it is, gets a statement of its own
-            let v = if rec.graph.node(v).is_inline_scalar() {
-                let op = rec.graph.node(v).op().cloned().unwrap_or(Op::Contiguous);
-                rec.graph.add_op_named(op, &[], &format!("out{i}"))?
-            } else {
-                v
-            };
-            ids.push(v);
-        }
+        let ids = rec.output_values(&outs)?;
         rec.graph.set_outputs(ids);
         Ok(TracedBody {
             graph: rec.graph,

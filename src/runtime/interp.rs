@@ -103,25 +103,28 @@ pub struct ReferenceBodies<'a>(pub &'a Control);
 
 impl control::Bodies for ReferenceBodies<'_> {
     fn call(&self, i: usize, inputs: &[Tensor], _into: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
-        let g = self.0.bodies[i].graph();
-        if inputs.len() != g.inputs().len() {
-            bail!(
-                Value,
-                "{}: body @{} takes {} inputs but got {}",
-                self.0.name(),
-                g.name,
-                g.inputs().len(),
-                inputs.len()
-            );
-        }
-        let named: Vec<(&str, Tensor)> = g
-            .inputs()
-            .iter()
-            .zip(inputs)
-            .map(|(&v, t)| (g.node(v).name.as_str(), t.clone()))
-            .collect();
-        run(g, &named)
+        run_positional(self.0.bodies[i].graph(), inputs)
     }
+}
+
+/// Runs `g` on inputs given in the graph's input order.
+pub fn run_positional(g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    if inputs.len() != g.inputs().len() {
+        bail!(
+            Value,
+            "graph {} takes {} inputs but got {}",
+            g.name,
+            g.inputs().len(),
+            inputs.len()
+        );
+    }
+    let named: Vec<(&str, Tensor)> = g
+        .inputs()
+        .iter()
+        .zip(inputs)
+        .map(|(&v, t)| (g.node(v).name.as_str(), t.clone()))
+        .collect();
+    run(g, &named)
 }
 
 /// The given named inputs in the graph's parameter order, checked as [`run`] checks them.

@@ -184,32 +184,16 @@ pub(crate) fn backward(
             }
             continue;
         }
-        if let Some(Op::Control(c)) = e.g.node(v).op().cloned() {
-            let Some(cots) = results.remove(&v) else {
-                continue;
-            };
-            let xs = e.g.operands(v);
-            let need: Vec<bool> = xs
-                .iter()
-                .map(|o| needs.get(o).copied().unwrap_or(false))
-                .collect();
-            if !need.iter().any(|&b| b) {
-                continue;
-            }
-            let grads = control::vjp(&mut e, &c, v, &cots, &need)?;
-            for ((&x, gx), n) in xs.iter().zip(grads).zip(need) {
-                if let Some(gx) = gx
-                    && n
-                {
-                    accumulate(&mut e, &mut adj, x, gx)?;
-                }
-            }
-            continue;
-        }
-        let Some(&gv) = adj.get(&v) else { continue };
         let Some(op) = e.g.node(v).op().cloned() else {
             continue;
         };
+        // a control op's gradient starts from its results' cotangents, any other op's
+        // from its own
+        let seed = match &op {
+            Op::Control(_) => results.remove(&v).map(Cot::Results),
+            _ => adj.get(&v).map(|&gv| Cot::Value(gv)),
+        };
+        let Some(seed) = seed else { continue };
         let xs = e.g.operands(v);
         let need: Vec<bool> = xs
             .iter()
@@ -218,7 +202,11 @@ pub(crate) fn backward(
         if !need.iter().any(|&b| b) {
             continue;
         }
-        let grads = rules::vjp(&mut e, &op, &xs, v, gv, &need)?;
+        let grads = match (&op, seed) {
+            (Op::Control(c), Cot::Results(cots)) => control::vjp(&mut e, c, v, &cots, &need)?,
+            (_, Cot::Value(gv)) => rules::vjp(&mut e, &op, &xs, v, gv, &need)?,
+            (_, Cot::Results(_)) => continue,
+        };
         for ((&x, gx), n) in xs.iter().zip(grads).zip(need) {
             if let Some(gx) = gx
                 && n
@@ -228,6 +216,14 @@ pub(crate) fn backward(
         }
     }
     Ok(wrt.iter().map(|v| adj.get(v).copied()).collect())
+}
+
+/// What a node's gradient starts from.
+enum Cot {
+    /// Its own cotangent.
+    Value(ValueId),
+    /// A control op's: one per result (`None` where none reached it).
+    Results(Vec<Option<ValueId>>),
 }
 
 /// Adds `gx` (summed to `x`'s shape, cast to its dtype) to the gradient of `x`.
