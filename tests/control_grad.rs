@@ -294,3 +294,57 @@ graph b(%i: i64[], %x: f64[2]) {
     let e = autodiff(&g, &["x"]).unwrap_err();
     assert!(e.to_string().contains("constant trip count"), "{e}");
 }
+
+/// The leading sizes of the control results of a graph (a scan's stacked outputs).
+fn saved_rows(g: &Graph) -> Vec<usize> {
+    g.topo_order()
+        .into_iter()
+        .filter(|&v| g.node(v).op().is_some_and(|o| o.name() == "result"))
+        .map(|v| g.node(v).ty.shape.first().copied().unwrap_or(0))
+        .collect()
+}
+
+#[test]
+fn checkpointed_scans_save_every_kth_carry_and_agree() {
+    use smelt::passes::autodiff::{GradOptions, autodiff_opts};
+    for (len, every, reverse) in [(6, 2, false), (6, 3, true), (7, 3, false), (8, 4, false)] {
+        let looped = format!(
+            "graph main(%c: f64[3], %w: f64[3], %xs: f64[{len},3]) {{
+  %cf, %w2, %ys = scan(%c, %w, %xs, body=@s, carries=2, reverse={reverse})
+  return %cf, %ys
+}}
+{SCAN_BODY}"
+        );
+        let g = parse(&looped);
+        let inputs = [randn(&[3]), randn(&[3]), randn(&[len, 3])];
+        let wrt = ["c", "w", "xs"];
+        let want = grads(&g, &wrt, &inputs);
+        let opts = GradOptions {
+            checkpoint_every: every,
+            ..GradOptions::default()
+        };
+        let d = autodiff_opts(&g, &wrt, &opts).unwrap();
+        let out = smelt::jit::run_graph(&d, &inputs).unwrap();
+        for (k, (a, b)) in out[out.len() - 3..].iter().zip(&want).enumerate() {
+            close(
+                a,
+                b,
+                1e-12,
+                &format!("len {len} every {every}: d/d{}", wrt[k]),
+            );
+        }
+        let f = CompiledFn::compile(&d, &CompileOptions::default()).unwrap();
+        for (a, b) in f.call(&inputs).unwrap().iter().zip(&out) {
+            close(a, b, 1e-9, "compiled checkpointed gradient");
+        }
+        // the outer graph saves one carry per chunk (a divisor of the length up to `every`)
+        let k = (1..=every).rev().find(|d| len % d == 0).unwrap();
+        let rows = saved_rows(&d);
+        if k > 1 {
+            assert!(
+                rows.contains(&(len / k)),
+                "len {len} every {every}: {rows:?}"
+            );
+        }
+    }
+}

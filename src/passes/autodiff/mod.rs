@@ -31,9 +31,42 @@ pub fn autodiff(g: &Graph, wrt: &[&str]) -> Result<Graph> {
     autodiff_with(g, wrt, Seed::Ones)
 }
 
+/// Options of the gradient pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GradOptions {
+    /// The gradient fed into the outputs.
+    pub seed: Seed,
+    /// Checkpointing of loops: a `scan` (or constant-trip `fori_loop`) saves the carries
+    /// of every `checkpoint_every`-th step only (the largest divisor of its length up to
+    /// it) and recomputes the others in the reverse pass; 1 saves every step's.
+    pub checkpoint_every: usize,
+}
+
+impl Default for GradOptions {
+    fn default() -> GradOptions {
+        GradOptions {
+            seed: Seed::Ones,
+            checkpoint_every: 1,
+        }
+    }
+}
+
 /// Gradients of the outputs of `g` with respect to the named inputs, seeded as `seed` says.
 /// The result's outputs are `g`'s outputs, then `grad_<input>` for each input of `wrt`.
 pub fn autodiff_with(g: &Graph, wrt: &[&str], seed: Seed) -> Result<Graph> {
+    autodiff_opts(
+        g,
+        wrt,
+        &GradOptions {
+            seed,
+            ..GradOptions::default()
+        },
+    )
+}
+
+/// [`autodiff_with`] with every option.
+pub fn autodiff_opts(g: &Graph, wrt: &[&str], opts: &GradOptions) -> Result<Graph> {
+    let seed = opts.seed;
     let mut out = g.clone();
     let mut targets = Vec::with_capacity(wrt.len());
     for name in wrt {
@@ -84,7 +117,7 @@ pub fn autodiff_with(g: &Graph, wrt: &[&str], seed: Seed) -> Result<Graph> {
         };
         seeds.push((o, s));
     }
-    let grads = backward(&mut out, &seeds, &targets)?;
+    let grads = backward_with(&mut out, &seeds, &targets, opts.checkpoint_every)?;
     let mut outputs = g.outputs().to_vec();
     for ((name, &v), gv) in wrt.iter().zip(&targets).zip(grads) {
         let gv = match gv {
@@ -147,6 +180,16 @@ pub(crate) fn backward(
     seeds: &[(ValueId, ValueId)],
     wrt: &[ValueId],
 ) -> Result<Vec<Option<ValueId>>> {
+    backward_with(g, seeds, wrt, 1)
+}
+
+/// [`backward`] with loops checkpointed every `every` steps ([`GradOptions`]).
+fn backward_with(
+    g: &mut Graph,
+    seeds: &[(ValueId, ValueId)],
+    wrt: &[ValueId],
+    every: usize,
+) -> Result<Vec<Option<ValueId>>> {
     let order = g.topo_order();
     // needs[v]: some value of `wrt` is v or flows into v through float values.
     let mut needs: HashMap<ValueId, bool> = HashMap::with_capacity(order.len());
@@ -203,7 +246,9 @@ pub(crate) fn backward(
             continue;
         }
         let grads = match (&op, seed) {
-            (Op::Control(c), Cot::Results(cots)) => control::vjp(&mut e, c, v, &cots, &need)?,
+            (Op::Control(c), Cot::Results(cots)) => {
+                control::vjp(&mut e, c, v, &cots, &need, every)?
+            }
             (_, Cot::Value(gv)) => rules::vjp(&mut e, &op, &xs, v, gv, &need)?,
             (_, Cot::Results(_)) => continue,
         };
