@@ -12,7 +12,8 @@ use super::{CompiledFn, Exec, run_rows};
 use crate::codegen_cpu::lower::CpuKernel;
 use crate::ir::control::{Control, ControlKind};
 use crate::ir::dtype::DType;
-use crate::kernel::{BufferId, BufferKind};
+use crate::ir::op::TensorType;
+use crate::kernel::{BufferId, BufferKind, ExternCall};
 use crate::runtime::Tensor;
 use crate::runtime::access;
 use crate::runtime::kernels::copy;
@@ -25,6 +26,8 @@ use std::sync::Arc;
 /// live.
 pub(super) struct TightBody {
     steps: Vec<Step>,
+    /// Some step is a library call, which reads its operands as tensors.
+    views: bool,
     inputs: Vec<BufferId>,
     outputs: Vec<BufferId>,
 }
@@ -39,6 +42,15 @@ impl TightBody {
             match e {
                 Exec::Native { code, elems, .. } => steps.push(Step::Kernel(code.clone(), *elems)),
                 Exec::Gemm { gemm, .. } => steps.push(Step::Gemm(gemm.clone())),
+                // a dropout draws a new mask per call: the general loop keeps count
+                Exec::Extern { ty } => match &s.steps[steps.len()] {
+                    crate::kernel::Step::Extern(e)
+                        if !matches!(e.op, crate::ir::op::Op::Dropout { .. }) =>
+                    {
+                        steps.push(Step::Extern(e.clone(), ty.clone()))
+                    }
+                    _ => return None,
+                },
                 _ => return None,
             }
         }
@@ -60,6 +72,7 @@ impl TightBody {
             outputs.push(v.buffer);
         }
         Some(TightBody {
+            views: steps.iter().any(|s| matches!(s, Step::Extern(..))),
             steps,
             inputs: s.inputs.clone(),
             outputs,
@@ -71,7 +84,8 @@ impl TightBody {
     /// # Safety
     /// Every pointer addresses memory of its buffer's dtype and size that nobody else
     /// uses meanwhile (read-only where the body only reads it).
-    unsafe fn run(&self, ptrs: &[*mut u8]) -> Result<()> {
+    unsafe fn run(&self, fr: &Frame) -> Result<()> {
+        let ptrs = &fr.ptrs;
         for step in &self.steps {
             // SAFETY: as the caller promises (a GEMM's operands and result are buffers of
             // the schedule it was planned for).
@@ -79,6 +93,7 @@ impl TightBody {
                 match step {
                     Step::Kernel(code, elems) => run_rows(code, *elems, ptrs)?,
                     Step::Gemm(g) => g.run(ptrs[g.a.buffer], ptrs[g.b.buffer], ptrs[g.out], None),
+                    Step::Extern(e, ty) => fr.run_extern(e, ty.as_ref())?,
                 }
             }
         }
@@ -92,6 +107,8 @@ enum Step {
     Kernel(Arc<CpuKernel>, usize),
     /// A direct GEMM into its result buffer.
     Gemm(DirectGemm),
+    /// An eager library call on views of the buffers, its result copied into its buffer.
+    Extern(ExternCall, Option<TensorType>),
 }
 
 /// The memory of one buffer of a body, owned by the loop.
@@ -115,36 +132,87 @@ struct Frame<'a> {
     body: &'a TightBody,
     f: &'a CompiledFn,
     ptrs: Vec<*mut u8>,
-    /// Every temporary's memory (kept alive), by buffer.
-    _temps: Vec<Option<Owned>>,
+    /// The storage behind each pointer and the element it points at (kept alive; a
+    /// library call views the buffers through them).
+    owners: Vec<Option<(Arc<Storage>, usize)>>,
 }
 
 impl<'a> Frame<'a> {
     fn new(body: &'a TightBody, f: &'a CompiledFn) -> Result<Frame<'a>> {
         let s = &f.schedule;
-        let mut ptrs = vec![std::ptr::null_mut(); s.buffers.len()];
-        let mut temps: Vec<Option<Owned>> = (0..s.buffers.len()).map(|_| None).collect();
+        // temporaries live in `owners` even when no library call views them
+        let keep = |st: Arc<Storage>| Some((st, 0));
+        let mut fr = Frame {
+            body,
+            f,
+            ptrs: vec![std::ptr::null_mut(); s.buffers.len()],
+            owners: (0..s.buffers.len()).map(|_| None).collect(),
+        };
         for (b, buf) in s.buffers.iter().enumerate() {
             match &buf.kind {
                 BufferKind::Temp => {
-                    let o = Owned::new(buf.dtype, buf.len())?;
-                    ptrs[b] = o.ptr();
-                    temps[b] = Some(o);
+                    let st = Owned::new(buf.dtype, buf.len())?.storage;
+                    fr.set(b, &st, 0);
+                    fr.owners[b] = keep(st);
                 }
                 BufferKind::Constant(_) => {
                     if let Some(c) = &f.constants[b] {
-                        ptrs[b] = super::elem0(c);
+                        fr.set(b, c.storage_arc(), c.storage_offset());
                     }
                 }
                 BufferKind::Input(_) => {}
             }
         }
-        Ok(Frame {
-            body,
-            f,
-            ptrs,
-            _temps: temps,
-        })
+        Ok(fr)
+    }
+
+    /// Points buffer `b` at element `offset` of `st` (which the caller keeps alive).
+    fn set(&mut self, b: BufferId, st: &Arc<Storage>, offset: usize) {
+        self.ptrs[b] = (st.data_addr() as *mut u8).wrapping_add(offset * st.dtype().size());
+        // only library calls read buffers as tensors: other bodies skip the count
+        if self.body.views {
+            self.owners[b] = Some((st.clone(), offset));
+        }
+    }
+
+    /// Buffer `b` of `other` (the same memory) as buffer `into` of this frame.
+    fn share(&mut self, into: BufferId, other: &Frame, b: BufferId) {
+        self.ptrs[into] = other.ptrs[b];
+        self.owners[into] = other.owners[b].clone();
+    }
+
+    /// The view `v` of its buffer, as a tensor.
+    fn view(&self, v: &crate::kernel::View) -> Result<Tensor> {
+        let Some((st, off)) = &self.owners[v.buffer] else {
+            bail!(Value, "a loop body reads b{} before it is set", v.buffer);
+        };
+        Ok(Tensor::from_parts(
+            st.clone(),
+            Layout {
+                shape: v.shape.clone(),
+                strides: v.strides.clone(),
+                offset: off + v.offset,
+            },
+        ))
+    }
+
+    /// Runs library call `e` on the eager kernels and copies its result into its buffer.
+    fn run_extern(&self, e: &ExternCall, ty: Option<&TensorType>) -> Result<()> {
+        let s = &self.f.schedule;
+        let args = e
+            .args
+            .iter()
+            .map(|v| self.view(v))
+            .collect::<Result<Vec<_>>>()?;
+        let r = crate::kernel::interp::run_extern(s, e, &args, ty)?;
+        let whole = crate::kernel::View {
+            buffer: e.out,
+            shape: s.buffers[e.out].shape.clone(),
+            strides: crate::ir::shape::contiguous_strides(&s.buffers[e.out].shape),
+            offset: 0,
+        };
+        copy::copy_into(&self.view(&whole)?, &r);
+        Ok(())
     }
 }
 
@@ -167,7 +235,7 @@ pub(super) fn run(
             let Some(mut lp) = Loop::new(b, &bodies[0], &given, 1, 0)? else {
                 return Ok(None);
             };
-            lp.body.ptrs[b.inputs[0]] = counter.ptr();
+            lp.body.set(b.inputs[0], &counter.storage, 0);
             for i in lo..hi {
                 // SAFETY: the counter is the loop's own one-element i64 buffer.
                 unsafe { (counter.ptr() as *mut i64).write(i) };
@@ -187,11 +255,11 @@ pub(super) fn run(
             let mut cond = Frame::new(cb, &bodies[0])?;
             loop {
                 for (k, &ib) in cb.inputs.iter().enumerate() {
-                    cond.ptrs[ib] = lp.carry_ptr(k);
+                    cond.share(ib, &lp.body, lp.carries[k].0);
                 }
                 // SAFETY: the condition only reads the carries (the loop's own memory, or
                 // the caller's, read-locked by the loop) and writes its own temporaries.
-                unsafe { cond.body.run(&cond.ptrs)? };
+                unsafe { cond.body.run(&cond)? };
                 // SAFETY: the condition's output is a one-element bool buffer it wrote.
                 let go = unsafe { *cond.ptrs[cb.outputs[0]] } != 0;
                 if !go {
@@ -226,10 +294,11 @@ pub(super) fn run(
             for step in 0..len {
                 let t = if reverse { len - 1 - step } else { step };
                 for (j, x) in xs.iter().enumerate() {
-                    let slice = x.numel() / len.max(1) * x.element_size();
+                    let slice = x.numel() / len.max(1);
                     let ib = b.inputs[carries + j];
                     // the slice in place: the body only reads it
-                    lp.body.ptrs[ib] = (super::elem0(x)).wrapping_add(t * slice);
+                    lp.body
+                        .set(ib, x.storage_arc(), x.storage_offset() + t * slice);
                 }
                 lp.step_with(|ptrs| {
                     for (y, &yb) in ys.iter().zip(&ys_bufs) {
@@ -291,7 +360,7 @@ impl<'a> Loop<'a> {
             }
             if ib == ob {
                 // passed through: read in place
-                frame.ptrs[ib] = super::elem0(t);
+                frame.set(ib, t.storage_arc(), t.storage_offset());
                 carries.push((ib, ob, None));
                 continue;
             }
@@ -304,8 +373,8 @@ impl<'a> Loop<'a> {
                 &Tensor::from_parts(mem[0].storage.clone(), Layout::contiguous(&buf.shape)),
                 t,
             );
-            frame.ptrs[ib] = mem[0].ptr();
-            frame.ptrs[ob] = mem[1].ptr();
+            frame.set(ib, &mem[0].storage, 0);
+            frame.set(ob, &mem[1].storage, 0);
             carries.push((ib, ob, Some(mem)));
         }
         Ok(Some(Loop {
@@ -314,10 +383,6 @@ impl<'a> Loop<'a> {
             given,
             flip: 0,
         }))
-    }
-
-    fn carry_ptr(&self, k: usize) -> *mut u8 {
-        self.body.ptrs[self.carries[k].0]
     }
 
     fn step(&mut self) -> Result<()> {
@@ -330,13 +395,13 @@ impl<'a> Loop<'a> {
         // caller's, read-locked by the caller and only read); temporaries are the loop's own; the
         // next values go into the other half of each double buffer, so no kernel reads
         // memory it writes.
-        unsafe { self.body.body.run(&self.body.ptrs)? };
+        unsafe { self.body.body.run(&self.body)? };
         after(&self.body.ptrs);
         self.flip ^= 1;
         for (ib, ob, mem) in &self.carries {
             if let Some(mem) = mem {
-                self.body.ptrs[*ib] = mem[self.flip].ptr();
-                self.body.ptrs[*ob] = mem[self.flip ^ 1].ptr();
+                self.body.set(*ib, &mem[self.flip].storage, 0);
+                self.body.set(*ob, &mem[self.flip ^ 1].storage, 0);
             }
         }
         Ok(())
