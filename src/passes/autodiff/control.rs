@@ -261,16 +261,19 @@ fn scan_kind(carries: usize, reverse: bool) -> ControlKind {
     ControlKind::Scan { carries, reverse }
 }
 
-/// `x` of shape `[T, ..]` as `[T / k, k, ..]`, or back with `k = 0` from `[a, b, ..]`.
-fn chunked(e: &mut Emit, x: ValueId, k: usize) -> Result<ValueId> {
+/// `x` of shape `[T, ..]` as `[T / k, k, ..]` (`k` divides `T`).
+fn split_rows(e: &mut Emit, x: ValueId, k: usize) -> Result<ValueId> {
     let s = e.shape(x);
-    let mut shape: Vec<i64> = if k == 0 {
-        vec![(s[0] * s[1]) as i64]
-    } else {
-        vec![(s[0] / k) as i64, k as i64]
-    };
-    let rest = if k == 0 { &s[2..] } else { &s[1..] };
-    shape.extend(rest.iter().map(|&d| d as i64));
+    let mut shape = vec![(s[0] / k.max(1)) as i64, k as i64];
+    shape.extend(s[1..].iter().map(|&d| d as i64));
+    e.op(Op::Reshape { shape }, &[x])
+}
+
+/// `x` of shape `[a, b, ..]` as `[a·b, ..]`.
+fn merge_rows(e: &mut Emit, x: ValueId) -> Result<ValueId> {
+    let s = e.shape(x);
+    let mut shape = vec![(s[0] * s[1]) as i64];
+    shape.extend(s[2..].iter().map(|&d| d as i64));
     e.op(Op::Reshape { shape }, &[x])
 }
 
@@ -278,7 +281,7 @@ fn chunked(e: &mut Emit, x: ValueId, k: usize) -> Result<ValueId> {
 fn chunk_size(len: usize, every: usize) -> usize {
     (1..=every.min(len).max(1))
         .rev()
-        .find(|d| len % d == 0)
+        .find(|&d| len.is_multiple_of(d))
         .unwrap_or(1)
 }
 
@@ -334,11 +337,11 @@ fn scan(
         // chunks of k steps: xs and dys as [len / k, k, ..]
         let xc = xs[n..]
             .iter()
-            .map(|&x| chunked(e, x, k))
+            .map(|&x| split_rows(e, x, k))
             .collect::<Result<Vec<_>>>()?;
         let dyc = dys
             .iter()
-            .map(|&d| chunked(e, d, k))
+            .map(|&d| split_rows(e, d, k))
             .collect::<Result<Vec<_>>>()?;
         let inner = carries_only(body, n, false, &format!("{}_chunk", body.name));
         let inner_saving = carries_only(body, n, true, &format!("{}_chunk_saving", body.name));
@@ -382,7 +385,7 @@ fn scan(
         let mut r =
             e.g.add_control(Control::new(back_kind, vec![back]), &args, None)?;
         for v in r[fc..].iter_mut() {
-            *v = chunked(e, *v, 0)?;
+            *v = merge_rows(e, *v)?;
         }
         r
     };
