@@ -348,3 +348,31 @@ fn checkpointed_scans_save_every_kth_carry_and_agree() {
         }
     }
 }
+
+#[test]
+fn a_scan_saves_its_carries_itself_and_runs_forward_once() {
+    let len = 5;
+    let looped = format!(
+        "graph main(%c: f64[3], %w: f64[3], %xs: f64[{len},3]) {{
+  %cf, %w2, %ys = scan(%c, %w, %xs, body=@s, carries=2)
+  return %cf, %ys
+}}
+{SCAN_BODY}"
+    );
+    let g = parse(&looped);
+    let d = autodiff(&g, &["c", "w", "xs"]).unwrap();
+    let scans = d
+        .topo_order()
+        .into_iter()
+        .filter(|&v| d.node(v).op().is_some_and(|o| o.name() == "scan"))
+        .count();
+    // the forward (now also saving its carries) and the reverse scan: no second forward
+    assert_eq!(scans, 2, "{}", smelt::ir::print_graph(&d));
+    // its original results keep their values
+    let inputs = [randn(&[3]), randn(&[3]), randn(&[len, 3])];
+    let want = smelt::jit::run_graph(&g, &inputs).unwrap();
+    let got = smelt::jit::run_graph(&d, &inputs).unwrap();
+    for (a, b) in got.iter().zip(&want) {
+        close(a, b, 0.0, "forward results");
+    }
+}

@@ -39,6 +39,7 @@ pub(super) fn vjp(
             cots,
             need,
             every,
+            Some(t),
         ),
         ControlKind::ForiLoop => fori(e, c, &xs, cots, need, every),
         ControlKind::WhileLoop => bail!(
@@ -173,7 +174,7 @@ fn fori(
     sxs.push(steps);
     let mut sneed: Vec<bool> = need[2..].to_vec();
     sneed.push(false);
-    let g = scan(e, &body, &sxs, k - 1, false, cots, &sneed, every)?;
+    let g = scan(e, &body, &sxs, k - 1, false, cots, &sneed, every, None)?;
     let mut out = vec![None, None];
     out.extend(g.into_iter().take(k - 1));
     Ok(out)
@@ -285,7 +286,8 @@ fn chunk_size(len: usize, every: usize) -> usize {
         .unwrap_or(1)
 }
 
-/// The gradient of a scan: saving every incoming carry (`every <= 1`), or, checkpointed,
+/// The gradient of a scan: saving every incoming carry (`every <= 1`: the scan node `orig`,
+/// when given, is made to save them itself, so its forward runs once), or, checkpointed,
 /// only every `k`-th (`k` the largest divisor of the length up to `every`): the loop then
 /// runs in chunks of `k` steps, and each chunk's carries are recomputed from its first one
 /// during the reverse pass.
@@ -299,6 +301,7 @@ fn scan(
     cots: &[Option<ValueId>],
     need: &[bool],
     every: usize,
+    orig: Option<ValueId>,
 ) -> Result<Vec<Option<ValueId>>> {
     let wrt = float_positions(e, xs, need);
     if wrt.is_empty() {
@@ -323,13 +326,20 @@ fn scan(
     let k = chunk_size(len, every);
     let back_kind = scan_kind(fc, !reverse);
     let res = if k <= 1 {
-        // 1. the forward again, saving every step's incoming carries
-        let saving = carries_only(body, n, true, &format!("{}_saving", body.name));
-        let fwd =
-            e.g.add_control(Control::new(kind, vec![saving]), xs, None)?;
+        // 1. every step's incoming carries: saved by the forward scan itself, or by a
+        // second forward that computes only them
+        let saved = match orig {
+            Some(t) => save_carries(e, t, body, n)?,
+            None => {
+                let saving = carries_only(body, n, true, &format!("{}_saving", body.name));
+                let fwd =
+                    e.g.add_control(Control::new(kind, vec![saving]), xs, None)?;
+                fwd[n..].to_vec()
+            }
+        };
         // 2. the reverse scan: carries (cot c), xs (saved c, x, cot y)
         let mut args = carried;
-        args.extend(&fwd[n..]);
+        args.extend(&saved);
         args.extend(&xs[n..]);
         args.extend(&dys);
         e.g.add_control(Control::new(back_kind, vec![rb.graph]), &args, None)?
@@ -397,6 +407,39 @@ fn scan(
         out[i] = Some(res[fc + j]);
     }
     Ok(out)
+}
+
+/// Makes scan node `t` (body `body`, `n` carries) also return every step's incoming carries
+/// as per-step outputs after its own: its node and its results stay what they were, so the
+/// forward values keep their nodes; returns the new results.
+fn save_carries(e: &mut Emit, t: ValueId, body: &Graph, n: usize) -> Result<Vec<ValueId>> {
+    let mut saving = body.clone();
+    saving.name = format!("{}_saving", body.name);
+    let mut outs = saving.outputs().to_vec();
+    outs.extend(saving.inputs()[..n].iter().copied());
+    saving.set_outputs(outs);
+    let Some(Op::Control(c)) = e.g.node(t).op().cloned() else {
+        bail!(
+            Value,
+            "scan: the node to save carries in is not a control op"
+        );
+    };
+    let before = e.g.results_of(t).len();
+    let saving = Control::new(c.kind, vec![saving]);
+    let tys: Vec<TensorType> = e.g.operands(t).iter().map(|&o| e.ty(o)).collect();
+    let all = saving.result_types(&tys.iter().collect::<Vec<_>>())?;
+    e.g.petgraph_mut()[t].kind = crate::ir::graph::NodeKind::Op(Op::Control(Box::new(saving)));
+    (before..all.len())
+        .map(|i| {
+            e.op(
+                Op::Result {
+                    index: i,
+                    ty: all[i].clone(),
+                },
+                &[t],
+            )
+        })
+        .collect()
 }
 
 /// Inputs added to a chunked body: the carries, each x as a chunk `[k, ..]`, then (at most
