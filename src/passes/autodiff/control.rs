@@ -2,7 +2,7 @@
 //! graph, seeded by inputs):
 //! - `cond`: a `cond` on the same predicate whose branches are the branches' gradients (the
 //!   taken branch's gradient);
-//! - `scan`: the forward scan run again, saving the carry before every step as an extra
+//! - `scan`: the forward scan made to also return the carry before every step as an extra
 //!   stacked output, then a scan in the opposite direction over (saved carries, xs, the
 //!   ys' cotangents) whose body is the body's gradient and whose carries are the carries'
 //!   cotangents;
