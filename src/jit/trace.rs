@@ -374,6 +374,27 @@ impl Recorder {
         }
     }
 
+    /// Runs `f` on `inputs` with this recorder installed; the graph's outputs become `f`'s
+    /// results. Returns the recorder and the (eager) results.
+    fn run(
+        self,
+        f: &mut dyn FnMut(&[Tensor]) -> Result<Vec<Tensor>>,
+        inputs: &[Tensor],
+    ) -> Result<(Recorder, Vec<Tensor>)> {
+        let installed = Installed::new(self)?;
+        let result = f(inputs);
+        let mut rec = installed
+            .finish()
+            .ok_or_else(|| Error::Value("trace: the recorder vanished".into()))?;
+        let outs = result?;
+        if let Some(e) = rec.error.take() {
+            return Err(e);
+        }
+        let ids = rec.output_values(&outs)?;
+        rec.graph.set_outputs(ids);
+        Ok((rec, outs))
+    }
+
     /// The values of a traced function's results: an inline number gets a named statement
     /// of its own (an output must be a named value).
     fn output_values(&mut self, outs: &[Tensor]) -> Result<Vec<ValueId>> {
@@ -531,17 +552,7 @@ fn record(
         let v = rec.graph.add_input(name, p.ttype())?;
         rec.bind(p, v);
     }
-    let installed = Installed::new(rec)?;
-    let result = f(&fresh);
-    let mut rec = installed
-        .finish()
-        .ok_or_else(|| Error::Value("trace: the recorder vanished".into()))?;
-    let outs = result?;
-    if let Some(e) = rec.error.take() {
-        return Err(e);
-    }
-    let ids = rec.output_values(&outs)?;
-    rec.graph.set_outputs(ids);
+    let (rec, outs) = rec.run(&mut |x: &[Tensor]| f(x), &fresh)?;
     rec.graph.verify()?;
     Ok((rec.graph, outs))
 }
@@ -579,17 +590,7 @@ pub(crate) fn trace_body(
         for t in seed {
             rec.value_of(t)?;
         }
-        let installed = Installed::new(rec)?;
-        let result = f(&fresh);
-        let mut rec = installed
-            .finish()
-            .ok_or_else(|| Error::Value("trace: the recorder vanished".into()))?;
-        let outs = result?;
-        if let Some(e) = rec.error.take() {
-            return Err(e);
-        }
-        let ids = rec.output_values(&outs)?;
-        rec.graph.set_outputs(ids);
+        let (rec, _) = rec.run(f, &fresh)?;
         Ok(TracedBody {
             graph: rec.graph,
             captures: rec.captures,
