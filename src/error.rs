@@ -39,6 +39,10 @@ pub enum Error {
     /// A valid request this build cannot serve (an op on a backend that lacks it).
     #[error("{0}")]
     Unsupported(String),
+    /// A collective that failed across processes: ranks that disagree on its arguments, a
+    /// rank that did not join in time, or a transport error.
+    #[error("{0}")]
+    Distributed(String),
 }
 
 /// `Result` with this crate's [`Error`].

@@ -14,6 +14,7 @@ pub mod cli;
 pub mod codegen_cpu;
 pub mod codegen_cuda;
 pub mod data;
+pub mod distributed;
 pub mod error;
 pub mod exec;
 pub mod ir;

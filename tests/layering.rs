@@ -17,7 +17,7 @@ const FLOORS: &[&[&str]] = &[
     &["passes"],
     &["codegen_cpu", "codegen_cuda"],
     &["exec"],
-    &["autograd", "jit", "amp", "aot"],
+    &["autograd", "jit", "amp", "aot", "distributed"],
     &["nn", "optim", "train", "data"],
     &["cli"],
     // re-exports of every floor for `use smelt::prelude::*`

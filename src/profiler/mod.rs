@@ -88,6 +88,8 @@ pub enum EventKind {
     Copy,
     /// A user range ([`record_function`]).
     Range,
+    /// A collective of a process group (`distributed`), on its communication thread.
+    Collective,
 }
 
 impl EventKind {
@@ -100,6 +102,7 @@ impl EventKind {
             EventKind::Extern => "extern",
             EventKind::Copy => "memcpy",
             EventKind::Range => "user_range",
+            EventKind::Collective => "collective",
         }
     }
 }

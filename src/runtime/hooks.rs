@@ -18,6 +18,9 @@ pub type AutocastFn = fn(&Op, &[&Tensor]) -> Option<Result<Tensor>>;
 pub type AfterFn = fn(&Op, &[&Tensor], &Tensor);
 /// Sees an in-place write `target = op(operands)` before it happens; may refuse it.
 pub type InplaceFn = fn(&Tensor, &Op, &[&Tensor]) -> Result<()>;
+/// Reduces a copy of a tensor over the default process group (`distributed`), by a reduce
+/// op's name: the eager kernel of the `all_reduce` graph op.
+pub type CollectiveFn = fn(&Tensor, &str) -> Result<Tensor>;
 /// Runs `op` on device `index` (the inputs' device), its result of type `out`.
 pub type DeviceFn = fn(&Op, &[&Tensor], &TensorType, usize) -> Result<Tensor>;
 
@@ -49,6 +52,8 @@ pub static TRACE_INPLACE: Hook<InplaceFn> = Hook::new();
 pub static TAPE: Hook<AfterFn> = Hook::new();
 /// The autograd tape's check of in-place writes (`autograd`).
 pub static TAPE_INPLACE: Hook<InplaceFn> = Hook::new();
+/// The default process group's all-reduce (`distributed`), once a group exists.
+pub static COLLECTIVE: Hook<CollectiveFn> = Hook::new();
 /// Eager ops on GPU tensors (`exec`, which compiles them with the CUDA backend).
 pub static DEVICE: Hook<DeviceFn> = Hook::new();
 

@@ -1,0 +1,403 @@
+//! The MPI transport, through the `mpi` crate: collectives as MPI's non-blocking ones
+//! (`MPI_Iallreduce`, ...) polled against the deadline, headers as point-to-point messages
+//! whose receives can be cancelled, so that a rank that never comes is named and nothing
+//! is left waiting for it.
+
+use super::ReduceOp;
+use super::engine::{Transport, poll_until};
+use super::header::{Header, WORDS};
+use crate::ir::dtype::DType;
+use crate::runtime::{Device, Tensor, access};
+use crate::{Error, Result};
+use mpi::ffi;
+use mpi::topology::Communicator;
+use mpi::traits::AsRaw;
+use std::ffi::{c_int, c_void};
+use std::mem::MaybeUninit;
+use std::time::Instant;
+
+/// The largest element count one MPI call takes (its counts are C ints).
+const MAX_COUNT: usize = i32::MAX as usize;
+
+pub(crate) struct MpiTransport {
+    universe: Option<mpi::environment::Universe>,
+    /// Duplicates of the world communicator: one for data, one for headers, so that
+    /// neither meets the other's messages nor a user's own MPI traffic.
+    data: ffi::MPI_Comm,
+    headers: ffi::MPI_Comm,
+    rank: usize,
+    size: usize,
+    /// Headers whose sends were let go after a timeout: MPI may still read them.
+    parked: Vec<Box<Header>>,
+    /// A collective was abandoned half-way: finalising could wait for it forever.
+    abandoned: bool,
+}
+
+/// Initialises MPI on the calling thread (the communication thread) and connects.
+pub(crate) fn connect() -> Result<Box<dyn Transport>> {
+    let Some((universe, _level)) = mpi::initialize_with_threading(mpi::Threading::Funneled) else {
+        return Err(Error::Distributed(
+            "MPI cannot be initialised again in this process (it was initialised before, and MPI allows it once)".into(),
+        ));
+    };
+    let world = universe.world();
+    let rank = world.rank() as usize;
+    let size = world.size() as usize;
+    let raw = world.as_raw();
+    let dup = |what: &str| -> Result<ffi::MPI_Comm> {
+        let mut c = MaybeUninit::<ffi::MPI_Comm>::uninit();
+        // SAFETY: MPI is initialised; `c` receives the new communicator.
+        check(unsafe { ffi::MPI_Comm_dup(raw, c.as_mut_ptr()) }, what)?;
+        // SAFETY: MPI_Comm_dup succeeded, so it wrote `c`.
+        let c = unsafe { c.assume_init() };
+        // errors come back as codes, not as an abort of every process
+        // SAFETY: `c` is a valid communicator.
+        check(
+            unsafe { ffi::MPI_Comm_set_errhandler(c, ffi::RSMPI_ERRORS_RETURN) },
+            what,
+        )?;
+        Ok(c)
+    };
+    let data = dup("MPI_Comm_dup")?;
+    let headers = dup("MPI_Comm_dup")?;
+    Ok(Box::new(MpiTransport {
+        universe: Some(universe),
+        data,
+        headers,
+        rank,
+        size,
+        parked: Vec::new(),
+        abandoned: false,
+    }))
+}
+
+/// MPI's message for an error code.
+fn check(rc: c_int, what: &str) -> Result<()> {
+    if rc == ffi::MPI_SUCCESS as c_int {
+        return Ok(());
+    }
+    let mut buf = vec![0 as std::ffi::c_char; 512];
+    let mut len: c_int = 0;
+    // SAFETY: the buffer holds MPI_MAX_ERROR_STRING (256 in OpenMPI and MPICH) chars.
+    unsafe { ffi::MPI_Error_string(rc, buf.as_mut_ptr(), &mut len) };
+    let bytes: Vec<u8> = buf[..len.clamp(0, 512) as usize]
+        .iter()
+        .map(|&c| c as u8)
+        .collect();
+    Err(Error::Distributed(format!(
+        "{what} failed: {}",
+        String::from_utf8_lossy(&bytes)
+    )))
+}
+
+fn datatype(d: DType) -> Result<ffi::MPI_Datatype> {
+    // SAFETY: the RSMPI_* handles are constants set up by MPI's initialisation.
+    Ok(unsafe {
+        match d {
+            DType::U8 => ffi::RSMPI_UINT8_T,
+            DType::I8 => ffi::RSMPI_INT8_T,
+            DType::I16 => ffi::RSMPI_INT16_T,
+            DType::I32 => ffi::RSMPI_INT32_T,
+            DType::I64 => ffi::RSMPI_INT64_T,
+            DType::F32 => ffi::RSMPI_FLOAT,
+            DType::F64 => ffi::RSMPI_DOUBLE,
+            other => {
+                return Err(Error::DType(format!(
+                    "MPI moves no {other} tensors (they travel as another dtype)"
+                )));
+            }
+        }
+    })
+}
+
+fn operation(op: ReduceOp) -> ffi::MPI_Op {
+    // SAFETY: as for the datatypes.
+    unsafe {
+        match op {
+            ReduceOp::Sum | ReduceOp::Avg => ffi::RSMPI_SUM,
+            ReduceOp::Max => ffi::RSMPI_MAX,
+            ReduceOp::Min => ffi::RSMPI_MIN,
+            ReduceOp::Product => ffi::RSMPI_PROD,
+        }
+    }
+}
+
+fn count(t: &Tensor) -> Result<c_int> {
+    if t.numel() > MAX_COUNT {
+        return Err(Error::Distributed(format!(
+            "a tensor of {} elements is too large for one MPI call (at most {MAX_COUNT})",
+            t.numel()
+        )));
+    }
+    Ok(t.numel() as c_int)
+}
+
+impl MpiTransport {
+    /// Waits for a started collective until the deadline; past it, the request is left
+    /// behind (MPI cannot cancel a collective) and the transport is marked abandoned.
+    fn finish_request(
+        &mut self,
+        rc: c_int,
+        mut req: ffi::MPI_Request,
+        what: &str,
+        deadline: Instant,
+    ) -> Result<()> {
+        check(rc, what)?;
+        let r = poll_until(
+            || {
+                let mut flag: c_int = 0;
+                // SAFETY: `req` is an active request of this process.
+                let rc = unsafe { ffi::MPI_Test(&mut req, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+                check(rc, "MPI_Test")?;
+                Ok(flag != 0)
+            },
+            deadline,
+            || {
+                format!(
+                    "every rank to finish {what} (a rank failed or stopped calling collectives)"
+                )
+            },
+        );
+        if r.is_err() {
+            self.abandoned = true;
+        }
+        r
+    }
+}
+
+impl Transport for MpiTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
+    fn wire_dtype(&self, dtype: DType) -> DType {
+        match dtype {
+            DType::Bool => DType::U8,
+            DType::F16 | DType::BF16 => DType::F32,
+            d => d,
+        }
+    }
+
+    fn exchange(&mut self, seq: u64, mine: &Header, deadline: Instant) -> Result<Vec<Header>> {
+        let tag = (seq % 30_000) as c_int + 1;
+        let mut all: Vec<Header> = vec![[0; WORDS]; self.size];
+        all[self.rank] = *mine;
+        let mine = Box::new(*mine);
+        let u64_t = unsafe { ffi::RSMPI_UINT64_T };
+        let null = unsafe { ffi::RSMPI_REQUEST_NULL };
+        let mut recvs: Vec<ffi::MPI_Request> = vec![null; self.size];
+        let mut sends: Vec<ffi::MPI_Request> = Vec::with_capacity(self.size);
+        for p in (0..self.size).filter(|&p| p != self.rank) {
+            // SAFETY: `all[p]` outlives the request: it is waited for, or cancelled and
+            // waited for, before this function returns.
+            check(
+                unsafe {
+                    ffi::MPI_Irecv(
+                        all[p].as_mut_ptr() as *mut c_void,
+                        WORDS as c_int,
+                        u64_t,
+                        p as c_int,
+                        tag,
+                        self.headers,
+                        &mut recvs[p],
+                    )
+                },
+                "MPI_Irecv",
+            )?;
+        }
+        for p in (0..self.size).filter(|&p| p != self.rank) {
+            let mut req = null;
+            // SAFETY: `mine` is parked below if the send is let go unfinished.
+            check(
+                unsafe {
+                    ffi::MPI_Isend(
+                        mine.as_ptr() as *const c_void,
+                        WORDS as c_int,
+                        u64_t,
+                        p as c_int,
+                        tag,
+                        self.headers,
+                        &mut req,
+                    )
+                },
+                "MPI_Isend",
+            )?;
+            sends.push(req);
+        }
+        let mut arrived = vec![false; self.size];
+        arrived[self.rank] = true;
+        let waited = poll_until(
+            || {
+                for p in 0..self.size {
+                    if arrived[p] {
+                        continue;
+                    }
+                    let mut flag: c_int = 0;
+                    // SAFETY: an active receive of this function.
+                    let rc = unsafe {
+                        ffi::MPI_Test(&mut recvs[p], &mut flag, ffi::RSMPI_STATUS_IGNORE)
+                    };
+                    check(rc, "MPI_Test")?;
+                    arrived[p] = flag != 0;
+                }
+                Ok(arrived.iter().all(|&a| a))
+            },
+            deadline,
+            String::new,
+        );
+        if let Err(e) = waited {
+            let missing: Vec<String> = (0..self.size)
+                .filter(|&p| !arrived[p])
+                .map(|p| p.to_string())
+                .collect();
+            for p in (0..self.size).filter(|&p| !arrived[p]) {
+                // SAFETY: cancelling then completing a pending receive is always allowed.
+                unsafe {
+                    ffi::MPI_Cancel(&mut recvs[p]);
+                    ffi::MPI_Wait(&mut recvs[p], ffi::RSMPI_STATUS_IGNORE);
+                }
+            }
+            for mut s in sends {
+                // SAFETY: a freed send still completes; its buffer is parked.
+                unsafe { ffi::MPI_Request_free(&mut s) };
+            }
+            self.parked.push(mine);
+            let who = if missing.len() == 1 { "rank" } else { "ranks" };
+            return Err(Error::Distributed(format!(
+                "collective #{seq}: {who} {} did not join within the timeout ({e})",
+                missing.join(", ")
+            )));
+        }
+        for mut s in sends {
+            // SAFETY: an active send of this function; small, so it completes at once.
+            check(
+                unsafe { ffi::MPI_Wait(&mut s, ffi::RSMPI_STATUS_IGNORE) },
+                "MPI_Wait",
+            )?;
+        }
+        Ok(all)
+    }
+
+    fn all_reduce(
+        &mut self,
+        send: &Tensor,
+        recv: &Tensor,
+        op: ReduceOp,
+        at: Instant,
+    ) -> Result<()> {
+        let (n, dt) = (count(send)?, datatype(send.dtype())?);
+        let acc = access::lock(&[send], &[recv]);
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: both buffers hold `n` elements of `dt` and stay locked until it is done.
+        let rc = unsafe {
+            ffi::MPI_Iallreduce(
+                acc.read::<c_void>(0),
+                acc.write::<c_void>(0),
+                n,
+                dt,
+                operation(op),
+                self.data,
+                &mut req,
+            )
+        };
+        self.finish_request(rc, req, "all_reduce", at)
+    }
+
+    fn broadcast(&mut self, buf: &Tensor, root: usize, at: Instant) -> Result<()> {
+        let (n, dt) = (count(buf)?, datatype(buf.dtype())?);
+        let acc = access::lock(&[], &[buf]);
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: the buffer holds `n` elements of `dt` and stays locked until it is done.
+        let rc = unsafe {
+            ffi::MPI_Ibcast(
+                acc.write::<c_void>(0),
+                n,
+                dt,
+                root as c_int,
+                self.data,
+                &mut req,
+            )
+        };
+        self.finish_request(rc, req, "broadcast", at)
+    }
+
+    fn all_gather(&mut self, send: &Tensor, recv: &Tensor, at: Instant) -> Result<()> {
+        let (n, dt) = (count(send)?, datatype(send.dtype())?);
+        count(recv)?;
+        let acc = access::lock(&[send], &[recv]);
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: `recv` holds size·n elements (checked when the collective was issued).
+        let rc = unsafe {
+            ffi::MPI_Iallgather(
+                acc.read::<c_void>(0),
+                n,
+                dt,
+                acc.write::<c_void>(0),
+                n,
+                dt,
+                self.data,
+                &mut req,
+            )
+        };
+        self.finish_request(rc, req, "all_gather", at)
+    }
+
+    fn reduce_scatter(
+        &mut self,
+        send: &Tensor,
+        recv: &Tensor,
+        op: ReduceOp,
+        at: Instant,
+    ) -> Result<()> {
+        count(send)?;
+        let (n, dt) = (count(recv)?, datatype(recv.dtype())?);
+        let acc = access::lock(&[send], &[recv]);
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: `send` holds size·n elements (checked when the collective was issued).
+        let rc = unsafe {
+            ffi::MPI_Ireduce_scatter_block(
+                acc.read::<c_void>(0),
+                acc.write::<c_void>(0),
+                n,
+                dt,
+                operation(op),
+                self.data,
+                &mut req,
+            )
+        };
+        self.finish_request(rc, req, "reduce_scatter", at)
+    }
+
+    fn barrier(&mut self, at: Instant) -> Result<()> {
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: a barrier on our own communicator.
+        let rc = unsafe { ffi::MPI_Ibarrier(self.data, &mut req) };
+        self.finish_request(rc, req, "barrier", at)
+    }
+
+    fn finish(mut self: Box<Self>, _clean: bool) -> Result<()> {
+        if self.abandoned {
+            // MPI_Finalize would wait for the collective a peer never joined: leave MPI
+            // as it is (the launcher reports the process as not finalised)
+            std::mem::forget(self.universe.take());
+            std::mem::forget(std::mem::take(&mut self.parked));
+            return Err(Error::Distributed(
+                "MPI was not finalised: a collective that a peer never joined is still pending"
+                    .into(),
+            ));
+        }
+        // SAFETY: our own communicators, with nothing pending on them.
+        unsafe {
+            ffi::MPI_Comm_free(&mut self.data);
+            ffi::MPI_Comm_free(&mut self.headers);
+        }
+        // dropping the universe finalises MPI; parked headers were sent by then
+        drop(self.universe.take());
+        Ok(())
+    }
+}
