@@ -1,0 +1,221 @@
+//! Collectives across real processes: each test launches itself under
+//! `mpirun -np 2 --oversubscribe` and the two ranks check their results against references
+//! every rank can compute (each knows every rank's data). Needs the `mpi` feature and
+//! OpenMPI's `mpirun` (`.ci/run` installs both).
+#![cfg(feature = "mpi")]
+
+use smelt::distributed::{self as dist, Backend, InitOptions, ReduceOp};
+use smelt::{DType, Tensor};
+use std::process::Command;
+use std::time::Duration;
+
+const WORKER: &str = "SMELT_DIST_WORKER";
+
+/// In the test process: runs test `name` on two ranks and checks that both passed. In a
+/// rank: true, so the caller runs the test's body.
+fn on_two_ranks(name: &str) -> bool {
+    if std::env::var(WORKER).is_ok_and(|w| w == name) {
+        return true;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("mpirun")
+        .args(["-np", "2", "--oversubscribe", "--allow-run-as-root"])
+        .args(["--mca", "btl", "self,vader"])
+        .args(["-x", &format!("{WORKER}={name}")])
+        .arg(&exe)
+        .args([name, "--exact", "--test-threads=1", "--nocapture"])
+        .output()
+        .expect("mpirun (OpenMPI's openmpi-bin) must be installed for these tests");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{name} failed on two ranks:\n{text}");
+    // both ranks ran the body and passed it (not zero tests filtered out)
+    assert_eq!(text.matches("1 passed").count(), 2, "{text}");
+    false
+}
+
+/// Rank `r`'s element `i` for `dtype`: small integers, so every reduction is exact.
+fn value(dtype: DType, r: usize, i: usize) -> f64 {
+    let v = ((i * 3 + r * 5) % 7) as f64;
+    match dtype {
+        DType::Bool => ((i + r) % 3 == 0) as u8 as f64,
+        DType::U8 => v,
+        _ => v - 3.0,
+    }
+}
+
+fn data(dtype: DType, r: usize, n: usize) -> Tensor {
+    let v: Vec<f64> = (0..n).map(|i| value(dtype, r, i)).collect();
+    Tensor::from_vec(v, &[n]).unwrap().to_dtype(dtype).unwrap()
+}
+
+fn reduce(op: ReduceOp, dtype: DType, vals: &[f64]) -> f64 {
+    let b = dtype == DType::Bool;
+    match op {
+        ReduceOp::Sum if b => vals.iter().any(|&v| v != 0.0) as u8 as f64,
+        ReduceOp::Product if b => vals.iter().all(|&v| v != 0.0) as u8 as f64,
+        ReduceOp::Sum => vals.iter().sum(),
+        ReduceOp::Avg => vals.iter().sum::<f64>() / vals.len() as f64,
+        ReduceOp::Product => vals.iter().product(),
+        ReduceOp::Max => vals.iter().cloned().fold(f64::MIN, f64::max),
+        ReduceOp::Min => vals.iter().cloned().fold(f64::MAX, f64::min),
+    }
+}
+
+const DTYPES: [DType; 10] = [
+    DType::Bool,
+    DType::U8,
+    DType::I8,
+    DType::I16,
+    DType::I32,
+    DType::I64,
+    DType::F16,
+    DType::BF16,
+    DType::F32,
+    DType::F64,
+];
+
+const OPS: [ReduceOp; 5] = [
+    ReduceOp::Sum,
+    ReduceOp::Avg,
+    ReduceOp::Max,
+    ReduceOp::Min,
+    ReduceOp::Product,
+];
+
+#[test]
+fn collectives_agree_with_references_for_every_dtype_and_op() {
+    if !on_two_ranks("collectives_agree_with_references_for_every_dtype_and_op") {
+        return;
+    }
+    dist::init_process_group(Backend::Mpi).unwrap();
+    let (rank, world) = (dist::rank().unwrap(), dist::world_size().unwrap());
+    assert_eq!(world, 2);
+    for dtype in DTYPES {
+        for n in [0usize, 1, 7, 1000] {
+            for op in OPS {
+                let t = data(dtype, rank, n);
+                let r = dist::all_reduce(&t, op);
+                if op == ReduceOp::Avg && !dtype.is_float() {
+                    assert!(r.is_err(), "{dtype} avg");
+                    continue;
+                }
+                r.unwrap();
+                let want: Vec<f64> = (0..n)
+                    .map(|i| {
+                        let vals: Vec<f64> = (0..world).map(|r| value(dtype, r, i)).collect();
+                        reduce(op, dtype, &vals)
+                    })
+                    .collect();
+                assert_eq!(t.to_f64_vec(), want, "all_reduce {op:?} {dtype} n={n}");
+                assert_eq!(t.dtype(), dtype);
+            }
+            // broadcast from rank 1
+            let t = data(dtype, rank, n);
+            dist::broadcast(&t, 1).unwrap();
+            assert_eq!(
+                t.to_f64_vec(),
+                data(dtype, 1, n).to_f64_vec(),
+                "broadcast {dtype}"
+            );
+            // all_gather: every rank's data in rank order
+            let parts = dist::all_gather(&data(dtype, rank, n)).unwrap();
+            for (r, p) in parts.iter().enumerate() {
+                assert_eq!(
+                    p.to_f64_vec(),
+                    data(dtype, r, n).to_f64_vec(),
+                    "all_gather {dtype}"
+                );
+            }
+            // reduce_scatter: rank r keeps the r-th half of the sum of [2n] inputs
+            if dtype != DType::Bool {
+                let input = data(dtype, rank, 2 * n);
+                let out = Tensor::zeros(&[n], dtype);
+                dist::reduce_scatter(&out, &input, ReduceOp::Max).unwrap();
+                let want: Vec<f64> = (0..n)
+                    .map(|i| {
+                        let j = rank * n + i;
+                        (0..world)
+                            .map(|r| value(dtype, r, j))
+                            .fold(f64::MIN, f64::max)
+                    })
+                    .collect();
+                assert_eq!(out.to_f64_vec(), want, "reduce_scatter {dtype}");
+            }
+        }
+    }
+    // views: a transposed all-reduce writes through the view into its base
+    let base = Tensor::from_vec(vec![1.0f32 + rank as f32; 6], &[2, 3]).unwrap();
+    let t = base.t().unwrap();
+    dist::all_reduce(&t, ReduceOp::Sum).unwrap();
+    assert_eq!(base.to_vec::<f32>().unwrap(), vec![3.0; 6]);
+    // async works complete in order, and hold their results after wait()
+    let xs: Vec<Tensor> = (0..4)
+        .map(|k| Tensor::from_vec(vec![(k + rank) as f64; 5], &[5]).unwrap())
+        .collect();
+    let works: Vec<_> = xs
+        .iter()
+        .map(|x| dist::all_reduce_async(x, ReduceOp::Sum).unwrap())
+        .collect();
+    for w in works {
+        w.wait().unwrap();
+    }
+    for (k, x) in xs.iter().enumerate() {
+        assert_eq!(x.to_vec::<f64>().unwrap(), vec![(2 * k + 1) as f64; 5]);
+    }
+    // bad arguments are errors on the caller, before anything moves
+    let small = Tensor::zeros(&[3], DType::F32);
+    assert!(dist::broadcast(&small, 2).is_err());
+    assert!(dist::reduce_scatter(&small, &Tensor::zeros(&[5], DType::F32), ReduceOp::Sum).is_err());
+    dist::barrier().unwrap();
+    dist::destroy_process_group().unwrap();
+}
+
+#[test]
+fn mismatched_shapes_and_missing_ranks_are_errors_on_every_rank() {
+    if !on_two_ranks("mismatched_shapes_and_missing_ranks_are_errors_on_every_rank") {
+        return;
+    }
+    let opts = InitOptions::default().timeout(Duration::from_millis(1500));
+    dist::init_process_group_with(Backend::Mpi, &opts).unwrap();
+    let rank = dist::rank().unwrap();
+    // a shape mismatch: both ranks get the same error naming both shapes
+    let t = Tensor::zeros(&[4 + rank], DType::F32);
+    let e = dist::all_reduce(&t, ReduceOp::Sum).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "all_reduce #0: the ranks disagree: rank 0 called all_reduce(sum) of f32[4]; rank 1 called all_reduce(sum) of f32[5]"
+    );
+    // a different collective
+    let t = Tensor::ones(&[2], DType::F32);
+    let e = if rank == 0 {
+        dist::all_reduce(&t, ReduceOp::Sum)
+    } else {
+        dist::broadcast(&t, 0)
+    }
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("rank 1 called broadcast(src=0) of f32[2]"),
+        "{e}"
+    );
+    // the group goes on after an agreed error
+    dist::all_reduce(&t, ReduceOp::Sum).unwrap();
+    assert_eq!(t.to_vec::<f32>().unwrap(), vec![2.0, 2.0]);
+    // rank 1 stops calling collectives: rank 0 is told, within the timeout, who is missing
+    if rank == 0 {
+        let start = std::time::Instant::now();
+        let e = dist::all_reduce(&t, ReduceOp::Sum).unwrap_err().to_string();
+        assert!(e.contains("rank 1 did not join within the timeout"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(20));
+        // and the group is broken from then on
+        let e = dist::barrier().unwrap_err().to_string();
+        assert!(e.contains("broken"), "{e}");
+    } else {
+        std::thread::sleep(Duration::from_millis(2500));
+    }
+    dist::destroy_process_group().unwrap();
+}
