@@ -1,7 +1,7 @@
 //! `DataLoader`: batches of a dataset, shuffled by a seeded generator, optionally prepared
 //! by worker threads ahead of the consumer.
 
-use super::{Dataset, collate};
+use super::{Dataset, DistributedSampler, collate};
 use crate::runtime::Tensor;
 use crate::runtime::random::Generator;
 use crate::{DType, Error, Result, bail};
@@ -25,6 +25,7 @@ pub struct DataLoader<D: Dataset + 'static> {
     prefetch_factor: usize,
     pin_memory: bool,
     generator: Generator,
+    sampler: Option<DistributedSampler>,
 }
 
 impl<D: Dataset + 'static> DataLoader<D> {
@@ -45,6 +46,7 @@ impl<D: Dataset + 'static> DataLoader<D> {
             prefetch_factor: 2,
             pin_memory: false,
             generator: Generator::default(),
+            sampler: None,
         })
     }
 
@@ -52,6 +54,13 @@ impl<D: Dataset + 'static> DataLoader<D> {
     pub fn shuffle(mut self, seed: u64) -> Self {
         self.shuffle = true;
         self.generator = Generator::new(seed);
+        self
+    }
+
+    /// Takes its samples from `sampler` (this rank's shard) instead of the whole dataset;
+    /// the sampler shuffles, so `shuffle` is then ignored, as PyTorch refuses both.
+    pub fn sampler(mut self, sampler: DistributedSampler) -> Self {
+        self.sampler = Some(sampler);
         self
     }
 
@@ -109,17 +118,21 @@ impl<D: Dataset + 'static> DataLoader<D> {
     /// The sample order of the next epoch (advances the generator when shuffling).
     fn order(&mut self) -> Result<Vec<usize>> {
         let n = self.dataset.len();
-        let mut order: Vec<usize> = (0..n).collect();
-        if self.shuffle && n > 1 {
-            let u =
-                Tensor::rand_with(&[n], Some(DType::F64), &mut self.generator)?.to_vec::<f64>()?;
-            // Fisher-Yates with the uniform draws.
-            for i in (1..n).rev() {
-                let j = ((u[i] * (i + 1) as f64) as usize).min(i);
-                order.swap(i, j);
+        if let Some(s) = &self.sampler {
+            if s.dataset_len() != n {
+                bail!(
+                    Value,
+                    "DistributedSampler was made for {} samples, but the dataset has {n}",
+                    s.dataset_len()
+                );
             }
+            return s.indices();
         }
-        Ok(order)
+        if self.shuffle {
+            permutation(n, &mut self.generator)
+        } else {
+            Ok((0..n).collect())
+        }
     }
 
     /// One epoch of batches.
@@ -168,6 +181,19 @@ impl<D: Dataset + 'static> DataLoader<D> {
             source: Source::Workers { receivers, handles },
         })
     }
+}
+
+/// A random order of `0..n` drawn from `generator` (Fisher-Yates on uniform draws).
+pub(crate) fn permutation(n: usize, generator: &mut Generator) -> Result<Vec<usize>> {
+    let mut order: Vec<usize> = (0..n).collect();
+    if n > 1 {
+        let u = Tensor::rand_with(&[n], Some(DType::F64), generator)?.to_vec::<f64>()?;
+        for i in (1..n).rev() {
+            let j = ((u[i] * (i + 1) as f64) as usize).min(i);
+            order.swap(i, j);
+        }
+    }
+    Ok(order)
 }
 
 /// Whether batches can be pinned here; says once why not when they cannot.

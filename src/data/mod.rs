@@ -6,9 +6,11 @@
 
 mod loader;
 mod prefetch;
+mod sampler;
 
 pub use loader::{Batches, DataLoader};
 pub use prefetch::{BackgroundGenerator, Prefetch};
+pub use sampler::DistributedSampler;
 
 use crate::runtime::Tensor;
 use crate::{Result, bail};
