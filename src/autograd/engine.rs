@@ -64,6 +64,10 @@ pub(crate) fn accumulate_grad(t: &Tensor, g: Tensor) -> Result<()> {
         }
     };
     t.set_grad(Some(new));
+    let hooks = t.meta().post_accumulate.clone();
+    for h in hooks {
+        h(t)?;
+    }
     Ok(())
 }
 

@@ -47,6 +47,24 @@ impl Tensor {
         self.0.autograd.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Runs `hook` with this leaf each time a backward pass has accumulated a gradient into
+    /// its `.grad` (`register_post_accumulate_grad_hook`): what `DistributedDataParallel`
+    /// uses to start reducing a bucket as soon as its gradients are ready.
+    pub fn register_post_accumulate_grad_hook(
+        &self,
+        hook: impl Fn(&Tensor) -> Result<()> + Send + Sync + 'static,
+    ) -> Result<()> {
+        let mut m = self.meta();
+        if m.grad_fn.is_some() {
+            bail!(
+                Value,
+                "post accumulate grad hooks cannot be registered on non-leaf tensors"
+            );
+        }
+        m.post_accumulate.push(Arc::new(hook));
+        Ok(())
+    }
+
     /// Whether gradients flow to this tensor.
     pub fn requires_grad(&self) -> bool {
         self.meta().requires_grad

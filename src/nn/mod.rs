@@ -7,6 +7,7 @@
 pub mod activation;
 pub mod attention;
 pub mod conv;
+pub mod ddp;
 pub mod functional;
 pub mod init;
 pub mod layers;
@@ -24,6 +25,7 @@ pub use conv::{
     AdaptiveAvgPool2d, AvgPool2d, BatchNorm, BatchNorm1d, BatchNorm2d, Conv1d, Conv2d, Flatten,
     MaxPool2d,
 };
+pub use ddp::{DistributedDataParallel, NoSync};
 pub use functional::Reduction;
 pub use layers::{Dropout, Embedding, LayerNorm, Linear, Sequential};
 pub use loss::{BCEWithLogitsLoss, CrossEntropyLoss, MSELoss, NLLLoss};

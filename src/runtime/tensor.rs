@@ -64,7 +64,13 @@ pub(crate) struct AutogradMeta {
     pub grad: Option<Tensor>,
     /// The recorded op that produced this tensor (autograd's node); `None` for leaves.
     pub grad_fn: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    /// Called after a gradient is accumulated into `.grad` (a leaf's
+    /// `register_post_accumulate_grad_hook`).
+    pub post_accumulate: Vec<PostAccumulateHook>,
 }
+
+/// A hook run with a leaf after its `.grad` was accumulated; its error ends the backward.
+pub type PostAccumulateHook = Arc<dyn Fn(&Tensor) -> crate::Result<()> + Send + Sync>;
 
 impl Tensor {
     /// A tensor over `storage` seen through `layout`. The layout must stay inside the storage.
