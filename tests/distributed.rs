@@ -170,6 +170,19 @@ fn collectives_agree_with_references_for_every_dtype_and_op() {
     let small = Tensor::zeros(&[3], DType::F32);
     assert!(dist::broadcast(&small, 2).is_err());
     assert!(dist::reduce_scatter(&small, &Tensor::zeros(&[5], DType::F32), ReduceOp::Sum).is_err());
+    // GradScaler: an inf on rank 1 alone makes both ranks skip the step and back off
+    let p = Tensor::ones(&[3], DType::F32);
+    p.requires_grad_(true).unwrap();
+    let g = if rank == 1 { f32::INFINITY } else { 1.0 };
+    p.set_grad(Some(Tensor::from_vec(vec![g, 1.0, 1.0], &[3]).unwrap()));
+    let mut opt =
+        smelt::optim::SGD::new(vec![p.clone()], smelt::optim::SGDConfig::new(0.1)).unwrap();
+    let mut scaler = smelt::optim::GradScaler::new();
+    let before = scaler.get_scale();
+    assert!(!scaler.step(&mut opt).unwrap(), "rank {rank} stepped");
+    scaler.update().unwrap();
+    assert_eq!(scaler.get_scale(), before * 0.5);
+    assert_eq!(p.to_vec::<f32>().unwrap(), vec![1.0; 3]);
     dist::barrier().unwrap();
     dist::destroy_process_group().unwrap();
 }

@@ -127,6 +127,13 @@ impl GradScaler {
                 found_inf |= !all_finite(&g)?;
             }
         }
+        // with a process group, every rank skips the step when any rank saw inf or NaN
+        // (its gradients may not have been all-reduced, e.g. under no_sync)
+        if crate::distributed::is_initialized() {
+            let flag = Tensor::scalar(found_inf as u8 as f32);
+            crate::distributed::all_reduce(&flag, crate::distributed::ReduceOp::Max)?;
+            found_inf = flag.item_f64()? != 0.0;
+        }
         let key = opt as *const dyn Optimizer as *const () as usize;
         self.per_optimizer.push((key, Stage::Unscaled, found_inf));
         Ok(())
