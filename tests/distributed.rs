@@ -41,7 +41,7 @@ fn on_two_ranks(name: &str) -> bool {
 fn value(dtype: DType, r: usize, i: usize) -> f64 {
     let v = ((i * 3 + r * 5) % 7) as f64;
     match dtype {
-        DType::Bool => ((i + r) % 3 == 0) as u8 as f64,
+        DType::Bool => (i + r).is_multiple_of(3) as u8 as f64,
         DType::U8 => v,
         _ => v - 3.0,
     }

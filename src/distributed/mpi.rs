@@ -27,7 +27,9 @@ pub(crate) struct MpiTransport {
     headers: ffi::MPI_Comm,
     rank: usize,
     size: usize,
-    /// Headers whose sends were let go after a timeout: MPI may still read them.
+    /// Headers whose sends were let go after a timeout: MPI may still read them, so each
+    /// keeps its own heap address while the list grows.
+    #[allow(clippy::vec_box)]
     parked: Vec<Box<Header>>,
     /// A collective was abandoned half-way: finalising could wait for it forever.
     abandoned: bool,

@@ -157,7 +157,7 @@ impl<M: Module> DistributedDataParallel<M> {
         group: Arc<ProcessGroup>,
         bucket_cap_mb: f64,
     ) -> Result<DistributedDataParallel<M>> {
-        if !(bucket_cap_mb > 0.0) {
+        if bucket_cap_mb.is_nan() || bucket_cap_mb <= 0.0 {
             bail!(Value, "bucket_cap_mb must be positive, got {bucket_cap_mb}");
         }
         // every replica starts from rank 0's state
