@@ -65,19 +65,6 @@ fn reduce(op: ReduceOp, dtype: DType, vals: &[f64]) -> f64 {
     }
 }
 
-const DTYPES: [DType; 10] = [
-    DType::Bool,
-    DType::U8,
-    DType::I8,
-    DType::I16,
-    DType::I32,
-    DType::I64,
-    DType::F16,
-    DType::BF16,
-    DType::F32,
-    DType::F64,
-];
-
 const OPS: [ReduceOp; 5] = [
     ReduceOp::Sum,
     ReduceOp::Avg,
@@ -94,7 +81,7 @@ fn collectives_agree_with_references_for_every_dtype_and_op() {
     dist::init_process_group(Backend::Mpi).unwrap();
     let (rank, world) = (dist::rank().unwrap(), dist::world_size().unwrap());
     assert_eq!(world, 2);
-    for dtype in DTYPES {
+    for dtype in DType::ALL {
         for n in [0usize, 1, 7, 1000] {
             for op in OPS {
                 let t = data(dtype, rank, n);

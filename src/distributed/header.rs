@@ -15,19 +15,6 @@ const DIMS: usize = 11;
 /// One rank's header, as sent.
 pub(crate) type Header = [u64; WORDS];
 
-const DTYPES: [DType; 10] = [
-    DType::Bool,
-    DType::U8,
-    DType::I8,
-    DType::I16,
-    DType::I32,
-    DType::I64,
-    DType::F16,
-    DType::BF16,
-    DType::F32,
-    DType::F64,
-];
-
 const OPS: [ReduceOp; 5] = [
     ReduceOp::Sum,
     ReduceOp::Avg,
@@ -54,7 +41,7 @@ pub(crate) fn encode(seq: u64, what: Collective, dtype: DType, shape: &[usize]) 
     h[0] = seq;
     h[1] = kind;
     h[2] = arg;
-    h[3] = DTYPES.iter().position(|d| *d == dtype).unwrap_or(0) as u64;
+    h[3] = DType::ALL.iter().position(|d| *d == dtype).unwrap_or(0) as u64;
     h[4] = shape.len() as u64;
     for (w, &d) in h[5..5 + DIMS].iter_mut().zip(shape) {
         *w = d as u64;
@@ -79,7 +66,7 @@ fn describe(h: &Header) -> String {
         5 => return "barrier".to_string(),
         k => format!("an unknown collective ({k})"),
     };
-    let dtype = DTYPES
+    let dtype = DType::ALL
         .get(h[3] as usize)
         .map_or("?".to_string(), |d| d.to_string());
     let n = h[4] as usize;
