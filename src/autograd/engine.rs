@@ -64,7 +64,14 @@ pub(crate) fn accumulate_grad(t: &Tensor, g: Tensor) -> Result<()> {
         }
     };
     t.set_grad(Some(new));
-    let hooks = t.meta().post_accumulate.clone();
+    // cloned so that a hook may touch this tensor's state; most leaves have none
+    let hooks = {
+        let m = t.meta();
+        if m.post_accumulate.is_empty() {
+            return Ok(());
+        }
+        m.post_accumulate.clone()
+    };
     for h in hooks {
         h(t)?;
     }

@@ -167,6 +167,32 @@ impl MpiTransport {
     }
 }
 
+impl MpiTransport {
+    /// Locks `send` (read) and `recv` (written) for the whole collective, starts it with
+    /// `call(send_ptr, recv_ptr, &mut request)` and waits for it until the deadline.
+    fn start(
+        &mut self,
+        send: Option<&Tensor>,
+        recv: &Tensor,
+        what: &str,
+        at: Instant,
+        call: impl FnOnce(*const c_void, *mut c_void, &mut ffi::MPI_Request) -> c_int,
+    ) -> Result<()> {
+        let reads: Vec<&Tensor> = send.into_iter().collect();
+        let acc = access::lock(&reads, &[recv]);
+        let sp = if reads.is_empty() {
+            std::ptr::null()
+        } else {
+            acc.read::<c_void>(0)
+        };
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        let rc = call(sp, acc.write::<c_void>(0), &mut req);
+        let r = self.finish_request(rc, req, what, at);
+        drop(acc);
+        r
+    }
+}
+
 impl Transport for MpiTransport {
     fn rank(&self) -> usize {
         self.rank
@@ -292,61 +318,28 @@ impl Transport for MpiTransport {
         op: ReduceOp,
         at: Instant,
     ) -> Result<()> {
-        let (n, dt) = (count(send)?, datatype(send.dtype())?);
-        let acc = access::lock(&[send], &[recv]);
-        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: both buffers hold `n` elements of `dt` and stay locked until it is done.
-        let rc = unsafe {
-            ffi::MPI_Iallreduce(
-                acc.read::<c_void>(0),
-                acc.write::<c_void>(0),
-                n,
-                dt,
-                operation(op),
-                self.data,
-                &mut req,
-            )
-        };
-        self.finish_request(rc, req, "all_reduce", at)
+        let (n, dt, comm) = (count(send)?, datatype(send.dtype())?, self.data);
+        // SAFETY: both buffers hold `n` elements of `dt`.
+        self.start(Some(send), recv, "all_reduce", at, |s, r, req| unsafe {
+            ffi::MPI_Iallreduce(s, r, n, dt, operation(op), comm, req)
+        })
     }
 
     fn broadcast(&mut self, buf: &Tensor, root: usize, at: Instant) -> Result<()> {
-        let (n, dt) = (count(buf)?, datatype(buf.dtype())?);
-        let acc = access::lock(&[], &[buf]);
-        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: the buffer holds `n` elements of `dt` and stays locked until it is done.
-        let rc = unsafe {
-            ffi::MPI_Ibcast(
-                acc.write::<c_void>(0),
-                n,
-                dt,
-                root as c_int,
-                self.data,
-                &mut req,
-            )
-        };
-        self.finish_request(rc, req, "broadcast", at)
+        let (n, dt, comm) = (count(buf)?, datatype(buf.dtype())?, self.data);
+        // SAFETY: the buffer holds `n` elements of `dt`; in place.
+        self.start(None, buf, "broadcast", at, |_, b, req| unsafe {
+            ffi::MPI_Ibcast(b, n, dt, root as c_int, comm, req)
+        })
     }
 
     fn all_gather(&mut self, send: &Tensor, recv: &Tensor, at: Instant) -> Result<()> {
-        let (n, dt) = (count(send)?, datatype(send.dtype())?);
+        let (n, dt, comm) = (count(send)?, datatype(send.dtype())?, self.data);
         count(recv)?;
-        let acc = access::lock(&[send], &[recv]);
-        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
         // SAFETY: `recv` holds size·n elements (checked when the collective was issued).
-        let rc = unsafe {
-            ffi::MPI_Iallgather(
-                acc.read::<c_void>(0),
-                n,
-                dt,
-                acc.write::<c_void>(0),
-                n,
-                dt,
-                self.data,
-                &mut req,
-            )
-        };
-        self.finish_request(rc, req, "all_gather", at)
+        self.start(Some(send), recv, "all_gather", at, |s, r, req| unsafe {
+            ffi::MPI_Iallgather(s, n, dt, r, n, dt, comm, req)
+        })
     }
 
     fn reduce_scatter(
@@ -357,22 +350,11 @@ impl Transport for MpiTransport {
         at: Instant,
     ) -> Result<()> {
         count(send)?;
-        let (n, dt) = (count(recv)?, datatype(recv.dtype())?);
-        let acc = access::lock(&[send], &[recv]);
-        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        let (n, dt, comm) = (count(recv)?, datatype(recv.dtype())?, self.data);
         // SAFETY: `send` holds size·n elements (checked when the collective was issued).
-        let rc = unsafe {
-            ffi::MPI_Ireduce_scatter_block(
-                acc.read::<c_void>(0),
-                acc.write::<c_void>(0),
-                n,
-                dt,
-                operation(op),
-                self.data,
-                &mut req,
-            )
-        };
-        self.finish_request(rc, req, "reduce_scatter", at)
+        self.start(Some(send), recv, "reduce_scatter", at, |s, r, req| unsafe {
+            ffi::MPI_Ireduce_scatter_block(s, r, n, dt, operation(op), comm, req)
+        })
     }
 
     fn barrier(&mut self, at: Instant) -> Result<()> {
