@@ -312,3 +312,94 @@ fn ddp_on_two_ranks_matches_one_process_with_twice_the_batch() {
     drop(ddp);
     dist::destroy_process_group().unwrap();
 }
+
+#[test]
+fn compiled_steps_on_two_ranks_match_one_process_with_twice_the_batch() {
+    use smelt::Generator;
+    use smelt::exec::CompileOptions;
+    use smelt::ir::op::Op;
+    use smelt::nn::functional::mse_loss;
+    use smelt::nn::{Module, Reduction};
+    use smelt::optim::SGDConfig;
+    use smelt::train::{CompiledStep, StepConfig};
+    if !on_two_ranks("compiled_steps_on_two_ranks_match_one_process_with_twice_the_batch") {
+        return;
+    }
+    dist::init_process_group(Backend::Mpi).unwrap();
+    let rank = dist::rank().unwrap();
+    smelt::manual_seed(rank as u64 + 1);
+    let model = mlp();
+    // the replicas start from rank 0's weights, as DistributedDataParallel makes them
+    for p in model.parameters() {
+        dist::broadcast(&p, 0).unwrap();
+    }
+    let single = mlp();
+    let off = smelt::autograd::no_grad();
+    for (s, d) in single.parameters().iter().zip(model.parameters()) {
+        s.copy_(&d).unwrap();
+    }
+    drop(off);
+    let b = 8;
+    let batch = |step: u64| {
+        let mut g = Generator::new(1000 + step);
+        let x = Tensor::randn_with(&[2 * b, 4], None, &mut g).unwrap();
+        let y = Tensor::randn_with(&[2 * b, 3], None, &mut g).unwrap();
+        (x, y)
+    };
+    let shard = |t: &Tensor| t.narrow(0, (rank * b) as i64, b as i64).unwrap();
+    let loss = |m: &smelt::nn::Sequential, xs: &[Tensor]| {
+        mse_loss(&m.forward(&xs[0])?, &xs[1], Reduction::Mean)
+    };
+    let cfg = StepConfig::sgd(SGDConfig {
+        momentum: 0.9,
+        ..SGDConfig::new(0.1)
+    })
+    .clip_grad_norm(0.5);
+    let opts = CompileOptions::default();
+    let (x0, y0) = batch(0);
+    // a small bucket cap: several all-reduce steps in the graph
+    let mut step = CompiledStep::with_config(
+        |xs: &[Tensor]| loss(&model, xs),
+        &[shard(&x0), shard(&y0)],
+        model.named_parameters(),
+        cfg.all_reduce_bucket_bytes(256),
+        &opts,
+    )
+    .unwrap();
+    let g = step.graph();
+    let reduces = g
+        .topo_order()
+        .into_iter()
+        .filter(|&v| matches!(g.node(v).op(), Some(Op::AllReduce { .. })))
+        .count();
+    assert!(reduces > 1, "{reduces} all_reduce steps");
+    let mut step1 = CompiledStep::with_config(
+        |xs: &[Tensor]| loss(&single, xs),
+        &[x0.clone(), y0.clone()],
+        single.named_parameters(),
+        cfg,
+        &opts,
+    )
+    .unwrap();
+    let mut worst: f64 = 0.0;
+    for s in 0..20u64 {
+        let (x, y) = batch(s);
+        step.step(&[shard(&x), shard(&y)]).unwrap();
+        step1.step(&[x, y]).unwrap();
+        let d = max_param_diff(&model.parameters(), &single.parameters());
+        worst = worst.max(d);
+        assert!(d < 1e-5, "step {s}: parameters differ by {d}");
+        // clipping saw the global norm of the averaged gradients
+        let (n, n1) = (
+            step.last_grad_norm().unwrap(),
+            step1.last_grad_norm().unwrap(),
+        );
+        assert!(
+            (n - n1).abs() <= 1e-5 * n1.max(1.0),
+            "step {s}: norms {n} and {n1}"
+        );
+    }
+    println!("rank {rank}: compiled, largest parameter difference over 20 steps {worst:.2e}");
+    drop(step);
+    dist::destroy_process_group().unwrap();
+}

@@ -231,6 +231,7 @@ const OP_STATEMENTS: &[&str] = &[
     "batch_norm(%c, none, none, none, %v, training=true, momentum=0.2, eps=0.001)",
     "dropout(%x, p=0.2, seed=7)",
     "dropout(%x, training=false)",
+    "all_reduce(%x, op=\"avg\")",
 ];
 
 const HEADER: &str = "graph ops(%x: f32[2,3], %y: f32[2,3], %m: bool[2,3], %v: f32[3], \
@@ -977,4 +978,44 @@ fn every_op_name_is_documented() {
         });
         assert!(found, "docs/ir-format.md does not mention the op '{name}'");
     }
+}
+
+#[test]
+fn all_reduce_reads_prints_and_refuses_bad_reduce_ops() {
+    use smelt::ir::collective::ReduceOp as Collective;
+    let m = parse(
+        "graph g(%x: f32[3]) {\n  %s = all_reduce(%x, op=\"avg\")\n  %t = all_reduce(%s)\n  return %t\n}\n",
+    );
+    assert_eq!(
+        op_of(&m, "s"),
+        Op::AllReduce {
+            op: Collective::Avg
+        }
+    );
+    // PyTorch's default is a sum
+    assert_eq!(
+        op_of(&m, "t"),
+        Op::AllReduce {
+            op: Collective::Sum
+        }
+    );
+    assert_round_trip(&m);
+    let bad = parse_module(
+        "graph g(%x: f32[3]) {\n  %s = all_reduce(%x, op=\"mean\")\n  return %s\n}\n",
+        "t.smelt",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(bad.contains("unknown reduce op \"mean\""), "{bad}");
+    // an average of integers is refused, as torch.distributed refuses it
+    let ints = parse_module(
+        "graph g(%x: i64[3]) {\n  %s = all_reduce(%x, op=\"avg\")\n  return %s\n}\n",
+        "t.smelt",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        ints.contains("ReduceOp.AVG needs a floating-point tensor"),
+        "{ints}"
+    );
 }

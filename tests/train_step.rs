@@ -566,3 +566,70 @@ fn a_smaller_last_batch_gets_its_own_specialisation() {
     }
     assert_eq!(step.specialisations(), 2);
 }
+
+#[test]
+fn an_all_reducing_step_buckets_its_gradients_and_needs_a_process_group() {
+    use smelt::ir::op::Op;
+    use smelt::jit::{TraceOptions, trace_with};
+    use smelt::train::{Phase, StepConfig, build_update_graph};
+    let mut g = Generator::new(3);
+    let ws = layer_params(&[4, 8, 8, 2], DType::F32, &mut g);
+    let m = mlp(&ws, false);
+    let x = randn(&[5, 4], DType::F32, &mut g);
+    let y = randn(&[5, 2], DType::F32, &mut g);
+    let named = m.named_parameters();
+    let opts = named
+        .iter()
+        .fold(TraceOptions::new(), |o, (n, t)| o.param(n, t));
+    let traced = {
+        let _off = smelt::autograd::no_grad();
+        trace_with(
+            |xs| Ok(vec![mse(&m.forward(&xs[0])?, &xs[1])?]),
+            &[x.clone(), y.clone()],
+            opts,
+        )
+        .unwrap()
+    };
+    let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
+    let count = |g: &smelt::ir::Graph| {
+        g.topo_order()
+            .into_iter()
+            .filter(|&v| matches!(g.node(v).op(), Some(Op::AllReduce { .. })))
+            .count()
+    };
+    let sgd = StepConfig::sgd(SGDConfig::new(0.1));
+    let build = |cfg: StepConfig, phase| {
+        build_update_graph(traced.graph(), 2, &names, &cfg, phase)
+            .unwrap()
+            .0
+    };
+    let update = Phase::Update { first_step: false };
+    assert_eq!(count(&build(sgd, update)), 0);
+    // gradient bytes in reverse order: 8, 64, 32, 256, 32, 128
+    assert_eq!(count(&build(sgd.all_reduce_bucket_bytes(1), update)), 6);
+    assert_eq!(count(&build(sgd.all_reduce_bucket_bytes(72), update)), 5);
+    assert_eq!(count(&build(sgd.all_reduce_bucket_bytes(400), update)), 2);
+    assert_eq!(count(&build(sgd.all_reduce_gradients(), update)), 1);
+    // micro-batches that only accumulate do not communicate
+    let acc = sgd.accumulate(2).all_reduce_gradients();
+    assert_eq!(count(&build(acc, Phase::Accumulate)), 0);
+    assert_eq!(count(&build(acc, update)), 1);
+    // the collective survives the passes (never folded) and needs a process group to run
+    let graph = build(sgd.all_reduce_bucket_bytes(72), update);
+    let f = smelt::exec::CompiledFn::compile(&graph, &CompileOptions::default()).unwrap();
+    let mut args = vec![x.clone(), y.clone()];
+    args.extend(named.iter().map(|(_, t)| t.clone()));
+    let e = f.call(&args).unwrap_err().to_string();
+    assert!(e.contains("process group has not been initialized"), "{e}");
+    let e = CompiledStep::with_config(
+        |xs: &[Tensor]| mse(&m.forward(&xs[0])?, &xs[1]),
+        &[x, y],
+        named,
+        sgd.all_reduce_gradients(),
+        &CompileOptions::default(),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("process group has not been initialized"), "{e}");
+}

@@ -212,9 +212,30 @@ fn sweep(
     for (n, g) in seeds {
         w.seed(n, g)?;
     }
-    let mut it = w.gradients()?.into_iter();
-    for (_, t) in &w.leaf_list {
-        if let Some(Some(g)) = it.next() {
+    // Leaves with hooks (DistributedDataParallel's) get their gradient the moment it is
+    // computed, so what the hooks start overlaps the rest of the sweep.
+    let hooked = w
+        .leaf_list
+        .iter()
+        .any(|(_, t)| !t.meta().post_accumulate.is_empty());
+    let n_leaves = w.leaf_list.len();
+    let mut early = vec![false; n_leaves];
+    let grads = if hooked {
+        w.gradients_as_ready(&mut |i, g| {
+            if let Some((_, t)) = w.leaf_list.get(i) {
+                accumulate_grad(t, g.clone())?;
+                early[i] = true;
+            }
+            Ok(())
+        })?
+    } else {
+        w.gradients()?
+    };
+    let mut it = grads.into_iter();
+    for (i, (_, t)) in w.leaf_list.iter().enumerate() {
+        if let Some(Some(g)) = it.next()
+            && !early[i]
+        {
             accumulate_grad(t, g)?;
         }
     }

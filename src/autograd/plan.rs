@@ -223,17 +223,31 @@ impl Walk {
     /// The gradients of the leaves, cuts and retained values (in that order; `None` where
     /// no gradient flows), computed with the cached plan of this structure when there is one.
     pub fn gradients(&self) -> Result<Vec<Option<Tensor>>> {
-        let plan = match lookup(&self.items, &self.seeds) {
+        self.plan()?.run(self, None)
+    }
+
+    /// [`Walk::gradients`], handing each gradient to `ready` (by its index in the result)
+    /// as soon as the op that makes it has run, so that what waits for it (a gradient
+    /// hook that starts an all-reduce) overlaps the rest of the sweep. The plan then runs
+    /// op by op, never as one compiled function.
+    pub fn gradients_as_ready(&self, ready: Ready<'_>) -> Result<Vec<Option<Tensor>>> {
+        self.plan()?.run(self, Some(ready))
+    }
+
+    fn plan(&self) -> Result<Rc<Plan>> {
+        Ok(match lookup(&self.items, &self.seeds) {
             Some(p) => p,
             None => {
                 let p = Rc::new(Plan::build(&self.items, &self.seeds)?);
                 store(&self.items, &self.seeds, p.clone());
                 p
             }
-        };
-        plan.run(self)
+        })
     }
 }
+
+/// Called with a gradient's index and value as soon as it is computed.
+pub(crate) type Ready<'a> = &'a mut dyn FnMut(usize, &Tensor) -> Result<()>;
 
 /// What a sweep runs: the gradient ops over slots, the first of which hold known values.
 struct Plan {
@@ -243,6 +257,8 @@ struct Plan {
     steps: Vec<Step>,
     /// The slot of each gradient (leaves, cuts, retained values).
     grads: Vec<Option<usize>>,
+    /// `(slot, gradient)` for every gradient, by slot: the order they become ready in.
+    ready_order: Vec<(usize, usize)>,
     /// Times the plan has run.
     runs: Cell<u32>,
     /// The steps compiled into one function, once the plan is hot (`Some(None)`: tried
@@ -344,17 +360,24 @@ impl Plan {
             };
             steps.push(step);
         }
-        let grads = grads.iter().map(|gv| gv.map(|v| slot[&v])).collect();
+        let grads: Vec<Option<usize>> = grads.iter().map(|gv| gv.map(|v| slot[&v])).collect();
+        let mut ready_order: Vec<(usize, usize)> = grads
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.map(|s| (s, i)))
+            .collect();
+        ready_order.sort_unstable();
         Ok(Plan {
             inputs,
             steps,
             grads,
+            ready_order,
             runs: Cell::new(0),
             compiled: RefCell::new(None),
         })
     }
 
-    fn run(&self, w: &Walk) -> Result<Vec<Option<Tensor>>> {
+    fn run(&self, w: &Walk, mut ready: Option<Ready<'_>>) -> Result<Vec<Option<Tensor>>> {
         let mut slots: Vec<Option<Tensor>> =
             Vec::with_capacity(self.inputs.len() + self.steps.len());
         for &(_, item) in &self.inputs {
@@ -373,7 +396,7 @@ impl Plan {
         let _off = super::no_grad();
         let runs = self.runs.get().saturating_add(1);
         self.runs.set(runs);
-        if runs >= COMPILE_AFTER {
+        if runs >= COMPILE_AFTER && ready.is_none() {
             let mut c = self.compiled.borrow_mut();
             if c.is_none() {
                 *c = Some(self.compile(&slots).ok());
@@ -388,10 +411,27 @@ impl Plan {
                     .collect());
             }
         }
+        // the gradients in the order their slots are written (by construction of `ready_order`)
+        let mut next_ready = 0;
+        let mut hand_out = |slots: &[Option<Tensor>]| -> Result<()> {
+            let Some(f) = ready.as_mut() else {
+                return Ok(());
+            };
+            while let Some(&(slot, i)) = self.ready_order.get(next_ready) {
+                let Some(Some(t)) = slots.get(slot) else {
+                    break;
+                };
+                f(i, t)?;
+                next_ready += 1;
+            }
+            Ok(())
+        };
+        hand_out(&slots)?;
         for step in &self.steps {
             let (op, args) = match step {
                 Step::Fixed(t, _) => {
                     slots.push(Some(t.clone()));
+                    hand_out(&slots)?;
                     continue;
                 }
                 Step::Run(op, args) => (op, args),
@@ -405,6 +445,7 @@ impl Plan {
             }
             let r = apply(op.clone(), &refs)?;
             slots.push(Some(r));
+            hand_out(&slots)?;
         }
         Ok(self
             .grads

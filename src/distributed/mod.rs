@@ -53,47 +53,32 @@ impl Backend {
     }
 }
 
-/// How the values of the ranks combine (`torch.distributed.ReduceOp`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReduceOp {
-    /// The sum (for bool, logical or, as PyTorch).
-    Sum,
-    /// The mean over the ranks: the sum divided by the world size (floating dtypes only).
-    Avg,
-    /// The largest value (for bool, logical or).
-    Max,
-    /// The smallest value (for bool, logical and).
-    Min,
-    /// The product (for bool, logical and).
-    Product,
-}
+pub use crate::ir::collective::ReduceOp;
 
-impl ReduceOp {
-    /// PyTorch's name for it.
-    pub fn name(self) -> &'static str {
-        match self {
-            ReduceOp::Sum => "sum",
-            ReduceOp::Avg => "avg",
-            ReduceOp::Max => "max",
-            ReduceOp::Min => "min",
-            ReduceOp::Product => "product",
+/// PyTorch's default gradient bucket size, in megabytes (`bucket_cap_mb`).
+pub const DEFAULT_BUCKET_MB: f64 = 25.0;
+
+/// Groups tensors of `(bytes, dtype)` into gradient buckets as `DistributedDataParallel`
+/// does: in reverse order (the order backward produces gradients), one dtype per bucket, at
+/// most `cap` bytes each (a larger tensor is a bucket of its own). Returns the members of
+/// each bucket, by index, in the order they join.
+pub fn buckets(tensors: &[(usize, DType)], cap: usize) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut bytes = 0usize;
+    for i in (0..tensors.len()).rev() {
+        let (nb, dtype) = tensors[i];
+        match out.last_mut() {
+            Some(b) if bytes + nb <= cap && tensors[b[0]].1 == dtype => {
+                b.push(i);
+                bytes += nb;
+            }
+            _ => {
+                out.push(vec![i]);
+                bytes = nb;
+            }
         }
     }
-
-    /// The op named `name` (`"sum"`, `"avg"`, `"max"`, `"min"`, `"product"`).
-    pub fn parse(name: &str) -> Result<ReduceOp> {
-        Ok(match name {
-            "sum" => ReduceOp::Sum,
-            "avg" => ReduceOp::Avg,
-            "max" => ReduceOp::Max,
-            "min" => ReduceOp::Min,
-            "product" => ReduceOp::Product,
-            _ => bail!(
-                Value,
-                "unknown reduce op \"{name}\": expected sum, avg, max, min or product"
-            ),
-        })
-    }
+    out
 }
 
 /// Settings of a process group.
@@ -199,7 +184,7 @@ impl ProcessGroup {
     /// [`ProcessGroup::all_reduce`] without waiting: `t` holds the result once the
     /// returned work is waited for, and must not be used before.
     pub fn all_reduce_async(&self, t: &Tensor, op: ReduceOp) -> Result<Work> {
-        check_reduce(t.dtype(), op, "all_reduce")?;
+        op.check(t.dtype(), "all_reduce")?;
         self.engine
             .submit(Collective::AllReduce(op), t.clone(), t.clone())
     }
@@ -251,7 +236,7 @@ impl ProcessGroup {
         input: &Tensor,
         op: ReduceOp,
     ) -> Result<Work> {
-        check_reduce(input.dtype(), op, "reduce_scatter")?;
+        op.check(input.dtype(), "reduce_scatter")?;
         check_parts(input, output, self.size, "reduce_scatter")?;
         self.engine
             .submit(Collective::ReduceScatter(op), input.clone(), output.clone())
@@ -280,17 +265,6 @@ impl ProcessGroup {
         }
         Ok(())
     }
-}
-
-/// Refuses a reduction PyTorch refuses: averages of integers and bools.
-fn check_reduce(dtype: DType, op: ReduceOp, what: &str) -> Result<()> {
-    if op == ReduceOp::Avg && !dtype.is_float() {
-        bail!(
-            DType,
-            "{what}: ReduceOp.AVG needs a floating-point tensor, got {dtype}"
-        );
-    }
-    Ok(())
 }
 
 /// Checks that `whole` holds `world` copies of `part` along dim 0, as `all_gather` and
@@ -461,8 +435,7 @@ pub fn reduce_scatter_async(output: &Tensor, input: &Tensor, op: ReduceOp) -> Re
 }
 
 /// The `all_reduce` graph op's eager kernel: reduces a copy of `x` over the default group.
-fn graph_all_reduce(x: &Tensor, op: &str) -> Result<Tensor> {
-    let op = ReduceOp::parse(op)?;
+fn graph_all_reduce(x: &Tensor, op: ReduceOp) -> Result<Tensor> {
     let out = Tensor::empty(x.shape(), x.dtype());
     out.copy_(x)?;
     all_reduce(&out, op)?;

@@ -437,6 +437,7 @@ const STRUCTURAL_OPS: &[&str] = &[
     "adaptive_avg_pool2d_backward",
     "batch_norm",
     "dropout",
+    "all_reduce",
 ];
 
 /// Every op name the text format knows: the structural ops and each family's table.
@@ -698,6 +699,7 @@ impl Op {
                 ("momentum", Attr::Float(bn.momentum.get())),
                 ("eps", Attr::Float(bn.eps.get())),
             ],
+            Op::AllReduce { op } => vec![("op", Attr::Str(op.name().into()))],
             Op::Dropout { p, training, seed } => vec![
                 ("p", Attr::Float(p.get())),
                 ("training", Attr::Bool(*training)),
@@ -1032,6 +1034,13 @@ fn build(name: &str, slots: &[bool], a: &mut Args) -> CallResult<Op> {
                 p: Real(a.float("p", 0.5)?),
                 training: a.bool("training", true)?,
                 seed: seed as u64,
+            }
+        }
+        "all_reduce" => {
+            let op = a.string("op", Some("sum"))?;
+            match super::collective::ReduceOp::parse(&op) {
+                Ok(op) => Op::AllReduce { op },
+                Err(e) => return err(Some("op"), format!("all_reduce: {e}")),
             }
         }
         _ => return err(None, format!("unknown op '{name}'")),

@@ -1,6 +1,7 @@
 //! The graph IR and everything both eager tensors and graphs share: dtypes, shapes, ops.
 
 pub mod attrs;
+pub mod collective;
 pub mod control;
 pub mod conv;
 pub mod dtype;

@@ -497,6 +497,15 @@ pub enum Op {
         /// The mask's seed.
         seed: u64,
     },
+    // communication
+    /// `torch.distributed.all_reduce` of a copy of the operand over the default process
+    /// group: every rank gets the elementwise `op` of all ranks' values. An extern step
+    /// with a side effect (it talks to the other ranks): never folded, and run in the
+    /// graph's order, which every rank shares.
+    AllReduce {
+        /// How the ranks' values combine.
+        op: super::collective::ReduceOp,
+    },
     // control flow (`ir::control`)
     /// `cond`, `while_loop`, `fori_loop` or `scan`: the op's node has the marker type
     /// [`tuple_type`](super::control::tuple_type); its values are the `Result` nodes.
@@ -900,6 +909,7 @@ impl Op {
             Op::AdaptiveAvgPool2dGrad { .. } => "adaptive_avg_pool2d_backward",
             Op::BatchNorm(_) => "batch_norm",
             Op::Dropout { .. } => "dropout",
+            Op::AllReduce { .. } => "all_reduce",
             Op::Control(c) => c.name(),
             Op::Result { .. } => "result",
         }
@@ -931,6 +941,13 @@ impl Op {
                 self,
                 Op::Reshape { .. } | Op::Flatten { .. } | Op::Contiguous
             )
+    }
+
+    /// Ops that talk to other processes: their value is not a function of their operands
+    /// alone, so they are never evaluated at compile time or moved out of a loop, and they
+    /// run in the graph's order on every rank.
+    pub fn communicates(&self) -> bool {
+        matches!(self, Op::AllReduce { .. })
     }
 
     /// Ops computed element by element from broadcast operands.
@@ -1319,6 +1336,11 @@ impl Op {
                     bail!(Value, "result: the operand is not a control op");
                 }
                 Ok(ty.clone())
+            }
+            Op::AllReduce { op } => {
+                one(1)?;
+                op.check(inputs[0].dtype, name)?;
+                Ok(inputs[0].clone())
             }
             Op::Dropout { p, .. } => {
                 one(1)?;

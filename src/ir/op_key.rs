@@ -437,6 +437,10 @@ impl<'a> Enc<'a, '_> {
                 self.float(bn.momentum.get());
                 self.float(bn.eps.get());
             }
+            Op::AllReduce { op } => {
+                self.tag("AllReduce");
+                self.tag(op.name());
+            }
             Op::Dropout { p, training, seed } => {
                 self.tag("Dropout");
                 self.float(p.get());

@@ -12,12 +12,10 @@
 
 use super::module::Module;
 use crate::distributed::{self, ProcessGroup, ReduceOp, Work};
+use crate::ir::dtype::DType;
 use crate::runtime::Tensor;
 use crate::{Result, bail};
 use std::sync::{Arc, Mutex, Weak};
-
-/// PyTorch's default bucket size.
-const DEFAULT_BUCKET_MB: f64 = 25.0;
 
 /// A module replicated over a process group (`torch.nn.parallel.DistributedDataParallel`).
 pub struct DistributedDataParallel<M: Module> {
@@ -121,9 +119,12 @@ impl Reducer {
             for &i in &self.buckets[b].members {
                 let p = &self.params[i];
                 let n = p.numel();
-                if let Some(g) = p.grad() {
-                    let part = flat.narrow(0, off as i64, n as i64)?.reshape(g.shape())?;
-                    g.copy_(&part)?;
+                // the averaged gradient is a view of the bucket (PyTorch's
+                // gradient_as_bucket_view): no copy, and the backward's own gradient
+                // tensor, which later ops of the sweep may still read, stays as it was
+                if p.grad().is_some() {
+                    let part = flat.narrow(0, off as i64, n as i64)?.reshape(p.shape())?;
+                    p.set_grad(Some(part));
                 }
                 off += n;
             }
@@ -148,7 +149,11 @@ impl Reducer {
 impl<M: Module> DistributedDataParallel<M> {
     /// Wraps `module` over the default process group with 25 MB buckets.
     pub fn new(module: M) -> Result<DistributedDataParallel<M>> {
-        Self::with_group(module, distributed::default_group()?, DEFAULT_BUCKET_MB)
+        Self::with_group(
+            module,
+            distributed::default_group()?,
+            distributed::DEFAULT_BUCKET_MB,
+        )
     }
 
     /// Wraps `module` over `group` with buckets of at most `bucket_cap_mb` megabytes.
@@ -174,28 +179,25 @@ impl<M: Module> DistributedDataParallel<M> {
             .filter(Tensor::requires_grad)
             .collect();
         let cap = (bucket_cap_mb * 1024.0 * 1024.0) as usize;
-        let mut buckets: Vec<Bucket> = Vec::new();
+        let sizes: Vec<(usize, DType)> = params
+            .iter()
+            .map(|p| (p.numel() * p.element_size(), p.dtype()))
+            .collect();
         let mut bucket_of = vec![0; params.len()];
-        let mut bytes = 0usize;
-        for i in (0..params.len()).rev() {
-            let p = &params[i];
-            let nb = p.numel() * p.element_size();
-            let fits = buckets
-                .last()
-                .is_some_and(|b| bytes + nb <= cap && params[b.members[0]].dtype() == p.dtype());
-            if !fits {
-                buckets.push(Bucket {
-                    members: Vec::new(),
+        let buckets: Vec<Bucket> = distributed::buckets(&sizes, cap)
+            .into_iter()
+            .enumerate()
+            .map(|(b, members)| {
+                for &i in &members {
+                    bucket_of[i] = b;
+                }
+                Bucket {
+                    members,
                     ready: 0,
                     flight: None,
-                });
-                bytes = 0;
-            }
-            bytes += nb;
-            let b = buckets.len() - 1;
-            buckets[b].members.push(i);
-            bucket_of[i] = b;
-        }
+                }
+            })
+            .collect();
         let reducer = Arc::new(Mutex::new(Reducer {
             group: group.clone(),
             ready: vec![false; params.len()],

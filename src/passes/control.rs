@@ -239,7 +239,8 @@ fn restructure(
             continue;
         };
         let ops = body.operands(v);
-        let pure = !matches!(op, Op::Dropout { .. } | Op::Control(_) | Op::Result { .. });
+        let pure = !matches!(op, Op::Dropout { .. } | Op::Control(_) | Op::Result { .. })
+            && !op.communicates();
         if pure && ops.iter().all(|o| invariant.contains(o)) {
             invariant.insert(v);
         }

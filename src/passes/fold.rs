@@ -51,8 +51,10 @@ pub fn fold_with(g: &Graph, opts: &FoldOptions) -> Result<Graph> {
     let mut evaluable: HashSet<ValueId> = HashSet::new();
     for &v in &order {
         let n = g.node(v);
-        // control ops are simplified by `passes::control` (their results are not one value)
-        let control = matches!(n.op(), Some(Op::Control(_) | Op::Result { .. }));
+        // control ops are simplified by `passes::control` (their results are not one value);
+        // collectives need the other ranks
+        let control = matches!(n.op(), Some(Op::Control(_) | Op::Result { .. }))
+            || n.op().is_some_and(Op::communicates);
         if n.op().is_none()
             || control
             || n.ty.numel().saturating_mul(n.ty.dtype.size()) > opts.max_bytes

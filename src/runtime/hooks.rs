@@ -9,6 +9,7 @@
 
 use super::Tensor;
 use crate::Result;
+use crate::ir::collective::ReduceOp;
 use crate::ir::op::{Op, TensorType};
 use std::sync::OnceLock;
 
@@ -18,9 +19,9 @@ pub type AutocastFn = fn(&Op, &[&Tensor]) -> Option<Result<Tensor>>;
 pub type AfterFn = fn(&Op, &[&Tensor], &Tensor);
 /// Sees an in-place write `target = op(operands)` before it happens; may refuse it.
 pub type InplaceFn = fn(&Tensor, &Op, &[&Tensor]) -> Result<()>;
-/// Reduces a copy of a tensor over the default process group (`distributed`), by a reduce
-/// op's name: the eager kernel of the `all_reduce` graph op.
-pub type CollectiveFn = fn(&Tensor, &str) -> Result<Tensor>;
+/// Reduces a copy of a tensor over the default process group (`distributed`): the eager
+/// kernel of the `all_reduce` graph op.
+pub type CollectiveFn = fn(&Tensor, ReduceOp) -> Result<Tensor>;
 /// Runs `op` on device `index` (the inputs' device), its result of type `out`.
 pub type DeviceFn = fn(&Op, &[&Tensor], &TensorType, usize) -> Result<Tensor>;
 

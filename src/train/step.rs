@@ -119,6 +119,12 @@ impl<'f> CompiledStep<'f> {
             StepOptimizer::AdamW(c) => drop(crate::optim::AdamW::new(tensors(), c)?),
         }
         config.check()?;
+        if config.all_reduce_bucket_bytes.is_some() && !crate::distributed::is_initialized() {
+            bail!(
+                Distributed,
+                "the training step all-reduces its gradients, but the default process group has not been initialized (call distributed::init_process_group first)"
+            );
+        }
         let loss_fn: LossFn<'f> = Box::new(loss_fn);
         let (variant, updated) = build_variant(&loss_fn, example_inputs, &params, &config, opts)?;
         let kept: Vec<&Tensor> = params

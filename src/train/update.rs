@@ -107,6 +107,12 @@ pub struct StepConfig {
     /// gradient, the loss divided by this (so the update is the one of the whole batch
     /// when the loss is a mean); the last one of each group also updates.
     pub accumulation_steps: usize,
+    /// Data-parallel training: average the gradients over the default process group
+    /// (`distributed`) before clipping and the update, in buckets of at most this many
+    /// bytes (parameters in reverse order, as `DistributedDataParallel`), one `all_reduce`
+    /// step of the compiled graph each. Micro-batches that only accumulate do not
+    /// communicate.
+    pub all_reduce_bucket_bytes: Option<usize>,
 }
 
 impl StepConfig {
@@ -128,6 +134,7 @@ impl StepConfig {
             clip_grad_norm: None,
             schedule: LrSchedule::Constant,
             accumulation_steps: 1,
+            all_reduce_bucket_bytes: None,
         }
     }
     /// With gradient clipping by global 2-norm.
@@ -143,6 +150,19 @@ impl StepConfig {
     /// With `n` micro-batches per optimiser step.
     pub fn accumulate(mut self, n: usize) -> StepConfig {
         self.accumulation_steps = n;
+        self
+    }
+    /// With the gradients averaged over the default process group before the update, in
+    /// buckets of `DistributedDataParallel`'s default size (25 MB).
+    pub fn all_reduce_gradients(self) -> StepConfig {
+        self.all_reduce_bucket_bytes(
+            (crate::distributed::DEFAULT_BUCKET_MB * 1024.0 * 1024.0) as usize,
+        )
+    }
+    /// With the gradients averaged over the default process group in buckets of at most
+    /// `bytes` (a gradient larger than that is a bucket of its own).
+    pub fn all_reduce_bucket_bytes(mut self, bytes: usize) -> StepConfig {
+        self.all_reduce_bucket_bytes = Some(bytes);
         self
     }
 
@@ -294,6 +314,10 @@ pub fn build_update_graph(
         g.set_outputs(outputs);
         g.verify()?;
         return Ok((g, updated));
+    }
+
+    if let Some(cap) = cfg.all_reduce_bucket_bytes {
+        all_reduce_buckets(&mut g, &mut grads, cap)?;
     }
 
     let first_step = phase == Phase::Update { first_step: true };
@@ -471,6 +495,52 @@ fn adam(
     let ratio = bin(g, BinaryOp::Div, m, denom)?;
     let step = bin(g, BinaryOp::Mul, ratio, step_size)?;
     Ok((p, step, out))
+}
+
+/// Replaces each gradient by its average over the ranks: gradients in reverse order, grouped
+/// into buckets of one dtype and at most `cap` bytes; a bucket of several is flattened and
+/// joined, reduced by one `all_reduce`, and read back through views of the result.
+fn all_reduce_buckets(g: &mut Graph, grads: &mut [ValueId], cap: usize) -> Result<()> {
+    let avg = Op::AllReduce {
+        op: crate::ir::collective::ReduceOp::Avg,
+    };
+    let sizes: Vec<(usize, DType)> = grads
+        .iter()
+        .map(|&v| {
+            let ty = &g.node(v).ty;
+            (ty.numel() * ty.dtype.size(), ty.dtype)
+        })
+        .collect();
+    let buckets = crate::distributed::buckets(&sizes, cap);
+    for b in buckets {
+        if let [i] = b[..] {
+            grads[i] = g.add_op(avg.clone(), &[grads[i]])?;
+            continue;
+        }
+        let flat: Vec<ValueId> = b
+            .iter()
+            .map(|&i| g.add_op(Op::Reshape { shape: vec![-1] }, &[grads[i]]))
+            .collect::<Result<_>>()?;
+        let joined = g.add_op(Op::Cat { dim: 0 }, &flat)?;
+        let reduced = g.add_op(avg.clone(), &[joined])?;
+        let mut start = 0i64;
+        for &i in &b {
+            let ty = g.node(grads[i]).ty.clone();
+            let length = ty.numel() as i64;
+            let part = g.add_op(
+                Op::Narrow {
+                    dim: 0,
+                    start,
+                    length,
+                },
+                &[reduced],
+            )?;
+            let shape = ty.shape.iter().map(|&d| d as i64).collect();
+            grads[i] = g.add_op(Op::Reshape { shape }, &[part])?;
+            start += length;
+        }
+    }
+    Ok(())
 }
 
 fn bin(g: &mut Graph, op: BinaryOp, x: ValueId, y: ValueId) -> Result<ValueId> {

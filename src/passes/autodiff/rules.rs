@@ -4,6 +4,7 @@
 //! operand's shape and casts them to its dtype.
 
 use super::emit::Emit;
+use crate::ir::collective::ReduceOp as Collective;
 use crate::ir::dtype::Scalar;
 use crate::ir::graph::ValueId;
 use crate::ir::op::{BinaryOp, Op, ReduceOp, UnaryOp};
@@ -324,6 +325,16 @@ pub(crate) fn vjp(
         Op::BatchNorm(bn) => batch_norm(e, bn, xs, g),
         // the same mask, scaled the same way
         Op::Dropout { .. } => Ok(vec![Some(e.op(op.clone(), &[g])?)]),
+        // every rank's output depends on every rank's input with weight 1 (or 1/world):
+        // the gradient is the same reduction of the output gradients
+        Op::AllReduce {
+            op: Collective::Sum | Collective::Avg,
+        } => Ok(vec![Some(e.op(op.clone(), &[g])?)]),
+        Op::AllReduce { op } => bail!(
+            Unsupported,
+            "all_reduce({}) has no gradient (only sum and avg do)",
+            op.name()
+        ),
     }
 }
 

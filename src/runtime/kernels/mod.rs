@@ -29,6 +29,12 @@ pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
             "{} has several results: it runs through runtime::control, not as one kernel",
             op.name()
         ))),
+        Op::AllReduce { op } => match crate::runtime::hooks::COLLECTIVE.get() {
+            Some(f) => f(inputs[0], *op),
+            None => Err(crate::Error::Distributed(
+                "all_reduce: the default process group has not been initialized (call distributed::init_process_group first)".into(),
+            )),
+        },
         Op::To { dtype } => copy::cast(inputs[0], *dtype),
         Op::Contiguous => copy::contiguous(inputs[0]),
         Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Clamp { .. } | Op::MaskedFill { .. } => {
