@@ -87,16 +87,17 @@ fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
     (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
-/// A plain `MPI_Allreduce` (sum, in place) over MPI_COMM_WORLD.
-fn mpi_allreduce(buf: &mut [f32]) -> Result<()> {
+/// A plain `MPI_Allreduce` (sum) of `send` into `recv` over MPI_COMM_WORLD.
+fn mpi_allreduce(send: &[f32], recv: &mut [f32]) -> Result<()> {
     use smelt::distributed::mpi_ffi as ffi;
-    // SAFETY: MPI is initialised (with MPI_THREAD_MULTIPLE, checked by the caller) and
-    // `buf` holds `len` floats.
+    assert_eq!(send.len(), recv.len());
+    // SAFETY: MPI is initialised (with MPI_THREAD_MULTIPLE, checked by the caller) and both
+    // buffers hold `len` floats.
     let rc = unsafe {
         ffi::MPI_Allreduce(
-            ffi::RSMPI_IN_PLACE,
-            buf.as_mut_ptr().cast(),
-            buf.len() as i32,
+            send.as_ptr().cast(),
+            recv.as_mut_ptr().cast(),
+            send.len() as i32,
             ffi::RSMPI_FLOAT,
             ffi::RSMPI_SUM,
             ffi::RSMPI_COMM_WORLD,
@@ -131,11 +132,12 @@ fn bandwidth(rank: usize) -> Result<()> {
         let bytes = (n * 4) as f64;
         let reps = (64 / mb).clamp(2, 16);
         let t = Tensor::ones(&[n], smelt::DType::F32);
-        let mut raw = vec![1.0f32; n];
+        let raw = vec![1.0f32; n];
+        let mut out = vec![0.0f32; n];
         let (mut ours, mut theirs) = (Vec::new(), Vec::new());
         // one warm-up each: first touches of the buffers and of MPI's shared segments
         dist::all_reduce(&t, ReduceOp::Sum)?;
-        mpi_allreduce(&mut raw)?;
+        mpi_allreduce(&raw, &mut out)?;
         for round in 0..ROUNDS {
             for side in [round % 2, 1 - round % 2] {
                 dist::barrier()?;
@@ -144,7 +146,7 @@ fn bandwidth(rank: usize) -> Result<()> {
                     if side == 0 {
                         dist::all_reduce(&t, ReduceOp::Sum)?;
                     } else {
-                        mpi_allreduce(&mut raw)?;
+                        mpi_allreduce(&raw, &mut out)?;
                     }
                 }
                 let s = t0.elapsed().as_secs_f64() / reps as f64;
@@ -200,7 +202,7 @@ fn mlp(g: &mut Generator) -> Result<Sequential> {
 
 fn batch(n: usize, g: &mut Generator) -> Result<(Tensor, Tensor)> {
     let x = Tensor::randn_with(&[n, IN], None, g)?;
-    let y = Tensor::randint_with(0, CLASSES as i64, &[n], g)?;
+    let y = Tensor::randint_with(0, CLASSES as i64, &[n], None, g)?;
     Ok((x, y))
 }
 

@@ -9,7 +9,7 @@
 
 use smelt::exec::CompileOptions;
 use smelt::nn::functional::cross_entropy;
-use smelt::nn::{Module, Sequential};
+use smelt::nn::Module;
 use smelt::optim::{Optimizer, SGD, SGDConfig};
 use smelt::profiler;
 

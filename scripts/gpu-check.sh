@@ -5,7 +5,7 @@
 # table last.
 #
 # Binaries: with SMELT_PREBUILT=DIR, DIR holds `smelt` and the test executables
-# `cuda_exec`, `cuda_codegen`, `cuda_device` (built elsewhere with
+# `cuda_exec`, `cuda_codegen`, `cuda_device`, `nccl` (built elsewhere with
 # `cargo test --release --no-run`); otherwise they are built here with cargo (--offline:
 # the crates must already be in the cargo cache). NVRTC, the CUDA headers and cuBLAS come
 # from a CUDA toolkit or NVIDIA's pip wheels (docs/cuda.md).
@@ -47,7 +47,7 @@ fi
 export SMELT_BIN=$bin
 
 echo "== CUDA tests"
-for t in cuda_device cuda_codegen cuda_exec; do
+for t in cuda_device cuda_codegen cuda_exec nccl; do
   if ! run_test "$t" > "$out/test_$t.log"; then status=1; fi
   grep -E "^test |test result|panicked|skipped" "$out/test_$t.log" | grep -v " ok$" | head -40
 done

@@ -389,16 +389,21 @@ fn stage(t: &dyn Transport, job: &Job) -> Result<Staged> {
     })
 }
 
-/// Polls `done` until it returns true, sleeping a little longer each time once it has
-/// spun briefly (the communication thread must not take a core from the computation
-/// while a slow peer is away); an error once `deadline` has passed.
+/// How long [`poll_until`] polls without sleeping.
+const SPIN: Duration = Duration::from_millis(2);
+
+/// Polls `done` until it returns true: at first continuously, yielding the core between
+/// polls (MPI moves a non-blocking collective forward only inside these polls, so a nap
+/// here stalls the transfer), then, once the wait is long enough to mean a peer is away,
+/// sleeping a little longer each time (the communication thread must not take a core from
+/// the computation for the whole timeout); an error once `deadline` has passed.
 pub(crate) fn poll_until(
     mut done: impl FnMut() -> Result<bool>,
     deadline: Instant,
     what: impl FnOnce() -> String,
 ) -> Result<()> {
     let start = Instant::now();
-    let mut nap = Duration::from_micros(2);
+    let mut nap = Duration::from_micros(10);
     loop {
         if done()? {
             return Ok(());
@@ -410,11 +415,11 @@ pub(crate) fn poll_until(
                 what()
             )));
         }
-        if now - start < Duration::from_micros(50) {
-            std::hint::spin_loop();
+        if now - start < SPIN {
+            std::thread::yield_now();
         } else {
             std::thread::sleep(nap.min(deadline - now));
-            nap = (nap * 2).min(Duration::from_millis(1));
+            nap = (nap * 2).min(Duration::from_micros(250));
         }
     }
 }

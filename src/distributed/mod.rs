@@ -55,6 +55,24 @@ impl Backend {
 
 pub use crate::ir::collective::ReduceOp;
 
+/// MPI's C interface as the `mpi` crate binds it, for programs that call MPI themselves
+/// beside smelt (when [`mpi_thread_multiple`] says any thread may).
+#[cfg(feature = "mpi")]
+pub use ::mpi::ffi as mpi_ffi;
+
+/// Whether MPI is initialised with MPI_THREAD_MULTIPLE, so that threads other than smelt's
+/// communication thread may call it too (false without the `mpi` feature).
+pub fn mpi_thread_multiple() -> bool {
+    #[cfg(feature = "mpi")]
+    {
+        mpi::thread_multiple()
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        false
+    }
+}
+
 /// PyTorch's default gradient bucket size, in megabytes (`bucket_cap_mb`).
 pub const DEFAULT_BUCKET_MB: f64 = 25.0;
 

@@ -35,9 +35,11 @@ pub(crate) struct MpiTransport {
     abandoned: bool,
 }
 
-/// Initialises MPI on the calling thread (the communication thread) and connects.
+/// Initialises MPI on the calling thread (the communication thread) and connects. smelt
+/// calls MPI from that thread only, but asks for MPI_THREAD_MULTIPLE so that a program may
+/// call MPI itself from its own threads where the library allows it.
 pub(crate) fn connect() -> Result<Box<dyn Transport>> {
-    let Some((universe, _level)) = mpi::initialize_with_threading(mpi::Threading::Funneled) else {
+    let Some((universe, _level)) = mpi::initialize_with_threading(mpi::Threading::Multiple) else {
         return Err(Error::Distributed(
             "MPI cannot be initialised again in this process (it was initialised before, and MPI allows it once)".into(),
         ));
@@ -384,4 +386,19 @@ impl Transport for MpiTransport {
         drop(self.universe.take());
         Ok(())
     }
+}
+
+/// Whether the MPI library runs with MPI_THREAD_MULTIPLE (any thread may call it).
+pub(crate) fn thread_multiple() -> bool {
+    let mut initialised: c_int = 0;
+    // SAFETY: MPI_Initialized may be called at any time.
+    unsafe { ffi::MPI_Initialized(&mut initialised) };
+    if initialised == 0 {
+        return false;
+    }
+    let mut level: c_int = 0;
+    // SAFETY: MPI is initialised; `level` receives the thread level.
+    unsafe { ffi::MPI_Query_thread(&mut level) };
+    // SAFETY: a constant of the MPI library.
+    level == unsafe { ffi::RSMPI_THREAD_MULTIPLE }
 }
