@@ -8,8 +8,8 @@
 //! eager and compiled are two processes) and `DIR/report.html`, and prints the op tables.
 
 use smelt::exec::CompileOptions;
-use smelt::nn::functional::cross_entropy;
 use smelt::nn::Module;
+use smelt::nn::functional::cross_entropy;
 use smelt::optim::{Optimizer, SGD, SGDConfig};
 use smelt::profiler;
 

@@ -454,7 +454,7 @@ pub fn reduce_scatter_async(output: &Tensor, input: &Tensor, op: ReduceOp) -> Re
 
 /// The `all_reduce` graph op's eager kernel: reduces a copy of `x` over the default group.
 fn graph_all_reduce(x: &Tensor, op: ReduceOp) -> Result<Tensor> {
-    let out = Tensor::empty(x.shape(), x.dtype());
+    let out = Tensor::empty(x.shape(), x.dtype()).to_device(x.device())?;
     out.copy_(x)?;
     all_reduce(&out, op)?;
     Ok(out)

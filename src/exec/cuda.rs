@@ -432,6 +432,15 @@ impl CudaFn {
             });
             return Ok(());
         }
+        // a collective of a GPU group reduces the device buffer itself (NCCL)
+        if let (Op::AllReduce { .. }, [x]) = (&e.op, &args[..]) {
+            let r = crate::runtime::kernels::eval(&e.op, &[x], &x.ttype())?;
+            bufs[e.out] = Some(Buf {
+                offset: r.storage_offset(),
+                storage: r.storage_arc().clone(),
+            });
+            return Ok(());
+        }
         // the CPU's kernel on copies of the operands
         let host: Vec<Tensor> = args
             .iter()
