@@ -49,6 +49,7 @@ fn main() -> ExitCode {
 }
 
 /// One mode's result on this rank.
+#[derive(Default)]
 struct Outcome {
     steps: usize,
     worst: f64,
@@ -185,13 +186,7 @@ fn train_eager(data: &Data, rank: usize, xt: &Tensor, yt: &Tensor) -> Result<Out
     let (ddp, single) = models(100, rank)?;
     let mut opt = SGD::new(ddp.parameters(), sgd())?;
     let mut opt1 = SGD::new(single.parameters(), sgd())?;
-    let mut o = Outcome {
-        steps: 0,
-        worst: 0.0,
-        replica: Duration::ZERO,
-        single: Duration::ZERO,
-        accuracy: 0.0,
-    };
+    let mut o = Outcome::default();
     for epoch in 0..EPOCHS {
         for [xl, yl, xg, yg] in data.batches(epoch)? {
             let t = Instant::now();
@@ -234,13 +229,7 @@ fn train_compiled(data: &Data, rank: usize, xt: &Tensor, yt: &Tensor) -> Result<
         StepConfig::sgd(sgd()),
         &opts,
     )?;
-    let mut o = Outcome {
-        steps: 0,
-        worst: 0.0,
-        replica: Duration::ZERO,
-        single: Duration::ZERO,
-        accuracy: 0.0,
-    };
+    let mut o = Outcome::default();
     for epoch in 0..EPOCHS {
         for [xl, yl, xg, yg] in data.batches(epoch)? {
             let t = Instant::now();

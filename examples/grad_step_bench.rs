@@ -9,11 +9,16 @@
 
 use smelt::exec::CompileOptions;
 use smelt::nn::functional::{Reduction, mse_loss};
-use smelt::nn::{Linear, Module, ReLU, Sequential};
+use smelt::nn::{Module, Sequential};
 use smelt::optim::{Optimizer, SGD, SGDConfig};
 use smelt::train::CompiledStep;
 use smelt::{Generator, Result, Tensor};
 use std::time::Instant;
+
+#[allow(dead_code)] // shared with the classifier examples; this one needs only the models
+#[path = "common/spirals.rs"]
+mod spirals;
+use spirals::twin_models;
 
 /// Best time per call of `f` over `rounds` rounds of `calls` calls, in seconds.
 fn best_of(rounds: usize, calls: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
@@ -28,36 +33,6 @@ fn best_of(rounds: usize, calls: usize, mut f: impl FnMut() -> Result<()>) -> Re
     Ok(best)
 }
 
-/// A model of `Linear` layers with ReLUs between them, built twice from the same weights.
-fn twin_mlps(widths: &[usize], g: &mut Generator) -> Result<(Sequential, Sequential)> {
-    let (mut a, mut b) = (Sequential::new(), Sequential::new());
-    for (i, io) in widths.windows(2).enumerate() {
-        if i > 0 {
-            a = a.add(ReLU::new());
-            b = b.add(ReLU::new());
-        }
-        let bound = 1.0 / (io[0] as f64).sqrt();
-        let w = Tensor::rand_with(&[io[1], io[0]], None, g)?
-            .mul_scalar(2.0 * bound)?
-            .sub_scalar(bound)?;
-        let bias = Tensor::rand_with(&[io[1]], None, g)?
-            .mul_scalar(2.0 * bound)?
-            .sub_scalar(bound)?;
-        for (m, (w, bias)) in [(&mut a, (w.clone(), bias.clone())), (&mut b, (w, bias))] {
-            let (w, bias) = (own_copy(&w)?, own_copy(&bias)?);
-            w.requires_grad_(true)?;
-            bias.requires_grad_(true)?;
-            *m = std::mem::take(m).add(Linear::from_tensors(w, Some(bias))?);
-        }
-    }
-    Ok((a, b))
-}
-
-/// A tensor with its own storage holding `t`'s values.
-fn own_copy(t: &Tensor) -> Result<Tensor> {
-    Tensor::from_vec(t.to_vec::<f32>()?, t.shape())
-}
-
 fn mse(out: &Tensor, y: &Tensor) -> Result<Tensor> {
     mse_loss(out, y, Reduction::Mean)
 }
@@ -67,7 +42,7 @@ fn linear_regression() -> Result<()> {
     let x = Tensor::randn_with(&[100, 1], None, &mut g)?;
     let noise = Tensor::randn_with(&[100, 1], None, &mut g)?.mul_scalar(0.1)?;
     let y = x.mul_scalar(2.0)?.add_scalar(1.0)?.add(&noise)?;
-    let (eager, compiled) = twin_mlps(&[1, 1], &mut g)?;
+    let (eager, compiled) = twin_models(&[1, 1], &mut g)?;
     let mut opt = SGD::new(eager.parameters(), SGDConfig::new(0.1))?;
     let mut eager_step = || -> Result<()> {
         opt.zero_grad();
@@ -124,7 +99,7 @@ fn mlp() -> Result<()> {
     let mut g = Generator::new(1);
     let x = Tensor::randn_with(&[256, 1024], None, &mut g)?;
     let y = Tensor::randn_with(&[256, 1024], None, &mut g)?;
-    let (eager, compiled) = twin_mlps(&[1024, 4096, 1024], &mut g)?;
+    let (eager, compiled) = twin_models(&[1024, 4096, 1024], &mut g)?;
     let cfg = SGDConfig::new(0.01);
     let mut opt = SGD::new(eager.parameters(), cfg)?;
     let mut eager_step = || -> Result<()> {
