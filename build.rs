@@ -33,4 +33,27 @@ fn main() {
         println!("cargo:rerun-if-changed={dir}");
     }
     println!("cargo:rustc-env=SMELT_SOURCE_HASH={h:016x}");
+    #[cfg(feature = "mpi")]
+    mpi_shim();
+}
+
+/// Compiles `src/distributed/in_place.c` against the MPI library's headers.
+#[cfg(feature = "mpi")]
+fn mpi_shim() {
+    let lib = match build_probe_mpi::probe() {
+        Ok(lib) => lib,
+        Err(errs) => {
+            let why: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+            panic!(
+                "the mpi feature needs an MPI library with its headers (Debian: libopenmpi-dev): {}",
+                why.join("; ")
+            );
+        }
+    };
+    let mut b = cc::Build::new();
+    for p in &lib.include_paths {
+        b.include(p);
+    }
+    b.file("src/distributed/in_place.c")
+        .compile("smelt_mpi_shim");
 }

@@ -1,8 +1,8 @@
 //! Data-parallel costs on two MPI ranks, each side timed in the same run, taking turns
 //! round by round (median and range of the rounds):
 //!
-//! 1. all-reduce bandwidth of f32 tensors of 1–256 MB: `ProcessGroup::all_reduce` (sum)
-//!    against a plain `MPI_Allreduce` loop on the same MPI library;
+//! 1. all-reduce bandwidth of f32 tensors of 1–256 MB: `ProcessGroup::all_reduce` (sum, in
+//!    place) against a plain in-place `MPI_Allreduce` loop on the same MPI library;
 //! 2. one training step of an MLP: DistributedDataParallel (eager) and a compiled step
 //!    that all-reduces in its graph, each on 2 ranks with batch B per rank, against one
 //!    process alone with batch 2B (the other rank waits);
@@ -87,17 +87,17 @@ fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
     (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
-/// A plain `MPI_Allreduce` (sum) of `send` into `recv` over MPI_COMM_WORLD.
-fn mpi_allreduce(send: &[f32], recv: &mut [f32]) -> Result<()> {
+/// A plain in-place `MPI_Allreduce` (sum) of `buf` over MPI_COMM_WORLD, as
+/// `dist::all_reduce(&t, ..)` reduces `t`.
+fn mpi_allreduce(buf: &mut [f32]) -> Result<()> {
     use smelt::distributed::mpi_ffi as ffi;
-    assert_eq!(send.len(), recv.len());
-    // SAFETY: MPI is initialised (with MPI_THREAD_MULTIPLE, checked by the caller) and both
-    // buffers hold `len` floats.
+    // SAFETY: MPI is initialised (with MPI_THREAD_MULTIPLE, checked by the caller) and
+    // `buf` holds `len` floats.
     let rc = unsafe {
         ffi::MPI_Allreduce(
-            send.as_ptr().cast(),
-            recv.as_mut_ptr().cast(),
-            send.len() as i32,
+            dist::mpi_in_place(),
+            buf.as_mut_ptr().cast(),
+            buf.len() as i32,
             ffi::RSMPI_FLOAT,
             ffi::RSMPI_SUM,
             ffi::RSMPI_COMM_WORLD,
@@ -132,12 +132,11 @@ fn bandwidth(rank: usize) -> Result<()> {
         let bytes = (n * 4) as f64;
         let reps = (64 / mb).clamp(2, 16);
         let t = Tensor::ones(&[n], smelt::DType::F32);
-        let raw = vec![1.0f32; n];
-        let mut out = vec![0.0f32; n];
+        let mut raw = vec![1.0f32; n];
         let (mut ours, mut theirs) = (Vec::new(), Vec::new());
         // one warm-up each: first touches of the buffers and of MPI's shared segments
         dist::all_reduce(&t, ReduceOp::Sum)?;
-        mpi_allreduce(&raw, &mut out)?;
+        mpi_allreduce(&mut raw)?;
         for round in 0..ROUNDS {
             for side in [round % 2, 1 - round % 2] {
                 dist::barrier()?;
@@ -146,7 +145,7 @@ fn bandwidth(rank: usize) -> Result<()> {
                     if side == 0 {
                         dist::all_reduce(&t, ReduceOp::Sum)?;
                     } else {
-                        mpi_allreduce(&raw, &mut out)?;
+                        mpi_allreduce(&mut raw)?;
                     }
                 }
                 let s = t0.elapsed().as_secs_f64() / reps as f64;

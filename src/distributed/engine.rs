@@ -351,6 +351,9 @@ fn stage(t: &dyn Transport, job: &Job) -> Result<Staged> {
         Ok(c)
     };
     let empty = |x: &Tensor| Tensor::empty(x.shape(), wire).to_device(dev);
+    let same = |a: &Tensor, b: &Tensor| {
+        a.shares_storage(b) && a.storage_offset() == b.storage_offset() && a.shape() == b.shape()
+    };
     let (send, recv, copy_back) = match job.what {
         // one buffer: the root's data goes out of it, everyone's comes back into it
         Collective::Broadcast(_) if fits(&job.output) => {
@@ -360,7 +363,11 @@ fn stage(t: &dyn Transport, job: &Job) -> Result<Staged> {
             let buf = copy_of(&job.input)?;
             (buf.clone(), buf, true)
         }
-        // reads and writes the same tensor: the transport needs a second buffer
+        // in place where the tensor already is what the wire wants (the transport sees
+        // one buffer as send and receive: MPI_IN_PLACE, or NCCL's in-place form)
+        Collective::AllReduce(_) if fits(&job.output) && same(&job.input, &job.output) => {
+            (job.output.clone(), job.output.clone(), false)
+        }
         Collective::AllReduce(_) => {
             let send = copy_of(&job.input)?;
             if fits(&job.output) {

@@ -60,6 +60,13 @@ pub use crate::ir::collective::ReduceOp;
 #[cfg(feature = "mpi")]
 pub use ::mpi::ffi as mpi_ffi;
 
+/// The MPI library's `MPI_IN_PLACE` (the `mpi` crate does not bind it), for programs that
+/// call MPI themselves.
+#[cfg(feature = "mpi")]
+pub fn mpi_in_place() -> *const std::ffi::c_void {
+    mpi::in_place()
+}
+
 /// Whether MPI is initialised with MPI_THREAD_MULTIPLE, so that threads other than smelt's
 /// communication thread may call it too (false without the `mpi` feature).
 pub fn mpi_thread_multiple() -> bool {
@@ -170,7 +177,7 @@ impl ProcessGroup {
     /// group.
     pub fn new(backend: Backend, opts: &InitOptions) -> Result<ProcessGroup> {
         let connect: engine::Connect = match backend {
-            Backend::Mpi => mpi_connect()?,
+            Backend::Mpi => mpi_connect(opts)?,
             Backend::Nccl => nccl::connect(opts.clone()),
         };
         let (engine, rank, size) = Engine::start(connect, opts)?;
@@ -322,12 +329,13 @@ fn check_parts(whole: &Tensor, part: &Tensor, world: usize, what: &str) -> Resul
 }
 
 #[cfg(feature = "mpi")]
-fn mpi_connect() -> Result<engine::Connect> {
-    Ok(Box::new(mpi::connect))
+fn mpi_connect(opts: &InitOptions) -> Result<engine::Connect> {
+    let checked = opts.check_arguments;
+    Ok(Box::new(move || mpi::connect(checked)))
 }
 
 #[cfg(not(feature = "mpi"))]
-fn mpi_connect() -> Result<engine::Connect> {
+fn mpi_connect(_: &InitOptions) -> Result<engine::Connect> {
     Err(Error::Unsupported(
         "the mpi backend needs smelt built with the `mpi` feature (and an MPI library such as Debian's libopenmpi-dev)".into(),
     ))

@@ -33,12 +33,25 @@ pub(crate) struct MpiTransport {
     parked: Vec<Box<Header>>,
     /// A collective was abandoned half-way: finalising could wait for it forever.
     abandoned: bool,
+    /// All-reduces run blocking (the ranks agreed on them first).
+    blocking: bool,
+}
+
+unsafe extern "C" {
+    /// The MPI library's `MPI_IN_PLACE` (`in_place.c`).
+    fn smelt_mpi_in_place() -> *const c_void;
 }
 
 /// Initialises MPI on the calling thread (the communication thread) and connects. smelt
 /// calls MPI from that thread only, but asks for MPI_THREAD_MULTIPLE so that a program may
 /// call MPI itself from its own threads where the library allows it.
-pub(crate) fn connect() -> Result<Box<dyn Transport>> {
+///
+/// `checked`: the ranks exchange headers before each collective, so an all-reduce's data
+/// moves only once every rank has arrived and agreed; it then runs as the blocking
+/// `MPI_Allreduce`, which takes MPI's tuned algorithms (the non-blocking one takes
+/// libnbc's and moves only while polled: about half the bandwidth, `benches/distributed`).
+/// Unchecked, every collective stays non-blocking so that the timeout holds.
+pub(crate) fn connect(checked: bool) -> Result<Box<dyn Transport>> {
     let Some((universe, _level)) = mpi::initialize_with_threading(mpi::Threading::Multiple) else {
         return Err(Error::Distributed(
             "MPI cannot be initialised again in this process (it was initialised before, and MPI allows it once)".into(),
@@ -72,6 +85,7 @@ pub(crate) fn connect() -> Result<Box<dyn Transport>> {
         size,
         parked: Vec::new(),
         abandoned: false,
+        blocking: checked,
     }))
 }
 
@@ -321,10 +335,24 @@ impl Transport for MpiTransport {
         at: Instant,
     ) -> Result<()> {
         let (n, dt, comm) = (count(send)?, datatype(send.dtype())?, self.data);
-        // SAFETY: both buffers hold `n` elements of `dt`.
-        self.start(Some(send), recv, "all_reduce", at, |s, r, req| unsafe {
-            ffi::MPI_Iallreduce(s, r, n, dt, operation(op), comm, req)
-        })
+        let op = operation(op);
+        let blocking = self.blocking;
+        // SAFETY (both calls): the buffers hold `n` elements of `dt`; MPI_IN_PLACE is the
+        // library's; a blocking call leaves `req` null, which MPI_Test finds complete.
+        let call = move |s: *const c_void, r: *mut c_void, req: &mut ffi::MPI_Request| unsafe {
+            if blocking {
+                ffi::MPI_Allreduce(s, r, n, dt, op, comm)
+            } else {
+                ffi::MPI_Iallreduce(s, r, n, dt, op, comm, req)
+            }
+        };
+        if send.shares_storage(recv) {
+            // one buffer: the engine passes the same contiguous tensor twice
+            return self.start(None, recv, "all_reduce", at, |_, r, req| {
+                call(in_place(), r, req)
+            });
+        }
+        self.start(Some(send), recv, "all_reduce", at, call)
     }
 
     fn broadcast(&mut self, buf: &Tensor, root: usize, at: Instant) -> Result<()> {
@@ -386,6 +414,12 @@ impl Transport for MpiTransport {
         drop(self.universe.take());
         Ok(())
     }
+}
+
+/// The library's MPI_IN_PLACE.
+pub(crate) fn in_place() -> *const c_void {
+    // SAFETY: returns a constant of the MPI library.
+    unsafe { smelt_mpi_in_place() }
 }
 
 /// Whether the MPI library runs with MPI_THREAD_MULTIPLE (any thread may call it).
