@@ -33,6 +33,11 @@ pub const STRIP: i64 = 512;
 /// only read rows computed from L1 data run best at 512, their per-strip work amortised).
 pub const SHORT_STRIP: i64 = 128;
 
+/// Elements per call when the helper only sums memory: nothing computes between the calls,
+/// so longer calls only save the per-call work (the helper's partial sums are folded at
+/// the end of each call).
+pub const SUM_STRIP: i64 = 8192;
+
 /// Stack bytes the strip rows of one kernel may take; values past it stay inline (a long
 /// chain of transcendentals must not overflow a worker thread's stack).
 pub const STRIP_STACK_BYTES: usize = 32 << 10;
@@ -270,7 +275,12 @@ impl Gen<'_, '_, '_> {
             .iter()
             .map(|&c| self.strip_op(c).map_or(-1, |op| op as i64))
             .collect();
-        let step = if plan.srcs.iter().any(|s| matches!(s, Src::Load(_))) {
+        let only_sums = strip.is_empty()
+            && plan.last.is_none()
+            && plan.sums.iter().all(|(_, s)| matches!(s, SumSrc::Load(_)));
+        let step = if only_sums {
+            SUM_STRIP
+        } else if plan.srcs.iter().any(|s| matches!(s, Src::Load(_))) {
             SHORT_STRIP
         } else {
             STRIP
