@@ -249,3 +249,71 @@ fn eager_softmax_runs_the_native_exp() {
         }
     }
 }
+
+/// The exactly rounded f32 of the f64 sum (or mean) of each run of `n` values.
+fn exact_sums(v: &[f32], n: usize, mean: bool) -> Vec<f32> {
+    v.chunks(n)
+        .map(|r| {
+            // f64 holds every partial sum of these f32s of one sign range exactly enough
+            let s: f64 = r.iter().map(|&x| f64::from(x)).sum();
+            (if mean { s / n as f64 } else { s }) as f32
+        })
+        .collect()
+}
+
+#[test]
+fn eager_f32_sums_over_trailing_dims_are_the_f64_sums_rounded_once() {
+    let mut g = Generator::new(11);
+    // shapes for each path: one thread, many outputs split over threads, few long outputs
+    for shape in [
+        vec![3usize, 5],
+        vec![512, 300],
+        vec![2, 1 << 17],
+        vec![1 << 18],
+    ] {
+        let x = Tensor::randn_with(&shape, Some(DType::F32), &mut g).unwrap();
+        let v = x.to_vec::<f32>().unwrap();
+        let last = *shape.last().unwrap();
+        for mean in [false, true] {
+            let rows = if mean {
+                x.mean_dim(&[-1], false).unwrap()
+            } else {
+                x.sum_dim(&[-1], false).unwrap()
+            };
+            let all = if mean {
+                x.mean().unwrap()
+            } else {
+                x.sum().unwrap()
+            };
+            for (got, n) in [(rows, last), (all, v.len())] {
+                let want = exact_sums(&v, n, mean);
+                for (a, b) in got.to_vec::<f32>().unwrap().iter().zip(&want) {
+                    assert!(ulps(*a, *b) <= 1, "{shape:?} mean={mean}: {a} against {b}");
+                }
+            }
+        }
+        // a transposed view takes the reference loop, with the same values
+        if shape.len() == 2 {
+            let t = x.t().unwrap().contiguous().unwrap().t().unwrap();
+            let a = t.sum_dim(&[1], true).unwrap().to_vec::<f32>().unwrap();
+            let want = exact_sums(&v, last, false);
+            for (a, b) in a.iter().zip(&want) {
+                assert!(ulps(*a, *b) <= 1, "strided {shape:?}: {a} against {b}");
+            }
+        }
+    }
+    // empty runs: sums of nothing are 0, their means NaN, as PyTorch gives
+    let e = Tensor::zeros(&[4, 0], DType::F32);
+    assert_eq!(
+        e.sum_dim(&[1], false).unwrap().to_vec::<f32>().unwrap(),
+        vec![0.0; 4]
+    );
+    assert!(
+        e.mean_dim(&[1], false)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .all(|m| m.is_nan())
+    );
+}

@@ -120,6 +120,57 @@ pub(crate) fn unary_f32(u: UnaryOp, x: &Tensor, dst: &Tensor) -> Option<()> {
     Some(())
 }
 
+/// `sum` (or `mean`) of a contiguous f32 tensor over trailing dims, `n_in` elements per
+/// output, on the strip sum (f64 partial sums, as the compiled kernels sum), when this
+/// thread is not in reference mode; `None` leaves it to the reference loop. Outputs are
+/// split over the threads, or, when there are few, each output's run is.
+pub(crate) fn sum_f32(x: &Tensor, n_in: usize, mean: bool, out: &Tensor) -> Option<()> {
+    let usable = !reference()
+        && vmath::available()
+        && x.dtype() == DType::F32
+        && out.dtype() == DType::F32
+        && x.is_contiguous()
+        && out.is_contiguous()
+        && n_in > 0
+        && x.numel() == n_in * out.numel();
+    if !usable {
+        return None;
+    }
+    let n_out = out.numel();
+    let acc = access::lock(&[x], &[out]);
+    // SAFETY: x holds n_out·n_in contiguous f32s and out n_out; the locks are held.
+    let (xs, ys) = unsafe {
+        (
+            std::slice::from_raw_parts(acc.read::<f32>(0), n_out * n_in),
+            std::slice::from_raw_parts_mut(acc.write::<f32>(0), n_out),
+        )
+    };
+    let finish = |s: f64| (if mean { s / n_in as f64 } else { s }) as f32;
+    use rayon::prelude::*;
+    let threads = super::threads::available();
+    if xs.len() < 2 * CHUNK || threads < 2 {
+        for (y, row) in ys.iter_mut().zip(xs.chunks_exact(n_in)) {
+            *y = finish(vmath::sum(row));
+        }
+    } else if n_out >= 4 * threads {
+        let rows = CHUNK.div_ceil(n_in).max(1);
+        ys.par_chunks_mut(rows)
+            .zip(xs.par_chunks(rows * n_in))
+            .for_each(|(y, x)| {
+                for (y, row) in y.iter_mut().zip(x.chunks_exact(n_in)) {
+                    *y = finish(vmath::sum(row));
+                }
+            });
+    } else {
+        for (y, row) in ys.iter_mut().zip(xs.chunks_exact(n_in)) {
+            let part = n_in.div_ceil(4 * threads).max(CHUNK);
+            let s: f64 = row.par_chunks(part).map(vmath::sum).sum();
+            *y = finish(s);
+        }
+    }
+    Some(())
+}
+
 /// `row` folded by `step` in eight interleaved chains from `init`, joined by `join` at the
 /// end: a single chain would serialise the row on each step's latency.
 pub(crate) fn chains<E: Copy, A: Copy>(

@@ -774,10 +774,35 @@ fn param(t: &Tensor) -> Vec<f64> {
     }
 }
 
+/// Whether `dims` are `x`'s last dims (every output reads one run of a contiguous `x`).
+fn trailing(x: &Tensor, dims: &[usize]) -> bool {
+    let nd = x.shape().len();
+    let mut ds = dims.to_vec();
+    ds.sort_unstable();
+    ds.dedup();
+    ds.iter().enumerate().all(|(k, &d)| d == nd - ds.len() + k)
+}
+
 fn reduce(op: ReduceOp, x: &Tensor, dims: &[usize], out: &TensorType) -> Result<Tensor> {
     use ReduceOp::*;
     let float = x.dtype().is_float();
     match op {
+        Sum | Mean if x.dtype() == DType::F32 && trailing(x, dims) => {
+            let t = Tensor::alloc(out.dtype, &out.shape)?;
+            let n_in: usize = dims.iter().map(|&d| x.shape()[d]).product();
+            match crate::runtime::native::sum_f32(x, n_in, op == Mean, &t) {
+                Some(()) => Ok(t),
+                None => drive::<f32, _>(
+                    x,
+                    dims,
+                    out,
+                    &SumF::<f32> {
+                        mean: op == Mean,
+                        _o: PhantomData,
+                    },
+                ),
+            }
+        }
         Sum | Mean if float => dispatch_float!(x.dtype(), T => drive::<T, _>(x, dims, out,
             &SumF::<T> { mean: op == Mean, _o: PhantomData }), else bail!(DType, "{}: unexpected dtype {}", op.name(), x.dtype())),
         Sum => dispatch!(x.dtype(), T => drive::<T, _>(x, dims, out, &SumI)),
