@@ -317,3 +317,78 @@ fn eager_f32_sums_over_trailing_dims_are_the_f64_sums_rounded_once() {
             .all(|m| m.is_nan())
     );
 }
+
+/// `layer_norm` over the last `len` values of `v`, in f64 (two passes: mean, then the
+/// biased variance), rounded once to f32.
+fn exact_layer_norm(v: &[f32], len: usize, w: Option<&[f32]>, b: Option<&[f32]>) -> Vec<f32> {
+    let mut out = Vec::with_capacity(v.len());
+    for row in v.chunks(len) {
+        let n = len as f64;
+        let m = row.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
+        let var = row.iter().map(|&x| (f64::from(x) - m).powi(2)).sum::<f64>() / n;
+        let rstd = 1.0 / (var + 1e-5).sqrt();
+        for (i, &x) in row.iter().enumerate() {
+            let mut y = (f64::from(x) - m) * rstd;
+            if let Some(w) = w {
+                y *= f64::from(w[i]);
+            }
+            if let Some(b) = b {
+                y += f64::from(b[i]);
+            }
+            out.push(y as f32);
+        }
+    }
+    out
+}
+
+#[test]
+fn eager_f32_layer_norm_is_the_f64_formula_rounded_once() {
+    let mut g = Generator::new(12);
+    // one row, rows split over the threads, two normalised dims, rows of one value
+    for (shape, norm) in [
+        (vec![3usize, 5], vec![5usize]),
+        (vec![700, 300], vec![300]),
+        (vec![6, 2, 1024], vec![2, 1024]),
+        (vec![9, 1], vec![1]),
+    ] {
+        let x = Tensor::randn_with(&shape, Some(DType::F32), &mut g).unwrap();
+        let len: usize = norm.iter().product();
+        let w = Tensor::randn_with(&norm, Some(DType::F32), &mut g).unwrap();
+        let b = Tensor::randn_with(&norm, Some(DType::F32), &mut g).unwrap();
+        let (wv, bv) = (w.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+        // the same values through a transposed view: the kernel reads it contiguous first
+        let xt = if shape.len() == 2 {
+            x.t().unwrap().contiguous().unwrap().t().unwrap()
+        } else {
+            x.clone()
+        };
+        let v = x.to_vec::<f32>().unwrap();
+        for (wt, bt) in [
+            (Some(&w), Some(&b)),
+            (Some(&w), None),
+            (None, Some(&b)),
+            (None, None),
+        ] {
+            let want = exact_layer_norm(&v, len, wt.map(|_| &wv[..]), bt.map(|_| &bv[..]));
+            for input in [&x, &xt] {
+                let got = input.layer_norm(&norm, wt, bt, 1e-5).unwrap();
+                assert_eq!(got.shape(), &shape[..]);
+                for (a, e) in got.to_vec::<f32>().unwrap().iter().zip(&want) {
+                    let near = ulps(*a, *e) <= 1 || (a - e).abs() <= 1e-12;
+                    assert!(
+                        near,
+                        "{shape:?} w={} b={}: {a} against {e}",
+                        wt.is_some(),
+                        bt.is_some()
+                    );
+                }
+            }
+        }
+    }
+    // no rows: an empty result of the same shape
+    let e = Tensor::zeros(&[0, 8], DType::F32);
+    assert_eq!(
+        e.layer_norm(&[8], None, None, 1e-5).unwrap().shape(),
+        &[0, 8]
+    );
+}

@@ -171,6 +171,102 @@ pub(crate) fn sum_f32(x: &Tensor, n_in: usize, mean: bool, out: &Tensor) -> Opti
     Some(())
 }
 
+/// `layer_norm` of an f32 tensor over its last `len` elements, with an optional f32
+/// weight and bias of `len` elements, when this thread is not in reference mode: the
+/// reference's formula (mean, biased variance and the normalisation in f64, one rounding
+/// to f32), with the row sums in eight interleaved chains instead of one, so a row's sums
+/// are not serialised on the adds' latency. `None` leaves it to the reference loop.
+pub(crate) fn layer_norm_f32(
+    x: &Tensor,
+    len: usize,
+    eps: f64,
+    w: Option<&Tensor>,
+    b: Option<&Tensor>,
+) -> Option<crate::Result<Tensor>> {
+    let param_ok = |p: Option<&Tensor>| {
+        p.is_none_or(|p| p.dtype() == DType::F32 && p.numel() == len && p.is_contiguous())
+    };
+    let usable = !reference()
+        && x.dtype() == DType::F32
+        && x.dim() > 0
+        && len > 0
+        && x.numel() % len == 0
+        && param_ok(w)
+        && param_ok(b);
+    if !usable {
+        return None;
+    }
+    let run = || -> crate::Result<Tensor> {
+        let src = copy::contiguous(x)?;
+        let out = Tensor::alloc_for_overwrite(DType::F32, x.shape())?;
+        let n = out.numel();
+        if n == 0 {
+            return Ok(out);
+        }
+        let wv = w.map(|t| t.to_vec::<f32>()).transpose()?;
+        let bv = b.map(|t| t.to_vec::<f32>()).transpose()?;
+        let acc = access::lock(&[&src], &[&out]);
+        // SAFETY: src and the fresh out are contiguous f32 tensors of n elements in
+        // distinct storages; the read and write locks are held while the slices live.
+        let (xs, ys) = unsafe {
+            (
+                std::slice::from_raw_parts(acc.read::<f32>(0), n),
+                std::slice::from_raw_parts_mut(acc.write::<f32>(0), n),
+            )
+        };
+        let add = |a: f64, b: f64| a + b;
+        let row = |x: &[f32], y: &mut [f32]| {
+            let m = chains(x, 0.0, |a, v| a + f64::from(v), add) / len as f64;
+            let var = chains(
+                x,
+                0.0,
+                |a, v| a + (f64::from(v) - m) * (f64::from(v) - m),
+                add,
+            ) / len as f64;
+            let rstd = 1.0 / (var + eps).sqrt();
+            match (&wv, &bv) {
+                (Some(w), Some(b)) => {
+                    for (((y, &v), &w), &b) in y.iter_mut().zip(x).zip(w).zip(b) {
+                        *y = ((f64::from(v) - m) * rstd * f64::from(w) + f64::from(b)) as f32;
+                    }
+                }
+                (Some(w), None) => {
+                    for ((y, &v), &w) in y.iter_mut().zip(x).zip(w) {
+                        *y = ((f64::from(v) - m) * rstd * f64::from(w)) as f32;
+                    }
+                }
+                (None, Some(b)) => {
+                    for ((y, &v), &b) in y.iter_mut().zip(x).zip(b) {
+                        *y = ((f64::from(v) - m) * rstd + f64::from(b)) as f32;
+                    }
+                }
+                (None, None) => {
+                    for (y, &v) in y.iter_mut().zip(x) {
+                        *y = ((f64::from(v) - m) * rstd) as f32;
+                    }
+                }
+            }
+        };
+        let per_task = (CHUNK / len).max(1) * len;
+        let task = |(ys, xs): (&mut [f32], &[f32])| {
+            for (y, x) in ys.chunks_mut(len).zip(xs.chunks(len)) {
+                row(x, y);
+            }
+        };
+        if n >= 2 * CHUNK {
+            use rayon::prelude::*;
+            ys.par_chunks_mut(per_task)
+                .zip(xs.par_chunks(per_task))
+                .for_each(task);
+        } else {
+            task((ys, xs));
+        }
+        drop(acc);
+        Ok(out)
+    };
+    Some(run())
+}
+
 /// `row` folded by `step` in eight interleaved chains from `init`, joined by `join` at the
 /// end: a single chain would serialise the row on each step's latency.
 pub(crate) fn chains<E: Copy, A: Copy>(

@@ -755,6 +755,12 @@ pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
             has_bias,
         } => {
             let dims: Vec<usize> = (nd - normalized_shape.len()..nd).collect();
+            let wt = has_weight.then(|| inputs[1]);
+            let bt = has_bias.then(|| inputs[1 + *has_weight as usize]);
+            let len = normalized_shape.iter().product();
+            if let Some(r) = crate::runtime::native::layer_norm_f32(x, len, *eps, wt, bt) {
+                return r;
+            }
             let w = has_weight.then(|| param(inputs[1]));
             let b = has_bias.then(|| param(inputs[1 + *has_weight as usize]));
             let (w, b) = (w.as_deref(), b.as_deref());
