@@ -311,6 +311,42 @@ fn sum_with(xs: &[f32]) -> f64 {
     s
 }
 
+/// softmax of `xs` into `out` (same length): `e = exp(x - max)`, then `e / Σe` in f64 rounded
+/// once; log_softmax: `x - max - ln(Σe)` in f64. The max skips NaN, but a NaN's exponential
+/// makes the sum and so the whole row NaN, as in the reference; a row of `-inf` is NaN too.
+#[inline(always)]
+fn softmax_with(xs: &[f32], out: &mut [f32], log: bool) {
+    let mut acc = [f32::NEG_INFINITY; 16];
+    let chunks = xs.chunks_exact(16);
+    let mut m = f32::NEG_INFINITY;
+    for &x in chunks.remainder() {
+        m = if x > m { x } else { m };
+    }
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = if x > *a { x } else { *a };
+        }
+    }
+    for a in acc {
+        m = if a > m { a } else { m };
+    }
+    for (o, &x) in out.iter_mut().zip(xs) {
+        *o = exp(x - m);
+    }
+    let s = sum_with(out);
+    if log {
+        let (m, lse) = (f64::from(m), s.ln());
+        for (o, &x) in out.iter_mut().zip(xs) {
+            *o = (f64::from(x) - m - lse) as f32;
+        }
+    } else {
+        let r = 1.0 / s;
+        for o in out.iter_mut() {
+            *o = (f64::from(*o) * r) as f32;
+        }
+    }
+}
+
 /// Plain `for` loops, not `for_each` with a closure: rustc may outline a generic
 /// `for_each` out of the `#[target_feature]` caller, and the copy outside it computes every
 /// `mul_add` with a software fma call (the exact GELU ran 100x slower that way).
@@ -411,6 +447,8 @@ pub fn isa() -> &'static str {
 enum Job<'a> {
     Map(StripOp, &'a mut [f32]),
     Sum(&'a [f32], &'a mut f64),
+    /// softmax (or log_softmax) of one row into the second slice.
+    Softmax(&'a [f32], &'a mut [f32], bool),
     /// `dst[c] = Σ_r src[r·stride + c]` over `rows` rows of `dst.len()` f32s.
     Cols {
         src: *const f32,
@@ -425,6 +463,7 @@ fn run_with(job: Job) {
     match job {
         Job::Map(op, xs) => map_with(op, xs),
         Job::Sum(xs, out) => *out = sum_with(xs),
+        Job::Softmax(xs, out, log) => softmax_with(xs, out, log),
         Job::Cols {
             src,
             stride,
@@ -494,6 +533,12 @@ pub fn sum(xs: &[f32]) -> f64 {
     let mut s = 0.0;
     run(Job::Sum(xs, &mut s));
     s
+}
+
+/// softmax (or, with `log`, log_softmax) of the row `xs` into `out`, of the same length.
+pub fn softmax(xs: &[f32], out: &mut [f32], log: bool) {
+    let n = xs.len().min(out.len());
+    run(Job::Softmax(&xs[..n], &mut out[..n], log))
 }
 
 /// Maps `op` over `xs` in place.
@@ -677,6 +722,20 @@ mod tests {
             same(op, &got, &want);
         }
         let finite: Vec<f32> = xs.iter().copied().filter(|x| x.is_finite()).collect();
+        for log in [false, true] {
+            let row = &finite[..1000.min(finite.len())];
+            let mut want = vec![0.0; row.len()];
+            softmax_with(row, &mut want, log);
+            let mut got = vec![0.0; row.len()];
+            softmax(row, &mut got, log);
+            same(StripOp::Exp, &got, &want);
+            #[cfg(target_arch = "x86_64")]
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                // SAFETY: AVX2 and FMA are present.
+                unsafe { run_avx2(Job::Softmax(row, &mut got, log)) };
+                same(StripOp::Exp, &got, &want);
+            }
+        }
         let want = sum_with(&finite);
         assert_eq!(sum(&finite).to_bits(), want.to_bits());
         #[cfg(target_arch = "x86_64")]

@@ -287,32 +287,6 @@ pub(crate) fn chains<E: Copy, A: Copy>(
     tail.iter().fold(r, |a, &x| step(a, x))
 }
 
-/// One row of softmax (or log_softmax) of `x` into `out`: `e = exp(x - max)` on the native
-/// exp, then `e / sum(e)` (or `x - max - ln(sum(e))`) in f64, rounded once.
-fn softmax_row(x: &[f32], out: &mut [f32], log: bool, scratch: &mut Vec<f32>) {
-    // NaN wins, as in the reference softmax
-    let pick = |m: f32, v: f32| if v > m || v.is_nan() { v } else { m };
-    let m = chains(x, f32::NEG_INFINITY, pick, pick);
-    if log {
-        scratch.clear();
-        scratch.extend(x.iter().map(|&v| v - m));
-        vmath::apply(StripOp::Exp, scratch);
-        let lse = vmath::sum(scratch).ln();
-        for (o, &v) in out.iter_mut().zip(x) {
-            *o = (f64::from(v) - f64::from(m) - lse) as f32;
-        }
-    } else {
-        for (o, &v) in out.iter_mut().zip(x) {
-            *o = v - m;
-        }
-        vmath::apply(StripOp::Exp, out);
-        let sum = vmath::sum(out);
-        for o in out.iter_mut() {
-            *o = (f64::from(*o) / sum) as f32;
-        }
-    }
-}
-
 /// softmax or log_softmax of an f32 tensor along its last dim on the native exp (a
 /// contiguous result; a strided input is read through a contiguous copy), when this thread
 /// is not in reference mode; `None` leaves it to the reference kernel.
@@ -343,9 +317,8 @@ pub(crate) fn softmax_f32(x: &Tensor, dim: usize, log: bool) -> Option<crate::Re
         };
         let per_task = (CHUNK / len).max(1) * len;
         let task = |(ys, xs): (&mut [f32], &[f32])| {
-            let mut scratch = Vec::new();
             for (y, x) in ys.chunks_mut(len).zip(xs.chunks(len)) {
-                softmax_row(x, y, log, &mut scratch);
+                vmath::softmax(x, y, log);
             }
         };
         if n >= 2 * CHUNK {
