@@ -190,7 +190,7 @@ pub(crate) fn layer_norm_f32(
         && x.dtype() == DType::F32
         && x.dim() > 0
         && len > 0
-        && x.numel() % len == 0
+        && x.numel().is_multiple_of(len)
         && param_ok(w)
         && param_ok(b);
     if !usable {
