@@ -21,18 +21,6 @@ pub const EXP_G: [f64; 6] = [
     0.000_198_909_809_114_411_47,
 ];
 
-/// Taylor coefficients of `e^r` to `r^7`.
-pub const EXP_TAYLOR7: [f64; 8] = [
-    1.0,
-    1.0,
-    0.5,
-    1.0 / 6.0,
-    1.0 / 24.0,
-    1.0 / 120.0,
-    1.0 / 720.0,
-    1.0 / 5040.0,
-];
-
 /// `erf(x)/x` as a polynomial in `u = x²` on `[0, 1]` (Chebyshev fit, 5.5e-8 after rounding).
 pub const ERF_SMALL: [f64; 6] = [
     1.128_379_106_521_606_4,

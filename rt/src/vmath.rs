@@ -17,9 +17,7 @@
 //! The column sum (`col_sum`) serves rows as lanes (`smelt::codegen_cpu::lanes`). It only adds
 //! converted f32s and needs no fma, so it runs its portable build wherever AVX2 is missing.
 
-use crate::consts::{
-    ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, EXP_G, EXP_TAYLOR7, LN2_HI, LN2_LO, LOG2E, SHIFT32, SHIFT64,
-};
+use crate::consts::{ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, EXP_G, LN2_HI, LN2_LO, LOG2E, SHIFT32};
 use std::sync::OnceLock;
 
 /// An op a strip helper evaluates.
@@ -95,16 +93,6 @@ fn poly32(x: f32, c: &[f64]) -> f32 {
 }
 
 #[inline(always)]
-fn poly64(x: f64, c: &[f64]) -> f64 {
-    let (last, rest) = c.split_last().unwrap_or((&0.0, &[]));
-    let mut acc = *last;
-    for &ci in rest.iter().rev() {
-        acc = acc.mul_add(x, ci);
-    }
-    acc
-}
-
-#[inline(always)]
 fn pow2i32(n: i32) -> f32 {
     f32::from_bits((n.wrapping_add(127) as u32) << 23)
 }
@@ -162,35 +150,51 @@ fn tanh(x: f32) -> f32 {
     (t / (t + 2.0)).copysign(x)
 }
 
+/// `math::mul_sigmoid`: `x·sigmoid(yh + yl)`; below 0 `x_neg·e/(1+e)` with `e = p·2^k`, `2^k`
+/// applied last.
+#[inline(always)]
+fn mul_sigmoid(x: f32, x_neg: f32, yh: f32, yl: Option<f32>) -> f32 {
+    let (mut p, k) = exp_parts(-yh.abs());
+    let pos = yh >= 0.0;
+    if let Some(yl) = yl {
+        p = p - p * (if pos { yl } else { -yl });
+    }
+    let den = 1.0 + scale2n(p, k);
+    let q = (if pos { x } else { x_neg * p }) / den;
+    if pos { q } else { scale2n(q, k) }
+}
+
 /// `math::sigmoid`: `1/(1+e)` for `x ≥ 0`, `p/(1+e)·2^k` below (`e = p·2^k = e^{-|x|}`).
 #[inline(always)]
 fn sigmoid(x: f32) -> f32 {
-    let (p, k) = exp_parts(-x.abs());
-    let pos = x >= 0.0;
-    let den = 1.0 + scale2n(p, k);
-    let y = (if pos { 1.0 } else { p }) / den;
-    if pos { y } else { scale2n(y, k) }
+    mul_sigmoid(1.0, 1.0, x, None)
 }
 
+/// `math::split_const`: `c` as two f32s.
 #[inline(always)]
-fn exp_f64_short(z: f64) -> f64 {
-    let s = z.mul_add(LOG2E, SHIFT64);
-    let kf = s + (-SHIFT64);
-    let k = (s.to_bits() as i64).wrapping_sub(SHIFT64.to_bits() as i64);
-    let r = kf.mul_add(-std::f64::consts::LN_2, z);
-    poly64(r, &EXP_TAYLOR7) * f64::from_bits((k.wrapping_add(1023) as u64) << 52)
+fn split(c: f64) -> (f32, f32) {
+    let hi = c as f32;
+    (hi, (c - f64::from(hi)) as f32)
 }
 
-/// `math::gelu_tanh`: `x·sigmoid(2u)`, numerator and denominator in f64 rounded to f32, one
-/// f32 division; subnormal results flushed.
+/// `math::gelu_tanh`: `x·sigmoid(2u)` with `2u` in double-f32 arithmetic; subnormal results
+/// flushed.
 #[inline(always)]
 fn gelu_tanh(x: f32) -> f32 {
     let k = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
-    let xd = f64::from(x);
-    let z = xd * (xd * xd).mul_add(k * 0.044715, k);
-    let e = exp_f64_short(clamp(-z.abs(), -708.0, 0.0));
-    let num = if z >= 0.0 { 1.0 } else { e };
-    let y = ((xd * num) as f32) / ((e + 1.0) as f32);
+    let (c1h, c1l) = split(k);
+    let (c2h, c2l) = split(k * 0.044715);
+    let xc = clamp(x, -20.0, 20.0);
+    let x2h = xc * xc;
+    let x2l = xc.mul_add(xc, -x2h);
+    let ah = c2h * x2h;
+    let ae = c2h.mul_add(x2h, -ah);
+    let al = c2h.mul_add(x2l, x2h * c2l) + ae;
+    let bh = c1h + ah;
+    let bl = (al + c1l) + two_sum_err(c1h, ah, bh);
+    let yh = xc * bh;
+    let yl = xc.mul_add(bl, xc.mul_add(bh, -yh));
+    let y = mul_sigmoid(x, xc, yh, Some(yl));
     let y = if y.abs() < f32::MIN_POSITIVE {
         y * 0.0
     } else {

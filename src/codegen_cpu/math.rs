@@ -15,7 +15,7 @@
 //! | `sigmoid` | `e = exp(-abs(x))`; `1/(1+e)` or `e/(1+e)` (no overflow for `x < 0`) | 2.05 |
 //! | `erf` | `x·P(x²)` for `abs(x) < 1`, else `1 - erfc(abs(x))` | 2.27 |
 //! | `gelu` | `x·Φ(x)`: Φ from `erf` near 0, from `erfc` (tail form) elsewhere; subnormal results flushed to ±0 | 4.36 (x < -0.7; see below) |
-//! | `gelu_tanh` | `x·sigmoid(2u)`: numerator and denominator in f64 lanes (`e^{-abs(2u)}` by a degree-7 polynomial), each rounded to f32, one f32 division; subnormal results flushed to ±0 | 2.08 |
+//! | `gelu_tanh` | `x·sigmoid(2u)`, `2u` in double-f32 arithmetic; subnormal results flushed to ±0 | 2.81 |
 //! | `sin`, `cos` | f64 inside: Cody-Waite by π/2 (3 parts) up to 2^30, beyond an exact chunked product with 2/π (Payne-Hanek style); Taylor polynomials | 0.50 |
 //! | `pow` | f64 inside: `2^(y·log2(abs(x)))`, then the C99/PyTorch special cases | 0.50 |
 //! | `rsqrt` | `1 / sqrt(x)` (bit-identical to PyTorch's vectorised CPU kernel) | 1.48 |
@@ -44,7 +44,7 @@ use cranelift_codegen::ir::types::{F32, F32X4, F64, I8X16, I32, I32X4, I64, I64X
 use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
 use smelt_rt::consts::{
-    ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, EXP_G, EXP_TAYLOR7, LN2_HI, LN2_LO, LOG2E, SHIFT32, SHIFT64,
+    ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, EXP_G, LN2_HI, LN2_LO, LOG2E, SHIFT32, SHIFT64,
 };
 
 type B<'a, 'b> = &'a mut FunctionBuilder<'b>;
@@ -622,49 +622,40 @@ fn split_const(c: f64) -> (f64, f64) {
     (hi, f64::from((c - hi) as f32))
 }
 
-/// GELU, tanh form `x/2·(1 + tanh(√(2/π)(x + 0.044715x³)))`, evaluated as `x·sigmoid(2u)`:
-/// numerator and denominator in f64 lanes, each rounded to f32, then one f32 division (a
-/// quarter of the cost of two f64 ones; three roundings, ≤ 1.5 ulp). In f64, `2u` is exact
-/// enough that `e^{2u}` in the negative tail keeps its accuracy and `e^{-|2u|}` cannot
-/// underflow before the f32 result does. Like PyTorch, `gelu_tanh(-inf)` is NaN.
+/// GELU, tanh form `x/2·(1 + tanh(√(2/π)(x + 0.044715x³)))`, evaluated as `x·sigmoid(2u)` with
+/// `2u` in double-f32 arithmetic: its rounding error would be amplified by `e^{2u}` in the
+/// negative tail. All in f32 lanes, so that native strips run twice the lanes of an f64
+/// evaluation. Subnormal results are flushed; like PyTorch, `gelu_tanh(-inf)` is NaN.
 pub fn gelu_tanh(b: B, x: Value) -> Value {
     let k = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
-    let nd = via_f64_n(b, &[x], &mut |b, v| {
-        let x = v[0];
-        let t = ty(b, x);
-        let x2 = b.ins().fmul(x, x);
-        let c1 = fc(b, t, k);
-        let inner = fma_c(b, x2, k * 0.044715, c1);
-        let z = b.ins().fmul(x, inner);
-        let a = b.ins().fabs(z);
-        let na = b.ins().fneg(a);
-        // e^{-708} is still normal; any result that small rounds to ±0 in f32 anyway
-        let na = clamp(b, na, -708.0, 0.0);
-        let e = exp_f64_short(b, na);
-        let den = fadd_c(b, e, 1.0);
-        // sigmoid(z) = 1/(1+e) for z ≥ 0, e/(1+e) below
-        let pos = fcmpc(b, FloatCC::GreaterThanOrEqual, z, 0.0);
-        let one = fc(b, t, 1.0);
-        let num = sel(b, pos, one, e);
-        vec![b.ins().fmul(x, num), den]
-    });
-    let y = b.ins().fdiv(nd[0], nd[1]);
+    let (c1h, c1l) = split_const(k);
+    let (c2h, c2l) = split_const(k * 0.044715);
+    let t = ty(b, x);
+    // Beyond ±20 the result is x or 0 already; the clamp keeps x² finite.
+    let xc = clamp(b, x, -20.0, 20.0);
+    let (x2h, x2l) = square_split(b, xc);
+    // A = c2·x²
+    let c2hv = fc(b, t, c2h);
+    let ah = b.ins().fmul(c2hv, x2h);
+    let nah = b.ins().fneg(ah);
+    let ae = b.ins().fma(c2hv, x2h, nah);
+    let c2lx = fmul_c(b, x2h, c2l);
+    let al = b.ins().fma(c2hv, x2l, c2lx);
+    let al = b.ins().fadd(al, ae);
+    // B = c1 + A
+    let c1hv = fc(b, t, c1h);
+    let bh = b.ins().fadd(c1hv, ah);
+    let be = two_sum_err(b, c1hv, ah, bh);
+    let bl = fadd_c(b, al, c1l);
+    let bl = b.ins().fadd(bl, be);
+    // 2u = x·B
+    let yh = b.ins().fmul(xc, bh);
+    let nyh = b.ins().fneg(yh);
+    let ye = b.ins().fma(xc, bh, nyh);
+    let yl = b.ins().fma(xc, bl, ye);
+    let y = mul_sigmoid(b, x, xc, yh, Some(yl));
     let y = flush_subnormal(b, y);
     neg_inf_to_nan(b, x, y)
-}
-
-/// `e^z` for f64 lanes and `z ∈ [-708, 0]`, to f32 accuracy only (relative error ~6e-9):
-/// Cody-Waite by ln2 in one fma (the f64 rounding of ln2 is far below that), Taylor to r^7.
-fn exp_f64_short(b: B, z: Value) -> Value {
-    let t = ty(b, z);
-    let shift = fc(b, t, SHIFT64);
-    let l2e = fc(b, t, LOG2E);
-    let s = b.ins().fma(z, l2e, shift);
-    let (kf, k) = round_int_shifted(b, s);
-    let r = fma_c(b, kf, -std::f64::consts::LN_2, z);
-    let p = poly(b, r, &EXP_TAYLOR7);
-    let s = pow2i(b, k, t);
-    b.ins().fmul(p, s)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -689,16 +680,11 @@ const LOW_HALVES: [u8; 16] = [0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22
 /// Applies `f` to the f64 widening of f32 lanes `xs` (scalars or F32X4 as two F64X2 halves),
 /// and rounds its f64 result once back to f32.
 fn via_f64(b: B, xs: &[Value], f: &mut dyn FnMut(B, &[Value]) -> Value) -> Value {
-    via_f64_n(b, xs, &mut |b, v| vec![f(b, v)])[0]
-}
-
-/// As [`via_f64`] for an `f` with several results, each rounded to f32.
-fn via_f64_n(b: B, xs: &[Value], f: &mut dyn FnMut(B, &[Value]) -> Vec<Value>) -> Vec<Value> {
     let t = ty(b, xs[0]);
     if !t.is_vector() {
         let wide: Vec<Value> = xs.iter().map(|&x| b.ins().fpromote(F64, x)).collect();
         let r = f(b, &wide);
-        return r.into_iter().map(|r| b.ins().fdemote(F32, r)).collect();
+        return b.ins().fdemote(F32, r);
     }
     let lo: Vec<Value> = xs.iter().map(|&x| b.ins().fvpromote_low(x)).collect();
     let hi: Vec<Value> = xs
@@ -710,14 +696,9 @@ fn via_f64_n(b: B, xs: &[Value], f: &mut dyn FnMut(B, &[Value]) -> Vec<Value>) -
         .collect();
     let rl = f(b, &lo);
     let rh = f(b, &hi);
-    rl.into_iter()
-        .zip(rh)
-        .map(|(l, h)| {
-            let dl = b.ins().fvdemote(l);
-            let dh = b.ins().fvdemote(h);
-            shuffle_bytes(b, dl, dh, LOW_HALVES)
-        })
-        .collect()
+    let dl = b.ins().fvdemote(rl);
+    let dh = b.ins().fvdemote(rh);
+    shuffle_bytes(b, dl, dh, LOW_HALVES)
 }
 
 // ---------------------------------------------------------------------------------------------
