@@ -351,6 +351,54 @@ fn softmax_with(xs: &[f32], out: &mut [f32], log: bool) {
     }
 }
 
+/// layer_norm of `xs` into `out` (same length): mean and biased variance in f64 (sixteen
+/// partial sums each), `(x - mean)·rstd·w + b` in f64, rounded once to f32.
+#[inline(always)]
+fn layer_norm_with(xs: &[f32], out: &mut [f32], w: Option<&[f32]>, b: Option<&[f32]>, eps: f64) {
+    let n = xs.len() as f64;
+    let m = sum_with(xs) / n;
+    let mut acc = [0.0f64; 16];
+    let chunks = xs.chunks_exact(16);
+    let mut var = 0.0;
+    for &x in chunks.remainder() {
+        let d = f64::from(x) - m;
+        var += d * d;
+    }
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            let d = f64::from(x) - m;
+            *a += d * d;
+        }
+    }
+    for a in acc {
+        var += a;
+    }
+    let rstd = 1.0 / (var / n + eps).sqrt();
+    // one loop per case, so that each vectorises without per-element tests
+    match (w, b) {
+        (Some(w), Some(b)) => {
+            for (((o, &x), &w), &b) in out.iter_mut().zip(xs).zip(w).zip(b) {
+                *o = ((f64::from(x) - m) * rstd * f64::from(w) + f64::from(b)) as f32;
+            }
+        }
+        (Some(w), None) => {
+            for ((o, &x), &w) in out.iter_mut().zip(xs).zip(w) {
+                *o = ((f64::from(x) - m) * rstd * f64::from(w)) as f32;
+            }
+        }
+        (None, Some(b)) => {
+            for ((o, &x), &b) in out.iter_mut().zip(xs).zip(b) {
+                *o = ((f64::from(x) - m) * rstd + f64::from(b)) as f32;
+            }
+        }
+        (None, None) => {
+            for (o, &x) in out.iter_mut().zip(xs) {
+                *o = ((f64::from(x) - m) * rstd) as f32;
+            }
+        }
+    }
+}
+
 /// Plain `for` loops, not `for_each` with a closure: rustc may outline a generic
 /// `for_each` out of the `#[target_feature]` caller, and the copy outside it computes every
 /// `mul_add` with a software fma call (the exact GELU ran 100x slower that way).
@@ -453,6 +501,14 @@ enum Job<'a> {
     Sum(&'a [f32], &'a mut f64),
     /// softmax (or log_softmax) of one row into the second slice.
     Softmax(&'a [f32], &'a mut [f32], bool),
+    /// layer_norm of one row into `out`, with an optional weight and bias of its length.
+    LayerNorm {
+        xs: &'a [f32],
+        out: &'a mut [f32],
+        w: Option<&'a [f32]>,
+        b: Option<&'a [f32]>,
+        eps: f64,
+    },
     /// `dst[c] = Σ_r src[r·stride + c]` over `rows` rows of `dst.len()` f32s.
     Cols {
         src: *const f32,
@@ -468,6 +524,7 @@ fn run_with(job: Job) {
         Job::Map(op, xs) => map_with(op, xs),
         Job::Sum(xs, out) => *out = sum_with(xs),
         Job::Softmax(xs, out, log) => softmax_with(xs, out, log),
+        Job::LayerNorm { xs, out, w, b, eps } => layer_norm_with(xs, out, w, b, eps),
         Job::Cols {
             src,
             stride,
@@ -543,6 +600,28 @@ pub fn sum(xs: &[f32]) -> f64 {
 pub fn softmax(xs: &[f32], out: &mut [f32], log: bool) {
     let n = xs.len().min(out.len());
     run(Job::Softmax(&xs[..n], &mut out[..n], log))
+}
+
+/// layer_norm of the row `xs` into `out` with an optional weight and bias (each as long as
+/// the row; shorter slices shorten the row).
+pub fn layer_norm(xs: &[f32], out: &mut [f32], w: Option<&[f32]>, b: Option<&[f32]>, eps: f64) {
+    let n = [
+        Some(xs.len()),
+        Some(out.len()),
+        w.map(<[f32]>::len),
+        b.map(<[f32]>::len),
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+    .unwrap_or(0);
+    run(Job::LayerNorm {
+        xs: &xs[..n],
+        out: &mut out[..n],
+        w: w.map(|w| &w[..n]),
+        b: b.map(|b| &b[..n]),
+        eps,
+    })
 }
 
 /// Maps `op` over `xs` in place.
@@ -737,6 +816,33 @@ mod tests {
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
                 // SAFETY: AVX2 and FMA are present.
                 unsafe { run_avx2(Job::Softmax(row, &mut got, log)) };
+                same(StripOp::Exp, &got, &want);
+            }
+        }
+        let row = &finite[..1000.min(finite.len())];
+        let wb: Vec<f32> = row.iter().map(|x| x.abs().min(3.0)).collect();
+        for (w, b) in [
+            (Some(&wb[..]), Some(&wb[..])),
+            (None, Some(&wb[..])),
+            (Some(&wb[..]), None),
+            (None, None),
+        ] {
+            let mut want = vec![0.0; row.len()];
+            layer_norm_with(row, &mut want, w, b, 1e-5);
+            let mut got = vec![0.0; row.len()];
+            layer_norm(row, &mut got, w, b, 1e-5);
+            same(StripOp::Exp, &got, &want);
+            #[cfg(target_arch = "x86_64")]
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                let job = Job::LayerNorm {
+                    xs: row,
+                    out: &mut got,
+                    w,
+                    b,
+                    eps: 1e-5,
+                };
+                // SAFETY: AVX2 and FMA are present.
+                unsafe { run_avx2(job) };
                 same(StripOp::Exp, &got, &want);
             }
         }

@@ -174,8 +174,8 @@ pub(crate) fn sum_f32(x: &Tensor, n_in: usize, mean: bool, out: &Tensor) -> Opti
 /// `layer_norm` of an f32 tensor over its last `len` elements, with an optional f32
 /// weight and bias of `len` elements, when this thread is not in reference mode: the
 /// reference's formula (mean, biased variance and the normalisation in f64, one rounding
-/// to f32), with the row sums in eight interleaved chains instead of one, so a row's sums
-/// are not serialised on the adds' latency. `None` leaves it to the reference loop.
+/// to f32), each row one call of the vector helper `vmath::layer_norm`, the rows split
+/// over the threads. `None` leaves it to the reference loop.
 pub(crate) fn layer_norm_f32(
     x: &Tensor,
     len: usize,
@@ -214,43 +214,10 @@ pub(crate) fn layer_norm_f32(
                 std::slice::from_raw_parts_mut(acc.write::<f32>(0), n),
             )
         };
-        let add = |a: f64, b: f64| a + b;
-        let row = |x: &[f32], y: &mut [f32]| {
-            let m = chains(x, 0.0, |a, v| a + f64::from(v), add) / len as f64;
-            let var = chains(
-                x,
-                0.0,
-                |a, v| a + (f64::from(v) - m) * (f64::from(v) - m),
-                add,
-            ) / len as f64;
-            let rstd = 1.0 / (var + eps).sqrt();
-            match (&wv, &bv) {
-                (Some(w), Some(b)) => {
-                    for (((y, &v), &w), &b) in y.iter_mut().zip(x).zip(w).zip(b) {
-                        *y = ((f64::from(v) - m) * rstd * f64::from(w) + f64::from(b)) as f32;
-                    }
-                }
-                (Some(w), None) => {
-                    for ((y, &v), &w) in y.iter_mut().zip(x).zip(w) {
-                        *y = ((f64::from(v) - m) * rstd * f64::from(w)) as f32;
-                    }
-                }
-                (None, Some(b)) => {
-                    for ((y, &v), &b) in y.iter_mut().zip(x).zip(b) {
-                        *y = ((f64::from(v) - m) * rstd + f64::from(b)) as f32;
-                    }
-                }
-                (None, None) => {
-                    for (y, &v) in y.iter_mut().zip(x) {
-                        *y = ((f64::from(v) - m) * rstd) as f32;
-                    }
-                }
-            }
-        };
         let per_task = (CHUNK / len).max(1) * len;
         let task = |(ys, xs): (&mut [f32], &[f32])| {
             for (y, x) in ys.chunks_mut(len).zip(xs.chunks(len)) {
-                row(x, y);
+                vmath::layer_norm(x, y, wv.as_deref(), bv.as_deref(), eps);
             }
         };
         if n >= 2 * CHUNK {
