@@ -198,41 +198,54 @@ pub(crate) fn layer_norm_f32(
         return None;
     }
     let run = || -> crate::Result<Tensor> {
-        let src = copy::contiguous(x)?;
-        let out = Tensor::alloc_for_overwrite(DType::F32, x.shape())?;
-        let n = out.numel();
-        if n == 0 {
-            return Ok(out);
-        }
         let wv = w.map(|t| t.to_vec::<f32>()).transpose()?;
         let bv = b.map(|t| t.to_vec::<f32>()).transpose()?;
-        let acc = access::lock(&[&src], &[&out]);
-        // SAFETY: src and the fresh out are contiguous f32 tensors of n elements in
-        // distinct storages; the read and write locks are held while the slices live.
-        let (xs, ys) = unsafe {
-            (
-                std::slice::from_raw_parts(acc.read::<f32>(0), n),
-                std::slice::from_raw_parts_mut(acc.write::<f32>(0), n),
-            )
-        };
-        let per_task = (CHUNK / len).max(1) * len;
-        let task = |(ys, xs): (&mut [f32], &[f32])| {
-            for (y, x) in ys.chunks_mut(len).zip(xs.chunks(len)) {
-                vmath::layer_norm(x, y, wv.as_deref(), bv.as_deref(), eps);
-            }
-        };
-        if n >= 2 * CHUNK {
-            use rayon::prelude::*;
-            ys.par_chunks_mut(per_task)
-                .zip(xs.par_chunks(per_task))
-                .for_each(task);
-        } else {
-            task((ys, xs));
-        }
-        drop(acc);
-        Ok(out)
+        map_rows(x, len, |x, y| {
+            vmath::layer_norm(x, y, wv.as_deref(), bv.as_deref(), eps)
+        })
     };
     Some(run())
+}
+
+/// A fresh contiguous f32 tensor of `x`'s shape whose rows of `len` elements are `f` of
+/// `x`'s rows (`x` read contiguous first), the rows split over the threads when there are
+/// many. `len` must be positive and divide `x`'s element count.
+fn map_rows(
+    x: &Tensor,
+    len: usize,
+    f: impl Fn(&[f32], &mut [f32]) + Sync,
+) -> crate::Result<Tensor> {
+    let src = copy::contiguous(x)?;
+    let out = Tensor::alloc_for_overwrite(DType::F32, x.shape())?;
+    let n = out.numel();
+    if n == 0 {
+        return Ok(out);
+    }
+    let acc = access::lock(&[&src], &[&out]);
+    // SAFETY: src and the fresh out are contiguous f32 tensors of n elements in distinct
+    // storages; the read and write locks are held while the slices live.
+    let (xs, ys) = unsafe {
+        (
+            std::slice::from_raw_parts(acc.read::<f32>(0), n),
+            std::slice::from_raw_parts_mut(acc.write::<f32>(0), n),
+        )
+    };
+    let per_task = (CHUNK / len).max(1) * len;
+    let task = |(ys, xs): (&mut [f32], &[f32])| {
+        for (y, x) in ys.chunks_mut(len).zip(xs.chunks(len)) {
+            f(x, y);
+        }
+    };
+    if n >= 2 * CHUNK {
+        use rayon::prelude::*;
+        ys.par_chunks_mut(per_task)
+            .zip(xs.par_chunks(per_task))
+            .for_each(task);
+    } else {
+        task((ys, xs));
+    }
+    drop(acc);
+    Ok(out)
 }
 
 /// `row` folded by `step` in eight interleaved chains from `init`, joined by `join` at the
@@ -267,38 +280,6 @@ pub(crate) fn softmax_f32(x: &Tensor, dim: usize, log: bool) -> Option<crate::Re
     if !usable {
         return None;
     }
-    let run = || -> crate::Result<Tensor> {
-        let src = copy::contiguous(x)?;
-        let out = Tensor::alloc_for_overwrite(DType::F32, x.shape())?;
-        let (n, len) = (out.numel(), x.shape()[dim]);
-        if n == 0 || len == 0 {
-            return Ok(out);
-        }
-        let acc = access::lock(&[&src], &[&out]);
-        // SAFETY: src and the fresh out are contiguous f32 tensors of n elements in
-        // distinct storages; the read and write locks are held while the slices live.
-        let (xs, ys) = unsafe {
-            (
-                std::slice::from_raw_parts(acc.read::<f32>(0), n),
-                std::slice::from_raw_parts_mut(acc.write::<f32>(0), n),
-            )
-        };
-        let per_task = (CHUNK / len).max(1) * len;
-        let task = |(ys, xs): (&mut [f32], &[f32])| {
-            for (y, x) in ys.chunks_mut(len).zip(xs.chunks(len)) {
-                vmath::softmax(x, y, log);
-            }
-        };
-        if n >= 2 * CHUNK {
-            use rayon::prelude::*;
-            ys.par_chunks_mut(per_task)
-                .zip(xs.par_chunks(per_task))
-                .for_each(task);
-        } else {
-            task((ys, xs));
-        }
-        drop(acc);
-        Ok(out)
-    };
-    Some(run())
+    let len = x.shape()[dim].max(1);
+    Some(map_rows(x, len, |x, y| vmath::softmax(x, y, log)))
 }
