@@ -17,7 +17,9 @@
 //! The column sum (`col_sum`) serves rows as lanes (`smelt::codegen_cpu::lanes`). It only adds
 //! converted f32s and needs no fma, so it runs its portable build wherever AVX2 is missing.
 
-use crate::consts::{ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, EXP_G, LN2_HI, LN2_LO, LOG2E, SHIFT32};
+use crate::consts::{
+    ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, ERFC_SLOPE, EXP_G, LN2_HI, LN2_LO, LOG2E, SHIFT32,
+};
 use std::sync::OnceLock;
 
 /// An op a strip helper evaluates.
@@ -203,17 +205,6 @@ fn gelu_tanh(x: f32) -> f32 {
     if x == f32::NEG_INFINITY { f32::NAN } else { y }
 }
 
-/// The derivative's coefficients of `ERFC_Q` (`math::erfc_tail` computes them as it emits).
-const ERFC_DQ: [f64; 9] = {
-    let mut d = [0.0; 9];
-    let mut i = 1;
-    while i < 10 {
-        d[i - 1] = i as f64 * ERFC_Q[i];
-        i += 1;
-    }
-    d
-};
-
 /// `math::erf_small`: `erf(x)` for `|x| ≤ 1`.
 #[inline(always)]
 fn erf_small(x: f32) -> f32 {
@@ -240,8 +231,7 @@ fn erfc_tail(z: f32, zl: f32, hi: f32, lo: f32) -> (f32, f32, i32) {
     let c = rem / d;
     let ts = t0 + (-ERFC_Q_CENTER as f32);
     let q = poly32(ts, &ERFC_Q);
-    let dq = poly32(ts, &ERFC_DQ);
-    let slope = t0.mul_add(dq, q);
+    let slope = poly32(ts, &ERFC_SLOPE);
     let w = c.mul_add(slope, t0 * q);
     let w = (-w).mul_add(lo, w);
     (w, p, k)

@@ -44,7 +44,7 @@ use cranelift_codegen::ir::types::{F32, F32X4, F64, I8X16, I32, I32X4, I64, I64X
 use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
 use smelt_rt::consts::{
-    ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, EXP_G, LN2_HI, LN2_LO, LOG2E, SHIFT32, SHIFT64,
+    ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, ERFC_SLOPE, EXP_G, LN2_HI, LN2_LO, LOG2E, SHIFT32, SHIFT64,
 };
 
 type B<'a, 'b> = &'a mut FunctionBuilder<'b>;
@@ -515,10 +515,8 @@ fn erfc_tail(b: B, z: Value, zl: Option<Value>, hi: Value, lo: Value) -> (Value,
     let c = b.ins().fdiv(rem, d);
     let ts = fadd_c(b, t0, -ERFC_Q_CENTER);
     let q = poly(b, ts, &ERFC_Q);
-    let dcoef: Vec<f64> = (1..ERFC_Q.len()).map(|i| i as f64 * ERFC_Q[i]).collect();
-    let dq = poly(b, ts, &dcoef);
-    // w = (t0 + c)·Q(t0 + c) ≈ t0·Q(t0) + c·(Q(t0) + t0·Q'(t0))
-    let slope = b.ins().fma(t0, dq, q);
+    // w = (t0 + c)·Q(t0 + c) ≈ t0·Q(t0) + c·S(t0), S = Q + t·Q' to a few digits: c is tiny
+    let slope = poly(b, ts, &ERFC_SLOPE);
     let tq = b.ins().fmul(t0, q);
     let w = b.ins().fma(c, slope, tq);
     // e^{-lo} ≈ 1 - lo: lo is below half an ulp of hi.
