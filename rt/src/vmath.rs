@@ -106,6 +106,12 @@ fn scale2n(y: f32, n: i32) -> f32 {
     y * pow2i32(n1) * pow2i32(n2)
 }
 
+/// `math::scale2n_from_one`: `y·2^n` as subtracted from 1, in one multiply.
+#[inline(always)]
+fn scale2n_from_one(y: f32, n: i32) -> f32 {
+    y * pow2i32(n.max(-126))
+}
+
 /// `x = k·ln2 + r` (`math::reduce_ln2`).
 #[inline(always)]
 fn reduce_ln2(x: f32) -> (f32, i32) {
@@ -247,7 +253,7 @@ fn erf(x: f32) -> f32 {
     let hi = z * z;
     let lo = z.mul_add(z, -hi);
     let (w, p, k) = erfc_tail(z, 0.0, hi, lo);
-    let big = (1.0 - scale2n(w * p, k)).copysign(x);
+    let big = (1.0 - scale2n_from_one(w * p, k)).copysign(x);
     if a < 1.0 { small } else { big }
 }
 
@@ -261,18 +267,18 @@ fn gelu_erf(x: f32) -> f32 {
     // z = |x|/√2 as az + azl, with √½ split into two f32s
     let r2h = FRAC_1_SQRT_2 as f32;
     let r2l = (FRAC_1_SQRT_2 - f64::from(r2h)) as f32;
-    let a = clamp(x.abs(), 0.0, 15.0);
+    let xc = clamp(x, -15.0, 15.0);
+    let a = xc.abs();
     let az = a * r2h;
     let azl = a.mul_add(r2h, -az);
     let azl = a.mul_add(r2l, azl);
     let z = clamp(az, 0.5, 10.5);
-    let xc = clamp(x, -15.0, 15.0);
     let hi = xc * xc;
     let lo = xc.mul_add(xc, -hi);
     let (w, p, k) = erfc_tail(z, azl, hi * 0.5, lo * 0.5);
     let wp = w * p;
     let y_neg = scale2n((0.5 * xc) * wp, k);
-    let y_pos = x * (1.0 - scale2n(0.5 * wp, k));
+    let y_pos = x * (1.0 - scale2n_from_one(0.5 * wp, k));
     let y_tail = if x > 0.0 { y_pos } else { y_neg };
     let near0 = x > -FRAC_1_SQRT_2 as f32 && x < SQRT_2 as f32;
     let y = if near0 { y_small } else { y_tail };

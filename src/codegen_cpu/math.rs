@@ -257,6 +257,18 @@ fn scale2n(b: B, y: Value, n: Value) -> Value {
     b.ins().fmul(y, s2)
 }
 
+/// `y · 2^n` for `|y| < 2` and `n ≤ 0`, where the caller subtracts it from 1: one multiply by
+/// `2^max(n, -126)`. Where `y · 2^n` is normal this is [`scale2n`]'s value; below, both are
+/// under 2^-125 and vanish from `1 - y·2^n` alike.
+fn scale2n_from_one(b: B, y: Value, n: Value) -> Value {
+    let t = ty(b, y);
+    let it = ty(b, n);
+    let lo = ic(b, it, -126);
+    let n = b.ins().smax(n, lo);
+    let s = pow2i(b, n, t);
+    b.ins().fmul(y, s)
+}
+
 /// Lane-wise float of small non-negative integer lanes (< 2^23 for f32) by the exponent trick.
 fn small_uint_to_float(b: B, n: Value, ft: Type) -> Value {
     let it = ty(b, n);
@@ -542,7 +554,7 @@ pub fn erf(b: B, x: Value) -> Value {
     let (hi, lo) = square_split(b, z);
     let (w, p, k) = erfc_tail(b, z, None, hi, lo);
     let wp = b.ins().fmul(w, p);
-    let ec = scale2n(b, wp, k);
+    let ec = scale2n_from_one(b, wp, k);
     let t = ty(b, x);
     let one = fc(b, t, 1.0);
     let big = b.ins().fsub(one, ec);
@@ -560,19 +572,18 @@ pub fn gelu(b: B, x: Value) -> Value {
     let half = fc(b, t, 0.5);
     let phi = b.ins().fma(es, half, half);
     let y_small = b.ins().fmul(x, phi);
-    // Tails: z = |x|/√2, z² = x²/2 split exactly; Φ(-|x|) = erfc(z)/2.
-    let a = b.ins().fabs(x);
+    // Tails: z = |x|/√2, z² = x²/2 split exactly; Φ(-|x|) = erfc(z)/2. Clamped so the
+    // splits stay finite (z is clamped to 10.5 below anyway).
+    let xc = clamp(b, x, -15.0, 15.0);
+    let a = b.ins().fabs(xc);
     // z = |x|/√2 as az + azl (double-f32).
     let (r2h, r2l) = split_const(std::f64::consts::FRAC_1_SQRT_2);
     let r2 = fc(b, t, r2h);
-    // Clamped so the split stays finite (z is clamped to 10.5 below anyway).
-    let a = clamp(b, a, 0.0, 15.0);
     let az = b.ins().fmul(a, r2);
     let naz = b.ins().fneg(az);
     let azl = b.ins().fma(a, r2, naz);
     let azl = fma_c(b, a, r2l, azl);
     let z = clamp(b, az, 0.5, 10.5);
-    let xc = clamp(b, x, -15.0, 15.0);
     let (hi, lo) = square_split(b, xc);
     let hi = fmul_c(b, hi, 0.5);
     let lo = fmul_c(b, lo, 0.5);
@@ -582,7 +593,7 @@ pub fn gelu(b: B, x: Value) -> Value {
     let neg = b.ins().fmul(hx, wp);
     let y_neg = scale2n(b, neg, k);
     let hwp = b.ins().fmul(half, wp);
-    let hec = scale2n(b, hwp, k);
+    let hec = scale2n_from_one(b, hwp, k);
     let one = fc(b, t, 1.0);
     let phi_pos = b.ins().fsub(one, hec);
     let y_pos = b.ins().fmul(x, phi_pos);
