@@ -392,3 +392,65 @@ fn eager_f32_layer_norm_is_the_f64_formula_rounded_once() {
         &[0, 8]
     );
 }
+
+/// The exactly rounded f32 of the f64 sum (or mean) of each column of `rows` rows.
+fn exact_col_sums(v: &[f32], rows: usize, mean: bool) -> Vec<f32> {
+    let cols = v.len() / rows;
+    (0..cols)
+        .map(|c| {
+            let s: f64 = (0..rows).map(|r| f64::from(v[r * cols + c])).sum();
+            (if mean { s / rows as f64 } else { s }) as f32
+        })
+        .collect()
+}
+
+#[test]
+fn eager_f32_sums_over_leading_dims_are_the_f64_sums_rounded_once() {
+    let mut g = Generator::new(13);
+    // one thread, columns split over threads (odd widths), two leading dims, one column
+    for (shape, lead) in [
+        (vec![3usize, 5], 1usize),
+        (vec![700, 333], 1),
+        (vec![4, 50, 257], 2),
+        (vec![40_000, 1], 1),
+    ] {
+        let x = Tensor::randn_with(&shape, Some(DType::F32), &mut g).unwrap();
+        let v = x.to_vec::<f32>().unwrap();
+        let rows: usize = shape[..lead].iter().product();
+        let dims: Vec<i64> = (0..lead as i64).collect();
+        for mean in [false, true] {
+            for keep in [false, true] {
+                let got = if mean {
+                    x.mean_dim(&dims, keep).unwrap()
+                } else {
+                    x.sum_dim(&dims, keep).unwrap()
+                };
+                let mut want_shape = shape.clone();
+                if keep {
+                    want_shape[..lead].fill(1);
+                } else {
+                    want_shape.drain(..lead);
+                }
+                assert_eq!(got.shape(), &want_shape[..]);
+                let want = exact_col_sums(&v, rows, mean);
+                for (a, b) in got.to_vec::<f32>().unwrap().iter().zip(&want) {
+                    assert!(ulps(*a, *b) <= 1, "{shape:?} mean={mean}: {a} against {b}");
+                }
+            }
+        }
+    }
+    // no rows: sums of nothing are 0, their means NaN
+    let e = Tensor::zeros(&[0, 3], DType::F32);
+    assert_eq!(
+        e.sum_dim(&[0], false).unwrap().to_vec::<f32>().unwrap(),
+        vec![0.0; 3]
+    );
+    assert!(
+        e.mean_dim(&[0], false)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .all(|m| m.is_nan())
+    );
+}

@@ -620,6 +620,25 @@ pub fn layer_norm(xs: &[f32], out: &mut [f32], w: Option<&[f32]>, b: Option<&[f3
     })
 }
 
+/// Column sums of a row-major matrix: `dst[j] = Σ_r xs[r·stride + c0 + j]` over the
+/// `xs.len() / stride` rows, in f64, rows in order. Does nothing unless `stride` divides
+/// `xs.len()` and the columns `c0..c0 + dst.len()` lie within a row.
+pub fn col_sums(xs: &[f32], stride: usize, c0: usize, dst: &mut [f64]) {
+    let fits = stride > 0
+        && xs.len().is_multiple_of(stride)
+        && c0.checked_add(dst.len()).is_some_and(|e| e <= stride)
+        && isize::try_from(stride).is_ok();
+    if !fits || dst.is_empty() {
+        return;
+    }
+    run(Job::Cols {
+        src: xs[c0..].as_ptr(),
+        stride: stride as isize,
+        rows: xs.len() / stride,
+        dst,
+    });
+}
+
 /// Maps `op` over `xs` in place.
 pub fn apply(op: StripOp, xs: &mut [f32]) {
     run(Job::Map(op, xs))

@@ -172,6 +172,52 @@ pub(crate) fn sum_f32(x: &Tensor, n_in: usize, mean: bool, out: &Tensor) -> Opti
     Some(())
 }
 
+/// `sum` (or `mean`) of a contiguous f32 tensor over leading dims, `n_in` rows of
+/// `out.numel()` columns, on the column-sum helper (f64 sums, rows in order, as the compiled
+/// column reductions add), blocks of columns split over the threads, when this thread is
+/// not in reference mode; `None` leaves it to the reference loop.
+pub(crate) fn col_sum_f32(x: &Tensor, n_in: usize, mean: bool, out: &Tensor) -> Option<()> {
+    let cols = out.numel();
+    let usable = !reference()
+        && x.dtype() == DType::F32
+        && out.dtype() == DType::F32
+        && x.is_contiguous()
+        && out.is_contiguous()
+        && n_in > 0
+        && cols > 0
+        && x.numel() == n_in * cols;
+    if !usable {
+        return None;
+    }
+    let acc = access::lock(&[x], &[out]);
+    // SAFETY: x holds n_in·cols contiguous f32s and out cols; the locks are held.
+    let (xs, ys) = unsafe {
+        (
+            std::slice::from_raw_parts(acc.read::<f32>(0), n_in * cols),
+            std::slice::from_raw_parts_mut(acc.write::<f32>(0), cols),
+        )
+    };
+    let block = |c0: usize, y: &mut [f32]| {
+        let mut s = vec![0.0f64; y.len()];
+        vmath::col_sums(xs, cols, c0, &mut s);
+        for (y, s) in y.iter_mut().zip(s) {
+            *y = (if mean { s / n_in as f64 } else { s }) as f32;
+        }
+    };
+    let threads = super::threads::available();
+    if xs.len() < 2 * CHUNK || threads < 2 {
+        block(0, ys);
+    } else {
+        use rayon::prelude::*;
+        // a few blocks per thread, each a whole number of 64-byte lines wide
+        let width = cols.div_ceil(4 * threads).next_multiple_of(16).max(16);
+        ys.par_chunks_mut(width)
+            .enumerate()
+            .for_each(|(i, y)| block(i * width, y));
+    }
+    Some(())
+}
+
 /// `layer_norm` of an f32 tensor over its last `len` elements, with an optional f32
 /// weight and bias of `len` elements, when this thread is not in reference mode: the
 /// reference's formula (mean, biased variance and the normalisation in f64, one rounding

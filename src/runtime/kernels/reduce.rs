@@ -789,6 +789,15 @@ fn trailing(x: &Tensor, dims: &[usize]) -> bool {
     ds.iter().enumerate().all(|(k, &d)| d == nd - ds.len() + k)
 }
 
+/// Whether `dims` are `x`'s first dims, not all of them (every output is a column of a
+/// contiguous `x` seen as rows of the other dims).
+fn leading(x: &Tensor, dims: &[usize]) -> bool {
+    let mut ds = dims.to_vec();
+    ds.sort_unstable();
+    ds.dedup();
+    !ds.is_empty() && ds.len() < x.shape().len() && ds.iter().enumerate().all(|(k, &d)| d == k)
+}
+
 fn reduce(op: ReduceOp, x: &Tensor, dims: &[usize], out: &TensorType) -> Result<Tensor> {
     use ReduceOp::*;
     let float = x.dtype().is_float();
@@ -797,6 +806,22 @@ fn reduce(op: ReduceOp, x: &Tensor, dims: &[usize], out: &TensorType) -> Result<
             let t = Tensor::alloc(out.dtype, &out.shape)?;
             let n_in: usize = dims.iter().map(|&d| x.shape()[d]).product();
             match crate::runtime::native::sum_f32(x, n_in, op == Mean, &t) {
+                Some(()) => Ok(t),
+                None => drive::<f32, _>(
+                    x,
+                    dims,
+                    out,
+                    &SumF::<f32> {
+                        mean: op == Mean,
+                        _o: PhantomData,
+                    },
+                ),
+            }
+        }
+        Sum | Mean if x.dtype() == DType::F32 && leading(x, dims) => {
+            let t = Tensor::alloc(out.dtype, &out.shape)?;
+            let n_in: usize = dims.iter().map(|&d| x.shape()[d]).product();
+            match crate::runtime::native::col_sum_f32(x, n_in, op == Mean, &t) {
                 Some(()) => Ok(t),
                 None => drive::<f32, _>(
                     x,
