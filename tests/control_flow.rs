@@ -2,7 +2,9 @@
 //! trip, the errors of malformed bodies (with their file, line and column), what the ops
 //! compute on the interpreter and on compiled functions (fused and unfused) against the same
 //! programs unrolled by hand and run on the interpreter, random nested programs, and the
-//! CUDA code of the bodies.
+//! CUDA code of the bodies. On a machine with a GPU every program also runs as a `CudaFn`
+//! (fused and unfused, the loops driven from the host) against the same reference; without
+//! one that leg is skipped, unless `SMELT_REQUIRE_GPU=1` makes it a failure.
 
 mod common;
 
@@ -10,10 +12,10 @@ use common::{Dist, Tol, assert_close, random_tensor, smelt as smelt_cli, stderr,
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use smelt::exec::{CodeOrigin, CompileOptions, CompiledFn, DiskCache};
+use smelt::exec::{CodeOrigin, CompileOptions, CompiledFn, CudaCompileOptions, CudaFn, DiskCache};
 use smelt::ir::{Module, parse_module, print_graph, print_module};
-use smelt::runtime::interp;
-use smelt::{DType, Error, Tensor};
+use smelt::runtime::{cuda, interp};
+use smelt::{DType, Device, Error, Tensor};
 use std::collections::HashMap;
 
 // ---- text: round trip ----------------------------------------------------------------------
@@ -1159,12 +1161,60 @@ fn check_with(p: &Prog, inputs: &[Tensor], unfused: bool) -> Vec<Tensor> {
             same_results(&what, &got, &want);
         }
     }
+    if gpu_here() {
+        check_on_gpu(g, inputs, modes, &want);
+    }
     // no executor writes into the caller's tensors (a loop's spare carries never include
     // them, nor does an in-place kernel after a loop that passed an input through)
     for (i, (t, b)) in inputs.iter().zip(&before).enumerate() {
         assert_eq!(&t.to_f64_vec(), b, "{name}: input {i} was written\n{text}");
     }
     want
+}
+
+/// Whether the CUDA leg runs: a GPU and NVRTC are here, or `SMELT_REQUIRE_GPU=1` demands
+/// them (and then their absence fails the test).
+fn gpu_here() -> bool {
+    let here = cuda::is_available() && smelt::codegen_cuda::nvrtc::is_available();
+    if !here && std::env::var("SMELT_REQUIRE_GPU").as_deref() == Ok("1") {
+        panic!("SMELT_REQUIRE_GPU=1 but no GPU with NVRTC is here");
+    }
+    here
+}
+
+/// `g` as a `CudaFn` on device copies of `inputs`, called twice per mode, against `want`;
+/// the device inputs are left as they were.
+fn check_on_gpu(g: &smelt::ir::graph::Graph, inputs: &[Tensor], modes: &[bool], want: &[Tensor]) {
+    let name = &g.name;
+    let gpu = Device::Cuda(0);
+    let dev: Vec<Tensor> = inputs.iter().map(|t| t.to_device(gpu).unwrap()).collect();
+    for &fuse in modes {
+        let opts = CudaCompileOptions {
+            fuse,
+            ..Default::default()
+        };
+        let f =
+            CudaFn::compile(g, &opts).unwrap_or_else(|e| panic!("{name} cuda fuse={fuse}: {e}"));
+        for call in 0..2 {
+            let got: Vec<Tensor> = f
+                .call(&dev)
+                .unwrap_or_else(|e| panic!("{name} cuda fuse={fuse}: {e}"))
+                .iter()
+                .map(|t| {
+                    assert_eq!(t.device(), gpu, "{name}: a result left the GPU");
+                    t.cpu().unwrap()
+                })
+                .collect();
+            same_results(&format!("{name} cuda fuse={fuse} call {call}"), &got, want);
+        }
+    }
+    for (i, (d, h)) in dev.iter().zip(inputs).enumerate() {
+        assert_eq!(
+            d.cpu().unwrap().to_f64_vec(),
+            h.to_f64_vec(),
+            "{name}: GPU input {i} was written"
+        );
+    }
 }
 
 fn rng(seed: u64) -> StdRng {

@@ -176,6 +176,9 @@ pub struct CudaProgram {
     pub kernels: Vec<CudaKernelSrc>,
     /// What runs, in schedule order.
     pub steps: Vec<CudaStep>,
+    /// For each schedule step, the range of [`CudaProgram::steps`] that runs it (a scatter
+    /// longer than a gather scans is two kernels).
+    pub spans: Vec<std::ops::Range<usize>>,
     /// The options the code was generated with.
     pub options: CudaOptions,
 }
@@ -233,7 +236,9 @@ pub fn generate(s: &Schedule, opts: &CudaOptions) -> Result<CudaProgram> {
     let base = c_ident(&s.name);
     let mut kernels = Vec::new();
     let mut steps = Vec::new();
+    let mut spans = Vec::with_capacity(s.steps.len());
     for step in &s.steps {
+        let first = steps.len();
         match step {
             Step::Kernel(k) => {
                 let name = format!("smelt_{base}_{}_{}", kernels.len(), c_ident(&k.name));
@@ -260,11 +265,13 @@ pub fn generate(s: &Schedule, opts: &CudaOptions) -> Result<CudaProgram> {
                 bodies: c.control.bodies.iter().map(|b| b.0.name.clone()).collect(),
             }),
         }
+        spans.push(first..steps.len());
     }
     Ok(CudaProgram {
         name: s.name.clone(),
         kernels,
         steps,
+        spans,
         options: opts.clone(),
     })
 }
