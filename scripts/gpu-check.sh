@@ -4,10 +4,11 @@
 # warm disk cache, profile benches/models/gpu.smelt with smelt and PyTorch, and print a
 # table last.
 #
-# Binaries: with SMELT_PREBUILT=DIR, DIR holds `smelt` and the test executables
-# `cuda_exec`, `cuda_codegen`, `cuda_device`, `nccl` (built elsewhere with
-# `cargo test --release --no-run`); otherwise they are built here with cargo (--offline:
-# the crates must already be in the cargo cache). NVRTC, the CUDA headers and cuBLAS come
+# Binaries: with SMELT_PREBUILT=DIR, DIR holds `smelt` and the test executables named in
+# GPU_CHECK_TESTS (built elsewhere with `cargo test --release --no-run`); otherwise they are
+# built here with cargo (--offline: the crates must already be in the cargo cache).
+# GPU_CHECK_TORCH=0 leaves out the PyTorch timings; GPU_CHECK_GRAPHS names the graphs of
+# benches/models/gpu.smelt to profile (all by default), and PyTorch times the same ones. NVRTC, the CUDA headers and cuBLAS come
 # from a CUDA toolkit or NVIDIA's pip wheels (docs/cuda.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,17 +38,19 @@ export LD_LIBRARY_PATH="$libs:${LD_LIBRARY_PATH:-}"
 
 if [ -n "${SMELT_PREBUILT:-}" ]; then
   bin=$SMELT_PREBUILT/smelt
-  run_test() { "$SMELT_PREBUILT/$1" --test-threads=1 2>&1; }
+  run_test() { timeout 300 "$SMELT_PREBUILT/$1" --test-threads=1 2>&1; }
 else
   echo "== build"
   cargo build --release --offline --bin smelt || { echo "build failed"; exit 1; }
   bin=${CARGO_TARGET_DIR:-target}/release/smelt
-  run_test() { cargo test --release --offline --test "$1" -- --test-threads=1 2>&1; }
+  run_test() { timeout 600 cargo test --release --offline --test "$1" -- --test-threads=1 2>&1; }
 fi
 export SMELT_BIN=$bin
 
 echo "== CUDA tests"
-for t in cuda_device cuda_codegen cuda_exec nccl; do
+# control_flow runs its programs on the GPU too when one is here; cudnn needs cuDNN
+for t in ${GPU_CHECK_TESTS:-cuda_device cuda_codegen cuda_exec control_flow cudnn nccl}; do
+  echo "-- $t"
   if ! run_test "$t" > "$out/test_$t.log"; then status=1; fi
   grep -E "^test |test result|panicked|skipped" "$out/test_$t.log" | grep -v " ok$" | head -40
 done
@@ -60,9 +63,11 @@ for run in cold warm; do
 done
 
 echo "== smelt profiles (benches/models/gpu.smelt)"
-for g in chain chain4 gelu softmax layer_norm rowsum colsum mlp matmul_bf16; do
+graphs=${GPU_CHECK_GRAPHS:-chain chain4 gelu softmax layer_norm rowsum colsum mlp matmul_bf16 conv conv_bf16}
+for g in $graphs; do
   extra=()
-  [ "$g" = matmul_bf16 ] && extra=(--no-check)
+  # the CPU interpreter would take long over these; tests/cudnn.rs checks convolutions
+  case $g in matmul_bf16|conv*) extra=(--no-check) ;; esac
   if ! timeout 60 "$bin" profile benches/models/gpu.smelt --graph "$g" --backend cuda --repeat 10 \
       "${extra[@]}" --json "$out/smelt_$g.json" > "$out/profile_$g.txt" 2>&1; then
     status=1; echo "  $g failed:"; tail -5 "$out/profile_$g.txt"
@@ -71,8 +76,19 @@ for g in chain chain4 gelu softmax layer_norm rowsum colsum mlp matmul_bf16; do
   fi
 done
 
+echo "== convolutions on the generated kernel (SMELT_CUDNN=0)"
+for g in $graphs; do
+  case $g in conv*) ;; *) continue ;; esac
+  SMELT_CUDNN=0 timeout 120 "$bin" profile benches/models/gpu.smelt --graph "$g" --backend cuda \
+    --repeat 5 --no-check --json "$out/smelt_${g}_generated.json" > /dev/null 2>&1 \
+    || echo "  $g generated: failed"
+done
+
 echo "== PyTorch"
-timeout 170 python3 scripts/gpu_bench.py torch "$out/torch.json" || echo "  PyTorch timings incomplete"
+if [ "${GPU_CHECK_TORCH:-1}" != 0 ]; then
+  GPU_BENCH_WORKLOADS="$graphs" timeout 170 python3 scripts/gpu_bench.py torch "$out/torch.json" \
+    || echo "  PyTorch timings incomplete"
+fi
 
 echo "== done in $(( $(date +%s) - start )) s, status $status"
 python3 scripts/gpu_bench.py table "$out"

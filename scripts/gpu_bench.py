@@ -25,6 +25,8 @@ def workloads(torch):
     h = 4096
     xm, w1, b1, w2, b2 = rnd(h, h), rnd(h, h), rnd(h), rnd(h, h), rnd(h)
     a16, b16 = rnd(n, n, dtype=torch.bfloat16), rnd(n, n, dtype=torch.bfloat16)
+    cx, cw, cb = rnd(32, 64, 56, 56), rnd(64, 64, 3, 3), rnd(64)
+    conv = lambda x, w, b: torch.relu(F.conv2d(x, w, b, padding=1))  # noqa: E731
     return {
         "chain": (lambda x, b: torch.relu(x) * 0.5 + b, (x, b)),
         "chain4": (lambda x, b: torch.tanh(x * 1.5 + b) * 0.5, (x, b)),
@@ -38,6 +40,8 @@ def workloads(torch):
             (xm, w1, b1, w2, b2),
         ),
         "matmul_bf16": (lambda a, b: a @ b, (a16, b16)),
+        "conv": (conv, (cx, cw, cb)),
+        "conv_bf16": (conv, tuple(t.to(torch.bfloat16) for t in (cx, cw, cb))),
     }
 
 
@@ -60,6 +64,7 @@ def run_torch(out_path, budget_s=100.0):
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     start = time.time()
     res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     src = torch.empty(1 << 28, device="cuda")  # 1 GiB
@@ -68,13 +73,18 @@ def run_torch(out_path, budget_s=100.0):
     res["copy_gbps"] = 2 * src.numel() * 4 / copy_ms / 1e6
     res["eager_ms"], res["compile_ms"] = {}, {}
     work = workloads(torch)
+    only = os.environ.get("GPU_BENCH_WORKLOADS", "").split()
+    if only:
+        work = {k: v for k, v in work.items() if k in only}
     for name, (f, args) in work.items():
         res["eager_ms"][name] = timed(torch, f, args)
     with open(out_path, "w") as fh:
         json.dump(res, fh)
     # the fusion showcases first: torch.compile takes seconds per graph
-    order = ["chain4", "softmax", "layer_norm", "chain", "gelu", "rowsum", "colsum", "mlp", "matmul_bf16"]
+    order = ["chain4", "softmax", "layer_norm", "conv", "chain", "gelu", "rowsum", "colsum", "mlp", "matmul_bf16", "conv_bf16"]
     for name in order:
+        if name not in work:
+            continue
         f, args = work[name]
         if time.time() - start > budget_s:
             print(f"torch.compile: time budget spent, {name} and later skipped", flush=True)
@@ -87,7 +97,8 @@ def run_torch(out_path, budget_s=100.0):
             json.dump(res, fh)
 
 
-FLOPS = {"mlp": 2 * 2 * 4096**3, "matmul_bf16": 2 * 8192**3}
+CONV_FLOPS = 2 * 32 * 64 * 56 * 56 * 64 * 9
+FLOPS = {"mlp": 2 * 2 * 4096**3, "matmul_bf16": 2 * 8192**3, "conv": CONV_FLOPS, "conv_bf16": CONV_FLOPS}
 
 
 def table(d):
@@ -112,12 +123,17 @@ def table(d):
             f"{name:<12}{fu:>9.3f}{un:>9.3f}{ea:>9.3f}{te:>9.3f}{tc:>9.3f}{gbs:>8.0f}{100 * gbs / ref:>6.1f}%"
             f"{te / fu:>10.2f}x{tf:>9.1f}{s['compile_ms']:>7.0f}ms"
         )
+    for name in ["conv", "conv_bf16"]:
+        p = os.path.join(d, f"smelt_{name}_generated.json")
+        if os.path.exists(p):
+            g = json.load(open(p))["fused"]["median_ms"]
+            print(f"{name}: generated kernel (SMELT_CUDNN=0) {g:.3f} ms, {CONV_FLOPS / g / 1e9:.1f} TFLOP/s")
     print("times in ms (medians, CUDA events); fused/unfused/s.eager = smelt, t.* = PyTorch;")
     print("GB/s = inputs read once + outputs written once over the fused time; %copy against the copy above")
 
 
 def workloads_names():
-    return ["chain", "chain4", "gelu", "softmax", "layer_norm", "rowsum", "colsum", "mlp", "matmul_bf16"]
+    return ["chain", "chain4", "gelu", "softmax", "layer_norm", "rowsum", "colsum", "mlp", "matmul_bf16", "conv", "conv_bf16"]
 
 
 if __name__ == "__main__":

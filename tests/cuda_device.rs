@@ -43,7 +43,7 @@ fn device_queries_never_panic_and_agree() {
 fn the_environment_report_names_every_part() {
     let r = cuda::environment_report();
     eprintln!("{r}");
-    for part in ["driver: ", "devices: ", "nvrtc: ", "headers: "] {
+    for part in ["driver: ", "devices: ", "nvrtc: ", "headers: ", "cudnn: "] {
         assert!(r.contains(part), "{r}");
     }
     if !cuda::is_available() {

@@ -264,36 +264,39 @@ impl CudaFn {
         if self.checks_errors {
             self.gpu.zero(self.error_flag.ptr(), 4)?;
         }
-        for (i, (step, cstep)) in s.steps.iter().zip(&self.program.steps).enumerate() {
+        for (i, step) in s.steps.iter().enumerate() {
             let host_start = Instant::now();
-            let timer = match times {
-                _ if profiling => {
-                    let t = Timer::new(&self.gpu)?;
-                    t.start()?;
-                    Some(t)
-                }
-                Some(_) => {
-                    let t = Timer::new(&self.gpu)?;
-                    t.start()?;
-                    Some(t)
-                }
-                None => None,
+            let timer = if profiling || times.is_some() {
+                let t = Timer::new(&self.gpu)?;
+                t.start()?;
+                Some(t)
+            } else {
+                None
             };
-            match cstep {
-                CudaStep::Kernel(i) => {
-                    self.launch(*i, &bufs)?;
-                }
-                CudaStep::Extern(_) => {
-                    let crate::kernel::Step::Extern(e) = step else {
-                        bail!(Value, "schedule and CUDA program disagree");
-                    };
-                    self.run_extern(e, &mut bufs)?;
-                }
-                CudaStep::Control { .. } => {
-                    let crate::kernel::Step::Control(c) = step else {
-                        bail!(Value, "schedule and CUDA program disagree");
-                    };
-                    self.run_control(c, &self.bodies[i], &mut bufs)?;
+            // a convolution cuDNN takes skips its generated kernel
+            let by_dnn = match step {
+                crate::kernel::Step::Extern(e) => self.run_dnn(e, &bufs)?,
+                _ => false,
+            };
+            let span = match by_dnn {
+                true => 0..0,
+                false => self.program.spans.get(i).cloned().unwrap_or_default(),
+            };
+            for cstep in &self.program.steps[span] {
+                match cstep {
+                    CudaStep::Kernel(k) => self.launch(*k, &bufs)?,
+                    CudaStep::Extern(_) => {
+                        let crate::kernel::Step::Extern(e) = step else {
+                            bail!(Value, "schedule and CUDA program disagree");
+                        };
+                        self.run_extern(e, &mut bufs)?;
+                    }
+                    CudaStep::Control { .. } => {
+                        let crate::kernel::Step::Control(c) = step else {
+                            bail!(Value, "schedule and CUDA program disagree");
+                        };
+                        self.run_control(c, &self.bodies[i], &mut bufs)?;
+                    }
                 }
             }
             if let Some(t) = timer {
@@ -417,6 +420,29 @@ impl CudaFn {
             }
         }
         Ok(())
+    }
+
+    /// Runs a convolution through cuDNN into its output buffer; false when cuDNN does not
+    /// take it (no library, or a call it cannot express) and nothing was written.
+    fn run_dnn(&self, e: &ExternCall, bufs: &[Option<Buf>]) -> Result<bool> {
+        if !matches!(
+            e.op,
+            Op::Conv { .. } | Op::ConvInputGrad { .. } | Op::ConvWeightGrad { .. }
+        ) {
+            return Ok(false);
+        }
+        let Some(dst) = bufs.get(e.out).and_then(Option::as_ref) else {
+            return Ok(false);
+        };
+        let args = views(bufs, &e.args)?;
+        let out = &self.schedule.buffers[e.out];
+        let strides = out.strides();
+        let target = crate::runtime::cuda::dnn::Out {
+            ptr: dst.ptr(),
+            shape: &out.shape,
+            strides: &strides,
+        };
+        crate::runtime::cuda::dnn::run(&self.gpu, &e.op, &args, &target)
     }
 
     fn run_extern(&self, e: &ExternCall, bufs: &mut [Option<Buf>]) -> Result<()> {

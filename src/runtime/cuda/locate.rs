@@ -3,6 +3,7 @@
 //! the usual toolkit folders.
 //!
 //! - `SMELT_NVRTC_LIB`: the path of `libnvrtc.so.*` itself;
+//! - `SMELT_CUDNN_LIB`: the path of `libcudnn.so.9` itself;
 //! - `SMELT_CUDA_INCLUDE`: a folder holding `cuda_fp16.h`;
 //! - `CUDA_HOME` / `CUDA_PATH`: a toolkit (`lib64/`, `include/`).
 
@@ -88,6 +89,35 @@ pub fn nvrtc_library() -> Result<PathBuf, Vec<PathBuf>> {
             if p.is_file() {
                 return Ok(p);
             }
+        }
+        tried.push(d);
+    }
+    Err(tried)
+}
+
+/// Where cuDNN's main library is (its sublibraries lie beside it), or the places searched.
+pub fn cudnn_library() -> Result<PathBuf, Vec<PathBuf>> {
+    let mut tried = Vec::new();
+    if let Some(p) = std::env::var_os("SMELT_CUDNN_LIB") {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Ok(p);
+        }
+        tried.push(p);
+    }
+    let mut dirs: Vec<PathBuf> = site_packages()
+        .iter()
+        .map(|sp| sp.join("nvidia/cudnn/lib"))
+        .collect();
+    for r in toolkit_roots() {
+        dirs.push(r.join("lib64"));
+        dirs.push(r.join("lib"));
+    }
+    dirs.push(PathBuf::from("/usr/lib/x86_64-linux-gnu"));
+    for d in dirs {
+        let p = d.join("libcudnn.so.9");
+        if p.is_file() {
+            return Ok(p);
         }
         tried.push(d);
     }

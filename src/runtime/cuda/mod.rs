@@ -8,6 +8,7 @@
 pub mod alloc;
 pub mod blas;
 pub mod copy;
+pub mod dnn;
 pub mod driver;
 pub mod locate;
 pub mod memory;
@@ -212,6 +213,12 @@ pub fn environment_report() -> String {
         Err(_) => {
             out.push_str("headers: none (cuda_fp16.h not found; f16/bf16 kernels cannot compile)\n")
         }
+    }
+    match dnn::version() {
+        Ok(v) => out.push_str(&format!("cudnn: {v}\n")),
+        Err(e) => out.push_str(&format!(
+            "cudnn: none, convolutions run generated kernels ({e})\n"
+        )),
     }
     out
 }
