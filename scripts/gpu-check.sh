@@ -8,8 +8,9 @@
 # GPU_CHECK_TESTS (built elsewhere with `cargo test --release --no-run`); otherwise they are
 # built here with cargo (--offline: the crates must already be in the cargo cache).
 # GPU_CHECK_TORCH=0 leaves out the PyTorch timings; GPU_CHECK_GRAPHS names the graphs of
-# benches/models/gpu.smelt to profile (all by default), and PyTorch times the same ones. NVRTC, the CUDA headers and cuBLAS come
-# from a CUDA toolkit or NVIDIA's pip wheels (docs/cuda.md).
+# benches/models/gpu.smelt and gpu_conv.smelt to profile (all by default), and PyTorch
+# times the same ones. NVRTC, the CUDA headers, cuBLAS and cuDNN come from a CUDA toolkit
+# or NVIDIA's pip wheels (docs/cuda.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never SMELT_REQUIRE_NVRTC=1 SMELT_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
@@ -68,7 +69,9 @@ for g in $graphs; do
   extra=()
   # the CPU interpreter would take long over these; tests/cudnn.rs checks convolutions
   case $g in matmul_bf16|conv*) extra=(--no-check) ;; esac
-  if ! timeout 60 "$bin" profile benches/models/gpu.smelt --graph "$g" --backend cuda --repeat 10 \
+  file=benches/models/gpu.smelt
+  case $g in conv*) file=benches/models/gpu_conv.smelt ;; esac
+  if ! timeout 60 "$bin" profile "$file" --graph "$g" --backend cuda --repeat 10 \
       "${extra[@]}" --json "$out/smelt_$g.json" > "$out/profile_$g.txt" 2>&1; then
     status=1; echo "  $g failed:"; tail -5 "$out/profile_$g.txt"
   else
@@ -79,7 +82,7 @@ done
 echo "== convolutions on the generated kernel (SMELT_CUDNN=0)"
 for g in $graphs; do
   case $g in conv*) ;; *) continue ;; esac
-  SMELT_CUDNN=0 timeout 120 "$bin" profile benches/models/gpu.smelt --graph "$g" --backend cuda \
+  SMELT_CUDNN=0 timeout 120 "$bin" profile benches/models/gpu_conv.smelt --graph "$g" --backend cuda \
     --repeat 5 --no-check --json "$out/smelt_${g}_generated.json" > /dev/null 2>&1 \
     || echo "  $g generated: failed"
 done

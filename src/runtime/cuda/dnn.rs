@@ -664,15 +664,34 @@ pub fn run(gpu: &Gpu, op: &Op, args: &[Tensor], out: &Out) -> Result<bool> {
         g.dilation,
         g.groups
     );
-    let ran = with_handle(gpu, |api, h| match op {
-        Op::Conv { .. } => forward(api, h, gpu, &key, &d, x, w, y, bias.as_ref()),
-        Op::ConvInputGrad { .. } => input_grad(api, h, gpu, &key, &d, x, w, y),
-        _ => weight_grad(api, h, gpu, &key, &d, x, w, y),
+    let ran = with_handle(gpu, |api, h| {
+        let c = Call {
+            api,
+            h,
+            gpu,
+            key: &key,
+            d: &d,
+        };
+        match op {
+            Op::Conv { .. } => forward(&c, x, w, y, bias.as_ref()),
+            Op::ConvInputGrad { .. } => input_grad(&c, x, w, y),
+            _ => weight_grad(&c, x, w, y),
+        }
     })?;
     if ran {
         CALLS.fetch_add(1, Ordering::Relaxed);
     }
     Ok(ran)
+}
+
+/// What one convolution call works with: the library, the device's handle, the device (for
+/// workspaces), the key its algorithm is remembered by and its descriptors.
+struct Call<'a> {
+    api: &'a Api,
+    h: sys::cudnnHandle_t,
+    gpu: &'a Gpu,
+    key: &'a str,
+    d: &'a Descs,
 }
 
 fn out_view(out: &Out, spatial: usize) -> Option<View4> {
@@ -685,18 +704,8 @@ fn out_view(out: &Out, spatial: usize) -> Option<View4> {
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn forward(
-    api: &Api,
-    h: sys::cudnnHandle_t,
-    gpu: &Gpu,
-    key: &str,
-    d: &Descs,
-    x: &View4,
-    w: &View4,
-    y: &View4,
-    bias: Option<&Tensor>,
-) -> Result<bool> {
+fn forward(c: &Call, x: &View4, w: &View4, y: &View4, bias: Option<&Tensor>) -> Result<bool> {
+    let (api, h, d) = (c.api, c.h, c.d);
     let rank = || {
         // SAFETY: live handle and descriptors; `perf` has room for the 8 asked for.
         ranked(
@@ -716,10 +725,10 @@ fn forward(
         })
         .map(|()| bytes)
     };
-    let Some((algo, bytes)) = d.choose(key, rank, size)? else {
+    let Some((algo, bytes)) = d.choose(c.key, rank, size)? else {
         return Ok(false);
     };
-    let (_ws, ws) = workspace(gpu, bytes)?;
+    let (_ws, ws) = workspace(c.gpu, bytes)?;
     let (one, zero) = d.scalars();
     // SAFETY: every pointer addresses a live device view of its descriptor's size.
     check("cudnnConvolutionForward", unsafe {
@@ -779,16 +788,8 @@ fn add_bias(
 }
 
 /// `x` ← the input's gradient, from `y` (the output's gradient) and the weight.
-fn input_grad(
-    api: &Api,
-    h: sys::cudnnHandle_t,
-    gpu: &Gpu,
-    key: &str,
-    d: &Descs,
-    x: &View4,
-    w: &View4,
-    y: &View4,
-) -> Result<bool> {
+fn input_grad(c: &Call, x: &View4, w: &View4, y: &View4) -> Result<bool> {
+    let (api, h, d) = (c.api, c.h, c.d);
     let rank = || {
         // SAFETY: live handle and descriptors; `perf` has room for the 8 asked for.
         ranked(
@@ -808,10 +809,10 @@ fn input_grad(
         })
         .map(|()| bytes)
     };
-    let Some((algo, bytes)) = d.choose(key, rank, size)? else {
+    let Some((algo, bytes)) = d.choose(c.key, rank, size)? else {
         return Ok(false);
     };
-    let (_ws, ws) = workspace(gpu, bytes)?;
+    let (_ws, ws) = workspace(c.gpu, bytes)?;
     let (one, zero) = d.scalars();
     // SAFETY: every pointer addresses a live device view of its descriptor's size.
     check("cudnnConvolutionBackwardData", unsafe {
@@ -835,16 +836,8 @@ fn input_grad(
 }
 
 /// `w` ← the weight's gradient, from `y` (the output's gradient) and the input `x`.
-fn weight_grad(
-    api: &Api,
-    h: sys::cudnnHandle_t,
-    gpu: &Gpu,
-    key: &str,
-    d: &Descs,
-    x: &View4,
-    w: &View4,
-    y: &View4,
-) -> Result<bool> {
+fn weight_grad(c: &Call, x: &View4, w: &View4, y: &View4) -> Result<bool> {
+    let (api, h, d) = (c.api, c.h, c.d);
     let rank = || {
         // SAFETY: live handle and descriptors; `perf` has room for the 8 asked for.
         ranked(
@@ -866,10 +859,10 @@ fn weight_grad(
         })
         .map(|()| bytes)
     };
-    let Some((algo, bytes)) = d.choose(key, rank, size)? else {
+    let Some((algo, bytes)) = d.choose(c.key, rank, size)? else {
         return Ok(false);
     };
-    let (_ws, ws) = workspace(gpu, bytes)?;
+    let (_ws, ws) = workspace(c.gpu, bytes)?;
     let (one, zero) = d.scalars();
     // SAFETY: every pointer addresses a live device view of its descriptor's size.
     check("cudnnConvolutionBackwardFilter", unsafe {
