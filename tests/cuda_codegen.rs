@@ -278,6 +278,7 @@ fn softmax_is_one_row_kernel_with_two_passes() {
     assert_eq!(
         k.launch,
         Launch::Rows {
+            per_thread: false,
             rows: 3,
             row_len: 4097,
             block: 256,
@@ -285,6 +286,49 @@ fn softmax_is_one_row_kernel_with_two_passes() {
             shared_bytes: 512
         }
     );
+}
+
+#[test]
+fn strided_rows_get_a_thread_each() {
+    // sum over dim 0: each row (a column of x) is strided, consecutive rows adjacent
+    let s = schedule("cols", "%x: f32[50,40]", "%y = sum(%x, dim=0)");
+    let p = generate(&s, &CudaOptions::default()).unwrap();
+    let k = &p.kernels[0];
+    assert!(
+        matches!(
+            k.launch,
+            Launch::Rows {
+                per_thread: true,
+                rows: 40,
+                block: 256,
+                grid: 1,
+                ..
+            }
+        ),
+        "{:?}",
+        k.launch
+    );
+    assert!(
+        k.source
+            .contains("sm_row = (unsigned int)blockIdx.x * blockDim.x + threadIdx.x")
+    );
+    assert!(k.source.contains("++sm_j"));
+    assert!(!k.source.contains("sm_block_reduce("));
+    // contiguous rows keep a block each, and so do fewer rows than a warp
+    for (shape, dim) in [("%x: f32[50,40]", 1), ("%x: f32[50,8]", 0)] {
+        let s = schedule("rows", shape, &format!("%y = sum(%x, dim={dim})"));
+        let p = generate(&s, &CudaOptions::default()).unwrap();
+        assert!(
+            matches!(
+                p.kernels[0].launch,
+                Launch::Rows {
+                    per_thread: false,
+                    ..
+                }
+            ),
+            "{shape} dim {dim}"
+        );
+    }
 }
 
 #[test]

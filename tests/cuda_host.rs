@@ -415,6 +415,12 @@ fn vector_accesses_and_tails_compute_the_interpreters_values() {
     let chain = "%r = relu(%x)\n %h = mul(%r, 0.5)\n %y = add(%h, %b)";
     let cases: Vec<(String, String, String)> = [
         ("chain_4097", "%x: f32[4097], %b: f32[4097]", chain),
+        // long strided rows, a thread each: 513 terms per sum, cancelling to small values
+        (
+            "sum_long_cols",
+            "%x: f32[513,2049]",
+            "%y = sum(%x, dim=[0])",
+        ),
         ("chain_rows", "%x: f32[3,1030], %b: f32[1030]", chain),
         ("chain_tiny", "%x: f32[3], %b: f32[3]", chain),
         ("chain_one", "%x: f32[1], %b: f32[1]", chain),

@@ -168,13 +168,14 @@ fn launch_json(l: &Launch) -> String {
             "{{\"kind\": \"pointwise\", \"elements\": {n}, \"grid\": {grid}, \"block\": {block}, \"shared_bytes\": 0}}"
         ),
         Launch::Rows {
+            per_thread,
             rows,
             row_len,
             block,
             grid,
             shared_bytes,
         } => format!(
-            "{{\"kind\": \"rows\", \"rows\": {rows}, \"row_len\": {row_len}, \"grid\": {grid}, \"block\": {block}, \"shared_bytes\": {shared_bytes}}}"
+            "{{\"kind\": \"rows\", \"rows\": {rows}, \"row_len\": {row_len}, \"grid\": {grid}, \"block\": {block}, \"shared_bytes\": {shared_bytes}, \"thread_per_row\": {per_thread}}}"
         ),
     }
 }

@@ -26,6 +26,8 @@ const POINTWISE_BLOCK: u32 = 256;
 const ROW_BLOCK: u32 = 256;
 /// Largest grid: grid-stride loops cover the rest.
 const MAX_GRID: u64 = 1 << 16;
+/// Fewest rows given one thread each (fewer rows keep a block each).
+const MIN_THREAD_ROWS: u64 = 32;
 
 /// Row-major strides of `shape`.
 fn row_major(shape: &[usize]) -> Vec<usize> {
@@ -194,6 +196,9 @@ pub fn kernel(
         nouter,
         space: &space,
         body: String::new(),
+        per_thread: !k.inner.is_empty()
+            && numel(&k.outer) as u64 >= MIN_THREAD_ROWS
+            && strided_rows(k, nouter),
     };
     let launch = if k.inner.is_empty() {
         g.pointwise()?
@@ -227,6 +232,32 @@ pub fn kernel(
     })
 }
 
+/// Whether every load that walks along the row does so with a stride other than 1 in its
+/// last inner dim, while consecutive rows (the last outer dim) are adjacent or the same:
+/// then a block per row reads one element per 32-byte sector, and a thread per row reads
+/// whole sectors across the warp (column sums, reductions over leading dims).
+fn strided_rows(k: &Kernel, nouter: usize) -> bool {
+    if nouter == 0 {
+        return false;
+    }
+    let mut any = false;
+    for v in &k.values {
+        let Expr::Load { map, .. } = &v.expr else {
+            continue;
+        };
+        if map.ignores_from(nouter) {
+            continue;
+        }
+        let inner_last = map.strides.last().copied().unwrap_or(0);
+        let outer_last = map.strides[nouter - 1];
+        if inner_last == 1 || outer_last > 1 {
+            return false;
+        }
+        any |= outer_last == 1;
+    }
+    any
+}
+
 struct Gen<'a> {
     s: &'a Schedule,
     k: &'a Kernel,
@@ -235,6 +266,8 @@ struct Gen<'a> {
     nouter: usize,
     space: &'a [usize],
     body: String,
+    /// Rows are walked by one thread each ([`Launch::Rows::per_thread`]).
+    per_thread: bool,
 }
 
 /// Where values are emitted, which decides the positions they may use.
@@ -495,6 +528,19 @@ impl Gen<'_> {
     fn row_loop(&mut self, cone: &[usize], stores: &[Store], each: &[String]) -> Result<()> {
         let ity = self.ity;
         let len = numel(&self.k.inner) as u64;
+        if self.per_thread {
+            // the thread's own row, in order
+            self.line(
+                2,
+                &format!("for ({ity} sm_j = 0; sm_j < sm_len; ++sm_j) {{"),
+            );
+            self.values(cone, stores, Scope::Inner, 3, None)?;
+            for e in each {
+                self.line(3, e);
+            }
+            self.line(2, "}");
+            return Ok(());
+        }
         let plan = if self.in_place() {
             None
         } else {
@@ -561,7 +607,11 @@ impl Gen<'_> {
         let ity = self.ity;
         let rows = numel(&k.outer) as u64;
         let len = numel(&k.inner) as u64;
-        let block = (len.next_power_of_two().clamp(32, ROW_BLOCK as u64)) as u32;
+        let block = if self.per_thread {
+            ROW_BLOCK
+        } else {
+            (len.next_power_of_two().clamp(32, ROW_BLOCK as u64)) as u32
+        };
         // the pass after which each value is known (0: before any pass)
         let mut stage = vec![0usize; k.values.len()];
         let mut pass_of = vec![None; k.values.len()];
@@ -586,9 +636,17 @@ impl Gen<'_> {
         self.line(1, &format!("const {ity} sm_rows = {rows};"));
         self.line(1, &format!("const {ity} sm_len = {len};"));
         self.line(1, "(void)sm_len;");
+        let (first_row, row_step) = if self.per_thread {
+            (
+                format!("({ity})blockIdx.x * blockDim.x + threadIdx.x"),
+                format!("({ity})gridDim.x * blockDim.x"),
+            )
+        } else {
+            ("blockIdx.x".to_string(), "gridDim.x".to_string())
+        };
         self.line(
             1,
-            &format!("for ({ity} sm_row = blockIdx.x; sm_row < sm_rows; sm_row += gridDim.x) {{"),
+            &format!("for ({ity} sm_row = {first_row}; sm_row < sm_rows; sm_row += {row_step}) {{"),
         );
         // the row's positions, once, for every map that needs them
         let mut used_o = vec![false; self.nouter];
@@ -634,13 +692,24 @@ impl Gen<'_> {
             self.row_loop(&cone, &along, &[])?;
         }
         if !once.is_empty() {
-            self.line(2, "if (threadIdx.x == 0) {");
+            // a block's row is stored by its thread 0; a thread's row by the thread
+            let guard = if self.per_thread {
+                "{"
+            } else {
+                "if (threadIdx.x == 0) {"
+            };
+            self.line(2, guard);
             self.values(&[], &once, Scope::Row, 3, None)?;
             self.line(2, "}");
         }
         self.line(1, "}");
-        let grid = rows.min(MAX_GRID);
+        let grid = if self.per_thread {
+            rows.div_ceil(u64::from(block)).min(MAX_GRID)
+        } else {
+            rows.min(MAX_GRID)
+        };
         Ok(Launch::Rows {
+            per_thread: self.per_thread,
             rows,
             row_len: len,
             block,
@@ -661,6 +730,12 @@ impl Gen<'_> {
                     "kernel {}: pass {p} lists v{r}, not a reduction",
                     k.name
                 );
+            };
+            // a thread adds its whole row in order, so float sums take f64 accumulators to
+            // stay as close as a block's tree of partial sums
+            let acc = match combiner {
+                Combiner::Sum | Combiner::Mean if self.per_thread && acc.is_float() => DType::F64,
+                _ => acc,
             };
             let a = acc_kind(combiner, acc);
             self.line(2, &format!("{} sm_a{r} = {};", a.ctype, a.init));
@@ -686,7 +761,9 @@ impl Gen<'_> {
         }
         self.row_loop(&cone, &[], &each)?;
         for (r, combiner, _, a) in &accs {
-            if a.arg {
+            if self.per_thread {
+                // the thread saw the whole row
+            } else if a.arg {
                 self.line(
                     2,
                     &format!("sm_block_arg(sm_a{r}, sm_ai{r}, {}, sm_shared);", a.is_max),

@@ -81,8 +81,13 @@ pub enum Launch {
         /// Blocks in the grid.
         grid: u64,
     },
-    /// One block per row (grid-stride over rows); `shared_bytes` of static shared memory.
+    /// One block per row (grid-stride over rows), or one thread per row when
+    /// `per_thread` (rows strided in memory, consecutive rows adjacent: each thread walks
+    /// its row alone, so a warp reads 32 adjacent elements at every step); `shared_bytes`
+    /// of static shared memory.
     Rows {
+        /// One thread per row instead of one block.
+        per_thread: bool,
         /// Number of rows.
         rows: u64,
         /// Elements per row.

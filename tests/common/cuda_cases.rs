@@ -245,6 +245,25 @@ pub const CASES: &[(&str, &str, &str)] = &[
     ("softmax", "%x: f32[4,7]", "%y = softmax(%x, dim=-1)"),
     ("softmax_dim0", "%x: f16[4,7]", "%y = softmax(%x, dim=0)"),
     ("log_softmax", "%x: f32[4,7]", "%y = log_softmax(%x, dim=1)"),
+    // strided rows of 32 or more: a thread per row (`Launch::Rows::per_thread`)
+    ("col_sum", "%x: f32[37,45]", "%y = sum(%x, dim=0)"),
+    (
+        "col_mean_3d_f64",
+        "%x: f64[5,7,40]",
+        "%y = mean(%x, dim=[0,1])",
+    ),
+    (
+        "col_argmax_i32",
+        "%x: i32[33,40]",
+        "%y = argmax(%x, dim=0, keepdim=true)",
+    ),
+    ("col_amax_f16", "%x: f16[9,48]", "%y = amax(%x, dim=0)"),
+    ("col_softmax", "%x: f32[19,64]", "%y = softmax(%x, dim=0)"),
+    (
+        "col_log_softmax_transposed",
+        "%x: f32[70,33]",
+        "%t = transpose(%x, dim0=0, dim1=1)\n %y = log_softmax(%t, dim=1)",
+    ),
     (
         "layer_norm",
         "%x: f32[4,7], %w: f32[7], %b: f32[7]",
