@@ -4,6 +4,8 @@
 //! compiled fused and compiled unfused; and, when `SMELT_TORCH_PYTHON` names a Python with
 //! torch, PyTorch eager and `torch.compile` (scripts/torch_resnet_block.py) in the same
 //! run, the two taking turns round by round. Prints the median and range of the rounds.
+//! The same block in evaluation mode (forward only, compiled fused) runs twice more: with
+//! each convolution's epilogue inside the convolution and as a step of its own.
 //!
 //! Run: `SMELT_TORCH_PYTHON=python3 cargo bench --bench resnet_block`.
 
@@ -38,6 +40,17 @@ fn block_text(n: usize) -> String {
 }}
 "
     )
+}
+
+/// The block in evaluation mode, its batch norms reading running statistics given as
+/// inputs (not constants, so not folded into the convolutions): each convolution's
+/// epilogue is one pointwise kernel.
+fn eval_block_text(n: usize) -> String {
+    block_text(n)
+        .replace("%b1: f32[64],", "%b1: f32[64], %m1: f32[64], %v1: f32[64],")
+        .replace("%b2: f32[64])", "%b2: f32[64], %m2: f32[64], %v2: f32[64])")
+        .replace("none, none, %g1, %b1, training=true", "%m1, %v1, %g1, %b1")
+        .replace("none, none, %g2, %b2, training=true", "%m2, %v2, %g2, %b2")
 }
 
 /// The block eagerly, on `ps` = [x, w1, g1, b1, w2, g2, b2].
@@ -123,6 +136,40 @@ fn main() {
             smelt_runs.push((
                 format!("smelt compiled {what} {fmt} fwd+bwd"),
                 Box::new(move || drop(b.call(&psb).unwrap())),
+            ));
+        }
+    }
+    // evaluation mode, each convolution's epilogue run inside it or as a step of its own
+    let em = parse_module(&eval_block_text(n), "eval_block").unwrap();
+    let eg = &em.graphs[0];
+    let eps: Vec<Tensor> = eg
+        .inputs()
+        .iter()
+        .map(|&v| {
+            let name = &eg.node(v).name;
+            let t = Tensor::randn_with(&eg.node(v).ty.shape, Some(DType::F32), &mut rng).unwrap();
+            match name.as_str() {
+                "w1" | "w2" => t.mul_scalar(0.06).unwrap(),
+                "v1" | "v2" => t.abs().unwrap(),
+                _ => t,
+            }
+        })
+        .collect();
+    for (fmt, cl) in [("nchw", false), ("cl", true)] {
+        let mut ps = eps.clone();
+        let mut opts = CompileOptions::default();
+        if cl {
+            ps[0] = nhwc(&ps[0]);
+            opts = opts.channels_last(&["x"]);
+        }
+        for nest in [true, false] {
+            let f = CompiledFn::compile(eg, &opts.clone().conv_epilogues(nest)).unwrap();
+            assert_eq!(f.epilogues_in_convolutions(), if nest { 2 } else { 0 });
+            let where_ = if nest { "in conv" } else { "apart" };
+            let ps = ps.clone();
+            smelt_runs.push((
+                format!("smelt compiled fused eval {fmt}, epilogues {where_} fwd"),
+                Box::new(move || drop(f.call(&ps).unwrap())),
             ));
         }
     }

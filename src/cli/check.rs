@@ -116,6 +116,25 @@ pub fn fusion_text(s: &Schedule, plan: &MemoryPlan, stats: &[PassStats]) -> Stri
     if !nhwc.is_empty() {
         let _ = writeln!(t, "layout: channels_last (NHWC) {}", nhwc.join(", "));
     }
+    // kernels numbered as below: the steps before each nested one
+    let nested = crate::exec::cpu::nested_epilogues(s);
+    if !nested.is_empty() {
+        let names: Vec<String> = nested
+            .iter()
+            .map(|&i| {
+                let k = s.steps[..i]
+                    .iter()
+                    .filter(|st| matches!(st, Step::Kernel(_)))
+                    .count();
+                format!("kernel {k}")
+            })
+            .collect();
+        let _ = writeln!(
+            t,
+            "epilogues run inside the convolution before them, tile by tile: {}",
+            names.join(", ")
+        );
+    }
     let (mut nk, mut ne) = (0, 0);
     for step in &s.steps {
         match step {

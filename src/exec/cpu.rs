@@ -18,6 +18,7 @@
 //! lowering, and the kernel-IR interpreter (one step at a time), which needs no codegen.
 
 mod cache;
+mod epilogue;
 mod frame;
 mod gemm;
 mod info;
@@ -96,6 +97,10 @@ pub struct CompileOptions {
     pub channels_last_inputs: Vec<String>,
     /// Where compiled code is cached between processes.
     pub disk_cache: DiskCache,
+    /// Run a convolution's pointwise epilogue inside it, on each tile of its output while
+    /// the tile is in cache (on by default; off runs it as a step of its own, for
+    /// comparisons).
+    pub conv_epilogues: bool,
 }
 
 /// Where [`CompiledFn::compile`] caches compiled code between processes ([`CodeOrigin`]).
@@ -120,6 +125,7 @@ impl Default for CompileOptions {
             threads: None,
             channels_last_inputs: Vec::new(),
             disk_cache: DiskCache::Env,
+            conv_epilogues: true,
         }
     }
 }
@@ -151,6 +157,11 @@ impl CompileOptions {
     /// The same options with compiled code cached in `cache`.
     pub fn disk_cache(mut self, cache: DiskCache) -> CompileOptions {
         self.disk_cache = cache;
+        self
+    }
+    /// The same options with convolutions' epilogues run inside them or not.
+    pub fn conv_epilogues(mut self, nest: bool) -> CompileOptions {
+        self.conv_epilogues = nest;
         self
     }
     /// The same options with transcendentals kept inline (no strips) or not.
@@ -192,12 +203,23 @@ enum Exec {
     },
 }
 
+/// The kernel steps of `s` that run inside the convolution before them, tile by tile, when
+/// compiled with [`CompileOptions::conv_epilogues`] on the Cranelift backend.
+pub fn nested_epilogues(s: &Schedule) -> Vec<usize> {
+    (0..s.steps.len())
+        .filter(|&i| epilogue::nests(s, i))
+        .collect()
+}
+
 /// A graph compiled for the CPU: call it with input tensors in the graph's order.
 pub struct CompiledFn {
     schedule: Schedule,
     input_names: Vec<String>,
     constants: Vec<Option<Tensor>>,
     execs: Vec<Exec>,
+    /// Kernel steps that run inside the convolution before them, tile by tile
+    /// ([`epilogue`]).
+    in_conv: Vec<bool>,
     plan: TempPlan,
     info: Vec<StepInfo>,
     pool: Option<rayon::ThreadPool>,
@@ -293,7 +315,14 @@ impl CompiledFn {
             inline_math: opts.inline_math,
             ..CodegenOptions::default()
         };
-        let plan = TempPlan::build(&s);
+        let in_conv: Vec<bool> = (0..s.steps.len())
+            .map(|i| {
+                opts.conv_epilogues
+                    && opts.backend == KernelBackend::Cranelift
+                    && epilogue::nests(&s, i)
+            })
+            .collect();
+        let plan = TempPlan::build_nested(&s, &in_conv);
         let owned = owned_buffers(&s, &plan);
         let mut execs = Vec::with_capacity(s.steps.len());
         let mut places = plan.slots.len();
@@ -380,6 +409,7 @@ impl CompiledFn {
                 .map(|b| s.outputs.iter().any(|v| v.buffer == b))
                 .collect(),
             owned,
+            in_conv,
             plan,
             info: StepInfo::of_schedule(&s),
             input_names: names,
@@ -410,6 +440,13 @@ impl CompiledFn {
                 )
             })
             .count()
+    }
+
+    /// Number of kernels that run inside the convolution before them, on each tile of its
+    /// output while the tile is in cache (bias, batch norm, relu, residual adds), instead
+    /// of in a pass of their own.
+    pub fn epilogues_in_convolutions(&self) -> usize {
+        self.in_conv.iter().filter(|&&n| n).count()
     }
 
     /// The schedule this function runs.
@@ -660,6 +697,8 @@ impl CompiledFn {
         }
         // the kernel step a GEMM has already done (an in-place update, see `gemm::Update`)
         let mut done_by_gemm = None;
+        // the kernel step a convolution has already run on its tiles (`epilogue`)
+        let mut done_in_conv = None;
         for (i, (step, exec)) in s.steps.iter().zip(&self.execs).enumerate() {
             for &b in &self.plan.alloc_before[i] {
                 let buf = &s.buffers[b];
@@ -683,7 +722,25 @@ impl CompiledFn {
             let t0 = times.is_some().then(Instant::now);
             let _span = self.step_span(i);
             match (exec, step) {
-                _ if done_by_gemm == Some(i) => {}
+                _ if done_by_gemm == Some(i) || done_in_conv == Some(i) => {}
+                (Exec::Extern { ty }, Step::Extern(e))
+                    if self.in_conv.get(i + 1).copied().unwrap_or(false) =>
+                {
+                    match &self.execs[i + 1] {
+                        Exec::Native {
+                            code,
+                            reads,
+                            writes,
+                            ..
+                        } => {
+                            let rw = (reads.as_slice(), writes.as_slice());
+                            if epilogue::run(s, e, ty.as_ref(), code, rw, &mut f.bufs)? {
+                                done_in_conv = Some(i + 1);
+                            }
+                        }
+                        _ => run_extern(s, e, ty.as_ref(), &mut f.bufs)?,
+                    }
+                }
                 (
                     Exec::Native {
                         code,

@@ -56,19 +56,30 @@ pub fn step_buffers(step: &Step) -> (Vec<BufferId>, Vec<BufferId>) {
 impl TempPlan {
     /// Assigns slots to the temporaries of `s` by liveness.
     pub fn build(s: &Schedule) -> TempPlan {
+        TempPlan::build_nested(s, &[])
+    }
+
+    /// [`TempPlan::build`] where each step `i` with `inside_previous[i]` runs inside step
+    /// `i - 1` (a convolution's epilogue, run tile by tile): its temporaries are taken
+    /// before step `i - 1`, and what step `i - 1` reads stays until step `i` is done, so
+    /// that no slot is shared between the two.
+    pub fn build_nested(s: &Schedule, inside_previous: &[bool]) -> TempPlan {
         let n = s.buffers.len();
         let steps = s.steps.len();
+        let nested = |i: usize| inside_previous.get(i).copied().unwrap_or(false);
         let mut def: Vec<Option<usize>> = vec![None; n];
         let mut last: Vec<Option<usize>> = vec![None; n];
         let mut by_kernel = vec![false; n];
         for (i, step) in s.steps.iter().enumerate() {
             let (reads, writes) = step_buffers(step);
+            let until = if nested(i + 1) { i + 1 } else { i };
+            let at = if i > 0 && nested(i) { i - 1 } else { i };
             for b in reads {
-                last[b] = Some(i);
+                last[b] = Some(last[b].map_or(until, |l| l.max(until)));
             }
             for b in writes {
                 if def[b].is_none() {
-                    def[b] = Some(i);
+                    def[b] = Some(at);
                     by_kernel[b] = matches!(step, Step::Kernel(_));
                 }
                 last[b] = Some(last[b].map_or(i, |l| l.max(i)));

@@ -524,6 +524,27 @@ pub fn forward(
     geo: &ConvGeometry,
     out: &TensorType,
 ) -> Result<Tensor> {
+    Ok(forward_then(x, w, bias, geo, out, None)?.0)
+}
+
+/// A pointwise epilogue of a convolution: `f(y, start, len)` computes the elements
+/// `start..start + len` (in memory order) of whatever reads the convolution's output, `y`
+/// being that output's first element. Ranges of different calls never overlap, and calls
+/// come from several threads at once.
+pub type Epilogue<'a> = &'a (dyn Fn(*mut u8, usize, usize) -> Result<()> + Sync);
+
+/// [`forward`], running `epi` over each tile of the output as soon as the tile is written,
+/// while it is still in cache, so that the epilogue costs no pass of its own over memory.
+/// The flag says whether it ran: not when the result is rounded to another dtype after the
+/// convolution (f16, bf16) or the convolution is depthwise, and then the caller runs it.
+pub fn forward_then(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    geo: &ConvGeometry,
+    out: &TensorType,
+    epi: Option<Epilogue>,
+) -> Result<(Tensor, bool)> {
     let d = plan("convolution", x.shape(), w.shape(), &out.shape, geo)?;
     if let Some(b) = bias
         && b.shape() != [d.co]
@@ -537,8 +558,45 @@ pub fn forward(
     }
     compute_type("convolution", x.dtype())?;
     match compute_type("convolution", out.dtype)? {
-        DType::F64 => forward_in::<f64>(x, w, bias, &d, out),
-        _ => forward_in::<f32>(x, w, bias, &d, out),
+        DType::F64 => forward_in::<f64>(x, w, bias, &d, out, epi),
+        _ => forward_in::<f32>(x, w, bias, &d, out, epi),
+    }
+}
+
+/// An epilogue called from the tile tasks; its first error stops later calls and is
+/// returned after the convolution.
+struct TileEpilogue<'a> {
+    f: Epilogue<'a>,
+    failed: std::sync::atomic::AtomicBool,
+    err: std::sync::Mutex<Option<crate::Error>>,
+}
+
+/// Tasks still to finish per block of the output: the task that finishes a block's last
+/// tile runs the epilogue over the whole block, while it is still in cache.
+struct Blocks(Vec<std::sync::atomic::AtomicUsize>);
+
+impl Blocks {
+    fn new(blocks: usize, tasks_each: usize) -> Blocks {
+        Blocks((0..blocks).map(|_| tasks_each.into()).collect())
+    }
+    /// One task of block `b` is done; true for the last one (which then sees every other
+    /// task's writes: the count is released by each and acquired by the last).
+    fn done(&self, b: usize) -> bool {
+        self.0[b].fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1
+    }
+}
+
+impl TileEpilogue<'_> {
+    fn run<A>(&self, y: *mut A, start: usize, len: usize) {
+        use std::sync::atomic::Ordering;
+        if len == 0 || self.failed.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Err(e) = (self.f)(y as *mut u8, start, len) {
+            self.failed.store(true, Ordering::Relaxed);
+            let mut slot = self.err.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert(e);
+        }
     }
 }
 
@@ -548,11 +606,21 @@ fn forward_in<A: Acc>(
     bias: Option<&Tensor>,
     d: &Dims,
     out: &TensorType,
-) -> Result<Tensor> {
+    epi: Option<Epilogue>,
+) -> Result<(Tensor, bool)> {
     let nhwc = prefers_nhwc(x);
     if d.n * d.co * d.opix() == 0 {
-        return produce::<A>(out, nhwc, false, |_| {});
+        // nothing for an epilogue to compute either
+        return Ok((produce::<A>(out, nhwc, false, |_| {})?, true));
     }
+    let tiles = epi
+        .filter(|_| out.dtype == A::DTYPE && !d.depthwise())
+        .map(|f| TileEpilogue {
+            f,
+            failed: false.into(),
+            err: std::sync::Mutex::new(None),
+        });
+    let te = tiles.as_ref();
     let bv = match bias {
         Some(b) => Some(dense::<A>(b, false)?.to_vec::<A>()?),
         None => None,
@@ -561,19 +629,26 @@ fn forward_in<A: Acc>(
     // depthwise weights are read as [C, kH·kW] either way; NHWC GEMMs want [Cout, kH, kW, Cin_g]
     let wv = dense::<A>(w, nhwc && !d.depthwise())?.to_vec::<A>()?;
     let xd = dense::<A>(x, nhwc)?;
-    produce::<A>(out, nhwc, false, |y| {
+    let t = produce::<A>(out, nhwc, false, |y| {
         with_elements::<A, _>(&xd, |xs| {
             if d.depthwise() && nhwc {
                 depthwise_forward_nhwc(xs, &wv, bv, d, y);
             } else if d.depthwise() {
                 depthwise_forward(xs, &wv, bv, d, y);
             } else if nhwc {
-                forward_nhwc(xs, &wv, bv, d, y);
+                forward_nhwc(xs, &wv, bv, d, y, te);
             } else {
-                forward_nchw(xs, &wv, bv, d, y);
+                forward_nchw(xs, &wv, bv, d, y, te);
             }
         })
-    })
+    })?;
+    match tiles {
+        Some(te) => match te.err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok((t, true)),
+        },
+        None => Ok((t, false)),
+    }
 }
 
 /// Writes `value` into `len` elements from `p`.
@@ -770,13 +845,22 @@ unsafe fn scatter_nhwc<A: Acc>(
 }
 
 /// NCHW forward: per (image, group, tile) `y[Cog, tile] = W_g · col`.
-fn forward_nchw<A: Acc>(x: &[A], w: &[A], bias: Option<&[A]>, d: &Dims, y: &mut [A]) {
+fn forward_nchw<A: Acc>(
+    x: &[A],
+    w: &[A],
+    bias: Option<&[A]>,
+    d: &Dims,
+    y: &mut [A],
+    epi: Option<&TileEpilogue>,
+) {
     let (cig, cog, kk, ipix, opix) = (d.cig(), d.cog(), d.kk(), d.ipix(), d.opix());
     let direct = d.pointwise();
     let tile = tile_len::<A>(kk, opix);
     let tiles = opix.div_ceil(tile);
     let yp = SendPtr(y.as_mut_ptr());
     let scratch = if direct { 0 } else { kk * tile };
+    // an image's channels of one group are one contiguous block of the output
+    let blocks = Blocks::new(if epi.is_some() { d.n * d.g } else { 0 }, tiles);
     par_tasks::<A>(d.n * d.g * tiles, scratch, &|t, col| {
         let (ni, gi, ti) = (t / (d.g * tiles), t / tiles % d.g, t % tiles);
         let (p0, p1) = (ti * tile, opix.min(ti * tile + tile));
@@ -808,19 +892,33 @@ fn forward_nchw<A: Acc>(x: &[A], w: &[A], bias: Option<&[A]>, d: &Dims, y: &mut 
                 (rrs, 1),
                 Parallelism::None,
             );
+            if let Some(e) = epi
+                && blocks.done(ni * d.g + gi)
+            {
+                e.run(yp.get(), (ni * d.co + gi * cog) * opix, cog * opix);
+            }
         }
     });
 }
 
 /// NHWC forward: per (image, tile, group) `y[tile, Cog] = col · W_gᵀ`, with `w` as
 /// `[Cout, kH, kW, Cin_g]`.
-fn forward_nhwc<A: Acc>(x: &[A], w: &[A], bias: Option<&[A]>, d: &Dims, y: &mut [A]) {
+fn forward_nhwc<A: Acc>(
+    x: &[A],
+    w: &[A],
+    bias: Option<&[A]>,
+    d: &Dims,
+    y: &mut [A],
+    epi: Option<&TileEpilogue>,
+) {
     let (cig, cog, kk, ipix, opix) = (d.cig(), d.cog(), d.kk(), d.ipix(), d.opix());
     let direct = d.pointwise();
     let tile = tile_len::<A>(kk, opix);
     let tiles = opix.div_ceil(tile);
     let yp = SendPtr(y.as_mut_ptr());
     let scratch = if direct { 0 } else { kk * tile };
+    // a tile of pixels is contiguous when one group has every channel, else an image is
+    let blocks = Blocks::new(if epi.is_some() { d.n } else { 0 }, tiles * d.g);
     par_tasks::<A>(d.n * tiles * d.g, scratch, &|t, col| {
         let (ni, ti, gi) = (t / (tiles * d.g), t / d.g % tiles, t % d.g);
         let (p0, p1) = (ti * tile, opix.min(ti * tile + tile));
@@ -853,6 +951,13 @@ fn forward_nhwc<A: Acc>(x: &[A], w: &[A], bias: Option<&[A]>, d: &Dims, y: &mut 
                 (1, kk),
                 Parallelism::None,
             );
+            if let Some(e) = epi {
+                if d.g == 1 {
+                    e.run(yp.get(), (ni * opix + p0) * d.co, np * d.co);
+                } else if blocks.done(ni) {
+                    e.run(yp.get(), ni * opix * d.co, opix * d.co);
+                }
+            }
         }
     });
 }
