@@ -802,26 +802,16 @@ fn reduce(op: ReduceOp, x: &Tensor, dims: &[usize], out: &TensorType) -> Result<
     use ReduceOp::*;
     let float = x.dtype().is_float();
     match op {
-        Sum | Mean if x.dtype() == DType::F32 && trailing(x, dims) => {
+        // f32 sums over trailing dims (rows) or leading dims (columns) on native helpers
+        Sum | Mean if x.dtype() == DType::F32 && (trailing(x, dims) || leading(x, dims)) => {
             let t = Tensor::alloc(out.dtype, &out.shape)?;
             let n_in: usize = dims.iter().map(|&d| x.shape()[d]).product();
-            match crate::runtime::native::sum_f32(x, n_in, op == Mean, &t) {
-                Some(()) => Ok(t),
-                None => drive::<f32, _>(
-                    x,
-                    dims,
-                    out,
-                    &SumF::<f32> {
-                        mean: op == Mean,
-                        _o: PhantomData,
-                    },
-                ),
-            }
-        }
-        Sum | Mean if x.dtype() == DType::F32 && leading(x, dims) => {
-            let t = Tensor::alloc(out.dtype, &out.shape)?;
-            let n_in: usize = dims.iter().map(|&d| x.shape()[d]).product();
-            match crate::runtime::native::col_sum_f32(x, n_in, op == Mean, &t) {
+            let native = if trailing(x, dims) {
+                crate::runtime::native::sum_f32(x, n_in, op == Mean, &t)
+            } else {
+                crate::runtime::native::col_sum_f32(x, n_in, op == Mean, &t)
+            };
+            match native {
                 Some(()) => Ok(t),
                 None => drive::<f32, _>(
                     x,
