@@ -282,7 +282,7 @@ impl CudaFn {
                 true => 0..0,
                 false => self.program.spans.get(i).cloned().unwrap_or_default(),
             };
-            for cstep in &self.program.steps[span] {
+            for cstep in self.program.steps.get(span).unwrap_or(&[]) {
                 match cstep {
                     CudaStep::Kernel(k) => self.launch(*k, &bufs)?,
                     CudaStep::Extern(_) => {

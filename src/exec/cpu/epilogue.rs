@@ -132,7 +132,10 @@ pub(super) fn run(
     if shares {
         return super::run_extern(s, e, ty, bufs).map(|()| false);
     }
-    let geo = attrs.geometry(&args[1].shape()[2..])?;
+    let Some(kernel) = args[1].shape().get(2..) else {
+        return super::run_extern(s, e, ty, bufs).map(|()| false);
+    };
+    let geo = attrs.geometry(kernel)?;
     let bias = if *has_bias { args.get(2) } else { None };
     let out_ty = TensorType::new(out.dtype, out.shape.clone());
     let rt: Vec<&Tensor> = rs.iter().map(|p| p.1).collect();

@@ -284,12 +284,21 @@ fn as_4d(shape: &[usize], strides: &[usize], spatial: usize) -> Option<([usize; 
     Some((d.try_into().ok()?, s.try_into().ok()?))
 }
 
+/// Whether `x` fits the C `int` cuDNN's descriptors take.
+fn fits_int(x: usize) -> bool {
+    i32::try_from(x).is_ok()
+}
+
 /// `t` as a 4-D packed view, copied dense on the device when its layout is neither NCHW nor
 /// NHWC; `keep` holds the copy alive.
 fn view4(t: &Tensor, spatial: usize, keep: &mut Vec<Tensor>) -> Result<Option<View4>> {
     let Some((dims, strides)) = as_4d(t.shape(), t.strides(), spatial) else {
         return Ok(None);
     };
+    // every stride of a packed view is below its element count
+    if !fits_int(dims.iter().product()) {
+        return Ok(None);
+    }
     let (t, format) = match format_of(&dims, &strides) {
         Some(f) => (t.clone(), f),
         None => (super::tensor::contiguous_copy(t)?, Format::Nchw),
@@ -616,14 +625,20 @@ pub fn run(gpu: &Gpu, op: &Op, args: &[Tensor], out: &Out) -> Result<bool> {
         return Ok(false);
     }
     let (attrs, kernel) = match op {
-        Op::Conv { conv, .. } | Op::ConvInputGrad { conv, .. } => (conv, &args[1].shape()[2..]),
-        Op::ConvWeightGrad { conv, .. } => (conv, &out.shape[2..]),
+        Op::Conv { conv, .. } | Op::ConvInputGrad { conv, .. } => (conv, args[1].shape().get(2..)),
+        Op::ConvWeightGrad { conv, .. } => (conv, out.shape.get(2..)),
         _ => return Ok(false),
     };
+    let Some(kernel) = kernel else {
+        return Ok(false);
+    };
     let spatial = attrs.spatial();
-    // cuDNN pads both sides alike
+    // cuDNN pads both sides alike, and its descriptors hold C ints
     let g = attrs.geometry(kernel)?;
-    if g.pad_lo != g.pad_hi {
+    let ints = [&g.pad_lo, &g.stride, &g.dilation]
+        .iter()
+        .all(|v| v.iter().all(|&x| fits_int(x)));
+    if g.pad_lo != g.pad_hi || !ints || !fits_int(g.groups) {
         return Ok(false);
     }
     let mut keep = Vec::new();
@@ -696,6 +711,9 @@ struct Call<'a> {
 
 fn out_view(out: &Out, spatial: usize) -> Option<View4> {
     let (dims, strides) = as_4d(out.shape, out.strides, spatial)?;
+    if !fits_int(dims.iter().product()) {
+        return None;
+    }
     let format = format_of(&dims, &strides)?;
     Some(View4 {
         ptr: out.ptr,
@@ -908,5 +926,13 @@ mod tests {
         assert_eq!(format_of(&[2, 3, 4, 5], &[60, 20, 1, 4]), None);
         // a wrong rank is not taken
         assert!(as_4d(&[2, 3, 4, 5], &[60, 20, 5, 1], 1).is_none());
+        // sizes past a C int go to the generated kernels, whose indices are 64-bit
+        assert!(fits_int(i32::MAX as usize) && !fits_int(i32::MAX as usize + 1));
+        let big = Out {
+            ptr: 0,
+            shape: &[1 << 16, 1 << 8, 1 << 8],
+            strides: &[1 << 16, 1 << 8, 1],
+        };
+        assert!(out_view(&big, 1).is_none());
     }
 }
