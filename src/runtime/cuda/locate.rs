@@ -63,10 +63,12 @@ fn toolkit_roots() -> Vec<PathBuf> {
     v
 }
 
-/// Where NVRTC is, or the list of places searched.
-pub fn nvrtc_library() -> Result<PathBuf, Vec<PathBuf>> {
+/// The first of `names` found: at the path in environment variable `var`, then in the
+/// wheel folders `wheel_dirs` under every site-packages, then in the toolkits' `lib64/`
+/// and `lib/` and the system's library folder; or the list of places searched.
+fn find_library(var: &str, wheel_dirs: &[&str], names: &[&str]) -> Result<PathBuf, Vec<PathBuf>> {
     let mut tried = Vec::new();
-    if let Some(p) = std::env::var_os("SMELT_NVRTC_LIB") {
+    if let Some(p) = std::env::var_os(var) {
         let p = PathBuf::from(p);
         if p.is_file() {
             return Ok(p);
@@ -75,8 +77,7 @@ pub fn nvrtc_library() -> Result<PathBuf, Vec<PathBuf>> {
     }
     let mut dirs = Vec::new();
     for sp in site_packages() {
-        dirs.push(sp.join("nvidia/cuda_nvrtc/lib"));
-        dirs.push(sp.join("nvidia/cu13/lib"));
+        dirs.extend(wheel_dirs.iter().map(|w| sp.join(w)));
     }
     for r in toolkit_roots() {
         dirs.push(r.join("lib64"));
@@ -84,44 +85,26 @@ pub fn nvrtc_library() -> Result<PathBuf, Vec<PathBuf>> {
     }
     dirs.push(PathBuf::from("/usr/lib/x86_64-linux-gnu"));
     for d in dirs {
-        for n in NVRTC_NAMES {
-            let p = d.join(n);
-            if p.is_file() {
-                return Ok(p);
-            }
+        if let Some(p) = names.iter().map(|n| d.join(n)).find(|p| p.is_file()) {
+            return Ok(p);
         }
         tried.push(d);
     }
     Err(tried)
 }
 
+/// Where NVRTC is, or the list of places searched.
+pub fn nvrtc_library() -> Result<PathBuf, Vec<PathBuf>> {
+    find_library(
+        "SMELT_NVRTC_LIB",
+        &["nvidia/cuda_nvrtc/lib", "nvidia/cu13/lib"],
+        &NVRTC_NAMES,
+    )
+}
+
 /// Where cuDNN's main library is (its sublibraries lie beside it), or the places searched.
 pub fn cudnn_library() -> Result<PathBuf, Vec<PathBuf>> {
-    let mut tried = Vec::new();
-    if let Some(p) = std::env::var_os("SMELT_CUDNN_LIB") {
-        let p = PathBuf::from(p);
-        if p.is_file() {
-            return Ok(p);
-        }
-        tried.push(p);
-    }
-    let mut dirs: Vec<PathBuf> = site_packages()
-        .iter()
-        .map(|sp| sp.join("nvidia/cudnn/lib"))
-        .collect();
-    for r in toolkit_roots() {
-        dirs.push(r.join("lib64"));
-        dirs.push(r.join("lib"));
-    }
-    dirs.push(PathBuf::from("/usr/lib/x86_64-linux-gnu"));
-    for d in dirs {
-        let p = d.join("libcudnn.so.9");
-        if p.is_file() {
-            return Ok(p);
-        }
-        tried.push(d);
-    }
-    Err(tried)
+    find_library("SMELT_CUDNN_LIB", &["nvidia/cudnn/lib"], &["libcudnn.so.9"])
 }
 
 fn has_headers(d: &Path) -> bool {
