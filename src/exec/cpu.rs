@@ -695,10 +695,9 @@ impl CompiledFn {
         if into.iter().any(Option::is_some) {
             self.choose_into(f, into);
         }
-        // the kernel step a GEMM has already done (an in-place update, see `gemm::Update`)
-        let mut done_by_gemm = None;
-        // the kernel step a convolution has already run on its tiles (`epilogue`)
-        let mut done_in_conv = None;
+        // a kernel step an earlier step has already done: a GEMM's in-place update
+        // (`gemm::Update`), a convolution's epilogue run on its tiles (`epilogue`)
+        let mut done_early = None;
         for (i, (step, exec)) in s.steps.iter().zip(&self.execs).enumerate() {
             for &b in &self.plan.alloc_before[i] {
                 let buf = &s.buffers[b];
@@ -722,7 +721,7 @@ impl CompiledFn {
             let t0 = times.is_some().then(Instant::now);
             let _span = self.step_span(i);
             match (exec, step) {
-                _ if done_by_gemm == Some(i) || done_in_conv == Some(i) => {}
+                _ if done_early == Some(i) => {}
                 (Exec::Extern { ty }, Step::Extern(e))
                     if self.in_conv.get(i + 1).copied().unwrap_or(false) =>
                 {
@@ -735,7 +734,7 @@ impl CompiledFn {
                         } => {
                             let rw = (reads.as_slice(), writes.as_slice());
                             if epilogue::run(s, e, ty.as_ref(), code, rw, &mut f.bufs)? {
-                                done_in_conv = Some(i + 1);
+                                done_early = Some(i + 1);
                             }
                         }
                         _ => run_extern(s, e, ty.as_ref(), &mut f.bufs)?,
@@ -780,7 +779,7 @@ impl CompiledFn {
                 ) => {
                     if let Some(u) = update.as_ref().filter(|u| self.updates_in_place(u, f)) {
                         self.run_gemm_update(gemm, u, f)?;
-                        done_by_gemm = Some(u.step);
+                        done_early = Some(u.step);
                     } else {
                         self.run_gemm(gemm, *place, f)?
                     }

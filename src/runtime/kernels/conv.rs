@@ -611,7 +611,7 @@ fn forward_in<A: Acc>(
     let nhwc = prefers_nhwc(x);
     if d.n * d.co * d.opix() == 0 {
         // nothing for an epilogue to compute either
-        return Ok((produce::<A>(out, nhwc, false, |_| {})?, true));
+        return Ok((produce::<A>(out, nhwc, false, |_| {})?, epi.is_some()));
     }
     let tiles = epi
         .filter(|_| out.dtype == A::DTYPE && !d.depthwise())
