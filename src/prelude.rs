@@ -17,5 +17,5 @@ pub use crate::nn::{
 };
 pub use crate::optim::{Adam, AdamConfig, AdamW, GradScaler, Optimizer, SGD, SGDConfig};
 pub use crate::runtime::{ConvOptions, MemoryFormat, PoolOptions};
-pub use crate::train::CompiledStep;
+pub use crate::train::{CompiledStep, LrSchedule, StepConfig};
 pub use crate::{DType, Device, Error, Result, Scalar, Tensor, manual_seed, tensor};

@@ -633,3 +633,139 @@ fn an_all_reducing_step_buckets_its_gradients_and_needs_a_process_group() {
     .to_string();
     assert!(e.contains("process group has not been initialized"), "{e}");
 }
+
+/// Conv, batch norm (training mode), ReLU, flatten, linear: the same initial weights for
+/// every call (the seed is reset).
+fn conv_bn_net() -> Sequential {
+    use smelt::nn::{BatchNorm2d, Conv2d, Flatten};
+    use smelt::prelude::ConvOptions;
+    smelt::manual_seed(7);
+    Sequential::new()
+        .add(Conv2d::new(2, 4, [3, 3], ConvOptions::default().padding(1), 1, false).unwrap())
+        .add(BatchNorm2d::new_2d(4).unwrap())
+        .add(ReLU::new())
+        .add(Flatten::new(1, -1))
+        .add(Linear::new(4 * 5 * 5, 3, true).unwrap())
+}
+
+fn image_batches(n: usize, g: &mut Generator) -> Vec<(Tensor, Tensor)> {
+    (0..n)
+        .map(|i| {
+            let x = randn(&[6, 2, 5, 5], DType::F32, g)
+                .add_scalar(i as f64 * 0.1)
+                .unwrap();
+            let y = Tensor::from_vec(vec![0i64, 1, 2, 1, 0, 2], &[6]).unwrap();
+            (x, y)
+        })
+        .collect()
+}
+
+#[test]
+fn batch_norm_running_statistics_move_as_in_eager_training() {
+    use smelt::train::StepConfig;
+    let batches = image_batches(3, &mut Generator::new(3));
+    let eager = conv_bn_net();
+    let compiled = conv_bn_net();
+    let config = SGDConfig {
+        momentum: 0.9,
+        ..SGDConfig::new(0.1)
+    };
+    let ce = |out: &Tensor, y: &Tensor| cross_entropy(out, y);
+    let mut step = CompiledStep::with_buffers(
+        |xs: &[Tensor]| ce(&compiled.forward(&xs[0])?, &xs[1]),
+        &[batches[0].0.clone(), batches[0].1.clone()],
+        compiled.named_parameters(),
+        compiled.named_buffers(),
+        StepConfig::sgd(config),
+        &CompileOptions::default(),
+    )
+    .unwrap();
+    // tracing ran the forward once eagerly; the buffers are as they were
+    let bufs = compiled.named_buffers();
+    assert_eq!(bufs[0].1.to_f64_vec(), vec![0.0; 4], "{}", bufs[0].0);
+    assert_eq!(bufs[1].1.to_f64_vec(), vec![1.0; 4], "{}", bufs[1].0);
+    assert_eq!(bufs[2].1.to_i64_vec(), vec![0], "{}", bufs[2].0);
+    assert_eq!(step.buffers().len(), 3);
+
+    let mut opt = SGD::new(eager.parameters(), config).unwrap();
+    for (i, (x, y)) in batches.iter().enumerate() {
+        opt.zero_grad();
+        let le = ce(&eager.forward(x).unwrap(), y).unwrap();
+        le.backward().unwrap();
+        opt.step().unwrap();
+        let lc = step.step(&[x.clone(), y.clone()]).unwrap();
+        let (le, lc) = (le.item_f64().unwrap(), lc.item_f64().unwrap());
+        assert!((le - lc).abs() < 1e-5, "step {i}: loss {le} vs {lc}");
+        for ((name, be), (_, bc)) in eager.named_buffers().iter().zip(&compiled.named_buffers()) {
+            let d = max_abs_diff(be, bc);
+            assert!(d < 1e-5, "step {i}: buffer {name} differs by {d}");
+        }
+        for ((name, pe), (_, pc)) in eager
+            .named_parameters()
+            .iter()
+            .zip(&compiled.named_parameters())
+        {
+            let d = max_abs_diff(pe, pc);
+            assert!(d < 1e-5, "step {i}: {name} differs by {d}");
+        }
+    }
+    let bufs = compiled.named_buffers();
+    assert_eq!(bufs[2].1.to_i64_vec(), vec![3]);
+    // the running mean moved away from its zeros: 1 - 0.9^3 of the batch means' weight
+    assert!(bufs[0].1.to_f64_vec().iter().any(|m| m.abs() > 1e-3));
+
+    // evaluation mode reads the running statistics the step wrote
+    drop(step);
+    let mut eager = eager;
+    let mut compiled = compiled;
+    eager.train(false);
+    compiled.train(false);
+    let x = &batches[0].0;
+    let d = max_abs_diff(&eager.forward(x).unwrap(), &compiled.forward(x).unwrap());
+    assert!(d < 1e-4, "evaluation outputs differ by {d}");
+}
+
+#[test]
+fn micro_batches_each_update_the_running_statistics() {
+    use smelt::train::StepConfig;
+    let batches = image_batches(4, &mut Generator::new(4));
+    let eager = conv_bn_net();
+    let compiled = conv_bn_net();
+    let ce = |out: &Tensor, y: &Tensor| cross_entropy(out, y);
+    let mut step = CompiledStep::with_buffers(
+        |xs: &[Tensor]| ce(&compiled.forward(&xs[0])?, &xs[1]),
+        &[batches[0].0.clone(), batches[0].1.clone()],
+        compiled.named_parameters(),
+        compiled.named_buffers(),
+        StepConfig::sgd(SGDConfig::new(0.05)).accumulate(2),
+        &CompileOptions::default(),
+    )
+    .unwrap();
+    // eager: two micro-batches' gradients, halved, then one update
+    let mut opt = SGD::new(eager.parameters(), SGDConfig::new(0.05)).unwrap();
+    for pair in batches.chunks(2) {
+        opt.zero_grad();
+        for (x, y) in pair {
+            let l = ce(&eager.forward(x).unwrap(), y)
+                .unwrap()
+                .mul_scalar(0.5)
+                .unwrap();
+            l.backward().unwrap();
+            step.step(&[x.clone(), y.clone()]).unwrap();
+        }
+        opt.step().unwrap();
+    }
+    for ((name, be), (_, bc)) in eager.named_buffers().iter().zip(&compiled.named_buffers()) {
+        let d = max_abs_diff(be, bc);
+        assert!(d < 1e-5, "buffer {name} differs by {d}");
+    }
+    assert_eq!(compiled.named_buffers()[2].1.to_i64_vec(), vec![4]);
+    for ((name, pe), (_, pc)) in eager
+        .named_parameters()
+        .iter()
+        .zip(&compiled.named_parameters())
+    {
+        let d = max_abs_diff(pe, pc);
+        assert!(d < 1e-5, "{name} differs by {d}");
+    }
+}

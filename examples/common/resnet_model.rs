@@ -251,15 +251,17 @@ pub fn sgd() -> smelt::optim::SGDConfig {
     }
 }
 
-/// One compiled SGD step of `model` (forward, backward and update).
+/// One compiled SGD step of `model` (forward, backward and update; the running statistics
+/// move as in PyTorch's training mode).
 pub fn compiled_sgd_step<'a>(
     model: &'a ResNet,
     example: &(Tensor, Tensor),
 ) -> Result<smelt::train::CompiledStep<'a>> {
-    smelt::train::CompiledStep::with_config(
+    smelt::train::CompiledStep::with_buffers(
         move |b: &[Tensor]| loss(model, &b[0], &b[1]),
         &[example.0.clone(), example.1.clone()],
         model.named_parameters(),
+        model.named_buffers(),
         smelt::train::StepConfig::sgd(sgd()),
         &smelt::exec::CompileOptions::default(),
     )

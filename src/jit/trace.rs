@@ -25,7 +25,8 @@
 //!   `with_slice_mut`) is invisible: its results look like captured constants;
 //! - shapes are specialised: calling the traced function with inputs of other shapes or
 //!   dtypes re-traces it or fails, as [`GuardPolicy`] says;
-//! - in-place updates of captured tensors are not outputs of the graph.
+//! - in-place updates of captured tensors are not outputs of the graph (a training step's
+//!   buffers are: `train::CompiledStep` traces them as inputs and writes them back).
 
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::graph::{Graph, ValueId};
@@ -536,6 +537,19 @@ fn record(
     inputs: &[Tensor],
     opts: &TraceOptions,
 ) -> Result<(Graph, Vec<Tensor>)> {
+    let (graph, outs, _) = record_buffers(f, inputs, opts, &[])?;
+    Ok((graph, outs))
+}
+
+/// [`record`] with `buffers` as named inputs after the parameters; a buffer `f` writes in
+/// place gets its final value as an output after `f`'s results. Also returns which buffers
+/// were written.
+fn record_buffers(
+    f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>,
+    inputs: &[Tensor],
+    opts: &TraceOptions,
+    buffers: &[(String, Tensor)],
+) -> Result<(Graph, Vec<Tensor>, Vec<bool>)> {
     let mut rec = Recorder::new(&opts.name);
     let fresh = inputs
         .iter()
@@ -545,16 +559,65 @@ fn record(
         let v = rec.graph.add_input(&opts.input_name(i), t.ttype())?;
         rec.bind(t, v);
     }
-    for (name, p) in &opts.params {
+    let named = opts.params.iter().map(|(n, t)| (n, t, "parameter"));
+    let named = named.chain(buffers.iter().map(|(n, t)| (n, t, "buffer")));
+    let mut buffer_inputs = Vec::with_capacity(buffers.len());
+    for (name, p, what) in named {
         if rec.values.contains_key(&key(p)) {
-            bail!(Value, "trace: parameter '{name}' is given twice");
+            bail!(Value, "trace: {what} '{name}' is given twice");
         }
         let v = rec.graph.add_input(name, p.ttype())?;
         rec.bind(p, v);
+        if what == "buffer" {
+            buffer_inputs.push(v);
+        }
     }
-    let (rec, outs) = rec.run(&mut |x: &[Tensor]| f(x), &fresh)?;
+    let (mut rec, outs) = rec.run(&mut |x: &[Tensor]| f(x), &fresh)?;
+    let mut written = Vec::with_capacity(buffers.len());
+    let mut outputs = rec.graph.outputs().to_vec();
+    for ((name, b), &input) in buffers.iter().zip(&buffer_inputs) {
+        let last = rec.values.get(&key(b)).copied().unwrap_or(input);
+        written.push(last != input);
+        if last != input {
+            outputs.push(rec.graph.add_op_named(
+                Op::Contiguous,
+                &[last],
+                &format!("new.{name}"),
+            )?);
+        }
+    }
+    rec.graph.set_outputs(outputs);
     rec.graph.verify()?;
-    Ok((rec.graph, outs))
+    Ok((rec.graph, outs, written))
+}
+
+/// Traces `f` with `opts`' parameters, then `buffers`, as named graph inputs. A buffer `f`
+/// writes in place (batch norm's running statistics, its batch counter) gets its final value
+/// as an extra graph output after `f`'s results, named `new.<buffer>`, in the buffers' order:
+/// the graph is functional, and its caller writes the new values back. The eager run of the
+/// trace leaves the buffers as they were. Returns the graph and which buffers it writes.
+pub(crate) fn trace_with_buffers(
+    f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>,
+    example_inputs: &[Tensor],
+    opts: &TraceOptions,
+    buffers: &[(String, Tensor)],
+) -> Result<(Graph, Vec<bool>)> {
+    let saved = {
+        let _off = crate::autograd::no_grad();
+        buffers
+            .iter()
+            .map(|(_, b)| {
+                let s = b.empty_like();
+                s.copy_(b).map(|_| s.clone())
+            })
+            .collect::<Result<Vec<_>>>()?
+    };
+    let traced = record_buffers(f, example_inputs, opts, buffers);
+    let _off = crate::autograd::no_grad();
+    for ((_, b), s) in buffers.iter().zip(&saved) {
+        b.copy_(s)?;
+    }
+    traced.map(|(g, _, written)| (g, written))
 }
 
 /// A body traced for a control op: its graph (inputs: the examples' values, then one per

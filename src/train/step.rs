@@ -15,6 +15,11 @@
 //! kernel stores into them directly where the executor allows it
 //! (`CompiledFn::call_into`), otherwise the new values are copied back. The optimiser's
 //! state lives in the step: the outputs of one call are the inputs of the next.
+//!
+//! Buffers ([`CompiledStep::with_buffers`]: a module's `named_buffers`, such as batch norm's
+//! running statistics) are inputs of the graph too; the in-place writes the forward makes
+//! into them are traced as outputs, and each call writes the new values back, so the
+//! running statistics move exactly as in eager training.
 
 use super::update::{Phase, StepConfig, StepOptimizer, build_update_graph};
 use crate::autograd::no_grad;
@@ -22,7 +27,8 @@ use crate::exec::{CompileOptions, CompiledFn};
 use crate::ir::dtype::DType;
 use crate::ir::graph::Graph;
 use crate::ir::op::TensorType;
-use crate::jit::{TraceOptions, trace_with};
+use crate::jit::TraceOptions;
+use crate::jit::trace::trace_with_buffers;
 use crate::optim::SGDConfig;
 use crate::runtime::{Element, Tensor};
 use crate::{Result, bail};
@@ -39,6 +45,10 @@ pub struct CompiledStep<'f> {
     variants: Vec<Variant>,
     n_inputs: usize,
     params: Vec<(String, Tensor)>,
+    /// Module state the forward reads and may write (running statistics).
+    buffers: Vec<(String, Tensor)>,
+    /// Which buffers the forward writes (their new values end the outputs).
+    written: Vec<bool>,
     /// Which parameters the loss depends on (the others are left alone, as the eager
     /// optimisers skip parameters without a gradient).
     updated: Vec<bool>,
@@ -111,6 +121,24 @@ impl<'f> CompiledStep<'f> {
     where
         F: Fn(&[Tensor]) -> Result<Tensor> + 'f,
     {
+        Self::with_buffers(loss_fn, example_inputs, params, Vec::new(), config, opts)
+    }
+
+    /// [`CompiledStep::with_config`] with the module's buffers (`named_buffers()`): graph
+    /// inputs like the parameters, never differentiated; what the forward writes into them
+    /// in place (batch norm's running mean, variance and batch count in training mode) is
+    /// written back after every call, micro-batches included, as eager training does.
+    pub fn with_buffers<F>(
+        loss_fn: F,
+        example_inputs: &[Tensor],
+        params: Vec<(String, Tensor)>,
+        buffers: Vec<(String, Tensor)>,
+        config: StepConfig,
+        opts: &CompileOptions,
+    ) -> Result<CompiledStep<'f>>
+    where
+        F: Fn(&[Tensor]) -> Result<Tensor> + 'f,
+    {
         // Validates the settings with the eager optimisers' checks and messages.
         let tensors = || params.iter().map(|(_, p)| p.clone()).collect();
         match config.optimizer {
@@ -126,7 +154,8 @@ impl<'f> CompiledStep<'f> {
             );
         }
         let loss_fn: LossFn<'f> = Box::new(loss_fn);
-        let (variant, updated) = build_variant(&loss_fn, example_inputs, &params, &config, opts)?;
+        let (variant, updated, written) =
+            build_variant(&loss_fn, example_inputs, &params, &buffers, &config, opts)?;
         let kept: Vec<&Tensor> = params
             .iter()
             .zip(&updated)
@@ -151,6 +180,8 @@ impl<'f> CompiledStep<'f> {
             n_inputs: example_inputs.len(),
             large: params.iter().any(|(_, p)| p.numel() > SMALL_PARAM),
             params,
+            buffers,
+            written,
             updated,
             state,
             acc,
@@ -174,17 +205,18 @@ impl<'f> CompiledStep<'f> {
         if let Some(i) = self.variants.iter().position(same) {
             return Ok(i);
         }
-        let (v, updated) = build_variant(
+        let (v, updated, written) = build_variant(
             &self.loss_fn,
             inputs,
             &self.params,
+            &self.buffers,
             &self.config,
             &self.opts,
         )?;
-        if updated != self.updated {
+        if updated != self.updated || written != self.written {
             bail!(
                 Value,
-                "the training step: with inputs of other shapes the loss depends on other parameters"
+                "the training step: with inputs of other shapes the loss depends on other parameters or writes other buffers"
             );
         }
         if self.variants.len() >= Self::MAX_SPECIALISATIONS {
@@ -213,12 +245,15 @@ impl<'f> CompiledStep<'f> {
         let variant = &self.variants[vi];
         let mut args: Vec<Tensor> = inputs.to_vec();
         args.extend(self.params.iter().map(|(_, p)| p.clone()));
+        args.extend(self.buffers.iter().map(|(_, b)| b.clone()));
         args.extend(self.acc.iter().cloned());
         if self.micro + 1 < self.config.accumulation_steps {
             let Some((_, f)) = &variant.accumulate else {
                 bail!(Value, "the training step has no accumulation graph");
             };
-            let mut outs = f.call(&args)?.into_iter();
+            let mut outs = f.call(&args)?;
+            self.write_buffers(&mut outs)?;
+            let mut outs = outs.into_iter();
             let loss = outs.next().unwrap_or_else(|| Tensor::scalar(f32::NAN));
             self.acc = outs.collect();
             self.micro += 1;
@@ -238,7 +273,7 @@ impl<'f> CompiledStep<'f> {
         // Large updated parameters are written into the parameters themselves where the
         // executor can do so safely; the others are copied back below (for small ones
         // the copy costs less than the in-place bookkeeping).
-        let outs = if self.large {
+        let mut outs = if self.large {
             let mut into: Vec<Option<&Tensor>> = vec![None];
             into.extend(
                 self.params
@@ -259,6 +294,7 @@ impl<'f> CompiledStep<'f> {
         } else {
             f.call(&args)?
         };
+        self.write_buffers(&mut outs)?;
         let n_upd = self.updated.iter().filter(|u| **u).count();
         let want = 1 + n_upd + self.state.len() + usize::from(self.config.clip_grad_norm.is_some());
         if outs.len() != want {
@@ -296,8 +332,33 @@ impl<'f> CompiledStep<'f> {
         Ok(loss)
     }
 
-    /// The step graph of the example inputs' shapes: inputs, then parameters, then
-    /// momentum buffers; outputs the loss, the updated parameters and the updated buffers.
+    /// Writes the buffers' new values, the last outputs of a call, back into the buffers.
+    fn write_buffers(&self, outs: &mut Vec<Tensor>) -> Result<()> {
+        let n = self.written.iter().filter(|w| **w).count();
+        if outs.len() < n {
+            bail!(
+                Value,
+                "the step graph returned {} outputs, fewer than its {n} buffers",
+                outs.len()
+            );
+        }
+        let new = outs.split_off(outs.len() - n);
+        let _off = no_grad();
+        let written = self.buffers.iter().zip(&self.written).filter(|(_, w)| **w);
+        for (((_, b), _), v) in written.zip(&new) {
+            b.copy_(v)?;
+        }
+        Ok(())
+    }
+
+    /// The buffers, with their names.
+    pub fn buffers(&self) -> &[(String, Tensor)] {
+        &self.buffers
+    }
+
+    /// The step graph of the example inputs' shapes (inputs, parameters, buffers, then the
+    /// optimiser's state; outputs the loss, the updated parameters, the new state, then the
+    /// buffers' new values: see [`super::update`]).
     pub fn graph(&self) -> &Graph {
         &self.variants[0].graph
     }
@@ -359,15 +420,16 @@ impl<'f> CompiledStep<'f> {
 }
 
 /// Traces, differentiates and compiles the step for `inputs`' types; also returns which
-/// parameters are updated.
+/// parameters are updated and which buffers are written.
 fn build_variant(
     loss_fn: &dyn Fn(&[Tensor]) -> Result<Tensor>,
     inputs: &[Tensor],
     params: &[(String, Tensor)],
+    buffers: &[(String, Tensor)],
     config: &StepConfig,
     opts: &CompileOptions,
-) -> Result<(Variant, Vec<bool>)> {
-    let forward = trace_forward(&loss_fn, inputs, params)?;
+) -> Result<(Variant, Vec<bool>, Vec<bool>)> {
+    let (forward, written) = trace_forward(&loss_fn, inputs, params, buffers)?;
     let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
     let n = inputs.len();
     let build = |phase| -> Result<(Graph, CompiledFn, Vec<bool>)> {
@@ -396,15 +458,17 @@ fn build_variant(
         first,
         accumulate,
     };
-    Ok((variant, updated))
+    Ok((variant, updated, written))
 }
 
-/// Traces the loss with gradient recording off (the trace needs no tape).
+/// Traces the loss with gradient recording off (the trace needs no tape); also returns
+/// which buffers the forward writes.
 fn trace_forward<F>(
     loss_fn: &F,
     example_inputs: &[Tensor],
     params: &[(String, Tensor)],
-) -> Result<Graph>
+    buffers: &[(String, Tensor)],
+) -> Result<(Graph, Vec<bool>)>
 where
     F: Fn(&[Tensor]) -> Result<Tensor>,
 {
@@ -414,8 +478,8 @@ where
         .fold(TraceOptions::new().name("train_step"), |o, (n, t)| {
             o.param(n, t)
         });
-    let traced = trace_with(|xs| Ok(vec![loss_fn(xs)?]), example_inputs, opts)?;
-    let g = traced.graph().clone();
+    let loss = |xs: &[Tensor]| Ok(vec![loss_fn(xs)?]);
+    let (g, written) = trace_with_buffers(&loss, example_inputs, &opts, buffers)?;
     let out = g.node(g.outputs()[0]).ty.clone();
     if out.shape.iter().product::<usize>() != 1 {
         bail!(
@@ -430,7 +494,7 @@ where
             out.dtype.torch_name()
         );
     }
-    Ok(g)
+    Ok((g, written))
 }
 
 /// The SGD step graph of a traced loss `forward` (inputs: `n_inputs` data inputs, then the

@@ -2,7 +2,8 @@
 //! top the optimiser's update written with the same operations, in the same order, as the
 //! eager optimiser computes it, so the compiled step gives the eager step's numbers.
 //!
-//! Inputs of a step graph, in order: the data inputs, the parameters, then per updated
+//! Inputs of a step graph, in order: the data inputs, the parameters, the buffers (batch
+//! norm's running statistics: state the forward reads and may write), then per updated
 //! parameter the accumulated gradient (with accumulation), then per updated parameter the
 //! optimiser's state (SGD: the momentum buffer; Adam: `exp_avg`, `exp_avg_sq` and, with
 //! AMSGrad, `max_exp_avg_sq`), then the per-step scalars ([`StepConfig::scalars`]), 0-d
@@ -11,7 +12,8 @@
 //!
 //! Outputs: the loss; then either the new accumulated gradients (a micro-batch that does not
 //! update), or the updated parameters and the new state in input order; then, with
-//! clipping, the gradients' total norm before clipping.
+//! clipping, the gradients' total norm before clipping; then the new values of the buffers
+//! the forward writes, in the buffers' order.
 
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::graph::{Graph, ValueId};
@@ -256,10 +258,11 @@ fn reaches_output(g: &Graph) -> Vec<bool> {
 }
 
 /// The step graph of a traced loss `forward` (inputs: `n_inputs` data inputs, then the
-/// parameters named `params`; one scalar output) for `phase` (see the module's text for
-/// its inputs and outputs). Also returns which parameters are updated (those the loss
-/// depends on; the others are left alone, as the eager optimisers skip parameters without
-/// a gradient).
+/// parameters named `params`, then any buffers; outputs: the scalar loss, then the new
+/// values of the buffers the forward writes, at most one per buffer) for `phase` (see the
+/// module's text for its inputs and outputs; the buffers' new values come last). Also
+/// returns which parameters are updated (those the loss depends on; the others are left
+/// alone, as the eager optimisers skip parameters without a gradient).
 pub fn build_update_graph(
     forward: &Graph,
     n_inputs: usize,
@@ -268,24 +271,27 @@ pub fn build_update_graph(
     phase: Phase,
 ) -> Result<(Graph, Vec<bool>)> {
     cfg.check()?;
-    if forward.inputs().len() != n_inputs + params.len() || forward.outputs().len() != 1 {
+    let n_fixed = n_inputs + params.len();
+    let (n_in, n_out) = (forward.inputs().len(), forward.outputs().len());
+    if n_in < n_fixed || n_out == 0 || n_out - 1 > n_in - n_fixed {
         bail!(
             Value,
-            "a step graph needs {} inputs and one output, graph {} has {} and {}",
-            n_inputs + params.len(),
+            "a step graph needs {n_fixed} inputs and one output (then buffers and their new values), graph {} has {n_in} and {n_out}",
             forward.name,
-            forward.inputs().len(),
-            forward.outputs().len()
         );
     }
-    let updated: Vec<bool> = reaches_output(forward)[n_inputs..].to_vec();
+    // Only the loss is differentiated; the buffers' new values ride along to the end.
+    let carried = forward.outputs()[1..].to_vec();
+    let mut forward = forward.clone();
+    forward.set_outputs(vec![forward.outputs()[0]]);
+    let updated: Vec<bool> = reaches_output(&forward)[n_inputs..n_fixed].to_vec();
     let wrt: Vec<&str> = params
         .iter()
         .zip(&updated)
         .filter(|(_, u)| **u)
         .map(|(n, _)| n.as_str())
         .collect();
-    let mut g = autodiff(forward, &wrt)?;
+    let mut g = autodiff(&forward, &wrt)?;
     let loss = g.outputs()[0];
     let mut grads: Vec<ValueId> = g.outputs()[1..].to_vec();
     let p: Vec<ValueId> = wrt
@@ -311,6 +317,7 @@ pub fn build_update_graph(
         for (name, &gr) in wrt.iter().zip(&grads) {
             outputs.push(g.add_op_named(Op::Contiguous, &[gr], &format!("new_grad_acc.{name}"))?);
         }
+        outputs.extend(&carried);
         g.set_outputs(outputs);
         g.verify()?;
         return Ok((g, updated));
@@ -402,6 +409,7 @@ pub fn build_update_graph(
     outputs.extend(new_params);
     outputs.extend(new_state);
     outputs.extend(norm);
+    outputs.extend(carried);
     g.set_outputs(outputs);
     g.verify()?;
     Ok((g, updated))
