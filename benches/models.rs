@@ -8,7 +8,14 @@
 //! as `.npy` files to `target/models-bench/` (or the directory after `--out`), which
 //! `scripts/torch_models.py` reads to train the same models in PyTorch and compare.
 //!
-//! Run: `cargo bench --bench models`.
+//! The compiled step's peak is that of its first call: a compiled function keeps its
+//! temporaries' storage between calls, so only a cold call allocates all it holds.
+//!
+//! `--long N` then runs N more compiled steps of each model and prints the host memory held
+//! by tensor storages (and the process's resident set) after step 100 and every N/10 steps:
+//! it must not grow after the first 100.
+//!
+//! Run: `cargo bench --bench models`, `cargo bench --bench models -- --long 10000`.
 
 #[path = "../examples/common/gpt_model.rs"]
 mod gpt_model;
@@ -44,6 +51,67 @@ fn summary(mut t: Vec<f64>) -> String {
         t[0],
         t[t.len() - 1]
     )
+}
+
+/// The number after `--long`, if given.
+fn long_steps() -> Result<Option<usize>> {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(i) = args.iter().position(|a| a == "--long") else {
+        return Ok(None);
+    };
+    match args.get(i + 1).and_then(|n| n.parse().ok()) {
+        Some(n) if n > 100 => Ok(Some(n)),
+        _ => Err(smelt::Error::Value(
+            "--long takes a number of steps above 100".into(),
+        )),
+    }
+}
+
+/// The process's resident set in bytes (Linux; 0 elsewhere).
+fn rss() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+/// Runs `n` steps, printing the memory held after step 100 and every `n/10` steps, and
+/// the growth after step 100.
+fn long_run(what: &str, n: usize, mut step: impl FnMut(usize) -> Result<()>) -> Result<()> {
+    use smelt::runtime::storage::memory_stats;
+    println!(
+        "{what}: {n} compiled steps; memory held after step 100, then every {} steps",
+        n / 10
+    );
+    println!("| step | tensor storages (MB) | resident set (MB) |");
+    println!("|---|---|---|");
+    let mut at_100 = (0, 0);
+    let t0 = Instant::now();
+    for i in 1..=n {
+        step(i)?;
+        if i == 100 || i % (n / 10) == 0 {
+            let (held, res) = (memory_stats().allocated, rss());
+            if i == 100 {
+                at_100 = (held, res);
+            }
+            println!(
+                "| {i} | {:.3} | {:.1} |",
+                held as f64 / 1e6,
+                res as f64 / 1e6
+            );
+        }
+    }
+    let (held, res) = (memory_stats().allocated, rss());
+    println!(
+        "after step 100: tensor storages {:+} bytes, resident set {:+.1} MB ({:.1} s)",
+        held as i64 - at_100.0 as i64,
+        (res as f64 - at_100.1 as f64) / 1e6,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// Peak host memory allocated during one call of `f`.
@@ -114,7 +182,11 @@ fn gpt(dir: &std::path::Path) -> Result<()> {
         l.backward()?;
         opt.step()
     })?;
-    let peak_compiled = peak(|| step.step(&[x.clone(), y.clone()]).map(drop))?;
+    // a cold step: its first call allocates every temporary it keeps
+    let cold = Gpt::new()?;
+    let mut cold_step = compiled_adamw_step(&cold, &batches[0])?;
+    let peak_compiled = peak(|| cold_step.step(&[x.clone(), y.clone()]).map(drop))?;
+    drop(cold_step);
     // the first steps pay for allocation and, compiled, nothing else: the rest are timed
     let (te, tc) = (te[2..].to_vec(), tc[2..].to_vec());
     println!(
@@ -146,6 +218,12 @@ fn gpt(dir: &std::path::Path) -> Result<()> {
         "initial weights, batches and losses written to {}",
         dir.display()
     );
+    if let Some(n) = long_steps()? {
+        long_run("GPT", n, |i| {
+            let (x, y) = &batches[i % STEPS];
+            step.step(&[x.clone(), y.clone()]).map(drop)
+        })?;
+    }
     Ok(())
 }
 
@@ -192,7 +270,10 @@ fn resnet(dir: &std::path::Path) -> Result<()> {
         &Tensor::from_vec(lc.clone(), &[STEPS])?,
     )?;
     let (x, y) = &batches[0];
-    let peak_compiled = peak(|| step.step(&[x.clone(), y.clone()]).map(drop))?;
+    let cold = twin()?;
+    let mut cold_step = resnet_model::compiled_sgd_step(&cold, &batches[0])?;
+    let peak_compiled = peak(|| cold_step.step(&[x.clone(), y.clone()]).map(drop))?;
+    drop(cold_step);
     println!(
         "ResNet (stem 16, blocks 16 and 32, images [{}, 1, 16, 16]), SGD momentum 0.9, {STEPS} steps, 2 threads",
         resnet_model::BATCH
@@ -217,5 +298,11 @@ fn resnet(dir: &std::path::Path) -> Result<()> {
         lc[STEPS - 1],
         gap(&le, &lc)
     );
+    if let Some(n) = long_steps()? {
+        long_run("ResNet", n, |i| {
+            let (x, y) = &batches[i % STEPS];
+            step.step(&[x.clone(), y.clone()]).map(drop)
+        })?;
+    }
     Ok(())
 }

@@ -1,7 +1,10 @@
 """The GPT of examples/gpt.rs and the ResNet of examples/resnet.rs in PyTorch, from the
 initial weights and batches that `cargo bench --bench models` writes: the first 20 losses
 (GPT: AdamW with clipping at 1.0; ResNet: SGD with momentum, dropout off) compared with
-smelt's compiled step, and the per-step time of PyTorch eager and torch.compile.
+smelt's compiled step, and the per-step time of PyTorch eager and torch.compile, with the
+peak memory of one step: the most bytes PyTorch's CPU allocator held at once beyond what it
+held when the step began, from the profiler's allocation events (the measure of smelt's
+profiler in `cargo bench --bench models`).
 
 Usage: python scripts/torch_models.py [DIR] [gpt|resnet|both]
 (DIR defaults to target/models-bench; both models by default)
@@ -73,6 +76,28 @@ def load(model, d):
     assert len(params) == len(names), sorted(set(params) - set(names.values()))
 
 
+def step_peak(run, x, y):
+    """Peak bytes allocated beyond the start during one call of run(x, y), or None."""
+    if os.environ.get("SMELT_SKIP_TIMING"):
+        return None
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as p:
+        run(x, y)
+    try:
+        events = [e for e in p.profiler.kineto_results.events() if e.name() == "[memory]"]
+    except AttributeError:  # the profiler's raw events moved
+        return None
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def mb(peak):
+    return "–" if peak is None else f"{peak / 1e6:.2f} MB"
+
+
 def train(model, batches, step_fn=None):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses, times = [], []
@@ -91,7 +116,7 @@ def train(model, batches, step_fn=None):
         loss = run(x, y)
         times.append((time.perf_counter() - t0) * 1e3)
         losses.append(loss.item())
-    return losses, times
+    return losses, times, step_peak(run, *batches[0])
 
 
 class BasicBlock(nn.Module):
@@ -159,9 +184,9 @@ def resnet(d):
             loss = run(x, y)
             times.append((time.perf_counter() - t0) * 1e3)
             losses.append(loss.item())
-        return losses, times
+        return losses, times, step_peak(run, batches[0][0].contiguous(memory_format=fmt), batches[0][1])
 
-    losses, t_nchw = train(fresh())
+    losses, t_nchw, p_nchw = train(fresh())
     gap = max(abs(a - b) for a, b in zip(losses, smelt))
     print(f"ResNet: first {STEPS} losses, PyTorch: {losses[0]:.4f} → {losses[-1]:.4f}; smelt compiled: "
           f"{smelt[0]:.4f} → {smelt[-1]:.4f}; largest gap {gap:.1e}")
@@ -169,14 +194,16 @@ def resnet(d):
     print("the ResNet losses agree within float32 tolerance" if ok else "THE RESNET LOSSES DISAGREE")
     if os.environ.get("SMELT_SKIP_TIMING"):
         return ok
-    _, t_cl = train(fresh(torch.channels_last), torch.channels_last)
+    _, t_cl, p_cl = train(fresh(torch.channels_last), torch.channels_last)
     try:
-        _, t_comp = train(fresh(), step_fn=torch.compile)
-        comp = summary(t_comp[3:])
+        _, t_comp, p_comp = train(fresh(), step_fn=torch.compile)
+        comp = f"{summary(t_comp[3:])} | {mb(p_comp)}"
     except Exception as e:  # torch.compile needs a working C++ toolchain
-        comp = f"unavailable ({type(e).__name__})"
-    print(f"| PyTorch eager NCHW | {summary(t_nchw[2:])} |")
-    print(f"| PyTorch eager channels_last | {summary(t_cl[2:])} |")
+        comp = f"unavailable ({type(e).__name__}) | –"
+    print("| step | time per step (median, range) | peak memory of one step |")
+    print("|---|---|---|")
+    print(f"| PyTorch eager NCHW | {summary(t_nchw[2:])} | {mb(p_nchw)} |")
+    print(f"| PyTorch eager channels_last | {summary(t_cl[2:])} | {mb(p_cl)} |")
     print(f"| torch.compile NCHW | {comp} |")
     return ok
 
@@ -200,7 +227,7 @@ def gpt(d):
     smelt = np.load(os.path.join(d, "losses_compiled.npy"))
     model = Gpt()
     load(model, d)
-    losses, t_eager = train(model, batches)
+    losses, t_eager, p_eager = train(model, batches)
     gap = max(abs(a - b) for a, b in zip(losses, smelt))
     print(f"first {STEPS} losses, PyTorch: {losses[0]:.4f} → {losses[-1]:.4f}; smelt compiled: "
           f"{smelt[0]:.4f} → {smelt[-1]:.4f}; largest gap {gap:.1e}")
@@ -211,11 +238,13 @@ def gpt(d):
     compiled = Gpt()
     load(compiled, d)
     try:
-        _, t_comp = train(compiled, batches, step_fn=torch.compile)
-        comp = summary(t_comp[3:])
+        _, t_comp, p_comp = train(compiled, batches, step_fn=torch.compile)
+        comp = f"{summary(t_comp[3:])} | {mb(p_comp)}"
     except Exception as e:  # torch.compile needs a working C++ toolchain
-        comp = f"unavailable ({type(e).__name__})"
-    print(f"| PyTorch eager | {summary(t_eager[2:])} |")
+        comp = f"unavailable ({type(e).__name__}) | –"
+    print("| step | time per step (median, range) | peak memory of one step |")
+    print("|---|---|---|")
+    print(f"| PyTorch eager | {summary(t_eager[2:])} | {mb(p_eager)} |")
     print(f"| torch.compile | {comp} |")
     return ok
 

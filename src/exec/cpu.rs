@@ -194,7 +194,7 @@ enum Exec {
     /// A library call on the eager kernels; `ty` is its result type when the shape rule
     /// accepted the argument types at compile time.
     Extern { ty: Option<TensorType> },
-    /// A 2-D float GEMM called directly, into the storage of cache place `place`; `update`:
+    /// A 2-D float GEMM called directly, into the storage of its slot `place`; `update`:
     /// the next step's `w + beta·result`, done by the GEMM itself when written in place.
     Gemm {
         gemm: DirectGemm,
@@ -322,22 +322,30 @@ impl CompiledFn {
                     && epilogue::nests(&s, i)
             })
             .collect();
-        let plan = TempPlan::build_nested(&s, &in_conv);
+        // a GEMM called directly writes its result into a slot of the plan, shared with
+        // the temporaries of other steps
+        let direct: Vec<bool> = s
+            .steps
+            .iter()
+            .map(|step| match step {
+                Step::Extern(e) => DirectGemm::of(&s, e).is_some() && owned_by_gemm(&s, e.out),
+                _ => false,
+            })
+            .collect();
+        let plan = TempPlan::build_nested(&s, &in_conv, &direct);
         let owned = owned_buffers(&s, &plan);
         let mut execs = Vec::with_capacity(s.steps.len());
-        let mut places = plan.slots.len();
         for (i, step) in s.steps.iter().enumerate() {
             execs.push(match (step, opts.backend) {
-                (Step::Extern(e), _) => match DirectGemm::of(&s, e) {
-                    Some(gemm) if owned_by_gemm(&s, e.out) => {
-                        places += 1;
+                (Step::Extern(e), _) => match (DirectGemm::of(&s, e), plan.slot_of[e.out]) {
+                    (Some(gemm), Some(place)) if direct[i] => {
                         let update = match opts.backend {
                             KernelBackend::Cranelift => gemm::Update::of(&s, i, &gemm),
                             KernelBackend::Interp => None,
                         };
                         Exec::Gemm {
                             gemm,
-                            place: places - 1,
+                            place,
                             update,
                         }
                     }
@@ -401,7 +409,7 @@ impl CompiledFn {
         names.resize_with(s.inputs.len(), String::new);
         Ok(CompiledFn {
             layouts: s.buffers.iter().map(kernel::Buffer::layout).collect(),
-            frames: FramePool::new(s.buffers.len(), places),
+            frames: FramePool::new(s.buffers.len(), plan.slots.len()),
             calls: std::sync::atomic::AtomicU64::new(0),
             in_place: inplace::analyse(&s),
             fresh: s.fresh_outputs(&[]),
@@ -710,6 +718,7 @@ impl CompiledFn {
                         slot,
                         buf.dtype,
                         buf.len(),
+                        self.plan.slots[slot].1,
                         &self.layouts[b],
                         self.returned[b],
                     )?,
@@ -865,6 +874,7 @@ impl CompiledFn {
             place,
             g.dtype,
             g.m * g.n,
+            self.plan.slots[place].1,
             &self.layouts[g.out],
             self.returned[g.out],
         )?;

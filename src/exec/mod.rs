@@ -63,10 +63,11 @@ pub(crate) fn plan(
             .retain(|p| p.name() != "rewrite" && p.name() != "fold_bn");
     }
     pipeline.options.rewrite.fast_math = fast_math;
-    let schedule = pipeline
+    let mut schedule = pipeline
         .run_until(g, "fuse")?
         .schedule
         .ok_or_else(|| Error::Value("the pass pipeline produced no schedule".into()))?;
+    crate::passes::memplan::hoist_last_readers(&mut schedule);
     Ok(Planned {
         schedule,
         input_names: g.inputs().iter().map(|&v| g.node(v).name.clone()).collect(),

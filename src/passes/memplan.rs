@@ -46,7 +46,7 @@ impl Interval {
 }
 
 /// The buffers a step reads and the buffers it writes.
-fn step_io(step: &Step) -> (Vec<BufferId>, Vec<BufferId>) {
+pub fn step_io(step: &Step) -> (Vec<BufferId>, Vec<BufferId>) {
     match step {
         Step::Kernel(k) => {
             let reads = k
@@ -96,6 +96,88 @@ pub fn liveness(s: &Schedule) -> Vec<Option<Interval>> {
         }
     }
     live
+}
+
+/// Reorders the steps of `s` so that temporaries die sooner: a step that is the last
+/// reader of more temporary bytes than it writes (a weight gradient's GEMM reading an
+/// activation and the gradient flowing through it, a bias gradient's reduction) moves up to
+/// just after the last step it depends on (one that writes what it reads, or reads or
+/// writes what it writes). The order of every other pair of steps that share a buffer is
+/// kept, so the results are the same. The backward of a model otherwise computes its weight
+/// gradients late, at the end of the sweep, keeping every layer's activations and output
+/// gradients alive until then.
+///
+/// A step and the next one, when the next is where the step's result dies (a GEMM and the
+/// update that reads its result, a convolution and its epilogue), move together, so the
+/// executor can still run them as one. A step that writes a graph output counts as writing
+/// the inputs it reads too: the executor may write the output into an input's memory (a
+/// parameter's update), so no reader of that input moves after it.
+pub fn hoist_last_readers(s: &mut Schedule) {
+    let n = s.steps.len();
+    let live = liveness(s);
+    let outputs: Vec<BufferId> = s.outputs.iter().map(|v| v.buffer).collect();
+    let io: Vec<(Vec<BufferId>, Vec<BufferId>)> = s
+        .steps
+        .iter()
+        .map(|step| {
+            let (mut reads, mut writes) = step_io(step);
+            if writes.iter().any(|b| outputs.contains(b)) {
+                let inputs = reads.iter().filter(|&&b| s.inputs.contains(&b));
+                writes.extend(inputs.copied().collect::<Vec<_>>());
+            }
+            reads.sort_unstable();
+            reads.dedup();
+            writes.sort_unstable();
+            writes.dedup();
+            (reads, writes)
+        })
+        .collect();
+    let temp_bytes = |b: BufferId| live[b].map_or(0, |_| s.buffers[b].bytes());
+    // temporaries read for the last time by step j (not written by it)
+    let dying = |j: usize| -> Vec<BufferId> {
+        let (reads, writes) = &io[j];
+        reads
+            .iter()
+            .copied()
+            .filter(|&b| live[b].is_some_and(|iv| iv.last == j) && !writes.contains(&b))
+            .collect()
+    };
+    let conflicts = |a: usize, b: usize| {
+        let (ra, wa) = &io[a];
+        let (rb, wb) = &io[b];
+        wa.iter().any(|x| rb.contains(x) || wb.contains(x)) || ra.iter().any(|x| wb.contains(x))
+    };
+    let mut order: Vec<usize> = Vec::with_capacity(n);
+    let mut j = 0;
+    while j < n {
+        let pair = j + 1 < n && dying(j + 1).iter().any(|b| io[j].1.contains(b));
+        let group: Vec<usize> = if pair { vec![j, j + 1] } else { vec![j] };
+        let mut freed: Vec<BufferId> = group.iter().flat_map(|&k| dying(k)).collect();
+        let mut made: Vec<BufferId> = group.iter().flat_map(|&k| io[k].1.clone()).collect();
+        // what the first hands to the second is both made and freed
+        let handed: Vec<BufferId> = made.iter().copied().filter(|b| freed.contains(b)).collect();
+        freed.retain(|b| !handed.contains(b));
+        made.retain(|b| !handed.contains(b));
+        for v in [&mut freed, &mut made] {
+            v.sort_unstable();
+            v.dedup();
+        }
+        let bytes = |v: &[BufferId]| v.iter().map(|&b| temp_bytes(b)).sum::<usize>();
+        let at = if bytes(&freed) > bytes(&made) {
+            order
+                .iter()
+                .rposition(|&i| group.iter().any(|&k| conflicts(i, k)))
+                .map_or(0, |p| p + 1)
+        } else {
+            order.len()
+        };
+        for (d, &k) in group.iter().enumerate() {
+            order.insert(at + d, k);
+        }
+        j += group.len();
+    }
+    let mut steps: Vec<Option<Step>> = std::mem::take(&mut s.steps).into_iter().map(Some).collect();
+    s.steps = order.iter().filter_map(|&i| steps[i].take()).collect();
 }
 
 /// Plans the temporary buffers of `s` into shared slots.

@@ -48,7 +48,8 @@ impl Frame {
     }
 
     /// A tensor of `layout` over the storage of cache place `place` (`len` elements of
-    /// `dtype`): the kept storage when nothing else uses it any more, a new one otherwise.
+    /// `dtype`, in a storage of `capacity` ≥ `len` elements unless `returned`): the kept
+    /// storage when nothing else uses it any more, a new one otherwise.
     /// A buffer no output shows (`returned` false) gets the kept tensor itself when its
     /// layout fits, which allocates nothing.
     pub fn storage_tensor(
@@ -56,12 +57,15 @@ impl Frame {
         place: usize,
         dtype: DType,
         len: usize,
+        capacity: usize,
         layout: &Layout,
         returned: bool,
     ) -> Result<Tensor> {
+        // a caller's tensor holds a storage of its own size
+        let capacity = if returned { len } else { capacity.max(len) };
         if let Some(t) = &self.cache[place]
             && t.dtype() == dtype
-            && t.storage().len() == len
+            && (t.storage().len() == len || (!returned && t.storage().len() >= len))
             && sole_owner(t)
         {
             if !returned && t.layout() == layout {
@@ -70,7 +74,7 @@ impl Frame {
             return Ok(Tensor::from_parts(t.storage_arc().clone(), layout.clone()));
         }
         let t = Tensor::from_parts(
-            Arc::new(Storage::for_overwrite(dtype, len)?),
+            Arc::new(Storage::for_overwrite(dtype, capacity)?),
             layout.clone(),
         );
         let kept = if returned {

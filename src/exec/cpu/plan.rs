@@ -16,7 +16,7 @@ pub struct TempPlan {
     /// The slot of each buffer written by a kernel (`None` for inputs, constants and extern
     /// results).
     pub slot_of: Vec<Option<usize>>,
-    /// Dtype and element count of every slot.
+    /// Dtype and element count of every slot (at least those of each buffer it holds).
     pub slots: Vec<(DType, usize)>,
     /// Buffers to allocate (from their slot) before each step.
     pub alloc_before: Vec<Vec<BufferId>>,
@@ -56,20 +56,23 @@ pub fn step_buffers(step: &Step) -> (Vec<BufferId>, Vec<BufferId>) {
 impl TempPlan {
     /// Assigns slots to the temporaries of `s` by liveness.
     pub fn build(s: &Schedule) -> TempPlan {
-        TempPlan::build_nested(s, &[])
+        TempPlan::build_nested(s, &[], &[])
     }
 
     /// [`TempPlan::build`] where each step `i` with `inside_previous[i]` runs inside step
     /// `i - 1` (a convolution's epilogue, run tile by tile): its temporaries are taken
     /// before step `i - 1`, and what step `i - 1` reads stays until step `i` is done, so
-    /// that no slot is shared between the two.
-    pub fn build_nested(s: &Schedule, inside_previous: &[bool]) -> TempPlan {
+    /// that no slot is shared between the two. The result of each extern step `i` with
+    /// `slotted[i]` (a GEMM called directly, which writes its own result) gets a slot too,
+    /// though it is not in `alloc_before`: its step takes the slot's storage itself.
+    pub fn build_nested(s: &Schedule, inside_previous: &[bool], slotted: &[bool]) -> TempPlan {
         let n = s.buffers.len();
         let steps = s.steps.len();
         let nested = |i: usize| inside_previous.get(i).copied().unwrap_or(false);
         let mut def: Vec<Option<usize>> = vec![None; n];
         let mut last: Vec<Option<usize>> = vec![None; n];
         let mut by_kernel = vec![false; n];
+        let mut by_extern = vec![false; n];
         for (i, step) in s.steps.iter().enumerate() {
             let (reads, writes) = step_buffers(step);
             let until = if nested(i + 1) { i + 1 } else { i };
@@ -81,6 +84,7 @@ impl TempPlan {
                 if def[b].is_none() {
                     def[b] = Some(at);
                     by_kernel[b] = matches!(step, Step::Kernel(_));
+                    by_extern[b] = slotted.get(i).copied().unwrap_or(false);
                 }
                 last[b] = Some(last[b].map_or(i, |l| l.max(i)));
             }
@@ -95,6 +99,8 @@ impl TempPlan {
             alloc_before: vec![Vec::new(); steps],
             free_after: vec![Vec::new(); steps],
         };
+        // what takes a slot at each step: what the plan allocates, and slotted extern results
+        let mut take: Vec<Vec<BufferId>> = vec![Vec::new(); steps];
         for b in 0..n {
             if s.buffers[b].kind != BufferKind::Temp {
                 continue;
@@ -103,29 +109,62 @@ impl TempPlan {
                 if by_kernel[b] {
                     plan.alloc_before[d].push(b);
                 }
+                if by_kernel[b] || by_extern[b] {
+                    take[d].push(b);
+                }
                 if !kept[b] {
                     plan.free_after[last[b].unwrap_or(d)].push(b);
                 }
             }
         }
-        let mut free: Vec<usize> = Vec::new();
-        for i in 0..steps {
-            for &b in &plan.alloc_before[i] {
-                let want = (s.buffers[b].dtype, s.buffers[b].len());
-                let slot = match free.iter().position(|&f| plan.slots[f] == want) {
-                    Some(p) => free.swap_remove(p),
-                    None => {
-                        plan.slots.push(want);
-                        plan.slots.len() - 1
-                    }
-                };
-                plan.slot_of[b] = Some(slot);
+        // Largest first, each buffer takes the first slot of its dtype that is free for its
+        // whole life (taken at its step, given back after its last reader), so a slot is
+        // as big as its first buffer. A returned temporary only shares with returned ones
+        // of its exact size (the caller gets its storage).
+        let mut life: Vec<Option<(usize, usize)>> = vec![None; n];
+        for (i, take) in take.iter().enumerate() {
+            for &b in take {
+                life[b] = Some((i, steps));
             }
-            for &b in &plan.free_after[i] {
-                if let Some(slot) = plan.slot_of[b] {
-                    free.push(slot);
+        }
+        for (i, freed) in plan.free_after.iter().enumerate() {
+            for &b in freed {
+                if let Some((first, _)) = life[b] {
+                    life[b] = Some((first, i));
                 }
             }
+        }
+        let mut order: Vec<BufferId> = (0..n).filter(|&b| life[b].is_some()).collect();
+        order.sort_by_key(|&b| {
+            (
+                std::cmp::Reverse(s.buffers[b].len() * s.buffers[b].dtype.size()),
+                b,
+            )
+        });
+        let mut holders: Vec<Vec<(usize, usize)>> = Vec::new();
+        let mut exact: Vec<bool> = Vec::new();
+        for b in order {
+            let Some((first, last)) = life[b] else {
+                continue;
+            };
+            let (dtype, len) = (s.buffers[b].dtype, s.buffers[b].len());
+            let free = |k: usize| {
+                plan.slots[k].0 == dtype
+                    && exact[k] == kept[b]
+                    && (!kept[b] || plan.slots[k].1 == len)
+                    && holders[k].iter().all(|&(f, l)| l < first || last < f)
+            };
+            let slot = match (0..plan.slots.len()).find(|&k| free(k)) {
+                Some(k) => k,
+                None => {
+                    plan.slots.push((dtype, len));
+                    holders.push(Vec::new());
+                    exact.push(kept[b]);
+                    plan.slots.len() - 1
+                }
+            };
+            holders[slot].push((first, last));
+            plan.slot_of[b] = Some(slot);
         }
         plan
     }
