@@ -156,6 +156,74 @@ fn attention_matches_float64_math_over_blocks_masks_and_causal_rows() {
 }
 
 #[test]
+fn heads_sliced_out_of_a_projection_are_read_in_place_with_the_same_bits() {
+    let _t = turn();
+    let mut g = Generator::new(4);
+    // [B, T, 3, H, D] as a fused qkv projection gives it; q, k, v are its heads permuted
+    // to [B, H, T, D] (rows strided, batches in two dims), over several key blocks; and a
+    // view whose last dim is strided, which is copied
+    for (b, t, h, d) in [(2, 33, 3, 8), (1, 200, 2, 5), (3, 1, 1, 4)] {
+        for dtype in [DType::F32, DType::F64] {
+            let qkv = randn(&[b, t, 3, h, d], dtype, &mut g);
+            let head = |i: i64| qkv.select(2, i).unwrap().permute(&[0, 2, 1, 3]).unwrap();
+            let (q, k, v) = (head(0), head(1), head(2));
+            assert!(!q.is_contiguous());
+            let dense = |x: &Tensor| x.contiguous().unwrap();
+            for causal in [false, true] {
+                let got = q
+                    .scaled_dot_product_attention(&k, &v, None, causal, None)
+                    .unwrap();
+                let want = dense(&q)
+                    .scaled_dot_product_attention(&dense(&k), &dense(&v), None, causal, None)
+                    .unwrap();
+                assert_eq!(
+                    got.to_f64_vec(),
+                    want.to_f64_vec(),
+                    "{b}x{t}x{h}x{d} causal {causal}"
+                );
+                let (qv, kv, vv) = (
+                    dense(&q).to_f64_vec(),
+                    dense(&k).to_f64_vec(),
+                    dense(&v).to_f64_vec(),
+                );
+                let scale = 1.0 / (d as f64).sqrt();
+                let reference = reference(
+                    &qv,
+                    &kv,
+                    &vv,
+                    (b * h, t, t, d, d),
+                    RefMask::None,
+                    causal,
+                    scale,
+                );
+                let tol = if dtype == DType::F64 {
+                    Tol::allclose(1e-12, 1e-12)
+                } else {
+                    Tol::allclose(2e-6, 2e-6)
+                };
+                assert_close(&got.to_f64_vec(), &reference, tol, "strided heads");
+            }
+            // the last dim strided: the kernel copies it
+            let kt = k
+                .transpose(-1, -2)
+                .unwrap()
+                .contiguous()
+                .unwrap()
+                .transpose(-1, -2)
+                .unwrap();
+            assert!(t == 1 || kt.strides().last() != Some(&1));
+            let got = q
+                .scaled_dot_product_attention(&kt, &v, None, true, None)
+                .unwrap();
+            let want = q
+                .scaled_dot_product_attention(&k, &v, None, true, None)
+                .unwrap();
+            assert_eq!(got.to_f64_vec(), want.to_f64_vec(), "strided last dim");
+        }
+    }
+}
+
+#[test]
 fn masks_that_are_views_of_other_tensors_read_their_own_elements() {
     let _t = turn();
     let mut g = Generator::new(9);

@@ -648,6 +648,15 @@ fn conv_bn_net() -> Sequential {
         .add(Linear::new(4 * 5 * 5, 3, true).unwrap())
 }
 
+/// Checks that the two models' buffers and parameters agree within 1e-5.
+fn same_state(eager: &Sequential, compiled: &Sequential, when: &str) {
+    let pairs = |m: &Sequential| [m.named_buffers(), m.named_parameters()].concat();
+    for ((name, e), (_, c)) in pairs(eager).iter().zip(&pairs(compiled)) {
+        let d = max_abs_diff(e, c);
+        assert!(d < 1e-5, "{when}: {name} differs by {d}");
+    }
+}
+
 fn image_batches(n: usize, g: &mut Generator) -> Vec<(Tensor, Tensor)> {
     (0..n)
         .map(|i| {
@@ -696,18 +705,7 @@ fn batch_norm_running_statistics_move_as_in_eager_training() {
         let lc = step.step(&[x.clone(), y.clone()]).unwrap();
         let (le, lc) = (le.item_f64().unwrap(), lc.item_f64().unwrap());
         assert!((le - lc).abs() < 1e-5, "step {i}: loss {le} vs {lc}");
-        for ((name, be), (_, bc)) in eager.named_buffers().iter().zip(&compiled.named_buffers()) {
-            let d = max_abs_diff(be, bc);
-            assert!(d < 1e-5, "step {i}: buffer {name} differs by {d}");
-        }
-        for ((name, pe), (_, pc)) in eager
-            .named_parameters()
-            .iter()
-            .zip(&compiled.named_parameters())
-        {
-            let d = max_abs_diff(pe, pc);
-            assert!(d < 1e-5, "step {i}: {name} differs by {d}");
-        }
+        same_state(&eager, &compiled, &format!("step {i}"));
     }
     let bufs = compiled.named_buffers();
     assert_eq!(bufs[2].1.to_i64_vec(), vec![3]);
@@ -755,17 +753,6 @@ fn micro_batches_each_update_the_running_statistics() {
         }
         opt.step().unwrap();
     }
-    for ((name, be), (_, bc)) in eager.named_buffers().iter().zip(&compiled.named_buffers()) {
-        let d = max_abs_diff(be, bc);
-        assert!(d < 1e-5, "buffer {name} differs by {d}");
-    }
+    same_state(&eager, &compiled, "after 2 updates");
     assert_eq!(compiled.named_buffers()[2].1.to_i64_vec(), vec![4]);
-    for ((name, pe), (_, pc)) in eager
-        .named_parameters()
-        .iter()
-        .zip(&compiled.named_parameters())
-    {
-        let d = max_abs_diff(pe, pc);
-        assert!(d < 1e-5, "{name} differs by {d}");
-    }
 }

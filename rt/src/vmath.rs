@@ -109,6 +109,8 @@ fn scale2n(y: f32, n: i32) -> f32 {
 /// `math::scale2n_from_one`: `y·2^n` as subtracted from 1, in one multiply.
 #[inline(always)]
 fn scale2n_from_one(y: f32, n: i32) -> f32 {
+    // `math::scale2n_from_one`: ±0 far below 2^-60 (no subnormal product to assist)
+    let y = y * if n < -60 { 0.0 } else { 1.0 };
     y * pow2i32(n.max(-126))
 }
 
@@ -138,6 +140,8 @@ fn exp_parts(x: f32) -> (f32, i32) {
 #[inline(always)]
 fn exp(x: f32) -> f32 {
     let (p, k) = exp_parts(x);
+    // `math::exp`: 0 below -105 without an underflowing product
+    let p = if x < -105.0 { 0.0 } else { p };
     scale2n(p, k)
 }
 

@@ -94,17 +94,19 @@ pub(crate) fn unary_f32(u: UnaryOp, x: &Tensor, dst: &Tensor) -> Option<()> {
             std::slice::from_raw_parts_mut(acc.write::<f32>(0), n),
         )
     };
+    let exact_zero = op == StripOp::Exp;
     let task = |(y, x): (&mut [f32], &[f32])| {
         y.copy_from_slice(x);
         vmath::apply(op, y);
-        // a counting pass vectorises; the fix-up below runs only where one is needed
+        // a counting pass vectorises; the fix-up below runs only where one is needed (not
+        // for exp's zeros below -104, where e^x rounds to 0: masked softmax rows)
         let tiny: u32 = y
             .iter()
             .map(|y| u32::from(y.abs() < f32::MIN_POSITIVE))
             .sum();
         if tiny > 0 {
             for (y, &x) in y.iter_mut().zip(x) {
-                if y.abs() < f32::MIN_POSITIVE {
+                if y.abs() < f32::MIN_POSITIVE && !(exact_zero && x < -104.0) {
                     *y = u.eval_f64(f64::from(x)) as f32;
                 }
             }

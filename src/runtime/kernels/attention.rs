@@ -30,8 +30,8 @@ trait Acc: Copy + Send + Sync + PartialOrd + std::fmt::Debug + 'static {
     fn from_f64(x: f64) -> Self;
     /// `exp(x)` for `x <= 0` (`-inf` gives 0), as the kernel needs it.
     fn exp_le0(self) -> Self;
-    /// `row[j] = exp(row[j] - m)` for a row whose maximum is `m`.
-    fn exp_shifted(row: &mut [Self], m: Self);
+    /// `x = exp(x)` for every `x <= 0` of `xs`.
+    fn exp_le0_all(xs: &mut [Self]);
     fn add(self, o: Self) -> Self;
     fn sub(self, o: Self) -> Self;
     fn mul(self, o: Self) -> Self;
@@ -44,8 +44,8 @@ macro_rules! acc {
             fn exp_le0(self) -> $t {
                 ExpLe0::exp_le0(self)
             }
-            fn exp_shifted(row: &mut [$t], m: $t) {
-                <$t as ExpLe0>::exp_shifted(row, m)
+            fn exp_le0_all(xs: &mut [$t]) {
+                <$t as ExpLe0>::exp_le0_all(xs)
             }
             const ZERO: $t = 0.0;
             const ONE: $t = 1.0;
@@ -75,9 +75,9 @@ impl ExpLe0 for f64 {
     fn exp_le0(self) -> f64 {
         self.exp()
     }
-    fn exp_shifted(row: &mut [f64], m: f64) {
-        for x in row {
-            *x = (*x - m).exp();
+    fn exp_le0_all(xs: &mut [f64]) {
+        for x in xs {
+            *x = x.exp();
         }
     }
 }
@@ -111,14 +111,11 @@ impl ExpLe0 for f32 {
     }
     /// The compiled kernels' native exp strips where the CPU has them (16 or 8 lanes, no
     /// call per element: `floor` above is a libm call on baseline x86-64), else the loop.
-    fn exp_shifted(row: &mut [f32], m: f32) {
-        for x in row.iter_mut() {
-            *x -= m;
-        }
+    fn exp_le0_all(xs: &mut [f32]) {
         if smelt_rt::vmath::available() {
-            smelt_rt::vmath::apply(smelt_rt::vmath::StripOp::Exp, row);
+            smelt_rt::vmath::apply(smelt_rt::vmath::StripOp::Exp, xs);
         } else {
-            for x in row {
+            for x in xs {
                 *x = ExpLe0::exp_le0(*x);
             }
         }
@@ -128,8 +125,8 @@ impl ExpLe0 for f32 {
 /// The kernel's exponential, by type.
 trait ExpLe0: Sized {
     fn exp_le0(self) -> Self;
-    /// `row[j] = exp(row[j] - m)` (`m` the row's maximum, so every argument is `<= 0`).
-    fn exp_shifted(row: &mut [Self], m: Self);
+    /// `x = exp(x)` for every `x <= 0` of `xs` (`-inf` gives 0).
+    fn exp_le0_all(xs: &mut [Self]);
 }
 
 /// The mask's elements.
@@ -225,11 +222,11 @@ pub fn eval(
     };
     let result = match q.dtype() {
         DType::F64 => {
-            let o = with_dense::<f64>([q, k, v], |[q, k, v]| run(q, k, v, mask.as_ref(), &dims))?;
+            let o = with_rows::<f64>([q, k, v], |qkv| run(qkv, mask.as_ref(), &dims))?;
             Tensor::from_vec(o, &out.shape)?
         }
         DType::F32 | DType::F16 | DType::BF16 => {
-            let o = with_dense::<f32>([q, k, v], |[q, k, v]| run(q, k, v, mask.as_ref(), &dims))?;
+            let o = with_rows::<f32>([q, k, v], |qkv| run(qkv, mask.as_ref(), &dims))?;
             copy::cast(&Tensor::from_vec(o, &out.shape)?, out.dtype)?
         }
         d => bail!(
@@ -241,22 +238,72 @@ pub fn eval(
     Ok(result)
 }
 
-/// Runs `f` on the elements of q, k and v as dense slices of `A` (f32 for halves): the
-/// tensors' own memory when they already are, else contiguous copies. One lock covers the
+/// One operand's rows as the kernel reads them: row `i` of (flattened) batch `b` starts
+/// at `data[base[b] + i * rs]`, its elements adjacent.
+struct Rows<'a, A> {
+    data: &'a [A],
+    base: Vec<usize>,
+    rs: usize,
+}
+
+impl<A> Rows<'_, A> {
+    /// The elements from row `i` of batch `b` on (none past the end: an empty operand).
+    fn from(&self, b: usize, i: usize) -> &[A] {
+        self.data.get(self.base[b] + i * self.rs..).unwrap_or(&[])
+    }
+}
+
+/// Runs `f` on the rows of q, k and v as `A` (f32 for halves). A tensor of `A` whose last
+/// dim is dense is read where it lies (the heads of a fused projection, sliced and
+/// permuted, need no copy); any other is copied contiguous first. One lock covers the
 /// three (they may share a storage: self-attention passes one tensor thrice).
-fn with_dense<A: crate::runtime::Element>(
+fn with_rows<A: crate::runtime::Element>(
     ts: [&Tensor; 3],
-    f: impl FnOnce([&[A]; 3]) -> Vec<A>,
+    f: impl FnOnce([Rows<'_, A>; 3]) -> Vec<A>,
 ) -> Result<Vec<A>> {
-    let [q, k, v] = ts.map(|t| copy::contiguous(&copy::cast(t, A::DTYPE)?));
+    let readable = |t: &Tensor| {
+        t.dtype() == A::DTYPE
+            && (t.shape().last().is_none_or(|&n| n <= 1) || t.strides().last() == Some(&1))
+    };
+    let [q, k, v] = ts.map(|t| match readable(t) {
+        true => Ok(t.clone()),
+        false => copy::contiguous(&copy::cast(t, A::DTYPE)?),
+    });
     let d = [q?, k?, v?];
     let acc = access::lock(&[&d[0], &d[1], &d[2]], &[]);
-    // SAFETY: each tensor is contiguous with elements of type A, and the read lock on its
-    // storage is held for the call.
-    let slices: [&[A]; 3] = std::array::from_fn(|i| unsafe {
-        std::slice::from_raw_parts(acc.read::<A>(i), d[i].numel())
+    let rows: [Rows<'_, A>; 3] = std::array::from_fn(|i| {
+        let t = &d[i];
+        let n = t.dim();
+        let (shape, strides) = (t.shape(), t.strides());
+        // the farthest element from the first (strides are never negative)
+        let span = if t.numel() == 0 {
+            0
+        } else {
+            1 + shape
+                .iter()
+                .zip(strides)
+                .map(|(&s, &st)| (s - 1) * st)
+                .sum::<usize>()
+        };
+        // SAFETY: the tensor's elements lie within `span` elements of A from its first,
+        // and the read lock on its storage is held for the call.
+        let data = unsafe { std::slice::from_raw_parts(acc.read::<A>(i), span) };
+        let batch = &shape[..n - 2];
+        let mut base = vec![0usize; numel(batch)];
+        for (b, off) in base.iter_mut().enumerate() {
+            let mut rest = b;
+            for (&size, &st) in batch.iter().zip(strides).rev() {
+                *off += (rest % size) * st;
+                rest /= size;
+            }
+        }
+        Rows {
+            data,
+            base,
+            rs: strides[n - 2],
+        }
     });
-    Ok(f(slices))
+    Ok(f(rows))
 }
 
 struct Dims {
@@ -269,7 +316,7 @@ struct Dims {
     is_causal: bool,
 }
 
-fn run<A: Acc>(q: &[A], k: &[A], v: &[A], mask: Option<&Mask>, d: &Dims) -> Vec<A> {
+fn run<A: Acc>(qkv: [Rows<'_, A>; 3], mask: Option<&Mask>, d: &Dims) -> Vec<A> {
     let mut out = vec![A::ZERO; d.batch * d.l * d.ev];
     if out.is_empty() || d.ev == 0 {
         return out;
@@ -280,7 +327,7 @@ fn run<A: Acc>(q: &[A], k: &[A], v: &[A], mask: Option<&Mask>, d: &Dims) -> Vec<
         .for_each(|(b, ob)| {
             ob.par_chunks_mut(ROWS * d.ev)
                 .enumerate()
-                .for_each(|(blk, o)| rows_of(q, k, v, mask, d, b, blk * ROWS, o));
+                .for_each(|(blk, o)| rows_of(&qkv, mask, d, b, blk * ROWS, o));
         });
     out
 }
@@ -334,9 +381,7 @@ unsafe fn gemm_into<A: Acc>(
 /// each row, then the probabilities times the block's values as a second GEMM.
 #[allow(clippy::too_many_arguments)]
 fn rows_of<A: Acc>(
-    q: &[A],
-    k: &[A],
-    v: &[A],
+    [q, k, v]: &[Rows<'_, A>; 3],
     mask: Option<&Mask>,
     d: &Dims,
     b: usize,
@@ -346,10 +391,8 @@ fn rows_of<A: Acc>(
     let rows = acc.len() / d.ev;
     let mut m = vec![A::NEG_INF; rows];
     let mut sum = vec![A::ZERO; rows];
-    let mut p = vec![A::ZERO; rows * KEYS];
-    let qb = &q[(b * d.l + i0) * d.e..(b * d.l + i0 + rows) * d.e];
-    let kb = &k[b * d.s * d.e..(b + 1) * d.s * d.e];
-    let vb = &v[b * d.s * d.ev..(b + 1) * d.s * d.ev];
+    let mut p = vec![A::ZERO; rows * KEYS.min(d.s)];
+    let qb = q.from(b, i0);
     // causal rows see keys up to their own index: later blocks are skipped whole
     let end = if d.is_causal { d.s.min(i0 + rows) } else { d.s };
     let mut j0 = 0;
@@ -358,7 +401,8 @@ fn rows_of<A: Acc>(
         if d.e == 0 {
             p[..rows * keys].iter_mut().for_each(|x| *x = A::ZERO);
         } else {
-            // SAFETY: p holds rows × keys; qb rows × E; the key block keys rows of E from j0.
+            // SAFETY: p holds rows × keys; qb rows × E (rows q.rs apart); the key block
+            // keys rows of E from j0, k.rs apart.
             unsafe {
                 gemm_into(
                     (rows, keys, d.e),
@@ -366,9 +410,9 @@ fn rows_of<A: Acc>(
                     keys,
                     false,
                     qb,
-                    d.e,
-                    &kb[j0 * d.e..(j0 + keys) * d.e],
-                    (1, d.e),
+                    q.rs,
+                    k.from(b, j0),
+                    (1, k.rs),
                     A::from_f64(d.scale),
                 );
             }
@@ -388,7 +432,7 @@ fn rows_of<A: Acc>(
             let max = |a: A, x: A| if x > a { x } else { a };
             let block_max = chains(row, A::NEG_INF, max, max);
             if block_max == A::NEG_INF {
-                row.iter_mut().for_each(|x| *x = A::ZERO);
+                // every key of the block hidden: its exponentials are all 0
                 continue;
             }
             let new_m = if block_max > m[r] { block_max } else { m[r] };
@@ -400,11 +444,17 @@ fn rows_of<A: Acc>(
                 }
             }
             m[r] = new_m;
-            A::exp_shifted(row, new_m);
-            let s = chains(row, A::ZERO, A::add, A::add);
+            row.iter_mut().for_each(|x| *x = x.sub(new_m));
+        }
+        // the block's exponentials in one call: rows of a few keys would each pay the
+        // vector helper's entry
+        A::exp_le0_all(&mut p[..rows * keys]);
+        for r in 0..rows {
+            let s = chains(&p[r * keys..(r + 1) * keys], A::ZERO, A::add, A::add);
             sum[r] = sum[r].add(s);
         }
-        // SAFETY: acc holds rows × Ev; p rows × keys; the value block keys rows of Ev.
+        // SAFETY: acc holds rows × Ev; p rows × keys; the value block keys rows of Ev
+        // from j0, v.rs apart.
         unsafe {
             gemm_into(
                 (rows, d.ev, keys),
@@ -413,8 +463,8 @@ fn rows_of<A: Acc>(
                 true,
                 &p,
                 keys,
-                &vb[j0 * d.ev..(j0 + keys) * d.ev],
-                (d.ev, 1),
+                v.from(b, j0),
+                (v.rs, 1),
                 A::ONE,
             );
         }
