@@ -69,4 +69,42 @@ fn main() {
             flops / (mf * 1e6)
         );
     }
+    heads_in_place();
+}
+
+/// The GPT's attention: q, k and v as heads sliced out of one fused [B, T, 3, H, D]
+/// projection and permuted to [B, H, T, D] (read where they lie), against contiguous ones.
+fn heads_in_place() {
+    let (b, t, h, d) = (32, 32, 4, 24);
+    let mut g = Generator::new(1);
+    let qkv = Tensor::randn_with(&[b, t, 3, h, d], Some(DType::F32), &mut g).unwrap();
+    let head = |i: i64| qkv.select(2, i).unwrap().permute(&[0, 2, 1, 3]).unwrap();
+    let (q, k, v) = (head(0), head(1), head(2));
+    let dense = |x: &Tensor| x.contiguous().unwrap();
+    let (qc, kc, vc) = (dense(&q), dense(&k), dense(&v));
+    let run = |q: &Tensor, k: &Tensor, v: &Tensor| {
+        drop(black_box(
+            q.scaled_dot_product_attention(k, v, None, true, None)
+                .unwrap(),
+        ))
+    };
+    let (mut ts, mut tc) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        ts.push(median_ms(40, || run(&q, &k, &v)));
+        tc.push(median_ms(40, || run(&qc, &kc, &vc)));
+    }
+    ts.sort_by(f64::total_cmp);
+    tc.sort_by(f64::total_cmp);
+    println!();
+    println!("causal attention {b} × {h} × {t} × {d}, median of 40 calls, {ROUNDS} rounds");
+    println!("| operands | µs (range) |");
+    println!("|---|---|");
+    for (what, t) in [("heads of a fused projection", &ts), ("contiguous", &tc)] {
+        println!(
+            "| {what} | {:.0} ({:.0}–{:.0}) |",
+            t[ROUNDS / 2] * 1e3,
+            t[0] * 1e3,
+            t[ROUNDS - 1] * 1e3
+        );
+    }
 }
