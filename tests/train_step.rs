@@ -669,6 +669,23 @@ fn image_batches(n: usize, g: &mut Generator) -> Vec<(Tensor, Tensor)> {
         .collect()
 }
 
+/// A compiled cross-entropy step of `net` that writes its buffers back.
+fn bn_step<'a>(
+    net: &'a Sequential,
+    example: &(Tensor, Tensor),
+    config: smelt::train::StepConfig,
+) -> CompiledStep<'a> {
+    CompiledStep::with_buffers(
+        move |xs: &[Tensor]| cross_entropy(&net.forward(&xs[0])?, &xs[1]),
+        &[example.0.clone(), example.1.clone()],
+        net.named_parameters(),
+        net.named_buffers(),
+        config,
+        &CompileOptions::default(),
+    )
+    .unwrap()
+}
+
 #[test]
 fn batch_norm_running_statistics_move_as_in_eager_training() {
     use smelt::train::StepConfig;
@@ -680,15 +697,7 @@ fn batch_norm_running_statistics_move_as_in_eager_training() {
         ..SGDConfig::new(0.1)
     };
     let ce = |out: &Tensor, y: &Tensor| cross_entropy(out, y);
-    let mut step = CompiledStep::with_buffers(
-        |xs: &[Tensor]| ce(&compiled.forward(&xs[0])?, &xs[1]),
-        &[batches[0].0.clone(), batches[0].1.clone()],
-        compiled.named_parameters(),
-        compiled.named_buffers(),
-        StepConfig::sgd(config),
-        &CompileOptions::default(),
-    )
-    .unwrap();
+    let mut step = bn_step(&compiled, &batches[0], StepConfig::sgd(config));
     // tracing ran the forward once eagerly; the buffers are as they were
     let bufs = compiled.named_buffers();
     assert_eq!(bufs[0].1.to_f64_vec(), vec![0.0; 4], "{}", bufs[0].0);
@@ -730,15 +739,11 @@ fn micro_batches_each_update_the_running_statistics() {
     let eager = conv_bn_net();
     let compiled = conv_bn_net();
     let ce = |out: &Tensor, y: &Tensor| cross_entropy(out, y);
-    let mut step = CompiledStep::with_buffers(
-        |xs: &[Tensor]| ce(&compiled.forward(&xs[0])?, &xs[1]),
-        &[batches[0].0.clone(), batches[0].1.clone()],
-        compiled.named_parameters(),
-        compiled.named_buffers(),
+    let mut step = bn_step(
+        &compiled,
+        &batches[0],
         StepConfig::sgd(SGDConfig::new(0.05)).accumulate(2),
-        &CompileOptions::default(),
-    )
-    .unwrap();
+    );
     // eager: two micro-batches' gradients, halved, then one update
     let mut opt = SGD::new(eager.parameters(), SGDConfig::new(0.05)).unwrap();
     for pair in batches.chunks(2) {
