@@ -10,6 +10,7 @@
 //! only when no slot is free. Any dtype may take any slot: the executor allocates every slot
 //! aligned to [`SLOT_ALIGN`] bytes, more than any element needs.
 
+use crate::ir::op::Op;
 use crate::kernel::{BufferId, BufferKind, Expr, Schedule, Step};
 use crate::{Result, bail};
 
@@ -107,9 +108,9 @@ pub fn liveness(s: &Schedule) -> Vec<Option<Interval>> {
 /// gradients late, at the end of the sweep, keeping every layer's activations and output
 /// gradients alive until then.
 ///
-/// A step and the next one, when the next is where the step's result dies (a GEMM and the
-/// update that reads its result, a convolution and its epilogue), move together, so the
-/// executor can still run them as one. A step that writes a graph output counts as writing
+/// A GEMM or convolution and the next step, when the next is where its result dies and is a
+/// parameter's update (for a GEMM) or any epilogue (for a convolution), move together, so
+/// the executor can still run them as one. A step that writes a graph output counts as writing
 /// the inputs it reads too: the executor may write the output into an input's memory (a
 /// parameter's update), so no reader of that input moves after it.
 pub fn hoist_last_readers(s: &mut Schedule) {
@@ -150,7 +151,17 @@ pub fn hoist_last_readers(s: &mut Schedule) {
     let mut order: Vec<usize> = Vec::with_capacity(n);
     let mut j = 0;
     while j < n {
-        let pair = j + 1 < n && dying(j + 1).iter().any(|b| io[j].1.contains(b));
+        // what the executor runs as one: a GEMM and the parameter update reading its result,
+        // a convolution and the epilogue reading its result
+        let pair = j + 1 < n
+            && dying(j + 1).iter().any(|b| io[j].1.contains(b))
+            && match &s.steps[j] {
+                Step::Extern(e) => {
+                    matches!(e.op, Op::Conv { .. })
+                        || io[j + 1].1.iter().any(|b| outputs.contains(b))
+                }
+                _ => false,
+            };
         let group: Vec<usize> = if pair { vec![j, j + 1] } else { vec![j] };
         let mut freed: Vec<BufferId> = group.iter().flat_map(|&k| dying(k)).collect();
         let mut made: Vec<BufferId> = group.iter().flat_map(|&k| io[k].1.clone()).collect();
