@@ -147,6 +147,7 @@ fn compiled_calls_nest_their_kernels_with_values_bytes_and_flops() {
     let x = Tensor::randn(&[16, 32], None).unwrap();
     let w = Tensor::randn(&[64, 32], None).unwrap();
     let (r, prof) = profiler::profile(ProfilerOptions::default(), || {
+        let _user = profiler::record_function("user step");
         f.call(&[x.clone(), w.clone()])
     })
     .unwrap();
@@ -156,6 +157,9 @@ fn compiled_calls_nest_their_kernels_with_values_bytes_and_flops() {
         .collect();
     assert_eq!(calls.len(), 1);
     assert_eq!(prof.events[calls[0]].name, "mlp");
+    // the call runs on a pool worker, yet nests inside the caller's range
+    let user = prof.events.iter().position(|e| e.name == "user step");
+    assert_eq!(prof.events[calls[0]].parent, user);
     let steps: Vec<_> = prof.children(calls[0]).map(|(_, e)| e).collect();
     assert_eq!(steps.len(), f.steps().len());
     for (e, info) in steps.iter().zip(f.steps()) {

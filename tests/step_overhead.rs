@@ -121,7 +121,7 @@ fn a_returned_result_never_changes_when_the_function_is_called_again() {
 #[test]
 fn dropped_results_are_reused_and_held_ones_are_not() {
     let g = step_like("f32", 16, 3, 2);
-    // no pool of its own: the call (and its allocation count) stays on this thread
+    // the default options: the call runs on a pool worker, its storages count as ours
     let f = CompiledFn::compile(&g, &CompileOptions::default()).unwrap();
     let ins = inputs_with(&g, 3, &INPUTS);
     let want = run_graph(&g, &ins).unwrap();

@@ -7,7 +7,9 @@
 //! inputs contiguous, runs the steps in order — kernels split into chunks of rows across
 //! rayon's threads, small ones on the calling thread; GEMMs and other library ops on the
 //! eager kernels through strided views — and returns the outputs as tensors (views of the
-//! buffers where the schedule says so).
+//! buffers where the schedule says so). The steps run on one worker of the pool while the
+//! others poll for their chunks (`runtime::threads::hot`), so that a parallel kernel starts
+//! without waking anyone.
 //!
 //! What a call needs besides its data is kept between calls (`frame`): the buffer and
 //! pointer tables and the temporaries' storages, taken again once nothing else holds them,
@@ -50,8 +52,9 @@ use std::time::{Duration, Instant};
 
 use smelt_rt::model::CHUNKS_PER_THREAD;
 /// Kernels whose index space has fewer elements than this run on the calling thread: below
-/// it, handing chunks to other threads (about 35 µs of wake-up on a 2-core machine) costs
-/// more than it saves. Chosen from the "small kernels" table of `cargo bench --bench
+/// it, handing chunks to sleeping threads (about 35 µs of wake-up on a 2-core machine) costs
+/// more than it saves. (Inside a compiled call, where the other threads poll for work, the
+/// bar is `runtime::threads::par_min_elems`, lower.) Chosen from the "small kernels" table of `cargo bench --bench
 /// compiled`: one thread 0.054 ms against 0.042 ms on both at 262144 elements, 0.028 against
 /// 0.046 ms at 131072. Ahead-of-time compiled models follow the same rule.
 pub use smelt_rt::model::PAR_MIN_ELEMS;
@@ -595,15 +598,15 @@ impl CompiledFn {
         into: &[Option<&Tensor>],
     ) -> Result<Vec<Tensor>> {
         self.check_inputs(inputs)?;
-        let _call = crate::profiler::span(crate::profiler::EventKind::Call, || {
-            self.schedule.name.clone()
-        });
+        let run = || {
+            let _call = crate::profiler::span(crate::profiler::EventKind::Call, || {
+                self.schedule.name.clone()
+            });
+            self.run_steps(inputs, times, into)
+        };
         match &self.pool {
-            Some(p) => p.install(|| self.run_steps(inputs, times, into)),
-            None if self.opts.threads == Some(1) => {
-                crate::runtime::threads::serial(|| self.run_steps(inputs, times, into))
-            }
-            None => self.run_steps(inputs, times, into),
+            None if self.opts.threads == Some(1) => crate::runtime::threads::serial(run),
+            pool => crate::runtime::threads::hot(pool.as_ref(), run),
         }
     }
 
@@ -986,7 +989,7 @@ unsafe fn run_rows(code: &CpuKernel, elems: usize, ptrs: &[*mut u8]) -> Result<(
     let rows = code.rows();
     let threads = crate::runtime::threads::available();
     // SAFETY: as the caller promises; chunks cover disjoint rows.
-    if elems < PAR_MIN_ELEMS || threads < 2 || rows < 2 {
+    if elems < crate::runtime::threads::par_min_elems() || threads < 2 || rows < 2 {
         return unsafe { code.run_rows(ptrs, 0, rows) };
     }
     let ptrs = Ptrs(ptrs);

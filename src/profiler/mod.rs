@@ -251,6 +251,38 @@ fn innermost(session: u64) -> Option<usize> {
     })
 }
 
+/// The events open on this thread, for work this thread hands to another one
+/// ([`Nesting::enter`] there), so that the events recorded there nest inside them.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Nesting(Vec<(u64, usize)>);
+
+impl Nesting {
+    /// The events open on this thread now.
+    pub(crate) fn here() -> Nesting {
+        Nesting(STACK.with(|s| s.borrow().clone()))
+    }
+
+    /// Runs `f` on this thread with those events open as well (innermost last).
+    pub(crate) fn enter<R>(&self, f: impl FnOnce() -> R) -> R {
+        struct Pop(usize);
+        impl Drop for Pop {
+            fn drop(&mut self) {
+                STACK.with(|s| s.borrow_mut().truncate(self.0));
+            }
+        }
+        if self.0.is_empty() {
+            return f();
+        }
+        let _pop = Pop(STACK.with(|s| {
+            let mut s = s.borrow_mut();
+            let n = s.len();
+            s.extend_from_slice(&self.0);
+            n
+        }));
+        f()
+    }
+}
+
 fn ns_since(t0: Instant, t: Instant) -> u64 {
     t.saturating_duration_since(t0).as_nanos() as u64
 }

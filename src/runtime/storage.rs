@@ -81,10 +81,16 @@ thread_local! {
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Number of storages this thread has allocated: tests use it to prove that views, `expand`
-/// and buffer reuse allocate nothing.
+/// Number of storages this thread has allocated, the compiled calls it made included (they
+/// run on a pool worker): tests use it to prove that views, `expand` and buffer reuse
+/// allocate nothing.
 pub fn allocation_count() -> u64 {
     ALLOCATIONS.with(|c| c.get())
+}
+
+/// Counts `n` storages that another thread allocated for this one.
+pub(crate) fn add_allocations(n: u64) {
+    ALLOCATIONS.with(|c| c.set(c.get() + n));
 }
 
 /// Host memory held by tensor storages, like `torch.cuda.memory_stats()` for the CPU.

@@ -4,10 +4,31 @@
 //! computation on its own thread with [`serial`]: handing work to even a one-thread pool costs
 //! a cross-thread wake-up (tens of µs here), more than a small kernel takes.
 
+use crate::runtime::storage::{add_allocations, allocation_count};
 use std::cell::Cell;
 
 thread_local! {
     static SERIAL: Cell<bool> = const { Cell::new(false) };
+    /// Whether this thread runs a [`hot`] call.
+    static HOT: Cell<bool> = const { Cell::new(false) };
+    /// Whether this thread polls for the work of a [`hot`] call.
+    static POLLING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// [`par_min_elems`] inside a [`hot`] call: the GPT training step of `cargo bench --bench
+/// models` took 16.0-16.5 ms with the bar at 2^18 elements, 13.2-15.2 ms at 2^14, and no
+/// less at 2^13 or 2^11 (2 threads).
+const PAR_MIN_ELEMS_HOT: usize = 1 << 14;
+
+/// Kernels with fewer elements than this run on the calling thread (see
+/// `exec::PAR_MIN_ELEMS`). Inside a [`hot`] call, where the other workers are polling for
+/// work, a hand-off costs a few µs rather than tens, so the bar is lower there.
+pub fn par_min_elems() -> usize {
+    if HOT.with(Cell::get) {
+        PAR_MIN_ELEMS_HOT
+    } else {
+        smelt_rt::model::PAR_MIN_ELEMS
+    }
 }
 
 /// The threads a kernel started on this thread may use: 1 inside [`serial`], else the size
@@ -81,6 +102,64 @@ pub fn serial<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Runs `f` on a worker of `pool` (rayon's global pool for `None`) while the pool's other
+/// workers poll for work instead of sleeping, and returns its result.
+///
+/// A compiled call runs dozens of parallel kernels with serial ones between them. Handed
+/// over one by one from the caller's thread, each parallel kernel paid a cross-thread
+/// wake-up and a sleep, and the pool's workers had gone to sleep again by the next one: a
+/// GPT training step ran no faster on two threads than on one. Here the caller hands over
+/// once, the kernels' parallel halves are picked up by workers that are already running,
+/// and the workers go back to sleep when `f` returns (what OpenMP's spin-wait gives
+/// PyTorch). Inside a pool already (a nested call), or under [`serial`], `f` just runs.
+pub fn hot<R: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R + Send) -> R {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    if SERIAL.with(Cell::get) || rayon::current_thread_index().is_some() {
+        return f();
+    }
+    let nesting = crate::profiler::Nesting::here();
+    let run = move || {
+        let active = AtomicBool::new(true);
+        rayon::scope(|s| {
+            for _ in 1..rayon::current_num_threads() {
+                s.spawn(|_| {
+                    // a poller that a poller picked up as work leaves at once: this
+                    // thread polls already
+                    if POLLING.with(|p| p.replace(true)) {
+                        return;
+                    }
+                    while active.load(Ordering::Acquire) {
+                        if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                            std::hint::spin_loop();
+                        }
+                    }
+                    POLLING.with(|p| p.set(false));
+                });
+            }
+            // however `f` ends: the pollers stop (so that the scope can close) and this
+            // worker leaves the hot state
+            struct Leave<'a>(&'a AtomicBool, bool);
+            impl Drop for Leave<'_> {
+                fn drop(&mut self) {
+                    self.0.store(false, Ordering::Release);
+                    HOT.with(|h| h.set(self.1));
+                }
+            }
+            let _leave = Leave(&active, HOT.with(|h| h.replace(true)));
+            let before = allocation_count();
+            let r = nesting.enter(f);
+            (r, allocation_count() - before)
+        })
+    };
+    let (r, allocated) = match pool {
+        Some(p) => p.install(run),
+        None => run(),
+    };
+    // the storages the call allocated count as the caller's
+    add_allocations(allocated);
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,6 +198,45 @@ mod tests {
         assert!(
             hits.iter()
                 .all(|h| h.load(std::sync::atomic::Ordering::Relaxed) == 1)
+        );
+    }
+
+    #[test]
+    fn hot_runs_on_a_worker_while_others_poll_and_leaves_no_trace() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let outside = par_min_elems();
+        let sum = hot(Some(&pool), || {
+            assert!(rayon::current_thread_index().is_some(), "on a worker");
+            assert!(par_min_elems() < outside, "the lower bar inside");
+            // a nested call runs where it is
+            let inner = hot(None, rayon::current_thread_index);
+            assert_eq!(inner, rayon::current_thread_index());
+            let hits: Vec<std::sync::atomic::AtomicUsize> =
+                (0..1000).map(|_| Default::default()).collect();
+            par_for(1000, &|i| {
+                hits[i].fetch_add(i, std::sync::atomic::Ordering::Relaxed);
+            });
+            hits.iter()
+                .map(|h| h.load(std::sync::atomic::Ordering::Relaxed))
+                .sum::<usize>()
+        });
+        assert_eq!(sum, 999 * 1000 / 2);
+        assert_eq!(par_min_elems(), outside);
+        // a panic inside comes back to the caller, and the pool still works after it
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            hot(Some(&pool), || panic!("kernel failed"))
+        }));
+        assert!(r.is_err());
+        assert_eq!(hot(Some(&pool), || 7), 7);
+        assert_eq!(hot(None, || 8), 8);
+        // under `serial`, the calling thread
+        let me = std::thread::current().id();
+        assert_eq!(
+            serial(|| hot(Some(&pool), || std::thread::current().id())),
+            me
         );
     }
 
