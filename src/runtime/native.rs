@@ -63,6 +63,11 @@ impl Drop for ReferenceMode {
 /// Elements per parallel task.
 const CHUNK: usize = 1 << 14;
 
+/// Whether a helper over `n` elements splits them across the threads.
+fn split(n: usize) -> bool {
+    n >= (2 * CHUNK).max(super::threads::eager_par_min()) && super::threads::available() > 1
+}
+
 /// `dst = u(x)` on the native helpers, when `u` has one, both are f32 of one shape, `dst`
 /// is contiguous and this thread is not in reference mode; `None` leaves it to the
 /// reference loop. Results below f32's normal range (where the helpers, working in f32,
@@ -112,7 +117,7 @@ pub(crate) fn unary_f32(u: UnaryOp, x: &Tensor, dst: &Tensor) -> Option<()> {
             }
         }
     };
-    if n >= 2 * CHUNK {
+    if split(n) {
         use rayon::prelude::*;
         ys.par_chunks_mut(CHUNK)
             .zip(xs.par_chunks(CHUNK))
@@ -151,7 +156,7 @@ pub(crate) fn sum_f32(x: &Tensor, n_in: usize, mean: bool, out: &Tensor) -> Opti
     let finish = |s: f64| (if mean { s / n_in as f64 } else { s }) as f32;
     use rayon::prelude::*;
     let threads = super::threads::available();
-    if xs.len() < 2 * CHUNK || threads < 2 {
+    if !split(xs.len()) {
         for (y, row) in ys.iter_mut().zip(xs.chunks_exact(n_in)) {
             *y = finish(vmath::sum(row));
         }
@@ -207,7 +212,7 @@ pub(crate) fn col_sum_f32(x: &Tensor, n_in: usize, mean: bool, out: &Tensor) -> 
         }
     };
     let threads = super::threads::available();
-    if xs.len() < 2 * CHUNK || threads < 2 {
+    if !split(xs.len()) {
         block(0, ys);
     } else {
         use rayon::prelude::*;
@@ -284,7 +289,7 @@ fn map_rows(
             f(x, y);
         }
     };
-    if n >= 2 * CHUNK {
+    if split(n) {
         use rayon::prelude::*;
         ys.par_chunks_mut(per_task)
             .zip(xs.par_chunks(per_task))

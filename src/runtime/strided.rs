@@ -4,7 +4,8 @@
 
 use crate::runtime::threads::Ranges;
 
-/// Below this many elements a kernel runs on the calling thread.
+/// A split kernel's chunks hold at least half this many elements (whether it splits at all:
+/// `threads::eager_par_min`).
 pub const PAR_THRESHOLD: usize = 1 << 15;
 
 /// A raw pointer that may cross threads: kernels guarantee disjoint writes.
@@ -127,7 +128,8 @@ impl<const K: usize> Walk<K> {
 
     fn par_run_dyn(&self, f: &(dyn Fn([usize; K], usize, [usize; K]) + Sync)) {
         let n = self.numel;
-        if n < PAR_THRESHOLD || crate::runtime::threads::available() == 1 {
+        if n < crate::runtime::threads::eager_par_min() || crate::runtime::threads::available() == 1
+        {
             self.run_range(0, n, &mut |b, l, s| f(b, l, s));
             return;
         }

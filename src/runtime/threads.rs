@@ -20,6 +20,24 @@ thread_local! {
 /// less at 2^13 or 2^11 (2 threads).
 const PAR_MIN_ELEMS_HOT: usize = 1 << 14;
 
+/// [`eager_par_min`] out of a compiled call: the eager GPT step of `cargo bench --bench
+/// models` took 27.4-30.5 ms with the bar at 2^17 elements, 29.7-33.4 at 2^15 and 31.1-32.1
+/// at 2^19 (2 threads, the three taking turns).
+const EAGER_PAR_MIN: usize = 1 << 17;
+
+/// Eager kernels with fewer elements than this run on the calling thread. Between eager ops
+/// the pool's workers go to sleep, and a kernel handed to them pays for waking them:
+/// splitting an f32 `mul` over two threads gained nothing below 2^18 elements even in a tight
+/// loop of them (`mul` of 2^15 elements: 3.9 µs on one thread, 15.7 µs on two). Inside a
+/// [`hot`] call (an extern step of a compiled graph), the workers poll and the bar is lower.
+pub fn eager_par_min() -> usize {
+    if HOT.with(Cell::get) {
+        PAR_MIN_ELEMS_HOT
+    } else {
+        EAGER_PAR_MIN
+    }
+}
+
 /// Kernels with fewer elements than this run on the calling thread (see
 /// `exec::PAR_MIN_ELEMS`). Inside a [`hot`] call, where the other workers are polling for
 /// work, a hand-off costs a few µs rather than tens, so the bar is lower there.

@@ -674,7 +674,7 @@ pub fn sort(x: &Tensor, dim: i64, descending: bool) -> Result<(Tensor, Tensor)> 
                 }
             }
         };
-        if x.numel() >= crate::runtime::strided::PAR_THRESHOLD {
+        if x.numel() >= crate::runtime::threads::eager_par_min() {
             crate::runtime::threads::par_for(slices.len(), &|i| work(&slices[i]));
         } else {
             slices.iter().for_each(work);

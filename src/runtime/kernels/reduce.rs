@@ -523,7 +523,7 @@ fn par_chunks(n: usize, align: usize, f: impl Fn(usize, usize) + Sync) {
 }
 
 fn parallel_worth(work: usize) -> bool {
-    work >= PAR_THRESHOLD && crate::runtime::threads::available() > 1
+    work >= crate::runtime::threads::eager_par_min() && crate::runtime::threads::available() > 1
 }
 
 /// Runs reducer `r` over `dims` of `x`, into a new tensor of type `ty`.
