@@ -3,6 +3,7 @@
 //!
 //! - [`scalar`] and [`vmath`]: the math helpers generated kernels call by name;
 //! - [`gemm`]: strided, batched matrix products;
+//! - [`hot`]: calls during which the thread pool's workers poll for work;
 //! - [`model`]: the entry point of ahead-of-time compiled models: it checks the CPU, lays
 //!   out the buffers in the caller's scratch, runs the kernels over threads and the GEMMs,
 //!   and copies the outputs out.
@@ -14,6 +15,7 @@
 
 pub mod consts;
 pub mod gemm;
+pub mod hot;
 pub mod libcalls;
 pub mod model;
 pub mod scalar;

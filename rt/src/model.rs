@@ -213,7 +213,8 @@ pub const CHUNKS_PER_THREAD: usize = 4;
 pub type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64) -> i32;
 
 /// Runs rows `[0, rows)` of `f` over `table`, split into chunks over the threads when the
-/// kernel has `elems ≥ PAR_MIN_ELEMS` elements; each chunk fences its streamed stores.
+/// kernel has `elems ≥ hot::par_min_elems()` elements; each chunk fences its streamed
+/// stores.
 /// Returns the kernel's first nonzero code.
 ///
 /// # Safety
@@ -237,7 +238,7 @@ pub unsafe fn run_rows(
     };
     let table = SendTable(table);
     // a small kernel never starts the thread pool
-    if elems < PAR_MIN_ELEMS || rows < 2 || rayon::current_num_threads() < 2 {
+    if elems < crate::hot::par_min_elems() || rows < 2 || rayon::current_num_threads() < 2 {
         return call(table, 0, rows);
     }
     let threads = rayon::current_num_threads();
@@ -248,6 +249,20 @@ pub unsafe fn run_rows(
         .map(|c| call(table, c * rows / chunks, (c + 1) * rows / chunks))
         .find_first(|&rc| rc != 0)
         .unwrap_or(0)
+}
+
+/// The pointers of one call, lent to the pool worker that runs it.
+#[derive(Clone, Copy)]
+struct CallPtrs(*const *const u8, *const *mut u8, *mut u8);
+// SAFETY: the caller of `smelt_rt_run` lends this memory for the call, which waits for the
+// worker that uses it.
+unsafe impl Send for CallPtrs {}
+
+impl CallPtrs {
+    /// The pointers; a method, so that a closure captures the whole `CallPtrs`.
+    fn get(self) -> (*const *const u8, *const *mut u8, *mut u8) {
+        (self.0, self.1, self.2)
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -362,8 +377,13 @@ pub unsafe extern "C" fn smelt_rt_run(
     } else {
         scratch
     };
-    // SAFETY: the caller's contract, and a scratch of at least `need` bytes.
-    let rc = unsafe { run_plan(plan, kernels, consts, inputs, outputs, scratch, need) };
+    let ptrs = CallPtrs(inputs, outputs, scratch);
+    // once on a pool worker, with the others polling for the kernels' chunks
+    let rc = crate::hot::hot(None, move || {
+        let (inputs, outputs, scratch) = ptrs.get();
+        // SAFETY: the caller's contract, and a scratch of at least `need` bytes.
+        unsafe { run_plan(plan, kernels, consts, inputs, outputs, scratch, need) }
+    });
     drop(owned);
     match rc {
         Ok(()) => OK,

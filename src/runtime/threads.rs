@@ -9,16 +9,7 @@ use std::cell::Cell;
 
 thread_local! {
     static SERIAL: Cell<bool> = const { Cell::new(false) };
-    /// Whether this thread runs a [`hot`] call.
-    static HOT: Cell<bool> = const { Cell::new(false) };
-    /// Whether this thread polls for the work of a [`hot`] call.
-    static POLLING: Cell<bool> = const { Cell::new(false) };
 }
-
-/// [`par_min_elems`] inside a [`hot`] call: the GPT training step of `cargo bench --bench
-/// models` took 16.0-16.5 ms with the bar at 2^18 elements, 13.2-15.2 ms at 2^14, and no
-/// less at 2^13 or 2^11 (2 threads).
-const PAR_MIN_ELEMS_HOT: usize = 1 << 14;
 
 /// [`eager_par_min`] out of a compiled call: the eager GPT step of `cargo bench --bench
 /// models` took 27.4-30.5 ms with the bar at 2^17 elements, 29.7-33.4 at 2^15 and 31.1-32.1
@@ -31,22 +22,17 @@ const EAGER_PAR_MIN: usize = 1 << 17;
 /// loop of them (`mul` of 2^15 elements: 3.9 µs on one thread, 15.7 µs on two). Inside a
 /// [`hot`] call (an extern step of a compiled graph), the workers poll and the bar is lower.
 pub fn eager_par_min() -> usize {
-    if HOT.with(Cell::get) {
-        PAR_MIN_ELEMS_HOT
+    if smelt_rt::hot::in_hot_call() {
+        smelt_rt::hot::PAR_MIN_ELEMS_HOT
     } else {
         EAGER_PAR_MIN
     }
 }
 
-/// Kernels with fewer elements than this run on the calling thread (see
-/// `exec::PAR_MIN_ELEMS`). Inside a [`hot`] call, where the other workers are polling for
-/// work, a hand-off costs a few µs rather than tens, so the bar is lower there.
+/// Kernels of a compiled call with fewer elements than this run on the calling thread
+/// (`smelt_rt::hot::par_min_elems`: lower inside a [`hot`] call).
 pub fn par_min_elems() -> usize {
-    if HOT.with(Cell::get) {
-        PAR_MIN_ELEMS_HOT
-    } else {
-        smelt_rt::model::PAR_MIN_ELEMS
-    }
+    smelt_rt::hot::par_min_elems()
 }
 
 /// The threads a kernel started on this thread may use: 1 inside [`serial`], else the size
@@ -121,58 +107,20 @@ pub fn serial<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// Runs `f` on a worker of `pool` (rayon's global pool for `None`) while the pool's other
-/// workers poll for work instead of sleeping, and returns its result.
-///
-/// A compiled call runs dozens of parallel kernels with serial ones between them. Handed
-/// over one by one from the caller's thread, each parallel kernel paid a cross-thread
-/// wake-up and a sleep, and the pool's workers had gone to sleep again by the next one: a
-/// GPT training step ran no faster on two threads than on one. Here the caller hands over
-/// once, the kernels' parallel halves are picked up by workers that are already running,
-/// and the workers go back to sleep when `f` returns (what OpenMP's spin-wait gives
-/// PyTorch). Inside a pool already (a nested call), or under [`serial`], `f` just runs.
+/// workers poll for work instead of sleeping (`smelt_rt::hot`), and returns its result: how
+/// compiled calls run. The profiler's events of `f` nest in the ranges open here, and the
+/// storages `f` allocates count as this thread's. Inside a pool already (a nested call), or
+/// under [`serial`], `f` just runs.
 pub fn hot<R: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R + Send) -> R {
-    use std::sync::atomic::{AtomicBool, Ordering};
     if SERIAL.with(Cell::get) || rayon::current_thread_index().is_some() {
         return f();
     }
     let nesting = crate::profiler::Nesting::here();
-    let run = move || {
-        let active = AtomicBool::new(true);
-        rayon::scope(|s| {
-            for _ in 1..rayon::current_num_threads() {
-                s.spawn(|_| {
-                    // a poller that a poller picked up as work leaves at once: this
-                    // thread polls already
-                    if POLLING.with(|p| p.replace(true)) {
-                        return;
-                    }
-                    while active.load(Ordering::Acquire) {
-                        if rayon::yield_now() != Some(rayon::Yield::Executed) {
-                            std::hint::spin_loop();
-                        }
-                    }
-                    POLLING.with(|p| p.set(false));
-                });
-            }
-            // however `f` ends: the pollers stop (so that the scope can close) and this
-            // worker leaves the hot state
-            struct Leave<'a>(&'a AtomicBool, bool);
-            impl Drop for Leave<'_> {
-                fn drop(&mut self) {
-                    self.0.store(false, Ordering::Release);
-                    HOT.with(|h| h.set(self.1));
-                }
-            }
-            let _leave = Leave(&active, HOT.with(|h| h.replace(true)));
-            let before = allocation_count();
-            let r = nesting.enter(f);
-            (r, allocation_count() - before)
-        })
-    };
-    let (r, allocated) = match pool {
-        Some(p) => p.install(run),
-        None => run(),
-    };
+    let (r, allocated) = smelt_rt::hot::hot(pool, move || {
+        let before = allocation_count();
+        let r = nesting.enter(f);
+        (r, allocation_count() - before)
+    });
     // the storages the call allocated count as the caller's
     add_allocations(allocated);
     r
