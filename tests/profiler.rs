@@ -157,9 +157,14 @@ fn compiled_calls_nest_their_kernels_with_values_bytes_and_flops() {
         .collect();
     assert_eq!(calls.len(), 1);
     assert_eq!(prof.events[calls[0]].name, "mlp");
-    // the call runs on a pool worker, yet nests inside the caller's range
+    // the call nests inside the caller's range; its steps are too small to split, so it
+    // runs on the caller's thread
     let user = prof.events.iter().position(|e| e.name == "user step");
     assert_eq!(prof.events[calls[0]].parent, user);
+    assert_eq!(
+        prof.events[calls[0]].track,
+        prof.events[user.unwrap()].track
+    );
     let steps: Vec<_> = prof.children(calls[0]).map(|(_, e)| e).collect();
     assert_eq!(steps.len(), f.steps().len());
     for (e, info) in steps.iter().zip(f.steps()) {
@@ -179,6 +184,47 @@ fn compiled_calls_nest_their_kernels_with_values_bytes_and_flops() {
     assert_eq!(gemm.flops, 2 * 16 * 64 * 32);
     // the last kernel writes the returned value
     assert!(steps.iter().any(|e| e.values.contains(&"%s".to_string())));
+}
+
+#[test]
+fn a_call_with_large_steps_runs_on_a_worker_inside_the_callers_range() {
+    let _t = turn();
+    let m = parse_module(
+        "graph big(%x: f32[256, 256]) {\n  %y = mul(%x, 0.5)\n  %z = sum(%y)\n  return %z\n}\n",
+        "big",
+    )
+    .unwrap();
+    let f = CompiledFn::compile(&m.graphs[0], &CompileOptions::default()).unwrap();
+    let x = Tensor::randn(&[256, 256], None).unwrap();
+    let (r, prof) = profiler::profile(ProfilerOptions::default(), || {
+        let _user = profiler::record_function("user step");
+        f.call(std::slice::from_ref(&x))
+    })
+    .unwrap();
+    let got = r.unwrap()[0].item_f64().unwrap();
+    let want: f64 = x.to_f64_vec().iter().map(|v| v * 0.5).sum();
+    assert!(
+        (got - want).abs() < 1e-3 * want.abs().max(1.0),
+        "{got} {want}"
+    );
+    let user = prof.events.iter().position(|e| e.name == "user step");
+    let call = prof
+        .events
+        .iter()
+        .position(|e| e.kind == EventKind::Call)
+        .unwrap();
+    assert_eq!(prof.events[call].parent, user);
+    assert!(
+        prof.children(call).count() > 0,
+        "the steps nest in the call"
+    );
+    if rayon::current_num_threads() > 1 {
+        assert_ne!(
+            prof.events[call].track,
+            prof.events[user.unwrap()].track,
+            "65 536 elements split: the call moves to a worker"
+        );
+    }
 }
 
 #[test]

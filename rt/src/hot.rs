@@ -43,9 +43,10 @@ pub fn par_min_elems() -> usize {
 
 /// Runs `f` on a worker of `pool` (rayon's global pool for `None`) while the pool's other
 /// workers poll for work instead of sleeping, and returns its result. On a worker thread
-/// already (a nested call), `f` just runs.
+/// already (a nested call), or with a pool of one thread, `f` just runs.
 pub fn hot<R: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R + Send) -> R {
-    if rayon::current_thread_index().is_some() {
+    let threads = pool.map_or_else(rayon::current_num_threads, |p| p.current_num_threads());
+    if rayon::current_thread_index().is_some() || threads < 2 {
         return f();
     }
     let run = move || {

@@ -25,8 +25,9 @@
 //!     in the scratch, slot count, then the buffer of each slot;
 //!   - [`STEP_GEMM`]: dtype ([`GEMM_F16`]..), m, n, k, a's row and column strides, b's
 //!     (as two's complement), buffers a, b and out, the number of batches, then the
-//!     `[out, a, b]` element offsets of each batch; a bf16 product carries three more
-//!     words, the scratch byte offsets of the f32 copies of a, b and out.
+//!     `[out, a, b]` element offsets of each batch; a bf16 product carries six more
+//!     words, the scratch byte offsets of the f32 copies of a, b and out, then their
+//!     lengths in elements.
 
 use crate::gemm::{self, Product};
 use half::{bf16, f16};
@@ -377,13 +378,22 @@ pub unsafe extern "C" fn smelt_rt_run(
     } else {
         scratch
     };
+    let threaded = match wants_threads(plan) {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
     let ptrs = CallPtrs(inputs, outputs, scratch);
-    // once on a pool worker, with the others polling for the kernels' chunks
-    let rc = crate::hot::hot(None, move || {
+    let run = move || {
         let (inputs, outputs, scratch) = ptrs.get();
         // SAFETY: the caller's contract, and a scratch of at least `need` bytes.
         unsafe { run_plan(plan, kernels, consts, inputs, outputs, scratch, need) }
-    });
+    };
+    // on a pool worker, with the others polling for the kernels' chunks, when there are any
+    let rc = if threaded {
+        crate::hot::hot(None, run)
+    } else {
+        run()
+    };
     drop(owned);
     match rc {
         Ok(()) => OK,
@@ -465,6 +475,53 @@ impl Memory<'_> {
             _ => Err(ERR_BAD_MODEL),
         }
     }
+}
+
+/// Whether some step of the plan splits across threads inside a polling call
+/// ([`crate::hot`]). Only then does a call move to a pool worker: the hand-off costs several
+/// µs, and a model of small steps took 3-4 µs a call on the caller's thread (`cargo bench
+/// --bench aot`).
+fn wants_threads(plan: &[u64]) -> Result<bool, i32> {
+    let skip = |w: &mut Words, n: usize| -> Result<(), i32> {
+        w.at = w.at.checked_add(n).ok_or(ERR_BAD_MODEL)?;
+        Ok(())
+    };
+    let mut w = Words { w: plan, at: 4 };
+    let (nbuf, _, noutputs, nsteps) = (w.usize()?, w.usize()?, w.usize()?, w.usize()?);
+    skip(&mut w, nbuf.checked_mul(3).ok_or(ERR_BAD_MODEL)?)?;
+    for _ in 0..noutputs {
+        skip(&mut w, 3)?;
+        let rank = w.usize()?;
+        skip(&mut w, rank.checked_mul(2).ok_or(ERR_BAD_MODEL)?)?;
+    }
+    for _ in 0..nsteps {
+        match w.next()? {
+            STEP_KERNEL => {
+                let (_, rows, elems) = (w.next()?, w.usize()?, w.usize()?);
+                if rows >= 2 && elems >= crate::hot::PAR_MIN_ELEMS_HOT {
+                    return Ok(true);
+                }
+                skip(&mut w, 2)?;
+                let slots = w.usize()?;
+                skip(&mut w, slots)?;
+            }
+            STEP_GEMM => {
+                let dtype = w.next()?;
+                let (m, n, k) = (w.usize()?, w.usize()?, w.usize()?);
+                skip(&mut w, 7)?;
+                let batches = w.usize()?;
+                // as `gemm::batches` decides: threads inside a product or across the batch
+                let flops = m.saturating_mul(n).saturating_mul(k);
+                if flops.saturating_mul(batches) >= gemm::PAR_FLOPS {
+                    return Ok(true);
+                }
+                let copies = if dtype == GEMM_BF16 { 6 } else { 0 };
+                skip(&mut w, batches.saturating_mul(3).saturating_add(copies))?;
+            }
+            _ => return Err(ERR_BAD_MODEL),
+        }
+    }
+    Ok(false)
 }
 
 /// The plan's body; see the module docs for the layout.
@@ -744,6 +801,48 @@ mod tests {
         w.extend([BUF_INPUT, 0, 16]);
         w.extend([0, 4, 0, 1, 4, 1]);
         w
+    }
+
+    #[test]
+    fn only_plans_with_a_large_step_move_to_the_pool() {
+        let big = crate::hot::PAR_MIN_ELEMS_HOT as u64;
+        // the identity's header, buffer and output, then `steps`
+        let with = |steps: &[&[u64]]| {
+            let mut w = identity(0);
+            w[7] = steps.len() as u64;
+            for s in steps {
+                w.extend_from_slice(s);
+            }
+            w
+        };
+        let kernel = |rows: u64, elems: u64| vec![STEP_KERNEL, 0, rows, elems, 0, 64, 2, 0, 0];
+        // a bf16 GEMM of one small batch: its offsets and the six words of its f32 copies
+        let bf16: Vec<u64> = vec![
+            STEP_GEMM, GEMM_BF16, 2, 2, 2, 2, 1, 2, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 4, 4, 4,
+        ];
+        assert_eq!(wants_threads(&identity(0)), Ok(false));
+        assert_eq!(wants_threads(&with(&[&kernel(4, 64)])), Ok(false));
+        assert_eq!(wants_threads(&with(&[&kernel(1, big)])), Ok(false));
+        assert_eq!(wants_threads(&with(&[&kernel(4, big)])), Ok(true));
+        // the walk reads past the small steps to the large one
+        assert_eq!(
+            wants_threads(&with(&[&kernel(4, 64), &bf16, &kernel(8, big)])),
+            Ok(true)
+        );
+        assert_eq!(wants_threads(&with(&[&bf16, &kernel(8, 64)])), Ok(false));
+        // a batch of small products splits across the batch once it is large enough
+        let batched = |count: u64| {
+            let mut g = vec![STEP_GEMM, GEMM_F32, 2, 2, 2, 2, 1, 2, 1, 0, 0, 0, count];
+            g.extend((0..count).flat_map(|_| [0, 0, 0]));
+            g
+        };
+        assert_eq!(wants_threads(&with(&[&batched(2)])), Ok(false));
+        let many = (gemm::PAR_FLOPS / 8) as u64;
+        assert_eq!(wants_threads(&with(&[&batched(many)])), Ok(true));
+        // a truncated plan is an error, not a guess
+        let mut cut = with(&[&kernel(4, 64)]);
+        cut.truncate(cut.len() - 3);
+        assert_eq!(wants_threads(&cut), Err(ERR_BAD_MODEL));
     }
 
     /// Runs `plan` with no kernels and no constants.

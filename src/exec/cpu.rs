@@ -225,6 +225,8 @@ pub struct CompiledFn {
     in_conv: Vec<bool>,
     plan: TempPlan,
     info: Vec<StepInfo>,
+    /// Whether a call moves to a pool worker with the others polling (`wants_threads`).
+    threaded: bool,
     pool: Option<rayon::ThreadPool>,
     opts: CompileOptions,
     compile_time: Duration,
@@ -423,6 +425,7 @@ impl CompiledFn {
             in_conv,
             plan,
             info: StepInfo::of_schedule(&s),
+            threaded: wants_threads(&s),
             input_names: names,
             constants,
             execs,
@@ -606,6 +609,7 @@ impl CompiledFn {
         };
         match &self.pool {
             None if self.opts.threads == Some(1) => crate::runtime::threads::serial(run),
+            None if !self.threaded => run(),
             pool => crate::runtime::threads::hot(pool.as_ref(), run),
         }
     }
@@ -977,6 +981,22 @@ impl control::Bodies for Compiled<'_> {
         };
         body.call_into(inputs, into)
     }
+}
+
+/// Whether some step of `s` splits across threads inside a polling call
+/// (`runtime::threads::hot`). Only then does a call move to a pool worker: the hand-off
+/// costs several µs, and a model of small steps took 3-4 µs a call on the caller's thread
+/// (`cargo bench --bench aot`). Control steps count, since their bodies may run many times.
+fn wants_threads(s: &Schedule) -> bool {
+    let min = crate::runtime::threads::par_min_elems_hot();
+    s.steps.iter().any(|st| match st {
+        Step::Kernel(k) => numel(&k.space()) >= min,
+        Step::Extern(_) => {
+            let info = StepInfo::of_schedule_step(s, st);
+            info.flops >= smelt_rt::gemm::PAR_FLOPS as u64 || info.bytes >= 4 * min
+        }
+        Step::Control(_) => true,
+    })
 }
 
 /// Runs a compiled kernel over its rows, in parallel chunks when it is large.

@@ -29,6 +29,11 @@ pub fn eager_par_min() -> usize {
     }
 }
 
+/// The elements from which a kernel splits inside a [`hot`] call.
+pub fn par_min_elems_hot() -> usize {
+    smelt_rt::hot::PAR_MIN_ELEMS_HOT
+}
+
 /// Kernels of a compiled call with fewer elements than this run on the calling thread
 /// (`smelt_rt::hot::par_min_elems`: lower inside a [`hot`] call).
 pub fn par_min_elems() -> usize {
