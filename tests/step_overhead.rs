@@ -65,7 +65,14 @@ fn step_like(dtype: &str, m: usize, k: usize, n: usize) -> Graph {
 
 #[test]
 fn concurrent_calls_match_the_interpreter() {
-    for (dtype, m, k, n) in [("f32", 7, 3, 5), ("f64", 33, 1, 1), ("f32", 1, 1, 1)] {
+    // the last is large enough for its calls to move to a pool worker with the others
+    // polling (`runtime::threads::hot`): four callers share the pool at once
+    for (dtype, m, k, n) in [
+        ("f32", 7, 3, 5),
+        ("f64", 33, 1, 1),
+        ("f32", 1, 1, 1),
+        ("f32", 128, 64, 128),
+    ] {
         let g = step_like(dtype, m, k, n);
         for opts in configs() {
             let f = CompiledFn::compile(&g, &opts).unwrap();
