@@ -5,6 +5,7 @@ mod common;
 
 use common::{Tol, assert_close};
 use smelt::optim::{Adam, AdamConfig, AdamW, Optimizer, SGD, SGDConfig};
+use smelt::runtime::storage::allocation_count;
 use smelt::{DType, Tensor};
 
 fn param(v: &[f64], dtype: DType) -> Tensor {
@@ -385,4 +386,73 @@ fn weight_decay_defaults_are_each_optimisers_own() {
         ..AdamConfig::new(0.1)
     };
     assert_eq!(AdamW::new(vec![p], set).unwrap().weight_decay(), 0.0);
+}
+
+/// An f32 parameter of 6 values as a contiguous [3, 2] tensor and as a transposed view of a
+/// [2, 3] one, which the optimisers update with tensor ops rather than in one pass.
+fn both_layouts(v: &[f64]) -> (Tensor, Tensor) {
+    let dense = Tensor::from_slice(v, &[3, 2])
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap();
+    let stored = dense.t().unwrap().contiguous().unwrap();
+    let view = stored.t().unwrap();
+    assert!(!view.is_contiguous());
+    for t in [&dense, &view] {
+        t.requires_grad_(true).unwrap();
+    }
+    (dense, view)
+}
+
+#[test]
+fn the_one_pass_f32_update_gives_the_bits_of_the_tensor_ops() {
+    let p0 = [0.3, -1.2, 2.5, 1e-3, -4.0, 0.0];
+    let configs = [
+        (Kind::AdamW, AdamConfig::new(3e-3)),
+        (
+            Kind::Adam,
+            AdamConfig {
+                weight_decay: Some(0.1),
+                amsgrad: true,
+                ..AdamConfig::new(1e-2)
+            },
+        ),
+        (Kind::Adam, AdamConfig::new(1e-3)),
+    ];
+    for (kind, c) in configs {
+        let (a, b) = both_layouts(&p0);
+        let make = |p: &Tensor| -> Box<dyn Optimizer> {
+            match kind {
+                Kind::Adam => Box::new(Adam::new(vec![p.clone()], c).unwrap()),
+                Kind::AdamW => Box::new(AdamW::new(vec![p.clone()], c).unwrap()),
+            }
+        };
+        let (mut oa, mut ob) = (make(&a), make(&b));
+        for k in 0..6 {
+            let g: Vec<f64> = (0..6).map(|i| ((k * 7 + i) as f64 * 0.37).sin()).collect();
+            let g = Tensor::from_slice(&g, &[3, 2])
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap();
+            a.set_grad(Some(g.clone()));
+            b.set_grad(Some(g));
+            let before = allocation_count();
+            oa.step().unwrap();
+            let one_pass = allocation_count() - before;
+            let before = allocation_count();
+            ob.step().unwrap();
+            let tensor_ops = allocation_count() - before;
+            if k > 0 {
+                // once the state exists, the one pass allocates nothing; the ops do
+                assert_eq!(
+                    one_pass, 0,
+                    "{kind:?}: the contiguous parameter took one pass"
+                );
+                assert!(tensor_ops > 0, "{kind:?}: the view took the tensor ops");
+            }
+            let bits =
+                |t: &Tensor| -> Vec<u64> { t.to_f64_vec().iter().map(|x| x.to_bits()).collect() };
+            assert_eq!(bits(&a), bits(&b), "{kind:?} {c:?} step {k}");
+        }
+    }
 }
