@@ -6,7 +6,9 @@
 
 use smelt::exec::{CompileOptions, CompiledFn};
 use smelt::ir::parse_module;
-use smelt::profiler::{self, EventKind, MemDevice, Profiler, ProfilerOptions, SortBy, Track};
+use smelt::profiler::{
+    self, EventKind, MemDevice, Profile, Profiler, ProfilerOptions, SortBy, Track,
+};
 use smelt::runtime::cuda::alloc::{CachingAllocator, RawAlloc, RawError, StreamId};
 use smelt::runtime::storage::memory_stats;
 use smelt::{DType, Tensor};
@@ -134,24 +136,29 @@ fn user_ranges_nest_the_ops_inside_them_and_self_time_excludes_children() {
     assert_eq!(avg.sorted(SortBy::Name)[0].name, "forward");
 }
 
+/// Compiles the graph of `src` and profiles one call of it on `inputs`, made inside a user
+/// range named "user step": the function, its outputs and the profile.
+fn profile_call(src: &str, name: &str, inputs: &[Tensor]) -> (CompiledFn, Vec<Tensor>, Profile) {
+    let m = parse_module(src, name).unwrap();
+    let f = CompiledFn::compile(&m.graphs[0], &CompileOptions::default()).unwrap();
+    let (r, prof) = profiler::profile(ProfilerOptions::default(), || {
+        let _user = profiler::record_function("user step");
+        f.call(inputs)
+    })
+    .unwrap();
+    (f, r.unwrap(), prof)
+}
+
 #[test]
 fn compiled_calls_nest_their_kernels_with_values_bytes_and_flops() {
     let _t = turn();
-    let m = parse_module(
-        "graph mlp(%x: f32[16, 32], %w: f32[64, 32]) {\n  %h = linear(%x, %w)\n  %r = relu(%h)\n  %y = mul(%r, 0.5)\n  %s = sum(%y, dim=[1])\n  return %s\n}\n",
-        "mlp",
-    )
-    .unwrap();
-    let g = &m.graphs[0];
-    let f = CompiledFn::compile(g, &CompileOptions::default()).unwrap();
     let x = Tensor::randn(&[16, 32], None).unwrap();
     let w = Tensor::randn(&[64, 32], None).unwrap();
-    let (r, prof) = profiler::profile(ProfilerOptions::default(), || {
-        let _user = profiler::record_function("user step");
-        f.call(&[x.clone(), w.clone()])
-    })
-    .unwrap();
-    r.unwrap();
+    let (f, _, prof) = profile_call(
+        "graph mlp(%x: f32[16, 32], %w: f32[64, 32]) {\n  %h = linear(%x, %w)\n  %r = relu(%h)\n  %y = mul(%r, 0.5)\n  %s = sum(%y, dim=[1])\n  return %s\n}\n",
+        "mlp",
+        &[x, w],
+    );
     let calls: Vec<usize> = (0..prof.events.len())
         .filter(|&i| prof.events[i].kind == EventKind::Call)
         .collect();
@@ -189,19 +196,13 @@ fn compiled_calls_nest_their_kernels_with_values_bytes_and_flops() {
 #[test]
 fn a_call_with_large_steps_runs_on_a_worker_inside_the_callers_range() {
     let _t = turn();
-    let m = parse_module(
+    let x = Tensor::randn(&[256, 256], None).unwrap();
+    let (_, out, prof) = profile_call(
         "graph big(%x: f32[256, 256]) {\n  %y = mul(%x, 0.5)\n  %z = sum(%y)\n  return %z\n}\n",
         "big",
-    )
-    .unwrap();
-    let f = CompiledFn::compile(&m.graphs[0], &CompileOptions::default()).unwrap();
-    let x = Tensor::randn(&[256, 256], None).unwrap();
-    let (r, prof) = profiler::profile(ProfilerOptions::default(), || {
-        let _user = profiler::record_function("user step");
-        f.call(std::slice::from_ref(&x))
-    })
-    .unwrap();
-    let got = r.unwrap()[0].item_f64().unwrap();
+        std::slice::from_ref(&x),
+    );
+    let got = out[0].item_f64().unwrap();
     let want: f64 = x.to_f64_vec().iter().map(|v| v * 0.5).sum();
     assert!(
         (got - want).abs() < 1e-3 * want.abs().max(1.0),

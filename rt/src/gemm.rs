@@ -208,6 +208,12 @@ pub fn plan(a: Operand, b: Operand) -> Result<Batched, PlanError> {
     })
 }
 
+/// Whether [`batches`] splits `count` products of `macs` multiply-adds each across threads
+/// (given more than one): inside a product or across the batch.
+pub fn splits(macs: usize, count: usize) -> bool {
+    macs.saturating_mul(count) >= PAR_FLOPS
+}
+
 /// Runs one product per batch, `[out, a, b]` element offsets each: `out = a·b`, or with
 /// `beta = Some(β)`, `out += β·(a·b)` (`out` holding the value to update). Threads (at most
 /// `threads`): inside a large product, across small ones.
@@ -269,12 +275,11 @@ pub unsafe fn batches<T: GemmElem>(
         }
     };
     let flops = m * n * k;
-    let total = flops.saturating_mul(offs.len());
     // Across the batch when there is a batch to share: small products split poorly inside
     // (a [128,384]·[384,384] ran no faster on two threads than on one), while whole
     // products per thread scale; inside one product only when it is alone or huge.
     let across = offs.len() > 1
-        && total >= PAR_FLOPS
+        && splits(flops, offs.len())
         && threads > 1
         && (flops < PAR_INSIDE_FLOPS || offs.len() >= 4 * threads);
     if across {

@@ -28,25 +28,42 @@ pub fn in_hot_call() -> bool {
     HOT.with(Cell::get)
 }
 
-/// Kernels with fewer elements than this run on the calling thread: [`PAR_MIN_ELEMS`]
-/// (crate::model::PAR_MIN_ELEMS), or inside a [`hot`] call, where a hand-off to the polling
-/// workers costs a few µs rather than tens, [`PAR_MIN_ELEMS_HOT`].
-///
-/// [`PAR_MIN_ELEMS`]: crate::model::PAR_MIN_ELEMS
-pub fn par_min_elems() -> usize {
+/// The fewest elements a kernel splits across threads: `outside` out of a [`hot`] call,
+/// [`PAR_MIN_ELEMS_HOT`] inside one, where a hand-off to the polling workers costs a few µs
+/// rather than tens.
+pub fn par_min(outside: usize) -> usize {
     if in_hot_call() {
         PAR_MIN_ELEMS_HOT
     } else {
-        crate::model::PAR_MIN_ELEMS
+        outside
     }
 }
 
-/// Runs `f` on a worker of `pool` (rayon's global pool for `None`) while the pool's other
-/// workers poll for work instead of sleeping, and returns its result. On a worker thread
-/// already (a nested call), or with a pool of one thread, `f` just runs.
-pub fn hot<R: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R + Send) -> R {
+/// The bar of compiled kernels: [`par_min`] of [`PAR_MIN_ELEMS`].
+///
+/// [`PAR_MIN_ELEMS`]: crate::model::PAR_MIN_ELEMS
+pub fn par_min_elems() -> usize {
+    par_min(crate::model::PAR_MIN_ELEMS)
+}
+
+/// Whether a compiled kernel of `rows` rows over `elems` elements splits inside a [`hot`]
+/// call: what makes moving a call to a worker worth its hand-off.
+pub fn kernel_splits(rows: usize, elems: usize) -> bool {
+    rows >= 2 && elems >= PAR_MIN_ELEMS_HOT
+}
+
+/// Whether [`hot`] runs `f` on a worker of `pool` (rayon's global pool for `None`): not on a
+/// worker thread already (a nested call), nor with a pool of one thread.
+pub fn moves(pool: Option<&rayon::ThreadPool>) -> bool {
     let threads = pool.map_or_else(rayon::current_num_threads, |p| p.current_num_threads());
-    if rayon::current_thread_index().is_some() || threads < 2 {
+    rayon::current_thread_index().is_none() && threads >= 2
+}
+
+/// Runs `f` on a worker of `pool` (rayon's global pool for `None`) while the pool's other
+/// workers poll for work instead of sleeping, and returns its result; where it would not move
+/// ([`moves`]), `f` just runs.
+pub fn hot<R: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R + Send) -> R {
+    if !moves(pool) {
         return f();
     }
     let run = move || {

@@ -498,7 +498,7 @@ fn wants_threads(plan: &[u64]) -> Result<bool, i32> {
         match w.next()? {
             STEP_KERNEL => {
                 let (_, rows, elems) = (w.next()?, w.usize()?, w.usize()?);
-                if rows >= 2 && elems >= crate::hot::PAR_MIN_ELEMS_HOT {
+                if crate::hot::kernel_splits(rows, elems) {
                     return Ok(true);
                 }
                 skip(&mut w, 2)?;
@@ -510,9 +510,7 @@ fn wants_threads(plan: &[u64]) -> Result<bool, i32> {
                 let (m, n, k) = (w.usize()?, w.usize()?, w.usize()?);
                 skip(&mut w, 7)?;
                 let batches = w.usize()?;
-                // as `gemm::batches` decides: threads inside a product or across the batch
-                let flops = m.saturating_mul(n).saturating_mul(k);
-                if flops.saturating_mul(batches) >= gemm::PAR_FLOPS {
+                if gemm::splits(m.saturating_mul(n).saturating_mul(k), batches) {
                     return Ok(true);
                 }
                 let copies = if dtype == GEMM_BF16 { 6 } else { 0 };

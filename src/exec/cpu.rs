@@ -53,9 +53,9 @@ use std::time::{Duration, Instant};
 use smelt_rt::model::CHUNKS_PER_THREAD;
 /// Kernels whose index space has fewer elements than this run on the calling thread: below
 /// it, handing chunks to sleeping threads (about 35 µs of wake-up on a 2-core machine) costs
-/// more than it saves. (Inside a compiled call, where the other threads poll for work, the
-/// bar is `runtime::threads::par_min_elems`, lower.) Chosen from the "small kernels" table of `cargo bench --bench
-/// compiled`: one thread 0.054 ms against 0.042 ms on both at 262144 elements, 0.028 against
+/// more than it saves. (Inside a call whose other threads poll for work, the bar is lower:
+/// `smelt_rt::hot::par_min_elems`.) Chosen from the "small kernels" table of `cargo bench
+/// --bench compiled`: one thread 0.054 ms against 0.042 ms on both at 262144 elements, 0.028 against
 /// 0.046 ms at 131072. Ahead-of-time compiled models follow the same rule.
 pub use smelt_rt::model::PAR_MIN_ELEMS;
 
@@ -410,6 +410,7 @@ impl CompiledFn {
             ),
             _ => None,
         };
+        let info = StepInfo::of_schedule(&s);
         let mut names: Vec<String> = input_names;
         names.resize_with(s.inputs.len(), String::new);
         Ok(CompiledFn {
@@ -424,8 +425,8 @@ impl CompiledFn {
             owned,
             in_conv,
             plan,
-            info: StepInfo::of_schedule(&s),
-            threaded: wants_threads(&s),
+            threaded: wants_threads(&s, &info),
+            info,
             input_names: names,
             constants,
             execs,
@@ -987,13 +988,15 @@ impl control::Bodies for Compiled<'_> {
 /// (`runtime::threads::hot`). Only then does a call move to a pool worker: the hand-off
 /// costs several µs, and a model of small steps took 3-4 µs a call on the caller's thread
 /// (`cargo bench --bench aot`). Control steps count, since their bodies may run many times.
-fn wants_threads(s: &Schedule) -> bool {
-    let min = crate::runtime::threads::par_min_elems_hot();
-    s.steps.iter().any(|st| match st {
-        Step::Kernel(k) => numel(&k.space()) >= min,
+/// A library call counts when its multiply-adds would split a GEMM (`info.flops` counts
+/// two per multiply-add), or when it moves as many bytes as a kernel that splits.
+fn wants_threads(s: &Schedule, info: &[StepInfo]) -> bool {
+    use smelt_rt::hot::{PAR_MIN_ELEMS_HOT, kernel_splits};
+    s.steps.iter().zip(info).any(|(st, info)| match st {
+        Step::Kernel(k) => kernel_splits(numel(&k.outer), numel(&k.space())),
         Step::Extern(_) => {
-            let info = StepInfo::of_schedule_step(s, st);
-            info.flops >= smelt_rt::gemm::PAR_FLOPS as u64 || info.bytes >= 4 * min
+            let macs = usize::try_from(info.flops / 2).unwrap_or(usize::MAX);
+            smelt_rt::gemm::splits(macs, 1) || info.bytes >= 4 * PAR_MIN_ELEMS_HOT
         }
         Step::Control(_) => true,
     })
@@ -1009,7 +1012,7 @@ unsafe fn run_rows(code: &CpuKernel, elems: usize, ptrs: &[*mut u8]) -> Result<(
     let rows = code.rows();
     let threads = crate::runtime::threads::available();
     // SAFETY: as the caller promises; chunks cover disjoint rows.
-    if elems < crate::runtime::threads::par_min_elems() || threads < 2 || rows < 2 {
+    if elems < smelt_rt::hot::par_min_elems() || threads < 2 || rows < 2 {
         return unsafe { code.run_rows(ptrs, 0, rows) };
     }
     let ptrs = Ptrs(ptrs);

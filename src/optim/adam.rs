@@ -2,6 +2,7 @@
 
 use super::{Optimizer, check_param, check_params, grad_of};
 use crate::runtime::Tensor;
+use crate::runtime::kernels::pointwise::max_nan;
 use crate::{Result, bail};
 
 /// Settings of `Adam`/`AdamW`; `Default` is PyTorch's defaults (lr 1e-3, betas
@@ -165,8 +166,8 @@ struct Coeffs {
 /// its order, each rounded to f32 as the tensor ops round, instead of a dozen tensor ops
 /// that each read and write whole tensors (the optimiser's step was a seventh of an eager
 /// GPT training step). The state is created here on the first step. False, with nothing
-/// done, unless the parameter, its gradient and its state are contiguous f32 tensors in
-/// storages of their own.
+/// done, unless the parameter and its gradient are contiguous f32 tensors in storages of
+/// their own (the state is this optimiser's own zeros: contiguous, in storages of its own).
 fn fused_f32(p: &Tensor, g: &Tensor, st: &mut State, amsgrad: bool, k: &Coeffs) -> bool {
     use crate::ir::dtype::DType;
     let dense = |t: &Tensor| t.dtype() == DType::F32 && t.is_contiguous();
@@ -177,14 +178,8 @@ fn fused_f32(p: &Tensor, g: &Tensor, st: &mut State, amsgrad: bool, k: &Coeffs) 
     let m = st.exp_avg.get_or_insert_with(fresh).clone();
     let v = st.exp_avg_sq.get_or_insert_with(fresh).clone();
     let vmax = amsgrad.then(|| st.max_exp_avg_sq.get_or_insert_with(fresh).clone());
-    let state: Vec<&Tensor> = [&m, &v].into_iter().chain(vmax.as_ref()).collect();
-    let apart = |t: &Tensor| !t.shares_storage(p) && !t.shares_storage(g);
-    if !state.iter().all(|t| dense(t) && apart(t)) || m.shares_storage(&v) {
-        return false;
-    }
     let n = p.numel();
-    let mut writes = vec![p];
-    writes.extend(state.iter().copied());
+    let writes: Vec<&Tensor> = [p, &m, &v].into_iter().chain(vmax.as_ref()).collect();
     let acc = crate::runtime::access::lock(&[g], &writes);
     for t in &writes {
         t.storage().bump_version();
@@ -217,9 +212,9 @@ fn fused_f32(p: &Tensor, g: &Tensor, st: &mut State, amsgrad: bool, k: &Coeffs) 
         }
         let mv = ms[i] * b1 + gv * c1;
         let vv = vs[i] * b2 + gv * gv * c2;
+        // `maximum(vmax, v)` of the tensor path, NaN and the sign of zero included
         let second = match &xs {
-            Some(xs) if vv.is_nan() || xs[i].is_nan() => f32::NAN,
-            Some(xs) => xs[i].max(vv),
+            Some(xs) => max_nan(f64::from(xs[i]), f64::from(vv)) as f32,
             None => vv,
         };
         if let Some(xs) = xs.as_deref_mut() {

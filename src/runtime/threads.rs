@@ -22,22 +22,7 @@ const EAGER_PAR_MIN: usize = 1 << 17;
 /// loop of them (`mul` of 2^15 elements: 3.9 µs on one thread, 15.7 µs on two). Inside a
 /// [`hot`] call (an extern step of a compiled graph), the workers poll and the bar is lower.
 pub fn eager_par_min() -> usize {
-    if smelt_rt::hot::in_hot_call() {
-        smelt_rt::hot::PAR_MIN_ELEMS_HOT
-    } else {
-        EAGER_PAR_MIN
-    }
-}
-
-/// The elements from which a kernel splits inside a [`hot`] call.
-pub fn par_min_elems_hot() -> usize {
-    smelt_rt::hot::PAR_MIN_ELEMS_HOT
-}
-
-/// Kernels of a compiled call with fewer elements than this run on the calling thread
-/// (`smelt_rt::hot::par_min_elems`: lower inside a [`hot`] call).
-pub fn par_min_elems() -> usize {
-    smelt_rt::hot::par_min_elems()
+    smelt_rt::hot::par_min(EAGER_PAR_MIN)
 }
 
 /// The threads a kernel started on this thread may use: 1 inside [`serial`], else the size
@@ -114,10 +99,10 @@ pub fn serial<R>(f: impl FnOnce() -> R) -> R {
 /// Runs `f` on a worker of `pool` (rayon's global pool for `None`) while the pool's other
 /// workers poll for work instead of sleeping (`smelt_rt::hot`), and returns its result: how
 /// compiled calls run. The profiler's events of `f` nest in the ranges open here, and the
-/// storages `f` allocates count as this thread's. Inside a pool already (a nested call), or
-/// under [`serial`], `f` just runs.
+/// storages `f` allocates count as this thread's. Under [`serial`], or where the call would
+/// not move (`smelt_rt::hot::moves`: a nested call, a pool of one thread), `f` just runs.
 pub fn hot<R: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R + Send) -> R {
-    if SERIAL.with(Cell::get) || rayon::current_thread_index().is_some() {
+    if SERIAL.with(Cell::get) || !smelt_rt::hot::moves(pool) {
         return f();
     }
     let nesting = crate::profiler::Nesting::here();
@@ -178,10 +163,13 @@ mod tests {
             .num_threads(2)
             .build()
             .unwrap();
-        let outside = par_min_elems();
+        let outside = smelt_rt::hot::par_min_elems();
         let sum = hot(Some(&pool), || {
             assert!(rayon::current_thread_index().is_some(), "on a worker");
-            assert!(par_min_elems() < outside, "the lower bar inside");
+            assert!(
+                smelt_rt::hot::par_min_elems() < outside,
+                "the lower bar inside"
+            );
             // a nested call runs where it is
             let inner = hot(None, rayon::current_thread_index);
             assert_eq!(inner, rayon::current_thread_index());
@@ -195,7 +183,7 @@ mod tests {
                 .sum::<usize>()
         });
         assert_eq!(sum, 999 * 1000 / 2);
-        assert_eq!(par_min_elems(), outside);
+        assert_eq!(smelt_rt::hot::par_min_elems(), outside);
         // a panic inside comes back to the caller, and the pool still works after it
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             hot(Some(&pool), || panic!("kernel failed"))
@@ -203,6 +191,18 @@ mod tests {
         assert!(r.is_err());
         assert_eq!(hot(Some(&pool), || 7), 7);
         assert_eq!(hot(None, || 8), 8);
+        // a pool of one thread: `f` runs here, and what it allocates counts once
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let before = allocation_count();
+        let here = hot(Some(&one), || {
+            let _t = crate::runtime::Tensor::zeros(&[4], crate::DType::F32);
+            std::thread::current().id()
+        });
+        assert_eq!(here, std::thread::current().id());
+        assert_eq!(allocation_count() - before, 1);
         // under `serial`, the calling thread
         let me = std::thread::current().id();
         assert_eq!(

@@ -26,11 +26,6 @@ impl StepInfo {
         s.steps.iter().map(|st| StepInfo::of_step(s, st)).collect()
     }
 
-    /// The facts of step `step` of `s`.
-    pub(crate) fn of_schedule_step(s: &Schedule, step: &Step) -> StepInfo {
-        StepInfo::of_step(s, step)
-    }
-
     fn of_step(s: &Schedule, step: &Step) -> StepInfo {
         let (reads, writes) = step_buffers(step);
         let bytes = reads

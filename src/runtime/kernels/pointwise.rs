@@ -395,7 +395,7 @@ fn binary_pred<T: Element>(op: BinaryOp, a: &Tensor, b: &Tensor, dst: &Tensor) -
 
 /// C++'s `std::max` with NaN propagated, as `torch.maximum`.
 #[inline(always)]
-fn max_nan(a: f64, b: f64) -> f64 {
+pub(crate) fn max_nan(a: f64, b: f64) -> f64 {
     if a.is_nan() || b.is_nan() {
         f64::NAN
     } else if a < b {
