@@ -2,6 +2,11 @@
 //! attention written as matmul, softmax, matmul (the [T, T] probabilities materialised), in
 //! the same run, taking turns over rounds; f32, 2 threads on the benchmark machines.
 //!
+//! A second table times a training step of attention (forward, then backward of its sum):
+//! the fused op's gradient (one `scaled_dot_product_attention_backward` call that
+//! recomputes the probabilities per block of query rows) against the gradients of the
+//! matmul·softmax·matmul form, with the peak memory each allocates.
+//!
 //! Run: `cargo bench --bench attention`.
 
 #[allow(dead_code)] // shared with the other benches; this one needs only `median_ms`
@@ -70,6 +75,80 @@ fn main() {
         );
     }
     heads_in_place();
+    training();
+}
+
+/// Forward and backward of attention's sum, fused op against matmul·softmax·matmul: ms
+/// (median of the rounds, range) and the peak memory the profiler records for one step.
+fn training() {
+    use smelt::profiler::{self, MemDevice, ProfilerOptions};
+    println!();
+    println!("attention forward + backward, f32, median of {ROUNDS} rounds (range); causal");
+    println!(
+        "| batch × heads × T × d | fused op | matmul·softmax·matmul | speedup | peak MB fused | peak MB matmul form |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for &(b, h, t, d) in &[
+        (32usize, 4usize, 32usize, 24usize),
+        (4, 8, 256, 64),
+        (2, 8, 1024, 64),
+    ] {
+        let mut g = Generator::new(2);
+        let shape = [b, h, t, d];
+        let qkv: Vec<Tensor> = (0..3)
+            .map(|_| Tensor::randn_with(&shape, Some(DType::F32), &mut g).unwrap())
+            .collect();
+        for x in &qkv {
+            x.requires_grad_(true).unwrap();
+        }
+        let hidden = Tensor::ones(&[t, t], DType::Bool)
+            .tril(0)
+            .unwrap()
+            .logical_not()
+            .unwrap();
+        let scale = 1.0 / (d as f64).sqrt();
+        let step = |fused: bool| {
+            let (q, k, v) = (&qkv[0], &qkv[1], &qkv[2]);
+            let o = if fused {
+                q.scaled_dot_product_attention(k, v, None, true, None)
+                    .unwrap()
+            } else {
+                let s = q
+                    .matmul(&k.transpose(-2, -1).unwrap())
+                    .unwrap()
+                    .mul_scalar(scale)
+                    .unwrap()
+                    .masked_fill(&hidden, f64::NEG_INFINITY)
+                    .unwrap();
+                s.softmax(-1).unwrap().matmul(v).unwrap()
+            };
+            o.sum().unwrap().backward().unwrap();
+            smelt::autograd::zero_grad(&qkv);
+        };
+        let peak = |fused: bool| {
+            let opts = ProfilerOptions::default().profile_memory(true);
+            let ((), p) = profiler::profile(opts, || step(fused)).unwrap();
+            p.peak_memory(MemDevice::Cpu) as f64 / 1e6
+        };
+        let (mut tf, mut tu) = (Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            tf.push(median_ms(3, || step(true)));
+            tu.push(median_ms(3, || step(false)));
+        }
+        tf.sort_by(f64::total_cmp);
+        tu.sort_by(f64::total_cmp);
+        let (mf, mu) = (tf[ROUNDS / 2], tu[ROUNDS / 2]);
+        println!(
+            "| {b} × {h} × {t} × {d} | {mf:.2} ms ({:.2}–{:.2}) | {mu:.2} ms ({:.2}–{:.2}) | {:.2} | {:.1} | {:.1} |",
+            tf[0],
+            tf[ROUNDS - 1],
+            tu[0],
+            tu[ROUNDS - 1],
+            mu / mf,
+            peak(true),
+            peak(false)
+        );
+    }
 }
 
 /// The GPT's attention: q, k and v as heads sliced out of one fused [B, T, 3, H, D]

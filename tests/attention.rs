@@ -565,3 +565,289 @@ fn the_profiler_counts_attentions_arithmetic() {
     // scores: 2·L·S·E per batch, weighted values: 2·L·S·Ev
     assert_eq!(e.flops, 2 * 2 * 5 * 7 * (4 + 3));
 }
+
+/// The gradients of `sum(o ∘ w)` for `o` = attention, in f64 on dense row-major data (the
+/// shapes and mask as [`reference`]'s): `P` per row, then `dV = Pᵀw`, `dP = w Vᵀ`,
+/// `dS = P ∘ (dP − rowsum(P ∘ dP))`, `dQ = scale·dS K`, `dK = scale·dSᵀ Q`.
+#[allow(clippy::too_many_arguments)]
+fn reference_grads(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    w: &[f64],
+    (b, l, s, e, f): (usize, usize, usize, usize, usize),
+    mask: RefMask,
+    causal: bool,
+    scale: f64,
+) -> [Vec<f64>; 3] {
+    let (mut dq, mut dk, mut dv) = (
+        vec![0.0; b * l * e],
+        vec![0.0; b * s * e],
+        vec![0.0; b * s * f],
+    );
+    for bi in 0..b {
+        for i in 0..l {
+            let mut sc = vec![f64::NEG_INFINITY; s];
+            for (j, x) in sc.iter_mut().enumerate() {
+                let at = (bi * l + i) * s + j;
+                let hidden = (causal && j > i) || matches!(mask, RefMask::Bool(m) if !m[at]);
+                if hidden {
+                    continue;
+                }
+                let d: f64 = (0..e)
+                    .map(|t| q[(bi * l + i) * e + t] * k[(bi * s + j) * e + t])
+                    .sum();
+                *x = d * scale
+                    + if let RefMask::Add(m) = mask {
+                        m[at]
+                    } else {
+                        0.0
+                    };
+            }
+            let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            if mx == f64::NEG_INFINITY {
+                continue;
+            }
+            let ex: Vec<f64> = sc.iter().map(|&x| (x - mx).exp()).collect();
+            let z: f64 = ex.iter().sum();
+            let p: Vec<f64> = ex.iter().map(|x| x / z).collect();
+            let wi = &w[(bi * l + i) * f..(bi * l + i + 1) * f];
+            let dp: Vec<f64> = (0..s)
+                .map(|j| (0..f).map(|c| wi[c] * v[(bi * s + j) * f + c]).sum())
+                .collect();
+            let dot: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+            for j in 0..s {
+                let ds = p[j] * (dp[j] - dot) * scale;
+                for c in 0..f {
+                    dv[(bi * s + j) * f + c] += p[j] * wi[c];
+                }
+                for t in 0..e {
+                    dq[(bi * l + i) * e + t] += ds * k[(bi * s + j) * e + t];
+                    dk[(bi * s + j) * e + t] += ds * q[(bi * l + i) * e + t];
+                }
+            }
+        }
+    }
+    [dq, dk, dv]
+}
+
+/// Runs `f` with the profiler on, and the names of the eager ops it ran.
+fn ops_run(f: impl FnOnce()) -> Vec<String> {
+    let ((), prof) = profiler::profile(ProfilerOptions::default(), f).unwrap();
+    prof.events().iter().map(|e| e.name.clone()).collect()
+}
+
+/// A mask's kind in [`BackwardCase`].
+#[derive(Clone, Copy, PartialEq)]
+enum MaskKind {
+    None,
+    Bool,
+    Add,
+}
+
+/// One attention whose gradients are checked.
+struct BackwardCase {
+    batch: &'static [usize],
+    /// L, S, E, Ev.
+    sizes: (usize, usize, usize, usize),
+    causal: bool,
+    mask: MaskKind,
+    scale: Option<f64>,
+    /// q, k and v read through the strides of a transpose.
+    strided: bool,
+}
+
+#[test]
+fn the_backward_is_one_op_that_matches_float64_math() {
+    let _t = turn();
+    let mut rng = Generator::new(11);
+    // two blocks of query rows, L != S, E != Ev, broadcast masks with fully hidden rows,
+    // operands read through strides
+    let case = |batch, sizes, causal, mask, scale, strided| BackwardCase {
+        batch,
+        sizes,
+        causal,
+        mask,
+        scale,
+        strided,
+    };
+    let cases = [
+        case(&[2, 3], (70, 75, 4, 5), true, MaskKind::None, None, false),
+        case(
+            &[1, 3],
+            (9, 130, 3, 2),
+            false,
+            MaskKind::Bool,
+            Some(0.7),
+            false,
+        ),
+        case(&[2], (5, 6, 3, 4), true, MaskKind::Add, None, false),
+        case(&[3], (1, 1, 2, 2), false, MaskKind::None, None, false),
+        case(
+            &[2, 2],
+            (66, 66, 8, 8),
+            true,
+            MaskKind::Bool,
+            Some(0.3),
+            true,
+        ),
+    ];
+    for (ci, c) in cases.iter().enumerate() {
+        let (l, s, e, f) = c.sizes;
+        let shape = |rows: usize, cols: usize| [c.batch, &[rows, cols]].concat();
+        let make = |rows: usize, cols: usize, rng: &mut Generator| {
+            if c.strided {
+                // [.., rows, cols] read through the strides of a [.., cols, rows] transpose
+                let n = shape(cols, rows);
+                let d = n.len() as i64;
+                randn(&n, DType::F64, rng).transpose(d - 2, d - 1).unwrap()
+            } else {
+                randn(&shape(rows, cols), DType::F64, rng)
+            }
+        };
+        let (q, k, v) = (
+            make(l, e, &mut rng),
+            make(s, e, &mut rng),
+            make(s, f, &mut rng),
+        );
+        let w = randn(&shape(l, f), DType::F64, &mut rng);
+        let keep: Vec<bool> = (0..l * s).map(|i| i % 5 != 2 && i / s != 1).collect();
+        let mask = match c.mask {
+            MaskKind::Bool => Some(Tensor::from_vec(keep, &[l, s]).unwrap()),
+            MaskKind::Add => Some(randn(&[l, s], DType::F64, &mut rng)),
+            MaskKind::None => None,
+        };
+        for t in [&q, &k, &v] {
+            t.requires_grad_(true).unwrap();
+        }
+        let names = ops_run(|| {
+            let o = q
+                .scaled_dot_product_attention(&k, &v, mask.as_ref(), c.causal, c.scale)
+                .unwrap();
+            o.mul(&w).unwrap().sum().unwrap().backward().unwrap();
+        });
+        // one op computes the three gradients; no softmax or matmul of the scores
+        let fused = names
+            .iter()
+            .filter(|n| *n == "scaled_dot_product_attention_backward")
+            .count();
+        assert_eq!(fused, 1, "case {ci}: {names:?}");
+        assert!(
+            !names.iter().any(|n| n == "softmax" || n == "matmul"),
+            "case {ci}: {names:?}"
+        );
+        let flat = |t: &Tensor| t.contiguous().unwrap().to_f64_vec();
+        let mvals = mask.as_ref().map(|m| broadcast(m, &shape(l, s)));
+        let bools: Vec<bool> = mvals.iter().flatten().map(|&x| x != 0.0).collect();
+        let rmask = match (&mvals, c.mask) {
+            (Some(_), MaskKind::Bool) => RefMask::Bool(&bools),
+            (Some(m), _) => RefMask::Add(m),
+            (None, _) => RefMask::None,
+        };
+        let want = reference_grads(
+            &flat(&q),
+            &flat(&k),
+            &flat(&v),
+            &flat(&w),
+            (c.batch.iter().product(), l, s, e, f),
+            rmask,
+            c.causal,
+            c.scale.unwrap_or(1.0 / (e as f64).sqrt()),
+        );
+        for (name, t, want) in [
+            ("q", &q, &want[0]),
+            ("k", &k, &want[1]),
+            ("v", &v, &want[2]),
+        ] {
+            let want = Tensor::from_vec(want.clone(), t.shape()).unwrap();
+            assert_close(
+                &t.grad().unwrap(),
+                &want,
+                Tol::allclose(1e-12, 1e-12),
+                &format!("case {ci}: grad of {name}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn the_fused_backward_and_its_matmul_form_agree_compiled_and_interpreted() {
+    let _t = turn();
+    // the op as written in a graph; its matmul-and-softmax form is what the CUDA code
+    // generator compiles
+    let text = "graph ab(%g: f32[2,3,70,5], %q: f32[2,3,70,4], %k: f32[2,3,75,4], %v: f32[2,3,75,5], %m: bool[70,75]) {
+  %a: f32[5730] = scaled_dot_product_attention_backward(%g, %q, %k, %v, is_causal=true)
+  %b: f32[5730] = scaled_dot_product_attention_backward(%g, %q, %k, %v, %m, scale=0.5)
+  return %a, %b
+}
+";
+    let m = parse_module(text, "ab").unwrap();
+    let g = &m.graphs[0];
+    assert_eq!(print_graph(g), text);
+    let expanded = smelt::passes::decompose::expand_attention_grads(g).unwrap();
+    let mut rng = Generator::new(12);
+    let mut ins: Vec<Tensor> = [[2, 3, 70, 5], [2, 3, 70, 4], [2, 3, 75, 4], [2, 3, 75, 5]]
+        .iter()
+        .map(|s| randn(s, DType::F32, &mut rng))
+        .collect();
+    let keep = Tensor::rand_with(&[70, 75], None, &mut rng).unwrap();
+    ins.push(keep.gt_scalar(0.2).unwrap());
+    let fused = smelt::runtime::interp::run_positional(g, &ins).unwrap();
+    let primitives = smelt::runtime::interp::run_positional(&expanded, &ins).unwrap();
+    let f = CompiledFn::compile(g, &CompileOptions::default()).unwrap();
+    let steps: Vec<&str> = f.steps().iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(
+        steps
+            .iter()
+            .filter(|n| **n == "extern_scaled_dot_product_attention_backward")
+            .count(),
+        2,
+        "{steps:?}"
+    );
+    let compiled = f.call(&ins).unwrap();
+    for i in 0..2 {
+        assert_close(
+            &fused[i],
+            &primitives[i],
+            Tol::allclose(2e-5, 2e-5),
+            "fused vs matmul form",
+        );
+        assert_close(
+            &compiled[i],
+            &fused[i],
+            Tol::allclose(0.0, 0.0),
+            "compiled vs eager",
+        );
+    }
+    // the matmul form materialises the scores; the fused op does not
+    let scores = 2 * 3 * 70 * 75;
+    assert!(f.schedule().buffers.iter().all(|b| b.len() < scores));
+    // a wrong gradient shape is an error naming the op
+    let bad = text.replace("%g: f32[2,3,70,5]", "%g: f32[2,3,70,4]");
+    let e = parse_module(&bad, "bad.smelt").unwrap_err().to_string();
+    assert!(e.contains("scaled_dot_product_attention_backward"), "{e}");
+}
+
+#[test]
+fn a_training_step_of_attention_keeps_memory_linear_in_the_context() {
+    let _t = turn();
+    // forward and backward, recorded by the profiler: the scores [T, T] never exist
+    let peak = |t: usize| {
+        let mut g = Generator::new(13);
+        let q = randn(&[1, 2, t, 32], DType::F32, &mut g);
+        q.requires_grad_(true).unwrap();
+        let ((), prof) = profiler::profile(ProfilerOptions::default().profile_memory(true), || {
+            let o = q
+                .scaled_dot_product_attention(&q, &q, None, true, None)
+                .unwrap();
+            o.sum().unwrap().backward().unwrap();
+        })
+        .unwrap();
+        assert!(q.grad().is_some());
+        prof.peak_memory(MemDevice::Cpu)
+    };
+    let (a, b) = (peak(512), peak(1024));
+    assert!(a > 0 && b <= 2 * a + 4096, "{a} then {b}");
+    // the scores alone would be 4·2·T² bytes
+    assert!(b < 4 * 2 * 1024 * 1024, "{b}");
+}

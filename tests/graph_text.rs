@@ -212,6 +212,7 @@ const OP_STATEMENTS: &[&str] = &[
     "embedding(%i, %x)",
     "scaled_dot_product_attention(%x, %y, %x)",
     "scaled_dot_product_attention(%x, %y, %y, is_causal=true, scale=0.5)",
+    "scaled_dot_product_attention_backward(%y, %x, %y, %x, is_causal=true)",
     "conv2d(%c, %k, none)",
     "conv2d(%c, %k, %v4, stride=[2, 1], padding=1, dilation=2)",
     "conv2d(%c, %k, none, padding=\"same\")",

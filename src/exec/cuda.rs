@@ -98,6 +98,8 @@ impl CudaFn {
     pub fn compile(g: &Graph, opts: &CudaCompileOptions) -> Result<CudaFn> {
         let t0 = Instant::now();
         let gpu = Gpu::get(opts.device)?;
+        // no fused attention backward on the GPU: its matmul-and-softmax form instead
+        let g = &crate::passes::decompose::expand_attention_grads(g)?;
         let p = super::plan(g, opts.fuse, opts.fast_math, &[])?;
         let mut f = CudaFn::from_schedule(&gpu, p.schedule, p.input_names, opts.fast_math)?;
         f.fresh = f.schedule.fresh_outputs(&p.may_alias);

@@ -399,6 +399,7 @@ const STRUCTURAL_OPS: &[&str] = &[
     "linear",
     "einsum",
     "scaled_dot_product_attention",
+    "scaled_dot_product_attention_backward",
     "reshape",
     "view",
     "permute",
@@ -455,6 +456,7 @@ fn optional_positions(op: &Op) -> &'static [usize] {
         Op::Linear { .. } => &[2],
         Op::LayerNorm { .. } => &[1, 2],
         Op::Attention { .. } => &[3],
+        Op::AttentionGrad { .. } => &[4],
         Op::Conv { .. } => &[2],
         Op::BatchNorm(_) => &[1, 2, 3, 4],
         _ => &[],
@@ -466,6 +468,7 @@ fn optional_slots(op: &Op) -> Option<Vec<bool>> {
     match op {
         Op::Linear { has_bias } => Some(vec![true, true, *has_bias]),
         Op::Attention { has_mask, .. } => Some(vec![true, true, true, *has_mask]),
+        Op::AttentionGrad { has_mask, .. } => Some(vec![true, true, true, true, *has_mask]),
         Op::Conv { has_bias, .. } => Some(vec![true, true, *has_bias]),
         Op::BatchNorm(bn) => Some(vec![
             true,
@@ -603,6 +606,9 @@ impl Op {
             ],
             Op::Einsum { equation } => vec![("equation", Attr::Str(equation.clone()))],
             Op::Attention {
+                is_causal, scale, ..
+            }
+            | Op::AttentionGrad {
                 is_causal, scale, ..
             } => vec![
                 ("is_causal", Attr::Bool(*is_causal)),
@@ -886,6 +892,11 @@ fn build(name: &str, slots: &[bool], a: &mut Args) -> CallResult<Op> {
                 scale: a.opt_float("scale")?.map(crate::ir::unary::Real),
             }
         }
+        "scaled_dot_product_attention_backward" => Op::AttentionGrad {
+            has_mask: slots.get(4).copied().unwrap_or(false),
+            is_causal: a.bool("is_causal", false)?,
+            scale: a.opt_float("scale")?.map(crate::ir::unary::Real),
+        },
         "reshape" => Op::Reshape {
             shape: a.int_list("shape")?,
         },

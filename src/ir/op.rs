@@ -271,6 +271,20 @@ pub enum Op {
         /// The scale of the scores; `None`: `1 / sqrt(E)`.
         scale: Option<crate::ir::unary::Real>,
     },
+    /// The gradients of [`Op::Attention`] with respect to q, k and v in one pass
+    /// (`aten::_scaled_dot_product_flash_attention_backward`): per block of query rows the
+    /// probabilities are recomputed, so no `[L, S]` matrix of the whole batch exists.
+    /// Operands: the output's gradient `[.., L, Ev]`, q, k, v, then the mask when present
+    /// (as for `Attention`). Result: 1-D, the three gradients flattened and concatenated
+    /// (q's, then k's, then v's), in q's dtype.
+    AttentionGrad {
+        /// Whether a mask operand follows v.
+        has_mask: bool,
+        /// As `Attention`'s.
+        is_causal: bool,
+        /// As `Attention`'s.
+        scale: Option<crate::ir::unary::Real>,
+    },
     /// `torch.einsum`: a sum of products named by `equation`, over any number of operands.
     Einsum {
         /// The subscripts (`ij,jk->ik`).
@@ -557,6 +571,20 @@ impl Op {
                 let s = if k.len() >= 2 { k[k.len() - 2] } else { 1 } as u64;
                 let ev = out.last().copied().unwrap_or(1).max(1) as u64;
                 2 * (n / ev) * s * (last(0) + ev)
+            }
+            Op::AttentionGrad { .. } => {
+                // g is [.., L, Ev], q [.., L, E], k [.., S, E]: five products of the
+                // forward's sizes (scores, dP, dV, dQ, dK)
+                let (g, q, k) = (
+                    inputs.first().copied().unwrap_or(&[]),
+                    inputs.get(1).copied().unwrap_or(&[]),
+                    inputs.get(2).copied().unwrap_or(&[]),
+                );
+                let rows = numel(q) as u64 / last(1).max(1);
+                let s = if k.len() >= 2 { k[k.len() - 2] } else { 1 } as u64;
+                let ev = g.last().copied().unwrap_or(1) as u64;
+                let e = last(1);
+                2 * rows * s * (3 * e + 2 * ev)
             }
             // per output element, one multiply-add per tap of its input channels
             Op::Conv { .. } => 2 * n * inputs.get(1).map_or(1, |w| numel(&w[1..]) as u64),
@@ -872,6 +900,7 @@ impl Op {
             Op::Linear { .. } => "linear",
             Op::Einsum { .. } => "einsum",
             Op::Attention { .. } => "scaled_dot_product_attention",
+            Op::AttentionGrad { .. } => "scaled_dot_product_attention_backward",
             Op::Reshape { .. } => "reshape",
             Op::View { .. } => "view",
             Op::Permute { .. } => "permute",
@@ -1261,6 +1290,13 @@ impl Op {
             Op::Attention { has_mask, .. } => {
                 one(3 + *has_mask as usize)?;
                 attention_type(inputs, *has_mask)
+            }
+            Op::AttentionGrad { has_mask, .. } => {
+                one(4 + *has_mask as usize)?;
+                let y = attention_type(&inputs[1..], *has_mask)?;
+                grad_matches(name, inputs[0], &y)?;
+                let n: usize = inputs[1..4].iter().map(|t| t.numel()).sum();
+                Ok(TensorType::new(inputs[1].dtype, vec![n]))
             }
             Op::Conv { conv, has_bias } => {
                 one(2 + *has_bias as usize)?;

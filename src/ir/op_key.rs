@@ -258,8 +258,16 @@ impl<'a> Enc<'a, '_> {
                 has_mask,
                 is_causal,
                 scale,
+            }
+            | Op::AttentionGrad {
+                has_mask,
+                is_causal,
+                scale,
             } => {
-                self.tag("Attention");
+                self.tag(match op {
+                    Op::Attention { .. } => "Attention",
+                    _ => "AttentionGrad",
+                });
                 self.bool(*has_mask);
                 self.bool(*is_causal);
                 match scale {

@@ -114,6 +114,44 @@ pub fn decompose(g: &Graph) -> Result<Graph> {
     rebuild(g, |b, name, op, args, _| expand(b, name, op, args))
 }
 
+/// Every `AttentionGrad` of `g` written as matmul and softmax (the `[.., L, S]`
+/// probabilities materialised), its three gradients flattened and concatenated as the op
+/// packs them: for code generators without the fused kernel (CUDA), which then keep the
+/// products and the softmax on their own device.
+pub fn expand_attention_grads(g: &Graph) -> Result<Graph> {
+    use crate::passes::autodiff::{emit::Emit, rules::attention_primitives};
+    rebuild(g, |b, name, op, args, _| {
+        let Op::AttentionGrad {
+            has_mask,
+            is_causal,
+            scale,
+        } = op
+        else {
+            return Ok(None);
+        };
+        let mut e = Emit { g: &mut b.g };
+        let grads = attention_primitives(
+            &mut e,
+            &args[1..],
+            *has_mask,
+            *is_causal,
+            scale.map(|s| s.get()),
+            args[0],
+            &[true, true, true, false],
+        )?;
+        let mut flat = Vec::with_capacity(3);
+        for gx in grads.into_iter().take(3) {
+            let gx = gx.ok_or_else(|| {
+                crate::Error::Value(
+                    "scaled_dot_product_attention_backward: a gradient is missing".into(),
+                )
+            })?;
+            flat.push(e.op(Op::Reshape { shape: vec![-1] }, &[gx])?);
+        }
+        b.g.add_op_named(Op::Cat { dim: 0 }, &flat, name).map(Some)
+    })
+}
+
 /// `g` rebuilt node by node: `f` gives the replacement of a node (its name, op, mapped
 /// operands and id in `g`), or `None` to copy it.
 fn rebuild(
@@ -125,6 +163,8 @@ fn rebuild(
         taken: g.names().keys().cloned().collect(),
         next: 0,
     };
+    // values added without a name (gradient formulas) skip the names copied later
+    b.g.avoid_names_of(g);
     let mut map: HashMap<ValueId, ValueId> = HashMap::new();
     for &v in g.inputs() {
         let n = g.node(v);

@@ -7,7 +7,7 @@
 //! Each op's vector-Jacobian product lives in `rules`.
 
 mod control;
-mod emit;
+pub(crate) mod emit;
 pub(crate) mod rules;
 
 use crate::ir::graph::{Graph, ValueId};

@@ -312,6 +312,7 @@ pub(crate) fn vjp(
             &[g],
         )?)]),
         Op::ConvInputGrad { .. }
+        | Op::AttentionGrad { .. }
         | Op::ConvWeightGrad { .. }
         | Op::MaxPool2dGrad { .. }
         | Op::AvgPool2dGrad { .. }
@@ -343,7 +344,70 @@ pub(crate) fn vjp(
 /// `dQ = dS K · scale`, `dK = dSᵀ Q · scale`; an additive mask's gradient is `dS`, a bool
 /// one has none. Rows every key of which is masked out have zero probabilities, as in the
 /// forward.
+/// Attention's gradients: one `AttentionGrad` op whose result holds the three, unless an
+/// additive mask wants a gradient too (that gradient is as large as the scores: the
+/// primitives below compute it with the others).
 fn attention(
+    e: &mut Emit,
+    xs: &[ValueId],
+    has_mask: bool,
+    is_causal: bool,
+    scale: Option<f64>,
+    g: ValueId,
+    needs: &[bool],
+) -> Result<Grads> {
+    let mask_grad = has_mask && !e.dtype(xs[3]).is_bool() && needs.get(3) == Some(&true);
+    if mask_grad || !needs[..3].contains(&true) {
+        return attention_primitives(e, xs, has_mask, is_causal, scale, g, needs);
+    }
+    let mut args = vec![g, xs[0], xs[1], xs[2]];
+    args.extend(has_mask.then(|| xs[3]));
+    let op = Op::AttentionGrad {
+        has_mask,
+        is_causal,
+        scale: scale.map(crate::ir::unary::Real),
+    };
+    let packed = e.op(op, &args)?;
+    let mut out = split_packed(e, packed, &xs[..3])?
+        .into_iter()
+        .zip(needs)
+        .map(|(gx, &n)| n.then_some(gx))
+        .collect::<Vec<_>>();
+    if has_mask {
+        out.push(None);
+    }
+    Ok(out)
+}
+
+/// The gradients packed one after another in the 1-D `packed`, as views of the shapes of
+/// `like`.
+pub(crate) fn split_packed(
+    e: &mut Emit,
+    packed: ValueId,
+    like: &[ValueId],
+) -> Result<Vec<ValueId>> {
+    let mut start = 0;
+    like.iter()
+        .map(|&x| {
+            let shape = e.shape(x);
+            let n: usize = shape.iter().product();
+            let part = e.op(
+                Op::Narrow {
+                    dim: 0,
+                    start: start as i64,
+                    length: n as i64,
+                },
+                &[packed],
+            )?;
+            start += n;
+            e.reshape(part, &shape)
+        })
+        .collect()
+}
+
+/// Attention's gradients written with matmul and softmax (the `[.., L, S]` probabilities
+/// materialised): for an additive mask's gradient, and for backends without the fused op.
+pub(crate) fn attention_primitives(
     e: &mut Emit,
     xs: &[ValueId],
     has_mask: bool,

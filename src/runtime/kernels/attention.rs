@@ -11,6 +11,7 @@ use super::copy;
 use crate::ir::dtype::DType;
 use crate::ir::op::TensorType;
 use crate::ir::shape::numel;
+use crate::runtime::Element;
 use crate::runtime::access;
 use crate::runtime::native::chains;
 use crate::runtime::tensor::Tensor;
@@ -18,12 +19,12 @@ use crate::{Result, bail};
 use rayon::prelude::*;
 
 /// Query rows per parallel task: they share each block of keys while it is in cache.
-const ROWS: usize = 64;
+pub(super) const ROWS: usize = 64;
 /// Keys per block.
 const KEYS: usize = 128;
 
 /// Float arithmetic the kernel runs in.
-trait Acc: Copy + Send + Sync + PartialOrd + std::fmt::Debug + 'static {
+pub(super) trait Acc: Copy + Send + Sync + PartialOrd + std::fmt::Debug + 'static {
     const ZERO: Self;
     const ONE: Self;
     const NEG_INF: Self;
@@ -139,7 +140,7 @@ enum MaskData {
 
 /// The mask as the kernel reads it: element (b, i, j) is
 /// `data[batch_off[b] + i * row + j * col]`, with stride 0 where it broadcasts.
-struct Mask {
+pub(super) struct Mask {
     data: MaskData,
     batch_off: Vec<usize>,
     row: usize,
@@ -149,7 +150,7 @@ struct Mask {
 impl Mask {
     /// `mask` broadcast to the scores' shape `[batch_shape.., l, s]`, read in place of its
     /// own (dense) elements: nothing as large as the scores is made.
-    fn of(mask: &Tensor, batch_shape: &[usize], l: usize, s: usize) -> Result<Mask> {
+    pub(super) fn of(mask: &Tensor, batch_shape: &[usize], l: usize, s: usize) -> Result<Mask> {
         let dense = copy::contiguous(mask)?;
         let mut full: Vec<i64> = batch_shape.iter().map(|&d| d as i64).collect();
         full.extend([l as i64, s as i64]);
@@ -182,7 +183,7 @@ impl Mask {
     }
 
     /// The score `x` of (b, i, j) with the mask applied.
-    fn apply<A: Acc>(&self, x: A, b: usize, i: usize, j: usize) -> A {
+    pub(super) fn apply<A: Acc>(&self, x: A, b: usize, i: usize, j: usize) -> A {
         let at = self.batch_off[b] + i * self.row + j * self.col;
         match &self.data {
             MaskData::Bool(m) if !m[at] => A::NEG_INF,
@@ -220,58 +221,75 @@ pub fn eval(
         scale,
         is_causal,
     };
-    let result = match q.dtype() {
-        DType::F64 => {
-            let o = with_rows::<f64>([q, k, v], |qkv| run(qkv, mask.as_ref(), &dims))?;
-            Tensor::from_vec(o, &out.shape)?
-        }
-        DType::F32 | DType::F16 | DType::BF16 => {
-            let o = with_rows::<f32>([q, k, v], |qkv| run(qkv, mask.as_ref(), &dims))?;
-            copy::cast(&Tensor::from_vec(o, &out.shape)?, out.dtype)?
+    let ops = [q, k, v];
+    match q.dtype() {
+        DType::F64 => pooled::<f64>(out, |o| with_rows(ops, |r| run(r, mask.as_ref(), &dims, o))),
+        DType::F32 => pooled::<f32>(out, |o| with_rows(ops, |r| run(r, mask.as_ref(), &dims, o))),
+        DType::F16 | DType::BF16 => {
+            let mut o = vec![0f32; out.numel()];
+            with_rows::<f32, 3, _>(ops, |r| run(r, mask.as_ref(), &dims, &mut o))?;
+            copy::cast(&Tensor::from_vec(o, &out.shape)?, out.dtype)
         }
         d => bail!(
             DType,
             "scaled_dot_product_attention: not implemented for '{}'",
             d.scalar_name()
         ),
-    };
-    Ok(result)
+    }
+}
+
+/// A new tensor of type `out` whose elements `fill` writes, every one of them; from the
+/// storage pool, since a training step asks for one of the same size every call.
+pub(super) fn pooled<A: Element>(
+    out: &TensorType,
+    fill: impl FnOnce(&mut [A]) -> Result<()>,
+) -> Result<Tensor> {
+    let t = Tensor::alloc_for_overwrite(A::DTYPE, &out.shape)?;
+    let acc = access::lock(&[], &[&t]);
+    // SAFETY: t is a new contiguous tensor of out.numel() elements of A, write-locked
+    // while the slice lives.
+    let dst = unsafe { std::slice::from_raw_parts_mut(acc.write::<A>(0), out.numel()) };
+    fill(dst)?;
+    drop(acc);
+    Ok(t)
 }
 
 /// One operand's rows as the kernel reads them: row `i` of (flattened) batch `b` starts
 /// at `data[base[b] + i * rs]`, its elements adjacent.
-struct Rows<'a, A> {
+pub(super) struct Rows<'a, A> {
     data: &'a [A],
     base: Vec<usize>,
-    rs: usize,
+    pub(super) rs: usize,
 }
 
 impl<A> Rows<'_, A> {
     /// The elements from row `i` of batch `b` on (none past the end: an empty operand).
-    fn from(&self, b: usize, i: usize) -> &[A] {
+    pub(super) fn from(&self, b: usize, i: usize) -> &[A] {
         self.data.get(self.base[b] + i * self.rs..).unwrap_or(&[])
     }
 }
 
-/// Runs `f` on the rows of q, k and v as `A` (f32 for halves). A tensor of `A` whose last
-/// dim is dense is read where it lies (the heads of a fused projection, sliced and
-/// permuted, need no copy); any other is copied contiguous first. One lock covers the
-/// three (they may share a storage: self-attention passes one tensor thrice).
-fn with_rows<A: crate::runtime::Element>(
-    ts: [&Tensor; 3],
-    f: impl FnOnce([Rows<'_, A>; 3]) -> Vec<A>,
-) -> Result<Vec<A>> {
+/// Runs `f` on the rows of the operands (q, k, v, ..) as `A` (f32 for halves). A tensor
+/// of `A` whose last dim is dense is read where it lies (the heads of a fused projection,
+/// sliced and permuted, need no copy); any other is copied contiguous first. One lock
+/// covers them all (they may share a storage: self-attention passes one tensor thrice).
+pub(super) fn with_rows<A: crate::runtime::Element, const N: usize, R>(
+    ts: [&Tensor; N],
+    f: impl FnOnce([Rows<'_, A>; N]) -> R,
+) -> Result<R> {
     let readable = |t: &Tensor| {
         t.dtype() == A::DTYPE
             && (t.shape().last().is_none_or(|&n| n <= 1) || t.strides().last() == Some(&1))
     };
-    let [q, k, v] = ts.map(|t| match readable(t) {
-        true => Ok(t.clone()),
-        false => copy::contiguous(&copy::cast(t, A::DTYPE)?),
-    });
-    let d = [q?, k?, v?];
-    let acc = access::lock(&[&d[0], &d[1], &d[2]], &[]);
-    let rows: [Rows<'_, A>; 3] = std::array::from_fn(|i| {
+    let d = ts
+        .map(|t| match readable(t) {
+            true => Ok(t.clone()),
+            false => copy::contiguous(&copy::cast(t, A::DTYPE)?),
+        })
+        .into_iter()
+        .collect::<Result<Vec<Tensor>>>()?;
+    let acc = access::lock(&d.iter().collect::<Vec<_>>(), &[]);
+    let rows: [Rows<'_, A>; N] = std::array::from_fn(|i| {
         let t = &d[i];
         let n = t.dim();
         let (shape, strides) = (t.shape(), t.strides());
@@ -306,20 +324,22 @@ fn with_rows<A: crate::runtime::Element>(
     Ok(f(rows))
 }
 
-struct Dims {
-    batch: usize,
-    l: usize,
-    s: usize,
-    e: usize,
-    ev: usize,
-    scale: f64,
-    is_causal: bool,
+/// The sizes of one attention: `batch` (flattened leading dims) of `[L, E]` queries over
+/// `[S, E]` keys and `[S, Ev]` values.
+pub(super) struct Dims {
+    pub(super) batch: usize,
+    pub(super) l: usize,
+    pub(super) s: usize,
+    pub(super) e: usize,
+    pub(super) ev: usize,
+    pub(super) scale: f64,
+    pub(super) is_causal: bool,
 }
 
-fn run<A: Acc>(qkv: [Rows<'_, A>; 3], mask: Option<&Mask>, d: &Dims) -> Vec<A> {
-    let mut out = vec![A::ZERO; d.batch * d.l * d.ev];
+/// The attention of every batch into `out`.
+fn run<A: Acc>(qkv: [Rows<'_, A>; 3], mask: Option<&Mask>, d: &Dims, out: &mut [A]) {
     if out.is_empty() || d.ev == 0 {
-        return out;
+        return;
     }
     // per batch its rows, in blocks of ROWS written by one task each
     out.par_chunks_mut(d.l * d.ev)
@@ -329,23 +349,22 @@ fn run<A: Acc>(qkv: [Rows<'_, A>; 3], mask: Option<&Mask>, d: &Dims) -> Vec<A> {
                 .enumerate()
                 .for_each(|(blk, o)| rows_of(&qkv, mask, d, b, blk * ROWS, o));
         });
-    out
 }
 
 /// `dst (rows × cols, row stride ldd) = scale · lhs (rows × inner) · rhs`, plus `dst`
-/// when `add`; `rhs` is read through its strides (`rs` between its rows, `cs` between its
-/// columns), so a block of keys is used transposed in place.
+/// when `add`; `lhs` and `rhs` are read through their strides (`rs` between rows, `cs`
+/// between columns), so a block of keys is used transposed in place.
 ///
 /// # Safety
 /// Every slice holds the elements its shape and strides address.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_into<A: Acc>(
+pub(super) unsafe fn gemm_into<A: Acc>(
     (rows, cols, inner): (usize, usize, usize),
     dst: &mut [A],
     ldd: usize,
     add: bool,
     lhs: &[A],
-    ldl: usize,
+    (ls, lcs): (usize, usize),
     rhs: &[A],
     (rs, cs): (usize, usize),
     scale: A,
@@ -361,8 +380,8 @@ unsafe fn gemm_into<A: Acc>(
             ldd as isize,
             add,
             lhs.as_ptr(),
-            1,
-            ldl as isize,
+            lcs as isize,
+            ls as isize,
             rhs.as_ptr(),
             cs as isize,
             rs as isize,
@@ -389,6 +408,8 @@ fn rows_of<A: Acc>(
     acc: &mut [A],
 ) {
     let rows = acc.len() / d.ev;
+    // the weighted sums of values accumulate from 0
+    acc.fill(A::ZERO);
     let mut m = vec![A::NEG_INF; rows];
     let mut sum = vec![A::ZERO; rows];
     let mut p = vec![A::ZERO; rows * KEYS.min(d.s)];
@@ -410,7 +431,7 @@ fn rows_of<A: Acc>(
                     keys,
                     false,
                     qb,
-                    q.rs,
+                    (q.rs, 1),
                     k.from(b, j0),
                     (1, k.rs),
                     A::from_f64(d.scale),
@@ -462,7 +483,7 @@ fn rows_of<A: Acc>(
                 d.ev,
                 true,
                 &p,
-                keys,
+                (keys, 1),
                 v.from(b, j0),
                 (v.rs, 1),
                 A::ONE,

@@ -2,6 +2,7 @@
 //! it receives an op already checked by its shape rule, with the inferred output type.
 
 pub mod attention;
+pub mod attention_grad;
 pub mod cnn;
 pub mod conv;
 pub mod copy;
@@ -56,6 +57,11 @@ pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
             is_causal,
             scale,
         } => attention::eval(inputs, *has_mask, *is_causal, scale.map(|s| s.get()), out),
+        Op::AttentionGrad {
+            has_mask,
+            is_causal,
+            scale,
+        } => attention_grad::eval(inputs, *has_mask, *is_causal, scale.map(|s| s.get()), out),
         Op::Reshape { .. }
         | Op::View { .. }
         | Op::Permute { .. }

@@ -1,0 +1,242 @@
+//! The gradients of `scaled_dot_product_attention` with respect to q, k and v in one pass
+//! (the FlashAttention backward): per (batch, head), block by block of query rows, the
+//! block's probabilities `P` are recomputed from q and k, then
+//!
+//! - `dV += Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P ∘ (dP − rowsum(P ∘ dP))`,
+//! - `dQ = scale · dS·K` and `dK += scale · dSᵀ·Q`,
+//!
+//! five small GEMMs on blocks that stay in cache. What a task holds is two `[rows, S]`
+//! blocks, so memory is linear in the sequence length, where the same gradients written as
+//! matmul and softmax materialise `[batch, L, S]` probabilities and their gradient.
+//! `rowsum(P ∘ dP)` equals `rowsum(dO ∘ O)`, so the forward's output is not needed.
+//!
+//! Batches run in parallel, each writing its own dQ, dK and dV. f64 computes in f64, f32
+//! in f32 (as the forward kernel), f16 and bf16 in f32, rounded once. A query row whose
+//! every key is masked out (the forward gives zeros) gets no gradient.
+
+use super::attention::{Acc, Dims, Mask, ROWS, Rows, gemm_into, pooled, with_rows};
+use super::copy;
+use crate::ir::dtype::DType;
+use crate::ir::op::TensorType;
+use crate::ir::shape::numel;
+use crate::runtime::native::chains;
+use crate::runtime::tensor::Tensor;
+use crate::{Result, bail};
+use rayon::prelude::*;
+
+/// Evaluates the packed gradients of q, k and v over `inputs` (g, q, k, v, and the mask
+/// when `has_mask`).
+pub fn eval(
+    inputs: &[&Tensor],
+    has_mask: bool,
+    is_causal: bool,
+    scale: Option<f64>,
+    out: &TensorType,
+) -> Result<Tensor> {
+    let (g, q, k, v) = (inputs[0], inputs[1], inputs[2], inputs[3]);
+    let n = q.dim();
+    let batch_shape = &q.shape()[..n - 2];
+    let e = q.shape()[n - 1];
+    let d = Dims {
+        batch: numel(batch_shape),
+        l: q.shape()[n - 2],
+        s: k.shape()[n - 2],
+        e,
+        ev: v.shape()[n - 1],
+        scale: scale.unwrap_or(1.0 / (e as f64).sqrt()),
+        is_causal,
+    };
+    let mask = match has_mask {
+        true => Some(Mask::of(inputs[4], batch_shape, d.l, d.s)?),
+        false => None,
+    };
+    let ops = [g, q, k, v];
+    match q.dtype() {
+        DType::F64 => pooled::<f64>(out, |o| with_rows(ops, |r| run(r, mask.as_ref(), &d, o))),
+        DType::F32 => pooled::<f32>(out, |o| with_rows(ops, |r| run(r, mask.as_ref(), &d, o))),
+        DType::F16 | DType::BF16 => {
+            let mut o = vec![0f32; out.numel()];
+            with_rows::<f32, 4, _>(ops, |r| run(r, mask.as_ref(), &d, &mut o))?;
+            copy::cast(&Tensor::from_vec(o, &out.shape)?, out.dtype)
+        }
+        dt => bail!(
+            DType,
+            "scaled_dot_product_attention_backward: not implemented for '{}'",
+            dt.scalar_name()
+        ),
+    }
+}
+
+/// dQ, dK and dV of every batch, one after another, into `out`.
+fn run<A: Acc>(ops: [Rows<'_, A>; 4], mask: Option<&Mask>, d: &Dims, out: &mut [A]) {
+    let (nq, nk) = (d.l * d.e, d.s * d.e);
+    let nv = d.s * d.ev;
+    let (dq, rest) = out.split_at_mut(d.batch * nq);
+    let (dk, dv) = rest.split_at_mut(d.batch * nk);
+    // each batch's three slices (some may be empty), handed to its task
+    let mut tasks = Vec::with_capacity(d.batch);
+    let (mut dq, mut dk, mut dv) = (dq, dk, dv);
+    for b in 0..d.batch {
+        let (q1, q2) = dq.split_at_mut(nq);
+        let (k1, k2) = dk.split_at_mut(nk);
+        let (v1, v2) = dv.split_at_mut(nv);
+        tasks.push((b, q1, k1, v1));
+        (dq, dk, dv) = (q2, k2, v2);
+    }
+    tasks
+        .into_par_iter()
+        .for_each(|(b, dq, dk, dv)| batch_grads(&ops, mask, d, b, dq, dk, dv));
+}
+
+/// The gradients of batch `b`, block by block of query rows.
+fn batch_grads<A: Acc>(
+    [g, q, k, v]: &[Rows<'_, A>; 4],
+    mask: Option<&Mask>,
+    d: &Dims,
+    b: usize,
+    dq: &mut [A],
+    dk: &mut [A],
+    dv: &mut [A],
+) {
+    // dK and dV accumulate over the blocks; dQ rows that see no key stay 0
+    dk.fill(A::ZERO);
+    dv.fill(A::ZERO);
+    let block = ROWS.min(d.l);
+    let mut p = vec![A::ZERO; block * d.s];
+    let mut dp = vec![A::ZERO; block * d.s];
+    let scale = A::from_f64(d.scale);
+    for i0 in (0..d.l).step_by(ROWS) {
+        let rows = ROWS.min(d.l - i0);
+        // causal rows see keys up to their own index: later keys get no gradient from them
+        let end = if d.is_causal { d.s.min(i0 + rows) } else { d.s };
+        if end == 0 {
+            dq[i0 * d.e..(i0 + rows) * d.e].fill(A::ZERO);
+            continue;
+        }
+        let (p, dp) = (&mut p[..rows * end], &mut dp[..rows * end]);
+        // SAFETY (every GEMM below): p and dp hold rows × end; q, g and dq hold rows rows
+        // of E (or Ev) from i0; k and v end rows of E (or Ev), dk and dv too.
+        if d.e == 0 {
+            p.iter_mut().for_each(|x| *x = A::ZERO);
+        } else {
+            unsafe {
+                gemm_into(
+                    (rows, end, d.e),
+                    p,
+                    end,
+                    false,
+                    q.from(b, i0),
+                    (q.rs, 1),
+                    k.from(b, 0),
+                    (1, k.rs),
+                    scale,
+                );
+            }
+        }
+        probabilities(p, mask, d, b, i0, end);
+        if d.ev == 0 {
+            dp.iter_mut().for_each(|x| *x = A::ZERO);
+        } else {
+            unsafe {
+                gemm_into(
+                    (rows, end, d.ev),
+                    dp,
+                    end,
+                    false,
+                    g.from(b, i0),
+                    (g.rs, 1),
+                    v.from(b, 0),
+                    (1, v.rs),
+                    A::ONE,
+                );
+                // dV[..end] += Pᵀ · dO
+                gemm_into(
+                    (end, d.ev, rows),
+                    dv,
+                    d.ev,
+                    true,
+                    p,
+                    (1, end),
+                    g.from(b, i0),
+                    (g.rs, 1),
+                    A::ONE,
+                );
+            }
+        }
+        // dS = P ∘ (dP − rowsum(P ∘ dP)), in place of dP
+        for (pr, dr) in p.chunks_exact(end).zip(dp.chunks_exact_mut(end)) {
+            let dot = pr
+                .iter()
+                .zip(dr.iter())
+                .fold(A::ZERO, |a, (&x, &y)| a.add(x.mul(y)));
+            for (y, &x) in dr.iter_mut().zip(pr) {
+                *y = x.mul(y.sub(dot));
+            }
+        }
+        if d.e > 0 {
+            unsafe {
+                // dQ = scale · dS · K[..end]
+                gemm_into(
+                    (rows, d.e, end),
+                    &mut dq[i0 * d.e..],
+                    d.e,
+                    false,
+                    dp,
+                    (end, 1),
+                    k.from(b, 0),
+                    (k.rs, 1),
+                    scale,
+                );
+                // dK[..end] += scale · dSᵀ · Q
+                gemm_into(
+                    (end, d.e, rows),
+                    dk,
+                    d.e,
+                    true,
+                    dp,
+                    (1, end),
+                    q.from(b, i0),
+                    (q.rs, 1),
+                    scale,
+                );
+            }
+        }
+    }
+}
+
+/// The block's scores `p` (rows × `end` keys, from query row `i0` of batch `b`) turned
+/// into probabilities: masked, causal positions hidden, softmax per row; a row with every
+/// key hidden becomes zeros.
+fn probabilities<A: Acc>(
+    p: &mut [A],
+    mask: Option<&Mask>,
+    d: &Dims,
+    b: usize,
+    i0: usize,
+    end: usize,
+) {
+    let max = |a: A, x: A| if x > a { x } else { a };
+    for (r, row) in p.chunks_exact_mut(end).enumerate() {
+        let i = i0 + r;
+        if let Some(mk) = mask {
+            for (j, x) in row.iter_mut().enumerate() {
+                *x = mk.apply(*x, b, i, j);
+            }
+        }
+        if d.is_causal && i + 1 < end {
+            row[i + 1..].iter_mut().for_each(|x| *x = A::NEG_INF);
+        }
+        let m = chains(row, A::NEG_INF, max, max);
+        if m != A::NEG_INF {
+            row.iter_mut().for_each(|x| *x = x.sub(m));
+        }
+        // a fully hidden row stays -inf: its exponentials are 0
+    }
+    A::exp_le0_all(p);
+    for row in p.chunks_exact_mut(end) {
+        let sum = chains(row, A::ZERO, A::add, A::add);
+        if sum != A::ZERO {
+            row.iter_mut().for_each(|x| *x = x.div(sum));
+        }
+    }
+}
