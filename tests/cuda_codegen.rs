@@ -475,3 +475,50 @@ fn every_unary_op_has_a_case() {
         );
     }
 }
+
+#[test]
+fn smelt_compile_writes_attentions_gradient_as_kernels_and_gemms() {
+    if !nvrtc_or_skip("smelt_compile_writes_attentions_gradient_as_kernels_and_gemms") {
+        return;
+    }
+    // the fused CPU op has no CUDA kernel: its matmul-and-softmax form is compiled instead
+    let dir = temp_dir("compile-attention-grad");
+    let model = dir.join("ab.smelt");
+    std::fs::write(
+        &model,
+        "graph ab(%g: f32[2,4,16,8], %q: f32[2,4,16,8], %k: f32[2,4,16,8], %v: f32[2,4,16,8]) {
+  %r = scaled_dot_product_attention_backward(%g, %q, %k, %v, is_causal=true)
+  return %r
+}
+",
+    )
+    .unwrap();
+    let out = dir.join("out");
+    let o = smelt(&[
+        "compile",
+        model.to_str().unwrap(),
+        "--target",
+        "cuda",
+        "--out",
+        out.to_str().unwrap(),
+        "--arch",
+        "sm_90",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let m = std::fs::read_to_string(out.join("manifest.json")).unwrap();
+    assert!(!m.contains("scaled_dot_product_attention_backward"), "{m}");
+    // scores, dP, dV, dQ and dK
+    assert_eq!(m.matches("\"extern\": \"matmul\"").count(), 5, "{m}");
+    // the softmax and the pointwise steps: generated kernels, compiled to PTX
+    let ptx = std::fs::read_dir(&out)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "ptx")
+        })
+        .count();
+    assert!(ptx > 0, "{m}");
+}
