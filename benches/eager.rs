@@ -2,9 +2,10 @@
 //! memory read for reductions (both split across the threads), and the gemm crate called
 //! directly for matmul.
 //!
-//! Run: `cargo bench --bench eager` (add `-- quick` for fewer repetitions). Each row is the
-//! median of the repetitions, its bandwidth (GB/s of bytes moved) or GFLOP/s, and the baseline's
-//! time over the kernel's (above 1 is faster than the baseline).
+//! Run: `cargo bench --bench eager` (add `-- quick` for fewer repetitions, `-- linear` for
+//! the linear rows only). Each row is the median of the repetitions, its bandwidth (GB/s of
+//! bytes moved) or GFLOP/s, and the baseline's time over the kernel's (above 1 is faster
+//! than the baseline).
 
 mod timing;
 
@@ -114,6 +115,31 @@ fn matmul(reps: usize) {
     row("Tensor::matmul", mm, flops / mm / 1e6, "GFLOP/s", direct);
 }
 
+/// The GPT's layers: `linear` on [32, 32, 96] (and the MLP's [32, 32, 384]) against the
+/// same product through `matmul` of the transposed weight, with and without the bias.
+fn linear(reps: usize) {
+    smelt::runtime::random::manual_seed(5);
+    let rand = |s: &[usize]| Tensor::rand(s, Some(DType::F32)).expect("rand");
+    for (x, out) in [([32usize, 32, 96], 288usize), ([32, 32, 384], 96)] {
+        let (xt, w, b) = (rand(&x), rand(&[out, x[2]]), rand(&[out]));
+        let flops = 2.0 * (32 * 32 * x[2] * out) as f64;
+        let wt = w.t().expect("t");
+        let base = median_ms(reps, || drop(black_box(&xt).matmul(&wt).expect("matmul")));
+        let name = format!("matmul [32,32,{}]·[{},{out}] (baseline)", x[2], x[2]);
+        row(&name, base, flops / base / 1e6, "GFLOP/s", base);
+        for bias in [None, Some(&b)] {
+            let ms = median_ms(reps, || {
+                drop(black_box(&xt).linear(&w, bias).expect("linear"))
+            });
+            let name = format!(
+                "linear, {}",
+                if bias.is_some() { "bias" } else { "no bias" }
+            );
+            row(&name, ms, flops / ms / 1e6, "GFLOP/s", base);
+        }
+    }
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; `-- quick` asks for fewer repetitions
     let quick = std::env::args().any(|a| a == "quick");
@@ -123,10 +149,17 @@ fn main() {
         rayon::current_num_threads()
     );
     println!("| kernel | time | rate | baseline/kernel |\n|---|---|---|---|");
+    if std::env::args().any(|a| a == "linear") {
+        println!("| **linear at the GPT's shapes, f32** | | | |");
+        linear(reps);
+        return;
+    }
     println!("| **pointwise, [{SIDE},{SIDE}] f32** | | | |");
     pointwise(reps);
     println!("| **reductions, [{SIDE},{SIDE}] f32** | | | |");
     reductions(reps);
     println!("| **matmul 1024³ f32** | | | |");
     matmul(reps);
+    println!("| **linear at the GPT's shapes, f32** | | | |");
+    linear(reps);
 }

@@ -348,6 +348,30 @@ fn linear_matches_reference_without_copying_the_weight() {
     );
 }
 
+#[test]
+fn products_overwrite_recycled_buffers() {
+    // a freed buffer of the output's size full of NaN: the storage pool hands it to the next
+    // product, whose GEMM must write every element without reading it
+    let (m, k, n) = (64, 48, 301);
+    let x = rand_tensor(&[m, k], DType::F32, 1);
+    let w = rand_tensor(&[n, k], DType::F32, 2);
+    let b = rand_tensor(&[n], DType::F32, 3);
+    let (shape, want) = ref_linear(&x, &w, Some(&b));
+    let (_, want_nobias) = ref_linear(&x, &w, None);
+    for bias in [Some(&b), None] {
+        let nan = Tensor::full(&[m, n], f64::NAN, Some(DType::F32)).unwrap();
+        let at = nan.data_ptr();
+        drop(nan);
+        let got = x.linear(&w, bias).unwrap();
+        assert_eq!(got.data_ptr(), at, "the output reuses the freed buffer");
+        assert_eq!(got.shape(), &shape[..]);
+        let want = if bias.is_some() { &want } else { &want_nobias };
+        for (g, w) in got.to_f64_vec().iter().zip(want) {
+            assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "{g} vs {w}");
+        }
+    }
+}
+
 fn shapes() -> impl Strategy<Value = (Vec<usize>, Vec<usize>, bool, bool)> {
     (
         0usize..3,

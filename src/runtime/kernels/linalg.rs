@@ -72,11 +72,17 @@ fn product(a: &Tensor, b: &Tensor, bias: Option<&Tensor>, ty: &TensorType) -> Re
         return cast_new(&r, DType::BF16);
     }
     let p = plan(a, b)?;
-    let out = Tensor::alloc(ty.dtype, &ty.shape)?;
+    // a float GEMM writes every element (or adds to the bias set first); the integer loop
+    // and an empty inner dim leave zeros
+    let overwritten = ty.dtype.is_float() && numel(&ty.shape) > 0 && p.product.k > 0;
+    let out = match overwritten {
+        true => Tensor::alloc_for_overwrite(ty.dtype, &ty.shape)?,
+        false => Tensor::alloc(ty.dtype, &ty.shape)?,
+    };
     if let Some(bias) = bias {
-        copy_into(&out, bias);
+        fill_with_bias(&out, bias);
     }
-    if out.numel() == 0 || p.product.k == 0 {
+    if !overwritten && (out.numel() == 0 || p.product.k == 0) {
         return Ok(out);
     }
     let Batched { product: p, offs } = p;
@@ -96,6 +102,38 @@ fn product(a: &Tensor, b: &Tensor, bias: Option<&Tensor>, ty: &TensorType) -> Re
     }
     drop(acc);
     Ok(out)
+}
+
+/// Sets the new contiguous `out` to `bias` broadcast to its shape: one copy per row when the
+/// bias is a contiguous row of `out`'s dtype (a linear layer's), else the strided copy.
+fn fill_with_bias(out: &Tensor, bias: &Tensor) {
+    let n = out.shape().last().copied().unwrap_or(1);
+    let row = bias.dtype() == out.dtype()
+        && bias.is_contiguous()
+        && bias.numel() == n
+        && bias.shape().last() == Some(&n)
+        && n > 0;
+    if !row {
+        copy_into(out, bias);
+        return;
+    }
+    let width = n * out.dtype().size();
+    let acc = access::lock(&[bias], &[out]);
+    // SAFETY: bias holds one row of `width` bytes; out is contiguous, `out.numel() / n`
+    // rows of it, write-locked while the slices live.
+    let (src, dst) = unsafe {
+        (
+            std::slice::from_raw_parts(acc.read::<u8>(0), width),
+            std::slice::from_raw_parts_mut(acc.write::<u8>(0), out.numel() / n * width),
+        )
+    };
+    if dst.len() >= crate::runtime::threads::eager_par_min() * 4 {
+        use rayon::prelude::*;
+        dst.par_chunks_mut(width)
+            .for_each(|r| r.copy_from_slice(src));
+    } else {
+        dst.chunks_mut(width).for_each(|r| r.copy_from_slice(src));
+    }
 }
 
 /// Runs one gemm per batch matrix; parallel inside large products, across small ones.
