@@ -432,3 +432,107 @@ fn a_training_step_holds_less_and_computes_the_same_bits() {
         );
     }
 }
+
+/// Compiles `text`'s graph and returns it with its function.
+fn compiled(text: &str) -> (smelt::ir::graph::Graph, smelt::exec::CompiledFn) {
+    let g = parse_module(text, "t").unwrap().graphs.remove(0);
+    let f = smelt::exec::CompiledFn::compile(&g, &smelt::exec::CompileOptions::default()).unwrap();
+    (g, f)
+}
+
+/// The buffer of the schedule named after value `name` (or a part of its decomposition).
+fn buffer_of(f: &smelt::exec::CompiledFn, name: &str) -> usize {
+    f.schedule()
+        .buffers
+        .iter()
+        .position(|b| b.name == name || b.name.starts_with(&format!("{name}.")))
+        .unwrap_or_else(|| panic!("no buffer {name} in {}", f.schedule()))
+}
+
+#[test]
+fn a_pointwise_result_is_written_over_its_dying_operand() {
+    // h dies where g is made from it element by element: g takes h's slot and storage
+    let text = "graph t(%x: f32[64,96], %w: f32[96,96], %y: f32[64,96]) {
+  %h = matmul(%x, %w)
+  %e = exp(%y)
+  %g = mul(%h, %e)
+  %k = matmul(%g, %w)
+  return %k
+}";
+    let (g, f) = compiled(text);
+    let p = f.temp_plan();
+    let (h, gb) = (buffer_of(&f, "h"), buffer_of(&f, "g"));
+    assert_eq!(p.written_over[gb], Some(h), "{}", f.schedule());
+    assert_eq!(p.slot_of[gb], p.slot_of[h]);
+    let mut rng = smelt::Generator::new(9);
+    let args: Vec<smelt::Tensor> = [[64, 96], [96, 96], [64, 96]]
+        .iter()
+        .map(|s| smelt::Tensor::randn_with(s, Some(DType::F32), &mut rng).unwrap())
+        .collect();
+    let want = smelt::runtime::interp::run_positional(&g, &args).unwrap();
+    // three calls: the later ones allocate nothing (each hands h's kept storage over to g,
+    // and the previous output is dropped)
+    for i in 0..3 {
+        let before = smelt::runtime::storage::allocation_count();
+        let got = f.call(&args).unwrap();
+        if i > 0 {
+            assert_eq!(smelt::runtime::storage::allocation_count() - before, 0);
+        }
+        let (a, b) = (got[0].to_f64_vec(), want[0].to_f64_vec());
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
+        }
+    }
+}
+
+#[test]
+fn results_that_read_other_elements_or_live_operands_get_their_own_slot() {
+    for (why, body) in [
+        // reads h transposed: element (i, j) needs h's (j, i), which may be overwritten
+        (
+            "transposed read",
+            "%t = transpose(%h, dim0=0, dim1=1)\n  %g = mul(%h, %t)",
+        ),
+        // h is read again by a later step
+        (
+            "operand still live",
+            "%g = mul(%h, %h)\n  %q = matmul(%h, %x)",
+        ),
+        // a reduction over rows
+        ("row reduction", "%g = softmax(%h, dim=1)"),
+    ] {
+        let extra = if why == "operand still live" {
+            ", %q"
+        } else {
+            ""
+        };
+        let text = format!(
+            "graph t(%x: f32[64,64], %w: f32[64,64]) {{
+  %h = matmul(%x, %w)
+  {body}
+  %k = matmul(%g, %w)
+  return %k{extra}
+}}"
+        );
+        let (g, f) = compiled(&text);
+        let gb = buffer_of(&f, "g");
+        assert_eq!(
+            f.temp_plan().written_over[gb],
+            None,
+            "{why}: {}",
+            f.schedule()
+        );
+        let mut rng = smelt::Generator::new(10);
+        let args: Vec<smelt::Tensor> = [[64, 64], [64, 64]]
+            .iter()
+            .map(|s| smelt::Tensor::randn_with(s, Some(DType::F32), &mut rng).unwrap())
+            .collect();
+        let want = smelt::runtime::interp::run_positional(&g, &args).unwrap();
+        let got = f.call(&args).unwrap();
+        for (a, b) in got.iter().zip(&want) {
+            for (x, y) in a.to_f64_vec().iter().zip(&b.to_f64_vec()) {
+                assert!((x - y).abs() <= 1e-3 * (1.0 + y.abs()), "{why}: {x} vs {y}");
+            }
+        }
+    }
+}

@@ -721,8 +721,13 @@ impl CompiledFn {
                     f.bufs[b] = Some(dest);
                     continue;
                 }
-                let t = match self.plan.slot_of[b] {
-                    Some(slot) => f.storage_tensor(
+                // a result written over its dying operand takes the operand's storage
+                let over = self.plan.written_over[b]
+                    .zip(self.plan.slot_of[b])
+                    .and_then(|(a, slot)| f.handover(slot, f.bufs[a].as_ref()?, &self.layouts[b]));
+                let t = match (over, self.plan.slot_of[b]) {
+                    (Some(t), _) => t,
+                    (None, Some(slot)) => f.storage_tensor(
                         slot,
                         buf.dtype,
                         buf.len(),
@@ -730,7 +735,7 @@ impl CompiledFn {
                         &self.layouts[b],
                         self.returned[b],
                     )?,
-                    None => Tensor::alloc_for_overwrite(buf.dtype, &buf.shape)?,
+                    (None, None) => Tensor::alloc_for_overwrite(buf.dtype, &buf.shape)?,
                 };
                 f.bufs[b] = Some(t);
             }

@@ -7,7 +7,9 @@
 //! its slots (through a tensor never handed out); the storage is taken again only when that
 //! reference is the only one left, that is when no live buffer of this call and no tensor
 //! handed to a caller still uses it. A returned output is therefore never overwritten by a
-//! later call.
+//! later call. The one exception is a hand-over within a call: a kernel's result planned
+//! over an operand that dies at that kernel takes the operand's storage
+//! ([`Frame::handover`]).
 
 use crate::Result;
 use crate::ir::dtype::DType;
@@ -84,6 +86,25 @@ impl Frame {
         };
         self.cache[place] = Some(kept);
         Ok(t)
+    }
+
+    /// A tensor of `layout` over the storage of cache place `place` for a buffer written
+    /// over `over` (its operand, dying at this step, in the same place): when only the
+    /// cache and `over` use that storage.
+    pub fn handover(&self, place: usize, over: &Tensor, layout: &Layout) -> Option<Tensor> {
+        let t = self.cache.get(place)?.as_ref()?;
+        let storage = t.storage_arc();
+        if !Arc::ptr_eq(storage, over.storage_arc()) || Arc::weak_count(storage) != 0 {
+            return None;
+        }
+        let alone = if Arc::ptr_eq(&t.0, &over.0) {
+            Arc::strong_count(&t.0) == 2 && Arc::strong_count(storage) == 1
+        } else {
+            Arc::strong_count(&t.0) == 1
+                && Arc::strong_count(&over.0) == 1
+                && Arc::strong_count(storage) == 2
+        };
+        alone.then(|| Tensor::from_parts(storage.clone(), layout.clone()))
     }
 
     /// Drops every buffer's tensor (inputs included: a frame keeps no caller tensor alive).

@@ -6,9 +6,14 @@
 //! dtype and element count. Extern results are the tensors the library call returns, so
 //! they get no slot. A memory planner can replace [`TempPlan::build`] with its own
 //! assignment: the executor reads only `alloc_before`, `free_after` and `slot_of`.
+//!
+//! One exception to disjoint lifetimes: a pointwise kernel that reads a temporary only at
+//! the element it writes, at the step where that temporary dies, writes its result into the
+//! temporary's slot ([`in_place`]): a gradient flowing through an activation's derivative,
+//! say, needs no second buffer of its size.
 
 use crate::ir::dtype::DType;
-use crate::kernel::{BufferId, BufferKind, Expr, Schedule, Step};
+use crate::kernel::{BufferId, BufferKind, Expr, IndexMap, Kernel, Schedule, Step};
 
 /// The temporaries' slots and when each is taken and given back.
 #[derive(Clone, Debug, Default)]
@@ -22,6 +27,9 @@ pub struct TempPlan {
     pub alloc_before: Vec<Vec<BufferId>>,
     /// Buffers that no later step reads, released after each step.
     pub free_after: Vec<Vec<BufferId>>,
+    /// For a kernel's result written over an operand that dies at that step, in the same
+    /// slot ([`in_place`]): the operand.
+    pub written_over: Vec<Option<BufferId>>,
 }
 
 /// The buffers a step reads and the ones it writes.
@@ -51,6 +59,45 @@ pub fn step_buffers(step: &Step) -> (Vec<BufferId>, Vec<BufferId>) {
     writes.sort_unstable();
     writes.dedup();
     (reads, writes)
+}
+
+/// The (operand, result) pairs of a pointwise kernel whose result may be written over the
+/// operand: the kernel reads the operand only at the element it writes (the same map, which
+/// reaches a different element at every point of the space), so each element is read
+/// before it is overwritten, and by its own iteration only. Kernels with aliased operands
+/// already run this way (a parameter's update written into the parameter).
+pub fn in_place(k: &Kernel) -> Vec<(BufferId, BufferId)> {
+    if !k.inner.is_empty() || !k.passes.is_empty() {
+        return Vec::new();
+    }
+    let loads: Vec<(BufferId, &IndexMap)> = k
+        .values
+        .iter()
+        .filter_map(|v| match &v.expr {
+            Expr::Load { buffer, map } => Some((*buffer, map)),
+            _ => None,
+        })
+        .collect();
+    let mut out: Vec<(BufferId, BufferId)> = Vec::new();
+    for st in &k.stores {
+        // every point of the space writes its own element, once
+        let distinct = k
+            .outer
+            .iter()
+            .zip(&st.map.strides)
+            .all(|(&size, &stride)| size <= 1 || stride != 0);
+        let single = k.stores.iter().filter(|o| o.buffer == st.buffer).count() == 1;
+        if !distinct || !single || loads.iter().any(|&(b, _)| b == st.buffer) {
+            continue;
+        }
+        for &(a, _) in &loads {
+            let aligned = loads.iter().all(|&(b, m)| b != a || m == &st.map);
+            if aligned && !out.iter().any(|&(x, y)| x == a || y == st.buffer) {
+                out.push((a, st.buffer));
+            }
+        }
+    }
+    out
 }
 
 impl TempPlan {
@@ -93,11 +140,30 @@ impl TempPlan {
         for v in &s.outputs {
             kept[v.buffer] = true;
         }
+        // (dying operand, result) pairs that may share a slot at the step between them
+        let mut pairs: Vec<(BufferId, BufferId)> = Vec::new();
+        for (i, step) in s.steps.iter().enumerate() {
+            let Step::Kernel(k) = step else { continue };
+            if nested(i) || nested(i + 1) {
+                continue;
+            }
+            for (a, b) in in_place(k) {
+                let temp = |x: BufferId| s.buffers[x].kind == BufferKind::Temp && !kept[x];
+                let same = s.buffers[a].dtype == s.buffers[b].dtype
+                    && s.buffers[a].len() == s.buffers[b].len();
+                let fresh = def[b] == Some(i) && by_kernel[b];
+                let taken = pairs.iter().any(|&(x, y)| x == a || y == b);
+                if temp(a) && temp(b) && same && fresh && last[a] == Some(i) && !taken {
+                    pairs.push((a, b));
+                }
+            }
+        }
         let mut plan = TempPlan {
             slot_of: vec![None; n],
             slots: Vec::new(),
             alloc_before: vec![Vec::new(); steps],
             free_after: vec![Vec::new(); steps],
+            written_over: vec![None; n],
         };
         // what takes a slot at each step: what the plan allocates, and slotted extern results
         let mut take: Vec<Vec<BufferId>> = vec![Vec::new(); steps];
@@ -141,20 +207,35 @@ impl TempPlan {
                 b,
             )
         });
-        let mut holders: Vec<Vec<(usize, usize)>> = Vec::new();
+        let mut holders: Vec<Vec<(BufferId, usize, usize)>> = Vec::new();
         let mut exact: Vec<bool> = Vec::new();
         for b in order {
             let Some((first, last)) = life[b] else {
                 continue;
             };
             let (dtype, len) = (s.buffers[b].dtype, s.buffers[b].len());
+            // a holder whose life meets b's at the one step where one is written over the other
+            let handover = |h: BufferId, f: usize, l: usize| {
+                (l == first && pairs.contains(&(h, b))) || (last == f && pairs.contains(&(b, h)))
+            };
             let free = |k: usize| {
                 plan.slots[k].0 == dtype
                     && exact[k] == kept[b]
                     && (!kept[b] || plan.slots[k].1 == len)
-                    && holders[k].iter().all(|&(f, l)| l < first || last < f)
+                    && holders[k]
+                        .iter()
+                        .all(|&(h, f, l)| l < first || last < f || handover(h, f, l))
             };
-            let slot = match (0..plan.slots.len()).find(|&k| free(k)) {
+            // the slot of the buffer it is written over (or into), when that one has one
+            let partner = pairs
+                .iter()
+                .find_map(|&(x, y)| match (x == b, y == b) {
+                    (true, _) => plan.slot_of[y],
+                    (_, true) => plan.slot_of[x],
+                    _ => None,
+                })
+                .filter(|&k| free(k));
+            let slot = match partner.or_else(|| (0..plan.slots.len()).find(|&k| free(k))) {
                 Some(k) => k,
                 None => {
                     plan.slots.push((dtype, len));
@@ -163,8 +244,13 @@ impl TempPlan {
                     plan.slots.len() - 1
                 }
             };
-            holders[slot].push((first, last));
+            holders[slot].push((b, first, last));
             plan.slot_of[b] = Some(slot);
+        }
+        for (a, b) in pairs {
+            if plan.slot_of[a].is_some() && plan.slot_of[a] == plan.slot_of[b] {
+                plan.written_over[b] = Some(a);
+            }
         }
         plan
     }
