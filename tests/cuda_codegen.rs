@@ -370,17 +370,8 @@ fn integer_remainder_reports_division_by_zero_through_the_flag() {
     assert!(CudaProgram::prelude(false).contains("*err = 1u"));
 }
 
-#[test]
-fn smelt_compile_writes_sources_ptx_cubin_and_a_manifest() {
-    if !nvrtc_or_skip("smelt_compile_writes_sources_ptx_cubin_and_a_manifest") {
-        return;
-    }
-    // a directory the command makes
-    let out = temp_dir("compile").join("out");
-    let model = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/models/attention.smelt"
-    );
+/// `smelt compile MODEL --target cuda --arch sm_90` into `out`; its manifest.
+fn compile_for_sm_90(model: &str, out: &std::path::Path) -> String {
     let o = smelt(&[
         "compile",
         model,
@@ -392,7 +383,21 @@ fn smelt_compile_writes_sources_ptx_cubin_and_a_manifest() {
         "sm_90",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let m = std::fs::read_to_string(out.join("manifest.json")).unwrap();
+    std::fs::read_to_string(out.join("manifest.json")).unwrap()
+}
+
+#[test]
+fn smelt_compile_writes_sources_ptx_cubin_and_a_manifest() {
+    if !nvrtc_or_skip("smelt_compile_writes_sources_ptx_cubin_and_a_manifest") {
+        return;
+    }
+    // a directory the command makes
+    let out = temp_dir("compile").join("out");
+    let model = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/models/attention.smelt"
+    );
+    let m = compile_for_sm_90(model, &out);
     // the same kernels as generated here, each with its three files
     let text = std::fs::read_to_string(model).unwrap();
     let s = compile(&parse_module(&text, "a").unwrap().graphs[0]).unwrap();
@@ -494,18 +499,7 @@ fn smelt_compile_writes_attentions_gradient_as_kernels_and_gemms() {
     )
     .unwrap();
     let out = dir.join("out");
-    let o = smelt(&[
-        "compile",
-        model.to_str().unwrap(),
-        "--target",
-        "cuda",
-        "--out",
-        out.to_str().unwrap(),
-        "--arch",
-        "sm_90",
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let m = std::fs::read_to_string(out.join("manifest.json")).unwrap();
+    let m = compile_for_sm_90(model.to_str().unwrap(), &out);
     assert!(!m.contains("scaled_dot_product_attention_backward"), "{m}");
     // scores, dP, dV, dQ and dK
     assert_eq!(m.matches("\"extern\": \"matmul\"").count(), 5, "{m}");

@@ -202,45 +202,80 @@ pub fn eval(
     out: &TensorType,
 ) -> Result<Tensor> {
     let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
-    let n = q.dim();
-    let (l, e) = (q.shape()[n - 2], q.shape()[n - 1]);
-    let (s, ev) = (k.shape()[n - 2], v.shape()[n - 1]);
-    let batch_shape = &q.shape()[..n - 2];
-    let batch = numel(batch_shape);
-    let scale = scale.unwrap_or(1.0 / (e as f64).sqrt());
-    let mask = match has_mask {
-        true => Some(Mask::of(inputs[3], batch_shape, l, s)?),
-        false => None,
+    let (dims, mask) = setup([q, k, v], has_mask.then(|| inputs[3]), scale, is_causal)?;
+    let job = Job {
+        mask: mask.as_ref(),
+        d: &dims,
     };
-    let dims = Dims {
-        batch,
-        l,
-        s,
+    by_dtype("scaled_dot_product_attention", [q, k, v], out, &job)
+}
+
+/// The sizes of attention over `[q, k, v]` and its mask, read as the kernels read it.
+pub(super) fn setup(
+    [q, k, v]: [&Tensor; 3],
+    mask: Option<&Tensor>,
+    scale: Option<f64>,
+    is_causal: bool,
+) -> Result<(Dims, Option<Mask>)> {
+    let n = q.dim();
+    let batch_shape = &q.shape()[..n - 2];
+    let e = q.shape()[n - 1];
+    let d = Dims {
+        batch: numel(batch_shape),
+        l: q.shape()[n - 2],
+        s: k.shape()[n - 2],
         e,
-        ev,
-        scale,
+        ev: v.shape()[n - 1],
+        scale: scale.unwrap_or(1.0 / (e as f64).sqrt()),
         is_causal,
     };
-    let ops = [q, k, v];
-    match q.dtype() {
-        DType::F64 => pooled::<f64>(out, |o| with_rows(ops, |r| run(r, mask.as_ref(), &dims, o))),
-        DType::F32 => pooled::<f32>(out, |o| with_rows(ops, |r| run(r, mask.as_ref(), &dims, o))),
+    let mask = mask
+        .map(|m| Mask::of(m, batch_shape, d.l, d.s))
+        .transpose()?;
+    Ok((d, mask))
+}
+
+/// What an attention kernel needs besides its operands.
+pub(super) struct Job<'a> {
+    pub(super) mask: Option<&'a Mask>,
+    pub(super) d: &'a Dims,
+}
+
+/// An attention kernel over `N` operands read as rows, generic over the type it computes
+/// in; it writes every element of `out`.
+pub(super) trait RowsKernel<const N: usize> {
+    fn run<A: Acc>(&self, ops: [Rows<'_, A>; N], out: &mut [A]);
+}
+
+impl RowsKernel<3> for Job<'_> {
+    fn run<A: Acc>(&self, ops: [Rows<'_, A>; 3], out: &mut [A]) {
+        run(ops, self.mask, self.d, out)
+    }
+}
+
+/// Runs kernel `k` of op `name` on `ops` into a new tensor of type `out`: f64 computes in
+/// f64, f32 in f32, f16 and bf16 in f32 rounded once.
+pub(super) fn by_dtype<const N: usize>(
+    name: &str,
+    ops: [&Tensor; N],
+    out: &TensorType,
+    k: &impl RowsKernel<N>,
+) -> Result<Tensor> {
+    match out.dtype {
+        DType::F64 => pooled::<f64>(out, |o| with_rows(ops, |r| k.run(r, o))),
+        DType::F32 => pooled::<f32>(out, |o| with_rows(ops, |r| k.run(r, o))),
         DType::F16 | DType::BF16 => {
             let mut o = vec![0f32; out.numel()];
-            with_rows::<f32, 3, _>(ops, |r| run(r, mask.as_ref(), &dims, &mut o))?;
+            with_rows::<f32, N, _>(ops, |r| k.run(r, &mut o))?;
             copy::cast(&Tensor::from_vec(o, &out.shape)?, out.dtype)
         }
-        d => bail!(
-            DType,
-            "scaled_dot_product_attention: not implemented for '{}'",
-            d.scalar_name()
-        ),
+        d => bail!(DType, "{name}: not implemented for '{}'", d.scalar_name()),
     }
 }
 
 /// A new tensor of type `out` whose elements `fill` writes, every one of them; from the
 /// storage pool, since a training step asks for one of the same size every call.
-pub(super) fn pooled<A: Element>(
+fn pooled<A: Element>(
     out: &TensorType,
     fill: impl FnOnce(&mut [A]) -> Result<()>,
 ) -> Result<Tensor> {
@@ -273,7 +308,7 @@ impl<A> Rows<'_, A> {
 /// of `A` whose last dim is dense is read where it lies (the heads of a fused projection,
 /// sliced and permuted, need no copy); any other is copied contiguous first. One lock
 /// covers them all (they may share a storage: self-attention passes one tensor thrice).
-pub(super) fn with_rows<A: crate::runtime::Element, const N: usize, R>(
+fn with_rows<A: crate::runtime::Element, const N: usize, R>(
     ts: [&Tensor; N],
     f: impl FnOnce([Rows<'_, A>; N]) -> R,
 ) -> Result<R> {

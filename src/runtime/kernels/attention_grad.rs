@@ -14,14 +14,11 @@
 //! in f32 (as the forward kernel), f16 and bf16 in f32, rounded once. A query row whose
 //! every key is masked out (the forward gives zeros) gets no gradient.
 
-use super::attention::{Acc, Dims, Mask, ROWS, Rows, gemm_into, pooled, with_rows};
-use super::copy;
-use crate::ir::dtype::DType;
+use super::attention::{Acc, Dims, Job, Mask, ROWS, Rows, RowsKernel, by_dtype, gemm_into, setup};
+use crate::Result;
 use crate::ir::op::TensorType;
-use crate::ir::shape::numel;
 use crate::runtime::native::chains;
 use crate::runtime::tensor::Tensor;
-use crate::{Result, bail};
 use rayon::prelude::*;
 
 /// Evaluates the packed gradients of q, k and v over `inputs` (g, q, k, v, and the mask
@@ -34,36 +31,22 @@ pub fn eval(
     out: &TensorType,
 ) -> Result<Tensor> {
     let (g, q, k, v) = (inputs[0], inputs[1], inputs[2], inputs[3]);
-    let n = q.dim();
-    let batch_shape = &q.shape()[..n - 2];
-    let e = q.shape()[n - 1];
-    let d = Dims {
-        batch: numel(batch_shape),
-        l: q.shape()[n - 2],
-        s: k.shape()[n - 2],
-        e,
-        ev: v.shape()[n - 1],
-        scale: scale.unwrap_or(1.0 / (e as f64).sqrt()),
-        is_causal,
+    let (d, mask) = setup([q, k, v], has_mask.then(|| inputs[4]), scale, is_causal)?;
+    let job = Job {
+        mask: mask.as_ref(),
+        d: &d,
     };
-    let mask = match has_mask {
-        true => Some(Mask::of(inputs[4], batch_shape, d.l, d.s)?),
-        false => None,
-    };
-    let ops = [g, q, k, v];
-    match q.dtype() {
-        DType::F64 => pooled::<f64>(out, |o| with_rows(ops, |r| run(r, mask.as_ref(), &d, o))),
-        DType::F32 => pooled::<f32>(out, |o| with_rows(ops, |r| run(r, mask.as_ref(), &d, o))),
-        DType::F16 | DType::BF16 => {
-            let mut o = vec![0f32; out.numel()];
-            with_rows::<f32, 4, _>(ops, |r| run(r, mask.as_ref(), &d, &mut o))?;
-            copy::cast(&Tensor::from_vec(o, &out.shape)?, out.dtype)
-        }
-        dt => bail!(
-            DType,
-            "scaled_dot_product_attention_backward: not implemented for '{}'",
-            dt.scalar_name()
-        ),
+    by_dtype(
+        "scaled_dot_product_attention_backward",
+        [g, q, k, v],
+        out,
+        &job,
+    )
+}
+
+impl RowsKernel<4> for Job<'_> {
+    fn run<A: Acc>(&self, ops: [Rows<'_, A>; 4], out: &mut [A]) {
+        run(ops, self.mask, self.d, out)
     }
 }
 
