@@ -339,11 +339,6 @@ pub(crate) fn vjp(
     }
 }
 
-/// Attention's backward with the probabilities recomputed (the `[.., L, S]` matrix exists
-/// here, unlike in the forward): `dV = Pᵀ g`, `dS = P ∘ (g Vᵀ − rowsum(g Vᵀ ∘ P))`,
-/// `dQ = dS K · scale`, `dK = dSᵀ Q · scale`; an additive mask's gradient is `dS`, a bool
-/// one has none. Rows every key of which is masked out have zero probabilities, as in the
-/// forward.
 /// Attention's gradients: one `AttentionGrad` op whose result holds the three, unless an
 /// additive mask wants a gradient too (that gradient is as large as the scores: the
 /// primitives below compute it with the others).
@@ -381,11 +376,7 @@ fn attention(
 
 /// The gradients packed one after another in the 1-D `packed`, as views of the shapes of
 /// `like`.
-pub(crate) fn split_packed(
-    e: &mut Emit,
-    packed: ValueId,
-    like: &[ValueId],
-) -> Result<Vec<ValueId>> {
+fn split_packed(e: &mut Emit, packed: ValueId, like: &[ValueId]) -> Result<Vec<ValueId>> {
     let mut start = 0;
     like.iter()
         .map(|&x| {
@@ -405,8 +396,12 @@ pub(crate) fn split_packed(
         .collect()
 }
 
-/// Attention's gradients written with matmul and softmax (the `[.., L, S]` probabilities
-/// materialised): for an additive mask's gradient, and for backends without the fused op.
+/// Attention's gradients written with matmul and softmax, the probabilities recomputed (the
+/// `[.., L, S]` matrix exists here, unlike in the forward): `dV = Pᵀ g`,
+/// `dS = P ∘ (g Vᵀ − rowsum(g Vᵀ ∘ P))`, `dQ = dS K · scale`, `dK = dSᵀ Q · scale`; an
+/// additive mask's gradient is `dS`, a bool one has none. Rows every key of which is masked
+/// out have zero probabilities, as in the forward. For an additive mask's gradient, and for
+/// backends without the fused op.
 pub(crate) fn attention_primitives(
     e: &mut Emit,
     xs: &[ValueId],
