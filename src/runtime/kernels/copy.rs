@@ -36,6 +36,21 @@ pub fn cast_new(x: &Tensor, dtype: DType) -> Result<Tensor> {
 pub fn copy_into(dst: &Tensor, src: &Tensor) {
     let acc = access::lock(&[src], &[dst]);
     let src_strides = src.layout().broadcast_strides(dst.shape());
+    if src.dtype() == dst.dtype() {
+        // a plain copy: no conversion through f64 or i64 in the inner loop
+        dispatch!(dst.dtype(), T => {
+            // SAFETY: both layouts lie inside their storages and dst has no internal overlap.
+            unsafe {
+                map1::<T, T>(
+                    dst.shape(),
+                    (acc.write::<T>(0), dst.strides()),
+                    (acc.read::<T>(0), &src_strides),
+                    |a| a,
+                )
+            }
+        });
+        return;
+    }
     dispatch!(dst.dtype(), O => dispatch!(src.dtype(), A => {
         // SAFETY: both layouts lie inside their storages and dst has no internal overlap.
         unsafe {

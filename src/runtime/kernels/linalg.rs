@@ -80,7 +80,7 @@ fn product(a: &Tensor, b: &Tensor, bias: Option<&Tensor>, ty: &TensorType) -> Re
         false => Tensor::alloc(ty.dtype, &ty.shape)?,
     };
     if let Some(bias) = bias {
-        fill_with_bias(&out, bias);
+        copy_into(&out, bias);
     }
     if !overwritten && (out.numel() == 0 || p.product.k == 0) {
         return Ok(out);
@@ -102,38 +102,6 @@ fn product(a: &Tensor, b: &Tensor, bias: Option<&Tensor>, ty: &TensorType) -> Re
     }
     drop(acc);
     Ok(out)
-}
-
-/// Sets the new contiguous `out` to `bias` broadcast to its shape: one copy per row when the
-/// bias is a contiguous row of `out`'s dtype (a linear layer's), else the strided copy.
-fn fill_with_bias(out: &Tensor, bias: &Tensor) {
-    let n = out.shape().last().copied().unwrap_or(1);
-    let row = bias.dtype() == out.dtype()
-        && bias.is_contiguous()
-        && bias.numel() == n
-        && bias.shape().last() == Some(&n)
-        && n > 0;
-    if !row {
-        copy_into(out, bias);
-        return;
-    }
-    let width = n * out.dtype().size();
-    let acc = access::lock(&[bias], &[out]);
-    // SAFETY: bias holds one row of `width` bytes; out is contiguous, `out.numel() / n`
-    // rows of it, write-locked while the slices live.
-    let (src, dst) = unsafe {
-        (
-            std::slice::from_raw_parts(acc.read::<u8>(0), width),
-            std::slice::from_raw_parts_mut(acc.write::<u8>(0), out.numel() / n * width),
-        )
-    };
-    if dst.len() >= crate::runtime::threads::eager_par_min() * 4 {
-        use rayon::prelude::*;
-        dst.par_chunks_mut(width)
-            .for_each(|r| r.copy_from_slice(src));
-    } else {
-        dst.chunks_mut(width).for_each(|r| r.copy_from_slice(src));
-    }
 }
 
 /// Runs one gemm per batch matrix; parallel inside large products, across small ones.
