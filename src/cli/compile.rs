@@ -62,7 +62,8 @@ pub fn run(a: &CompileArgs) -> Result<()> {
     if a.target == Target::Cpu {
         return cpu(a, g);
     }
-    let g = &crate::passes::decompose::expand_attention_grads(g)?;
+    let expanded = crate::passes::decompose::expand_attention_grads(g)?;
+    let g = &*expanded;
     let schedule = fuse::compile(g)?;
     let opts = CudaOptions {
         fast_math: a.fast_math,

@@ -290,7 +290,8 @@ pub fn generate_bodies(
     crate::ir::control::Control::bodies_of(g)
         .iter()
         .map(|b| {
-            let b = &crate::passes::decompose::expand_attention_grads(b)?;
+            let expanded = crate::passes::decompose::expand_attention_grads(b)?;
+            let b = &*expanded;
             let s = crate::passes::fuse::compile(b)?;
             let p = generate(&s, opts)?;
             Ok((b.name.clone(), s, p))

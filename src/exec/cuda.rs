@@ -99,7 +99,8 @@ impl CudaFn {
         let t0 = Instant::now();
         let gpu = Gpu::get(opts.device)?;
         // no fused attention backward on the GPU: its matmul-and-softmax form instead
-        let g = &crate::passes::decompose::expand_attention_grads(g)?;
+        let expanded = crate::passes::decompose::expand_attention_grads(g)?;
+        let g = &*expanded;
         let p = super::plan(g, opts.fuse, opts.fast_math, &[])?;
         let mut f = CudaFn::from_schedule(&gpu, p.schedule, p.input_names, opts.fast_math)?;
         f.fresh = f.schedule.fresh_outputs(&p.may_alias);

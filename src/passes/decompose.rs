@@ -117,9 +117,16 @@ pub fn decompose(g: &Graph) -> Result<Graph> {
 /// Every `AttentionGrad` of `g` written as matmul and softmax (the `[.., L, S]`
 /// probabilities materialised), its three gradients flattened and concatenated as the op
 /// packs them: for code generators without the fused kernel (CUDA), which then keep the
-/// products and the softmax on their own device.
-pub fn expand_attention_grads(g: &Graph) -> Result<Graph> {
+/// products and the softmax on their own device. A graph without one is returned as it is.
+pub fn expand_attention_grads(g: &Graph) -> Result<std::borrow::Cow<'_, Graph>> {
     use crate::passes::autodiff::{emit::Emit, rules::attention_primitives};
+    let has = g
+        .topo_order()
+        .into_iter()
+        .any(|v| matches!(g.node(v).op(), Some(Op::AttentionGrad { .. })));
+    if !has {
+        return Ok(std::borrow::Cow::Borrowed(g));
+    }
     rebuild(g, |b, name, op, args, _| {
         let Op::AttentionGrad {
             has_mask,
@@ -150,6 +157,7 @@ pub fn expand_attention_grads(g: &Graph) -> Result<Graph> {
         }
         b.g.add_op_named(Op::Cat { dim: 0 }, &flat, name).map(Some)
     })
+    .map(std::borrow::Cow::Owned)
 }
 
 /// `g` rebuilt node by node: `f` gives the replacement of a node (its name, op, mapped

@@ -193,6 +193,26 @@ impl Mask {
     }
 }
 
+/// The scores `row` of query `i` of batch `b` against keys `j0..`: the mask applied and,
+/// when causal, the keys after `i` hidden (`-inf`).
+pub(super) fn hide<A: Acc>(
+    row: &mut [A],
+    mask: Option<&Mask>,
+    d: &Dims,
+    b: usize,
+    i: usize,
+    j0: usize,
+) {
+    if let Some(mk) = mask {
+        for (jj, x) in row.iter_mut().enumerate() {
+            *x = mk.apply(*x, b, i, j0 + jj);
+        }
+    }
+    if d.is_causal && i + 1 < j0 + row.len() {
+        row[(i + 1).saturating_sub(j0)..].fill(A::NEG_INF);
+    }
+}
+
 /// Evaluates attention over `inputs` (q, k, v, and the mask when `has_mask`).
 pub fn eval(
     inputs: &[&Tensor],
@@ -476,15 +496,7 @@ fn rows_of<A: Acc>(
         for r in 0..rows {
             let i = i0 + r;
             let row = &mut p[r * keys..(r + 1) * keys];
-            if let Some(mk) = mask {
-                for (jj, x) in row.iter_mut().enumerate() {
-                    *x = mk.apply(*x, b, i, j0 + jj);
-                }
-            }
-            if d.is_causal && i < j0 + keys {
-                let first_hidden = (i + 1).saturating_sub(j0);
-                row[first_hidden..].iter_mut().for_each(|x| *x = A::NEG_INF);
-            }
+            hide(row, mask, d, b, i, j0);
             let max = |a: A, x: A| if x > a { x } else { a };
             let block_max = chains(row, A::NEG_INF, max, max);
             if block_max == A::NEG_INF {

@@ -14,7 +14,9 @@
 //! in f32 (as the forward kernel), f16 and bf16 in f32, rounded once. A query row whose
 //! every key is masked out (the forward gives zeros) gets no gradient.
 
-use super::attention::{Acc, Dims, Job, Mask, ROWS, Rows, RowsKernel, by_dtype, gemm_into, setup};
+use super::attention::{
+    Acc, Dims, Job, Mask, ROWS, Rows, RowsKernel, by_dtype, gemm_into, hide, setup,
+};
 use crate::Result;
 use crate::ir::op::TensorType;
 use crate::runtime::native::chains;
@@ -201,14 +203,7 @@ fn probabilities<A: Acc>(
     let max = |a: A, x: A| if x > a { x } else { a };
     for (r, row) in p.chunks_exact_mut(end).enumerate() {
         let i = i0 + r;
-        if let Some(mk) = mask {
-            for (j, x) in row.iter_mut().enumerate() {
-                *x = mk.apply(*x, b, i, j);
-            }
-        }
-        if d.is_causal && i + 1 < end {
-            row[i + 1..].iter_mut().for_each(|x| *x = A::NEG_INF);
-        }
+        hide(row, mask, d, b, i, 0);
         let m = chains(row, A::NEG_INF, max, max);
         if m != A::NEG_INF {
             row.iter_mut().for_each(|x| *x = x.sub(m));
