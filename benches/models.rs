@@ -227,7 +227,7 @@ fn gpt(dir: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-/// The ResNet: eager NCHW, eager channels_last and compiled NCHW, from one start.
+/// The ResNet: eager and compiled, NCHW and channels_last, from one start.
 fn resnet(dir: &std::path::Path) -> Result<()> {
     let (start, batches) = resnet_model::export_start(dir, STEPS)?;
     let twin = || -> Result<resnet_model::ResNet> {
@@ -256,24 +256,34 @@ fn resnet(dir: &std::path::Path) -> Result<()> {
     };
     let (te, le) = eager_run(MemoryFormat::Contiguous)?;
     let (tl, _) = eager_run(MemoryFormat::ChannelsLast)?;
-    let compiled = twin()?;
-    let mut step = resnet_model::compiled_sgd_step(&compiled, &batches[0])?;
-    let (mut tc, mut lc) = (Vec::new(), Vec::new());
-    for (x, y) in &batches {
-        let t0 = Instant::now();
-        let l = step.step(&[x.clone(), y.clone()])?;
-        tc.push(t0.elapsed().as_secs_f64() * 1e3);
-        lc.push(l.item_f64()?);
-    }
+    // compiled, from batches in each memory format (channels_last batches plan the step NHWC)
+    let compiled_run = |fmt: MemoryFormat| -> Result<(Vec<f64>, Vec<f64>, i64)> {
+        let model = twin()?;
+        let batches: Vec<(Tensor, Tensor)> = batches
+            .iter()
+            .map(|(x, y)| Ok((x.to_memory_format(fmt)?, y.clone())))
+            .collect::<Result<_>>()?;
+        let mut step = resnet_model::compiled_sgd_step(&model, &batches[0])?;
+        let (mut t, mut l) = (Vec::new(), Vec::new());
+        for (x, y) in &batches {
+            let t0 = Instant::now();
+            let loss = step.step(&[x.clone(), y.clone()])?;
+            t.push(t0.elapsed().as_secs_f64() * 1e3);
+            l.push(loss.item_f64()?);
+        }
+        drop(step);
+        let cold = twin()?;
+        let (x, y) = &batches[0];
+        let mut cold_step = resnet_model::compiled_sgd_step(&cold, &batches[0])?;
+        let peak = peak(|| cold_step.step(&[x.clone(), y.clone()]).map(drop))?;
+        Ok((t, l, peak))
+    };
+    let (tc, lc, peak_compiled) = compiled_run(MemoryFormat::Contiguous)?;
+    let (tcl, lcl, peak_cl) = compiled_run(MemoryFormat::ChannelsLast)?;
     write_npy(
         dir.join("resnet.losses_compiled.npy"),
         &Tensor::from_vec(lc.clone(), &[STEPS])?,
     )?;
-    let (x, y) = &batches[0];
-    let cold = twin()?;
-    let mut cold_step = resnet_model::compiled_sgd_step(&cold, &batches[0])?;
-    let peak_compiled = peak(|| cold_step.step(&[x.clone(), y.clone()]).map(drop))?;
-    drop(cold_step);
     println!(
         "ResNet (stem 16, blocks 16 and 32, images [{}, 1, 16, 16]), SGD momentum 0.9, {STEPS} steps, 2 threads",
         resnet_model::BATCH
@@ -291,14 +301,22 @@ fn resnet(dir: &std::path::Path) -> Result<()> {
         peak_compiled as f64 / 1e6
     );
     println!(
-        "first {STEPS} losses: eager {:.4} → {:.4}, compiled {:.4} → {:.4}, largest gap {:.1e}",
+        "| smelt compiled channels_last | {} (peak memory {:.2} MB) |",
+        summary(tcl[2..].to_vec()),
+        peak_cl as f64 / 1e6
+    );
+    println!(
+        "first {STEPS} losses: eager {:.4} → {:.4}, compiled {:.4} → {:.4}, largest gap {:.1e} (channels_last {:.1e})",
         le[0],
         le[STEPS - 1],
         lc[0],
         lc[STEPS - 1],
-        gap(&le, &lc)
+        gap(&le, &lc),
+        gap(&le, &lcl)
     );
     if let Some(n) = long_steps()? {
+        let compiled = twin()?;
+        let mut step = resnet_model::compiled_sgd_step(&compiled, &batches[0])?;
         long_run("ResNet", n, |i| {
             let (x, y) = &batches[i % STEPS];
             step.step(&[x.clone(), y.clone()]).map(drop)

@@ -579,6 +579,40 @@ fn memory_formats_follow_pytorch() {
     // pointwise ops keep channels_last
     let y = xl.relu().unwrap().add(&xl).unwrap();
     assert_eq!(y.suggest_memory_format(), MemoryFormat::ChannelsLast);
+    // one channel: dense in both formats, so `contiguous(memory_format=)` keeps the tensor,
+    // and `to(memory_format=)` copies it to PyTorch's channels_last strides
+    let one = rand(&mut g, &[2, 1, 3, 3]);
+    one.requires_grad_(true).unwrap();
+    assert_eq!(one.suggest_memory_format(), MemoryFormat::Contiguous);
+    assert!(
+        one.contiguous_format(MemoryFormat::ChannelsLast)
+            .unwrap()
+            .shares_storage(&one)
+    );
+    let onel = one.to_memory_format(MemoryFormat::ChannelsLast).unwrap();
+    assert_eq!(onel.strides(), &[9, 1, 3, 1]);
+    assert!(!onel.shares_storage(&one));
+    assert_eq!(onel.suggest_memory_format(), MemoryFormat::ChannelsLast);
+    assert_eq!(onel.to_f64_vec(), one.to_f64_vec());
+    // ... and already there, the same tensor
+    assert!(
+        onel.to_memory_format(MemoryFormat::ChannelsLast)
+            .unwrap()
+            .shares_storage(&onel)
+    );
+    // the copy is recorded: d(sum(3·y))/dx = 3
+    onel.mul_scalar(3.0)
+        .unwrap()
+        .sum()
+        .unwrap()
+        .backward()
+        .unwrap();
+    assert_eq!(one.grad().unwrap().to_f64_vec(), vec![3.0; 18]);
+    // one pixel: [2, 3, 1, 1] becomes [3, 1, 3, 3]
+    let pix = rand(&mut g, &[2, 3, 1, 1]);
+    let pixl = pix.to_memory_format(MemoryFormat::ChannelsLast).unwrap();
+    assert_eq!(pixl.strides(), &[3, 1, 3, 3]);
+    assert_eq!(pixl.suggest_memory_format(), MemoryFormat::ChannelsLast);
     assert_eq!(
         err(Tensor::zeros(&[2, 3, 4], DType::F32).to_memory_format(MemoryFormat::ChannelsLast)),
         "required rank 4 tensor to use channels_last format, got a tensor of size [2, 3, 4]"
@@ -722,4 +756,87 @@ fn cnn_layers_train_and_save_their_running_statistics() {
     }
     let last = loss_of(&model).item::<f32>().unwrap();
     assert!(last < first * 0.5, "loss {first} -> {last}");
+}
+
+#[test]
+fn a_global_pool_gradient_fuses_into_its_readers() {
+    // adaptive_avg_pool2d_backward to 1×1 is a broadcast divided by H·W: no kernel of
+    // its own; other output sizes keep the pooling kernel. Values as the interpreter's.
+    for (out, extern_left) in [(1, false), (2, true)] {
+        let text = format!(
+            "graph g(%g: f32[3,5,{out},{out}], %x: f32[3,5,4,6]) {{
+  %d: f32[3,5,4,6] = adaptive_avg_pool2d_backward(%g, input_size=[3, 5, 4, 6])
+  %y: f32[3,5,4,6] = mul(%d, %x)
+  return %y
+}}
+"
+        );
+        let m = parse_module(&text, "g").unwrap();
+        let g = &m.graphs[0];
+        let mut rng = Generator::new(4);
+        let inputs: Vec<Tensor> = g
+            .inputs()
+            .iter()
+            .map(|&v| {
+                rand(&mut rng, &g.node(v).ty.shape)
+                    .to_dtype(DType::F32)
+                    .unwrap()
+            })
+            .collect();
+        let want = common::inputs::interpret(g, &inputs);
+        let f = CompiledFn::compile(g, &CompileOptions::default()).unwrap();
+        let s = f.schedule();
+        assert_eq!(s.externs().count() == 1, extern_left, "{s}");
+        assert_close(
+            &f.call(&inputs).unwrap()[0],
+            &want[0],
+            0.0,
+            "global pool gradient",
+        );
+        // [3, 5, 1, 1] · x: 1/(H·W) exactly as the kernel's division
+        if out == 1 {
+            let gv = inputs[0].to_f64_vec();
+            let xv = inputs[1].to_f64_vec();
+            let got = want[0].to_f64_vec();
+            for (i, (&y, &x)) in got.iter().zip(&xv).enumerate() {
+                let d = f64::from(gv[i / 24] as f32 / 24.0);
+                assert_eq!(y, f64::from((d * x) as f32), "element {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn nhwc_and_row_major_values_of_equal_sizes_get_their_own_kernels() {
+    // With C = H = W, x in NHWC and its permute [N, H, W, C] (row-major) have equal shapes;
+    // one kernel storing both would write one of them across its rows.
+    let text = "graph g(%x: f32[2,4,4,4]) {
+  %a: f32[2,4,4,4] = relu(%x)
+  %p: f32[2,4,4,4] = permute(%x, dims=[0, 2, 3, 1])
+  %b: f32[2,4,4,4] = neg(%p)
+  return %a, %b
+}
+";
+    let m = parse_module(text, "g").unwrap();
+    let g = &m.graphs[0];
+    let x = rand(&mut Generator::new(5), &[2, 4, 4, 4])
+        .to_dtype(DType::F32)
+        .unwrap();
+    let want = common::inputs::interpret(g, std::slice::from_ref(&x));
+    let f = CompiledFn::compile(g, &CompileOptions::default().channels_last(&["x"])).unwrap();
+    let s = f.schedule();
+    // each kernel stores buffers of one layout
+    for k in s.kernels() {
+        let layouts: std::collections::HashSet<bool> = k
+            .stores
+            .iter()
+            .map(|st| s.buffers[st.buffer].channels_last)
+            .collect();
+        assert_eq!(layouts.len(), 1, "{s}");
+    }
+    let xl = x.to_memory_format(MemoryFormat::ChannelsLast).unwrap();
+    let got = f.call(&[xl]).unwrap();
+    assert_close(&got[0], &want[0], 0.0, "relu");
+    assert_close(&got[1], &want[1], 0.0, "neg of the permute");
+    assert_eq!(got[0].suggest_memory_format(), MemoryFormat::ChannelsLast);
 }

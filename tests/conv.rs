@@ -529,6 +529,54 @@ fn eval_batch_norm_folds_into_the_convolution() {
     assert_close(&u.call(&[x]).unwrap()[0], &want[0], 1e-4, "unfused");
 }
 
+/// The gradients of a bias-free convolution of `x` by `w`, given `gy`, by eager backward.
+fn conv_grads(x: &Tensor, w: &Tensor, gy: &Tensor) -> (Tensor, Tensor) {
+    x.set_grad(None);
+    w.set_grad(None);
+    let y = x
+        .conv2d(w, None, &ConvOptions::default().padding(1))
+        .unwrap();
+    y.backward_with(gy).unwrap();
+    (x.grad().unwrap(), w.grad().unwrap())
+}
+
+#[test]
+fn hot_backward_plans_keep_channels_last() {
+    // Eager backward compiles a structure it has seen often; the compiled plan must keep
+    // channels_last gradients channels_last (as the op-by-op sweep and PyTorch do), and the
+    // same structure in NCHW afterwards must get NCHW gradients of the same values.
+    let mut g = Generator::new(3);
+    let x = rand(&mut g, &[2, 3, 5, 6], DType::F32);
+    let w = rand(&mut g, &[4, 3, 3, 3], DType::F32);
+    let gy = rand(&mut g, &[2, 4, 5, 6], DType::F32);
+    w.requires_grad_(true).unwrap();
+    let xl = x
+        .to_memory_format(MemoryFormat::ChannelsLast)
+        .unwrap()
+        .detach();
+    xl.requires_grad_(true).unwrap();
+    x.requires_grad_(true).unwrap();
+    let gyl = gy.to_memory_format(MemoryFormat::ChannelsLast).unwrap();
+    let (want_x, want_w) = conv_grads(&x, &w, &gy);
+    for fmt in ["nchw", "channels_last", "nchw"] {
+        for step in 0..14 {
+            let (gx, gw) = if fmt == "nchw" {
+                conv_grads(&x, &w, &gy)
+            } else {
+                conv_grads(&xl, &w, &gyl)
+            };
+            let want_fmt = if fmt == "nchw" {
+                MemoryFormat::Contiguous
+            } else {
+                MemoryFormat::ChannelsLast
+            };
+            assert_eq!(gx.suggest_memory_format(), want_fmt, "{fmt} step {step}");
+            assert_close(&gx, &want_x, 1e-5, "input gradient");
+            assert_close(&gw, &want_w, 1e-5, "weight gradient");
+        }
+    }
+}
+
 #[test]
 fn compiled_functions_keep_channels_last_inputs_nhwc() {
     let (g, x) = inference_block();

@@ -761,3 +761,44 @@ fn micro_batches_each_update_the_running_statistics() {
     same_state(&eager, &compiled, "after 2 updates");
     assert_eq!(compiled.named_buffers()[2].1.to_i64_vec(), vec![4]);
 }
+
+#[test]
+fn a_channels_last_example_keeps_the_step_in_nhwc() {
+    use smelt::runtime::MemoryFormat;
+    use smelt::train::StepConfig;
+    // Batches given channels_last: the step plans its convolutions NHWC by itself (as
+    // `torch.compile` follows its inputs' strides) and trains exactly as eager NCHW.
+    let batches = image_batches(3, &mut Generator::new(5));
+    let cl = |t: &Tensor| t.to_memory_format(MemoryFormat::ChannelsLast).unwrap();
+    let eager = conv_bn_net();
+    let compiled = conv_bn_net();
+    let config = SGDConfig::new(0.1);
+    let nhwc_example = (cl(&batches[0].0), batches[0].1.clone());
+    let mut step = bn_step(&compiled, &nhwc_example, StepConfig::sgd(config));
+    let s = step.compiled().schedule();
+    let conv_out = s
+        .externs()
+        .find(|e| e.op.name() == "conv2d")
+        .map(|e| s.buffers[e.out].channels_last);
+    assert_eq!(conv_out, Some(true), "{s}");
+    let mut opt = SGD::new(eager.parameters(), config).unwrap();
+    for (i, (x, y)) in batches.iter().enumerate() {
+        opt.zero_grad();
+        let le = cross_entropy(&eager.forward(x).unwrap(), y).unwrap();
+        le.backward().unwrap();
+        opt.step().unwrap();
+        let lc = step.step(&[cl(x), y.clone()]).unwrap();
+        let (le, lc) = (le.item_f64().unwrap(), lc.item_f64().unwrap());
+        assert!((le - lc).abs() < 1e-5, "step {i}: loss {le} vs {lc}");
+        same_state(&eager, &compiled, &format!("step {i}"));
+    }
+    // an NCHW batch is converted on entry, with the same result as eager
+    let (x, y) = &batches[0];
+    opt.zero_grad();
+    let le = cross_entropy(&eager.forward(x).unwrap(), y).unwrap();
+    le.backward().unwrap();
+    opt.step().unwrap();
+    let lc = step.step(&[x.clone(), y.clone()]).unwrap();
+    assert!((le.item_f64().unwrap() - lc.item_f64().unwrap()).abs() < 1e-5);
+    same_state(&eager, &compiled, "an NCHW batch");
+}

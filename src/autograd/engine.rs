@@ -6,7 +6,8 @@
 use super::plan::Walk;
 use super::tape::{Edge, GradNode, NodeOp};
 use crate::ir::dtype::DType;
-use crate::runtime::Tensor;
+use crate::runtime::kernels::copy;
+use crate::runtime::{Device, MemoryFormat, Tensor};
 use crate::{Error, Result, bail};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -55,8 +56,17 @@ pub(crate) fn accumulate_grad(t: &Tensor, g: Tensor) -> Result<()> {
     let new = match t.grad() {
         Some(old) => old.add(&g)?,
         None => {
-            // A gradient that is a view of some other tensor gets its own storage.
-            if g.is_contiguous() && g.storage_offset() == 0 && g.numel() == g.storage().len() {
+            // A gradient that is a view of some other tensor gets its own storage, laid out
+            // as the leaf is (PyTorch's layout contract: channels_last stays channels_last).
+            let own = g.storage_offset() == 0 && g.numel() == g.storage().len();
+            let nhwc = t.suggest_memory_format() == MemoryFormat::ChannelsLast;
+            if nhwc && g.device() == Device::Cpu {
+                if own && g.strides() == t.strides() {
+                    g
+                } else {
+                    copy::to_channels_last(&g)?
+                }
+            } else if own && g.is_contiguous() {
                 g
             } else {
                 g.contiguous()?

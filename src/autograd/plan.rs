@@ -12,8 +12,8 @@ use super::tape::{Edge, GradNode, NodeOp};
 use crate::exec::{CompileOptions, CompiledFn};
 use crate::ir::graph::{Graph, NodeKind, ValueId};
 use crate::ir::op::{Op, TensorType};
-use crate::runtime::Tensor;
 use crate::runtime::tensor::{Inner, apply};
+use crate::runtime::{MemoryFormat, Tensor};
 use crate::{Result, bail};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
@@ -26,6 +26,15 @@ const CACHE_SIZE: usize = 16;
 /// Runs of one plan after which it is compiled into fused kernels (a structure seen this
 /// often is a training loop's; compiling costs milliseconds once).
 const COMPILE_AFTER: u32 = 10;
+
+/// Compiled versions of one plan for different input layouts (NCHW and channels_last
+/// convolutions); a plan run with yet another layout runs op by op.
+const LAYOUTS: usize = 4;
+
+/// Whether `t` is in the channels_last memory format, which its compiled plan keeps.
+fn is_nhwc(t: &Tensor) -> bool {
+    t.suggest_memory_format() == MemoryFormat::ChannelsLast
+}
 
 /// Walks longer than this are not cached (comparing them costs about as much as planning).
 const MAX_CACHED_ITEMS: usize = 4096;
@@ -261,9 +270,10 @@ struct Plan {
     ready_order: Vec<(usize, usize)>,
     /// Times the plan has run.
     runs: Cell<u32>,
-    /// The steps compiled into one function, once the plan is hot (`Some(None)`: tried
-    /// and not compilable, so the steps keep running op by op).
-    compiled: RefCell<Option<Option<Compiled>>>,
+    /// The steps compiled into one function once the plan is hot, one per layout of the
+    /// inputs (which are channels_last), at most [`LAYOUTS`] of them (`None`: tried and not
+    /// compilable, so the steps keep running op by op).
+    compiled: RefCell<Vec<(Vec<bool>, Option<Compiled>)>>,
 }
 
 /// A plan compiled with the CPU backend: its inputs are the plan's inputs, its outputs the
@@ -373,7 +383,7 @@ impl Plan {
             grads,
             ready_order,
             runs: Cell::new(0),
-            compiled: RefCell::new(None),
+            compiled: RefCell::new(Vec::new()),
         })
     }
 
@@ -397,11 +407,20 @@ impl Plan {
         let runs = self.runs.get().saturating_add(1);
         self.runs.set(runs);
         if runs >= COMPILE_AFTER && ready.is_none() {
-            let mut c = self.compiled.borrow_mut();
-            if c.is_none() {
-                *c = Some(self.compile(&slots).ok());
-            }
-            if let Some(Some(c)) = c.as_ref() {
+            let layout: Vec<bool> = slots
+                .iter()
+                .map(|t| t.as_ref().is_some_and(is_nhwc))
+                .collect();
+            let mut compiled = self.compiled.borrow_mut();
+            let at = match compiled.iter().position(|(l, _)| *l == layout) {
+                Some(i) => Some(i),
+                None if compiled.len() < LAYOUTS => {
+                    compiled.push((layout, self.compile(&slots).ok()));
+                    Some(compiled.len() - 1)
+                }
+                None => None,
+            };
+            if let Some((_, Some(c))) = at.map(|i| &compiled[i]) {
                 let inputs: Vec<Tensor> = slots.into_iter().flatten().collect();
                 let outs = c.f.call(&inputs)?;
                 return Ok(c
@@ -461,6 +480,9 @@ impl Plan {
     fn compile(&self, inputs: &[Option<Tensor>]) -> Result<Compiled> {
         let mut g = Graph::new("backward");
         let mut ids: Vec<ValueId> = Vec::with_capacity(inputs.len() + self.steps.len());
+        // inputs in channels_last keep their kernels in NHWC (later calls with other
+        // layouts are converted on entry)
+        let mut channels_last = Vec::new();
         for (i, t) in inputs.iter().enumerate() {
             let Some(t) = t else {
                 bail!(Value, "backward: input {i} has no value");
@@ -468,7 +490,11 @@ impl Plan {
             if t.is_wrapped_number() {
                 bail!(Unsupported, "backward: a Python number as input");
             }
-            ids.push(g.add_input(&format!("i{i}"), t.ttype())?);
+            let name = format!("i{i}");
+            ids.push(g.add_input(&name, t.ttype())?);
+            if is_nhwc(t) {
+                channels_last.push(name);
+            }
         }
         for step in &self.steps {
             let v = match step {
@@ -499,7 +525,7 @@ impl Plan {
         }
         g.set_outputs(outputs.iter().map(|&s| ids[s]).collect());
         g.verify()?;
-        let f = CompiledFn::compile(&g, &CompileOptions::default())?;
+        let f = CompiledFn::compile(&g, &CompileOptions::default().channels_last(&channels_last))?;
         Ok(Compiled { f, grads })
     }
 }
@@ -665,7 +691,49 @@ mod tests {
         }
         let plan = plan.unwrap();
         assert!(plan.runs.get() >= COMPILE_AFTER);
-        assert!(matches!(*plan.compiled.borrow(), Some(Some(_))));
+        assert!(matches!(plan.compiled.borrow().as_slice(), [(_, Some(_))]));
+    }
+
+    #[test]
+    fn a_hot_plan_is_compiled_once_per_input_layout() {
+        use crate::runtime::ConvOptions;
+        let r = |shape: &[usize]| Tensor::randn(shape, Some(crate::DType::F32)).unwrap();
+        let (x, w, gy) = (r(&[2, 3, 5, 6]), r(&[4, 3, 3, 3]), r(&[2, 4, 5, 6]));
+        w.requires_grad_(true).unwrap();
+        let cl = |t: &Tensor| t.to_memory_format(MemoryFormat::ChannelsLast).unwrap();
+        let (xl, gyl) = (cl(&x), cl(&gy));
+        x.requires_grad_(true).unwrap();
+        xl.requires_grad_(true).unwrap();
+        let mut plan = None;
+        for (x, gy) in [(&x, &gy), (&xl, &gyl)] {
+            for _ in 0..COMPILE_AFTER + 2 {
+                let y = x
+                    .conv2d(&w, None, &ConvOptions::default().padding(1))
+                    .unwrap();
+                let mut walk = Walk::default();
+                walk.seed(&y.meta().node().unwrap(), gy).unwrap();
+                walk.gradients().unwrap();
+                plan = lookup(&walk.items, &walk.seeds);
+            }
+        }
+        let plan = plan.unwrap();
+        let compiled = plan.compiled.borrow();
+        // the inputs are gy, w and x in some order
+        assert_eq!(compiled.len(), 2);
+        for (layout, c) in compiled.iter() {
+            let s = c.as_ref().unwrap().f.schedule();
+            let nhwc = layout.iter().any(|&l| l);
+            assert_eq!(
+                layout.iter().filter(|&&l| l).count(),
+                if nhwc { 2 } else { 0 }
+            );
+            let convs: Vec<bool> = s
+                .externs()
+                .map(|e| s.buffers[e.out].channels_last)
+                .collect();
+            // the input gradient follows gy; the weight gradient is plain [Cout, Cin, kH, kW]
+            assert_eq!(convs, [nhwc, false], "{s}");
+        }
     }
 
     #[test]

@@ -193,13 +193,26 @@ fn rebuild(
     Ok(b.g)
 }
 
-/// Per-channel reductions of channels_last values (a `sum`/`mean` over every dim but dim
-/// 1 of a 4-D value in `nhwc`: batch norm's statistics and their gradients, bias gradients)
-/// rewritten over the NHWC view `[N·H·W, C]`, whose rows are contiguous: a column
-/// reduction the fuser runs at memory speed, where the NCHW order would walk each channel
-/// with a stride of C. [`decompose`] then tiles it as any column reduction.
-pub fn nhwc_reductions(g: &Graph, nhwc: &HashSet<ValueId>) -> Result<Graph> {
+/// Rewrites around channels_last values (`nhwc`, 4-D):
+/// - per-channel reductions (a `sum`/`mean` over every dim but dim 1: batch norm's
+///   statistics and their gradients, bias gradients) go over the NHWC view `[N·H·W, C]`,
+///   whose rows are contiguous: a column reduction the fuser runs at memory speed, where
+///   the NCHW order would walk each channel with a stride of C. [`decompose`] then tiles it
+///   as any column reduction;
+/// - a `reshape` or `flatten` that merges channels with pixels (`flatten(x, 1)` before a
+///   linear layer) reads a row-major copy (`contiguous`), as eager `reshape` copies such a
+///   tensor: no index map reads NHWC memory in NCHW's flattened order.
+pub fn nhwc_rewrites(g: &Graph, nhwc: &HashSet<ValueId>) -> Result<Graph> {
     rebuild(g, |b, name, op, args, v| {
+        if matches!(op, Op::Reshape { .. } | Op::Flatten { .. }) {
+            let x = g.operands(v)[0];
+            let shape = &g.node(x).ty.shape;
+            if !nhwc.contains(&x) || shape[2] * shape[3] == 1 || g.node(v).ty.shape == *shape {
+                return Ok(None);
+            }
+            let rows = b.op(name, Op::Contiguous, args)?;
+            return b.g.add_op_named(op.clone(), &[rows], name).map(Some);
+        }
         let Op::Reduce {
             op: rop @ (ReduceOp::Sum | ReduceOp::Mean),
             dim,
@@ -278,6 +291,12 @@ fn expand(b: &mut Builder, name: &str, op: &Op, args: &[ValueId]) -> Result<Opti
                 return Ok(None);
             }
         }
+        Op::AdaptiveAvgPool2dGrad { input_size } => {
+            match global_pool_grad(b, name, x, input_size)? {
+                Some(r) => r,
+                None => return Ok(None),
+            }
+        }
         Op::Linear { has_bias } => {
             let wt = b.op(name, Op::T, &[args[1]])?;
             let mm = b.op(name, Op::Matmul, &[x, wt])?;
@@ -290,6 +309,27 @@ fn expand(b: &mut Builder, name: &str, op: &Op, args: &[ValueId]) -> Result<Opti
         _ => return Ok(None),
     };
     Ok(Some(r))
+}
+
+/// The gradient of a global average pool (a 1×1 output) as `expand(g) / (H·W)`: a view
+/// and a division that fuse into whatever reads the gradient, where the pooling kernel
+/// would write a full-size buffer (in NCHW even when the network runs channels_last).
+/// `None` for other output sizes.
+fn global_pool_grad(
+    b: &mut Builder,
+    name: &str,
+    g: ValueId,
+    input_size: &[usize],
+) -> Result<Option<ValueId>> {
+    let gshape = b.g.node(g).ty.shape.clone();
+    let n = gshape.len();
+    if n < 3 || gshape[n - 2..] != [1, 1] || input_size.len() != n {
+        return Ok(None);
+    }
+    let size = input_size.iter().map(|&d| d as i64).collect();
+    let spread = b.op(name, Op::Expand { size }, &[g])?;
+    let count = b.scalar(Scalar::Int((input_size[n - 2] * input_size[n - 1]) as i64))?;
+    b.binary(name, BinaryOp::Div, spread, count).map(Some)
 }
 
 /// The type of `x` when `op` over it may run as a reduction of partial results: `x` has two

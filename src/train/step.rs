@@ -30,7 +30,7 @@ use crate::ir::op::TensorType;
 use crate::jit::TraceOptions;
 use crate::jit::trace::trace_with_buffers;
 use crate::optim::SGDConfig;
-use crate::runtime::{Element, Tensor};
+use crate::runtime::{Element, MemoryFormat, Tensor};
 use crate::{Result, bail};
 
 /// A training step (forward, loss, backward, optimiser update) compiled into one function.
@@ -432,9 +432,19 @@ fn build_variant(
     let (forward, written) = trace_forward(&loss_fn, inputs, params, buffers)?;
     let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
     let n = inputs.len();
+    // example inputs in channels_last keep the step's convolutions in NHWC
+    let mut opts = opts.clone();
+    for (t, &v) in inputs.iter().zip(forward.inputs()) {
+        let name = &forward.node(v).name;
+        if t.suggest_memory_format() == MemoryFormat::ChannelsLast
+            && !opts.channels_last_inputs.contains(name)
+        {
+            opts.channels_last_inputs.push(name.clone());
+        }
+    }
     let build = |phase| -> Result<(Graph, CompiledFn, Vec<bool>)> {
         let (g, updated) = build_update_graph(&forward, n, &names, config, phase)?;
-        let f = CompiledFn::compile(&g, opts)?;
+        let f = CompiledFn::compile(&g, &opts)?;
         Ok((g, f, updated))
     };
     let (graph, f, updated) = build(Phase::Update { first_step: false })?;

@@ -63,8 +63,10 @@ fn channels_last(
         return nhwc;
     }
     let four_d = |v: ValueId| g.node(v).ty.ndim() == 4 && g.node(v).ty.shape[1] > 1;
+    // a named input of one channel counts too: the same bytes either way, but the
+    // convolution reading it then writes NHWC (PyTorch's `[N, 1, H, W]` channels_last input)
     for &v in g.inputs() {
-        if inputs.contains(&g.node(v).name) && four_d(v) {
+        if inputs.contains(&g.node(v).name) && g.node(v).ty.ndim() == 4 {
             nhwc.insert(v);
         }
     }
@@ -529,6 +531,7 @@ impl<'g> Fuser<'g> {
         let shape = &self.ty(t).shape;
         let is_red = self.class[&t] == Class::Reduction;
         let key = is_red.then(|| self.row_key(t));
+        let t_nhwc = self.nhwc.contains(&t);
         let fits = |u: &Unit| -> bool {
             if u.is_extern || pos - u.first > self.opts.max_distance {
                 return false;
@@ -542,7 +545,10 @@ impl<'g> Fuser<'g> {
                 (Some(k), Some(r)) => k == r,
                 (Some(k), None) => u.shape == k.shape && !k.is_column(),
                 (None, Some(r)) => self.fits_row(r, shape) && !(r.is_column() && *shape == r.shape),
-                (None, None) => u.shape == *shape,
+                // one store order per pointwise kernel: an NHWC value and a row-major one
+                // of equal sizes ([N, C, H, W] with H = W = C) would leave one of them
+                // written and read across its rows
+                (None, None) => u.shape == *shape && self.nhwc.contains(&u.roots[0]) == t_nhwc,
             }
         };
         let mut cands: Vec<usize> = h

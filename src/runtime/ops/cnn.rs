@@ -3,7 +3,8 @@
 use crate::ir::conv::{BatchNormAttrs, ConvAttrs, ConvPadding, PoolAttrs, spatial_list};
 use crate::ir::op::Op;
 use crate::ir::unary::Real;
-use crate::runtime::kernels::conv::is_channels_last;
+use crate::runtime::device::Device;
+use crate::runtime::kernels::conv::{is_channels_last, prefers_nhwc};
 use crate::runtime::random::with_global;
 use crate::runtime::tensor::{Tensor, apply};
 use crate::{Result, bail};
@@ -330,10 +331,7 @@ impl Tensor {
     /// The memory format of a 4-D tensor: channels_last when its strides are NHWC's
     /// (PyTorch's `suggest_memory_format`), else contiguous.
     pub fn suggest_memory_format(&self) -> MemoryFormat {
-        if self.dim() == 4
-            && !self.is_contiguous()
-            && is_channels_last(self.shape(), self.strides())
-        {
+        if prefers_nhwc(self) {
             MemoryFormat::ChannelsLast
         } else {
             MemoryFormat::Contiguous
@@ -360,7 +358,10 @@ impl Tensor {
     }
 
     /// `x.to(memory_format=fmt)`: the same values laid out in `fmt`, through a recorded
-    /// copy (gradients flow through it); `x` itself when already in `fmt`.
+    /// copy (gradients flow through it); `x` itself when its suggested format already is
+    /// `fmt`. As in PyTorch, a tensor whose strides say both formats (one channel, or one
+    /// pixel) is copied to channels_last strides (`[2, 1, 3, 3]`: `[9, 1, 3, 1]`), so that
+    /// the kernels after it run in NHWC.
     pub fn to_memory_format(&self, fmt: MemoryFormat) -> Result<Tensor> {
         match fmt {
             MemoryFormat::Contiguous => self.contiguous(),
@@ -372,8 +373,17 @@ impl Tensor {
                         self.shape()
                     );
                 }
-                if self.is_contiguous_format(fmt) {
+                if self.suggest_memory_format() == fmt {
                     return Ok(self.clone());
+                }
+                if self.is_contiguous_format(fmt) && self.device() == Device::Cpu {
+                    // dense in both formats: the permuted view below is contiguous already,
+                    // so copy into fresh channels_last storage (copy_ is recorded)
+                    let s = self.shape();
+                    let nhwc = Tensor::empty(&[s[0], s[2], s[3], s[1]], self.dtype())
+                        .permute(&[0, 3, 1, 2])?;
+                    nhwc.copy_(self)?;
+                    return Ok(nhwc);
                 }
                 // an NHWC copy seen through NCHW strides: permute, copy, permute back
                 let nhwc = self.permute(&[0, 2, 3, 1])?.contiguous()?;
