@@ -909,3 +909,73 @@ proptest! {
         prop_assert_eq!(v.log_softmax(d).unwrap().to_f64_vec(), c.log_softmax(d).unwrap().to_f64_vec());
     }
 }
+
+#[test]
+fn long_f32_rows_take_their_extremes_on_the_strip_helpers() {
+    use smelt::exec::{CompileOptions, CompiledFn};
+    // Rows longer than the helpers' 32 lanes, with a NaN, an infinity or a new extreme
+    // in the first chunk, mid-row or in the tail: eager (native helper), compiled (strip
+    // helper) and the reference interpreter all give the f64 fold's value.
+    let (rows, n) = (4usize, 4099usize);
+    let base: Vec<f64> = (0..rows * n)
+        .map(|i| ((i * 7919 % 10007) as f64 - 5000.0) * 1e-3)
+        .collect();
+    let g = smelt::ir::parse_module(
+        "graph m(%x: f32[4,4099]) {
+  %a = amax(%x, dim=[1])
+  %b = amin(%x, dim=[1], keepdim=true)
+  return %a, %b
+}
+",
+        "m",
+    )
+    .unwrap();
+    let f = CompiledFn::compile(&g.graphs[0], &CompileOptions::default()).unwrap();
+    for at in [3usize, 2048, 4097] {
+        for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 9.0, -9.0] {
+            let mut xs = base.clone();
+            xs[n + at] = v; // row 1 only
+            let x = Tensor::from_vec(xs.clone(), &[rows, n])
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap();
+            let want = |max: bool| -> Vec<f64> {
+                xs.chunks(n)
+                    .map(|r| {
+                        let r: Vec<f64> = r.iter().map(|&v| v as f32 as f64).collect();
+                        if r.iter().any(|v| v.is_nan()) {
+                            f64::NAN
+                        } else if max {
+                            r.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+                        } else {
+                            r.iter().copied().fold(f64::INFINITY, f64::min)
+                        }
+                    })
+                    .collect()
+            };
+            let same = |got: &[f64], want: &[f64], what: &str| {
+                for (g, w) in got.iter().zip(want) {
+                    assert!(
+                        g == w || (g.is_nan() && w.is_nan()),
+                        "{what} at {at}, {v}: {got:?} vs {want:?}"
+                    );
+                }
+            };
+            let out = f.call(std::slice::from_ref(&x)).unwrap();
+            same(&out[0].to_f64_vec(), &want(true), "compiled amax");
+            same(&out[1].to_f64_vec(), &want(false), "compiled amin");
+            same(
+                &x.amax_dim(&[1], false).unwrap().to_f64_vec(),
+                &want(true),
+                "eager amax",
+            );
+            same(
+                &x.amin_dim(&[1], false).unwrap().to_f64_vec(),
+                &want(false),
+                "eager amin",
+            );
+            let interp = smelt::runtime::interp::run(&g.graphs[0], &[("x", x.clone())]).unwrap();
+            same(&interp[0].to_f64_vec(), &want(true), "interpreted amax");
+        }
+    }
+}

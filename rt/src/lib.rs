@@ -44,6 +44,8 @@ pub enum Sig {
     Strip,
     /// `(pointer, i64) -> f64`: a strip sum ([`vmath`]).
     StripSum,
+    /// `(pointer, i64) -> f32`: a strip maximum or minimum ([`vmath`]).
+    StripExtreme,
     /// `(pointer, i64, i64, i64, pointer)`, no result: a column sum ([`vmath`]).
     ColSum,
     /// `(pointer, pointer, i64)`, no result: a streamed copy ([`vmath`]).
@@ -81,6 +83,16 @@ pub fn helpers() -> Vec<(&'static str, *const u8, Sig)> {
         ("smelt_pow_i64", scalar::pow_i64 as *const u8, I64I64I64),
         (vmath::SYMBOL, vmath::strip_math as *const u8, Strip),
         (vmath::SUM_SYMBOL, vmath::strip_sum as *const u8, StripSum),
+        (
+            vmath::MAX_SYMBOL,
+            vmath::strip_max as *const u8,
+            StripExtreme,
+        ),
+        (
+            vmath::MIN_SYMBOL,
+            vmath::strip_min as *const u8,
+            StripExtreme,
+        ),
         (vmath::COL_SUM_SYMBOL, vmath::col_sum as *const u8, ColSum),
         (vmath::STREAM_SYMBOL, vmath::stream as *const u8, Stream),
     ]

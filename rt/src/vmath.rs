@@ -66,6 +66,13 @@ pub const SYMBOL: &str = "smelt_strip_math";
 /// The symbol of the strip sum: `smelt_strip_sum(src, n)` is the f64 sum of `n` f32s.
 pub const SUM_SYMBOL: &str = "smelt_strip_sum";
 
+/// The symbols of the strip extremes: `smelt_strip_max(src, n)` (`smelt_strip_min`) is the
+/// largest (smallest) of `n` f32s; a quiet NaN when any is NaN, as the generated vector
+/// loops give; `-inf` (`inf`) for none.
+pub const MAX_SYMBOL: &str = "smelt_strip_max";
+/// See [`MAX_SYMBOL`].
+pub const MIN_SYMBOL: &str = "smelt_strip_min";
+
 /// The symbol of the column sum: `smelt_col_sum(src, stride, cols, rows, dst)` writes the f64
 /// sums of `cols` adjacent columns over `rows` rows `stride` elements apart (`smelt::codegen_cpu::lanes`).
 pub const COL_SUM_SYMBOL: &str = "smelt_col_sum";
@@ -315,6 +322,35 @@ fn sum_with(xs: &[f32]) -> f64 {
     s
 }
 
+/// The largest (`MAX`) or smallest element of `xs` in 32 lanes, NaN when any is; ties of
+/// `-0` and `+0` give either.
+#[inline(always)]
+fn extreme_with<const MAX: bool>(xs: &[f32]) -> f32 {
+    let init = if MAX {
+        f32::NEG_INFINITY
+    } else {
+        f32::INFINITY
+    };
+    let better = |x: f32, a: f32| if MAX { x > a } else { x < a };
+    let mut acc = [init; 32];
+    let mut nan = [0u32; 32];
+    let chunks = xs.chunks_exact(32);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for ((a, m), &x) in acc.iter_mut().zip(nan.iter_mut()).zip(c) {
+            *m |= u32::from(x.is_nan());
+            *a = if better(x, *a) { x } else { *a };
+        }
+    }
+    let mut any = nan.iter().any(|&m| m != 0);
+    let mut r = init;
+    for x in acc.into_iter().chain(tail.iter().copied()) {
+        any |= x.is_nan();
+        r = if better(x, r) { x } else { r };
+    }
+    if any { f32::NAN } else { r }
+}
+
 /// softmax of `xs` into `out` (same length): `e = exp(x - max)`, then `e / Σe` in f64 rounded
 /// once; log_softmax: `x - max - ln(Σe)` in f64. The max skips NaN, but a NaN's exponential
 /// makes the sum and so the whole row NaN, as in the reference; a row of `-inf` is NaN too.
@@ -499,6 +535,8 @@ pub fn isa() -> &'static str {
 enum Job<'a> {
     Map(StripOp, &'a mut [f32]),
     Sum(&'a [f32], &'a mut f64),
+    /// The largest (`true`) or smallest element.
+    Extreme(&'a [f32], &'a mut f32, bool),
     /// softmax (or log_softmax) of one row into the second slice.
     Softmax(&'a [f32], &'a mut [f32], bool),
     /// layer_norm of one row into `out`, with an optional weight and bias of its length.
@@ -523,6 +561,8 @@ fn run_with(job: Job) {
     match job {
         Job::Map(op, xs) => map_with(op, xs),
         Job::Sum(xs, out) => *out = sum_with(xs),
+        Job::Extreme(xs, out, true) => *out = extreme_with::<true>(xs),
+        Job::Extreme(xs, out, false) => *out = extreme_with::<false>(xs),
         Job::Softmax(xs, out, log) => softmax_with(xs, out, log),
         Job::LayerNorm { xs, out, w, b, eps } => layer_norm_with(xs, out, w, b, eps),
         Job::Cols {
@@ -594,6 +634,13 @@ pub fn sum(xs: &[f32]) -> f64 {
     let mut s = 0.0;
     run(Job::Sum(xs, &mut s));
     s
+}
+
+/// The largest (`max`) or smallest element of `xs`: NaN when any is, `∓inf` for none.
+pub fn extreme(xs: &[f32], max: bool) -> f32 {
+    let mut r = 0.0;
+    run(Job::Extreme(xs, &mut r, max));
+    r
 }
 
 /// softmax (or, with `log`, log_softmax) of the row `xs` into `out`, of the same length.
@@ -684,6 +731,37 @@ pub unsafe extern "C" fn strip_sum(src: *const f32, n: i64) -> f64 {
         // SAFETY: the caller's contract.
         Ok(n) if n > 0 => sum(unsafe { std::slice::from_raw_parts(src, n) }),
         _ => 0.0,
+    }
+}
+
+/// The strip maximum generated code calls (see [`MAX_SYMBOL`]); a negative count has none.
+///
+/// # Safety
+/// `src` points to `n` initialised f32s that nothing writes during the call.
+#[unsafe(export_name = "smelt_strip_max")]
+pub unsafe extern "C" fn strip_max(src: *const f32, n: i64) -> f32 {
+    // SAFETY: the caller's contract.
+    unsafe { strip_extreme(src, n, true) }
+}
+
+/// The strip minimum generated code calls (see [`MAX_SYMBOL`]).
+///
+/// # Safety
+/// As [`strip_max`].
+#[unsafe(export_name = "smelt_strip_min")]
+pub unsafe extern "C" fn strip_min(src: *const f32, n: i64) -> f32 {
+    // SAFETY: the caller's contract.
+    unsafe { strip_extreme(src, n, false) }
+}
+
+/// # Safety
+/// As [`strip_max`].
+unsafe fn strip_extreme(src: *const f32, n: i64, max: bool) -> f32 {
+    match usize::try_from(n) {
+        // SAFETY: the caller's contract.
+        Ok(n) if n > 0 => extreme(unsafe { std::slice::from_raw_parts(src, n) }, max),
+        _ if max => f32::NEG_INFINITY,
+        _ => f32::INFINITY,
     }
 }
 
@@ -896,6 +974,66 @@ mod tests {
         assert_eq!(sum(&[f32::INFINITY, 1.0]), f64::INFINITY);
         // SAFETY: no element is read.
         assert_eq!(unsafe { strip_sum(std::ptr::null(), -3) }, 0.0);
+    }
+
+    /// Maxima and minima against a sequential fold, around the 32-lane chunks, on every
+    /// ISA: a NaN anywhere gives NaN, infinities count, an empty run gives `∓inf`.
+    #[test]
+    fn extremes_match_a_sequential_fold() {
+        let fold = |xs: &[f32], max: bool| {
+            let init = if max {
+                f32::NEG_INFINITY
+            } else {
+                f32::INFINITY
+            };
+            let pick = |a: f32, x: f32| if max { a.max(x) } else { a.min(x) };
+            if xs.iter().any(|x| x.is_nan()) {
+                f32::NAN
+            } else {
+                xs.iter().copied().fold(init, pick)
+            }
+        };
+        let check = |xs: &[f32]| {
+            for max in [true, false] {
+                let want = fold(xs, max);
+                let mut got = vec![extreme(xs, max)];
+                #[cfg(target_arch = "x86_64")]
+                if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                    let mut r = 0.0;
+                    // SAFETY: AVX2 and FMA are present.
+                    unsafe { run_avx2(Job::Extreme(xs, &mut r, max)) };
+                    got.push(r);
+                }
+                for g in got {
+                    assert!(
+                        g == want || (g.is_nan() && want.is_nan()),
+                        "max={max} n={}: {g} vs {want}",
+                        xs.len()
+                    );
+                }
+            }
+        };
+        for n in [0usize, 1, 7, 31, 32, 33, 64, 95, 257] {
+            let xs: Vec<f32> = (0..n)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.25)
+                .collect();
+            check(&xs);
+            for at in [0, n / 2, n.saturating_sub(1)]
+                .into_iter()
+                .filter(|&a| a < n)
+            {
+                for v in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e30, -1e30] {
+                    let mut ys = xs.clone();
+                    ys[at] = v;
+                    check(&ys);
+                }
+            }
+        }
+        // SAFETY: no element is read.
+        unsafe {
+            assert_eq!(strip_max(std::ptr::null(), -1), f32::NEG_INFINITY);
+            assert_eq!(strip_min(std::ptr::null(), 0), f32::INFINITY);
+        }
     }
 
     /// Column sums add rows in order, whatever the ISA, stride or row count.

@@ -469,6 +469,7 @@ fn helper_signature(jit: &dyn CodeModule, s: Sig) -> Signature {
             jit.signature(&[I32, p, p, I64], &[])
         }
         Sig::StripSum => jit.signature(&[jit.pointer_type(), I64], &[F64]),
+        Sig::StripExtreme => jit.signature(&[jit.pointer_type(), I64], &[F32]),
         Sig::ColSum => {
             let p = jit.pointer_type();
             jit.signature(&[p, I64, I64, I64, p], &[])

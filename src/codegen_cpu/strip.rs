@@ -4,7 +4,8 @@
 //! - for each such value in order, a loop computes its operand into the value's strip row and
 //!   the helper maps the row in place; an operand that is a contiguous load is read from its
 //!   buffer instead, and a value the body only stores has its strip row in its output;
-//! - sums of a strip value or of a contiguous load are added up by the sum helper;
+//! - sums, maxima and minima of a strip value or of a contiguous load are taken by the
+//!   sum and extreme helpers;
 //! - the body proper runs with the strip values read back from their rows, still in L1 (not
 //!   at all when nothing is left for it).
 //!
@@ -12,7 +13,8 @@
 //! that keeps it. Cranelift's 128-bit code keeps the cheap work (loads, arithmetic, other
 //! reductions, stores); the helpers' 256- or 512-bit loops take the costly one. The helpers
 //! are exact ports of the inline math, so strips change speed, not results, except that
-//! sums add in another order (in f64, far below f32 precision).
+//! sums add in another order (in f64, far below f32 precision) and a maximum of `-0` and
+//! `+0` may come out as either.
 
 use super::lower::{Body, Gen};
 use super::vmath::{self, StripOp};
@@ -83,14 +85,15 @@ impl Gen<'_, '_, '_> {
             .take(room)
             .collect();
         // f32 sums of a strip value or of a contiguous load: the helper reads the row or the
-        // memory with 8 f64 lanes per instruction instead of 2
+        // memory with 8 f64 lanes per instruction instead of 2; maxima and minima with 16 or 8
+        // lanes instead of 4 (softmax's row maximum)
         let sums: Vec<ValId> = body
             .reds
             .iter()
             .copied()
             .filter(|&r| match self.k.values[r].expr {
                 Expr::Reduce {
-                    combiner: Combiner::Sum | Combiner::Mean,
+                    combiner: Combiner::Sum | Combiner::Mean | Combiner::Max | Combiner::Min,
                     arg,
                     ..
                 } => {
@@ -315,11 +318,29 @@ impl Gen<'_, '_, '_> {
                     SumSrc::Load(a) => g.pointer_at(a, sv),
                     SumSrc::Row(j) => starts[j],
                 };
-                let part = g.call(vmath::SUM_SYMBOL, &[src, n]);
-                let acc = g.accs[&r].val;
-                let a = g.fb.b.use_var(acc);
-                let a = g.fb.b.ins().fadd(a, part);
-                g.fb.b.def_var(acc, a);
+                let combiner = match g.k.values[r].expr {
+                    Expr::Reduce { combiner, .. } => combiner,
+                    _ => unreachable!("strip sums are reductions"),
+                };
+                match combiner {
+                    Combiner::Max | Combiner::Min => {
+                        let max = combiner == Combiner::Max;
+                        let sym = if max {
+                            vmath::MAX_SYMBOL
+                        } else {
+                            vmath::MIN_SYMBOL
+                        };
+                        let part = g.call(sym, &[src, n]);
+                        g.fold(r, part);
+                    }
+                    _ => {
+                        let part = g.call(vmath::SUM_SYMBOL, &[src, n]);
+                        let acc = g.accs[&r].val;
+                        let a = g.fb.b.use_var(acc);
+                        let a = g.fb.b.ins().fadd(a, part);
+                        g.fb.b.def_var(acc, a);
+                    }
+                }
             }
             if let Some(last) = &plan.last {
                 g.fb.b.def_var(i, sv);
@@ -364,7 +385,8 @@ enum Src {
 pub(super) struct Strips {
     /// Values a helper maps (exp, tanh, ...), in order.
     vals: Vec<ValId>,
-    /// f32 sums a helper adds up, of one of `vals` or of a contiguous load.
+    /// f32 sums, maxima and minima a helper computes, of one of `vals` or of a contiguous
+    /// load.
     sums: Vec<ValId>,
 }
 

@@ -128,11 +128,47 @@ pub(crate) fn unary_f32(u: UnaryOp, x: &Tensor, dst: &Tensor) -> Option<()> {
     Some(())
 }
 
-/// `sum` (or `mean`) of a contiguous f32 tensor over trailing dims, `n_in` elements per
-/// output, on the strip sum (f64 partial sums, as the compiled kernels sum), when this
-/// thread is not in reference mode; `None` leaves it to the reference loop. Outputs are
-/// split over the threads, or, when there are few, each output's run is.
-pub(crate) fn sum_f32(x: &Tensor, n_in: usize, mean: bool, out: &Tensor) -> Option<()> {
+/// What a row of f32s folds into on the native helpers ([`row_fold_f32`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RowFold {
+    Sum,
+    Mean,
+    Max,
+    Min,
+}
+
+impl RowFold {
+    /// The fold of one run of a row: an f64 sum, or the extreme (NaN when any is NaN).
+    fn part(self, xs: &[f32]) -> f64 {
+        match self {
+            RowFold::Sum | RowFold::Mean => vmath::sum(xs),
+            RowFold::Max => f64::from(vmath::extreme(xs, true)),
+            RowFold::Min => f64::from(vmath::extreme(xs, false)),
+        }
+    }
+    /// Two runs' folds as one.
+    fn combine(self, a: f64, b: f64) -> f64 {
+        match self {
+            RowFold::Sum | RowFold::Mean => a + b,
+            _ if a.is_nan() || b.is_nan() => f64::NAN,
+            RowFold::Max => a.max(b),
+            RowFold::Min => a.min(b),
+        }
+    }
+    fn finish(self, s: f64, n_in: usize) -> f32 {
+        match self {
+            RowFold::Mean => (s / n_in as f64) as f32,
+            _ => s as f32,
+        }
+    }
+}
+
+/// `sum`, `mean`, `amax` or `amin` of a contiguous f32 tensor over trailing dims, `n_in`
+/// elements per output, on the strip helpers (sums in f64 partial sums, as the compiled
+/// kernels sum), when this thread is not in reference mode; `None` leaves it to the
+/// reference loop. Outputs are split over the threads, or, when there are few, each
+/// output's run is.
+pub(crate) fn row_fold_f32(x: &Tensor, n_in: usize, fold: RowFold, out: &Tensor) -> Option<()> {
     let usable = !reference()
         && vmath::available()
         && x.dtype() == DType::F32
@@ -153,27 +189,28 @@ pub(crate) fn sum_f32(x: &Tensor, n_in: usize, mean: bool, out: &Tensor) -> Opti
             std::slice::from_raw_parts_mut(acc.write::<f32>(0), n_out),
         )
     };
-    let finish = |s: f64| (if mean { s / n_in as f64 } else { s }) as f32;
+    let row = |row: &[f32]| fold.finish(fold.part(row), n_in);
     use rayon::prelude::*;
     let threads = super::threads::available();
     if !split(xs.len()) {
-        for (y, row) in ys.iter_mut().zip(xs.chunks_exact(n_in)) {
-            *y = finish(vmath::sum(row));
+        for (y, r) in ys.iter_mut().zip(xs.chunks_exact(n_in)) {
+            *y = row(r);
         }
     } else if n_out >= 4 * threads {
         let rows = CHUNK.div_ceil(n_in).max(1);
         ys.par_chunks_mut(rows)
             .zip(xs.par_chunks(rows * n_in))
             .for_each(|(y, x)| {
-                for (y, row) in y.iter_mut().zip(x.chunks_exact(n_in)) {
-                    *y = finish(vmath::sum(row));
+                for (y, r) in y.iter_mut().zip(x.chunks_exact(n_in)) {
+                    *y = row(r);
                 }
             });
     } else {
-        for (y, row) in ys.iter_mut().zip(xs.chunks_exact(n_in)) {
+        for (y, r) in ys.iter_mut().zip(xs.chunks_exact(n_in)) {
             let part = n_in.div_ceil(4 * threads).max(CHUNK);
-            let s: f64 = row.par_chunks(part).map(vmath::sum).sum();
-            *y = finish(s);
+            let parts: Vec<f64> = r.par_chunks(part).map(|c| fold.part(c)).collect();
+            let s = parts.into_iter().reduce(|a, b| fold.combine(a, b));
+            *y = fold.finish(s.unwrap_or(0.0), n_in);
         }
     }
     Some(())

@@ -14,6 +14,7 @@ use crate::ir::op::{Op, ReduceOp, TensorType, reduction_dims};
 use crate::ir::shape::{contiguous_strides, numel, wrap_dim};
 use crate::runtime::access;
 use crate::runtime::element::Element;
+use crate::runtime::native::RowFold;
 use crate::runtime::strided::{PAR_THRESHOLD, SendPtr, Walk};
 use crate::runtime::tensor::Tensor;
 use crate::runtime::threads::Ranges;
@@ -807,7 +808,12 @@ fn reduce(op: ReduceOp, x: &Tensor, dims: &[usize], out: &TensorType) -> Result<
             let t = Tensor::alloc(out.dtype, &out.shape)?;
             let n_in: usize = dims.iter().map(|&d| x.shape()[d]).product();
             let native = if trailing(x, dims) {
-                crate::runtime::native::sum_f32(x, n_in, op == Mean, &t)
+                let fold = if op == Mean {
+                    RowFold::Mean
+                } else {
+                    RowFold::Sum
+                };
+                crate::runtime::native::row_fold_f32(x, n_in, fold, &t)
             } else {
                 crate::runtime::native::col_sum_f32(x, n_in, op == Mean, &t)
             };
@@ -831,6 +837,20 @@ fn reduce(op: ReduceOp, x: &Tensor, dims: &[usize], out: &TensorType) -> Result<
         Prod if float => dispatch_float!(x.dtype(), T =>
             drive::<T, _>(x, dims, out, &ProdF::<T>(PhantomData)), else bail!(DType, "{}: unexpected dtype {}", op.name(), x.dtype())),
         Prod => dispatch!(x.dtype(), T => drive::<T, _>(x, dims, out, &ProdI)),
+        // f32 maxima and minima over trailing dims on the native helpers
+        Amax | Amin if x.dtype() == DType::F32 && trailing(x, dims) => {
+            let t = Tensor::alloc_for_overwrite(out.dtype, &out.shape)?;
+            let n_in: usize = dims.iter().map(|&d| x.shape()[d]).product();
+            let fold = if op == Amax {
+                RowFold::Max
+            } else {
+                RowFold::Min
+            };
+            match crate::runtime::native::row_fold_f32(x, n_in, fold, &t) {
+                Some(()) => Ok(t),
+                None => drive::<f32, _>(x, dims, out, &Extreme { max: op == Amax }),
+            }
+        }
         Amax | Amin => {
             let r = Extreme { max: op == Amax };
             dispatch!(x.dtype(), T => drive::<T, _>(x, dims, out, &r))
