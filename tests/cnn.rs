@@ -840,3 +840,53 @@ fn nhwc_and_row_major_values_of_equal_sizes_get_their_own_kernels() {
     assert_close(&got[1], &want[1], 0.0, "neg of the permute");
     assert_eq!(got[0].suggest_memory_format(), MemoryFormat::ChannelsLast);
 }
+
+#[test]
+fn per_channel_sums_of_nhwc_values_store_no_products() {
+    // Batch norm's gradient sums products such as g·x̂ over (N, H, W) per channel. Over a
+    // channels_last value they are taken per image, then across images, through a permute
+    // only, so the product is computed inside the reduction: no [N, H, W, C] buffer holds
+    // it. Values as the interpreter's.
+    let text = "graph g(%x: f32[4,6,5,3], %y: f32[4,6,5,3], %m: f32[1,6,1,1]) {
+  %c: f32[4,6,5,3] = sub(%x, %m)
+  %p: f32[4,6,5,3] = mul(%c, %y)
+  %s: f32[6] = sum(%p, dim=[0, 2, 3])
+  %t: f32[1,6,1,1] = mean(%c, dim=[0, 2, 3], keepdim=true)
+  return %s, %t
+}
+";
+    let m = parse_module(text, "g").unwrap();
+    let g = &m.graphs[0];
+    let mut rng = Generator::new(9);
+    let inputs: Vec<Tensor> = g
+        .inputs()
+        .iter()
+        .map(|&v| {
+            rand(&mut rng, &g.node(v).ty.shape)
+                .to_dtype(DType::F32)
+                .unwrap()
+        })
+        .collect();
+    let want = common::inputs::interpret(g, &inputs);
+    let opts = CompileOptions::default().channels_last(&["x", "y"]);
+    let f = CompiledFn::compile(g, &opts).unwrap();
+    let s = f.schedule();
+    let full = s
+        .buffers
+        .iter()
+        .filter(|b| b.shape.iter().product::<usize>() == 360)
+        .count();
+    assert_eq!(full, 2, "only the inputs are full size\n{s}");
+    let nhwc: Vec<Tensor> = inputs
+        .iter()
+        .map(|t| match t.dim() {
+            4 if t.shape()[1] == 6 && t.shape()[2] == 5 => {
+                t.to_memory_format(MemoryFormat::ChannelsLast).unwrap()
+            }
+            _ => t.clone(),
+        })
+        .collect();
+    let got = f.call(&nhwc).unwrap();
+    assert_close(&got[0], &want[0], 1e-5, "sum of products");
+    assert_close(&got[1], &want[1], 1e-5, "mean");
+}

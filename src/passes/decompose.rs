@@ -195,10 +195,12 @@ fn rebuild(
 
 /// Rewrites around channels_last values (`nhwc`, 4-D):
 /// - per-channel reductions (a `sum`/`mean` over every dim but dim 1: batch norm's
-///   statistics and their gradients, bias gradients) go over the NHWC view `[N·H·W, C]`,
-///   whose rows are contiguous: a column reduction the fuser runs at memory speed, where
-///   the NCHW order would walk each channel with a stride of C. [`decompose`] then tiles it
-///   as any column reduction;
+///   statistics and their gradients, bias gradients) go over the NHWC view `[N, H, W, C]`,
+///   whose pixels are contiguous rows of C: per image (a column reduction the fuser runs
+///   at memory speed, where the NCHW order would walk each channel with a stride of C),
+///   then across images. The view is a permute only, so a pointwise producer of the value
+///   is computed inside the reduction (through a `[N·H·W, C]` reshape, which 16-bit values
+///   still take to round once, it is stored first);
 /// - a `reshape` or `flatten` that merges channels with pixels (`flatten(x, 1)` before a
 ///   linear layer) reads a row-major copy (`contiguous`), as eager `reshape` copies such a
 ///   tensor: no index map reads NHWC memory in NCHW's flattened order.
@@ -234,8 +236,14 @@ pub fn nhwc_rewrites(g: &Graph, nhwc: &HashSet<ValueId>) -> Result<Graph> {
             },
             args,
         )?;
-        let rows = b.op(name, Op::Reshape { shape: vec![-1, c] }, &[p])?;
-        let r = b.reduce(name, *rop, rows, &Some(vec![0]), false)?;
+        let r = if matches!(g.node(x).ty.dtype, DType::F32 | DType::F64) {
+            let per_image = b.reduce(name, *rop, p, &Some(vec![1, 2]), false)?;
+            b.reduce(name, *rop, per_image, &Some(vec![0]), false)?
+        } else {
+            // one reduction: per-image partials of a 16-bit type would round twice
+            let rows = b.op(name, Op::Reshape { shape: vec![-1, c] }, &[p])?;
+            b.reduce(name, *rop, rows, &Some(vec![0]), false)?
+        };
         let out = if *keepdim { vec![1, c, 1, 1] } else { vec![c] };
         b.g.add_op_named(Op::Reshape { shape: out }, &[r], name)
             .map(Some)

@@ -72,8 +72,8 @@ impl GraphPass for Decompose {
         if inputs.is_empty() {
             return Ok(d);
         }
-        // per-channel statistics of NHWC values as column reductions (then tiled as any),
-        // reshapes of them through a row-major copy
+        // per-channel statistics of NHWC values per image, then across images (column
+        // reductions of a permuted view), reshapes of them through a row-major copy
         let nhwc = super::fuse::nhwc_values(&d, inputs);
         super::decompose(&super::decompose::nhwc_rewrites(&d, &nhwc)?)
     }
