@@ -758,6 +758,19 @@ fn cnn_layers_train_and_save_their_running_statistics() {
     assert!(last < first * 0.5, "loss {first} -> {last}");
 }
 
+/// Random f32 inputs of graph `g`, from `seed`.
+fn f32_inputs(g: &smelt::ir::graph::Graph, seed: u64) -> Vec<Tensor> {
+    let mut rng = Generator::new(seed);
+    g.inputs()
+        .iter()
+        .map(|&v| {
+            rand(&mut rng, &g.node(v).ty.shape)
+                .to_dtype(DType::F32)
+                .unwrap()
+        })
+        .collect()
+}
+
 #[test]
 fn a_global_pool_gradient_fuses_into_its_readers() {
     // adaptive_avg_pool2d_backward to 1×1 is a broadcast divided by H·W: no kernel of
@@ -773,16 +786,7 @@ fn a_global_pool_gradient_fuses_into_its_readers() {
         );
         let m = parse_module(&text, "g").unwrap();
         let g = &m.graphs[0];
-        let mut rng = Generator::new(4);
-        let inputs: Vec<Tensor> = g
-            .inputs()
-            .iter()
-            .map(|&v| {
-                rand(&mut rng, &g.node(v).ty.shape)
-                    .to_dtype(DType::F32)
-                    .unwrap()
-            })
-            .collect();
+        let inputs = f32_inputs(g, 4);
         let want = common::inputs::interpret(g, &inputs);
         let f = CompiledFn::compile(g, &CompileOptions::default()).unwrap();
         let s = f.schedule();
@@ -857,16 +861,7 @@ fn per_channel_sums_of_nhwc_values_store_no_products() {
 ";
     let m = parse_module(text, "g").unwrap();
     let g = &m.graphs[0];
-    let mut rng = Generator::new(9);
-    let inputs: Vec<Tensor> = g
-        .inputs()
-        .iter()
-        .map(|&v| {
-            rand(&mut rng, &g.node(v).ty.shape)
-                .to_dtype(DType::F32)
-                .unwrap()
-        })
-        .collect();
+    let inputs = f32_inputs(g, 9);
     let want = common::inputs::interpret(g, &inputs);
     let opts = CompileOptions::default().channels_last(&["x", "y"]);
     let f = CompiledFn::compile(g, &opts).unwrap();

@@ -176,15 +176,16 @@ impl Gen<'_, '_, '_> {
             .sums
             .iter()
             .map(|&r| {
-                let Expr::Reduce { arg, .. } = k.values[r].expr else {
+                let Expr::Reduce { arg, combiner, .. } = k.values[r].expr else {
                     unreachable!("strip sums are reductions")
                 };
                 match strip.iter().position(|&c| c == arg) {
-                    Some(j) => (r, SumSrc::Row(j)),
+                    Some(j) => (r, combiner, SumSrc::Row(j)),
                     None => {
                         let a = self.contiguous_load(body, arg);
                         (
                             r,
+                            combiner,
                             SumSrc::Load(a.unwrap_or_else(|| unreachable!("chosen so"))),
                         )
                     }
@@ -280,7 +281,10 @@ impl Gen<'_, '_, '_> {
             .collect();
         let only_sums = strip.is_empty()
             && plan.last.is_none()
-            && plan.sums.iter().all(|(_, s)| matches!(s, SumSrc::Load(_)));
+            && plan
+                .sums
+                .iter()
+                .all(|(_, _, s)| matches!(s, SumSrc::Load(_)));
         let step = if only_sums {
             SUM_STRIP
         } else if plan.srcs.iter().any(|s| matches!(s, Src::Load(_))) {
@@ -313,14 +317,10 @@ impl Gen<'_, '_, '_> {
                 let op = g.iconst(I32, ops[j]);
                 g.call_void(vmath::SYMBOL, &[op, src, starts[j], n]);
             }
-            for &(r, ref from) in &plan.sums {
+            for &(r, combiner, ref from) in &plan.sums {
                 let src = match *from {
                     SumSrc::Load(a) => g.pointer_at(a, sv),
                     SumSrc::Row(j) => starts[j],
-                };
-                let combiner = match g.k.values[r].expr {
-                    Expr::Reduce { combiner, .. } => combiner,
-                    _ => unreachable!("strip sums are reductions"),
                 };
                 match combiner {
                     Combiner::Max | Combiner::Min => {
@@ -412,7 +412,8 @@ struct StripPlan {
     srcs: Vec<Src>,
     /// The store each value's helper writes straight into, if any.
     outs: Vec<Option<usize>>,
-    sums: Vec<(ValId, SumSrc)>,
+    /// Each strip reduction, its combiner and where it reads.
+    sums: Vec<(ValId, Combiner, SumSrc)>,
     /// The body reading the rows back; None when the helpers wrote every store.
     last: Option<Body>,
 }
