@@ -58,3 +58,100 @@ pub const ERFC_SLOPE: [f64; 4] = [
     1.789_453_346_528_62,
     0.280_684_612_967_383_8,
 ];
+
+/// The exact GELU computes `H(a) = erfc(a/√2)·e^{a²/2}/2` for `a = |x|` up to this bound (and
+/// clamps `x` into `±GELU_TAIL_END`): beyond it `x·Φ(-a)` is subnormal, so flushed, or far
+/// below half an ulp of `x`.
+pub const GELU_TAIL_END: f32 = 13.5;
+/// `(a + 4).to_bits() >> 21` at `a = 0`: the exponent and two leading mantissa bits of `a + 4`
+/// number the intervals of [`GELU_TAIL`] from this value, `a ∈ [0,1), [1,2), [2,3), [3,4),
+/// [4,6), [6,8), [8,10)` and `[10, 13.5]` (every index from 7 up).
+pub const GELU_TAIL_FIRST: i32 = 516;
+/// The centers of the intervals of [`GELU_TAIL`].
+pub const GELU_TAIL_CENTER: [f32; 8] = [0.5, 1.5, 2.5, 3.5, 5.0, 7.0, 9.0, 11.75];
+/// `H(a)` as one polynomial of degree 7 in `a - GELU_TAIL_CENTER[i]` per interval `i`: row `j`
+/// holds the coefficients of `u^j` of the eight intervals (the lookup table of one
+/// multiply-add). Fitted by `scripts/fit_gelu_tail.py`; evaluated in f32 by Horner's rule
+/// the error is at most 1.92·2^-24 of `H` (interval 0, the largest).
+pub const GELU_TAIL: [[f32; 8]; 8] = [
+    [
+        0.34961882,
+        0.20578067,
+        0.14133133,
+        0.106345154,
+        0.0769193,
+        0.05589348,
+        0.04379879,
+        0.033711772,
+    ],
+    [
+        -0.2241329,
+        -0.09027128,
+        -0.045613952,
+        -0.026734242,
+        -0.014345756,
+        -0.0076879035,
+        -0.004753181,
+        -0.0028289545,
+    ],
+    [
+        0.118777476,
+        0.035186984,
+        0.013648239,
+        0.006387654,
+        0.0025952777,
+        0.0010390808,
+        0.00051008206,
+        0.00023577885,
+    ],
+    [
+        -0.054914277,
+        -0.012496968,
+        -0.0038311281,
+        -0.0014591534,
+        -0.0004564793,
+        -0.00013811539,
+        -5.414783e-05,
+        -1.951973e-05,
+    ],
+    [
+        0.022803972,
+        0.0041081808,
+        0.0010173398,
+        0.00032011152,
+        7.814731e-05,
+        1.806216e-05,
+        5.687071e-06,
+        1.6045884e-06,
+    ],
+    [
+        -0.008700653,
+        -0.0012661399,
+        -0.00025739978,
+        -6.771861e-05,
+        -1.307181e-05,
+        -2.3273158e-06,
+        -5.91338e-07,
+        -1.3114133e-07,
+    ],
+    [
+        0.003244367,
+        0.00038226333,
+        6.399842e-05,
+        1.4122651e-05,
+        2.2478744e-06,
+        3.0488403e-07,
+        6.2155934e-08,
+        1.1087074e-08,
+    ],
+    [
+        -0.0010526496,
+        -0.00010452807,
+        -1.4800448e-05,
+        -2.790218e-06,
+        -3.565818e-07,
+        -3.8016644e-08,
+        -6.3228955e-09,
+        -8.9130703e-10,
+    ],
+];

@@ -16,6 +16,7 @@
 pub mod consts;
 pub mod gemm;
 pub mod hot;
+mod lanes;
 pub mod libcalls;
 pub mod model;
 pub mod scalar;

@@ -18,8 +18,10 @@
 //! converted f32s and needs no fma, so it runs its portable build wherever AVX2 is missing.
 
 use crate::consts::{
-    ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, ERFC_SLOPE, EXP_G, LN2_HI, LN2_LO, LOG2E, SHIFT32,
+    ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, ERFC_SLOPE, EXP_G, GELU_TAIL, GELU_TAIL_CENTER,
+    GELU_TAIL_END, GELU_TAIL_FIRST, LN2_HI, LN2_LO, LOG2E, SHIFT32,
 };
+use crate::lanes::{self, Lanes};
 use std::sync::OnceLock;
 
 /// An op a strip helper evaluates.
@@ -236,12 +238,12 @@ fn two_sum_err(x: f32, y: f32, s: f32) -> f32 {
     (x - xv) + (y - yv)
 }
 
-/// `math::erfc_tail`: `erfc(z + zl) = w·p·2^k` given `z² = hi + lo`.
+/// `math::erfc_tail`: `erfc(z) = w·p·2^k` given `z² = hi + lo`.
 #[inline(always)]
-fn erfc_tail(z: f32, zl: f32, hi: f32, lo: f32) -> (f32, f32, i32) {
+fn erfc_tail(z: f32, hi: f32, lo: f32) -> (f32, f32, i32) {
     let (p, k) = exp_parts(-hi);
     let d = z + 2.0;
-    let dl = two_sum_err(z, 2.0, d) + zl;
+    let dl = two_sum_err(z, 2.0, d);
     let t0 = 2.0 / d;
     let rem = (-t0).mul_add(d, 2.0);
     let rem = (-t0).mul_add(dl, rem);
@@ -263,42 +265,75 @@ fn erf(x: f32) -> f32 {
     let z = clamp(a, 0.5, 4.0);
     let hi = z * z;
     let lo = z.mul_add(z, -hi);
-    let (w, p, k) = erfc_tail(z, 0.0, hi, lo);
+    let (w, p, k) = erfc_tail(z, hi, lo);
     let big = (1.0 - scale2n_from_one(w * p, k)).copysign(x);
     if a < 1.0 { small } else { big }
 }
 
-/// `math::gelu`: `x·Φ(x)`, from `erf` near 0 and `erfc` in the tails; subnormal results
-/// flushed, `gelu(-inf)` NaN.
+/// `math::gelu`: `x·Φ(x)`. With `a = |x|` and `H(a) = erfc(a/√2)·e^{a²/2}/2` (from
+/// [`GELU_TAIL`], one of eight polynomials per lane), `x·Φ(-a) = x·H(a)·e^{-a²/2}`: that is
+/// the result below 0 and what is taken from `x` above. `e^{-a²/2}` uses the exact split
+/// `a² = hi + lo`; subnormal results flushed, `gelu(-inf)` NaN.
 #[inline(always)]
-fn gelu_erf(x: f32) -> f32 {
-    use std::f64::consts::{FRAC_1_SQRT_2, SQRT_2};
-    let es = erf_small(x * FRAC_1_SQRT_2 as f32);
-    let y_small = x * es.mul_add(0.5, 0.5);
-    // z = |x|/√2 as az + azl, with √½ split into two f32s
-    let r2h = FRAC_1_SQRT_2 as f32;
-    let r2l = (FRAC_1_SQRT_2 - f64::from(r2h)) as f32;
-    let xc = clamp(x, -15.0, 15.0);
+fn gelu_erf<V: Lanes>(x: V) -> V {
+    let xc = x.clamp(-GELU_TAIL_END, GELU_TAIL_END);
     let a = xc.abs();
-    let az = a * r2h;
-    let azl = a.mul_add(r2h, -az);
-    let azl = a.mul_add(r2l, azl);
-    let z = clamp(az, 0.5, 10.5);
-    let hi = xc * xc;
-    let lo = xc.mul_add(xc, -hi);
-    let (w, p, k) = erfc_tail(z, azl, hi * 0.5, lo * 0.5);
-    let wp = w * p;
-    let y_neg = scale2n((0.5 * xc) * wp, k);
-    let y_pos = x * (1.0 - scale2n_from_one(0.5 * wp, k));
-    let y_tail = if x > 0.0 { y_pos } else { y_neg };
-    let near0 = x > -FRAC_1_SQRT_2 as f32 && x < SQRT_2 as f32;
-    let y = if near0 { y_small } else { y_tail };
-    let y = if y.abs() < f32::MIN_POSITIVE {
-        y * 0.0
-    } else {
-        y
-    };
-    if x == f32::NEG_INFINITY { f32::NAN } else { y }
+    let a2 = a.mul(a);
+    let half = V::splat(0.5);
+    let nhi = a2.mul(half).neg();
+    let nlo = a.neg().fma(a, a2).mul(half);
+    // e^{-hi} = p·2^k (`exp_parts`; -hi ≥ -91.2 needs no clamp)
+    let shift = SHIFT32 as f32;
+    let s = nhi.fma(V::splat(LOG2E as f32), V::splat(shift));
+    let kf = s.add(V::splat(-shift));
+    let k = V::isub(s.bits(), V::isplat(shift.to_bits() as i32));
+    let r = kf.fma(V::splat(-LN2_HI as f32), nhi);
+    let r = kf.fma(V::splat(-LN2_LO as f32), r);
+    let mut g = V::splat(EXP_G[EXP_G.len() - 1] as f32);
+    for &c in EXP_G[..EXP_G.len() - 1].iter().rev() {
+        g = g.fma(r, V::splat(c as f32));
+    }
+    let p = r.mul(r).fma(g, r).add(V::splat(1.0));
+    // the interval of `a`: exponent and two leading mantissa bits of a + 4
+    let top = V::ushr21(a.add(V::splat(4.0)).bits());
+    let i = V::imin(V::isub(top, V::isplat(GELU_TAIL_FIRST)), V::isplat(7));
+    let u = a.sub(V::lookup8(i, &GELU_TAIL_CENTER));
+    let mut h = V::lookup8(i, &GELU_TAIL[GELU_TAIL.len() - 1]);
+    for c in GELU_TAIL[..GELU_TAIL.len() - 1].iter().rev() {
+        h = h.fma(u, V::lookup8(i, c));
+    }
+    // w·(1 - lo), as w + w·(-lo) so that x = -0 keeps its sign
+    let w = xc.mul(h).mul(p);
+    let w = w.fma(nlo, w);
+    let n1 = V::sshr1(k);
+    let n2 = V::isub(k, n1);
+    let m = w.mul(pow2i::<V>(n1)).mul(pow2i::<V>(n2));
+    let y = V::select(x.gt(V::splat(0.0)), x.sub(m), m);
+    let tiny = y.abs().lt(V::splat(f32::MIN_POSITIVE));
+    let y = V::select(tiny, y.mul(V::splat(0.0)), y);
+    V::select(x.eq(V::splat(f32::NEG_INFINITY)), V::splat(f32::NAN), y)
+}
+
+/// `2^n` for lanes `n` in the normal exponent range.
+#[inline(always)]
+fn pow2i<V: Lanes>(n: V::I) -> V {
+    V::from_bits(V::shl23(V::iadd(n, V::isplat(127))))
+}
+
+/// [`gelu_erf`] over `xs`, `V::N` lanes at a time and the tail one by one.
+///
+/// # Safety
+/// The CPU has the features of `V`, and the caller is compiled with them.
+#[inline(always)]
+unsafe fn gelu_erf_map<V: Lanes>(xs: &mut [f32]) {
+    let mut chunks = xs.chunks_exact_mut(V::N);
+    for c in &mut chunks {
+        // SAFETY: `c` holds `V::N` f32s.
+        unsafe { gelu_erf(V::load(c.as_ptr())).store(c.as_mut_ptr()) };
+    }
+    for x in chunks.into_remainder() {
+        *x = gelu_erf(*x);
+    }
 }
 
 /// Sixteen f64 partial sums (two AVX-512 vectors), added up at the end.
@@ -466,11 +501,8 @@ fn map_with(op: StripOp, xs: &mut [f32]) {
                 *x = gelu_tanh(*x);
             }
         }
-        StripOp::GeluErf => {
-            for x in xs {
-                *x = gelu_erf(*x);
-            }
-        }
+        // SAFETY: one lane needs no features
+        StripOp::GeluErf => unsafe { gelu_erf_map::<f32>(xs) },
         StripOp::Erf => {
             for x in xs {
                 *x = erf(*x);
@@ -605,13 +637,21 @@ fn cols_with<'a>(dst: &mut [f64], rows: usize, row: impl Fn(usize) -> &'a [f32])
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
 fn run_avx512(job: Job) {
-    run_with(job)
+    match job {
+        // SAFETY: compiled for AVX-512, which `level` saw
+        Job::Map(StripOp::GeluErf, xs) => unsafe { gelu_erf_map::<lanes::X16>(xs) },
+        job => run_with(job),
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn run_avx2(job: Job) {
-    run_with(job)
+    match job {
+        // SAFETY: compiled for AVX2 + FMA, which `level` saw
+        Job::Map(StripOp::GeluErf, xs) => unsafe { gelu_erf_map::<lanes::X8>(xs) },
+        job => run_with(job),
+    }
 }
 
 /// Runs `job` with the widest vectors this CPU has (the portable loop where [`available`] is

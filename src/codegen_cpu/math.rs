@@ -14,7 +14,7 @@
 //! | `tanh` | `expm1(2a) / (expm1(2a) + 2)`, `a = abs(x)`, with the sign of `x` | 2.26 |
 //! | `sigmoid` | `e = exp(-abs(x))`; `1/(1+e)` or `e/(1+e)` (no overflow for `x < 0`) | 2.05 |
 //! | `erf` | `x·P(x²)` for `abs(x) < 1`, else `1 - erfc(abs(x))` | 2.27 |
-//! | `gelu` | `x·Φ(x)`: Φ from `erf` near 0, from `erfc` (tail form) elsewhere; subnormal results flushed to ±0 | 4.36 (x < -0.7; see below) |
+//! | `gelu` | `x·Φ(x)` from `x·Φ(-a) = x·H(a)·e^{-x²/2}`, `a = abs(x)`, `H` one of eight polynomials looked up per lane; subnormal results flushed to ±0 | 2.86 (3.48 on dense grids of [-14, 6]) |
 //! | `gelu_tanh` | `x·sigmoid(2u)`, `2u` in double-f32 arithmetic; subnormal results flushed to ±0 | 2.81 |
 //! | `sin`, `cos` | f64 inside: Cody-Waite by π/2 (3 parts) up to 2^30, beyond an exact chunked product with 2/π (Payne-Hanek style); Taylor polynomials | 0.50 |
 //! | `pow` | f64 inside: `2^(y·log2(abs(x)))`, then the C99/PyTorch special cases | 0.50 |
@@ -23,11 +23,9 @@
 //!
 //! Errors are against the exact value (0.5 = correctly rounded), over every 1024th f32 bit
 //! pattern (whole range, both signs, subnormals) plus special values, through both the F32X4 and
-//! the scalar code: `cargo test --test cpu_math -- --nocapture` prints them. One exception:
-//! `gelu` reaches 4.36 ulp in its negative tail (a chain of ~8 roundings in `x·erfc(z)/2`);
-//! its test bound is 4.5.
+//! the scalar code: `cargo test --test cpu_math -- --nocapture` prints them.
 //!
-//! The erfc tail is `erfc(z) = e^{-z²}·t·Q(t)` with `t = 2/(2+z)` (kept as a double-f32 value),
+//! erf's tail (above 1) is `erfc(z) = e^{-z²}·t·Q(t)` with `t = 2/(2+z)` (kept as a double-f32 value),
 //! `Q` a degree-9 polynomial in `t - 0.48` fitted at Chebyshev nodes on `z ∈ [0.5, 10.5]`;
 //! `e^{-z²}` uses the exact split `z² = hi + lo`. Results that may be subnormal apply their
 //! `2^k` scale last. No emitter calls libm: the chunked reduction keeps sin/cos accurate for
@@ -40,11 +38,12 @@
 //! the same bits.
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::types::{F32, F32X4, F64, I8X16, I32, I32X4, I64, I64X2};
+use cranelift_codegen::ir::types::{F32, F32X4, F64, I8, I8X16, I32, I32X4, I64, I64X2};
 use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
 use smelt_rt::consts::{
-    ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, ERFC_SLOPE, EXP_G, LN2_HI, LN2_LO, LOG2E, SHIFT32, SHIFT64,
+    ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, ERFC_SLOPE, EXP_G, GELU_TAIL, GELU_TAIL_CENTER,
+    GELU_TAIL_END, GELU_TAIL_FIRST, LN2_HI, LN2_LO, LOG2E, SHIFT32, SHIFT64,
 };
 
 type B<'a, 'b> = &'a mut FunctionBuilder<'b>;
@@ -517,20 +516,15 @@ fn erf_small(b: B, x: Value) -> Value {
     b.ins().fmul(x, p)
 }
 
-/// `erfc(z) = w·p·2^k` for `z + zl ∈ [0.5, 10.5]` (`zl` a small correction of `z`), given
-/// `z² = hi + lo` exactly (`e^{-hi} = p·2^k`). Callers multiply other factors into `w·p`
-/// before applying `2^k` (the result may be subnormal).
-fn erfc_tail(b: B, z: Value, zl: Option<Value>, hi: Value, lo: Value) -> (Value, Value, Value) {
+/// `erfc(z) = w·p·2^k` for `z ∈ [0.5, 10.5]`, given `z² = hi + lo` exactly (`e^{-hi} = p·2^k`).
+fn erfc_tail(b: B, z: Value, hi: Value, lo: Value) -> (Value, Value, Value) {
     let t = ty(b, z);
     let nhi = b.ins().fneg(hi);
     let (p, k) = exp_parts(b, nhi);
     // t = 2/(2+z) as t0 + c: the rounding of t would be amplified ~2.5× in erfc.
     let two = fc(b, t, 2.0);
     let d = b.ins().fadd(z, two);
-    let mut dl = two_sum_err(b, z, two, d);
-    if let Some(zl) = zl {
-        dl = b.ins().fadd(dl, zl);
-    }
+    let dl = two_sum_err(b, z, two, d);
     let t0 = b.ins().fdiv(two, d);
     let nt0 = b.ins().fneg(t0);
     let rem = b.ins().fma(nt0, d, two);
@@ -563,7 +557,7 @@ pub fn erf(b: B, x: Value) -> Value {
     // erf rounds to ±1 beyond 3.92.
     let z = clamp(b, a, 0.5, 4.0);
     let (hi, lo) = square_split(b, z);
-    let (w, p, k) = erfc_tail(b, z, None, hi, lo);
+    let (w, p, k) = erfc_tail(b, z, hi, lo);
     let wp = b.ins().fmul(w, p);
     let ec = scale2n_from_one(b, wp, k);
     let t = ty(b, x);
@@ -575,47 +569,98 @@ pub fn erf(b: B, x: Value) -> Value {
 }
 
 /// GELU, exact form `x·Φ(x) = x/2·(1 + erf(x/√2))`. Like PyTorch, `gelu(-inf)` is NaN.
+///
+/// With `a = |x|` and `H(a) = erfc(a/√2)·e^{a²/2}/2`, `x·Φ(-a) = x·H(a)·e^{-a²/2}` is the
+/// result below 0 and what is taken from `x` above. `H` is one of eight degree-7 polynomials
+/// (`GELU_TAIL`), picked per lane by a table lookup on the exponent and two leading mantissa
+/// bits of `a + 4`; `e^{-a²/2}` uses the exact split `a² = hi + lo`. No erf, no division.
 pub fn gelu(b: B, x: Value) -> Value {
     let t = ty(b, x);
-    // Near 0: Φ = 1/2 + erf(x/√2)/2.
-    let xs = fmul_c(b, x, std::f64::consts::FRAC_1_SQRT_2);
-    let es = erf_small(b, xs);
-    let half = fc(b, t, 0.5);
-    let phi = b.ins().fma(es, half, half);
-    let y_small = b.ins().fmul(x, phi);
-    // Tails: z = |x|/√2, z² = x²/2 split exactly; Φ(-|x|) = erfc(z)/2. Clamped so the
-    // splits stay finite (z is clamped to 10.5 below anyway).
-    let xc = clamp(b, x, -15.0, 15.0);
+    if t == F32 {
+        // the lookups are vector shuffles: a scalar takes lane 0 of its splat
+        let v = b.ins().splat(F32X4, x);
+        let y = gelu(b, v);
+        return b.ins().extractlane(y, 0);
+    }
+    let end = f64::from(GELU_TAIL_END);
+    let xc = clamp(b, x, -end, end);
     let a = b.ins().fabs(xc);
-    // z = |x|/√2 as az + azl (double-f32).
-    let (r2h, r2l) = split_const(std::f64::consts::FRAC_1_SQRT_2);
-    let r2 = fc(b, t, r2h);
-    let az = b.ins().fmul(a, r2);
-    let naz = b.ins().fneg(az);
-    let azl = b.ins().fma(a, r2, naz);
-    let azl = fma_c(b, a, r2l, azl);
-    let z = clamp(b, az, 0.5, 10.5);
-    let (hi, lo) = square_split(b, xc);
-    let hi = fmul_c(b, hi, 0.5);
-    let lo = fmul_c(b, lo, 0.5);
-    let (w, p, k) = erfc_tail(b, z, Some(azl), hi, lo);
-    let hx = b.ins().fmul(half, xc);
-    let wp = b.ins().fmul(w, p);
-    let neg = b.ins().fmul(hx, wp);
-    let y_neg = scale2n(b, neg, k);
-    let hwp = b.ins().fmul(half, wp);
-    let hec = scale2n_from_one(b, hwp, k);
-    let one = fc(b, t, 1.0);
-    let phi_pos = b.ins().fsub(one, hec);
-    let y_pos = b.ins().fmul(x, phi_pos);
+    let a2 = b.ins().fmul(a, a);
+    let half = fc(b, t, 0.5);
+    let hi = b.ins().fmul(a2, half);
+    let nhi = b.ins().fneg(hi);
+    // -lo = a2 - a·a exactly, so that `w + w·(-lo)` keeps the sign of x = -0
+    let na = b.ins().fneg(a);
+    let nlo = b.ins().fma(na, a, a2);
+    let nlo = b.ins().fmul(nlo, half);
+    // e^{-hi} = p·2^k (-hi ≥ -91.2 needs no clamp)
+    let (r, k) = reduce_ln2(b, nhi);
+    let p = expm1_small(b, r);
+    let p = fadd_c(b, p, 1.0);
+    let a4 = fadd_c(b, a, 4.0);
+    let bits = to_bits(b, a4);
+    let top = b.ins().ushr_imm_u(bits, 21);
+    let it = ty(b, top);
+    let first = ic(b, it, i64::from(GELU_TAIL_FIRST));
+    let i = b.ins().isub(top, first);
+    let seven = ic(b, it, 7);
+    let i = b.ins().smin(i, seven);
+    let lanes = TableIndex::new(b, i);
+    let ctr = lanes.lookup(b, &GELU_TAIL_CENTER);
+    let u = b.ins().fsub(a, ctr);
+    let (last, rest) = GELU_TAIL.split_last().unwrap_or((&[0.0; 8], &[]));
+    let mut h = lanes.lookup(b, last);
+    for c in rest.iter().rev() {
+        let c = lanes.lookup(b, c);
+        h = b.ins().fma(h, u, c);
+    }
+    let w = b.ins().fmul(xc, h);
+    let w = b.ins().fmul(w, p);
+    let w = b.ins().fma(w, nlo, w);
+    let m = scale2n(b, w, k);
     let pos = fcmpc(b, FloatCC::GreaterThan, x, 0.0);
-    let y_tail = sel(b, pos, y_pos, y_neg);
-    let lo_ok = fcmpc(b, FloatCC::GreaterThan, x, -std::f64::consts::FRAC_1_SQRT_2);
-    let hi_ok = fcmpc(b, FloatCC::LessThan, x, SQRT2);
-    let near0 = b.ins().band(lo_ok, hi_ok);
-    let y = sel(b, near0, y_small, y_tail);
+    let xm = b.ins().fsub(x, m);
+    let y = sel(b, pos, xm, m);
     let y = flush_subnormal(b, y);
     neg_inf_to_nan(b, x, y)
+}
+
+/// Byte indices that pick lane `i` (0..8) of an eight-entry f32 table, per lane of an `I32X4`.
+struct TableIndex {
+    low: Value,
+    high: Value,
+}
+
+impl TableIndex {
+    fn new(b: B, i: Value) -> Self {
+        // lane bytes 4i, 4i+1, 4i+2, 4i+3
+        let it = ty(b, i);
+        let spread = ic(b, it, 0x0404_0404);
+        let bytes = b.ins().imul(i, spread);
+        let offs = ic(b, it, 0x0302_0100);
+        let bytes = b.ins().iadd(bytes, offs);
+        let low = bitcast(b, I8X16, bytes);
+        // entries 4..8 from the second half: `swizzle` gives 0 for indices from 16 up, so the
+        // lanes of the other half vanish in each
+        let sixteen = b.ins().iconst(I8, 16);
+        let sixteen = b.ins().splat(I8X16, sixteen);
+        let high = b.ins().isub(low, sixteen);
+        TableIndex { low, high }
+    }
+
+    fn lookup(&self, b: B, t: &[f32; 8]) -> Value {
+        let half = |b: B, part: &[f32]| {
+            let bytes: Vec<u8> = part.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let c = b.func.dfg.constants.insert(ConstantData::from(bytes));
+            b.ins().vconst(I8X16, c)
+        };
+        let lo = half(b, &t[..4]);
+        let hi = half(b, &t[4..]);
+        let lo = b.ins().swizzle(lo, self.low);
+        let hi = b.ins().swizzle(hi, self.high);
+        let r = b.ins().bor(lo, hi);
+        bitcast(b, F32X4, r)
+    }
 }
 
 /// PyTorch's GELU formulas give `-inf · 0 = NaN` at `x = -inf`.
