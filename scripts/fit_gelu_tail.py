@@ -1,8 +1,10 @@
-"""Fits the exact GELU's tail polynomials (`GELU_TAIL` in rt/src/consts.rs).
+"""Fits the GELUs' tail polynomials (`GELU_ERF_TAIL`, `GELU_TANH_TAIL` in rt/src/consts.rs).
 
-H(a) = erfc(a/sqrt 2) * exp(a^2/2) / 2 on eight intervals of a = |x| (those that the
-exponent and two leading mantissa bits of a + 4 number), one polynomial of degree 7 per
-interval in a - center: least squares at Chebyshev nodes, reweighted (Lawson) towards the
+With a = |x|, both GELUs are x - x*F(a)*exp(-g(a)) above 0 and x*F(a)*exp(-g(a)) below:
+the exact one with g = a^2/2 and F = H(a) = erfc(a/sqrt 2) * exp(a^2/2) / 2, the tanh one
+with g = v(a) = 2*sqrt(2/pi)*(a + 0.044715*a^3) and F = E(a) = 1 / (1 + exp(-v)). Each F is
+fitted on eight intervals of a (those that the exponent and two leading mantissa bits of
+a + 4 number), one polynomial of degree 7 per interval in a - center: least squares at Chebyshev nodes, reweighted (Lawson) towards the
 smallest maximal relative error, the coefficients rounded to f32 from the highest down with
 the lower ones refitted after each. Prints the Rust constants and each interval's error
 when evaluated in f32 by Horner's rule.
@@ -22,6 +24,11 @@ def h(a):
     return 0.5 * erfcx(a / np.sqrt(2.0))
 
 
+def e(a):
+    v = 2.0 * np.sqrt(2.0 / np.pi) * (a + 0.044715 * a**3)
+    return 1.0 / (1.0 + np.exp(-v))
+
+
 def horner_f32(c, u):
     acc = np.full_like(u, c[-1], dtype=np.float32)
     for ci in c[-2::-1]:
@@ -30,12 +37,12 @@ def horner_f32(c, u):
     return acc
 
 
-def fit(lo, hi, center):
+def fit(f, lo, hi, center):
     # a hair past each end: a + 4 may round across a boundary
     lo2, hi2 = max(lo - 1e-3, 0.0), hi + 1e-3
     k = np.arange(400)
     xs = (lo2 + hi2) / 2 + (hi2 - lo2) / 2 * np.cos(np.pi * (k + 0.5) / len(k))
-    y = h(xs)
+    y = f(xs)
     a = np.vander(xs - float(center), DEGREE + 1, increasing=True)
     w = np.ones_like(y)
     for _ in range(30):
@@ -55,21 +62,21 @@ def fit(lo, hi, center):
 
 
 def main():
-    centers, tables = [], []
-    for lo, hi in INTERVALS:
-        center = F32(round((lo + hi) / 2 * 8) / 8)
-        c = fit(lo, hi, center)
-        t = np.linspace(lo, hi, 40001).astype(F32).astype(np.float64)
-        got = horner_f32(c, (t - float(center)).astype(F32)).astype(np.float64)
-        err = np.max(np.abs(got - h(t)) / h(t)) / 2.0**-24
-        print(f"// [{lo}, {hi}]: center {center}, max error {err:.2f}·2^-24 of H")
-        centers.append(center)
-        tables.append(c)
+    centers = [F32(round((lo + hi) / 2 * 8) / 8) for lo, hi in INTERVALS]
     print("pub const GELU_TAIL_CENTER: [f32; 8] = [" + ", ".join(str(c) for c in centers) + "];")
-    print("pub const GELU_TAIL: [[f32; 8]; 8] = [")
-    for j in range(DEGREE + 1):
-        print("    [" + ", ".join(str(t[j]) for t in tables) + "],")
-    print("];")
+    for name, f in [("GELU_ERF_TAIL", h), ("GELU_TANH_TAIL", e)]:
+        tables = []
+        for (lo, hi), center in zip(INTERVALS, centers):
+            c = fit(f, lo, hi, center)
+            t = np.linspace(lo, hi, 40001).astype(F32).astype(np.float64)
+            got = horner_f32(c, (t - float(center)).astype(F32)).astype(np.float64)
+            err = np.max(np.abs(got - f(t)) / f(t)) / 2.0**-24
+            print(f"// {name} [{lo}, {hi}]: center {center}, max error {err:.2f}·2^-24")
+            tables.append(c)
+        print(f"pub const {name}: [[f32; 8]; 8] = [")
+        for j in range(DEGREE + 1):
+            print("    [" + ", ".join(str(t[j]) for t in tables) + "],")
+        print("];")
 
 
 if __name__ == "__main__":

@@ -391,15 +391,21 @@ fn gelu_sweep() {
     check_unary_with("gelu", math::gelu, &gelu_ref, 4.0, true);
 }
 
-/// Every interval of the exact GELU's eight polynomials, densely: 2^21 steps over [-14, 6],
-/// from results flushed to ±0 to results that round to `x`.
+/// 2^21 + 1 points evenly over `[lo, hi]`.
+fn dense(lo: f64, hi: f64) -> Vec<f32> {
+    let n = 1 << 21;
+    (0..=n)
+        .map(|i| (lo + (hi - lo) * f64::from(i) / f64::from(n)) as f32)
+        .collect()
+}
+
+/// Every interval of the GELUs' eight polynomials, densely, from results flushed to ±0 to
+/// results that round to `x`.
 #[test]
 fn gelu_dense() {
-    let n = 1 << 21;
-    let xs: Vec<f32> = (0..=n)
-        .map(|i| (-14.0 + 20.0 * f64::from(i) / f64::from(n)) as f32)
-        .collect();
-    check_unary_on("gelu", math::gelu, &gelu_ref, 4.0, true, &xs);
+    check_unary_on("gelu", math::gelu, &gelu_ref, 4.0, true, &dense(-14.0, 6.0));
+    let xs = dense(-11.0, 6.0);
+    check_unary_on("gelu_tanh", math::gelu_tanh, &gelu_tanh_ref, 4.0, true, &xs);
 }
 
 #[test]

@@ -59,21 +59,26 @@ pub const ERFC_SLOPE: [f64; 4] = [
     0.280_684_612_967_383_8,
 ];
 
-/// The exact GELU computes `H(a) = erfc(a/√2)·e^{a²/2}/2` for `a = |x|` up to this bound (and
-/// clamps `x` into `±GELU_TAIL_END`): beyond it `x·Φ(-a)` is subnormal, so flushed, or far
-/// below half an ulp of `x`.
-pub const GELU_TAIL_END: f32 = 13.5;
+/// Both GELUs are `x - m` above 0 and `m` below, `m = x·F(a)·e^{-g(a)}` with `a = |x|`: the
+/// exact one with `g = a²/2`, `F = H(a) = erfc(a/√2)·e^{a²/2}/2`, the tanh one with
+/// `g = v(a) = 2·√(2/π)·(a + 0.044715·a³)`, `F = E(a) = 1/(1 + e^{-v})`. `F` is one of eight
+/// polynomials picked per lane. The exact GELU clamps `x` into `±GELU_ERF_END`: beyond it
+/// `m` is subnormal, so flushed, or far below half an ulp of `x`.
+pub const GELU_ERF_END: f32 = 13.5;
+/// As [`GELU_ERF_END`] for the tanh GELU (where `e^{-v}` keeps its scale `2^k` with
+/// `k ≥ -252`, which `scale2n` needs).
+pub const GELU_TANH_END: f32 = 10.5;
 /// `(a + 4).to_bits() >> 21` at `a = 0`: the exponent and two leading mantissa bits of `a + 4`
-/// number the intervals of [`GELU_TAIL`] from this value, `a ∈ [0,1), [1,2), [2,3), [3,4),
-/// [4,6), [6,8), [8,10)` and `[10, 13.5]` (every index from 7 up).
+/// number the intervals of the tails from this value, `a ∈ [0,1), [1,2), [2,3), [3,4),
+/// [4,6), [6,8), [8,10)` and `[10, ∞)` (every index from 7 up).
 pub const GELU_TAIL_FIRST: i32 = 516;
-/// The centers of the intervals of [`GELU_TAIL`].
+/// The centers of the intervals of [`GELU_ERF_TAIL`] and [`GELU_TANH_TAIL`].
 pub const GELU_TAIL_CENTER: [f32; 8] = [0.5, 1.5, 2.5, 3.5, 5.0, 7.0, 9.0, 11.75];
 /// `H(a)` as one polynomial of degree 7 in `a - GELU_TAIL_CENTER[i]` per interval `i`: row `j`
 /// holds the coefficients of `u^j` of the eight intervals (the lookup table of one
 /// multiply-add). Fitted by `scripts/fit_gelu_tail.py`; evaluated in f32 by Horner's rule
 /// the error is at most 1.92·2^-24 of `H` (interval 0, the largest).
-pub const GELU_TAIL: [[f32; 8]; 8] = [
+pub const GELU_ERF_TAIL: [[f32; 8]; 8] = [
     [
         0.34961882,
         0.20578067,
@@ -153,5 +158,82 @@ pub const GELU_TAIL: [[f32; 8]; 8] = [
         -3.8016644e-08,
         -6.3228955e-09,
         -8.9130703e-10,
+    ],
+];
+/// `E(a) = 1/(1 + e^{-v(a)})`, `v(a) = 2·√(2/π)·(a + 0.044715·a³)`, laid out as
+/// [`GELU_ERF_TAIL`] (at most 1.54·2^-24 of `E`; from `a = 6` on it is 1 in f32).
+pub const GELU_TANH_TAIL: [[f32; 8]; 8] = [
+    [
+        0.691428, 0.9330477, 0.9939663, 0.9998239, 0.99999994, 1.0, 1.0, 1.0,
+    ],
+    [
+        0.3518838,
+        0.12977538,
+        0.017594112,
+        0.0007424866,
+        2.990796e-07,
+        -5.5853233e-13,
+        9.618045e-16,
+        -1.0402145e-14,
+    ],
+    [
+        -0.08825921,
+        -0.09669042,
+        -0.022286637,
+        -0.0014334363,
+        -1.3770821e-06,
+        -3.074849e-12,
+        -2.7468501e-15,
+        -2.5473505e-16,
+    ],
+    [
+        -0.04388575,
+        0.02672412,
+        0.01545492,
+        0.0016558201,
+        2.4561566e-06,
+        6.2466313e-12,
+        -3.067842e-15,
+        1.0017315e-14,
+    ],
+    [
+        0.020482436,
+        0.005753873,
+        -0.005746152,
+        -0.0012474563,
+        -1.7383743e-06,
+        1.3043163e-11,
+        5.8617966e-15,
+        -6.19496e-16,
+    ],
+    [
+        0.0045592524,
+        -0.0057167793,
+        0.0005469568,
+        0.00061373354,
+        2.9239397e-06,
+        -1.7272345e-11,
+        3.5978262e-15,
+        -3.1711736e-15,
+    ],
+    [
+        -0.0030318417,
+        0.0006839675,
+        0.0004922801,
+        -0.00016839373,
+        -5.619712e-06,
+        -1.6974424e-11,
+        -3.303941e-15,
+        1.522353e-16,
+    ],
+    [
+        -0.00034132233,
+        0.00049575686,
+        -0.00021358844,
+        6.5649606e-06,
+        3.1007257e-06,
+        1.8589802e-11,
+        -1.4040268e-15,
+        3.291877e-16,
     ],
 ];

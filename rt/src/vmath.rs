@@ -18,8 +18,9 @@
 //! converted f32s and needs no fma, so it runs its portable build wherever AVX2 is missing.
 
 use crate::consts::{
-    ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, ERFC_SLOPE, EXP_G, GELU_TAIL, GELU_TAIL_CENTER,
-    GELU_TAIL_END, GELU_TAIL_FIRST, LN2_HI, LN2_LO, LOG2E, SHIFT32,
+    ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, ERFC_SLOPE, EXP_G, GELU_ERF_END, GELU_ERF_TAIL,
+    GELU_TAIL_CENTER, GELU_TAIL_FIRST, GELU_TANH_END, GELU_TANH_TAIL, LN2_HI, LN2_LO, LOG2E,
+    SHIFT32,
 };
 use crate::lanes::{self, Lanes};
 use std::sync::OnceLock;
@@ -171,24 +172,16 @@ fn tanh(x: f32) -> f32 {
     (t / (t + 2.0)).copysign(x)
 }
 
-/// `math::mul_sigmoid`: `x·sigmoid(yh + yl)`; below 0 `x_neg·e/(1+e)` with `e = p·2^k`, `2^k`
-/// applied last.
-#[inline(always)]
-fn mul_sigmoid(x: f32, x_neg: f32, yh: f32, yl: Option<f32>) -> f32 {
-    let (mut p, k) = exp_parts(-yh.abs());
-    let pos = yh >= 0.0;
-    if let Some(yl) = yl {
-        p = p - p * (if pos { yl } else { -yl });
-    }
-    let den = 1.0 + scale2n(p, k);
-    let q = (if pos { x } else { x_neg * p }) / den;
-    if pos { q } else { scale2n(q, k) }
-}
-
 /// `math::sigmoid`: `1/(1+e)` for `x ≥ 0`, `p/(1+e)·2^k` below (`e = p·2^k = e^{-|x|}`).
 #[inline(always)]
 fn sigmoid(x: f32) -> f32 {
-    mul_sigmoid(1.0, 1.0, x, None)
+    let (p, k) = exp_parts(-x.abs());
+    let den = 1.0 + scale2n(p, k);
+    if x >= 0.0 {
+        1.0 / den
+    } else {
+        scale2n(p / den, k)
+    }
 }
 
 /// `math::split_const`: `c` as two f32s.
@@ -196,32 +189,6 @@ fn sigmoid(x: f32) -> f32 {
 fn split(c: f64) -> (f32, f32) {
     let hi = c as f32;
     (hi, (c - f64::from(hi)) as f32)
-}
-
-/// `math::gelu_tanh`: `x·sigmoid(2u)` with `2u` in double-f32 arithmetic; subnormal results
-/// flushed.
-#[inline(always)]
-fn gelu_tanh(x: f32) -> f32 {
-    let k = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
-    let (c1h, c1l) = split(k);
-    let (c2h, c2l) = split(k * 0.044715);
-    let xc = clamp(x, -20.0, 20.0);
-    let x2h = xc * xc;
-    let x2l = xc.mul_add(xc, -x2h);
-    let ah = c2h * x2h;
-    let ae = c2h.mul_add(x2h, -ah);
-    let al = c2h.mul_add(x2l, x2h * c2l) + ae;
-    let bh = c1h + ah;
-    let bl = (al + c1l) + two_sum_err(c1h, ah, bh);
-    let yh = xc * bh;
-    let yl = xc.mul_add(bl, xc.mul_add(bh, -yh));
-    let y = mul_sigmoid(x, xc, yh, Some(yl));
-    let y = if y.abs() < f32::MIN_POSITIVE {
-        y * 0.0
-    } else {
-        y
-    };
-    if x == f32::NEG_INFINITY { f32::NAN } else { y }
 }
 
 /// `math::erf_small`: `erf(x)` for `|x| ≤ 1`.
@@ -270,24 +237,16 @@ fn erf(x: f32) -> f32 {
     if a < 1.0 { small } else { big }
 }
 
-/// `math::gelu`: `x·Φ(x)`. With `a = |x|` and `H(a) = erfc(a/√2)·e^{a²/2}/2` (from
-/// [`GELU_TAIL`], one of eight polynomials per lane), `x·Φ(-a) = x·H(a)·e^{-a²/2}`: that is
-/// the result below 0 and what is taken from `x` above. `e^{-a²/2}` uses the exact split
-/// `a² = hi + lo`; subnormal results flushed, `gelu(-inf)` NaN.
+/// `math::gelu_tail`: `x - m` above 0 and `m` below, `m = xc·F(a)·e^{nh}·(1 + nl)` with
+/// `F` the polynomials of `table` ([`GELU_ERF_TAIL`] or [`GELU_TANH_TAIL`]) and `e^{nh} = p·2^k`
+/// (`nh ≥ -100` needs no clamp); subnormal results flushed, `-inf` gives NaN.
 #[inline(always)]
-fn gelu_erf<V: Lanes>(x: V) -> V {
-    let xc = x.clamp(-GELU_TAIL_END, GELU_TAIL_END);
-    let a = xc.abs();
-    let a2 = a.mul(a);
-    let half = V::splat(0.5);
-    let nhi = a2.mul(half).neg();
-    let nlo = a.neg().fma(a, a2).mul(half);
-    // e^{-hi} = p·2^k (`exp_parts`; -hi ≥ -91.2 needs no clamp)
+fn gelu_tail<V: Lanes>(x: V, xc: V, a: V, nh: V, nl: V, table: &[[f32; 8]; 8]) -> V {
     let shift = SHIFT32 as f32;
-    let s = nhi.fma(V::splat(LOG2E as f32), V::splat(shift));
+    let s = nh.fma(V::splat(LOG2E as f32), V::splat(shift));
     let kf = s.add(V::splat(-shift));
     let k = V::isub(s.bits(), V::isplat(shift.to_bits() as i32));
-    let r = kf.fma(V::splat(-LN2_HI as f32), nhi);
+    let r = kf.fma(V::splat(-LN2_HI as f32), nh);
     let r = kf.fma(V::splat(-LN2_LO as f32), r);
     let mut g = V::splat(EXP_G[EXP_G.len() - 1] as f32);
     for &c in EXP_G[..EXP_G.len() - 1].iter().rev() {
@@ -298,13 +257,13 @@ fn gelu_erf<V: Lanes>(x: V) -> V {
     let top = V::ushr21(a.add(V::splat(4.0)).bits());
     let i = V::imin(V::isub(top, V::isplat(GELU_TAIL_FIRST)), V::isplat(7));
     let u = a.sub(V::lookup8(i, &GELU_TAIL_CENTER));
-    let mut h = V::lookup8(i, &GELU_TAIL[GELU_TAIL.len() - 1]);
-    for c in GELU_TAIL[..GELU_TAIL.len() - 1].iter().rev() {
-        h = h.fma(u, V::lookup8(i, c));
+    let mut f = V::lookup8(i, &table[table.len() - 1]);
+    for c in table[..table.len() - 1].iter().rev() {
+        f = f.fma(u, V::lookup8(i, c));
     }
-    // w·(1 - lo), as w + w·(-lo) so that x = -0 keeps its sign
-    let w = xc.mul(h).mul(p);
-    let w = w.fma(nlo, w);
+    // w·(1 + nl), as w + w·nl so that x = -0 keeps its sign
+    let w = xc.mul(f).mul(p);
+    let w = w.fma(nl, w);
     let n1 = V::sshr1(k);
     let n2 = V::isub(k, n1);
     let m = w.mul(pow2i::<V>(n1)).mul(pow2i::<V>(n2));
@@ -314,25 +273,78 @@ fn gelu_erf<V: Lanes>(x: V) -> V {
     V::select(x.eq(V::splat(f32::NEG_INFINITY)), V::splat(f32::NAN), y)
 }
 
+/// `math::gelu`: `x·Φ(x)`, from `x·Φ(-a) = x·H(a)·e^{-a²/2}` (`a = |x|`; `e^{-a²/2}` with the
+/// exact split `a² = hi + lo`).
+#[inline(always)]
+fn gelu_erf<V: Lanes>(x: V) -> V {
+    let xc = x.clamp(-GELU_ERF_END, GELU_ERF_END);
+    let a = xc.abs();
+    let a2 = a.mul(a);
+    let half = V::splat(0.5);
+    let nhi = a2.mul(half).neg();
+    // -lo = a2 - a·a exactly
+    let nlo = a.neg().fma(a, a2).mul(half);
+    gelu_tail(x, xc, a, nhi, nlo, &GELU_ERF_TAIL)
+}
+
+/// `math::gelu_tanh`: `x·sigmoid(2u(x))`, from `x·sigmoid(-v) = x·E(a)·e^{-v}` with
+/// `v = 2u(a)` in double-f32 arithmetic (its rounding error would be amplified by `e^{-v}`).
+#[inline(always)]
+fn gelu_tanh<V: Lanes>(x: V) -> V {
+    let k = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
+    let (c1h, c1l) = split(k);
+    let (c2h, c2l) = split(k * 0.044715);
+    let (c1h, c2h) = (V::splat(c1h), V::splat(c2h));
+    let xc = x.clamp(-GELU_TANH_END, GELU_TANH_END);
+    let a = xc.abs();
+    let a2h = a.mul(a);
+    let a2l = a.fma(a, a2h.neg());
+    // c2·a² + c1 as bh + bl
+    let ah = c2h.mul(a2h);
+    let ae = c2h.fma(a2h, ah.neg());
+    let al = c2h.fma(a2l, a2h.mul(V::splat(c2l))).add(ae);
+    let bh = c1h.add(ah);
+    let yv = bh.sub(c1h);
+    let xv = bh.sub(yv);
+    let be = c1h.sub(xv).add(ah.sub(yv));
+    let bl = al.add(V::splat(c1l)).add(be);
+    // v = a·b as vh + vl; -vl = vh - a·bh - a·bl (+0 at a = 0)
+    let vh = a.mul(bh);
+    let na = a.neg();
+    let nvl = na.fma(bl, na.fma(bh, vh));
+    gelu_tail(x, xc, a, vh.neg(), nvl, &GELU_TANH_TAIL)
+}
+
 /// `2^n` for lanes `n` in the normal exponent range.
 #[inline(always)]
 fn pow2i<V: Lanes>(n: V::I) -> V {
     V::from_bits(V::shl23(V::iadd(n, V::isplat(127))))
 }
 
-/// [`gelu_erf`] over `xs`, `V::N` lanes at a time and the tail one by one.
+/// A GELU (the tanh form or the exact one) over `xs`, `V::N` lanes at a time and the tail one
+/// by one.
 ///
 /// # Safety
 /// The CPU has the features of `V`, and the caller is compiled with them.
 #[inline(always)]
-unsafe fn gelu_erf_map<V: Lanes>(xs: &mut [f32]) {
+unsafe fn gelu_map<V: Lanes>(xs: &mut [f32], tanh: bool) {
     let mut chunks = xs.chunks_exact_mut(V::N);
-    for c in &mut chunks {
-        // SAFETY: `c` holds `V::N` f32s.
-        unsafe { gelu_erf(V::load(c.as_ptr())).store(c.as_mut_ptr()) };
-    }
-    for x in chunks.into_remainder() {
-        *x = gelu_erf(*x);
+    if tanh {
+        for c in &mut chunks {
+            // SAFETY: `c` holds `V::N` f32s.
+            unsafe { gelu_tanh(V::load(c.as_ptr())).store(c.as_mut_ptr()) };
+        }
+        for x in chunks.into_remainder() {
+            *x = gelu_tanh(*x);
+        }
+    } else {
+        for c in &mut chunks {
+            // SAFETY: as above.
+            unsafe { gelu_erf(V::load(c.as_ptr())).store(c.as_mut_ptr()) };
+        }
+        for x in chunks.into_remainder() {
+            *x = gelu_erf(*x);
+        }
     }
 }
 
@@ -496,13 +508,10 @@ fn map_with(op: StripOp, xs: &mut [f32]) {
                 *x *= sigmoid(*x);
             }
         }
-        StripOp::GeluTanh => {
-            for x in xs {
-                *x = gelu_tanh(*x);
-            }
-        }
         // SAFETY: one lane needs no features
-        StripOp::GeluErf => unsafe { gelu_erf_map::<f32>(xs) },
+        StripOp::GeluTanh => unsafe { gelu_map::<f32>(xs, true) },
+        // SAFETY: one lane needs no features
+        StripOp::GeluErf => unsafe { gelu_map::<f32>(xs, false) },
         StripOp::Erf => {
             for x in xs {
                 *x = erf(*x);
@@ -639,7 +648,9 @@ fn cols_with<'a>(dst: &mut [f64], rows: usize, row: impl Fn(usize) -> &'a [f32])
 fn run_avx512(job: Job) {
     match job {
         // SAFETY: compiled for AVX-512, which `level` saw
-        Job::Map(StripOp::GeluErf, xs) => unsafe { gelu_erf_map::<lanes::X16>(xs) },
+        Job::Map(op @ (StripOp::GeluErf | StripOp::GeluTanh), xs) => unsafe {
+            gelu_map::<lanes::X16>(xs, op == StripOp::GeluTanh)
+        },
         job => run_with(job),
     }
 }
@@ -649,7 +660,9 @@ fn run_avx512(job: Job) {
 fn run_avx2(job: Job) {
     match job {
         // SAFETY: compiled for AVX2 + FMA, which `level` saw
-        Job::Map(StripOp::GeluErf, xs) => unsafe { gelu_erf_map::<lanes::X8>(xs) },
+        Job::Map(op @ (StripOp::GeluErf | StripOp::GeluTanh), xs) => unsafe {
+            gelu_map::<lanes::X8>(xs, op == StripOp::GeluTanh)
+        },
         job => run_with(job),
     }
 }

@@ -15,7 +15,7 @@
 //! | `sigmoid` | `e = exp(-abs(x))`; `1/(1+e)` or `e/(1+e)` (no overflow for `x < 0`) | 2.05 |
 //! | `erf` | `x·P(x²)` for `abs(x) < 1`, else `1 - erfc(abs(x))` | 2.27 |
 //! | `gelu` | `x·Φ(x)` from `x·Φ(-a) = x·H(a)·e^{-x²/2}`, `a = abs(x)`, `H` one of eight polynomials looked up per lane; subnormal results flushed to ±0 | 2.86 (3.48 on dense grids of [-14, 6]) |
-//! | `gelu_tanh` | `x·sigmoid(2u)`, `2u` in double-f32 arithmetic; subnormal results flushed to ±0 | 2.81 |
+//! | `gelu_tanh` | `x·sigmoid(2u)` from `x·sigmoid(-v) = x·E(a)·e^{-v}`, `v = 2u(a)` in double-f32 arithmetic, `E` one of eight polynomials looked up per lane; subnormal results flushed to ±0 | 3.03 (3.37 on dense grids of [-11, 6]) |
 //! | `sin`, `cos` | f64 inside: Cody-Waite by π/2 (3 parts) up to 2^30, beyond an exact chunked product with 2/π (Payne-Hanek style); Taylor polynomials | 0.50 |
 //! | `pow` | f64 inside: `2^(y·log2(abs(x)))`, then the C99/PyTorch special cases | 0.50 |
 //! | `rsqrt` | `1 / sqrt(x)` (bit-identical to PyTorch's vectorised CPU kernel) | 1.48 |
@@ -42,8 +42,9 @@ use cranelift_codegen::ir::types::{F32, F32X4, F64, I8, I8X16, I32, I32X4, I64, 
 use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
 use smelt_rt::consts::{
-    ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, ERFC_SLOPE, EXP_G, GELU_TAIL, GELU_TAIL_CENTER,
-    GELU_TAIL_END, GELU_TAIL_FIRST, LN2_HI, LN2_LO, LOG2E, SHIFT32, SHIFT64,
+    ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, ERFC_SLOPE, EXP_G, GELU_ERF_END, GELU_ERF_TAIL,
+    GELU_TAIL_CENTER, GELU_TAIL_FIRST, GELU_TANH_END, GELU_TANH_TAIL, LN2_HI, LN2_LO, LOG2E,
+    SHIFT32, SHIFT64,
 };
 
 type B<'a, 'b> = &'a mut FunctionBuilder<'b>;
@@ -473,37 +474,22 @@ pub fn tanh(b: B, x: Value) -> Value {
     copysign(b, y, x)
 }
 
-/// `x·sigmoid(y)` for `y = yh + yl` (`yl` a small correction or none). For `y < 0` it is
-/// `x·e/(1+e)` with `e = e^{y} = p·2^k`, and `2^k` is applied last (the result may be subnormal);
-/// there `x_neg` (`x` clamped to `|x| ≤ 20`) replaces `x`.
-fn mul_sigmoid(b: B, x: Value, x_neg: Value, yh: Value, yl: Option<Value>) -> Value {
-    let t = ty(b, yh);
-    let a = b.ins().fabs(yh);
+/// Logistic sigmoid `1/(1+e^{-x})`; no overflow or cancellation for large `|x|`: below 0 it
+/// is `e/(1+e)` with `e = e^{x} = p·2^k`, and `2^k` is applied last (the result may be
+/// subnormal).
+pub fn sigmoid(b: B, x: Value) -> Value {
+    let t = ty(b, x);
+    let a = b.ins().fabs(x);
     let na = b.ins().fneg(a);
-    let (mut p, k) = exp_parts(b, na);
-    let pos = fcmpc(b, FloatCC::GreaterThanOrEqual, yh, 0.0);
-    if let Some(yl) = yl {
-        // e^{-|y|} = e^{-|yh|}·(1 - sign(yh)·yl) to first order.
-        let nyl = b.ins().fneg(yl);
-        let syl = sel(b, pos, yl, nyl);
-        let ps = b.ins().fmul(p, syl);
-        p = b.ins().fsub(p, ps);
-    }
+    let (p, k) = exp_parts(b, na);
+    let pos = fcmpc(b, FloatCC::GreaterThanOrEqual, x, 0.0);
     let e = scale2n(b, p, k);
     let one = fc(b, t, 1.0);
     let den = b.ins().fadd(one, e);
-    let y_pos = b.ins().fdiv(x, den);
-    let xp = b.ins().fmul(x_neg, p);
-    let q = b.ins().fdiv(xp, den);
+    let y_pos = b.ins().fdiv(one, den);
+    let q = b.ins().fdiv(p, den);
     let y_neg = scale2n(b, q, k);
     sel(b, pos, y_pos, y_neg)
-}
-
-/// Logistic sigmoid `1/(1+e^{-x})`; no overflow or cancellation for large `|x|`.
-pub fn sigmoid(b: B, x: Value) -> Value {
-    let t = ty(b, x);
-    let one = fc(b, t, 1.0);
-    mul_sigmoid(b, one, one, x, None)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -571,30 +557,86 @@ pub fn erf(b: B, x: Value) -> Value {
 /// GELU, exact form `x·Φ(x) = x/2·(1 + erf(x/√2))`. Like PyTorch, `gelu(-inf)` is NaN.
 ///
 /// With `a = |x|` and `H(a) = erfc(a/√2)·e^{a²/2}/2`, `x·Φ(-a) = x·H(a)·e^{-a²/2}` is the
-/// result below 0 and what is taken from `x` above. `H` is one of eight degree-7 polynomials
-/// (`GELU_TAIL`), picked per lane by a table lookup on the exponent and two leading mantissa
-/// bits of `a + 4`; `e^{-a²/2}` uses the exact split `a² = hi + lo`. No erf, no division.
+/// result below 0 and what is taken from `x` above ([`gelu_tail`]); `e^{-a²/2}` uses the
+/// exact split `a² = hi + lo`. No erf, no division.
 pub fn gelu(b: B, x: Value) -> Value {
-    let t = ty(b, x);
-    if t == F32 {
-        // the lookups are vector shuffles: a scalar takes lane 0 of its splat
-        let v = b.ins().splat(F32X4, x);
-        let y = gelu(b, v);
-        return b.ins().extractlane(y, 0);
+    if ty(b, x) == F32 {
+        return on_lane0(b, x, gelu);
     }
-    let end = f64::from(GELU_TAIL_END);
-    let xc = clamp(b, x, -end, end);
+    let xc = clamp(b, x, -f64::from(GELU_ERF_END), f64::from(GELU_ERF_END));
     let a = b.ins().fabs(xc);
     let a2 = b.ins().fmul(a, a);
+    let t = ty(b, x);
     let half = fc(b, t, 0.5);
     let hi = b.ins().fmul(a2, half);
     let nhi = b.ins().fneg(hi);
-    // -lo = a2 - a·a exactly, so that `w + w·(-lo)` keeps the sign of x = -0
+    // -lo = a2 - a·a exactly
     let na = b.ins().fneg(a);
     let nlo = b.ins().fma(na, a, a2);
     let nlo = b.ins().fmul(nlo, half);
-    // e^{-hi} = p·2^k (-hi ≥ -91.2 needs no clamp)
-    let (r, k) = reduce_ln2(b, nhi);
+    gelu_tail(b, x, xc, a, nhi, nlo, &GELU_ERF_TAIL)
+}
+
+/// GELU, tanh form `x/2·(1 + tanh(u))`, `u = √(2/π)(x + 0.044715x³)`: `x·sigmoid(2u)`,
+/// from `x·sigmoid(-v) = x·E(a)·e^{-v}` with `v = 2u(a)` in double-f32 arithmetic (its
+/// rounding error would be amplified by `e^{-v}`) and [`gelu_tail`]. Like PyTorch,
+/// `gelu_tanh(-inf)` is NaN.
+pub fn gelu_tanh(b: B, x: Value) -> Value {
+    if ty(b, x) == F32 {
+        return on_lane0(b, x, gelu_tanh);
+    }
+    let k = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
+    let (c1h, c1l) = split_const(k);
+    let (c2h, c2l) = split_const(k * 0.044715);
+    let t = ty(b, x);
+    let xc = clamp(b, x, -f64::from(GELU_TANH_END), f64::from(GELU_TANH_END));
+    let a = b.ins().fabs(xc);
+    let (a2h, a2l) = square_split(b, a);
+    // A = c2·a²
+    let c2hv = fc(b, t, c2h);
+    let ah = b.ins().fmul(c2hv, a2h);
+    let nah = b.ins().fneg(ah);
+    let ae = b.ins().fma(c2hv, a2h, nah);
+    let c2la = fmul_c(b, a2h, c2l);
+    let al = b.ins().fma(c2hv, a2l, c2la);
+    let al = b.ins().fadd(al, ae);
+    // B = c1 + A
+    let c1hv = fc(b, t, c1h);
+    let bh = b.ins().fadd(c1hv, ah);
+    let be = two_sum_err(b, c1hv, ah, bh);
+    let bl = fadd_c(b, al, c1l);
+    let bl = b.ins().fadd(bl, be);
+    // v = a·B as vh + vl; -vl = vh - a·bh - a·bl (+0 at a = 0)
+    let vh = b.ins().fmul(a, bh);
+    let na = b.ins().fneg(a);
+    let nvl = b.ins().fma(na, bh, vh);
+    let nvl = b.ins().fma(na, bl, nvl);
+    let nvh = b.ins().fneg(vh);
+    gelu_tail(b, x, xc, a, nvh, nvl, &GELU_TANH_TAIL)
+}
+
+/// A vector emitter applied to a scalar: lane 0 of its splat (the table lookups are vector
+/// shuffles).
+fn on_lane0(b: B, x: Value, f: fn(B, Value) -> Value) -> Value {
+    let v = b.ins().splat(F32X4, x);
+    let y = f(b, v);
+    b.ins().extractlane(y, 0)
+}
+
+/// Both GELUs' last steps: `x - m` above 0 and `m` below, `m = xc·F(a)·e^{nh}·(1 + nl)`, `F`
+/// one of the eight polynomials of `table` picked per lane by the exponent and two leading
+/// mantissa bits of `a + 4`, `e^{nh} = p·2^k` (`nh ≥ -100` needs no clamp) with `2^k`
+/// applied last; subnormal results flushed, `-inf` gives NaN.
+fn gelu_tail(
+    b: B,
+    x: Value,
+    xc: Value,
+    a: Value,
+    nh: Value,
+    nl: Value,
+    table: &[[f32; 8]; 8],
+) -> Value {
+    let (r, k) = reduce_ln2(b, nh);
     let p = expm1_small(b, r);
     let p = fadd_c(b, p, 1.0);
     let a4 = fadd_c(b, a, 4.0);
@@ -608,15 +650,16 @@ pub fn gelu(b: B, x: Value) -> Value {
     let lanes = TableIndex::new(b, i);
     let ctr = lanes.lookup(b, &GELU_TAIL_CENTER);
     let u = b.ins().fsub(a, ctr);
-    let (last, rest) = GELU_TAIL.split_last().unwrap_or((&[0.0; 8], &[]));
-    let mut h = lanes.lookup(b, last);
+    let (last, rest) = table.split_last().unwrap_or((&[0.0; 8], &[]));
+    let mut f = lanes.lookup(b, last);
     for c in rest.iter().rev() {
         let c = lanes.lookup(b, c);
-        h = b.ins().fma(h, u, c);
+        f = b.ins().fma(f, u, c);
     }
-    let w = b.ins().fmul(xc, h);
+    // w·(1 + nl), as w + w·nl so that x = -0 keeps its sign
+    let w = b.ins().fmul(xc, f);
     let w = b.ins().fmul(w, p);
-    let w = b.ins().fma(w, nlo, w);
+    let w = b.ins().fma(w, nl, w);
     let m = scale2n(b, w, k);
     let pos = fcmpc(b, FloatCC::GreaterThan, x, 0.0);
     let xm = b.ins().fsub(x, m);
@@ -685,42 +728,6 @@ fn neg_inf_to_nan(b: B, x: Value, y: Value) -> Value {
 fn split_const(c: f64) -> (f64, f64) {
     let hi = f64::from(c as f32);
     (hi, f64::from((c - hi) as f32))
-}
-
-/// GELU, tanh form `x/2·(1 + tanh(√(2/π)(x + 0.044715x³)))`, evaluated as `x·sigmoid(2u)` with
-/// `2u` in double-f32 arithmetic: its rounding error would be amplified by `e^{2u}` in the
-/// negative tail. All in f32 lanes, so that native strips run twice the lanes of an f64
-/// evaluation. Subnormal results are flushed; like PyTorch, `gelu_tanh(-inf)` is NaN.
-pub fn gelu_tanh(b: B, x: Value) -> Value {
-    let k = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
-    let (c1h, c1l) = split_const(k);
-    let (c2h, c2l) = split_const(k * 0.044715);
-    let t = ty(b, x);
-    // Beyond ±20 the result is x or 0 already; the clamp keeps x² finite.
-    let xc = clamp(b, x, -20.0, 20.0);
-    let (x2h, x2l) = square_split(b, xc);
-    // A = c2·x²
-    let c2hv = fc(b, t, c2h);
-    let ah = b.ins().fmul(c2hv, x2h);
-    let nah = b.ins().fneg(ah);
-    let ae = b.ins().fma(c2hv, x2h, nah);
-    let c2lx = fmul_c(b, x2h, c2l);
-    let al = b.ins().fma(c2hv, x2l, c2lx);
-    let al = b.ins().fadd(al, ae);
-    // B = c1 + A
-    let c1hv = fc(b, t, c1h);
-    let bh = b.ins().fadd(c1hv, ah);
-    let be = two_sum_err(b, c1hv, ah, bh);
-    let bl = fadd_c(b, al, c1l);
-    let bl = b.ins().fadd(bl, be);
-    // 2u = x·B
-    let yh = b.ins().fmul(xc, bh);
-    let nyh = b.ins().fneg(yh);
-    let ye = b.ins().fma(xc, bh, nyh);
-    let yl = b.ins().fma(xc, bl, ye);
-    let y = mul_sigmoid(b, x, xc, yh, Some(yl));
-    let y = flush_subnormal(b, y);
-    neg_inf_to_nan(b, x, y)
 }
 
 // ---------------------------------------------------------------------------------------------
