@@ -16,16 +16,52 @@ pub const PAR_INSIDE_FLOPS: usize = 1 << 26;
 pub trait GemmElem: Copy + Send + Sync + 'static {
     /// 1 in this type.
     const ONE: Self;
+    /// Whether a long sum may be split into partial products added afterwards (not in f16,
+    /// where each partial result would round to 11 bits).
+    const SPLIT_K: bool;
+    /// `self + o`.
+    fn add(self, o: Self) -> Self;
 }
 impl GemmElem for f16 {
     const ONE: f16 = f16::ONE;
+    const SPLIT_K: bool = false;
+    fn add(self, o: Self) -> Self {
+        self + o
+    }
 }
 impl GemmElem for f32 {
     const ONE: f32 = 1.0;
+    const SPLIT_K: bool = true;
+    fn add(self, o: Self) -> Self {
+        self + o
+    }
 }
 impl GemmElem for f64 {
     const ONE: f64 = 1.0;
+    const SPLIT_K: bool = true;
+    fn add(self, o: Self) -> Self {
+        self + o
+    }
 }
+
+/// Into how many parts along `k` a lone product is split: the gemm crate's threads share
+/// the output's tiles, and a product whose output is small next to its sum (a weight's
+/// gradient `gᵀ·x`: [96,1024]·[1024,384] ran at 205-236 GFLOP/s on 2 threads, the forward
+/// GEMMs of its size at 360-390) has too few of them. The parts depend on the shape only,
+/// never on the threads, so results do not change with the machine.
+pub fn k_parts(m: usize, n: usize, k: usize) -> usize {
+    let wide = m.max(n);
+    if m.saturating_mul(n).saturating_mul(k) < PAR_FLOPS
+        || k < 2 * wide
+        || m.saturating_mul(n) > SPLIT_K_MAX_OUT
+    {
+        return 1;
+    }
+    (k / (2 * wide)).clamp(2, 4)
+}
+
+/// The largest output split along `k` (its partial results take `(parts - 1)` copies of it).
+pub const SPLIT_K_MAX_OUT: usize = 1 << 18;
 
 /// The sizes and strides (in elements) of `out[m,n] = a[m,k] · b[k,n]`; `out` is row-major
 /// and contiguous.
@@ -282,9 +318,17 @@ pub unsafe fn batches<T: GemmElem>(
         && splits(flops, offs.len())
         && threads > 1
         && (flops < PAR_INSIDE_FLOPS || offs.len() >= 4 * threads);
+    let parts = if T::SPLIT_K && offs.len() == 1 {
+        k_parts(m, n, k)
+    } else {
+        1
+    };
     if across {
         use rayon::prelude::*;
         offs.par_iter().for_each(|o| run(o, Parallelism::None));
+    } else if parts > 1 {
+        // SAFETY: the caller's contract, for the one product.
+        unsafe { split_k(p, (pa, pb, po), offs[0], (read_dst, beta), parts, threads) };
     } else {
         let par = if flops >= PAR_FLOPS && threads > 1 {
             Parallelism::Rayon(threads)
@@ -292,6 +336,77 @@ pub unsafe fn batches<T: GemmElem>(
             Parallelism::None
         };
         offs.iter().for_each(|o| run(o, par));
+    }
+}
+
+/// One product as `parts` products over consecutive ranges of `k` (in parallel where there
+/// are threads): the first into `out` (updating it if asked), the others into scratch, then
+/// added into `out` in order.
+///
+/// # Safety
+/// As [`batches`], for the one product at offsets `[o, ao, bo]`.
+unsafe fn split_k<T: GemmElem>(
+    p: &Product,
+    (pa, pb, po): (Ptr<T>, Ptr<T>, Ptr<T>),
+    [o, ao, bo]: [usize; 3],
+    (read_dst, beta): (bool, T),
+    parts: usize,
+    threads: usize,
+) {
+    use rayon::prelude::*;
+    let (m, n, k) = (p.m, p.n, p.k);
+    let chunk = k.div_ceil(parts).next_multiple_of(16);
+    let mut scratch = vec![T::ONE; (parts - 1) * m * n];
+    let ps = Ptr(scratch.as_mut_ptr());
+    let part = |i: usize| {
+        let (k0, k1) = (i * chunk, ((i + 1) * chunk).min(k));
+        if k0 >= k1 {
+            return;
+        }
+        let dst = if i == 0 {
+            po.get().wrapping_add(o)
+        } else {
+            ps.get().wrapping_add((i - 1) * m * n)
+        };
+        // SAFETY: the caller's contract; part `i` reads columns (rows) `k0..k1` of `a` (`b`)
+        // and writes its own block.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k1 - k0,
+                dst,
+                1,
+                n as isize,
+                read_dst && i == 0,
+                pa.get().add(ao).offset(k0 as isize * p.a.1) as *const T,
+                p.a.1,
+                p.a.0,
+                pb.get().add(bo).offset(k0 as isize * p.b.0) as *const T,
+                p.b.1,
+                p.b.0,
+                T::ONE,
+                beta,
+                false,
+                false,
+                false,
+                Parallelism::None,
+            )
+        }
+    };
+    if threads > 1 {
+        (0..parts).into_par_iter().for_each(part);
+    } else {
+        (0..parts).for_each(part);
+    }
+    // SAFETY: the caller's contract on `out`'s block.
+    let out = unsafe { std::slice::from_raw_parts_mut(po.get().add(o), m * n) };
+    for (i, s) in scratch.chunks_exact(m * n).enumerate() {
+        if (i + 1) * chunk < k {
+            for (d, &x) in out.iter_mut().zip(s) {
+                *d = d.add(x);
+            }
+        }
     }
 }
 
@@ -426,6 +541,10 @@ mod tests {
             (&[0, 7, 3], &[3, 4], false),
             (&[2, 0, 3], &[3, 4], false),
             (&[64, 33, 17], &[19, 17], true),
+            // sums long next to the output: split along k (4 parts, the last short; 2 parts)
+            (&[24, 1000], &[1000, 40], false),
+            (&[24, 1000], &[40, 1000], true),
+            (&[100, 700], &[700, 300], false),
         ];
         for &(sa, sb0, tb) in cases {
             let xa: Vec<f64> = (0..sa.iter().product::<usize>())
@@ -449,6 +568,49 @@ mod tests {
             let want = reference((sa, &ta, &xa), (&sb, &stb, &xb));
             let got = planned((sa, &ta, &xa), (&sb, &stb, &xb));
             assert_eq!(got, want, "{sa:?} x {sb:?}");
+        }
+    }
+
+    #[test]
+    fn long_sums_split_along_k_by_shape_only() {
+        assert_eq!(k_parts(24, 40, 1000), 4);
+        assert_eq!(k_parts(100, 300, 700), 2);
+        assert_eq!(k_parts(96, 384, 1024), 2);
+        // forward GEMMs of a linear, and products too small to share
+        assert_eq!(k_parts(1024, 384, 96), 1);
+        assert_eq!(k_parts(8, 8, 1000), 1);
+        // a product updating its output adds each part once (`out += a·b` with β = 2)
+        let (m, n, k) = (24usize, 40usize, 1000usize);
+        let a: Vec<f64> = (0..m * k).map(|i| (i % 7) as f64 - 3.0).collect();
+        let b: Vec<f64> = (0..k * n).map(|i| (i % 5) as f64 - 2.0).collect();
+        let out: Vec<f64> = (0..m * n).map(|i| i as f64).collect();
+        let want: Vec<f64> = (0..m * n)
+            .map(|idx| {
+                let (i, j) = (idx / n, idx % n);
+                let dot: f64 = (0..k).map(|l| a[i * k + l] * b[l * n + j]).sum();
+                idx as f64 + 2.0 * dot
+            })
+            .collect();
+        let p = Product {
+            m,
+            n,
+            k,
+            a: (k as isize, 1),
+            b: (n as isize, 1),
+        };
+        for threads in [1, 2] {
+            let mut o = out.clone();
+            // SAFETY: the buffers hold the shapes the product addresses.
+            unsafe {
+                batches(
+                    &p,
+                    (a.as_ptr(), b.as_ptr(), o.as_mut_ptr()),
+                    &[[0, 0, 0]],
+                    Some(2.0),
+                    threads,
+                )
+            };
+            assert_eq!(o, want, "{threads} threads");
         }
     }
 

@@ -46,6 +46,9 @@ pub const STRIP_STACK_BYTES: usize = 32 << 10;
 
 const ROW_BYTES: usize = STRIP as usize * 4;
 
+/// The shortest innermost loop that runs in strips.
+const MIN_STRIP_ROW: usize = 64;
+
 pub use crate::runtime::native::strip_of;
 
 fn within(vals: &[ValId], set: &[ValId]) -> Vec<ValId> {
@@ -69,10 +72,14 @@ impl Gen<'_, '_, '_> {
     /// What of a vectorisable `body` strips hand to helpers; None when the body runs as one
     /// plain vector loop.
     pub(super) fn strip_work(&self, body: &Body) -> Option<Strips> {
+        // rows shorter than a few vectors spend more on the helpers' calls than they save
+        // (log_softmax over rows of 13: 105 ns per row in strips)
+        let short = self.k.inner.last().is_some_and(|&n| n < MIN_STRIP_ROW);
         if self.opts.inline_math
             || !vmath::available()
             || self.pos.is_some()
             || self.lane_stride.is_some()
+            || short
         {
             return None;
         }
