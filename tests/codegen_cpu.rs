@@ -1309,6 +1309,67 @@ fn reductions_across_rows_run_rows_as_lanes() {
     assert_close(&by_lanes[0], &by_rows[0], Tol::EXACT, "lanes against rows");
 }
 
+/// A layer norm's weight gradient, `sum(g · (x + pos - mean) · rstd)` over batch and
+/// tokens, where the position embedding repeats across the batch: the reduced space does not
+/// coalesce into one dim, and the rows still run as lanes, over two nested loops in the
+/// rows' order (the same bits in 1 and 3 chunks and against the interpreter's tolerance).
+#[test]
+fn rows_as_lanes_walk_a_reduced_space_of_two_dims() {
+    let mut rng = StdRng::seed_from_u64(17);
+    for [b, t, c] in [[3usize, 5, 96], [2, 7, 40], [4, 1, 16], [1, 3, 33]] {
+        let mut g = Graph::new("ln_weight_grad");
+        let gr = input(&mut g, "g", DType::F32, &[b, t, c]);
+        let x = input(&mut g, "x", DType::F32, &[b, t, c]);
+        let pos = input(&mut g, "pos", DType::F32, &[t, c]);
+        let mean = input(&mut g, "mean", DType::F32, &[b, t, 1]);
+        let var = input(&mut g, "var", DType::F32, &[b, t, 1]);
+        let add = |g: &mut Graph, p, q| g.add_op(Op::Binary(BinaryOp::Add), &[p, q]).unwrap();
+        let xp = add(&mut g, x, pos);
+        let d = g.add_op(Op::Binary(BinaryOp::Sub), &[xp, mean]).unwrap();
+        let eps = g.add_scalar(Scalar::Float(1e-5)).unwrap();
+        let ve = add(&mut g, var, eps);
+        let r = g.add_op(Op::Unary(UnaryOp::Rsqrt), &[ve]).unwrap();
+        let xh = g.add_op(Op::Binary(BinaryOp::Mul), &[d, r]).unwrap();
+        let p = g.add_op(Op::Binary(BinaryOp::Mul), &[gr, xh]).unwrap();
+        let red = |dim: Vec<i64>| Op::Reduce {
+            op: ReduceOp::Sum,
+            dim: Some(dim),
+            keepdim: false,
+        };
+        let w = g.add_op(red(vec![0, 1]), &[p]).unwrap();
+        let bias = g.add_op(red(vec![0, 1]), &[gr]).unwrap();
+        g.set_outputs(vec![w, bias]);
+        let mut ins: Vec<Tensor> = [&[b, t, c][..], &[b, t, c], &[t, c], &[b, t, 1]]
+            .iter()
+            .map(|sh| values(&mut rng, DType::F32, sh, false))
+            .collect();
+        let v = values(&mut rng, DType::F32, &[b, t, 1], false);
+        ins.push(v.abs().unwrap());
+        let s = check_with(&g, &ins, Tol::rel(1e-5).or_ulps(8));
+        let lanes: Vec<usize> = s
+            .steps
+            .iter()
+            .filter_map(|st| match st {
+                Step::Kernel(k) => Some(
+                    compile_kernel(k, &s.buffers, &CodegenOptions::default())
+                        .unwrap()
+                        .lane_rows(),
+                ),
+                Step::Extern(_) | Step::Control(_) => None,
+            })
+            .collect();
+        assert!(lanes.contains(&16), "{b}x{t}x{c}: lane rows {lanes:?}\n{s}");
+        let one = run_compiled(&s, &ins, 1, &CodegenOptions::default()).unwrap();
+        let three = run_compiled(&s, &ins, 3, &CodegenOptions::default()).unwrap();
+        for (x, y) in one.iter().zip(&three) {
+            assert!(
+                tensor_words(x) == tensor_words(y),
+                "{b}x{t}x{c}: chunks differ"
+            );
+        }
+    }
+}
+
 /// The column sums of every kernel of `s` (reductions summed by the native helper).
 fn column_sums(s: &Schedule) -> usize {
     s.steps

@@ -19,6 +19,7 @@ pub mod hot;
 mod lanes;
 pub mod libcalls;
 pub mod model;
+pub mod ranges;
 pub mod scalar;
 pub mod vmath;
 

@@ -21,8 +21,9 @@
 //! - per output: buffer, element size, element offset, rank, then the shape and the strides
 //!   (in elements);
 //! - per step, a tag then its fields:
-//!   - [`STEP_KERNEL`]: kernel index, rows, elements, streams (0/1), slot-table byte offset
-//!     in the scratch, slot count, then the buffer of each slot;
+//!   - [`STEP_KERNEL`]: kernel index, rows, elements, streams (0/1), row block (chunks of
+//!     rows split on its multiples), slot-table byte offset in the scratch, slot count, then
+//!     the buffer of each slot;
 //!   - [`STEP_GEMM`]: dtype ([`GEMM_F16`]..), m, n, k, a's row and column strides, b's
 //!     (as two's complement), buffers a, b and out, the number of batches, then the
 //!     `[out, a, b]` element offsets of each batch; a bf16 product carries six more
@@ -30,12 +31,13 @@
 //!     lengths in elements.
 
 use crate::gemm::{self, Product};
+use crate::ranges::Ranges;
 use half::{bf16, f16};
 
 /// First word of every plan.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SMELTAOT");
 /// The plan format this library reads.
-pub const FORMAT: u64 = 1;
+pub const FORMAT: u64 = 2;
 
 /// A buffer that is an input (the word after the kind: its index).
 pub const BUF_INPUT: u64 = 0;
@@ -213,9 +215,16 @@ pub const CHUNKS_PER_THREAD: usize = 4;
 /// A generated kernel: `(slot table, first row, end row) -> error code`.
 pub type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64) -> i32;
 
-/// Runs rows `[0, rows)` of `f` over `table`, split into chunks over the threads when the
-/// kernel has `elems ≥ hot::par_min_elems()` elements; each chunk fences its streamed
-/// stores.
+/// The chunks a compiled kernel's `rows` split into over `threads`: edges on multiples of
+/// `block`, the rows its code runs side by side as vector lanes (a chunk of 12 such rows
+/// would run them one at a time).
+pub fn row_chunks(rows: usize, threads: usize, block: usize) -> Ranges {
+    Ranges::new(rows, threads * CHUNKS_PER_THREAD, block)
+}
+
+/// Runs rows `[0, rows)` of `f` over `table`, split into chunks over the threads (edges on
+/// multiples of `block`, see [`row_chunks`]) when the kernel has `elems ≥
+/// hot::par_min_elems()` elements; each chunk fences its streamed stores.
 /// Returns the kernel's first nonzero code.
 ///
 /// # Safety
@@ -227,6 +236,7 @@ pub unsafe fn run_rows(
     rows: usize,
     elems: usize,
     streams: bool,
+    block: usize,
 ) -> i32 {
     let call = |table: SendTable, begin: usize, end: usize| {
         // SAFETY: the caller's contract; chunks cover disjoint rows.
@@ -244,10 +254,13 @@ pub unsafe fn run_rows(
     }
     let threads = rayon::current_num_threads();
     use rayon::prelude::*;
-    let chunks = rows.min(threads * CHUNKS_PER_THREAD);
-    (0..chunks)
+    let chunks = row_chunks(rows, threads, block);
+    (0..chunks.count())
         .into_par_iter()
-        .map(|c| call(table, c * rows / chunks, (c + 1) * rows / chunks))
+        .map(|c| {
+            let (begin, end) = chunks.get(c);
+            call(table, begin, end)
+        })
         .find_first(|&rc| rc != 0)
         .unwrap_or(0)
 }
@@ -501,7 +514,7 @@ fn wants_threads(plan: &[u64]) -> Result<bool, i32> {
                 if crate::hot::kernel_splits(rows, elems) {
                     return Ok(true);
                 }
-                skip(&mut w, 2)?;
+                skip(&mut w, 3)?;
                 let slots = w.usize()?;
                 skip(&mut w, slots)?;
             }
@@ -575,7 +588,8 @@ unsafe fn run_plan(
     for _ in 0..nsteps {
         match w.next()? {
             STEP_KERNEL => {
-                let (k, rows, elems, streams) = (w.usize()?, w.usize()?, w.usize()?, w.next()?);
+                let (k, rows, elems) = (w.usize()?, w.usize()?, w.usize()?);
+                let (streams, block) = (w.next()?, w.usize()?);
                 let (table_at, slots) = (w.usize()?, w.usize()?);
                 let f = *kernels.get(k).ok_or(ERR_BAD_MODEL)?;
                 let end = slots
@@ -590,7 +604,7 @@ unsafe fn run_plan(
                     let p = buf(w.usize()?)?;
                     unsafe { table.add(s).write(p) };
                 }
-                let rc = unsafe { run_rows(f, table, rows, elems, streams != 0) };
+                let rc = unsafe { run_rows(f, table, rows, elems, streams != 0, block) };
                 match rc {
                     0 => {}
                     1 => return Err(ERR_ZERO_DIVISION),
@@ -813,7 +827,7 @@ mod tests {
             }
             w
         };
-        let kernel = |rows: u64, elems: u64| vec![STEP_KERNEL, 0, rows, elems, 0, 64, 2, 0, 0];
+        let kernel = |rows: u64, elems: u64| vec![STEP_KERNEL, 0, rows, elems, 0, 1, 64, 2, 0, 0];
         // a bf16 GEMM of one small batch: its offsets and the six words of its f32 copies
         let bf16: Vec<u64> = vec![
             STEP_GEMM, GEMM_BF16, 2, 2, 2, 2, 1, 2, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 4, 4, 4,

@@ -109,24 +109,30 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
 
     // kernels: one function per distinct structure, as the JIT's cache shares them
     let cg = CodegenOptions::default();
-    let mut index: HashMap<String, (usize, bool)> = HashMap::new();
+    let mut index: HashMap<String, (usize, bool, usize)> = HashMap::new();
     let mut funcs = Vec::new();
     let mut kernel_names = Vec::new();
     let built = plan::build(&s, features, &mut |k| {
         let (local, bufs, slots) = localize(k, &s.buffers)?;
         let key = cache_key(&local, &bufs, &cg);
-        if let Some(&(i, streams)) = index.get(&key) {
-            return Ok((i, streams, slots));
+        let code = |(index, streams, block)| plan::KernelCode {
+            index,
+            streams,
+            block,
+            slots,
+        };
+        if let Some(&found) = index.get(&key) {
+            return Ok(code(found));
         }
         crate::kernel::check_kernel(k, &s.buffers)?;
         let i = funcs.len();
         let symbol = format!("{name}_kernel{i}");
         let (id, stats) = define_kernel(&mut obj, (&symbol, Linkage::Local), &local, &bufs, &cg)?;
-        let streams = stats.stream_loops > 0;
+        let found = (i, stats.stream_loops > 0, stats.lane_rows.max(1));
         funcs.push(id);
         kernel_names.push((k.name.clone(), symbol));
-        index.insert(key, (i, streams));
-        Ok((i, streams, slots))
+        index.insert(key, found);
+        Ok(code(found))
     })?;
 
     // the tables `smelt_rt_run` reads

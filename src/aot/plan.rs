@@ -87,13 +87,20 @@ fn place(lives: &[Life], base: usize) -> (Vec<usize>, usize) {
     (at, align(end, ALIGN))
 }
 
-/// A kernel step's code: its index in the kernel table, whether it streams its stores, and
-/// the schedule buffer of each slot of its table.
-pub(super) type KernelCode = (usize, bool, Vec<usize>);
+/// A kernel step's code.
+#[derive(Clone, Default)]
+pub(super) struct KernelCode {
+    /// Its index in the kernel table.
+    pub index: usize,
+    /// Whether it streams its stores.
+    pub streams: bool,
+    /// The rows it runs side by side as lanes (1 when none): chunks split on its multiples.
+    pub block: usize,
+    /// The schedule buffer of each slot of its table.
+    pub slots: Vec<usize>,
+}
 
-/// Builds the plan of `s`; `kernel` defines (or finds) the code of a kernel step and gives
-/// its index in the kernel table, whether it streams, and the schedule buffer of each of its
-/// slots.
+/// Builds the plan of `s`; `kernel` defines (or finds) the code of a kernel step.
 pub(super) fn build(
     s: &Schedule,
     features: u64,
@@ -167,12 +174,12 @@ pub(super) fn build(
     // the fixed part: the buffer table, then one slot table per kernel step
     let mut fixed = align(nbuf * 8, 8);
     let mut tables = vec![0; nsteps];
-    let mut kernels = vec![(0, false, Vec::new()); nsteps];
+    let mut kernels = vec![KernelCode::default(); nsteps];
     for (i, step) in s.steps.iter().enumerate() {
         if let Step::Kernel(k) = step {
             kernels[i] = kernel(k)?;
             tables[i] = fixed;
-            fixed += kernels[i].2.len() * 8;
+            fixed += kernels[i].slots.len() * 8;
         }
     }
     let (offsets, scratch_bytes) = place(&lives, align(fixed, ALIGN));
@@ -247,13 +254,19 @@ pub(super) fn build(
     for (i, step) in s.steps.iter().enumerate() {
         match step {
             Step::Kernel(k) => {
-                let (index, streams, slots) = &kernels[i];
+                let KernelCode {
+                    index,
+                    streams,
+                    block,
+                    slots,
+                } = &kernels[i];
                 w.extend([
                     rt::STEP_KERNEL,
                     *index as u64,
                     numel(&k.outer) as u64,
                     numel(&k.space()) as u64,
                     u64::from(*streams),
+                    *block as u64,
                     tables[i] as u64,
                     slots.len() as u64,
                 ]);

@@ -5,9 +5,11 @@
 //! line, and each lane keeps its own accumulator, summed in the same order as a single row
 //! (so results are bit-identical to the scalar row code).
 //!
-//! Taken when the inner space is one dim after coalescing, some load walks it with a stride
-//! other than 0 or 1, every access moves by 0 or 1 element along the last outer dim (stores
-//! by 1), and every value and reduction has a vector form. Rows that do not fill a block (the
+//! Taken when some load walks the inner space with a stride other than 0 or 1, every access
+//! moves by 0 or 1 element along the last outer dim (stores by 1), and every value and
+//! reduction has a vector form. An inner space of several dims (a layer norm's weight
+//! gradient over [batch, tokens] reading a position embedding that repeats across the batch)
+//! runs as nested loops in the scalar rows' order. Rows that do not fill a block (the
 //! end of a chunk or of the last outer dim) run as ordinary rows.
 //!
 //! Column sums: where every reduction of a pass is an f32 sum or mean of a plain load (a sum
@@ -54,14 +56,14 @@ impl Gen<'_, '_, '_> {
     pub(super) fn lane_width(&self) -> Option<i64> {
         let k = self.k;
         let ko = k.outer.len();
-        if ko == 0 || k.inner.len() != 1 || k.outer[ko - 1] < (LANES * GROUPS) as usize {
+        if ko == 0 || k.inner.is_empty() || k.outer[ko - 1] < (LANES * GROUPS) as usize {
             return None;
         }
         let along = |a: usize| self.accesses[a].map.strides[ko - 1];
         let strided = self.accesses.iter().enumerate().any(|(a, acc)| {
             acc.buffer.is_some()
                 && self.access_of_val.values().any(|&x| x == a)
-                && acc.map.strides[ko] > 1
+                && acc.map.strides[ko..].iter().any(|&s| s > 1)
         });
         if !strided {
             return None;
@@ -104,7 +106,8 @@ impl Gen<'_, '_, '_> {
     pub(super) fn column_sums(&mut self, plan: &RowPlan) -> Option<ColumnSums> {
         let k = self.k;
         let ko = k.outer.len();
-        if self.opts.fast_math {
+        // the helper walks one inner dim
+        if self.opts.fast_math || k.inner.len() != 1 {
             return None;
         }
         let summable = |g: &Self, r: ValId| {
@@ -399,9 +402,69 @@ impl Gen<'_, '_, '_> {
         Ok(())
     }
 
-    /// The reduced loop over the inner dim for a block: each group computes `body`'s values
+    /// The reduced loop over the inner dims for a block: each group computes `body`'s values
     /// from its environment, folds them into its accumulators and does the body's stores.
+    /// Leading inner dims run as outer loops that move the position; the block's row
+    /// position is restored afterwards.
     fn lane_loop(
+        &mut self,
+        body: &Body,
+        envs: &[Vec<Option<Value>>],
+        accs: &[Vec<super::vector::VAcc>],
+    ) -> Result<()> {
+        let row = (
+            self.cur_off.clone(),
+            self.cur_stride.clone(),
+            self.cur_ptr.clone(),
+        );
+        let result = self.lane_nest(0, &row.0, body, envs, accs);
+        (self.cur_off, self.cur_stride, self.cur_ptr) = row;
+        result
+    }
+
+    /// The loops over inner dims `d..` from element offsets `offs`.
+    fn lane_nest(
+        &mut self,
+        d: usize,
+        offs: &[Value],
+        body: &Body,
+        envs: &[Vec<Option<Value>>],
+        accs: &[Vec<super::vector::VAcc>],
+    ) -> Result<()> {
+        let ko = self.k.outer.len();
+        let strides: Vec<i64> = self
+            .accesses
+            .iter()
+            .map(|a| a.map.strides[ko + d] as i64)
+            .collect();
+        if d + 1 == self.k.inner.len() {
+            self.set_position(offs, Some(&strides));
+            return self.lane_inner(body, envs, accs);
+        }
+        let j = self.fb.b.declare_var(I64);
+        let z = self.iconst(I64, 0);
+        self.fb.b.def_var(j, z);
+        let n = self.iconst(I64, self.k.inner[d] as i64);
+        self.while_lt(j, n, &mut |g, jv| {
+            let at: Vec<Value> = offs
+                .iter()
+                .zip(&strides)
+                .map(|(&o, &s)| {
+                    if s == 0 {
+                        o
+                    } else {
+                        let t = g.fb.b.ins().imul_imm_s(jv, s);
+                        g.fb.b.ins().iadd(o, t)
+                    }
+                })
+                .collect();
+            g.lane_nest(d + 1, &at, body, envs, accs)?;
+            Ok(g.iconst(I64, 1))
+        })
+    }
+
+    /// The innermost loop of [`Self::lane_loop`], over the last inner dim.
+    fn lane_inner(
         &mut self,
         body: &Body,
         envs: &[Vec<Option<Value>>],
@@ -411,7 +474,7 @@ impl Gen<'_, '_, '_> {
         let i = self.fb.b.declare_var(I64);
         let z = self.iconst(I64, 0);
         self.fb.b.def_var(i, z);
-        let n = self.iconst(I64, k.inner[0] as i64);
+        let n = self.iconst(I64, k.inner[k.inner.len() - 1] as i64);
         // loop-invariant operands pinned before the loop (see `pin`)
         let outside = self.outside_operands(body);
         let mut pinned = Vec::new();

@@ -309,7 +309,9 @@ pub fn compile_kernel(
 pub(crate) struct CodeStats {
     vector_loops: usize,
     cached_rows: usize,
-    lane_rows: usize,
+    /// Rows run side by side as lanes (0: none): a thread's chunk of rows should hold whole
+    /// blocks of them.
+    pub lane_rows: usize,
     strip_loops: usize,
     column_sums: usize,
     /// Innermost loops whose stores stream: the caller fences after running the kernel.

@@ -50,7 +50,6 @@ use rayon::prelude::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use smelt_rt::model::CHUNKS_PER_THREAD;
 /// Kernels whose index space has fewer elements than this run on the calling thread: below
 /// it, handing chunks to sleeping threads (about 35 µs of wake-up on a 2-core machine) costs
 /// more than it saves. (Inside a call whose other threads poll for work, the bar is lower:
@@ -1021,9 +1020,9 @@ unsafe fn run_rows(code: &CpuKernel, elems: usize, ptrs: &[*mut u8]) -> Result<(
         return unsafe { code.run_rows(ptrs, 0, rows) };
     }
     let ptrs = Ptrs(ptrs);
-    let chunks = rows.min(threads * CHUNKS_PER_THREAD);
-    (0..chunks).into_par_iter().try_for_each(|c| {
-        let (begin, end) = (c * rows / chunks, (c + 1) * rows / chunks);
+    let chunks = smelt_rt::model::row_chunks(rows, threads, code.lane_rows().max(1));
+    (0..chunks.count()).into_par_iter().try_for_each(|c| {
+        let (begin, end) = chunks.get(c);
         unsafe { code.run_rows(ptrs.all(), begin, end) }
     })
 }

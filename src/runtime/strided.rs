@@ -134,7 +134,7 @@ impl<const K: usize> Walk<K> {
             return;
         }
         let chunks = (crate::runtime::threads::available() * 4).min(n / (PAR_THRESHOLD / 2));
-        Ranges::new(n, chunks, 16).par_each(&|_, lo, hi| {
+        crate::runtime::threads::par_each(&Ranges::new(n, chunks, 16), &|_, lo, hi| {
             self.run_range(lo, hi, &mut |b, l, s| f(b, l, s));
         });
     }

@@ -46,42 +46,14 @@ pub fn par_for(count: usize, f: &(dyn Fn(usize) + Sync)) {
     (0..count).into_par_iter().for_each(f);
 }
 
-/// `0..n` cut into at most `chunks` ranges whose edges fall on multiples of `align` (whole
-/// SIMD runs and cache lines per chunk); the last range takes the remainder.
-#[derive(Clone, Copy, Debug)]
-pub struct Ranges {
-    n: usize,
-    step: usize,
-}
+pub use smelt_rt::ranges::Ranges;
 
-impl Ranges {
-    /// `0..n` in at most `chunks` ranges with edges on multiples of `align`.
-    pub fn new(n: usize, chunks: usize, align: usize) -> Ranges {
-        let step = n
-            .div_ceil(chunks.max(1))
-            .next_multiple_of(align.max(1))
-            .max(1);
-        Ranges { n, step }
-    }
-
-    /// The number of ranges.
-    pub fn count(&self) -> usize {
-        self.n.div_ceil(self.step)
-    }
-
-    /// Range `c` as `(lo, hi)`.
-    pub fn get(&self, c: usize) -> (usize, usize) {
-        let lo = c * self.step;
-        (lo, (lo + self.step).min(self.n))
-    }
-
-    /// Runs `f(c, lo, hi)` for every range `c` across the current rayon pool.
-    pub fn par_each(&self, f: &(dyn Fn(usize, usize, usize) + Sync)) {
-        par_for(self.count(), &|c| {
-            let (lo, hi) = self.get(c);
-            f(c, lo, hi)
-        });
-    }
+/// Runs `f(c, lo, hi)` for every range `c` of `r` across the current rayon pool.
+pub fn par_each(r: &Ranges, f: &(dyn Fn(usize, usize, usize) + Sync)) {
+    par_for(r.count(), &|c| {
+        let (lo, hi) = r.get(c);
+        f(c, lo, hi)
+    });
 }
 
 /// Runs `f` so that every kernel it starts on this thread runs on this thread.
@@ -121,32 +93,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ranges_cover_everything_once_on_aligned_edges() {
-        // 100 into at most 3 ranges on multiples of 16: step 48 (34 rounded up)
+    fn par_each_runs_every_range_once() {
         let r = Ranges::new(100, 3, 16);
-        let all: Vec<_> = (0..r.count()).map(|c| r.get(c)).collect();
-        assert_eq!(all, vec![(0, 48), (48, 96), (96, 100)]);
-        for (n, chunks, align) in [(0, 4, 16), (1, 8, 64), (1000, 0, 1), (4096, 8, 16)] {
-            let r = Ranges::new(n, chunks, align);
-            let mut seen = vec![0u8; n];
-            let mut next = 0;
-            for c in 0..r.count() {
-                let (lo, hi) = r.get(c);
-                assert_eq!(lo, next, "ranges follow each other");
-                assert!(
-                    lo % align == 0 && lo < hi,
-                    "{n} {chunks} {align}: ({lo}, {hi})"
-                );
-                seen[lo..hi].iter_mut().for_each(|s| *s += 1);
-                next = hi;
-            }
-            assert_eq!(next, n);
-            assert!(seen.iter().all(|&s| s == 1));
-            assert!(r.count() <= chunks.max(1));
-        }
         let hits: Vec<std::sync::atomic::AtomicUsize> =
             (0..100).map(|_| Default::default()).collect();
-        r.par_each(&|_, lo, hi| {
+        par_each(&r, &|_, lo, hi| {
             for h in &hits[lo..hi] {
                 h.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }

@@ -258,7 +258,7 @@ pub(crate) fn run_chunks(count: usize, chunks: usize, f: &(dyn Fn(usize, usize, 
             f(c, lo, hi);
         }
     } else {
-        r.par_each(f);
+        threads::par_each(&r, f);
     }
 }
 

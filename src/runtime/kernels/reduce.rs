@@ -520,7 +520,7 @@ unsafe fn fold_block<T: Copy, R: Reducer<T>>(
 /// Splits `0..n` into chunks (edges on multiples of `align`) and runs `f` on each in parallel.
 fn par_chunks(n: usize, align: usize, f: impl Fn(usize, usize) + Sync) {
     let chunks = (crate::runtime::threads::available() * 4).min(n / align);
-    Ranges::new(n, chunks, align).par_each(&|_, lo, hi| f(lo, hi));
+    crate::runtime::threads::par_each(&Ranges::new(n, chunks, align), &|_, lo, hi| f(lo, hi));
 }
 
 fn parallel_worth(work: usize) -> bool {
@@ -580,7 +580,7 @@ fn drive<T: Num, R: Reducer<T>>(
                 let ranges = Ranges::new(n_in, (threads * 4).min(n_in / 1024), 64);
                 let mut parts: Vec<R::Acc> = vec![r.init(); ranges.count()];
                 let pp = SendPtr(parts.as_mut_ptr());
-                ranges.par_each(&|c, lo, hi| unsafe {
+                crate::runtime::threads::par_each(&ranges, &|c, lo, hi| unsafe {
                     // each chunk writes its own slot
                     *pp.get().add(c) = fold_range(r, &inner, base.get() as *const T, lo, hi);
                 });
