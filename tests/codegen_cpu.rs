@@ -216,6 +216,7 @@ fn unary_ops() -> Vec<UnaryOp> {
     let mut v = UnaryOp::ALL.to_vec();
     v.extend([
         UnaryOp::Gelu { tanh: true },
+        UnaryOp::GeluSlope { tanh: true },
         UnaryOp::LeakyRelu {
             negative_slope: Real(-0.3),
         },
@@ -258,6 +259,8 @@ fn unary_tol(u: UnaryOp) -> Tol {
         Exp | Log | Log1p | Expm1 | Sin | Cos | Tanh | Sigmoid | Gelu { .. } | Silu | Erf => {
             Tol::ulps(6)
         }
+        // a few ulps of the terms, which cancel where the slope crosses 0 (x ≈ -0.75)
+        GeluSlope { .. } => Tol::rel(1e-6).or_ulps(6),
         // formulas of up to three polynomials and a few roundings
         Elu { .. } | Softplus { .. } | Mish | LogSigmoid => Tol::ulps(16),
         // rsqrt rounds twice; the slope is an f32 constant; `x * y / 6` rounds three times

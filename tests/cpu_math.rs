@@ -408,6 +408,93 @@ fn gelu_dense() {
     check_unary_on("gelu_tanh", math::gelu_tanh, &gelu_tanh_ref, 4.0, true, &xs);
 }
 
+/// The exact GELU's slope `Φ(x) + x·φ(x)` and the size of its two terms.
+fn gelu_slope_ref(x: f64) -> (f64, f64) {
+    let cdf = 0.5 * libm::erfc(-x * std::f64::consts::FRAC_1_SQRT_2);
+    let xpdf = x * (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
+    (cdf + xpdf, cdf.abs() + xpdf.abs())
+}
+
+/// The tanh GELU's slope `σ + x·σ·(1-σ)·v'` (`σ = sigmoid(v)`, `v = 2u(x)`) and the size of
+/// its two terms.
+fn gelu_tanh_slope_ref(x: f64) -> (f64, f64) {
+    let k = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
+    let v = k * (x + 0.044715 * x * x * x);
+    let s = 1.0 / (1.0 + (-v).exp());
+    let r = 1.0 / (1.0 + v.exp());
+    let rest = x * s * r * k * (1.0 + 3.0 * 0.044715 * x * x);
+    (s + rest, s.abs() + rest.abs())
+}
+
+/// A GELU slope against its reference on `xs`, in ulps of the larger of its two terms' sum
+/// (the slope crosses 0 near x = -0.75, where the terms cancel: there no f32 formula, nor
+/// PyTorch's, is accurate relative to the result); results below the smallest normal f32 must
+/// be ±0, the infinities give NaN. Returns the largest error.
+fn check_slope(
+    name: &str,
+    emit: fn(&mut FunctionBuilder, Value) -> Value,
+    reference: fn(f64) -> (f64, f64),
+    xs: &[f32],
+) -> f64 {
+    let k = Kernel::new(name, 1, &*unary(emit));
+    let (v, s) = k.run_both(&[xs]);
+    let mut worst = (0.0f64, 0.0f32);
+    for (i, &x) in xs.iter().enumerate() {
+        for got in [v[i], s[i]] {
+            if x.is_nan() || x.is_infinite() {
+                assert!(got.is_nan(), "{name}({x}) = {got}");
+                continue;
+            }
+            let (want, scale) = reference(f64::from(x));
+            if want.abs() < f64::from(f32::MIN_POSITIVE) {
+                assert!(
+                    got.abs() < f32::MIN_POSITIVE * 1.000_01,
+                    "{name}({x:e}) = {got:e}, exact {want:e}"
+                );
+                assert!(got == 0.0 || want.abs() >= f64::from(f32::MIN_POSITIVE) * 0.999);
+                continue;
+            }
+            let ulp =
+                2f64.powi((scale.max(f64::from(f32::MIN_POSITIVE)).log2().floor() as i32) - 23);
+            let err = (f64::from(got) - want).abs() / ulp;
+            if err > worst.0 {
+                worst = (err, x);
+            }
+        }
+    }
+    println!(
+        "{name:>16}: max error {:.3} ulp of the terms (x = {:e})",
+        worst.0, worst.1
+    );
+    worst.0
+}
+
+/// Both GELU slopes over the sweep and densely over every interval of their polynomials.
+#[test]
+fn gelu_slopes() {
+    let mut xs = sweep();
+    xs.extend(dense(-14.0, 6.0));
+    let erf = check_slope("gelu_slope", math::gelu_slope, gelu_slope_ref, &xs);
+    assert!(erf <= 4.0, "gelu_slope: {erf} ulp");
+    let tanh = check_slope(
+        "gelu_tanh_slope",
+        math::gelu_tanh_slope,
+        gelu_tanh_slope_ref,
+        &xs,
+    );
+    assert!(tanh <= 5.0, "gelu_tanh_slope: {tanh} ulp");
+    // known values: Φ(0) = 1/2, slope 1 far above 0, -0 far below
+    for emit in [
+        math::gelu_slope as math::UnaryEmitter,
+        math::gelu_tanh_slope,
+    ] {
+        let got = eval1("known", emit, &[0.0, -0.0, 20.0, -20.0, 1e30, -1e30]);
+        assert_eq!(got[..2], [0.5, 0.5]);
+        assert_eq!(got[2..4], [1.0, 0.0]);
+        assert_eq!(got[4..6], [1.0, 0.0]);
+    }
+}
+
 #[test]
 fn gelu_tanh_sweep() {
     check_unary_with("gelu_tanh", math::gelu_tanh, &gelu_tanh_ref, 4.0, true);
@@ -422,7 +509,7 @@ fn silu(b: &mut FunctionBuilder, x: Value) -> Value {
 /// whole sweep, so the accuracy figures above hold for them too.
 #[test]
 fn strip_helpers_match_the_inline_math() {
-    let emitters: [(StripOp, math::UnaryEmitter); 7] = [
+    let emitters: [(StripOp, math::UnaryEmitter); 9] = [
         (StripOp::Exp, math::exp),
         (StripOp::Tanh, math::tanh),
         (StripOp::Sigmoid, math::sigmoid),
@@ -430,6 +517,8 @@ fn strip_helpers_match_the_inline_math() {
         (StripOp::GeluTanh, math::gelu_tanh),
         (StripOp::GeluErf, math::gelu),
         (StripOp::Erf, math::erf),
+        (StripOp::GeluErfSlope, math::gelu_slope),
+        (StripOp::GeluTanhSlope, math::gelu_tanh_slope),
     ];
     let xs = sweep();
     println!("strip helpers: {}", vmath::isa());
@@ -584,7 +673,7 @@ fn special_values_exact() {
         [f32; 5],
     );
     #[rustfmt::skip]
-    let table: [Row; 13] = [
+    let table: [Row; 15] = [
         ("exp", math::exp, [1.0, 1.0, inf, 0.0, nan]),
         ("expm1", math::expm1, [0.0, -0.0, inf, -1.0, nan]),
         ("log", math::log, [-inf, -inf, inf, nan, nan]),
@@ -594,6 +683,8 @@ fn special_values_exact() {
         ("erf", math::erf, [0.0, -0.0, 1.0, -1.0, nan]),
         ("gelu", math::gelu, [0.0, -0.0, inf, nan, nan]),
         ("gelu_tanh", math::gelu_tanh, [0.0, -0.0, inf, nan, nan]),
+        ("gelu_slope", math::gelu_slope, [0.5, 0.5, nan, nan, nan]),
+        ("gelu_tanh_slope", math::gelu_tanh_slope, [0.5, 0.5, nan, nan, nan]),
         ("sin", math::sin, [0.0, -0.0, nan, nan, nan]),
         ("cos", math::cos, [1.0, 1.0, nan, nan, nan]),
         ("sqrt", math::sqrt, [0.0, -0.0, inf, nan, nan]),

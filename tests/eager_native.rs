@@ -50,6 +50,24 @@ fn ops() -> Vec<Case> {
             3,
         ),
         (UnaryOp::Erf, Tensor::erf, libm::erf, 3),
+        // the slopes: in ulps of 1 (their terms cancel where they cross 0)
+        (
+            UnaryOp::GeluSlope { tanh: false },
+            Tensor::gelu_slope,
+            |v| 0.5 * libm::erfc(-v * FRAC_1_SQRT_2) + v * (-0.5 * v * v).exp() / (2.0 * PI).sqrt(),
+            5,
+        ),
+        (
+            UnaryOp::GeluSlope { tanh: true },
+            Tensor::gelu_tanh_slope,
+            |v| {
+                let k = 2.0 * (2.0 / PI).sqrt();
+                let w = k * (v + 0.044715 * v * v * v);
+                let (s, r) = (1.0 / (1.0 + (-w).exp()), 1.0 / (1.0 + w.exp()));
+                s + v * s * r * k * (1.0 + 3.0 * 0.044715 * v * v)
+            },
+            5,
+        ),
     ]
 }
 
@@ -112,9 +130,15 @@ fn eager_transcendentals_run_the_native_helpers() {
             for (&g, &xi) in got.iter().zip(&dense) {
                 let w = exact(f64::from(xi)) as f32;
                 // GELUs flush results below the normal range to ±0, as documented
-                let flushed =
-                    matches!(u, UnaryOp::Gelu { .. }) && w.abs() < f32::MIN_POSITIVE && g == 0.0;
-                let close = (g.is_nan() && w.is_nan()) || flushed || ulps(g, w) <= bound;
+                let gelus = matches!(u, UnaryOp::Gelu { .. } | UnaryOp::GeluSlope { .. });
+                let flushed = gelus && w.abs() < f32::MIN_POSITIVE && g == 0.0;
+                let near = match u {
+                    UnaryOp::GeluSlope { .. } => {
+                        f64::from((g - w).abs()) <= bound as f64 * f64::from(f32::EPSILON)
+                    }
+                    _ => ulps(g, w) <= bound,
+                };
+                let close = (g.is_nan() && w.is_nan()) || flushed || near;
                 assert!(close, "{u:?}({xi:e}): eager {g:e}, exact {w:e}");
             }
             if vmath::available() {

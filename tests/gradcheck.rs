@@ -61,6 +61,12 @@ fn unary_ops() {
     check1(x(), |a| a.relu());
     check1(x(), |a| a.gelu());
     check1(x(), |a| a.gelu_tanh());
+    check1(x(), |a| a.gelu_slope());
+    check1(x(), |a| a.gelu_tanh_slope());
+    // the slopes' tails, where the second derivatives change sign
+    let wide = || Tensor::from_vec(vals(6, 11, -4.0, 4.0), &[2, 3]).unwrap();
+    check1(wide(), |a| a.gelu_slope());
+    check1(wide(), |a| a.gelu_tanh_slope());
     check1(x(), |a| a.silu());
     check1(x(), |a| a.erf());
     check1(p(), |a| a.reciprocal());

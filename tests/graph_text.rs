@@ -116,6 +116,8 @@ const OP_STATEMENTS: &[&str] = &[
     "relu(%x)",
     "gelu(%x)",
     "gelu(%x, approximate=\"tanh\")",
+    "gelu_slope(%x)",
+    "gelu_slope(%x, approximate=\"tanh\")",
     "silu(%x)",
     "erf(%x)",
     "floor(%x)",

@@ -40,13 +40,17 @@ pub enum StripOp {
     GeluTanh = 4,
     /// GELU, exact form `x·Φ(x)` (`approximate="none"`).
     GeluErf = 5,
-    /// The error function (the exact GELU's gradient computes it).
+    /// The error function.
     Erf = 6,
+    /// The exact GELU's slope `Φ(x) + x·φ(x)` (its gradient multiplies by it).
+    GeluErfSlope = 7,
+    /// The tanh GELU's slope.
+    GeluTanhSlope = 8,
 }
 
 impl StripOp {
     /// Every strip op, in discriminant order.
-    pub const ALL: [StripOp; 7] = [
+    pub const ALL: [StripOp; 9] = [
         StripOp::Exp,
         StripOp::Tanh,
         StripOp::Sigmoid,
@@ -54,6 +58,8 @@ impl StripOp {
         StripOp::GeluTanh,
         StripOp::GeluErf,
         StripOp::Erf,
+        StripOp::GeluErfSlope,
+        StripOp::GeluTanhSlope,
     ];
 
     /// The strip op of a code generated kernels pass.
@@ -237,11 +243,29 @@ fn erf(x: f32) -> f32 {
     if a < 1.0 { small } else { big }
 }
 
-/// `math::gelu_tail`: `x - m` above 0 and `m` below, `m = xc·F(a)·e^{nh}·(1 + nl)` with
-/// `F` the polynomials of `table` ([`GELU_ERF_TAIL`] or [`GELU_TANH_TAIL`]) and `e^{nh} = p·2^k`
-/// (`nh ≥ -100` needs no clamp); subnormal results flushed, `-inf` gives NaN.
+/// What [`gelu_tail`] finishes (`math::Tail`): a GELU, or the slope of one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tail {
+    Gelu,
+    ErfSlope,
+    TanhSlope,
+}
+
+/// `1/√(2π)`.
+const FRAC_1_SQRT_2PI: f32 = 0.398_942_28;
+
+/// `math::gelu_tail`: `m = xc·F(a)·e^{nh}·(1 + nl)` with `F` the polynomials of `table`
+/// ([`GELU_ERF_TAIL`] or [`GELU_TANH_TAIL`]) and `e^{nh} = p·2^k` (`nh ≥ -100` needs no clamp),
+/// then `x - m` above 0 and `m` below (a slope: its own `m`, and `1 - m` above 0); subnormal
+/// results flushed, `-inf` gives NaN (either infinity for a slope).
 #[inline(always)]
-fn gelu_tail<V: Lanes>(x: V, xc: V, a: V, nh: V, nl: V, table: &[[f32; 8]; 8]) -> V {
+fn gelu_tail<V: Lanes>(
+    (x, xc, a): (V, V, V),
+    nh: V,
+    nl: V,
+    table: &[[f32; 8]; 8],
+    form: Tail,
+) -> V {
     let shift = SHIFT32 as f32;
     let s = nh.fma(V::splat(LOG2E as f32), V::splat(shift));
     let kf = s.add(V::splat(-shift));
@@ -261,22 +285,46 @@ fn gelu_tail<V: Lanes>(x: V, xc: V, a: V, nh: V, nl: V, table: &[[f32; 8]; 8]) -
     for c in table[..table.len() - 1].iter().rev() {
         f = f.fma(u, V::lookup8(i, c));
     }
+    let lead = match form {
+        Tail::Gelu => xc.mul(f),
+        Tail::ErfSlope => a.fma(V::splat(-FRAC_1_SQRT_2PI), f),
+        Tail::TanhSlope => f,
+    };
     // w·(1 + nl), as w + w·nl so that x = -0 keeps its sign
-    let w = xc.mul(f).mul(p);
+    let w = lead.mul(p);
     let w = w.fma(nl, w);
     let n1 = V::sshr1(k);
     let n2 = V::isub(k, n1);
-    let m = w.mul(pow2i::<V>(n1)).mul(pow2i::<V>(n2));
-    let y = V::select(x.gt(V::splat(0.0)), x.sub(m), m);
+    let scale = |w: V| w.mul(pow2i::<V>(n1)).mul(pow2i::<V>(n2));
+    let w = if form == Tail::TanhSlope {
+        // S·(1 - q·(1 - S)), q = a·v'(a), scaled by 2^k last (S may be subnormal)
+        let kk = (2.0 * (2.0 / std::f64::consts::PI).sqrt()) as f32;
+        let c3 = (2.0 * (2.0 / std::f64::consts::PI).sqrt() * 3.0 * 0.044715) as f32;
+        let q = a.mul(a.mul(a).fma(V::splat(c3), V::splat(kk)));
+        let qr = q.mul(V::splat(1.0).sub(scale(w)));
+        w.neg().fma(qr, w)
+    } else {
+        w
+    };
+    let m = scale(w);
+    let above = match form {
+        Tail::Gelu => x,
+        Tail::ErfSlope | Tail::TanhSlope => V::splat(1.0),
+    };
+    let y = V::select(x.gt(V::splat(0.0)), above.sub(m), m);
     let tiny = y.abs().lt(V::splat(f32::MIN_POSITIVE));
     let y = V::select(tiny, y.mul(V::splat(0.0)), y);
-    V::select(x.eq(V::splat(f32::NEG_INFINITY)), V::splat(f32::NAN), y)
+    let nan = match form {
+        Tail::Gelu => x.eq(V::splat(f32::NEG_INFINITY)),
+        Tail::ErfSlope | Tail::TanhSlope => x.abs().eq(V::splat(f32::INFINITY)),
+    };
+    V::select(nan, V::splat(f32::NAN), y)
 }
 
-/// `math::gelu`: `x·Φ(x)`, from `x·Φ(-a) = x·H(a)·e^{-a²/2}` (`a = |x|`; `e^{-a²/2}` with the
-/// exact split `a² = hi + lo`).
+/// `math::gelu` (`Tail::Gelu`) or `math::gelu_slope`: from `x·Φ(-a) = x·H(a)·e^{-a²/2}`
+/// (`a = |x|`; `e^{-a²/2}` with the exact split `a² = hi + lo`).
 #[inline(always)]
-fn gelu_erf<V: Lanes>(x: V) -> V {
+fn gelu_erf<V: Lanes>(x: V, form: Tail) -> V {
     let xc = x.clamp(-GELU_ERF_END, GELU_ERF_END);
     let a = xc.abs();
     let a2 = a.mul(a);
@@ -284,13 +332,14 @@ fn gelu_erf<V: Lanes>(x: V) -> V {
     let nhi = a2.mul(half).neg();
     // -lo = a2 - a·a exactly
     let nlo = a.neg().fma(a, a2).mul(half);
-    gelu_tail(x, xc, a, nhi, nlo, &GELU_ERF_TAIL)
+    gelu_tail((x, xc, a), nhi, nlo, &GELU_ERF_TAIL, form)
 }
 
-/// `math::gelu_tanh`: `x·sigmoid(2u(x))`, from `x·sigmoid(-v) = x·E(a)·e^{-v}` with
-/// `v = 2u(a)` in double-f32 arithmetic (its rounding error would be amplified by `e^{-v}`).
+/// `math::gelu_tanh` (`Tail::Gelu`) or `math::gelu_tanh_slope`: from
+/// `x·sigmoid(-v) = x·E(a)·e^{-v}` with `v = 2u(a)` in double-f32 arithmetic (its rounding
+/// error would be amplified by `e^{-v}`).
 #[inline(always)]
-fn gelu_tanh<V: Lanes>(x: V) -> V {
+fn gelu_tanh<V: Lanes>(x: V, form: Tail) -> V {
     let k = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
     let (c1h, c1l) = split(k);
     let (c2h, c2l) = split(k * 0.044715);
@@ -312,7 +361,7 @@ fn gelu_tanh<V: Lanes>(x: V) -> V {
     let vh = a.mul(bh);
     let na = a.neg();
     let nvl = na.fma(bl, na.fma(bh, vh));
-    gelu_tail(x, xc, a, vh.neg(), nvl, &GELU_TANH_TAIL)
+    gelu_tail((x, xc, a), vh.neg(), nvl, &GELU_TANH_TAIL, form)
 }
 
 /// `2^n` for lanes `n` in the normal exponent range.
@@ -321,31 +370,53 @@ fn pow2i<V: Lanes>(n: V::I) -> V {
     V::from_bits(V::shl23(V::iadd(n, V::isplat(127))))
 }
 
-/// A GELU (the tanh form or the exact one) over `xs`, `V::N` lanes at a time and the tail one
-/// by one.
+/// A GELU or its slope (the tanh form or the exact one, by strip op) over `xs`, `V::N` lanes
+/// at a time and the tail one by one.
 ///
 /// # Safety
 /// The CPU has the features of `V`, and the caller is compiled with them.
 #[inline(always)]
-unsafe fn gelu_map<V: Lanes>(xs: &mut [f32], tanh: bool) {
-    let mut chunks = xs.chunks_exact_mut(V::N);
-    if tanh {
+unsafe fn gelu_map<V: Lanes>(xs: &mut [f32], op: StripOp) {
+    #[inline(always)]
+    unsafe fn each<V: Lanes>(xs: &mut [f32], f: impl Fn(V) -> V, f1: impl Fn(f32) -> f32) {
+        let mut chunks = xs.chunks_exact_mut(V::N);
         for c in &mut chunks {
             // SAFETY: `c` holds `V::N` f32s.
-            unsafe { gelu_tanh(V::load(c.as_ptr())).store(c.as_mut_ptr()) };
+            unsafe { f(V::load(c.as_ptr())).store(c.as_mut_ptr()) };
         }
         for x in chunks.into_remainder() {
-            *x = gelu_tanh(*x);
-        }
-    } else {
-        for c in &mut chunks {
-            // SAFETY: as above.
-            unsafe { gelu_erf(V::load(c.as_ptr())).store(c.as_mut_ptr()) };
-        }
-        for x in chunks.into_remainder() {
-            *x = gelu_erf(*x);
+            *x = f1(*x);
         }
     }
+    // SAFETY (each arm): the caller's contract.
+    unsafe {
+        match op {
+            StripOp::GeluTanh => each::<V>(
+                xs,
+                |x| gelu_tanh(x, Tail::Gelu),
+                |x| gelu_tanh(x, Tail::Gelu),
+            ),
+            StripOp::GeluTanhSlope => each::<V>(
+                xs,
+                |x| gelu_tanh(x, Tail::TanhSlope),
+                |x| gelu_tanh(x, Tail::TanhSlope),
+            ),
+            StripOp::GeluErfSlope => each::<V>(
+                xs,
+                |x| gelu_erf(x, Tail::ErfSlope),
+                |x| gelu_erf(x, Tail::ErfSlope),
+            ),
+            _ => each::<V>(xs, |x| gelu_erf(x, Tail::Gelu), |x| gelu_erf(x, Tail::Gelu)),
+        }
+    }
+}
+
+/// Whether [`gelu_map`] evaluates `op`.
+fn gelu_family(op: StripOp) -> bool {
+    matches!(
+        op,
+        StripOp::GeluErf | StripOp::GeluTanh | StripOp::GeluErfSlope | StripOp::GeluTanhSlope
+    )
 }
 
 /// Sixteen f64 partial sums (two AVX-512 vectors), added up at the end.
@@ -509,9 +580,10 @@ fn map_with(op: StripOp, xs: &mut [f32]) {
             }
         }
         // SAFETY: one lane needs no features
-        StripOp::GeluTanh => unsafe { gelu_map::<f32>(xs, true) },
-        // SAFETY: one lane needs no features
-        StripOp::GeluErf => unsafe { gelu_map::<f32>(xs, false) },
+        op @ (StripOp::GeluTanh
+        | StripOp::GeluErf
+        | StripOp::GeluErfSlope
+        | StripOp::GeluTanhSlope) => unsafe { gelu_map::<f32>(xs, op) },
         StripOp::Erf => {
             for x in xs {
                 *x = erf(*x);
@@ -648,9 +720,7 @@ fn cols_with<'a>(dst: &mut [f64], rows: usize, row: impl Fn(usize) -> &'a [f32])
 fn run_avx512(job: Job) {
     match job {
         // SAFETY: compiled for AVX-512, which `level` saw
-        Job::Map(op @ (StripOp::GeluErf | StripOp::GeluTanh), xs) => unsafe {
-            gelu_map::<lanes::X16>(xs, op == StripOp::GeluTanh)
-        },
+        Job::Map(op, xs) if gelu_family(op) => unsafe { gelu_map::<lanes::X16>(xs, op) },
         job => run_with(job),
     }
 }
@@ -660,9 +730,7 @@ fn run_avx512(job: Job) {
 fn run_avx2(job: Job) {
     match job {
         // SAFETY: compiled for AVX2 + FMA, which `level` saw
-        Job::Map(op @ (StripOp::GeluErf | StripOp::GeluTanh), xs) => unsafe {
-            gelu_map::<lanes::X8>(xs, op == StripOp::GeluTanh)
-        },
+        Job::Map(op, xs) if gelu_family(op) => unsafe { gelu_map::<lanes::X8>(xs, op) },
         job => run_with(job),
     }
 }

@@ -18,7 +18,7 @@
 //! - Row kernels whose rows walk memory with a stride (reductions across rows) run 16
 //!   adjacent rows at once as vector lanes (`super::lanes`); row kernels whose passes and
 //!   stores share a costly value keep it in a stack row (`super::rowcache`).
-//! - Vector loops with exp, tanh, sigmoid, silu, erf or either GELU run in strips whose
+//! - Vector loops with exp, tanh, sigmoid, silu, erf, either GELU or its slope run in strips whose
 //!   transcendentals native AVX-512/AVX2 helpers evaluate (`super::strip`); other vector
 //!   loops storing into a large f32 output stream it with non-temporal stores
 //!   (`super::stream`).

@@ -16,6 +16,8 @@
 //! | `erf` | `x·P(x²)` for `abs(x) < 1`, else `1 - erfc(abs(x))` | 2.27 |
 //! | `gelu` | `x·Φ(x)` from `x·Φ(-a) = x·H(a)·e^{-x²/2}`, `a = abs(x)`, `H` one of eight polynomials looked up per lane; subnormal results flushed to ±0 | 2.86 (3.48 on dense grids of [-14, 6]) |
 //! | `gelu_tanh` | `x·sigmoid(2u)` from `x·sigmoid(-v) = x·E(a)·e^{-v}`, `v = 2u(a)` in double-f32 arithmetic, `E` one of eight polynomials looked up per lane; subnormal results flushed to ±0 | 3.03 (3.37 on dense grids of [-11, 6]) |
+//! | `gelu_slope` | `Φ(x) + x·φ(x)` from the same tail: `(H(a) - a/√(2π))·e^{-x²/2}`, taken from 1 above 0; NaN at ±∞ | 2.97 ulp of the terms' sum (`Φ` and `xφ` cancel near -0.75) |
+//! | `gelu_tanh_slope` | `S·(1 - a·v'(a)·(1 - S))`, `S = sigmoid(-v)` from the tanh GELU's tail, `2^k` applied last, taken from 1 above 0; NaN at ±∞ | 4.58 ulp of the terms' sum |
 //! | `sin`, `cos` | f64 inside: Cody-Waite by π/2 (3 parts) up to 2^30, beyond an exact chunked product with 2/π (Payne-Hanek style); Taylor polynomials | 0.50 |
 //! | `pow` | f64 inside: `2^(y·log2(abs(x)))`, then the C99/PyTorch special cases | 0.50 |
 //! | `rsqrt` | `1 / sqrt(x)` (bit-identical to PyTorch's vectorised CPU kernel) | 1.48 |
@@ -33,7 +35,7 @@
 //!
 //! f64 math is not provided here: the backend computes f64 transcendentals by calling libm.
 //!
-//! In f32 vector loops, exp, tanh, sigmoid, silu, erf, gelu and gelu_tanh usually run in strips instead
+//! In f32 vector loops, exp, tanh, sigmoid, silu, erf, both GELUs and their slopes usually run in strips instead
 //! (`super::strip`): [`super::vmath`] ports these emitters to native 256/512-bit loops with
 //! the same bits.
 
@@ -563,6 +565,22 @@ pub fn gelu(b: B, x: Value) -> Value {
     if ty(b, x) == F32 {
         return on_lane0(b, x, gelu);
     }
+    gelu_erf_form(b, x, Tail::Gelu)
+}
+
+/// The slope of the exact GELU, `Φ(x) + x·φ(x)` (what its gradient multiplies by), from the
+/// same tail: `Φ(-a) - a·φ(a) = (H(a) - a/√(2π))·e^{-a²/2}`, taken from 1 above 0. NaN at ±∞,
+/// as PyTorch's `x·φ(x)` gives there.
+pub fn gelu_slope(b: B, x: Value) -> Value {
+    if ty(b, x) == F32 {
+        return on_lane0(b, x, gelu_slope);
+    }
+    gelu_erf_form(b, x, Tail::ErfSlope)
+}
+
+/// The exact GELU's `e^{-a²/2}` argument as `nhi + nlo` (the exact split of `a²`), then
+/// [`gelu_tail`].
+fn gelu_erf_form(b: B, x: Value, form: Tail) -> Value {
     let xc = clamp(b, x, -f64::from(GELU_ERF_END), f64::from(GELU_ERF_END));
     let a = b.ins().fabs(xc);
     let a2 = b.ins().fmul(a, a);
@@ -574,7 +592,7 @@ pub fn gelu(b: B, x: Value) -> Value {
     let na = b.ins().fneg(a);
     let nlo = b.ins().fma(na, a, a2);
     let nlo = b.ins().fmul(nlo, half);
-    gelu_tail(b, x, xc, a, nhi, nlo, &GELU_ERF_TAIL)
+    gelu_tail(b, (x, xc, a), nhi, nlo, &GELU_ERF_TAIL, form)
 }
 
 /// GELU, tanh form `x/2·(1 + tanh(u))`, `u = √(2/π)(x + 0.044715x³)`: `x·sigmoid(2u)`,
@@ -585,6 +603,21 @@ pub fn gelu_tanh(b: B, x: Value) -> Value {
     if ty(b, x) == F32 {
         return on_lane0(b, x, gelu_tanh);
     }
+    gelu_tanh_form(b, x, Tail::Gelu)
+}
+
+/// The slope of the tanh GELU, `σ + x·σ(1-σ)·v'(x)` with `σ = sigmoid(v)`, `v = 2u`: with
+/// `S = sigmoid(-v(a))` from the tail, `S·(1 - a·v'(a)·(1 - S))`, taken from 1 above 0. NaN
+/// at ±∞, as PyTorch's formula gives there.
+pub fn gelu_tanh_slope(b: B, x: Value) -> Value {
+    if ty(b, x) == F32 {
+        return on_lane0(b, x, gelu_tanh_slope);
+    }
+    gelu_tanh_form(b, x, Tail::TanhSlope)
+}
+
+/// The tanh GELU's `v = 2u(a)` as `vh + vl` in double-f32 arithmetic, then [`gelu_tail`].
+fn gelu_tanh_form(b: B, x: Value, form: Tail) -> Value {
     let k = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
     let (c1h, c1l) = split_const(k);
     let (c2h, c2l) = split_const(k * 0.044715);
@@ -612,7 +645,7 @@ pub fn gelu_tanh(b: B, x: Value) -> Value {
     let nvl = b.ins().fma(na, bh, vh);
     let nvl = b.ins().fma(na, bl, nvl);
     let nvh = b.ins().fneg(vh);
-    gelu_tail(b, x, xc, a, nvh, nvl, &GELU_TANH_TAIL)
+    gelu_tail(b, (x, xc, a), nvh, nvl, &GELU_TANH_TAIL, form)
 }
 
 /// A vector emitter applied to a scalar: lane 0 of its splat (the table lookups are vector
@@ -623,18 +656,28 @@ fn on_lane0(b: B, x: Value, f: fn(B, Value) -> Value) -> Value {
     b.ins().extractlane(y, 0)
 }
 
-/// Both GELUs' last steps: `x - m` above 0 and `m` below, `m = xc·F(a)·e^{nh}·(1 + nl)`, `F`
-/// one of the eight polynomials of `table` picked per lane by the exponent and two leading
+/// What [`gelu_tail`] finishes: a GELU, or the slope of one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tail {
+    /// Either GELU: `x - m` above 0 and `m` below.
+    Gelu,
+    /// The exact GELU's slope: `1 - m` above 0 and `m` below, `m = Φ(-a) - a·φ(a)`.
+    ErfSlope,
+    /// The tanh GELU's slope: `1 - m` above 0 and `m` below, `m = S·(1 - a·v'(a)·(1 - S))`.
+    TanhSlope,
+}
+
+/// The GELUs' last steps (and their slopes', see [`Tail`]): `m = xc·F(a)·e^{nh}·(1 + nl)`,
+/// `F` one of the eight polynomials of `table` picked per lane by the exponent and two leading
 /// mantissa bits of `a + 4`, `e^{nh} = p·2^k` (`nh ≥ -100` needs no clamp) with `2^k`
-/// applied last; subnormal results flushed, `-inf` gives NaN.
+/// applied last; subnormal results flushed, `-inf` gives NaN (either infinity for a slope).
 fn gelu_tail(
     b: B,
-    x: Value,
-    xc: Value,
-    a: Value,
+    (x, xc, a): (Value, Value, Value),
     nh: Value,
     nl: Value,
     table: &[[f32; 8]; 8],
+    form: Tail,
 ) -> Value {
     let (r, k) = reduce_ln2(b, nh);
     let p = expm1_small(b, r);
@@ -656,17 +699,58 @@ fn gelu_tail(
         let c = lanes.lookup(b, c);
         f = b.ins().fma(f, u, c);
     }
+    let t = ty(b, x);
+    let lead = match form {
+        Tail::Gelu => b.ins().fmul(xc, f),
+        // F(a) - a/√(2π)
+        Tail::ErfSlope => {
+            let c = fc(b, t, -FRAC_1_SQRT_2PI);
+            b.ins().fma(a, c, f)
+        }
+        Tail::TanhSlope => f,
+    };
     // w·(1 + nl), as w + w·nl so that x = -0 keeps its sign
-    let w = b.ins().fmul(xc, f);
-    let w = b.ins().fmul(w, p);
+    let w = b.ins().fmul(lead, p);
     let w = b.ins().fma(w, nl, w);
+    let w = if form == Tail::TanhSlope {
+        // S·(1 - q·(1 - S)), q = a·v'(a), v' = K·(1 + 3·0.044715·a²), scaled by 2^k last:
+        // S itself may be subnormal where the slope is not (near x = -10)
+        let kk = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
+        let s = scale2n(b, w, k);
+        let a2 = b.ins().fmul(a, a);
+        let c3 = fc(b, t, kk * 3.0 * 0.044715);
+        let kv = fc(b, t, kk);
+        let dv = b.ins().fma(a2, c3, kv);
+        let q = b.ins().fmul(a, dv);
+        let one = fc(b, t, 1.0);
+        let rest = b.ins().fsub(one, s);
+        let qr = b.ins().fmul(q, rest);
+        let nw = b.ins().fneg(w);
+        b.ins().fma(nw, qr, w)
+    } else {
+        w
+    };
     let m = scale2n(b, w, k);
     let pos = fcmpc(b, FloatCC::GreaterThan, x, 0.0);
-    let xm = b.ins().fsub(x, m);
-    let y = sel(b, pos, xm, m);
+    let above = match form {
+        Tail::Gelu => x,
+        Tail::ErfSlope | Tail::TanhSlope => fc(b, t, 1.0),
+    };
+    let am = b.ins().fsub(above, m);
+    let y = sel(b, pos, am, m);
     let y = flush_subnormal(b, y);
-    neg_inf_to_nan(b, x, y)
+    match form {
+        Tail::Gelu => neg_inf_to_nan(b, x, y),
+        Tail::ErfSlope | Tail::TanhSlope => {
+            let ax = b.ins().fabs(x);
+            let inf = fcmpc(b, FloatCC::Equal, ax, f64::INFINITY);
+            selc(b, inf, f64::NAN, y)
+        }
+    }
 }
+
+/// `1/√(2π)`, the standard normal density at 0.
+const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
 
 /// Byte indices that pick lane `i` (0..8) of an eight-entry f32 table, per lane of an `I32X4`.
 struct TableIndex {
@@ -1059,6 +1143,8 @@ pub const UNARY: &[(&str, UnaryEmitter)] = &[
     ("erf", erf),
     ("gelu", gelu),
     ("gelu_tanh", gelu_tanh),
+    ("gelu_slope", gelu_slope),
+    ("gelu_tanh_slope", gelu_tanh_slope),
     ("sin", sin),
     ("cos", cos),
     ("sqrt", sqrt),

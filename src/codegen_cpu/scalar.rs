@@ -351,6 +351,7 @@ impl Gen<'_, '_, '_> {
             | Tanh
             | Sigmoid
             | Gelu { .. }
+            | GeluSlope { .. }
             | Silu
             | Erf
             | LogicalNot
@@ -383,6 +384,8 @@ impl Gen<'_, '_, '_> {
             Erf => math::erf(b, x),
             Gelu { tanh: false } => math::gelu(b, x),
             Gelu { tanh: true } => math::gelu_tanh(b, x),
+            GeluSlope { tanh: false } => math::gelu_slope(b, x),
+            GeluSlope { tanh: true } => math::gelu_tanh_slope(b, x),
             Silu => {
                 let s = math::sigmoid(b, x);
                 b.ins().fmul(x, s)
@@ -456,6 +459,7 @@ impl Gen<'_, '_, '_> {
             | Tanh
             | Sigmoid
             | Gelu { .. }
+            | GeluSlope { .. }
             | Silu
             | Erf
             | Reciprocal

@@ -1,6 +1,7 @@
 //! Strips: an innermost vector loop whose body applies a transcendental that a native helper
-//! evaluates ([`super::vmath`]: exp, tanh, sigmoid, silu, both GELUs, erf), or sums f32 values, runs
-//! in strips of [`STRIP`] elements ([`SHORT_STRIP`] where a helper reads memory). Per strip:
+//! evaluates ([`super::vmath`]: exp, tanh, sigmoid, silu, both GELUs and their slopes, erf),
+//! or sums f32 values, runs in strips of [`STRIP`] elements ([`SHORT_STRIP`] where a helper
+//! reads memory). Per strip:
 //! - for each such value in order, a loop computes its operand into the value's strip row and
 //!   the helper maps the row in place; an operand that is a contiguous load is read from its
 //!   buffer instead, and a value the body only stores has its strip row in its output;

@@ -553,6 +553,8 @@ impl Gen<'_, '_, '_> {
             Erf => math::erf(b, x),
             Gelu { tanh: false } => math::gelu(b, x),
             Gelu { tanh: true } => math::gelu_tanh(b, x),
+            GeluSlope { tanh: false } => math::gelu_slope(b, x),
+            GeluSlope { tanh: true } => math::gelu_tanh_slope(b, x),
             Silu => {
                 let s = math::sigmoid(b, x);
                 b.ins().fmul(x, s)

@@ -196,6 +196,31 @@ pub fn unary(op: UnaryOp, d: DType, x: &str) -> Result<String> {
                 float_lit(0.797_884_560_802_865_4, d),
                 float_lit(0.044715, d)
             ),
+            GeluSlope { tanh: false } => format!(
+                "({half} * {}(-({x}) * {}) + ({x}) * {}({} * ({x}) * ({x})) * {})",
+                f("erfc"),
+                float_lit(std::f64::consts::FRAC_1_SQRT_2, d),
+                f("exp"),
+                float_lit(-0.5, d),
+                float_lit(crate::ir::unary::FRAC_1_SQRT_2PI, d)
+            ),
+            GeluSlope { tanh: true } => {
+                let k = 2.0 * crate::ir::unary::SQRT_2_OVER_PI;
+                let v = format!(
+                    "({} * (({x}) + {} * ({x}) * ({x}) * ({x})))",
+                    float_lit(k, d),
+                    float_lit(0.044715, d)
+                );
+                let dv = format!(
+                    "({} * ({one} + {} * ({x}) * ({x})))",
+                    float_lit(k, d),
+                    float_lit(3.0 * 0.044715, d)
+                );
+                let e = f("exp");
+                format!(
+                    "({one} / ({one} + {e}(-{v})) + ({x}) * ({one} / ({one} + {e}(-{v}))) * ({one} / ({one} + {e}({v}))) * {dv})"
+                )
+            }
             Silu => format!("(({x}) * ({one} / ({one} + {}(-({x})))))", f("exp")),
             Erf => format!("{}({x})", f("erf")),
             Floor => format!("{}({x})", f("floor")),
@@ -234,6 +259,7 @@ pub fn unary(op: UnaryOp, d: DType, x: &str) -> Result<String> {
         | Tanh
         | Sigmoid
         | Gelu { .. }
+        | GeluSlope { .. }
         | Silu
         | Erf
         | Reciprocal

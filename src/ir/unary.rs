@@ -288,6 +288,11 @@ unary_ops! {
     Relu = "relu", Numeric, Select, true;
     /// `approximate="tanh"` when `tanh` is set, else the exact erf form.
     Gelu { tanh: bool = false => "approximate" } = "gelu", FloatOnly, Transcendental, true;
+    /// The derivative of `gelu` with the same `approximate`: what its gradient multiplies by
+    /// (PyTorch's `gelu_backward(grad, x)` is `grad * gelu_slope(x)`), one op so that a
+    /// backward pass computes the GELU's tail once instead of an erf and an exp.
+    GeluSlope { tanh: bool = false => "approximate" }
+        = "gelu_slope", FloatOnly, Transcendental, true;
     /// `x * sigmoid(x)`.
     Silu = "silu", FloatOnly, Transcendental, true;
     /// The error function.
@@ -336,6 +341,9 @@ fn not_implemented(name: &str, d: DType) -> crate::Error {
 
 /// `sqrt(2 / pi)`, the constant of the tanh form of GELU.
 pub const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+
+/// `1 / sqrt(2 pi)`, the standard normal density at 0.
+pub const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
 
 impl UnaryOp {
     /// True for ops that compute in floating point and so turn integer inputs into floats.
@@ -396,6 +404,21 @@ impl UnaryOp {
                 let inner = SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
                 0.5 * x * (1.0 + inner.tanh())
             }
+            // Φ(x) + x·φ(x), Φ from erfc (no cancellation below 0); NaN at ±∞ as PyTorch's
+            GeluSlope { tanh: false } => {
+                0.5 * libm::erfc(-x * std::f64::consts::FRAC_1_SQRT_2)
+                    + x * (-0.5 * x * x).exp() * FRAC_1_SQRT_2PI
+            }
+            // σ + x·σ·(1-σ)·v' with σ = sigmoid(v), v = 2u: PyTorch's `(1 + tanh(u))/2 +
+            // x/2·(1 - tanh²(u))·u'`, with 1 - σ as sigmoid(-v) (no cancellation below 0)
+            GeluSlope { tanh: true } => {
+                let k = 2.0 * SQRT_2_OVER_PI;
+                let v = k * (x + 0.044715 * x * x * x);
+                let s = 1.0 / (1.0 + (-v).exp());
+                let r = 1.0 / (1.0 + v.exp());
+                let dv = k * (1.0 + 3.0 * 0.044715 * x * x);
+                s + x * s * r * dv
+            }
             Silu => x * (1.0 / (1.0 + (-x).exp())),
             Erf => libm::erf(x),
             Floor => x.floor(),
@@ -440,6 +463,7 @@ impl UnaryOp {
             | Tanh
             | Sigmoid
             | Gelu { .. }
+            | GeluSlope { .. }
             | Silu
             | Erf
             | Reciprocal
@@ -550,6 +574,7 @@ impl UnaryOp {
             | Sigmoid
             | Relu
             | Gelu { .. }
+            | GeluSlope { .. }
             | Silu
             | Erf
             | Floor

@@ -1,8 +1,8 @@
 //! Eager f32 ops on the compiled kernels' native helpers (`smelt_rt::vmath`): exp, tanh,
-//! sigmoid, silu, erf and both GELUs of an f32 tensor run 8 or 16 lanes at a time with the
-//! compiled code's bits, and softmax, log_softmax, layer_norm and sums over trailing dims
-//! run one vector helper per row, instead of the float64 reference formulas, which made
-//! eager GELU 7–11× and eager layer_norm 4× slower than PyTorch eager.
+//! sigmoid, silu, erf, both GELUs and their slopes of an f32 tensor run 8 or 16 lanes at a
+//! time with the compiled code's bits, and softmax, log_softmax, layer_norm and sums over
+//! trailing dims run one vector helper per row, instead of the float64 reference formulas,
+//! which made eager GELU 7–11× and eager layer_norm 4× slower than PyTorch eager.
 //!
 //! The reference interpreter (`super::interp::run`, the oracle compiled code is tested
 //! against, and `--backend interp`) keeps the reference formulas: it runs in
@@ -27,6 +27,8 @@ pub fn strip_of(u: UnaryOp) -> Option<StripOp> {
             StripOp::GeluTanh => UnaryOp::Gelu { tanh: true },
             StripOp::GeluErf => UnaryOp::Gelu { tanh: false },
             StripOp::Erf => UnaryOp::Erf,
+            StripOp::GeluErfSlope => UnaryOp::GeluSlope { tanh: false },
+            StripOp::GeluTanhSlope => UnaryOp::GeluSlope { tanh: true },
         }
     })
 }

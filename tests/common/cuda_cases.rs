@@ -24,6 +24,12 @@ pub const CASES: &[(&str, &str, &str)] = &[
         "%x: bf16[7]",
         "%y = gelu(%x, approximate=\"tanh\")",
     ),
+    ("gelu_slope", "%x: f32[7]", "%y = gelu_slope(%x)"),
+    (
+        "gelu_tanh_slope",
+        "%x: f64[7]",
+        "%y = gelu_slope(%x, approximate=\"tanh\")",
+    ),
     ("silu", "%x: f32[7]", "%y = silu(%x)"),
     ("erf", "%x: f64[7]", "%y = erf(%x)"),
     ("floor", "%x: f32[7]", "%y = floor(%x)"),

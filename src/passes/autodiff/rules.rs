@@ -554,39 +554,45 @@ fn unary(e: &mut Emit, u: UnaryOp, x: ValueId, y: ValueId, g: ValueId) -> Result
             let pos = e.bin_s(BinaryOp::Gt, y, 0.0)?;
             e.keep_where(pos, g)
         }
-        Gelu { tanh: false } => {
-            let xs = e.mul_s(x, std::f64::consts::FRAC_1_SQRT_2)?;
-            let erf = e.unary(Erf, xs)?;
-            let cdf1 = e.add_s(erf, 1.0)?;
-            let cdf = e.mul_s(cdf1, 0.5)?;
+        Gelu { tanh } => {
+            let d = e.unary(GeluSlope { tanh }, x)?;
+            e.mul(g, d)
+        }
+        // φ(x)·(2 - x²)
+        GeluSlope { tanh: false } => {
             let x2 = e.mul(x, x)?;
             let ex = e.mul_s(x2, -0.5)?;
             let ep = e.unary(Exp, ex)?;
-            let pdf = e.mul_s(ep, 1.0 / (2.0 * std::f64::consts::PI).sqrt())?;
-            let xp = e.mul(x, pdf)?;
-            let d = e.add(cdf, xp)?;
+            let pdf = e.mul_s(ep, crate::ir::unary::FRAC_1_SQRT_2PI)?;
+            let two_m = e.rsub_s(2.0, x2)?;
+            let d = e.mul(pdf, two_m)?;
             e.mul(g, d)
         }
-        Gelu { tanh: true } => {
+        // σ(1-σ)·(2v' + x·((1-2σ)·v'² + v'')), σ = sigmoid(v), v = K(x + C x³)
+        GeluSlope { tanh: true } => {
             const C: f64 = 0.044715;
-            let k = (2.0 / std::f64::consts::PI).sqrt();
+            let k = 2.0 * crate::ir::unary::SQRT_2_OVER_PI;
             let x2 = e.mul(x, x)?;
             let x3 = e.mul(x2, x)?;
             let c3 = e.mul_s(x3, C)?;
-            let inner0 = e.add(x, c3)?;
-            let inner = e.mul_s(inner0, k)?;
-            let t = e.unary(Tanh, inner)?;
+            let inner = e.add(x, c3)?;
+            let v = e.mul_s(inner, k)?;
+            let s = e.unary(Sigmoid, v)?;
+            let one_m = e.rsub_s(1.0, s)?;
+            let ss = e.mul(s, one_m)?;
             let x2c = e.mul_s(x2, 3.0 * C)?;
-            let di0 = e.add_s(x2c, 1.0)?;
-            let dinner = e.mul_s(di0, k)?;
-            let t2 = e.mul(t, t)?;
-            let sech2 = e.rsub_s(1.0, t2)?;
-            let a0 = e.add_s(t, 1.0)?;
-            let a = e.mul_s(a0, 0.5)?;
-            let xh = e.mul_s(x, 0.5)?;
-            let b0 = e.mul(xh, sech2)?;
-            let b = e.mul(b0, dinner)?;
-            let d = e.add(a, b)?;
+            let dv0 = e.add_s(x2c, 1.0)?;
+            let dv = e.mul_s(dv0, k)?;
+            let ddv = e.mul_s(x, 6.0 * C * k)?;
+            let two_s = e.mul_s(s, 2.0)?;
+            let one_m2 = e.rsub_s(1.0, two_s)?;
+            let dv2 = e.mul(dv, dv)?;
+            let t0 = e.mul(one_m2, dv2)?;
+            let t1 = e.add(t0, ddv)?;
+            let t2 = e.mul(x, t1)?;
+            let dv_2 = e.mul_s(dv, 2.0)?;
+            let t3 = e.add(dv_2, t2)?;
+            let d = e.mul(ss, t3)?;
             e.mul(g, d)
         }
         Silu => {

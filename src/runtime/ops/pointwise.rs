@@ -89,6 +89,10 @@ impl Tensor {
         gelu => UnaryOp::Gelu { tanh: false };
         /// GELU with PyTorch's `approximate="tanh"` formula.
         gelu_tanh => UnaryOp::Gelu { tanh: true };
+        /// The derivative of `gelu`, `Φ(x) + x·φ(x)`: what its gradient multiplies by.
+        gelu_slope => UnaryOp::GeluSlope { tanh: false };
+        /// The derivative of `gelu_tanh`.
+        gelu_tanh_slope => UnaryOp::GeluSlope { tanh: true };
         /// `x * sigmoid(x)`.
         silu => UnaryOp::Silu;
         /// The error function.
