@@ -176,7 +176,8 @@ impl Emit<'_> {
         )
     }
     /// `zeros(shape).index_add(dim, arange(start, start + len*step, step), src)`: puts a
-    /// strided slice's gradient back into a tensor of the input's shape.
+    /// strided slice's gradient back into a tensor of the input's shape (for a step of 1, as
+    /// the concatenation of zeros, `src` and zeros).
     pub fn place_slice(
         &mut self,
         src: ValueId,
@@ -187,6 +188,25 @@ impl Emit<'_> {
     ) -> Result<ValueId> {
         let len = self.shape(src)[dim];
         let dt = self.dtype(src);
+        if step == 1 {
+            // zeros, `src`, zeros along `dim`: a concatenation fuses with what adds it up
+            // (the three slices of a fused projection's weight become one kernel), where an
+            // index_add into zeros is a library call each
+            let mut parts = Vec::new();
+            for size in [start, shape[dim] - start - len] {
+                let mut s = shape.to_vec();
+                s[dim] = size;
+                parts.push((size > 0).then(|| self.full(&s, 0.0, dt)).transpose()?);
+            }
+            let parts: Vec<ValueId> = [parts[0], Some(src), parts[1]]
+                .into_iter()
+                .flatten()
+                .collect();
+            if parts.len() == 1 {
+                return Ok(src);
+            }
+            return self.op(Op::Cat { dim: dim as i64 }, &parts);
+        }
         let zeros = self.full(shape, 0.0, dt)?;
         let idx = self.op(
             Op::Arange {
