@@ -352,6 +352,57 @@ fn expensive_producer_is_not_recomputed_per_broadcast_element() {
     );
 }
 
+/// How many kernels of `s` read input `i`.
+fn kernels_reading_input(s: &Schedule, i: usize) -> usize {
+    let b = s
+        .buffers
+        .iter()
+        .position(|b| b.kind == smelt::kernel::BufferKind::Input(i))
+        .unwrap();
+    s.kernels()
+        .filter(|k| {
+            k.values
+                .iter()
+                .any(|v| matches!(v.expr, Expr::Load { buffer, .. } if buffer == b))
+        })
+        .count()
+}
+
+/// A cheap value of three same-sized buffers read by three kernels (a ResNet block's output
+/// gradient `where(y > 0, g1 + g2, 0)` feeding its batch norms' backward) is stored once:
+/// its three inputs are read by one kernel, not three, and may die there.
+#[test]
+fn a_cheap_value_of_several_buffers_read_by_several_kernels_is_stored_once() {
+    let shape = [8usize, 16, 12];
+    let mut g = Graph::new("grad_fan_out");
+    let y = input(&mut g, "y", DType::F32, &shape);
+    let a = input(&mut g, "a", DType::F32, &shape);
+    let b = input(&mut g, "b", DType::F32, &shape);
+    let zero = num(&mut g, 0.0);
+    let pos = bin(&mut g, BinaryOp::Gt, y, zero);
+    let s = bin(&mut g, BinaryOp::Add, a, b);
+    let w = g.add_op(Op::Where, &[pos, s, zero]).unwrap();
+    let outs: Vec<ValueId> = (0..3)
+        .map(|d| red(&mut g, ReduceOp::Sum, w, d, false))
+        .collect();
+    g.set_outputs(outs);
+    let sch = check(&g, 1e-5);
+    for i in 0..3 {
+        assert_eq!(kernels_reading_input(&sch, i), 1, "input {i}\n{sch}");
+    }
+    // two buffers: recomputing their sum in three kernels reads less than storing it
+    let mut g = Graph::new("two_reads");
+    let a = input(&mut g, "a", DType::F32, &shape);
+    let b = input(&mut g, "b", DType::F32, &shape);
+    let s = bin(&mut g, BinaryOp::Add, a, b);
+    let outs: Vec<ValueId> = (0..3)
+        .map(|d| red(&mut g, ReduceOp::Sum, s, d, false))
+        .collect();
+    g.set_outputs(outs);
+    let sch = check(&g, 1e-5);
+    assert_eq!(kernels_reading_input(&sch, 0), 3, "{sch}");
+}
+
 #[test]
 fn shared_inputs_fuse_horizontally_and_outputs_are_stored() {
     let mut g = Graph::new("horiz");

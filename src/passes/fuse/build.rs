@@ -162,7 +162,12 @@ impl<'g> Fuser<'g> {
         })
     }
 
-    /// Realises an expensive producer that several kernels recompute.
+    /// Realises an expensive producer that several kernels recompute, and one whose
+    /// recomputations read more than storing it once and reading it back would: `c` kernels
+    /// each reading its `l` same-sized buffers move `c·l` elements, storing it moves `l + 1 +
+    /// c`, and its buffers may be freed as soon as it is stored (a ResNet block's output
+    /// gradient, `where(y > 0, g1 + g2, 0)` recomputed by five kernels of its backward, kept
+    /// two 1 MB gradients alive to the end of the stem's backward).
     fn check_duplication(&self, emitted: &[HashSet<ValueId>]) -> R<()> {
         let mut count: HashMap<ValueId, usize> = HashMap::new();
         for set in emitted {
@@ -174,8 +179,13 @@ impl<'g> Fuser<'g> {
         let mut dup: Vec<ValueId> = count
             .into_iter()
             .filter(|&(_, c)| c > 1)
+            .filter(|&(v, c)| {
+                self.cone_cost(v, &mut memo) >= self.opts.expensive || {
+                    let l = self.cone_reads(v).len();
+                    l > 1 && (c - 1) * (l - 1) > 2
+                }
+            })
             .map(|(v, _)| v)
-            .filter(|&v| self.cone_cost(v, &mut memo) >= self.opts.expensive)
             .collect();
         dup.sort_by_key(|v| self.pos[v]);
         match dup.last() {

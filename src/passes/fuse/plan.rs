@@ -385,6 +385,30 @@ impl<'g> Fuser<'g> {
         c
     }
 
+    /// The buffers (realised values included) of `v`'s size that computing `v` reads, through
+    /// its recomputed pointwise ops and views.
+    pub(super) fn cone_reads(&self, v: ValueId) -> HashSet<ValueId> {
+        let n = self.ty(v).numel();
+        let mut seen = HashSet::new();
+        let mut reads = HashSet::new();
+        let mut stack = vec![v];
+        while let Some(x) = stack.pop() {
+            if !seen.insert(x) {
+                continue;
+            }
+            for o in self.g.operands(x) {
+                if self.is_root(o) || self.is_buffer(o) {
+                    if self.ty(o).numel() == n {
+                        reads.insert(o);
+                    }
+                } else if matches!(self.class[&o], Class::Pointwise | Class::View) {
+                    stack.push(o);
+                }
+            }
+        }
+        reads
+    }
+
     /// Realises the costliest operand of any expression whose cone exceeds `max_cone`.
     pub(super) fn cut_large_cones(&mut self) {
         loop {
