@@ -252,7 +252,7 @@ enum Tail {
 }
 
 /// `1/√(2π)`.
-const FRAC_1_SQRT_2PI: f32 = 0.398_942_28;
+const FRAC_1_SQRT_2PI: f32 = 0.398_942_280_401_432_7_f64 as f32;
 
 /// `math::gelu_tail`: `m = xc·F(a)·e^{nh}·(1 + nl)` with `F` the polynomials of `table`
 /// ([`GELU_ERF_TAIL`] or [`GELU_TANH_TAIL`]) and `e^{nh} = p·2^k` (`nh ≥ -100` needs no clamp),
