@@ -1239,6 +1239,17 @@ fn vector_max_and_min_propagate_nan_from_any_lane() {
     }
 }
 
+/// The rows each kernel of `s` runs side by side as lanes (0: none).
+fn lane_rows(s: &Schedule) -> Vec<usize> {
+    s.kernels()
+        .map(|k| {
+            compile_kernel(k, &s.buffers, &CodegenOptions::default())
+                .unwrap()
+                .lane_rows()
+        })
+        .collect()
+}
+
 #[test]
 fn reductions_across_rows_run_rows_as_lanes() {
     let mut rng = StdRng::seed_from_u64(12);
@@ -1275,18 +1286,7 @@ fn reductions_across_rows_run_rows_as_lanes() {
             // specials (NaN, infinities, huge values) at the start of the input
             let ins = vec![values(&mut rng, DType::F32, shape, true)];
             let s = check_with(&g, &ins, Tol::rel(1e-6).or_ulps(8));
-            let lanes: Vec<usize> = s
-                .steps
-                .iter()
-                .filter_map(|st| match st {
-                    Step::Kernel(k) => Some(
-                        compile_kernel(k, &s.buffers, &CodegenOptions::default())
-                            .unwrap()
-                            .lane_rows(),
-                    ),
-                    Step::Extern(_) | Step::Control(_) => None,
-                })
-                .collect();
+            let lanes = lane_rows(&s);
             assert!(
                 lanes.contains(&16),
                 "{} over {dims:?} of {shape:?}: kernels' lane rows {lanes:?}\n{s}",
@@ -1349,18 +1349,7 @@ fn rows_as_lanes_walk_a_reduced_space_of_two_dims() {
         let v = values(&mut rng, DType::F32, &[b, t, 1], false);
         ins.push(v.abs().unwrap());
         let s = check_with(&g, &ins, Tol::rel(1e-5).or_ulps(8));
-        let lanes: Vec<usize> = s
-            .steps
-            .iter()
-            .filter_map(|st| match st {
-                Step::Kernel(k) => Some(
-                    compile_kernel(k, &s.buffers, &CodegenOptions::default())
-                        .unwrap()
-                        .lane_rows(),
-                ),
-                Step::Extern(_) | Step::Control(_) => None,
-            })
-            .collect();
+        let lanes = lane_rows(&s);
         assert!(lanes.contains(&16), "{b}x{t}x{c}: lane rows {lanes:?}\n{s}");
         let one = run_compiled(&s, &ins, 1, &CodegenOptions::default()).unwrap();
         let three = run_compiled(&s, &ins, 3, &CodegenOptions::default()).unwrap();

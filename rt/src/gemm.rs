@@ -285,30 +285,9 @@ pub unsafe fn batches<T: GemmElem>(
         None => (false, T::ONE),
     };
     let run = |&[o, ao, bo]: &[usize; 3], par: Parallelism| {
+        let (a, b) = (pa.get().wrapping_add(ao), pb.get().wrapping_add(bo));
         // SAFETY: the caller's contract on every batch's block and operands.
-        unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                po.get().add(o),
-                1,
-                n as isize,
-                read_dst,
-                pa.get().add(ao) as *const T,
-                p.a.1,
-                p.a.0,
-                pb.get().add(bo) as *const T,
-                p.b.1,
-                p.b.0,
-                T::ONE,
-                beta,
-                false,
-                false,
-                false,
-                par,
-            )
-        }
+        unsafe { product(p, k, po.get().add(o), (a, b), (read_dst, beta), par) }
     };
     let flops = m * n * k;
     // Across the batch when there is a batch to share: small products split poorly inside
@@ -336,6 +315,45 @@ pub unsafe fn batches<T: GemmElem>(
             Parallelism::None
         };
         offs.iter().for_each(|o| run(o, par));
+    }
+}
+
+/// `dst = a·b` (`dst = dst + β·a·b` when `read_dst`) over `k` of `p`'s inner dim, `dst` a
+/// contiguous `m × n` block.
+///
+/// # Safety
+/// `a`, `b` and `dst` address what `p`'s strides reach over `m`, `n` and `k`.
+unsafe fn product<T: GemmElem>(
+    p: &Product,
+    k: usize,
+    dst: *mut T,
+    (a, b): (*mut T, *mut T),
+    (read_dst, beta): (bool, T),
+    par: Parallelism,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        gemm::gemm(
+            p.m,
+            p.n,
+            k,
+            dst,
+            1,
+            p.n as isize,
+            read_dst,
+            a as *const T,
+            p.a.1,
+            p.a.0,
+            b as *const T,
+            p.b.1,
+            p.b.0,
+            T::ONE,
+            beta,
+            false,
+            false,
+            false,
+            par,
+        )
     }
 }
 
@@ -368,28 +386,23 @@ unsafe fn split_k<T: GemmElem>(
         } else {
             ps.get().wrapping_add((i - 1) * m * n)
         };
+        let a = pa
+            .get()
+            .wrapping_add(ao)
+            .wrapping_offset(k0 as isize * p.a.1);
+        let b = pb
+            .get()
+            .wrapping_add(bo)
+            .wrapping_offset(k0 as isize * p.b.0);
         // SAFETY: the caller's contract; part `i` reads columns (rows) `k0..k1` of `a` (`b`)
         // and writes its own block.
         unsafe {
-            gemm::gemm(
-                m,
-                n,
+            product(
+                p,
                 k1 - k0,
                 dst,
-                1,
-                n as isize,
-                read_dst && i == 0,
-                pa.get().add(ao).offset(k0 as isize * p.a.1) as *const T,
-                p.a.1,
-                p.a.0,
-                pb.get().add(bo).offset(k0 as isize * p.b.0) as *const T,
-                p.b.1,
-                p.b.0,
-                T::ONE,
-                beta,
-                false,
-                false,
-                false,
+                (a, b),
+                (read_dst && i == 0, beta),
                 Parallelism::None,
             )
         }

@@ -441,25 +441,9 @@ impl Gen<'_, '_, '_> {
             self.set_position(offs, Some(&strides));
             return self.lane_inner(body, envs, accs);
         }
-        let j = self.fb.b.declare_var(I64);
-        let z = self.iconst(I64, 0);
-        self.fb.b.def_var(j, z);
-        let n = self.iconst(I64, self.k.inner[d] as i64);
-        self.while_lt(j, n, &mut |g, jv| {
-            let at: Vec<Value> = offs
-                .iter()
-                .zip(&strides)
-                .map(|(&o, &s)| {
-                    if s == 0 {
-                        o
-                    } else {
-                        let t = g.fb.b.ins().imul_imm_s(jv, s);
-                        g.fb.b.ins().iadd(o, t)
-                    }
-                })
-                .collect();
-            g.lane_nest(d + 1, &at, body, envs, accs)?;
-            Ok(g.iconst(I64, 1))
+        self.count_loop(self.k.inner[d] as i64, &mut |g, jv| {
+            let at = g.offsets_along(offs, &strides, jv);
+            g.lane_nest(d + 1, &at, body, envs, accs)
         })
     }
 

@@ -1054,27 +1054,47 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
             let len = self.iconst(I64, n);
             return self.innermost(len, offs, &strides, body, env);
         }
+        let offs = offs.to_vec();
+        self.count_loop(n, &mut |g, iv| {
+            let sub = g.offsets_along(&offs, &strides, iv);
+            g.nest(d + 1, &sub, body, env)
+        })
+    }
+
+    /// A loop of `body(i)` for `i` in `0..n`.
+    pub(super) fn count_loop(
+        &mut self,
+        n: i64,
+        body: &mut dyn FnMut(&mut Self, Value) -> Result<()>,
+    ) -> Result<()> {
         let i = self.fb.b.declare_var(I64);
         let z = self.iconst(I64, 0);
         self.fb.b.def_var(i, z);
         let end = self.iconst(I64, n);
-        let offs = offs.to_vec();
         self.while_lt(i, end, &mut |g, iv| {
-            let sub: Vec<Value> = offs
-                .iter()
-                .zip(&strides)
-                .map(|(&o, &s)| {
-                    if s == 0 {
-                        o
-                    } else {
-                        let t = g.fb.b.ins().imul_imm_s(iv, s);
-                        g.fb.b.ins().iadd(o, t)
-                    }
-                })
-                .collect();
-            g.nest(d + 1, &sub, body, env)?;
+            body(g, iv)?;
             Ok(g.iconst(I64, 1))
         })
+    }
+
+    /// Each access's offset in `offs` moved by `i` steps of its stride in `strides`.
+    pub(super) fn offsets_along(
+        &mut self,
+        offs: &[Value],
+        strides: &[i64],
+        i: Value,
+    ) -> Vec<Value> {
+        offs.iter()
+            .zip(strides)
+            .map(|(&o, &s)| {
+                if s == 0 {
+                    o
+                } else {
+                    let t = self.fb.b.ins().imul_imm_s(i, s);
+                    self.fb.b.ins().iadd(o, t)
+                }
+            })
+            .collect()
     }
 
     /// The innermost loop: `len` elements from offsets `offs` with strides `strides`,
