@@ -12,6 +12,8 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 thread_local! {
+    /// Whether this worker has been given its own CPU (or found it cannot be).
+    static PINNED: Cell<bool> = const { Cell::new(false) };
     /// Whether this thread runs a [`hot`] call.
     static HOT: Cell<bool> = const { Cell::new(false) };
     /// Whether this thread polls for the work of a [`hot`] call.
@@ -67,6 +69,7 @@ pub fn hot<R: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R + Se
         return f();
     }
     let run = move || {
+        pin_worker();
         let active = AtomicBool::new(true);
         rayon::scope(|s| {
             for _ in 1..rayon::current_num_threads() {
@@ -76,6 +79,7 @@ pub fn hot<R: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R + Se
                     if POLLING.with(|p| p.replace(true)) {
                         return;
                     }
+                    pin_worker();
                     while active.load(Ordering::Acquire) {
                         if rayon::yield_now() != Some(rayon::Yield::Executed) {
                             std::hint::spin_loop();
@@ -100,5 +104,88 @@ pub fn hot<R: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R + Se
     match pool {
         Some(p) => p.install(run),
         None => run(),
+    }
+}
+
+/// Keeps this pool worker on a CPU of its own: worker `i` of the pool runs on the `i`-th CPU
+/// the process may use, where the pool has no more workers than those CPUs. A worker woken
+/// onto its waker's CPU stayed there: the caller of a [`hot`] call and its poller then
+/// shared one CPU, the other idle, and a step of eager training stalled for a scheduler
+/// slice (4-7 ms) in a third of its steps (seen with `perf sched timehist`). Done once per
+/// worker, the first time it runs or polls for a [`hot`] call; `SMELT_PIN_THREADS=0` leaves
+/// the workers where the OS puts them.
+fn pin_worker() {
+    if PINNED.with(|p| p.replace(true)) {
+        return;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        if std::env::var("SMELT_PIN_THREADS").is_ok_and(|v| v == "0") {
+            return;
+        }
+        let Some(i) = rayon::current_thread_index() else {
+            return;
+        };
+        let threads = rayon::current_num_threads();
+        // SAFETY: `cpu_set_t` is plain data; the calls read and write only the set passed.
+        unsafe {
+            let mut allowed: libc::cpu_set_t = std::mem::zeroed();
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            if libc::sched_getaffinity(0, size, &mut allowed) != 0 {
+                return;
+            }
+            let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &allowed))
+                .collect();
+            if threads > cpus.len() || i >= cpus.len() {
+                return;
+            }
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpus[i], &mut one);
+            // a refusal (a cgroup that forbids it) leaves the worker where it is
+            let _ = libc::sched_setaffinity(0, size, &one);
+        }
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// The CPUs this thread may run on.
+    fn allowed() -> Vec<usize> {
+        // SAFETY: as in `pin_worker`.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            assert_eq!(libc::sched_getaffinity(0, size, &mut set), 0);
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect()
+        }
+    }
+
+    #[test]
+    fn a_hot_call_keeps_each_worker_on_a_cpu_of_its_own() {
+        let cpus = allowed();
+        if cpus.len() < 2 || std::env::var("SMELT_PIN_THREADS").is_ok_and(|v| v == "0") {
+            println!("skipped: one CPU, or pinning turned off");
+            return;
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let (index, mine) = hot(Some(&pool), || {
+            (rayon::current_thread_index().unwrap(), allowed())
+        });
+        assert_eq!(mine, vec![cpus[index]]);
+        // a pool with more workers than CPUs leaves them free
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(cpus.len() + 1)
+            .build()
+            .unwrap();
+        let mine = hot(Some(&pool), allowed);
+        assert_eq!(mine, cpus);
     }
 }
