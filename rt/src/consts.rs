@@ -237,3 +237,6 @@ pub const GELU_TANH_TAIL: [[f32; 8]; 8] = [
         3.291877e-16,
     ],
 ];
+
+/// `1/√(2π)`, the standard normal density at 0 (the GELUs' slopes).
+pub const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;

@@ -13,35 +13,24 @@ pub const PAR_FLOPS: usize = 1 << 18;
 pub const PAR_INSIDE_FLOPS: usize = 1 << 26;
 
 /// The element types `gemm` multiplies.
-pub trait GemmElem: Copy + Send + Sync + 'static {
+pub trait GemmElem: Copy + Send + Sync + std::ops::Add<Output = Self> + 'static {
     /// 1 in this type.
     const ONE: Self;
     /// Whether a long sum may be split into partial products added afterwards (not in f16,
     /// where each partial result would round to 11 bits).
     const SPLIT_K: bool;
-    /// `self + o`.
-    fn add(self, o: Self) -> Self;
 }
 impl GemmElem for f16 {
     const ONE: f16 = f16::ONE;
     const SPLIT_K: bool = false;
-    fn add(self, o: Self) -> Self {
-        self + o
-    }
 }
 impl GemmElem for f32 {
     const ONE: f32 = 1.0;
     const SPLIT_K: bool = true;
-    fn add(self, o: Self) -> Self {
-        self + o
-    }
 }
 impl GemmElem for f64 {
     const ONE: f64 = 1.0;
     const SPLIT_K: bool = true;
-    fn add(self, o: Self) -> Self {
-        self + o
-    }
 }
 
 /// Into how many parts along `k` a lone product is split: the gemm crate's threads share
@@ -417,7 +406,7 @@ unsafe fn split_k<T: GemmElem>(
     for (i, s) in scratch.chunks_exact(m * n).enumerate() {
         if (i + 1) * chunk < k {
             for (d, &x) in out.iter_mut().zip(s) {
-                *d = d.add(x);
+                *d = *d + x;
             }
         }
     }

@@ -18,9 +18,9 @@
 //! converted f32s and needs no fma, so it runs its portable build wherever AVX2 is missing.
 
 use crate::consts::{
-    ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, ERFC_SLOPE, EXP_G, GELU_ERF_END, GELU_ERF_TAIL,
-    GELU_TAIL_CENTER, GELU_TAIL_FIRST, GELU_TANH_END, GELU_TANH_TAIL, LN2_HI, LN2_LO, LOG2E,
-    SHIFT32,
+    ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, ERFC_SLOPE, EXP_G, FRAC_1_SQRT_2PI, GELU_ERF_END,
+    GELU_ERF_TAIL, GELU_TAIL_CENTER, GELU_TAIL_FIRST, GELU_TANH_END, GELU_TANH_TAIL, LN2_HI,
+    LN2_LO, LOG2E, SHIFT32,
 };
 use crate::lanes::{self, Lanes};
 use std::sync::OnceLock;
@@ -243,16 +243,18 @@ fn erf(x: f32) -> f32 {
     if a < 1.0 { small } else { big }
 }
 
-/// What [`gelu_tail`] finishes (`math::Tail`): a GELU, or the slope of one.
+/// What the GELUs' tail finishes, here and in the code generator's inline emitters: a GELU,
+/// or the slope of one.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Tail {
+pub enum GeluTail {
+    /// Either GELU: `x - m` above 0 and `m` below.
     Gelu,
+    /// The exact GELU's slope: `1 - m` above 0 and `m` below, `m = Φ(-a) - a·φ(a)`.
     ErfSlope,
+    /// The tanh GELU's slope: `1 - m` above 0 and `m` below, `m = S·(1 - a·v'(a)·(1 - S))`.
     TanhSlope,
 }
-
-/// `1/√(2π)`.
-const FRAC_1_SQRT_2PI: f32 = 0.398_942_280_401_432_7_f64 as f32;
+use GeluTail as Tail;
 
 /// `math::gelu_tail`: `m = xc·F(a)·e^{nh}·(1 + nl)` with `F` the polynomials of `table`
 /// ([`GELU_ERF_TAIL`] or [`GELU_TANH_TAIL`]) and `e^{nh} = p·2^k` (`nh ≥ -100` needs no clamp),
@@ -287,7 +289,7 @@ fn gelu_tail<V: Lanes>(
     }
     let lead = match form {
         Tail::Gelu => xc.mul(f),
-        Tail::ErfSlope => a.fma(V::splat(-FRAC_1_SQRT_2PI), f),
+        Tail::ErfSlope => a.fma(V::splat(-FRAC_1_SQRT_2PI as f32), f),
         Tail::TanhSlope => f,
     };
     // w·(1 + nl), as w + w·nl so that x = -0 keeps its sign
@@ -377,37 +379,27 @@ fn pow2i<V: Lanes>(n: V::I) -> V {
 /// The CPU has the features of `V`, and the caller is compiled with them.
 #[inline(always)]
 unsafe fn gelu_map<V: Lanes>(xs: &mut [f32], op: StripOp) {
+    let (tanh, form) = match op {
+        StripOp::GeluTanh => (true, Tail::Gelu),
+        StripOp::GeluTanhSlope => (true, Tail::TanhSlope),
+        StripOp::GeluErfSlope => (false, Tail::ErfSlope),
+        _ => (false, Tail::Gelu),
+    };
     #[inline(always)]
-    unsafe fn each<V: Lanes>(xs: &mut [f32], f: impl Fn(V) -> V, f1: impl Fn(f32) -> f32) {
-        let mut chunks = xs.chunks_exact_mut(V::N);
-        for c in &mut chunks {
-            // SAFETY: `c` holds `V::N` f32s.
-            unsafe { f(V::load(c.as_ptr())).store(c.as_mut_ptr()) };
-        }
-        for x in chunks.into_remainder() {
-            *x = f1(*x);
+    fn one<L: Lanes>(x: L, tanh: bool, form: Tail) -> L {
+        if tanh {
+            gelu_tanh(x, form)
+        } else {
+            gelu_erf(x, form)
         }
     }
-    // SAFETY (each arm): the caller's contract.
-    unsafe {
-        match op {
-            StripOp::GeluTanh => each::<V>(
-                xs,
-                |x| gelu_tanh(x, Tail::Gelu),
-                |x| gelu_tanh(x, Tail::Gelu),
-            ),
-            StripOp::GeluTanhSlope => each::<V>(
-                xs,
-                |x| gelu_tanh(x, Tail::TanhSlope),
-                |x| gelu_tanh(x, Tail::TanhSlope),
-            ),
-            StripOp::GeluErfSlope => each::<V>(
-                xs,
-                |x| gelu_erf(x, Tail::ErfSlope),
-                |x| gelu_erf(x, Tail::ErfSlope),
-            ),
-            _ => each::<V>(xs, |x| gelu_erf(x, Tail::Gelu), |x| gelu_erf(x, Tail::Gelu)),
-        }
+    let mut chunks = xs.chunks_exact_mut(V::N);
+    for c in &mut chunks {
+        // SAFETY: `c` holds `V::N` f32s; the caller's contract on `V`.
+        unsafe { one(V::load(c.as_ptr()), tanh, form).store(c.as_mut_ptr()) };
+    }
+    for x in chunks.into_remainder() {
+        *x = one(*x, tanh, form);
     }
 }
 

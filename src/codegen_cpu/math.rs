@@ -44,10 +44,12 @@ use cranelift_codegen::ir::types::{F32, F32X4, F64, I8, I8X16, I32, I32X4, I64, 
 use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
 use smelt_rt::consts::{
-    ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, ERFC_SLOPE, EXP_G, GELU_ERF_END, GELU_ERF_TAIL,
-    GELU_TAIL_CENTER, GELU_TAIL_FIRST, GELU_TANH_END, GELU_TANH_TAIL, LN2_HI, LN2_LO, LOG2E,
-    SHIFT32, SHIFT64,
+    ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, ERFC_SLOPE, EXP_G, FRAC_1_SQRT_2PI, GELU_ERF_END,
+    GELU_ERF_TAIL, GELU_TAIL_CENTER, GELU_TAIL_FIRST, GELU_TANH_END, GELU_TANH_TAIL, LN2_HI,
+    LN2_LO, LOG2E, SHIFT32, SHIFT64,
 };
+
+use smelt_rt::vmath::GeluTail as Tail;
 
 type B<'a, 'b> = &'a mut FunctionBuilder<'b>;
 
@@ -656,18 +658,7 @@ fn on_lane0(b: B, x: Value, f: fn(B, Value) -> Value) -> Value {
     b.ins().extractlane(y, 0)
 }
 
-/// What [`gelu_tail`] finishes: a GELU, or the slope of one.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Tail {
-    /// Either GELU: `x - m` above 0 and `m` below.
-    Gelu,
-    /// The exact GELU's slope: `1 - m` above 0 and `m` below, `m = Φ(-a) - a·φ(a)`.
-    ErfSlope,
-    /// The tanh GELU's slope: `1 - m` above 0 and `m` below, `m = S·(1 - a·v'(a)·(1 - S))`.
-    TanhSlope,
-}
-
-/// The GELUs' last steps (and their slopes', see [`Tail`]): `m = xc·F(a)·e^{nh}·(1 + nl)`,
+/// The GELUs' last steps (and their slopes', see [`Tail`], shared with the native helpers): `m = xc·F(a)·e^{nh}·(1 + nl)`,
 /// `F` one of the eight polynomials of `table` picked per lane by the exponent and two leading
 /// mantissa bits of `a + 4`, `e^{nh} = p·2^k` (`nh ≥ -100` needs no clamp) with `2^k`
 /// applied last; subnormal results flushed, `-inf` gives NaN (either infinity for a slope).
@@ -748,9 +739,6 @@ fn gelu_tail(
         }
     }
 }
-
-/// `1/√(2π)`, the standard normal density at 0.
-const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
 
 /// Byte indices that pick lane `i` (0..8) of an eight-entry f32 table, per lane of an `I32X4`.
 struct TableIndex {

@@ -343,7 +343,7 @@ fn not_implemented(name: &str, d: DType) -> crate::Error {
 pub const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 
 /// `1 / sqrt(2 pi)`, the standard normal density at 0.
-pub const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
+pub use smelt_rt::consts::FRAC_1_SQRT_2PI;
 
 impl UnaryOp {
     /// True for ops that compute in floating point and so turn integer inputs into floats.
