@@ -825,7 +825,10 @@ fn one_kernel_runs_on_several_threads_at_once() {
     let mut rng = StdRng::seed_from_u64(10);
     let mut g = Graph::new("softmax_threads");
     let x = input(&mut g, "x", DType::F32, &[64, 129]);
-    let y = g.add_op(Op::Softmax { dim: -1 }, &[x]).unwrap();
+    // scaled, as in attention: a plain softmax is one row-helper call per row
+    let half = g.add_scalar(Scalar::Float(0.5)).unwrap();
+    let xs = g.add_op(Op::Binary(BinaryOp::Mul), &[x, half]).unwrap();
+    let y = g.add_op(Op::Softmax { dim: -1 }, &[xs]).unwrap();
     g.set_outputs(vec![y]);
     let s = compile(&g).unwrap();
     assert_eq!(s.kernel_count(), 1);
@@ -1162,7 +1165,10 @@ fn softmax_keeps_its_exponentials_in_a_row_cache() {
     ] {
         let mut g = Graph::new("softmax_and_exp");
         let x = input(&mut g, "x", d, shape);
-        let y = g.add_op(Op::Softmax { dim: -1 }, &[x]).unwrap();
+        // scaled, as in attention: a plain f32 softmax is one row-helper call per row
+        let half = g.add_scalar(Scalar::Float(0.5)).unwrap();
+        let xs = g.add_op(Op::Binary(BinaryOp::Mul), &[x, half]).unwrap();
+        let y = g.add_op(Op::Softmax { dim: -1 }, &[xs]).unwrap();
         g.set_outputs(vec![y]);
         // NaN, infinities and huge values in the first row
         let ins = vec![values(&mut rng, d, shape, true)];
@@ -1432,4 +1438,99 @@ fn column_sums_add_each_column_in_row_order() {
     let ins = [0, 1].map(|_| values(&mut rng, DType::F32, &shape, true));
     let s = check_with(&g, &ins, Tol::EXACT);
     assert_eq!(column_sums(&s), 2, "{s}");
+}
+
+/// softmax and log_softmax of contiguous f32 rows (of at least 64) run as one row-helper
+/// call per row; against float64 softmax, with NaN, ±inf and whole rows of -inf among the
+/// inputs, and in 1 and 3 chunks of rows against the interpreter. A softmax of a transposed
+/// view or of a computed input keeps the generic lowering, with the same results.
+#[test]
+fn softmax_rows_call_the_row_helper() {
+    let mut rng = StdRng::seed_from_u64(31);
+    let helpers = smelt::codegen_cpu::vmath::available();
+    for (shape, log, transpose, scaled) in [
+        ([6usize, 64], false, false, false),
+        ([5, 1031], false, false, false),
+        ([7, 4097], true, false, false),
+        ([1, 300], true, false, false),
+        ([5, 63], false, false, false),
+        ([200, 100], false, true, false),
+        ([6, 200], true, false, true),
+    ] {
+        let (rows, n) = (shape[0], shape[1]);
+        let mut g = Graph::new("softmax_rows");
+        let x = input(&mut g, "x", DType::F32, &shape);
+        let mut a = x;
+        if transpose {
+            a = g.add_op(Op::Transpose { dim0: 0, dim1: 1 }, &[a]).unwrap();
+        }
+        if scaled {
+            let two = g.add_scalar(Scalar::Float(2.0)).unwrap();
+            a = g.add_op(Op::Binary(BinaryOp::Mul), &[a, two]).unwrap();
+        }
+        let op = if log {
+            Op::LogSoftmax { dim: -1 }
+        } else {
+            Op::Softmax { dim: -1 }
+        };
+        let y = g.add_op(op, &[a]).unwrap();
+        g.set_outputs(vec![y]);
+        let mut data: Vec<f32> = (0..rows * n)
+            .map(|_| rng.random_range(-30.0f32..30.0))
+            .collect();
+        data[3] = f32::NAN;
+        if rows > 2 {
+            data[n..2 * n].fill(f32::NEG_INFINITY);
+            data[2 * n + 5] = f32::INFINITY;
+        }
+        data[(rows - 1) * n + 1] = f32::NEG_INFINITY;
+        let xv = Tensor::from_vec(data.clone(), &shape).unwrap();
+        let s = check_with(&g, std::slice::from_ref(&xv), SOFTMAX_TOL);
+        // float64 softmax of the rows the op sees
+        let (rs, cs) = if transpose { (n, rows) } else { (rows, n) };
+        let at = |r: usize, c: usize| {
+            let v = if transpose {
+                data[c * n + r]
+            } else {
+                data[r * n + c]
+            };
+            f64::from(v) * if scaled { 2.0 } else { 1.0 }
+        };
+        let mut want = Vec::new();
+        for r in 0..rs {
+            let row: Vec<f64> = (0..cs).map(|c| at(r, c)).collect();
+            let m = row.iter().fold(f64::NEG_INFINITY, |m, &v| {
+                if v.is_nan() || m.is_nan() {
+                    f64::NAN
+                } else {
+                    m.max(v)
+                }
+            });
+            let sum: f64 = row.iter().map(|&v| (v - m).exp()).sum();
+            want.extend(row.iter().map(|&v| {
+                if log {
+                    v - m - sum.ln()
+                } else {
+                    (v - m).exp() / sum
+                }
+            }));
+        }
+        let f = CompiledFn::compile(&g, &CompileOptions::default()).unwrap();
+        let got = f.call(std::slice::from_ref(&xv)).unwrap();
+        assert_close(
+            &got[0],
+            &want[..],
+            Tol::allclose(1e-6, 1e-6).or_ulps(8),
+            &format!("{shape:?} log {log} transposed {transpose} scaled {scaled}"),
+        );
+        let mut calls = 0;
+        for step in &s.steps {
+            if let Step::Kernel(k) = step {
+                let ck = compile_kernel(k, &s.buffers, &CodegenOptions::default()).unwrap();
+                calls += usize::from(ck.softmax_rows());
+            }
+        }
+        let expect = helpers && !transpose && !scaled && n >= 64;
+        assert_eq!(calls, usize::from(expect), "{shape:?} log {log}\n{s}");
+    }
 }

@@ -52,6 +52,8 @@ pub enum Sig {
     ColSum,
     /// `(pointer, pointer, i64)`, no result: a streamed copy ([`vmath`]).
     Stream,
+    /// `(pointer, pointer, i64, i32)`, no result: softmax or log_softmax of a row ([`vmath`]).
+    SoftmaxRow,
 }
 
 /// Every helper this library exports to generated code: symbol, address, signature.
@@ -97,5 +99,10 @@ pub fn helpers() -> Vec<(&'static str, *const u8, Sig)> {
         ),
         (vmath::COL_SUM_SYMBOL, vmath::col_sum as *const u8, ColSum),
         (vmath::STREAM_SYMBOL, vmath::stream as *const u8, Stream),
+        (
+            vmath::SOFTMAX_SYMBOL,
+            vmath::softmax_row as *const u8,
+            SoftmaxRow,
+        ),
     ]
 }

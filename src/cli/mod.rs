@@ -9,6 +9,7 @@ pub mod grad;
 mod profile;
 mod profile_cuda;
 mod report;
+mod roof;
 
 use crate::exec::{CompileOptions, CompiledFn, KernelBackend};
 use crate::ir::graph::{Graph, Module};

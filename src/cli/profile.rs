@@ -137,6 +137,9 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
     let (reference, _) = eager_run(g, &inputs)?;
     let diff = max_abs_diff(&reference, &fused.call(&inputs)?);
     let bytes_min = bytes_min(g);
+    // the memory roof, right after the kernels it bounds
+    let (read, written) = min_traffic(g);
+    let roof = super::roof::measure(read, written, a.repeat.max(5))?;
 
     let mut out = String::new();
     let title = format!("{} ({} kernels: {})", g.name, "compiled", backend.name());
@@ -170,6 +173,15 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
         human_bytes(bytes_min),
         gbps(bytes_min, f)
     );
+    let _ = writeln!(
+        out,
+        "  memory roof (a parallel read of the inputs' bytes, then a write of the outputs'): \
+         {:.3} ms ({:.3} + {:.3}); fused at {:.0}% of it",
+        roof.ms(),
+        roof.read_ms,
+        roof.write_ms,
+        100.0 * ratio(roof.ms(), f)
+    );
     let _ = writeln!(out, "  max |fused - eager| = {diff:e}");
     print!("{out}");
 
@@ -190,6 +202,8 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
                 Json::Num(crate::codegen_cpu::jit::functions_compiled() as f64),
             ),
             ("bytes_min".into(), Json::Num(bytes_min as f64)),
+            ("roof_read_ms".into(), Json::Num(roof.read_ms)),
+            ("roof_write_ms".into(), Json::Num(roof.write_ms)),
             ("max_abs_diff".into(), Json::Num(diff)),
             ("eager".into(), way_json(&eager)),
             ("unfused".into(), way_json(&unf)),
@@ -256,6 +270,12 @@ pub(super) fn human_bytes(b: usize) -> String {
 /// chain ends at an input, whose memory the output may share. An output returned twice is
 /// written once.
 pub fn bytes_min(g: &Graph) -> usize {
+    let (read, written) = min_traffic(g);
+    read + written
+}
+
+/// The bytes of [`bytes_min`] read (the inputs) and written (the outputs).
+fn min_traffic(g: &Graph) -> (usize, usize) {
     let bytes = |v: ValueId| {
         let t = &g.node(v).ty;
         numel(&t.shape) * t.dtype.size()
@@ -277,7 +297,7 @@ pub fn bytes_min(g: &Graph) -> usize {
     let mut seen = HashSet::new();
     let read: usize = g.inputs().iter().map(|&v| bytes(v)).sum();
     let outputs = g.outputs().iter().filter(|&&v| seen.insert(v));
-    read + outputs.map(|&v| written(v)).sum::<usize>()
+    (read, outputs.map(|&v| written(v)).sum::<usize>())
 }
 
 /// A fused schedule without steps was computed whole by constant folding: its time is only

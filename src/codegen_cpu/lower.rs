@@ -66,12 +66,7 @@ struct Code {
     func: KernelFn,
     /// Entries of the table `func` reads.
     slots: usize,
-    vector_loops: usize,
-    cached_rows: usize,
-    lane_rows: usize,
-    strip_loops: usize,
-    column_sums: usize,
-    stream_loops: usize,
+    stats: CodeStats,
     /// Owns the machine code `func` points into; never used after construction.
     _owner: Owner,
 }
@@ -124,33 +119,38 @@ impl CpuKernel {
 
     /// Number of innermost loops emitted as F32X4 vector loops (0: all scalar).
     pub fn vector_loops(&self) -> usize {
-        self.code.vector_loops
+        self.code.stats.vector_loops
     }
 
     /// Number of values kept in the row cache (computed once per row, read back after).
     pub fn cached_rows(&self) -> usize {
-        self.code.cached_rows
+        self.code.stats.cached_rows
     }
 
     /// Number of innermost loops run in strips whose transcendentals native helpers evaluate
     /// (see `strip`).
     pub fn strip_loops(&self) -> usize {
-        self.code.strip_loops
+        self.code.stats.strip_loops
     }
 
     /// Innermost loops whose stores stream to their outputs (`super::stream`).
     pub fn stream_loops(&self) -> usize {
-        self.code.stream_loops
+        self.code.stats.stream_loops
     }
 
     /// Rows run side by side as vector lanes (0: one row at a time; see `lanes`).
     pub fn lane_rows(&self) -> usize {
-        self.code.lane_rows
+        self.code.stats.lane_rows
     }
 
     /// Reductions whose sums the column-sum helper computes for rows as lanes (see `lanes`).
     pub fn column_sums(&self) -> usize {
-        self.code.column_sums
+        self.code.stats.column_sums
+    }
+
+    /// Whether each row is one call of the row softmax helper (see `softmax`).
+    pub fn softmax_rows(&self) -> bool {
+        self.code.stats.softmax_rows > 0
     }
 
     /// Runs rows `[begin, end)`. `bufs[i]` points to element 0 of buffer `i` of the schedule
@@ -201,7 +201,7 @@ impl CpuKernel {
         // guarantees the buffer pointers, the table puts each where the code reads it, and
         // every index map was validated to stay inside its buffer for rows below `self.rows`.
         let rc = unsafe { (self.code.func)(table.as_ptr(), begin as i64, end as i64) };
-        if self.code.stream_loops > 0 {
+        if self.code.stats.stream_loops > 0 {
             // streamed stores are weakly ordered: complete them before anyone reads the output
             super::vmath::fence();
         }
@@ -316,6 +316,7 @@ pub(crate) struct CodeStats {
     column_sums: usize,
     /// Innermost loops whose stores stream: the caller fences after running the kernel.
     pub stream_loops: usize,
+    softmax_rows: usize,
 }
 
 /// Defines the localized kernel `k` (whose buffers are `buffers`) in `m` as function `name`
@@ -348,6 +349,7 @@ pub(crate) fn define_kernel(
             strip_loops: g.strip_loops,
             column_sums: g.column_sums,
             stream_loops: g.stream_loops,
+            softmax_rows: g.softmax_rows,
         };
         Ok(())
     })?;
@@ -391,12 +393,7 @@ pub(crate) unsafe fn loaded_kernel(
     let code = Code {
         func,
         slots: local_bufs.len(),
-        vector_loops: stats.vector_loops,
-        cached_rows: stats.cached_rows,
-        lane_rows: stats.lane_rows,
-        strip_loops: stats.strip_loops,
-        column_sums: stats.column_sums,
-        stream_loops: stats.stream_loops,
+        stats,
         _owner: Owner::Loaded(image),
     };
     Ok(Arc::new(CpuKernel {
@@ -432,12 +429,7 @@ fn compile_code(k: &Kernel, buffers: &[Buffer], opts: &CodegenOptions) -> Result
     Ok(Code {
         func,
         slots: buffers.len(),
-        vector_loops: st.vector_loops,
-        cached_rows: st.cached_rows,
-        lane_rows: st.lane_rows,
-        strip_loops: st.strip_loops,
-        column_sums: st.column_sums,
-        stream_loops: st.stream_loops,
+        stats: st,
         _owner: Owner::Jit(Box::new(jit)),
     })
 }
@@ -479,6 +471,10 @@ fn helper_signature(jit: &dyn CodeModule, s: Sig) -> Signature {
         Sig::Stream => {
             let p = jit.pointer_type();
             jit.signature(&[p, p, I64], &[])
+        }
+        Sig::SoftmaxRow => {
+            let p = jit.pointer_type();
+            jit.signature(&[p, p, I64, I32], &[])
         }
     }
 }
@@ -619,6 +615,8 @@ pub(super) struct Gen<'g, 'a, 'b> {
     pub strip_rows_bytes: usize,
     /// Reductions the column-sum helper computes (see `lanes`).
     pub column_sums: usize,
+    /// Row kernels run as one row softmax call per row (see `softmax`).
+    pub softmax_rows: usize,
 }
 
 impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
@@ -691,6 +689,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
             strip_loops: 0,
             stream_loops: 0,
             column_sums: 0,
+            softmax_rows: 0,
             strip_rows_bytes: 0,
         }
     }
@@ -755,8 +754,13 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
             let p = self.fb.b.ins().load(self.ptr, flags(), bufs_ptr, off);
             self.base[b] = Some(p);
         }
+        let softmax = (super::vmath::available() && !self.opts.inline_math)
+            .then(|| super::softmax::recognise(self.k))
+            .flatten();
         if self.k.inner.is_empty() {
             self.emit_pointwise(begin, end)?;
+        } else if let Some(sm) = softmax {
+            self.emit_softmax_rows(&sm, begin, end)?;
         } else {
             self.emit_rows(begin, end)?;
         }

@@ -10,6 +10,7 @@ pub mod math;
 pub mod object;
 mod rowcache;
 mod scalar;
+mod softmax;
 mod stream;
 mod strip;
 mod vector;

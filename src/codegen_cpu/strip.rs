@@ -48,7 +48,7 @@ pub const STRIP_STACK_BYTES: usize = 32 << 10;
 const ROW_BYTES: usize = STRIP as usize * 4;
 
 /// The shortest innermost loop that runs in strips.
-const MIN_STRIP_ROW: usize = 64;
+pub(super) const MIN_STRIP_ROW: usize = 64;
 
 pub use crate::runtime::native::strip_of;
 

@@ -15,6 +15,7 @@ pub mod layout;
 pub mod native;
 pub mod npy;
 mod ops;
+mod pages;
 pub mod random;
 pub mod storage;
 pub mod strided;

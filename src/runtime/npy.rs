@@ -225,23 +225,18 @@ fn decode(ts: &TypeStr, data: &[u8], shape: &[usize]) -> std::result::Result<Ten
     let t = match (ts.type_char(), ts.size_field()) {
         (TypeChar::Bool, 1) => Tensor::from_vec(data.iter().map(|&b| b != 0).collect(), shape),
         (TypeChar::Uint, 1) => Tensor::from_vec(data.to_vec(), shape),
-        (TypeChar::Int, 1) => Tensor::from_vec(elems(data, big, |[b]| b as i8), shape),
-        (TypeChar::Int, 2) => Tensor::from_vec(elems(data, big, i16::from_le_bytes), shape),
-        (TypeChar::Int, 4) => Tensor::from_vec(elems(data, big, i32::from_le_bytes), shape),
-        (TypeChar::Int, 8) => Tensor::from_vec(elems(data, big, i64::from_le_bytes), shape),
-        (TypeChar::Float, 2) => Tensor::from_vec(
-            elems(data, big, |b| f16::from_bits(u16::from_le_bytes(b))),
-            shape,
-        ),
-        (TypeChar::Float, 4) => Tensor::from_vec(elems(data, big, f32::from_le_bytes), shape),
-        (TypeChar::Float, 8) => Tensor::from_vec(elems(data, big, f64::from_le_bytes), shape),
+        (TypeChar::Int, 1) => decoded(data, big, shape, |[b]| b as i8),
+        (TypeChar::Int, 2) => decoded(data, big, shape, i16::from_le_bytes),
+        (TypeChar::Int, 4) => decoded(data, big, shape, i32::from_le_bytes),
+        (TypeChar::Int, 8) => decoded(data, big, shape, i64::from_le_bytes),
+        (TypeChar::Float, 2) => {
+            decoded(data, big, shape, |b| f16::from_bits(u16::from_le_bytes(b)))
+        }
+        (TypeChar::Float, 4) => decoded(data, big, shape, f32::from_le_bytes),
+        (TypeChar::Float, 8) => decoded(data, big, shape, f64::from_le_bytes),
         // Unsigned types NumPy has and smelt lacks: widened where that is exact.
-        (TypeChar::Uint, 2) => {
-            Tensor::from_vec(elems(data, big, |b| u16::from_le_bytes(b) as i32), shape)
-        }
-        (TypeChar::Uint, 4) => {
-            Tensor::from_vec(elems(data, big, |b| u32::from_le_bytes(b) as i64), shape)
-        }
+        (TypeChar::Uint, 2) => decoded(data, big, shape, |b| u16::from_le_bytes(b) as i32),
+        (TypeChar::Uint, 4) => decoded(data, big, shape, |b| u32::from_le_bytes(b) as i64),
         (TypeChar::Uint, 8) => Tensor::from_vec(u64_as_i64(data, big)?, shape),
         _ => return Err(unsupported(ts)),
     };
@@ -249,22 +244,37 @@ fn decode(ts: &TypeStr, data: &[u8], shape: &[usize]) -> std::result::Result<Ten
 }
 
 /// Little-endian decoding of fixed-size elements, after a byte swap for big-endian data.
-fn elems<T, const N: usize>(data: &[u8], big: bool, f: impl Fn([u8; N]) -> T) -> Vec<T> {
-    data.chunks_exact(N)
-        .map(|c| {
-            let mut a = [0u8; N];
-            a.copy_from_slice(c);
-            if big {
-                a.reverse();
-            }
-            f(a)
-        })
-        .collect()
+fn elems<T, const N: usize>(
+    data: &[u8],
+    big: bool,
+    f: impl Fn([u8; N]) -> T,
+) -> impl Iterator<Item = T> {
+    data.chunks_exact(N).map(move |c| {
+        let mut a = [0u8; N];
+        a.copy_from_slice(c);
+        if big {
+            a.reverse();
+        }
+        f(a)
+    })
+}
+
+/// A tensor of `shape` decoded from `data` straight into tensor memory.
+fn decoded<T: Element, const N: usize>(
+    data: &[u8],
+    big: bool,
+    shape: &[usize],
+    f: impl Fn([u8; N]) -> T,
+) -> Result<Tensor> {
+    Tensor::filled(shape, |s: &mut [T]| {
+        s.iter_mut()
+            .zip(elems(data, big, f))
+            .for_each(|(x, v)| *x = v)
+    })
 }
 
 fn u64_as_i64(data: &[u8], big: bool) -> std::result::Result<Vec<i64>, String> {
     elems(data, big, u64::from_le_bytes)
-        .into_iter()
         .enumerate()
         .map(|(i, v)| {
             i64::try_from(v).map_err(|_| {

@@ -88,17 +88,14 @@ fn fill_f64(
     f: impl Fn(&mut StdRng) -> f64,
 ) -> Result<Tensor> {
     Ok(dispatch!(dtype, T => {
-        Tensor::from_data(draw(size, || T::from_f64(f(&mut g.rng)))?, size)
+        draw(size, || T::from_f64(f(&mut g.rng)))?
     }))
 }
 
-/// One value from `next` per element of `size`, in a vector allocated up front: a size
+/// A tensor of `size` with one value from `next` per element, allocated up front: a size
 /// memory cannot hold is an error before any value is drawn.
-fn draw<T>(size: &[usize], mut next: impl FnMut() -> T) -> Result<Vec<T>> {
-    let n = crate::ir::shape::checked_numel(size)?;
-    let mut v = crate::runtime::storage::try_vec(n)?;
-    v.extend((0..n).map(|_| next()));
-    Ok(v)
+fn draw<T: Element>(size: &[usize], mut next: impl FnMut() -> T) -> Result<Tensor> {
+    Tensor::filled(size, |s: &mut [T]| s.iter_mut().for_each(|x| *x = next()))
 }
 
 fn require_float(name: &str, dtype: DType) -> Result<()> {
@@ -198,7 +195,7 @@ impl Tensor {
         let dtype = dtype.unwrap_or(DType::I64);
         check_int_range(low, high, dtype)?;
         Ok(dispatch!(dtype, T => {
-            Tensor::from_data(draw(size, || T::from_i64(g.rng.random_range(low..high)))?, size)
+            draw(size, || T::from_i64(g.rng.random_range(low..high)))?
         }))
     }
 

@@ -6,19 +6,17 @@ use super::device::Device;
 use super::element::Element;
 use crate::ir::dtype::DType;
 use crate::{Error, Result};
-use std::alloc::{self, Layout as AllocLayout};
 use std::any::Any;
 use std::cell::Cell;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-/// Buffers are aligned for the widest SIMD loads any backend emits.
-const ALIGN: usize = 64;
+use super::pages::{self, ALIGN};
 
 enum Owner {
-    /// Allocated here with this layout.
-    Aligned(AllocLayout),
+    /// A block from [`pages::alloc_zeroed`] of the storage's size.
+    Block,
     /// Nothing to free (empty buffer).
     Empty,
     /// A caller's `Vec` adopted without copying; dropping it frees the memory.
@@ -66,15 +64,6 @@ pub(crate) fn byte_len(dtype: DType, len: usize) -> Result<usize> {
                 "DefaultCPUAllocator: can't allocate memory: {len} elements of {dtype} overflow the address space"
             ))
         })
-}
-
-/// An empty vector with room for `n` elements, or the allocator's error: for buffers whose
-/// size comes from user input (random tensors, file data).
-pub(crate) fn try_vec<T>(n: usize) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n)
-        .map_err(|_| cpu_oom(n.saturating_mul(std::mem::size_of::<T>())))?;
-    Ok(v)
 }
 
 thread_local! {
@@ -155,10 +144,9 @@ impl Storage {
     /// A failed allocation is an error (PyTorch's "can't allocate memory"), never an abort.
     pub fn for_overwrite(dtype: DType, len: usize) -> Result<Storage> {
         let nbytes = byte_len(dtype, len)?;
-        let layout = AllocLayout::from_size_align(nbytes, ALIGN).map_err(|_| cpu_oom(nbytes))?;
         ALLOCATIONS.with(|c| c.set(c.get() + 1));
         if let Some(ptr) = pool::take(nbytes) {
-            let mut s = Storage::from_parts(ptr, nbytes, Owner::Aligned(layout), dtype);
+            let mut s = Storage::from_parts(ptr, nbytes, Owner::Block, dtype);
             s.reused = true;
             return Ok(s);
         }
@@ -167,15 +155,8 @@ impl Storage {
             let ptr = NonNull::new(ALIGN as *mut u8).unwrap_or(NonNull::dangling());
             return Ok(Storage::from_parts(ptr, 0, Owner::Empty, dtype));
         }
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).ok_or_else(|| cpu_oom(nbytes))?;
-        Ok(Storage::from_parts(
-            ptr,
-            nbytes,
-            Owner::Aligned(layout),
-            dtype,
-        ))
+        let ptr = pages::alloc_zeroed(nbytes).ok_or_else(|| cpu_oom(nbytes))?;
+        Ok(Storage::from_parts(ptr, nbytes, Owner::Block, dtype))
     }
 
     /// Adopts a vector's memory without copying it.
@@ -343,11 +324,11 @@ impl Drop for Storage {
         if !matches!(self.owner, Owner::Cuda(_)) {
             account(self.nbytes, false);
         }
-        if let Owner::Aligned(layout) = self.owner
-            && !pool::give(self.ptr, layout.size())
+        if let Owner::Block = self.owner
+            && !pool::give(self.ptr, self.nbytes)
         {
-            // SAFETY: allocated in `for_overwrite` with exactly this layout.
-            unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) }
+            // SAFETY: allocated in `for_overwrite` with exactly this size.
+            unsafe { pages::free(self.ptr, self.nbytes) }
         }
     }
 }
@@ -402,8 +383,7 @@ impl WriteGuard<'_> {
 /// take memory of the same size that an earlier tensor gave back (a caching allocator, as
 /// PyTorch keeps for CUDA).
 mod pool {
-    use super::ALIGN;
-    use std::alloc::{self, Layout};
+    use super::pages;
     use std::ptr::NonNull;
     use std::sync::Mutex;
 
@@ -443,10 +423,8 @@ mod pool {
             // evict the oldest block
             let old = free.0.remove(0);
             free.1 -= old.1;
-            if let Ok(layout) = Layout::from_size_align(old.1, ALIGN) {
-                // SAFETY: pooled blocks were allocated with this size and alignment.
-                unsafe { alloc::dealloc(old.0.as_ptr(), layout) }
-            }
+            // SAFETY: pooled blocks came from `pages::alloc_zeroed` with this size.
+            unsafe { pages::free(old.0, old.1) }
         }
         if nbytes > MAX_BYTES {
             return false;

@@ -104,6 +104,17 @@ impl Tensor {
         ))
     }
 
+    /// A new contiguous tensor whose every element `fill` writes, in memory from the storage
+    /// allocator (large buffers on huge pages) rather than a vector of the caller's.
+    pub(crate) fn filled<T: Element>(
+        shape: &[usize],
+        fill: impl FnOnce(&mut [T]),
+    ) -> Result<Tensor> {
+        let t = Tensor::alloc_for_overwrite(T::DTYPE, shape)?;
+        t.with_slice_mut(fill)?;
+        Ok(t)
+    }
+
     /// A view of the same storage with another layout.
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
         Tensor::from_parts(self.0.storage.clone(), layout)
