@@ -416,26 +416,30 @@ fn gelu_family(op: StripOp) -> bool {
 }
 
 /// How far ahead of a streaming read [`prefetch_ahead`] asks for lines, in f32s (8 KiB).
-const PREFETCH_AHEAD: usize = 2048;
+pub const PREFETCH_AHEAD: usize = 2048;
 
-/// Asks for the two cache lines `PREFETCH_AHEAD` elements past `xs[i]`: the hardware's
-/// prefetchers stop at each 4 KiB boundary and restart behind it, and a sum over 64 MiB
-/// ran 20-30% slower without this (one and two threads; `row sums` in BENCHMARKS.md). The
-/// address may lie past the slice: a prefetch never faults.
+/// Asks for the cache line at `p` (a hint: any address, it reads nothing and never faults).
 #[inline(always)]
-fn prefetch_ahead(xs: &[f32], i: usize) {
+pub fn prefetch(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
-    {
+    // SAFETY: a prefetch cannot fault or change memory; SSE is baseline x86-64.
+    unsafe {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let p = xs.as_ptr().wrapping_add(i + PREFETCH_AHEAD) as *const i8;
-        // SAFETY: a prefetch is a hint that reads nothing and cannot fault; SSE is baseline.
-        unsafe {
-            _mm_prefetch::<_MM_HINT_T0>(p);
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64));
-        }
+        _mm_prefetch::<_MM_HINT_T0>(p as *const i8)
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (xs, i);
+    let _ = p;
+}
+
+/// Asks for the two cache lines [`PREFETCH_AHEAD`] elements past `xs[i]`: the hardware's
+/// prefetchers stop at each 4 KiB boundary and restart behind it. Row sums over 64 MiB
+/// took 1.36-1.49 ms without this and 1.20-1.21 with it on two threads, and 3.1-5.3 against
+/// 2.2-2.3 ms on one (BENCHMARKS.md). The address may lie past the slice.
+#[inline(always)]
+fn prefetch_ahead(xs: &[f32], i: usize) {
+    let p = xs.as_ptr().wrapping_add(i + PREFETCH_AHEAD) as *const u8;
+    prefetch(p);
+    prefetch(p.wrapping_add(64));
 }
 
 /// Thirty-two f64 partial sums (four AVX-512 vectors, eight AVX2 ones), added up at the end:
@@ -495,6 +499,8 @@ fn extreme_with<const MAX: bool>(xs: &[f32]) -> f32 {
 /// softmax of `xs` into `out` (same length): `e = exp(x - max)`, then `e / Σe` in f64 rounded
 /// once; log_softmax: `x - max - ln(Σe)` in f64. The max skips NaN, but a NaN's exponential
 /// makes the sum and so the whole row NaN, as in the reference; a row of `-inf` is NaN too.
+/// (So the max needs none of [`extreme_with`]'s NaN tracking, which made softmax over
+/// [4096, 4096] 4-8% slower.)
 #[inline(always)]
 fn softmax_with(xs: &[f32], out: &mut [f32], log: bool) {
     let mut acc = [f32::NEG_INFINITY; 16];
@@ -529,7 +535,7 @@ fn softmax_with(xs: &[f32], out: &mut [f32], log: bool) {
     }
 }
 
-/// layer_norm of `xs` into `out` (same length): mean and biased variance in f64 (sixteen
+/// layer_norm of `xs` into `out` (same length): mean and biased variance in f64 (32 and 16
 /// partial sums each), `(x - mean)·rstd·w + b` in f64, rounded once to f32.
 #[inline(always)]
 fn layer_norm_with(xs: &[f32], out: &mut [f32], w: Option<&[f32]>, b: Option<&[f32]>, eps: f64) {

@@ -94,7 +94,7 @@ pub(super) fn ms(d: &Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
     }

@@ -4,7 +4,9 @@
 //! touch). A kernel that only has to read its inputs once and write its outputs once can
 //! run no faster than this.
 
+use super::profile::median;
 use crate::Result;
+use crate::codegen_cpu::vmath::{PREFETCH_AHEAD, prefetch};
 use crate::ir::dtype::DType;
 use crate::runtime::Tensor;
 use rayon::prelude::*;
@@ -14,7 +16,7 @@ use std::time::Instant;
 const CHUNK: usize = 1 << 15;
 
 /// Medians of the two halves of the roof, in ms.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug)]
 pub struct Roof {
     /// Parallel read of the inputs' bytes.
     pub read_ms: f64,
@@ -39,13 +41,8 @@ fn read(words: &[u64]) -> u64 {
             let mut acc = [0u64; 8];
             let mut it = c.chunks_exact(8);
             for (k, w) in (&mut it).enumerate() {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: a prefetch is a hint that reads nothing and cannot fault.
-                unsafe {
-                    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-                    let ahead = c.as_ptr().wrapping_add(k * 8 + 1024);
-                    _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
-                }
+                // 8 words are 16 f32s: the strip sums' distance ahead, in words
+                prefetch(c.as_ptr().wrapping_add(k * 8 + PREFETCH_AHEAD / 2) as *const u8);
                 for (a, &x) in acc.iter_mut().zip(w) {
                     *a ^= x;
                 }
@@ -76,11 +73,6 @@ fn write_streamed(words: &mut [u64], v: u64) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     write(words, v);
-}
-
-fn median(mut t: Vec<f64>) -> f64 {
-    t.sort_by(f64::total_cmp);
-    t.get(t.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// Measures the roof of reading `read_bytes` and writing `write_bytes`: `rounds` timed

@@ -754,12 +754,9 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
             let p = self.fb.b.ins().load(self.ptr, flags(), bufs_ptr, off);
             self.base[b] = Some(p);
         }
-        let softmax = (super::vmath::available() && !self.opts.inline_math)
-            .then(|| super::softmax::recognise(self.k))
-            .flatten();
         if self.k.inner.is_empty() {
             self.emit_pointwise(begin, end)?;
-        } else if let Some(sm) = softmax {
+        } else if let Some(sm) = self.softmax_rows_plan() {
             self.emit_softmax_rows(&sm, begin, end)?;
         } else {
             self.emit_rows(begin, end)?;

@@ -17,7 +17,6 @@ use crate::Result;
 use crate::ir::dtype::DType;
 use crate::ir::op::{BinaryOp, UnaryOp};
 use crate::kernel::{Combiner, Expr, Kernel, ValId};
-use cranelift_codegen::ir::InstBuilder;
 use cranelift_codegen::ir::Value;
 use cranelift_codegen::ir::types::{I32, I64};
 
@@ -60,7 +59,7 @@ fn binary(k: &Kernel, v: ValId, op: BinaryOp) -> Option<(ValId, ValId)> {
 }
 
 /// Recognises `k` (coalesced) as row softmax or log_softmax; see the module's text.
-pub(super) fn recognise(k: &Kernel) -> Option<SoftmaxRows> {
+fn recognise(k: &Kernel) -> Option<SoftmaxRows> {
     let inner = k.outer.len();
     if k.inner.len() != 1 || k.inner[0] < MIN_STRIP_ROW || k.stores.len() != 1 {
         return None;
@@ -108,6 +107,13 @@ pub(super) fn recognise(k: &Kernel) -> Option<SoftmaxRows> {
 }
 
 impl Gen<'_, '_, '_> {
+    /// This kernel as softmax rows, where the native helpers run and it is recognised.
+    pub(super) fn softmax_rows_plan(&self) -> Option<SoftmaxRows> {
+        (vmath::available() && !self.opts.inline_math)
+            .then(|| recognise(self.k))
+            .flatten()
+    }
+
     /// Rows `[begin, end)` of a kernel [`recognise`] accepted: one helper call per row.
     pub(super) fn emit_softmax_rows(
         &mut self,
@@ -123,22 +129,14 @@ impl Gen<'_, '_, '_> {
         self.fb.b.def_var(row, begin);
         self.while_lt(row, end, &mut |g, r| {
             let offs = g.row_offsets(r);
-            let (s, d) = (g.row_address(src, offs[src]), g.row_address(dst, offs[dst]));
+            g.set_position(&offs, None);
+            let ptr = |a: usize| g.cur_ptr[a].unwrap_or_else(|| unreachable!("a load or store"));
+            let (s, d) = (ptr(src), ptr(dst));
             let (n, log) = (g.iconst(I64, n), g.iconst(I32, log as i64));
             g.call_void(vmath::SOFTMAX_SYMBOL, &[s, d, n, log]);
             Ok(g.iconst(I64, 1))
         })?;
         self.softmax_rows += 1;
         Ok(())
-    }
-
-    /// The address of element `off` of access `a`'s buffer (f32).
-    fn row_address(&mut self, a: usize, off: Value) -> Value {
-        let base = self.accesses[a]
-            .buffer
-            .and_then(|b| self.base[b])
-            .unwrap_or_else(|| unreachable!("loads and stores have a buffer base"));
-        let bytes = self.fb.b.ins().imul_imm_s(off, 4);
-        self.fb.b.ins().iadd(base, bytes)
     }
 }
