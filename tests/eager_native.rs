@@ -7,6 +7,7 @@ mod common;
 
 use common::close::ulps;
 use smelt::codegen_cpu::vmath::{self, StripOp};
+use smelt::exec::{CompileOptions, CompiledFn};
 use smelt::ir::graph::Graph;
 use smelt::ir::op::{Op, TensorType, UnaryOp};
 use smelt::jit::run_graph;
@@ -157,6 +158,50 @@ fn eager_transcendentals_run_the_native_helpers() {
     }
     // strip ops cover exactly these
     assert_eq!(StripOp::ALL.len(), ops().len());
+}
+
+#[test]
+fn results_that_round_to_zero_keep_their_sign() {
+    // far below each op's last non-zero result the helpers' ±0 stands without the reference
+    // formula: it must be the exact value rounded (with its sign), eager and compiled
+    let xs = [
+        -11.6f32, -12.5, -14.0, -15.5, -20.0, -106.0, -111.0, -300.0, -1e6,
+    ];
+    let x = Tensor::from_vec(xs.to_vec(), &[xs.len()]).unwrap();
+    for (u, eager, exact, _) in ops() {
+        let mut g = Graph::new("one");
+        let v = g
+            .add_input("x", TensorType::new(DType::F32, vec![xs.len()]))
+            .unwrap();
+        let y = g.add_op(Op::Unary(u), &[v]).unwrap();
+        g.set_outputs(vec![y]);
+        let f = CompiledFn::compile(&g, &CompileOptions::default()).unwrap();
+        let compiled = f.call(std::slice::from_ref(&x)).unwrap()[0]
+            .to_vec::<f32>()
+            .unwrap();
+        let got = eager(&x).unwrap().to_vec::<f32>().unwrap();
+        let mut zeros = 0;
+        for ((&e, &c), xi) in got.iter().zip(&compiled).zip(xs) {
+            let w = exact(f64::from(xi)) as f32;
+            if w == 0.0 {
+                zeros += 1;
+                // (a slope's f64 formula is a sum of two terms that underflow, whose zero has
+                // no reliable sign)
+                let slope = matches!(u, UnaryOp::GeluSlope { .. });
+                for (r, path) in [(e, "eager"), (c, "compiled")] {
+                    let same = if slope {
+                        r == w
+                    } else {
+                        r.to_bits() == w.to_bits()
+                    };
+                    assert!(same, "{u:?}({xi:e}): {path} {r:e}, exact {w:e}");
+                }
+            }
+        }
+        // every op but tanh and erf vanishes somewhere here
+        let vanishes = !matches!(u, UnaryOp::Tanh | UnaryOp::Erf);
+        assert_eq!(zeros > 0, vanishes, "{u:?}");
+    }
 }
 
 #[test]

@@ -260,18 +260,31 @@ pub enum GeluTail {
 }
 use GeluTail as Tail;
 
-/// `math::gelu_tail`: `m = xc·F(a)·e^{nh}·(1 + nl)` with `F` the polynomials of `table`
-/// ([`GELU_ERF_TAIL`] or [`GELU_TANH_TAIL`]) and `e^{nh} = p·2^k` (`nh ≥ -100` needs no clamp),
+impl GeluTail {
+    /// The `nh` (of `e^{nh}`) below which the tail's `|m| < 2^-127`, so that it is computed
+    /// as ±0: a subnormal product costs a microcode assist per lane on x86 (4× the time of
+    /// a GELU of `h = x·W` with large `h`), and the result is flushed anyway. Bounds of `|w|`
+    /// before its scale `2^k`: the exact GELU, `|xc|·H(a)·p < 1` once `a > 13.29`; its
+    /// slope, `(a/√(2π) + H)·p < 8`; the tanh GELU, `|xc|·E·p < 16` (`E = sigmoid(v) ≤ 1`);
+    /// its slope, `E·p·(1 + q) < 512` (`q ≤ 265` at `a = 10.5`). Each threshold is half a
+    /// step past the power of two that leaves `2^-128` of margin.
+    pub fn vanishes_below(self, tanh: bool) -> f32 {
+        let e = match (tanh, self) {
+            (false, Tail::Gelu) => 127.5,
+            (false, _) => 130.5,
+            (true, Tail::TanhSlope) => 136.5,
+            (true, _) => 131.5,
+        };
+        (-e * std::f64::consts::LN_2) as f32
+    }
+}
+
+/// `math::gelu_tail`: `m = xc·F(a)·e^{nh}·(1 + nl)` with `F` the polynomials of
+/// [`GELU_TANH_TAIL`] (`tanh`) or [`GELU_ERF_TAIL`] and `e^{nh} = p·2^k` (`nh ≥ -100` needs no clamp),
 /// then `x - m` above 0 and `m` below (a slope: its own `m`, and `1 - m` above 0); subnormal
 /// results flushed, `-inf` gives NaN (either infinity for a slope).
 #[inline(always)]
-fn gelu_tail<V: Lanes>(
-    (x, xc, a): (V, V, V),
-    nh: V,
-    nl: V,
-    table: &[[f32; 8]; 8],
-    form: Tail,
-) -> V {
+fn gelu_tail<V: Lanes>((x, xc, a): (V, V, V), nh: V, nl: V, tanh: bool, form: Tail) -> V {
     let shift = SHIFT32 as f32;
     let s = nh.fma(V::splat(LOG2E as f32), V::splat(shift));
     let kf = s.add(V::splat(-shift));
@@ -287,6 +300,11 @@ fn gelu_tail<V: Lanes>(
     let top = V::ushr21(a.add(V::splat(4.0)).bits());
     let i = V::imin(V::isub(top, V::isplat(GELU_TAIL_FIRST)), V::isplat(7));
     let u = a.sub(V::lookup8(i, &GELU_TAIL_CENTER));
+    let table = if tanh {
+        &GELU_TANH_TAIL
+    } else {
+        &GELU_ERF_TAIL
+    };
     let mut f = V::lookup8(i, &table[table.len() - 1]);
     for c in table[..table.len() - 1].iter().rev() {
         f = f.fma(u, V::lookup8(i, c));
@@ -301,7 +319,11 @@ fn gelu_tail<V: Lanes>(
     let w = w.fma(nl, w);
     let n1 = V::sshr1(k);
     let n2 = V::isub(k, n1);
-    let scale = |w: V| w.mul(pow2i::<V>(n1)).mul(pow2i::<V>(n2));
+    // 2^k as two factors, the first 0 where the result vanishes: ±0 (the sign of `w`)
+    // without a subnormal product
+    let far = nh.lt(V::splat(form.vanishes_below(tanh)));
+    let s1 = V::select(far, V::splat(0.0), pow2i::<V>(n1));
+    let scale = |w: V| w.mul(s1).mul(pow2i::<V>(n2));
     let w = if form == Tail::TanhSlope {
         // S·(1 - q·(1 - S)), q = a·v'(a), scaled by 2^k last (S may be subnormal)
         let kk = (2.0 * (2.0 / std::f64::consts::PI).sqrt()) as f32;
@@ -338,7 +360,7 @@ fn gelu_erf<V: Lanes>(x: V, form: Tail) -> V {
     let nhi = a2.mul(half).neg();
     // -lo = a2 - a·a exactly
     let nlo = a.neg().fma(a, a2).mul(half);
-    gelu_tail((x, xc, a), nhi, nlo, &GELU_ERF_TAIL, form)
+    gelu_tail((x, xc, a), nhi, nlo, false, form)
 }
 
 /// `math::gelu_tanh` (`Tail::Gelu`) or `math::gelu_tanh_slope`: from
@@ -367,7 +389,7 @@ fn gelu_tanh<V: Lanes>(x: V, form: Tail) -> V {
     let vh = a.mul(bh);
     let na = a.neg();
     let nvl = na.fma(bl, na.fma(bh, vh));
-    gelu_tail((x, xc, a), vh.neg(), nvl, &GELU_TANH_TAIL, form)
+    gelu_tail((x, xc, a), vh.neg(), nvl, true, form)
 }
 
 /// `2^n` for lanes `n` in the normal exponent range.

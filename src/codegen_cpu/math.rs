@@ -594,7 +594,7 @@ fn gelu_erf_form(b: B, x: Value, form: Tail) -> Value {
     let na = b.ins().fneg(a);
     let nlo = b.ins().fma(na, a, a2);
     let nlo = b.ins().fmul(nlo, half);
-    gelu_tail(b, (x, xc, a), nhi, nlo, &GELU_ERF_TAIL, form)
+    gelu_tail(b, (x, xc, a), nhi, nlo, false, form)
 }
 
 /// GELU, tanh form `x/2·(1 + tanh(u))`, `u = √(2/π)(x + 0.044715x³)`: `x·sigmoid(2u)`,
@@ -647,7 +647,7 @@ fn gelu_tanh_form(b: B, x: Value, form: Tail) -> Value {
     let nvl = b.ins().fma(na, bh, vh);
     let nvl = b.ins().fma(na, bl, nvl);
     let nvh = b.ins().fneg(vh);
-    gelu_tail(b, (x, xc, a), nvh, nvl, &GELU_TANH_TAIL, form)
+    gelu_tail(b, (x, xc, a), nvh, nvl, true, form)
 }
 
 /// A vector emitter applied to a scalar: lane 0 of its splat (the table lookups are vector
@@ -659,7 +659,7 @@ fn on_lane0(b: B, x: Value, f: fn(B, Value) -> Value) -> Value {
 }
 
 /// The GELUs' last steps (and their slopes', see [`Tail`], shared with the native helpers): `m = xc·F(a)·e^{nh}·(1 + nl)`,
-/// `F` one of the eight polynomials of `table` picked per lane by the exponent and two leading
+/// `F` one of the eight polynomials of [`GELU_TANH_TAIL`] (`tanh`) or [`GELU_ERF_TAIL`] picked per lane by the exponent and two leading
 /// mantissa bits of `a + 4`, `e^{nh} = p·2^k` (`nh ≥ -100` needs no clamp) with `2^k`
 /// applied last; subnormal results flushed, `-inf` gives NaN (either infinity for a slope).
 fn gelu_tail(
@@ -667,7 +667,7 @@ fn gelu_tail(
     (x, xc, a): (Value, Value, Value),
     nh: Value,
     nl: Value,
-    table: &[[f32; 8]; 8],
+    tanh: bool,
     form: Tail,
 ) -> Value {
     let (r, k) = reduce_ln2(b, nh);
@@ -684,6 +684,11 @@ fn gelu_tail(
     let lanes = TableIndex::new(b, i);
     let ctr = lanes.lookup(b, &GELU_TAIL_CENTER);
     let u = b.ins().fsub(a, ctr);
+    let table = if tanh {
+        &GELU_TANH_TAIL
+    } else {
+        &GELU_ERF_TAIL
+    };
     let (last, rest) = table.split_last().unwrap_or((&[0.0; 8], &[]));
     let mut f = lanes.lookup(b, last);
     for c in rest.iter().rev() {
@@ -703,11 +708,27 @@ fn gelu_tail(
     // w·(1 + nl), as w + w·nl so that x = -0 keeps its sign
     let w = b.ins().fmul(lead, p);
     let w = b.ins().fma(w, nl, w);
+    // 2^k as two factors, the first 0 where the result vanishes: ±0 (the sign of `w`)
+    // without a subnormal product
+    let n1 = b.ins().sshr_imm_u(k, 1);
+    let n2 = b.ins().isub(k, n1);
+    let far = fcmpc(
+        b,
+        FloatCC::LessThan,
+        nh,
+        f64::from(form.vanishes_below(tanh)),
+    );
+    let (zero, s1, s2) = (fc(b, t, 0.0), pow2i(b, n1, t), pow2i(b, n2, t));
+    let s1 = sel(b, far, zero, s1);
+    let scale = |b: B, w: Value| {
+        let w = b.ins().fmul(w, s1);
+        b.ins().fmul(w, s2)
+    };
     let w = if form == Tail::TanhSlope {
         // S·(1 - q·(1 - S)), q = a·v'(a), v' = K·(1 + 3·0.044715·a²), scaled by 2^k last:
         // S itself may be subnormal where the slope is not (near x = -10)
         let kk = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
-        let s = scale2n(b, w, k);
+        let s = scale(b, w);
         let a2 = b.ins().fmul(a, a);
         let c3 = fc(b, t, kk * 3.0 * 0.044715);
         let kv = fc(b, t, kk);
@@ -721,7 +742,7 @@ fn gelu_tail(
     } else {
         w
     };
-    let m = scale2n(b, w, k);
+    let m = scale(b, w);
     let pos = fcmpc(b, FloatCC::GreaterThan, x, 0.0);
     let above = match form {
         Tail::Gelu => x,

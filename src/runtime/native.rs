@@ -73,7 +73,8 @@ fn split(n: usize) -> bool {
 /// `dst = u(x)` on the native helpers, when `u` has one, both are f32 of one shape, `dst`
 /// is contiguous and this thread is not in reference mode; `None` leaves it to the
 /// reference loop. Results below f32's normal range (where the helpers, working in f32,
-/// lose precision with the exponent) are recomputed by the reference formula.
+/// lose precision with the exponent) are recomputed by the reference formula, where
+/// [`helper_stands_below`] does not keep the helper's.
 pub(crate) fn unary_f32(u: UnaryOp, x: &Tensor, dst: &Tensor) -> Option<()> {
     let op = strip_of(u)?;
     let usable = !reference()
@@ -101,19 +102,20 @@ pub(crate) fn unary_f32(u: UnaryOp, x: &Tensor, dst: &Tensor) -> Option<()> {
             std::slice::from_raw_parts_mut(acc.write::<f32>(0), n),
         )
     };
-    let exact_zero = op == StripOp::Exp;
+    let stands = helper_stands_below(op);
     let task = |(y, x): (&mut [f32], &[f32])| {
         y.copy_from_slice(x);
         vmath::apply(op, y);
         // a counting pass vectorises; the fix-up below runs only where one is needed (not
-        // for exp's zeros below -104, where e^x rounds to 0: masked softmax rows)
+        // where the result rounds to ±0 anyway: exp's masked softmax rows)
         let tiny: u32 = y
             .iter()
-            .map(|y| u32::from(y.abs() < f32::MIN_POSITIVE))
+            .zip(x)
+            .map(|(y, &x)| u32::from(y.abs() < f32::MIN_POSITIVE && !(x < stands)))
             .sum();
         if tiny > 0 {
             for (y, &x) in y.iter_mut().zip(x) {
-                if y.abs() < f32::MIN_POSITIVE && !(exact_zero && x < -104.0) {
+                if y.abs() < f32::MIN_POSITIVE && !(x < stands) {
                     *y = u.eval_f64(f64::from(x)) as f32;
                 }
             }
@@ -128,6 +130,23 @@ pub(crate) fn unary_f32(u: UnaryOp, x: &Tensor, dst: &Tensor) -> Option<()> {
         task((ys, xs));
     }
     Some(())
+}
+
+/// The `x` below which the helper's result of `op` stands even under f32's normal range:
+/// where the exact result rounds to ±0 (with a margin), as the helper's does. The GELUs and
+/// their slopes flush results under the normal range to ±0, as the compiled kernels do, so
+/// theirs stand everywhere (and eager GELUs give the compiled bits).
+fn helper_stands_below(op: StripOp) -> f32 {
+    match op {
+        // e^-104 < 2^-150
+        StripOp::Exp => -104.0,
+        StripOp::Sigmoid => -105.0,
+        StripOp::Silu => -110.0,
+        StripOp::GeluTanh | StripOp::GeluTanhSlope | StripOp::GeluErf | StripOp::GeluErfSlope => {
+            f32::INFINITY
+        }
+        StripOp::Tanh | StripOp::Erf => f32::NEG_INFINITY,
+    }
 }
 
 /// What a row of f32s folds into on the native helpers ([`row_fold_f32`]).
