@@ -240,3 +240,7 @@ pub const GELU_TANH_TAIL: [[f32; 8]; 8] = [
 
 /// `1/√(2π)`, the standard normal density at 0 (the GELUs' slopes).
 pub const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
+
+/// The sigmoid's `k` (of `e^{-|x|} = p·2^k`) below which its result `q·2^k` (`q < √2`) rounds
+/// to 0: computed as ±0 there, without a subnormal product.
+pub const SIGMOID_GONE: i32 = -150;

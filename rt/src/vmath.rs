@@ -20,7 +20,7 @@
 use crate::consts::{
     ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, ERFC_SLOPE, EXP_G, FRAC_1_SQRT_2PI, GELU_ERF_END,
     GELU_ERF_TAIL, GELU_TAIL_CENTER, GELU_TAIL_FIRST, GELU_TANH_END, GELU_TANH_TAIL, LN2_HI,
-    LN2_LO, LOG2E, SHIFT32,
+    LN2_LO, LOG2E, SHIFT32, SIGMOID_GONE,
 };
 use crate::lanes::{self, Lanes};
 use std::sync::OnceLock;
@@ -186,12 +186,10 @@ fn tanh(x: f32) -> f32 {
 #[inline(always)]
 fn sigmoid(x: f32) -> f32 {
     let (p, k) = exp_parts(-x.abs());
-    let den = 1.0 + scale2n(p, k);
-    if x >= 0.0 {
-        1.0 / den
-    } else {
-        scale2n(p / den, k)
-    }
+    let den = 1.0 + scale2n_from_one(p, k);
+    // `math::sigmoid`: ±0 without a subnormal product where the result rounds to 0
+    let q = p / den * if k < SIGMOID_GONE { 0.0 } else { 1.0 };
+    if x >= 0.0 { 1.0 / den } else { scale2n(q, k) }
 }
 
 /// `math::split_const`: `c` as two f32s.

@@ -46,7 +46,7 @@ use cranelift_frontend::FunctionBuilder;
 use smelt_rt::consts::{
     ERF_SMALL, ERFC_Q, ERFC_Q_CENTER, ERFC_SLOPE, EXP_G, FRAC_1_SQRT_2PI, GELU_ERF_END,
     GELU_ERF_TAIL, GELU_TAIL_CENTER, GELU_TAIL_FIRST, GELU_TANH_END, GELU_TANH_TAIL, LN2_HI,
-    LN2_LO, LOG2E, SHIFT32, SHIFT64,
+    LN2_LO, LOG2E, SHIFT32, SHIFT64, SIGMOID_GONE,
 };
 
 use smelt_rt::vmath::GeluTail as Tail;
@@ -487,11 +487,19 @@ pub fn sigmoid(b: B, x: Value) -> Value {
     let na = b.ins().fneg(a);
     let (p, k) = exp_parts(b, na);
     let pos = fcmpc(b, FloatCC::GreaterThanOrEqual, x, 0.0);
-    let e = scale2n(b, p, k);
+    // both branches run in every lane: neither may compute a subnormal product where its
+    // result does not need one (a microcode assist per lane on x86, 6x the time)
+    let e = scale2n_from_one(b, p, k);
     let one = fc(b, t, 1.0);
     let den = b.ins().fadd(one, e);
     let y_pos = b.ins().fdiv(one, den);
     let q = b.ins().fdiv(p, den);
+    let it = ty(b, k);
+    let gone = ic(b, it, i64::from(SIGMOID_GONE));
+    let gone = b.ins().icmp(IntCC::SignedLessThan, k, gone);
+    let zero = fc(b, t, 0.0);
+    let f = sel(b, gone, zero, one);
+    let q = b.ins().fmul(q, f);
     let y_neg = scale2n(b, q, k);
     sel(b, pos, y_pos, y_neg)
 }
