@@ -103,6 +103,8 @@ pub(crate) fn unary_f32(u: UnaryOp, x: &Tensor, dst: &Tensor) -> Option<()> {
         )
     };
     let stands = helper_stands_below(op);
+    // (a NaN `x` gives a NaN `y`, never redone)
+    let redo = |y: f32, x: f32| y.abs() < f32::MIN_POSITIVE && x >= stands;
     let task = |(y, x): (&mut [f32], &[f32])| {
         y.copy_from_slice(x);
         vmath::apply(op, y);
@@ -111,11 +113,11 @@ pub(crate) fn unary_f32(u: UnaryOp, x: &Tensor, dst: &Tensor) -> Option<()> {
         let tiny: u32 = y
             .iter()
             .zip(x)
-            .map(|(y, &x)| u32::from(y.abs() < f32::MIN_POSITIVE && !(x < stands)))
+            .map(|(y, &x)| u32::from(redo(*y, x)))
             .sum();
         if tiny > 0 {
             for (y, &x) in y.iter_mut().zip(x) {
-                if y.abs() < f32::MIN_POSITIVE && !(x < stands) {
+                if redo(*y, x) {
                     *y = u.eval_f64(f64::from(x)) as f32;
                 }
             }
