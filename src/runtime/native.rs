@@ -110,11 +110,7 @@ pub(crate) fn unary_f32(u: UnaryOp, x: &Tensor, dst: &Tensor) -> Option<()> {
         vmath::apply(op, y);
         // a counting pass vectorises; the fix-up below runs only where one is needed (not
         // where the result rounds to ±0 anyway: exp's masked softmax rows)
-        let tiny: u32 = y
-            .iter()
-            .zip(x)
-            .map(|(y, &x)| u32::from(redo(*y, x)))
-            .sum();
+        let tiny: u32 = y.iter().zip(x).map(|(y, &x)| u32::from(redo(*y, x))).sum();
         if tiny > 0 {
             for (y, &x) in y.iter_mut().zip(x) {
                 if redo(*y, x) {
