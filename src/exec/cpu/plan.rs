@@ -10,7 +10,8 @@
 //! One exception to disjoint lifetimes: a pointwise kernel that reads a temporary only at
 //! the element it writes, at the step where that temporary dies, writes its result into the
 //! temporary's slot ([`in_place`]): a gradient flowing through an activation's derivative,
-//! say, needs no second buffer of its size.
+//! say, needs no second buffer of its size. Over an extern call's result (a convolution's
+//! output read by a batch norm's backward), the kernel's result takes that result's storage.
 
 use crate::ir::dtype::DType;
 use crate::kernel::{BufferId, BufferKind, Expr, IndexMap, Kernel, Schedule, Step};
@@ -27,8 +28,9 @@ pub struct TempPlan {
     pub alloc_before: Vec<Vec<BufferId>>,
     /// Buffers that no later step reads, released after each step.
     pub free_after: Vec<Vec<BufferId>>,
-    /// For a kernel's result written over an operand that dies at that step, in the same
-    /// slot ([`in_place`]): the operand.
+    /// For a kernel's result written over an operand that dies at that step ([`in_place`]):
+    /// the operand. Both are in the same slot, or the result has none and takes the
+    /// operand's storage (an extern call's result) when the call holds the only reference.
     pub written_over: Vec<Option<BufferId>>,
 }
 
@@ -158,6 +160,13 @@ impl TempPlan {
                 }
             }
         }
+        // a result written over an operand that no slot holds (an extern call's result, a
+        // tensor of its own) takes no slot: the call hands it the operand's storage
+        let over_own: Vec<(BufferId, BufferId)> = pairs
+            .iter()
+            .copied()
+            .filter(|&(a, _)| !by_kernel[a] && !by_extern[a])
+            .collect();
         let mut plan = TempPlan {
             slot_of: vec![None; n],
             slots: Vec::new(),
@@ -175,7 +184,8 @@ impl TempPlan {
                 if by_kernel[b] {
                     plan.alloc_before[d].push(b);
                 }
-                if by_kernel[b] || by_extern[b] {
+                let own = over_own.iter().any(|&(_, y)| y == b);
+                if (by_kernel[b] || by_extern[b]) && !own {
                     take[d].push(b);
                 }
                 if !kept[b] {
@@ -251,6 +261,9 @@ impl TempPlan {
             if plan.slot_of[a].is_some() && plan.slot_of[a] == plan.slot_of[b] {
                 plan.written_over[b] = Some(a);
             }
+        }
+        for (a, b) in over_own {
+            plan.written_over[b] = Some(a);
         }
         plan
     }
