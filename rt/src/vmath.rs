@@ -186,10 +186,12 @@ fn tanh(x: f32) -> f32 {
 #[inline(always)]
 fn sigmoid(x: f32) -> f32 {
     let (p, k) = exp_parts(-x.abs());
-    let den = 1.0 + scale2n_from_one(p, k);
-    // `math::sigmoid`: ±0 without a subnormal product where the result rounds to 0
-    let q = p / den * if k < SIGMOID_GONE { 0.0 } else { 1.0 };
-    if x >= 0.0 { 1.0 / den } else { scale2n(q, k) }
+    // `math::sigmoid`: no subnormal product where the result does not need one
+    let den = 1.0 + p * pow2i32(k.max(-64));
+    let n1 = k >> 1;
+    let s1 = if k < SIGMOID_GONE { 0.0 } else { pow2i32(n1) };
+    let y_neg = p / den * s1 * pow2i32(k.wrapping_sub(n1));
+    if x >= 0.0 { 1.0 / den } else { y_neg }
 }
 
 /// `math::split_const`: `c` as two f32s.

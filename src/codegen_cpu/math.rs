@@ -488,19 +488,28 @@ pub fn sigmoid(b: B, x: Value) -> Value {
     let (p, k) = exp_parts(b, na);
     let pos = fcmpc(b, FloatCC::GreaterThanOrEqual, x, 0.0);
     // both branches run in every lane: neither may compute a subnormal product where its
-    // result does not need one (a microcode assist per lane on x86, 6x the time)
-    let e = scale2n_from_one(b, p, k);
+    // result does not need one (a microcode assist per lane on x86, 6x the time). 1 + e is
+    // 1 once e < 2^-60: e takes 2^max(k, -64) in one factor
+    let it = ty(b, k);
+    let lo = ic(b, it, -64);
+    let ke = b.ins().smax(k, lo);
+    let se = pow2i(b, ke, t);
+    let e = b.ins().fmul(p, se);
     let one = fc(b, t, 1.0);
     let den = b.ins().fadd(one, e);
     let y_pos = b.ins().fdiv(one, den);
     let q = b.ins().fdiv(p, den);
-    let it = ty(b, k);
+    // q·2^k in two factors, the first 0 where the result rounds to 0
+    let n1 = b.ins().sshr_imm_u(k, 1);
+    let n2 = b.ins().isub(k, n1);
     let gone = ic(b, it, i64::from(SIGMOID_GONE));
     let gone = b.ins().icmp(IntCC::SignedLessThan, k, gone);
     let zero = fc(b, t, 0.0);
-    let f = sel(b, gone, zero, one);
-    let q = b.ins().fmul(q, f);
-    let y_neg = scale2n(b, q, k);
+    let s1 = pow2i(b, n1, t);
+    let s1 = sel(b, gone, zero, s1);
+    let y_neg = b.ins().fmul(q, s1);
+    let s2 = pow2i(b, n2, t);
+    let y_neg = b.ins().fmul(y_neg, s2);
     sel(b, pos, y_pos, y_neg)
 }
 

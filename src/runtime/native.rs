@@ -103,17 +103,19 @@ pub(crate) fn unary_f32(u: UnaryOp, x: &Tensor, dst: &Tensor) -> Option<()> {
         )
     };
     let stands = helper_stands_below(op);
-    // (a NaN `x` gives a NaN `y`, never redone)
-    let redo = |y: f32, x: f32| y.abs() < f32::MIN_POSITIVE && x >= stands;
     let task = |(y, x): (&mut [f32], &[f32])| {
         y.copy_from_slice(x);
         vmath::apply(op, y);
-        // a counting pass vectorises; the fix-up below runs only where one is needed (not
-        // where the result rounds to ±0 anyway: exp's masked softmax rows)
-        let tiny: u32 = y.iter().zip(x).map(|(y, &x)| u32::from(redo(*y, x))).sum();
+        let Some(below) = stands else { return };
+        // a counting pass vectorises; the fix-up below runs only where one may be needed
+        // (and skips the results that round to ±0 anyway: exp's masked softmax rows)
+        let tiny: u32 = y
+            .iter()
+            .map(|y| u32::from(y.abs() < f32::MIN_POSITIVE))
+            .sum();
         if tiny > 0 {
             for (y, &x) in y.iter_mut().zip(x) {
-                if redo(*y, x) {
+                if y.abs() < f32::MIN_POSITIVE && x >= below {
                     *y = u.eval_f64(f64::from(x)) as f32;
                 }
             }
@@ -131,19 +133,19 @@ pub(crate) fn unary_f32(u: UnaryOp, x: &Tensor, dst: &Tensor) -> Option<()> {
 }
 
 /// The `x` below which the helper's result of `op` stands even under f32's normal range:
-/// where the exact result rounds to ±0 (with a margin), as the helper's does. The GELUs and
-/// their slopes flush results under the normal range to ±0, as the compiled kernels do, so
-/// theirs stand everywhere (and eager GELUs give the compiled bits).
-fn helper_stands_below(op: StripOp) -> f32 {
+/// where the exact result rounds to ±0 (with a margin), as the helper's does. `None` where
+/// it stands everywhere: the GELUs and their slopes flush results under the normal range to
+/// ±0, as the compiled kernels do (so eager GELUs give the compiled bits).
+fn helper_stands_below(op: StripOp) -> Option<f32> {
     match op {
         // e^-104 < 2^-150
-        StripOp::Exp => -104.0,
-        StripOp::Sigmoid => -105.0,
-        StripOp::Silu => -110.0,
+        StripOp::Exp => Some(-104.0),
+        StripOp::Sigmoid => Some(-105.0),
+        StripOp::Silu => Some(-110.0),
         StripOp::GeluTanh | StripOp::GeluTanhSlope | StripOp::GeluErf | StripOp::GeluErfSlope => {
-            f32::INFINITY
+            None
         }
-        StripOp::Tanh | StripOp::Erf => f32::NEG_INFINITY,
+        StripOp::Tanh | StripOp::Erf => Some(f32::NEG_INFINITY),
     }
 }
 
