@@ -112,8 +112,14 @@ impl ExpLe0 for f32 {
     }
     /// The compiled kernels' native exp strips where the CPU has them (16 or 8 lanes, no
     /// call per element: `floor` above is a libm call on baseline x86-64), else the loop.
+    /// Below -87 both give 0: the strips would compute subnormals there, a microcode assist
+    /// per element on x86 (scores of large magnitude made a layer's attention 2-6x slower),
+    /// for weights that vanish next to the row's largest, which is 1.
     fn exp_le0_all(xs: &mut [f32]) {
         if smelt_rt::vmath::available() {
+            for x in xs.iter_mut() {
+                *x = if *x < -87.0 { f32::NEG_INFINITY } else { *x };
+            }
             smelt_rt::vmath::apply(smelt_rt::vmath::StripOp::Exp, xs);
         } else {
             for x in xs {
