@@ -576,4 +576,30 @@ mod tests {
         assert_eq!((-100.0f32).exp_le0(), 0.0);
         assert_eq!(0.0f32.exp_le0(), 1.0);
     }
+
+    #[test]
+    fn the_row_exponentials_vanish_below_the_normal_range_too() {
+        let xs = [
+            0.0f32,
+            -1.0,
+            -50.0,
+            -86.9,
+            -87.1,
+            -95.0,
+            -104.0,
+            -200.0,
+            f32::NEG_INFINITY,
+        ];
+        let mut got = xs;
+        <f32 as super::Acc>::exp_le0_all(&mut got);
+        for (&x, &g) in xs.iter().zip(&got) {
+            if x < -87.0 {
+                assert_eq!(g, 0.0, "exp({x})");
+            } else {
+                let want = f64::from(x).exp();
+                let ulp = f64::from(f32::EPSILON) * want;
+                assert!((f64::from(g) - want).abs() <= 2.0 * ulp, "exp({x}) = {g}");
+            }
+        }
+    }
 }
