@@ -32,6 +32,9 @@ pub struct TempPlan {
     /// the operand. Both are in the same slot, or the result has none and takes the
     /// operand's storage (an extern call's result) when the call holds the only reference.
     pub written_over: Vec<Option<BufferId>>,
+    /// The bytes a call allocates at most, by this plan: the slots taken so far, extern
+    /// results alive and results in their storage, at the step where they are most.
+    pub peak_estimate: usize,
 }
 
 /// The buffers a step reads and the ones it writes.
@@ -114,7 +117,42 @@ impl TempPlan {
     /// that no slot is shared between the two. The result of each extern step `i` with
     /// `slotted[i]` (a GEMM called directly, which writes its own result) gets a slot too,
     /// though it is not in `alloc_before`: its step takes the slot's storage itself.
+    ///
+    /// Four plans are made and the one with the lowest estimated peak kept (the first on a
+    /// tie): buffers placed largest first (each in the first free slot) or in the order
+    /// they are first written (each in the smallest free slot that fits), with or without
+    /// results written over an extern call's result taking that tensor's storage instead
+    /// of a slot. Slots, once taken, keep their storage to the end of the call, so which is
+    /// lowest depends on the schedule: in time order, a slot taken late costs nothing
+    /// before; a result in an extern's storage saves a slot only if no other buffer
+    /// needed that slot, and keeps the extern's storage alive longer. The estimate is what
+    /// the call allocates (for the compiled models' steps it is the measured peak, byte for
+    /// byte).
     pub fn build_nested(s: &Schedule, inside_previous: &[bool], slotted: &[bool]) -> TempPlan {
+        // the first of the lowest estimates: largest first and no hand-over of extern
+        // storages unless another way is lower
+        let mut best: Option<(TempPlan, usize)> = None;
+        for by_time in [false, true] {
+            for take_over in [false, true] {
+                let (plan, peak) =
+                    Self::build_with(s, inside_previous, slotted, (take_over, by_time));
+                if best.as_ref().is_none_or(|(_, p)| peak < *p) {
+                    best = Some((plan, peak));
+                }
+            }
+        }
+        best.map(|(plan, _)| plan).unwrap_or_default()
+    }
+
+    /// [`TempPlan::build_nested`], taking extern results' storages over or not, with the
+    /// call's estimated peak: the most bytes at one step of the slots taken so far, of
+    /// extern results alive and of results in their storage.
+    fn build_with(
+        s: &Schedule,
+        inside_previous: &[bool],
+        slotted: &[bool],
+        (take_over, by_time): (bool, bool),
+    ) -> (TempPlan, usize) {
         let n = s.buffers.len();
         let steps = s.steps.len();
         let nested = |i: usize| inside_previous.get(i).copied().unwrap_or(false);
@@ -165,7 +203,7 @@ impl TempPlan {
         let over_own: Vec<(BufferId, BufferId)> = pairs
             .iter()
             .copied()
-            .filter(|&(a, _)| !by_kernel[a] && !by_extern[a])
+            .filter(|&(a, _)| take_over && !by_kernel[a] && !by_extern[a])
             .collect();
         let mut plan = TempPlan {
             slot_of: vec![None; n],
@@ -173,6 +211,7 @@ impl TempPlan {
             alloc_before: vec![Vec::new(); steps],
             free_after: vec![Vec::new(); steps],
             written_over: vec![None; n],
+            peak_estimate: 0,
         };
         // what takes a slot at each step: what the plan allocates, and slotted extern results
         let mut take: Vec<Vec<BufferId>> = vec![Vec::new(); steps];
@@ -195,8 +234,9 @@ impl TempPlan {
         }
         // Largest first, each buffer takes the first slot of its dtype that is free for its
         // whole life (taken at its step, given back after its last reader), so a slot is
-        // as big as its first buffer. A returned temporary only shares with returned ones
-        // of its exact size (the caller gets its storage).
+        // as big as its first buffer; in time order, the smallest such slot as big as the
+        // buffer. A returned temporary only shares with returned ones of its exact size
+        // (the caller gets its storage).
         let mut life: Vec<Option<(usize, usize)>> = vec![None; n];
         for (i, take) in take.iter().enumerate() {
             for &b in take {
@@ -211,12 +251,12 @@ impl TempPlan {
             }
         }
         let mut order: Vec<BufferId> = (0..n).filter(|&b| life[b].is_some()).collect();
-        order.sort_by_key(|&b| {
-            (
-                std::cmp::Reverse(s.buffers[b].len() * s.buffers[b].dtype.size()),
-                b,
-            )
-        });
+        let bytes = |b: BufferId| s.buffers[b].len() * s.buffers[b].dtype.size();
+        if by_time {
+            order.sort_by_key(|&b| (life[b].map(|l| l.0), std::cmp::Reverse(bytes(b)), b));
+        } else {
+            order.sort_by_key(|&b| (std::cmp::Reverse(bytes(b)), b));
+        }
         let mut holders: Vec<Vec<(BufferId, usize, usize)>> = Vec::new();
         let mut exact: Vec<bool> = Vec::new();
         for b in order {
@@ -245,7 +285,17 @@ impl TempPlan {
                     _ => None,
                 })
                 .filter(|&k| free(k));
-            let slot = match partner.or_else(|| (0..plan.slots.len()).find(|&k| free(k))) {
+            // the first free slot, or in time order the smallest (slots are not made
+            // largest first then)
+            let fits = |k: &usize| free(*k) && plan.slots[*k].1 >= len;
+            let any = if by_time {
+                (0..plan.slots.len())
+                    .filter(fits)
+                    .min_by_key(|&k| (plan.slots[k].1, k))
+            } else {
+                (0..plan.slots.len()).find(fits)
+            };
+            let slot = match partner.filter(|k| plan.slots[*k].1 >= len).or(any) {
                 Some(k) => k,
                 None => {
                     plan.slots.push((dtype, len));
@@ -262,10 +312,39 @@ impl TempPlan {
                 plan.written_over[b] = Some(a);
             }
         }
-        for (a, b) in over_own {
+        for &(a, b) in &over_own {
             plan.written_over[b] = Some(a);
         }
-        plan
+        // the bytes no slot holds, step by step: an extern result from its step to its
+        // last reader (or the end, when returned); a result in its storage from the step
+        // after the hand-over
+        let mut unslotted = vec![0usize; steps + 1];
+        for b in 0..n {
+            let (Some(d), None) = (def[b], plan.slot_of[b]) else {
+                continue;
+            };
+            if s.buffers[b].kind != BufferKind::Temp
+                || (by_kernel[b] && plan.written_over[b].is_none())
+            {
+                continue;
+            }
+            let from = if by_kernel[b] { d + 1 } else { d };
+            let to = if kept[b] { steps } else { last[b].unwrap_or(d) };
+            for u in unslotted.iter_mut().take(to + 1).skip(from) {
+                *u += s.buffers[b].len() * s.buffers[b].dtype.size();
+            }
+        }
+        // plus each slot from the first step that takes it (a call keeps a slot's storage
+        // from then on)
+        for (slot, held) in plan.slots.iter().zip(&holders) {
+            let first = held.iter().map(|&(_, f, _)| f).min().unwrap_or(steps);
+            for u in unslotted.iter_mut().skip(first) {
+                *u += slot.0.size() * slot.1;
+            }
+        }
+        let peak = unslotted.into_iter().max().unwrap_or(0);
+        plan.peak_estimate = peak;
+        (plan, peak)
     }
 
     /// Bytes of all slots together: the temporaries' footprint of one call.
