@@ -721,13 +721,9 @@ impl CompiledFn {
                     continue;
                 }
                 // a result written over its dying operand takes the operand's storage
-                let over = self.plan.written_over[b].and_then(|a| {
-                    let operand = f.bufs[a].as_ref()?;
-                    match self.plan.slot_of[b] {
-                        Some(slot) => f.handover(slot, operand, &self.layouts[b]),
-                        None => frame::take_over(operand, &self.layouts[a], &self.layouts[b]),
-                    }
-                });
+                let over = self.plan.written_over[b]
+                    .zip(self.plan.slot_of[b])
+                    .and_then(|(a, slot)| f.handover(slot, f.bufs[a].as_ref()?, &self.layouts[b]));
                 let t = match (over, self.plan.slot_of[b]) {
                     (Some(t), _) => t,
                     (None, Some(slot)) => f.storage_tensor(
@@ -835,6 +831,9 @@ impl CompiledFn {
             }
             for &b in &self.plan.free_after[i] {
                 f.bufs[b] = None;
+            }
+            for &slot in &self.plan.release_after[i] {
+                f.cache[slot] = None;
             }
         }
         s.outputs

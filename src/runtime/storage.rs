@@ -382,7 +382,7 @@ impl WriteGuard<'_> {
 /// costs more in first-touch page faults than the kernel that fills it, so eager outputs
 /// take memory of the same size that an earlier tensor gave back (a caching allocator, as
 /// PyTorch keeps for CUDA).
-mod pool {
+pub(crate) mod pool {
     use super::pages;
     use std::ptr::NonNull;
     use std::sync::Mutex;
@@ -391,7 +391,7 @@ mod pool {
     /// malloc recycles comes back cleared by a `memset` (`alloc_zeroed`): with the bar at
     /// 1 MiB, that was 4.5% of the eager GPT step of `cargo bench --bench models`, whose
     /// activations are [1024, 96] and [1024, 384] f32s (the step: 31-34 -> 29-30 ms).
-    const MIN_BYTES: usize = 1 << 16;
+    pub(crate) const MIN_BYTES: usize = 1 << 16;
     /// At most this much freed memory is held.
     const MAX_BYTES: usize = 512 << 20;
 

@@ -9,7 +9,8 @@
 //! handed to a caller still uses it. A returned output is therefore never overwritten by a
 //! later call. The one exception is a hand-over within a call: a kernel's result planned
 //! over an operand that dies at that kernel takes the operand's storage
-//! ([`Frame::handover`], or [`take_over`] for an operand no slot holds).
+//! ([`Frame::handover`]). A slot whose holders are all done before the call's peak gives its
+//! storage back after the last of them (`TempPlan::release_after`).
 
 use crate::Result;
 use crate::ir::dtype::DType;
@@ -119,16 +120,6 @@ impl Frame {
             self.any_into = false;
         }
     }
-}
-
-/// A tensor of `layout` over the storage of `over`, an operand dying at this step that is no
-/// slot's (an extern call's result): when `over` is the only handle on itself and its
-/// storage, and covers that storage exactly at its planned layout `planned` (so the kernel
-/// reads and writes each element at the same place).
-pub(super) fn take_over(over: &Tensor, planned: &Layout, layout: &Layout) -> Option<Tensor> {
-    let storage = over.storage_arc();
-    let whole = over.layout() == planned && storage.len() == over.numel();
-    (sole_owner(over) && whole).then(|| Tensor::from_parts(storage.clone(), layout.clone()))
 }
 
 /// Whether `t` (a frame's kept tensor) is the only handle on itself and its storage: then

@@ -10,11 +10,11 @@
 //! One exception to disjoint lifetimes: a pointwise kernel that reads a temporary only at
 //! the element it writes, at the step where that temporary dies, writes its result into the
 //! temporary's slot ([`in_place`]): a gradient flowing through an activation's derivative,
-//! say, needs no second buffer of its size. Over an extern call's result (a convolution's
-//! output read by a batch norm's backward), the kernel's result takes that result's storage.
+//! say, needs no second buffer of its size.
 
 use crate::ir::dtype::DType;
 use crate::kernel::{BufferId, BufferKind, Expr, IndexMap, Kernel, Schedule, Step};
+use crate::runtime::storage::pool::MIN_BYTES as POOLED;
 
 /// The temporaries' slots and when each is taken and given back.
 #[derive(Clone, Debug, Default)]
@@ -28,13 +28,16 @@ pub struct TempPlan {
     pub alloc_before: Vec<Vec<BufferId>>,
     /// Buffers that no later step reads, released after each step.
     pub free_after: Vec<Vec<BufferId>>,
-    /// For a kernel's result written over an operand that dies at that step ([`in_place`]):
-    /// the operand. Both are in the same slot, or the result has none and takes the
-    /// operand's storage (an extern call's result) when the call holds the only reference.
+    /// For a kernel's result written over an operand that dies at that step, in the same
+    /// slot ([`in_place`]): the operand.
     pub written_over: Vec<Option<BufferId>>,
-    /// The bytes a call allocates at most, by this plan: the slots taken so far, extern
-    /// results alive and results in their storage, at the step where they are most.
+    /// The bytes a call allocates at most, by this plan: the slots it holds and the extern
+    /// results alive, at the step where they are most.
     pub peak_estimate: usize,
+    /// Slots whose storage the call gives back after each step, their last holder done: only
+    /// where that lowers the peak (a later call then takes a block from the pool of freed
+    /// ones instead of keeping it).
+    pub release_after: Vec<Vec<usize>>,
 }
 
 /// The buffers a step reads and the ones it writes.
@@ -118,40 +121,35 @@ impl TempPlan {
     /// `slotted[i]` (a GEMM called directly, which writes its own result) gets a slot too,
     /// though it is not in `alloc_before`: its step takes the slot's storage itself.
     ///
-    /// Four plans are made and the one with the lowest estimated peak kept (the first on a
+    ///
+    /// Two plans are made and the one with the lowest estimated peak kept (the first on a
     /// tie): buffers placed largest first (each in the first free slot) or in the order
-    /// they are first written (each in the smallest free slot that fits), with or without
-    /// results written over an extern call's result taking that tensor's storage instead
-    /// of a slot. Slots, once taken, keep their storage to the end of the call, so which is
-    /// lowest depends on the schedule: in time order, a slot taken late costs nothing
-    /// before; a result in an extern's storage saves a slot only if no other buffer
-    /// needed that slot, and keeps the extern's storage alive longer. The estimate is what
-    /// the call allocates (for the compiled models' steps it is the measured peak, byte for
+    /// they are first written (each in the smallest free slot that fits). A call takes a
+    /// slot's storage at the slot's first step and keeps it to the end, so that a steady
+    /// stream of calls allocates nothing, except slots of 64 KiB or more whose holders are
+    /// all done before the peak: those are given back after their last holder, to the pool
+    /// of freed blocks, which hands them to the next call. The estimate is what the
+    /// call allocates (for the compiled models' steps it is the measured peak, byte for
     /// byte).
     pub fn build_nested(s: &Schedule, inside_previous: &[bool], slotted: &[bool]) -> TempPlan {
-        // the first of the lowest estimates: largest first and no hand-over of extern
-        // storages unless another way is lower
+        // the first of the lowest estimates: largest first unless time order is lower
         let mut best: Option<(TempPlan, usize)> = None;
         for by_time in [false, true] {
-            for take_over in [false, true] {
-                let (plan, peak) =
-                    Self::build_with(s, inside_previous, slotted, (take_over, by_time));
-                if best.as_ref().is_none_or(|(_, p)| peak < *p) {
-                    best = Some((plan, peak));
-                }
+            let (plan, peak) = Self::build_with(s, inside_previous, slotted, by_time);
+            if best.as_ref().is_none_or(|(_, p)| peak < *p) {
+                best = Some((plan, peak));
             }
         }
         best.map(|(plan, _)| plan).unwrap_or_default()
     }
 
-    /// [`TempPlan::build_nested`], taking extern results' storages over or not, with the
-    /// call's estimated peak: the most bytes at one step of the slots taken so far, of
-    /// extern results alive and of results in their storage.
+    /// [`TempPlan::build_nested`] in one order, with the call's estimated peak: the most
+    /// bytes at one step of the slots held and the extern results alive.
     fn build_with(
         s: &Schedule,
         inside_previous: &[bool],
         slotted: &[bool],
-        (take_over, by_time): (bool, bool),
+        by_time: bool,
     ) -> (TempPlan, usize) {
         let n = s.buffers.len();
         let steps = s.steps.len();
@@ -198,13 +196,6 @@ impl TempPlan {
                 }
             }
         }
-        // a result written over an operand that no slot holds (an extern call's result, a
-        // tensor of its own) takes no slot: the call hands it the operand's storage
-        let over_own: Vec<(BufferId, BufferId)> = pairs
-            .iter()
-            .copied()
-            .filter(|&(a, _)| take_over && !by_kernel[a] && !by_extern[a])
-            .collect();
         let mut plan = TempPlan {
             slot_of: vec![None; n],
             slots: Vec::new(),
@@ -212,6 +203,7 @@ impl TempPlan {
             free_after: vec![Vec::new(); steps],
             written_over: vec![None; n],
             peak_estimate: 0,
+            release_after: vec![Vec::new(); steps],
         };
         // what takes a slot at each step: what the plan allocates, and slotted extern results
         let mut take: Vec<Vec<BufferId>> = vec![Vec::new(); steps];
@@ -223,8 +215,7 @@ impl TempPlan {
                 if by_kernel[b] {
                     plan.alloc_before[d].push(b);
                 }
-                let own = over_own.iter().any(|&(_, y)| y == b);
-                if (by_kernel[b] || by_extern[b]) && !own {
+                if by_kernel[b] || by_extern[b] {
                     take[d].push(b);
                 }
                 if !kept[b] {
@@ -312,36 +303,69 @@ impl TempPlan {
                 plan.written_over[b] = Some(a);
             }
         }
-        for &(a, b) in &over_own {
-            plan.written_over[b] = Some(a);
-        }
         // the bytes no slot holds, step by step: an extern result from its step to its
-        // last reader (or the end, when returned); a result in its storage from the step
-        // after the hand-over
+        // last reader (or the end, when returned)
         let mut unslotted = vec![0usize; steps + 1];
         for b in 0..n {
             let (Some(d), None) = (def[b], plan.slot_of[b]) else {
                 continue;
             };
-            if s.buffers[b].kind != BufferKind::Temp
-                || (by_kernel[b] && plan.written_over[b].is_none())
-            {
+            if s.buffers[b].kind != BufferKind::Temp || by_kernel[b] {
                 continue;
             }
-            let from = if by_kernel[b] { d + 1 } else { d };
             let to = if kept[b] { steps } else { last[b].unwrap_or(d) };
-            for u in unslotted.iter_mut().take(to + 1).skip(from) {
+            for u in unslotted.iter_mut().take(to + 1).skip(d) {
                 *u += s.buffers[b].len() * s.buffers[b].dtype.size();
             }
         }
-        // plus each slot from the first step that takes it (a call keeps a slot's storage
-        // from then on)
-        for (slot, held) in plan.slots.iter().zip(&holders) {
+        // plus each slot from the first step that takes it to the end (a call keeps a slot's
+        // storage), or to its last holder's last step where giving it back then lowers the
+        // peak: slots whose holders are all done before the peak's step, until none is left,
+        // and only slots the pool of freed blocks keeps (the next call takes the block back
+        // from it, without a fresh allocation's page faults)
+        let span = |held: &[(BufferId, usize, usize)]| {
             let first = held.iter().map(|&(_, f, _)| f).min().unwrap_or(steps);
-            for u in unslotted.iter_mut().skip(first) {
-                *u += slot.0.size() * slot.1;
+            let last = held.iter().map(|&(_, _, l)| l).max().unwrap_or(steps);
+            (first, last)
+        };
+        let spans: Vec<(usize, usize)> = holders.iter().map(|h| span(h)).collect();
+        let mut released = vec![false; plan.slots.len()];
+        let with_slots = |released: &[bool]| {
+            let mut at = unslotted.clone();
+            for (k, slot) in plan.slots.iter().enumerate() {
+                let (first, last) = spans[k];
+                let end = if released[k] { last + 1 } else { steps + 1 };
+                for u in at.iter_mut().take(end).skip(first) {
+                    *u += slot.0.size() * slot.1;
+                }
+            }
+            at
+        };
+        let mut at = with_slots(&released);
+        loop {
+            let peak_step = (0..at.len()).max_by_key(|&i| (at[i], std::cmp::Reverse(i)));
+            let Some(p) = peak_step else { break };
+            let pooled = |k: usize| plan.slots[k].0.size() * plan.slots[k].1 >= POOLED;
+            let more: Vec<usize> = (0..plan.slots.len())
+                .filter(|&k| !released[k] && !exact[k] && pooled(k) && spans[k].1 < p)
+                .collect();
+            if more.is_empty() {
+                break;
+            }
+            let mut trial = released.clone();
+            more.iter().for_each(|&k| trial[k] = true);
+            let next = with_slots(&trial);
+            if next.iter().max() >= at.iter().max() {
+                break;
+            }
+            (released, at) = (trial, next);
+        }
+        for (k, &r) in released.iter().enumerate() {
+            if r && spans[k].1 < steps {
+                plan.release_after[spans[k].1].push(k);
             }
         }
+        let unslotted = at;
         let peak = unslotted.into_iter().max().unwrap_or(0);
         plan.peak_estimate = peak;
         (plan, peak)
