@@ -121,17 +121,21 @@ fn pow2i32(n: i32) -> f32 {
 
 #[inline(always)]
 fn scale2n(y: f32, n: i32) -> f32 {
-    let n1 = n >> 1;
-    let n2 = n.wrapping_sub(n1);
-    y * pow2i32(n1) * pow2i32(n2)
+    scale2n_unless(y, n, false)
 }
 
-/// `math::scale2n_from_one`: `y·2^n` as subtracted from 1, in one multiply.
+/// `math::scale2n_factors`: [`scale2n`] with the first factor 0 where `gone`.
+#[inline(always)]
+fn scale2n_unless(y: f32, n: i32, gone: bool) -> f32 {
+    let n1 = n >> 1;
+    let s1 = if gone { 0.0 } else { pow2i32(n1) };
+    y * s1 * pow2i32(n.wrapping_sub(n1))
+}
+
+/// `math::scale2n_from_one`: `y·2^n` as added to or taken from 1, in one multiply.
 #[inline(always)]
 fn scale2n_from_one(y: f32, n: i32) -> f32 {
-    // `math::scale2n_from_one`: ±0 far below 2^-60 (no subnormal product to assist)
-    let y = y * if n < -60 { 0.0 } else { 1.0 };
-    y * pow2i32(n.max(-126))
+    y * pow2i32(n.max(-64))
 }
 
 /// `x = k·ln2 + r` (`math::reduce_ln2`).
@@ -187,10 +191,8 @@ fn tanh(x: f32) -> f32 {
 fn sigmoid(x: f32) -> f32 {
     let (p, k) = exp_parts(-x.abs());
     // `math::sigmoid`: no subnormal product where the result does not need one
-    let den = 1.0 + p * pow2i32(k.max(-64));
-    let n1 = k >> 1;
-    let s1 = if k < SIGMOID_GONE { 0.0 } else { pow2i32(n1) };
-    let y_neg = p / den * s1 * pow2i32(k.wrapping_sub(n1));
+    let den = 1.0 + scale2n_from_one(p, k);
+    let y_neg = scale2n_unless(p / den, k, k < SIGMOID_GONE);
     if x >= 0.0 { 1.0 / den } else { y_neg }
 }
 

@@ -253,28 +253,40 @@ fn pow2i(b: B, n: Value, ft: Type) -> Value {
 /// steps so that neither factor overflows and results in the subnormal range round correctly.
 fn scale2n(b: B, y: Value, n: Value) -> Value {
     let t = ty(b, y);
+    let f = scale2n_factors(b, n, t, None);
+    scale_by(b, y, f)
+}
+
+/// The two factors of `2^n` that [`scale2n`] multiplies by, the first 0 in the lanes of
+/// `gone`: where the caller knows the result rounds to 0, it is ±0 (the sign of `y`) without
+/// a subnormal product, which costs a microcode assist per lane on x86.
+fn scale2n_factors(b: B, n: Value, t: Type, gone: Option<Value>) -> (Value, Value) {
     let n1 = b.ins().sshr_imm_u(n, 1);
     let n2 = b.ins().isub(n, n1);
     let s1 = pow2i(b, n1, t);
-    let s2 = pow2i(b, n2, t);
+    let s1 = match gone {
+        Some(m) => {
+            let zero = fc(b, t, 0.0);
+            sel(b, m, zero, s1)
+        }
+        None => s1,
+    };
+    (s1, pow2i(b, n2, t))
+}
+
+/// `y · s1 · s2`, the factors of [`scale2n_factors`].
+fn scale_by(b: B, y: Value, (s1, s2): (Value, Value)) -> Value {
     let y = b.ins().fmul(y, s1);
     b.ins().fmul(y, s2)
 }
 
-/// `y · 2^n` for `|y| < 2` and `n ≤ 0`, where the caller subtracts it from 1: one multiply by
-/// `2^max(n, -126)`. Where `y · 2^n` is normal this is [`scale2n`]'s value; below, both are
-/// under 2^-125 and vanish from `1 - y·2^n` alike.
+/// `y · 2^n` for `|y| < 2` and `n ≤ 0`, where the caller adds it to 1 or takes it from 1: one
+/// multiply by `2^max(n, -64)`. Where `n ≥ -64` this is [`scale2n`]'s value; below, both are
+/// under 2^-63 and vanish next to 1 alike, and no lane computes a subnormal product.
 fn scale2n_from_one(b: B, y: Value, n: Value) -> Value {
     let t = ty(b, y);
     let it = ty(b, n);
-    // far below 2^-60 the product vanishes from 1 anyway: computing it subnormal costs a
-    // microcode assist per lane on x86, so it is made ±0 (NaN stays NaN)
-    let c = ic(b, it, -60);
-    let far = b.ins().icmp(IntCC::SignedLessThan, n, c);
-    let (zero, one) = (fc(b, t, 0.0), fc(b, t, 1.0));
-    let f = sel(b, far, zero, one);
-    let y = b.ins().fmul(y, f);
-    let lo = ic(b, it, -126);
+    let lo = ic(b, it, -64);
     let n = b.ins().smax(n, lo);
     let s = pow2i(b, n, t);
     b.ins().fmul(y, s)
@@ -488,28 +500,17 @@ pub fn sigmoid(b: B, x: Value) -> Value {
     let (p, k) = exp_parts(b, na);
     let pos = fcmpc(b, FloatCC::GreaterThanOrEqual, x, 0.0);
     // both branches run in every lane: neither may compute a subnormal product where its
-    // result does not need one (a microcode assist per lane on x86, 6x the time). 1 + e is
-    // 1 once e < 2^-60: e takes 2^max(k, -64) in one factor
-    let it = ty(b, k);
-    let lo = ic(b, it, -64);
-    let ke = b.ins().smax(k, lo);
-    let se = pow2i(b, ke, t);
-    let e = b.ins().fmul(p, se);
+    // result does not need one (a microcode assist per lane on x86, 6x the time)
+    let e = scale2n_from_one(b, p, k);
     let one = fc(b, t, 1.0);
     let den = b.ins().fadd(one, e);
     let y_pos = b.ins().fdiv(one, den);
     let q = b.ins().fdiv(p, den);
-    // q·2^k in two factors, the first 0 where the result rounds to 0
-    let n1 = b.ins().sshr_imm_u(k, 1);
-    let n2 = b.ins().isub(k, n1);
+    let it = ty(b, k);
     let gone = ic(b, it, i64::from(SIGMOID_GONE));
     let gone = b.ins().icmp(IntCC::SignedLessThan, k, gone);
-    let zero = fc(b, t, 0.0);
-    let s1 = pow2i(b, n1, t);
-    let s1 = sel(b, gone, zero, s1);
-    let y_neg = b.ins().fmul(q, s1);
-    let s2 = pow2i(b, n2, t);
-    let y_neg = b.ins().fmul(y_neg, s2);
+    let f = scale2n_factors(b, k, t, Some(gone));
+    let y_neg = scale_by(b, q, f);
     sel(b, pos, y_pos, y_neg)
 }
 
@@ -725,27 +726,19 @@ fn gelu_tail(
     // w·(1 + nl), as w + w·nl so that x = -0 keeps its sign
     let w = b.ins().fmul(lead, p);
     let w = b.ins().fma(w, nl, w);
-    // 2^k as two factors, the first 0 where the result vanishes: ±0 (the sign of `w`)
-    // without a subnormal product
-    let n1 = b.ins().sshr_imm_u(k, 1);
-    let n2 = b.ins().isub(k, n1);
+    // 2^k as two factors, the first 0 where the result vanishes
     let far = fcmpc(
         b,
         FloatCC::LessThan,
         nh,
         f64::from(form.vanishes_below(tanh)),
     );
-    let (zero, s1, s2) = (fc(b, t, 0.0), pow2i(b, n1, t), pow2i(b, n2, t));
-    let s1 = sel(b, far, zero, s1);
-    let scale = |b: B, w: Value| {
-        let w = b.ins().fmul(w, s1);
-        b.ins().fmul(w, s2)
-    };
+    let factors = scale2n_factors(b, k, t, Some(far));
     let w = if form == Tail::TanhSlope {
         // S·(1 - q·(1 - S)), q = a·v'(a), v' = K·(1 + 3·0.044715·a²), scaled by 2^k last:
         // S itself may be subnormal where the slope is not (near x = -10)
         let kk = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
-        let s = scale(b, w);
+        let s = scale_by(b, w, factors);
         let a2 = b.ins().fmul(a, a);
         let c3 = fc(b, t, kk * 3.0 * 0.044715);
         let kv = fc(b, t, kk);
@@ -759,7 +752,7 @@ fn gelu_tail(
     } else {
         w
     };
-    let m = scale(b, w);
+    let m = scale_by(b, w, factors);
     let pos = fcmpc(b, FloatCC::GreaterThan, x, 0.0);
     let above = match form {
         Tail::Gelu => x,

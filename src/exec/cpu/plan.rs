@@ -121,7 +121,6 @@ impl TempPlan {
     /// `slotted[i]` (a GEMM called directly, which writes its own result) gets a slot too,
     /// though it is not in `alloc_before`: its step takes the slot's storage itself.
     ///
-    ///
     /// Two plans are made and the one with the lowest estimated peak kept (the first on a
     /// tie): buffers placed largest first (each in the first free slot) or in the order
     /// they are first written (each in the smallest free slot that fits). A call takes a
@@ -132,15 +131,13 @@ impl TempPlan {
     /// call allocates (for the compiled models' steps it is the measured peak, byte for
     /// byte).
     pub fn build_nested(s: &Schedule, inside_previous: &[bool], slotted: &[bool]) -> TempPlan {
-        // the first of the lowest estimates: largest first unless time order is lower
-        let mut best: Option<(TempPlan, usize)> = None;
-        for by_time in [false, true] {
-            let (plan, peak) = Self::build_with(s, inside_previous, slotted, by_time);
-            if best.as_ref().is_none_or(|(_, p)| peak < *p) {
-                best = Some((plan, peak));
-            }
+        let largest_first = Self::build_with(s, inside_previous, slotted, false);
+        let by_time = Self::build_with(s, inside_previous, slotted, true);
+        if by_time.peak_estimate < largest_first.peak_estimate {
+            by_time
+        } else {
+            largest_first
         }
-        best.map(|(plan, _)| plan).unwrap_or_default()
     }
 
     /// [`TempPlan::build_nested`] in one order, with the call's estimated peak: the most
@@ -150,7 +147,7 @@ impl TempPlan {
         inside_previous: &[bool],
         slotted: &[bool],
         by_time: bool,
-    ) -> (TempPlan, usize) {
+    ) -> TempPlan {
         let n = s.buffers.len();
         let steps = s.steps.len();
         let nested = |i: usize| inside_previous.get(i).copied().unwrap_or(false);
@@ -323,12 +320,15 @@ impl TempPlan {
         // peak: slots whose holders are all done before the peak's step, until none is left,
         // and only slots the pool of freed blocks keeps (the next call takes the block back
         // from it, without a fresh allocation's page faults)
-        let span = |held: &[(BufferId, usize, usize)]| {
-            let first = held.iter().map(|&(_, f, _)| f).min().unwrap_or(steps);
-            let last = held.iter().map(|&(_, _, l)| l).max().unwrap_or(steps);
-            (first, last)
-        };
-        let spans: Vec<(usize, usize)> = holders.iter().map(|h| span(h)).collect();
+        // each slot's first step and its last holder's last one
+        let spans: Vec<(usize, usize)> = holders
+            .iter()
+            .map(|held| {
+                let first = held.iter().map(|&(_, f, _)| f).min().unwrap_or(steps);
+                let last = held.iter().map(|&(_, _, l)| l).max().unwrap_or(steps);
+                (first, last)
+            })
+            .collect();
         let mut released = vec![false; plan.slots.len()];
         let with_slots = |released: &[bool]| {
             let mut at = unslotted.clone();
@@ -360,15 +360,14 @@ impl TempPlan {
             }
             (released, at) = (trial, next);
         }
+        // (a released slot's last holder is done before the peak's step)
         for (k, &r) in released.iter().enumerate() {
-            if r && spans[k].1 < steps {
+            if r {
                 plan.release_after[spans[k].1].push(k);
             }
         }
-        let unslotted = at;
-        let peak = unslotted.into_iter().max().unwrap_or(0);
-        plan.peak_estimate = peak;
-        (plan, peak)
+        plan.peak_estimate = at.into_iter().max().unwrap_or(0);
+        plan
     }
 
     /// Bytes of all slots together: the temporaries' footprint of one call.
