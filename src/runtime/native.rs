@@ -104,8 +104,7 @@ pub(crate) fn unary_f32(u: UnaryOp, x: &Tensor, dst: &Tensor) -> Option<()> {
     };
     let stands = helper_stands_below(op);
     let task = |(y, x): (&mut [f32], &[f32])| {
-        y.copy_from_slice(x);
-        vmath::apply(op, y);
+        vmath::apply_from(op, x, y);
         let Some(below) = stands else { return };
         // a counting pass vectorises; the fix-up below runs only where one may be needed
         // (and skips the results that round to ±0 anyway: exp's masked softmax rows)
