@@ -984,15 +984,14 @@ pub unsafe extern "C" fn strip_math(op: i32, src: *const f32, dst: *mut f32, n: 
     if n == 0 {
         return;
     }
-    let disjoint = (src as usize + 4 * n <= dst as usize) || (dst as usize + 4 * n <= src as usize);
-    if disjoint || std::ptr::eq(src, dst) {
+    let (s, d, bytes) = (src as usize, dst as usize, n.saturating_mul(4));
+    let disjoint = s.saturating_add(bytes) <= d || d.saturating_add(bytes) <= s;
+    if disjoint || s == d {
         return run(Job::MapFrom { op, src, dst, n });
     }
     // SAFETY: the caller's contract; `copy` allows overlap.
     let xs = unsafe {
-        if !std::ptr::eq(src, dst) {
-            std::ptr::copy(src, dst, n);
-        }
+        std::ptr::copy(src, dst, n);
         std::slice::from_raw_parts_mut(dst, n)
     };
     apply(op, xs);
