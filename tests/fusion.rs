@@ -403,6 +403,58 @@ fn a_cheap_value_of_several_buffers_read_by_several_kernels_is_stored_once() {
     assert_eq!(kernels_reading_input(&sch, 0), 3, "{sch}");
 }
 
+/// The tie of `a_cheap_value_...`'s rule: a value of three temporaries (here GEMM results)
+/// read by two kernels moves as much stored as recomputed, and storing it lets the three
+/// die at once, so it is stored, by a kernel of its own, and read back by both (its sum of
+/// graph inputs, which stay alive anyway, is still recomputed: the test above).
+#[test]
+fn a_tie_that_frees_temporaries_is_stored_by_a_kernel_of_its_own() {
+    let mut g = Graph::new("tie");
+    let x = input(&mut g, "x", DType::F32, &[6, 5]);
+    let ws: Vec<ValueId> = (0..3)
+        .map(|i| input(&mut g, &format!("w{i}"), DType::F32, &[5, 12]))
+        .collect();
+    let m: Vec<ValueId> = ws
+        .iter()
+        .map(|&w| g.add_op(Op::Matmul, &[x, w]).unwrap())
+        .collect();
+    let zero = num(&mut g, 0.0);
+    let pos = bin(&mut g, BinaryOp::Gt, m[2], zero);
+    let sum = bin(&mut g, BinaryOp::Add, m[0], m[1]);
+    let w = g.add_op(Op::Where, &[pos, sum, zero]).unwrap();
+    let outs = vec![
+        red(&mut g, ReduceOp::Sum, w, 0, false),
+        red(&mut g, ReduceOp::Sum, w, 1, false),
+    ];
+    g.set_outputs(outs);
+    let s = check(&g, 1e-5);
+    let readers = |b: usize| {
+        s.kernels()
+            .filter(|k| {
+                k.values
+                    .iter()
+                    .any(|v| matches!(v.expr, Expr::Load { buffer, .. } if buffer == b))
+            })
+            .count()
+    };
+    let results: Vec<usize> = s.externs().map(|e| e.out).collect();
+    assert_eq!(results.len(), 3, "{s}");
+    for &b in &results {
+        assert_eq!(readers(b), 1, "GEMM result {b} read once\n{s}");
+    }
+    // the kernel that reads them stores one value and nothing else
+    let storer = s
+        .kernels()
+        .find(|k| {
+            k.values
+                .iter()
+                .any(|v| matches!(v.expr, Expr::Load { buffer, .. } if buffer == results[0]))
+        })
+        .unwrap();
+    assert_eq!(storer.stores.len(), 1, "{s}");
+    assert_eq!(s.kernel_count(), 3, "{s}");
+}
+
 #[test]
 fn shared_inputs_fuse_horizontally_and_outputs_are_stored() {
     let mut g = Graph::new("horiz");

@@ -125,6 +125,12 @@ pub fn fuse_with(g: &Graph, opts: &FuseOptions) -> Result<Schedule> {
                     return Err(stuck(g, root));
                 }
             }
+            Err(Fail::RealizeAlone(v)) => {
+                // both already: nothing new to try
+                if !f.realized.insert(v) & !f.isolated.insert(v) {
+                    return Err(stuck(g, v));
+                }
+            }
         }
     }
     Err(Error::Unsupported(format!(
@@ -146,6 +152,8 @@ enum Fail {
     },
     /// `root` must get a kernel of its own.
     Isolate(ValueId),
+    /// Store `node` from a kernel of its own.
+    RealizeAlone(ValueId),
     Error(Error),
 }
 
