@@ -189,15 +189,18 @@ impl<'g> Fuser<'g> {
                     return Some((v, false));
                 }
                 let reads = self.cone_reads(v);
-                let l = reads.len();
+                // c > 1 here; a value of one buffer or none is never worth storing
+                let Some(extra) = reads.len().checked_sub(1).filter(|&e| e > 0) else {
+                    return None;
+                };
                 // a tie in traffic goes to storing when that frees two temporaries or more
                 // for the one stored (graph inputs stay alive whatever is stored)
                 let temps = reads
                     .iter()
                     .filter(|&&r| !self.is_input_or_constant(r))
                     .count();
-                let worth = (c - 1) * (l - 1) > 2 || ((c - 1) * (l - 1) == 2 && temps >= 2);
-                (l > 1 && worth).then_some((v, true))
+                let saved = (c - 1) * extra;
+                (saved > 2 || (saved == 2 && temps >= 2)).then_some((v, true))
             })
             .collect();
         dup.sort_by_key(|(v, _)| self.pos[v]);
