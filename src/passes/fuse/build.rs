@@ -190,9 +190,7 @@ impl<'g> Fuser<'g> {
                 }
                 let reads = self.cone_reads(v);
                 // c > 1 here; a value of one buffer or none is never worth storing
-                let Some(extra) = reads.len().checked_sub(1).filter(|&e| e > 0) else {
-                    return None;
-                };
+                let extra = reads.len().checked_sub(1).filter(|&e| e > 0)?;
                 // a tie in traffic goes to storing when that frees two temporaries or more
                 // for the one stored (graph inputs stay alive whatever is stored)
                 let temps = reads
