@@ -359,13 +359,18 @@ fn kernels_reading_input(s: &Schedule, i: usize) -> usize {
         .iter()
         .position(|b| b.kind == smelt::kernel::BufferKind::Input(i))
         .unwrap();
-    s.kernels()
-        .filter(|k| {
-            k.values
-                .iter()
-                .any(|v| matches!(v.expr, Expr::Load { buffer, .. } if buffer == b))
-        })
-        .count()
+    kernels_reading(s, b)
+}
+
+/// How many kernels of `s` load buffer `b`.
+fn kernels_reading(s: &Schedule, b: usize) -> usize {
+    s.kernels().filter(|k| reads(k, b)).count()
+}
+
+fn reads(k: &smelt::kernel::Kernel, b: usize) -> bool {
+    k.values
+        .iter()
+        .any(|v| matches!(v.expr, Expr::Load { buffer, .. } if buffer == b))
 }
 
 /// A cheap value of three same-sized buffers read by three kernels (a ResNet block's output
@@ -428,29 +433,13 @@ fn a_tie_that_frees_temporaries_is_stored_by_a_kernel_of_its_own() {
     ];
     g.set_outputs(outs);
     let s = check(&g, 1e-5);
-    let readers = |b: usize| {
-        s.kernels()
-            .filter(|k| {
-                k.values
-                    .iter()
-                    .any(|v| matches!(v.expr, Expr::Load { buffer, .. } if buffer == b))
-            })
-            .count()
-    };
     let results: Vec<usize> = s.externs().map(|e| e.out).collect();
     assert_eq!(results.len(), 3, "{s}");
     for &b in &results {
-        assert_eq!(readers(b), 1, "GEMM result {b} read once\n{s}");
+        assert_eq!(kernels_reading(&s, b), 1, "GEMM result {b} read once\n{s}");
     }
     // the kernel that reads them stores one value and nothing else
-    let storer = s
-        .kernels()
-        .find(|k| {
-            k.values
-                .iter()
-                .any(|v| matches!(v.expr, Expr::Load { buffer, .. } if buffer == results[0]))
-        })
-        .unwrap();
+    let storer = s.kernels().find(|k| reads(k, results[0])).unwrap();
     assert_eq!(storer.stores.len(), 1, "{s}");
     assert_eq!(s.kernel_count(), 3, "{s}");
 }
