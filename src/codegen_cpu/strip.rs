@@ -1,7 +1,6 @@
 //! Strips: an innermost vector loop whose body applies a transcendental that a native helper
 //! evaluates ([`super::vmath`]: exp, tanh, sigmoid, silu, both GELUs and their slopes, erf),
-//! or sums f32 values, runs in strips of [`STRIP`] elements ([`SHORT_STRIP`] where a helper
-//! reads memory). Per strip:
+//! or sums f32 values, runs in strips of [`STRIP`] elements. Per strip:
 //! - for each such value in order, a loop computes its operand into the value's strip row and
 //!   the helper maps the row in place; an operand that is a contiguous load is read from its
 //!   buffer instead, and a value the body only stores has its strip row in its output;
@@ -27,16 +26,13 @@ use cranelift_codegen::ir::{InstBuilder, Value};
 use cranelift_frontend::Variable;
 use std::collections::HashSet;
 
-/// Elements per strip: a multiple of the vector loop's step; 2 KiB of stack per value.
+/// Elements per strip: a multiple of the vector loop's step; 2 KiB of stack per value. Also
+/// where a helper reads its operand from memory: shorter strips there once kept the hardware
+/// prefetcher streaming while a helper that copied its operand first computed; the helpers
+/// now read the operand in their loop and ask for its lines ahead themselves, and 512 beats
+/// 128 (AVX2: tanh-GELU over [4096,4096] 11.0-11.7 against 11.6-12.2 ms, sigmoid 6.5-7.0
+/// against 7.0-7.4; AVX-512 4.1-4.2 against 4.4-4.6 for the sigmoid).
 pub const STRIP: i64 = 512;
-
-/// Elements per strip when a helper reads its operand from memory. Short strips once kept
-/// the hardware prefetcher streaming while a helper that copied its operand first computed
-/// (tanh-GELU over [4096,4096]: about 8 ms with strips of 64 or 128, 10–11 ms with 256 or
-/// 512); the helpers now read the operand in their loop and ask for its lines ahead
-/// themselves, and 512 beats 128 (AVX2: tanh-GELU 11.0-11.7 against 11.6-12.2 ms, sigmoid
-/// 6.5-7.0 against 7.0-7.4; AVX-512 4.1-4.2 against 4.4-4.6 for the sigmoid).
-pub const SHORT_STRIP: i64 = 512;
 
 /// Elements per call when the helper only sums memory: nothing computes between the calls,
 /// so longer calls only save the per-call work (the helper's partial sums are folded at
@@ -295,13 +291,7 @@ impl Gen<'_, '_, '_> {
                 .sums
                 .iter()
                 .all(|(_, _, s)| matches!(s, SumSrc::Load(_)));
-        let step = if only_sums {
-            SUM_STRIP
-        } else if plan.srcs.iter().any(|s| matches!(s, Src::Load(_))) {
-            SHORT_STRIP
-        } else {
-            STRIP
-        };
+        let step = if only_sums { SUM_STRIP } else { STRIP };
         self.in_strips(len, step, &mut |g, sv, n, end| {
             // element `sv` is a stack row's first: its base sits `sv` elements before it
             let back = g.fb.b.ins().imul_imm_s(sv, 4);

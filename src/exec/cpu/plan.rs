@@ -312,15 +312,15 @@ impl TempPlan {
             }
             let to = if kept[b] { steps } else { last[b].unwrap_or(d) };
             for u in unslotted.iter_mut().take(to + 1).skip(d) {
-                *u += s.buffers[b].len() * s.buffers[b].dtype.size();
+                *u += bytes(b);
             }
         }
         // plus each slot from the first step that takes it to the end (a call keeps a slot's
         // storage), or to its last holder's last step where giving it back then lowers the
         // peak: slots whose holders are all done before the peak's step, until none is left,
         // and only slots the pool of freed blocks keeps (the next call takes the block back
-        // from it, without a fresh allocation's page faults)
-        // each slot's first step and its last holder's last one
+        // from it, without a fresh allocation's page faults). `spans`: each slot's first step
+        // and its last holder's last one.
         let spans: Vec<(usize, usize)> = holders
             .iter()
             .map(|held| {
@@ -330,13 +330,13 @@ impl TempPlan {
             })
             .collect();
         let mut released = vec![false; plan.slots.len()];
+        let slot_bytes = |k: usize| plan.slots[k].0.size() * plan.slots[k].1;
         let with_slots = |released: &[bool]| {
             let mut at = unslotted.clone();
-            for (k, slot) in plan.slots.iter().enumerate() {
-                let (first, last) = spans[k];
+            for (k, &(first, last)) in spans.iter().enumerate() {
                 let end = if released[k] { last + 1 } else { steps + 1 };
                 for u in at.iter_mut().take(end).skip(first) {
-                    *u += slot.0.size() * slot.1;
+                    *u += slot_bytes(k);
                 }
             }
             at
@@ -345,9 +345,8 @@ impl TempPlan {
         loop {
             let peak_step = (0..at.len()).max_by_key(|&i| (at[i], std::cmp::Reverse(i)));
             let Some(p) = peak_step else { break };
-            let pooled = |k: usize| plan.slots[k].0.size() * plan.slots[k].1 >= POOLED;
             let more: Vec<usize> = (0..plan.slots.len())
-                .filter(|&k| !released[k] && !exact[k] && pooled(k) && spans[k].1 < p)
+                .filter(|&k| !released[k] && !exact[k] && slot_bytes(k) >= POOLED && spans[k].1 < p)
                 .collect();
             if more.is_empty() {
                 break;

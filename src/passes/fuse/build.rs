@@ -166,13 +166,13 @@ impl<'g> Fuser<'g> {
     /// recomputations read more than storing it once and reading it back would (as much,
     /// where storing it frees two temporaries or more): `c` kernels each reading its `l`
     /// same-sized buffers move `c·l` elements, storing it moves `l + 1 + c`, and its buffers
-    /// may be freed as soon as it is stored (a ResNet
-    /// block's output gradient, `where(y > 0, g1 + g2, 0)` recomputed by five kernels of its
-    /// backward, kept two 1 MB gradients alive to the end of the stem's backward). The
-    /// latter is stored by a kernel of its own: in a kernel that also writes other results,
-    /// its buffers and theirs would all be alive at once (the same gradient recomputed by
-    /// two kernels: stored in the first, the NCHW ResNet step peaked at 10.62 MB; alone,
-    /// at 10.02, against 10.64 recomputed).
+    /// may be freed as soon as it is stored (a ResNet block's output gradient,
+    /// `where(y > 0, g1 + g2, 0)` recomputed by five kernels of its backward, kept two 1 MB
+    /// gradients alive to the end of the stem's backward). The latter is stored by a kernel
+    /// of its own: in a kernel that also writes other results, its buffers and theirs would
+    /// all be alive at once (the same gradient recomputed by two kernels: stored in the
+    /// first, the NCHW ResNet step peaked at 10.62 MB; alone, at 10.02, against 10.64
+    /// recomputed).
     fn check_duplication(&self, emitted: &[HashSet<ValueId>]) -> R<()> {
         let mut count: HashMap<ValueId, usize> = HashMap::new();
         for set in emitted {
@@ -189,15 +189,17 @@ impl<'g> Fuser<'g> {
                     return Some((v, false));
                 }
                 let reads = self.cone_reads(v);
-                // c > 1 here; a value of one buffer or none is never worth storing
-                let extra = reads.len().checked_sub(1).filter(|&e| e > 0)?;
+                // a value of one buffer or none is never worth storing
+                if reads.len() < 2 {
+                    return None;
+                }
                 // a tie in traffic goes to storing when that frees two temporaries or more
                 // for the one stored (graph inputs stay alive whatever is stored)
                 let temps = reads
                     .iter()
                     .filter(|&&r| !self.is_input_or_constant(r))
                     .count();
-                let saved = (c - 1) * extra;
+                let saved = (c - 1) * (reads.len() - 1);
                 (saved > 2 || (saved == 2 && temps >= 2)).then_some((v, true))
             })
             .collect();

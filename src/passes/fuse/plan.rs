@@ -256,12 +256,12 @@ impl<'g> Fuser<'g> {
                 && matches!(c, Class::Pointwise | Class::View | Class::Leaf))
     }
 
-    /// Values that live in a buffer for every reader outside their own kernel.
     /// Whether `v` is a graph input or a captured constant: alive for the whole call.
     pub(super) fn is_input_or_constant(&self, v: ValueId) -> bool {
         matches!(self.class[&v], Class::Input | Class::Constant)
     }
 
+    /// Values that live in a buffer for every reader outside their own kernel.
     fn is_buffer(&self, v: ValueId) -> bool {
         matches!(
             self.class[&v],
