@@ -21,6 +21,7 @@ pub mod libcalls;
 pub mod model;
 pub mod ranges;
 pub mod scalar;
+pub mod tiles;
 pub mod vmath;
 
 pub use half;

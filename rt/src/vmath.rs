@@ -708,13 +708,13 @@ fn map_from_with(op: StripOp, src: &[f32], dst: &mut [f32]) {
 // Dispatch
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Level {
+pub(crate) enum Level {
     Avx512,
     Avx2,
     Unavailable,
 }
 
-fn level() -> Level {
+pub(crate) fn level() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
     *LEVEL.get_or_init(|| {
         // `SMELT_CPU=avx2` (or `baseline`) caps the helpers below what the CPU has, to

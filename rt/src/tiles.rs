@@ -1,0 +1,439 @@
+//! f32 products on register tiles, for operands a GEMM library would first have to copy:
+//! `C[m, n] = start + Σ_s A_s · B_s`, where each span `s` is a run of the inner index with
+//! its own place in `A` and `B`.
+//!
+//! A convolution in channels_last is such a product without a column buffer: a row of
+//! output pixels times the weights is, per kernel tap, a span of `C_in` channels read
+//! straight from the (padded) image. So are its input gradient (a convolution of the
+//! padded output gradient with the flipped weights) and its weight gradient (per tap, one
+//! span per row of output pixels). At the channel counts of small networks (16, 32) the
+//! `gemm` crate's tiles get one vector of output channels and the copies cost as much as
+//! the product; these tiles hold up to 12 rows by two vectors of columns in registers.
+//!
+//! `B`'s columns and `C`'s columns are contiguous; `n` must be a multiple of 8
+//! ([`supports`]). Every element of `C` is one f32 sum in span order, one fused
+//! multiply-add per term, on every ISA.
+
+use crate::lanes::Lanes;
+use crate::vmath::{Level, level};
+
+/// A run of `len` steps of the inner index: its first element in `A` and `B`, as element
+/// offsets from [`Operands::a`] and [`Operands::b`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// Offset of the span's first element of row 0 of `A`.
+    pub a: isize,
+    /// Offset of the span's first row of `B`.
+    pub b: isize,
+    /// Steps of the inner index.
+    pub len: usize,
+}
+
+/// The two operands of a product and how to walk them.
+#[derive(Clone, Copy, Debug)]
+pub struct Operands<'a> {
+    /// `A`'s origin.
+    pub a: *const f32,
+    /// `B`'s origin.
+    pub b: *const f32,
+    /// The inner index, run by run.
+    pub spans: &'a [Span],
+    /// `A`'s stride from one row of `C` to the next, in elements.
+    pub a_rows: isize,
+    /// `A`'s stride along the inner index.
+    pub a_step: isize,
+    /// `B`'s stride along the inner index (its columns are contiguous).
+    pub b_step: isize,
+}
+
+/// What the sums start from.
+#[derive(Clone, Copy, Debug)]
+pub enum Start<'a> {
+    /// Zero.
+    Zero,
+    /// The values in `C` (the product is added to them).
+    Dst,
+    /// The same row of `n` values in every row (a bias).
+    Row(&'a [f32]),
+}
+
+/// Whether products with `n` columns run here: `n` a multiple of 8, on a CPU with AVX2 and
+/// FMA at least (and `SMELT_CPU` not capping below them).
+pub fn supports(n: usize) -> bool {
+    n > 0 && n.is_multiple_of(8) && level() != Level::Unavailable
+}
+
+/// `C[m, n] = start + Σ_s A_s · B_s`, `C` at `c` with `c_rows` elements from row to row.
+///
+/// # Safety
+/// [`supports`]`(n)`; for every span, the `m` rows of `A` and the `n` columns of `B` it
+/// reaches are readable; the `m × n` block of `C` is writable (and readable with
+/// [`Start::Dst`]), and overlaps neither operand; a [`Start::Row`] holds `n` values.
+pub unsafe fn product(op: &Operands, m: usize, n: usize, c: *mut f32, c_rows: isize, start: Start) {
+    debug_assert!(supports(n));
+    match level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `level` saw AVX-512 F/VL/DQ, AVX2 and FMA; the caller's contract.
+        Level::Avx512 => unsafe { product_avx512(op, m, n, c, c_rows, start) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `level` saw AVX2 and FMA; the caller's contract.
+        Level::Avx2 => unsafe { product_avx2(op, m, n, c, c_rows, start) },
+        // `supports` is false: nothing to run
+        _ => {}
+    }
+}
+
+/// The product with the tiles of a given ISA, for tests that check every ISA this CPU has.
+///
+/// # Safety
+/// As [`product`], and the CPU has `isa` (`"avx512"` or `"avx2"`).
+#[doc(hidden)]
+pub unsafe fn product_on(
+    isa: &str,
+    op: &Operands,
+    m: usize,
+    n: usize,
+    c: *mut f32,
+    c_rows: isize,
+    start: Start,
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller's contract.
+        "avx512" => unsafe { product_avx512(op, m, n, c, c_rows, start) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller's contract.
+        "avx2" => unsafe { product_avx2(op, m, n, c, c_rows, start) },
+        _ => {}
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
+unsafe fn product_avx512(
+    op: &Operands,
+    m: usize,
+    n: usize,
+    c: *mut f32,
+    c_rows: isize,
+    start: Start,
+) {
+    use crate::lanes::{X8, X16};
+    // 32 registers: 12 rows of two vectors; rows of one vector stop at 8, where the
+    // broadcasts of A (one load per multiply-add) and its row addresses set the pace
+    // SAFETY (both): compiled for AVX-512; the caller's contract
+    if n.is_multiple_of(16) {
+        unsafe { walks::<X16, 8, 12>(op, m, n, c, c_rows, start) }
+    } else {
+        unsafe { walks::<X8, 8, 12>(op, m, n, c, c_rows, start) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn product_avx2(
+    op: &Operands,
+    m: usize,
+    n: usize,
+    c: *mut f32,
+    c_rows: isize,
+    start: Start,
+) {
+    // 16 registers: 8 rows of one vector, or 6 rows of two, and the operands
+    // SAFETY: compiled for AVX2 + FMA; the caller's contract
+    unsafe { walks::<crate::lanes::X8, 8, 6>(op, m, n, c, c_rows, start) }
+}
+
+/// [`columns`] for the walk over `A` its strides allow.
+#[inline(always)]
+unsafe fn walks<L: Lanes, const R1: usize, const R2: usize>(
+    op: &Operands,
+    m: usize,
+    n: usize,
+    c: *mut f32,
+    c_rows: isize,
+    start: Start,
+) {
+    // SAFETY (all three): the caller's contract
+    if op.a_rows == 1 {
+        unsafe { columns::<L, R1, R2, ROWS_UNIT>(op, m, n, c, c_rows, start) }
+    } else if op.a_step == 1 {
+        unsafe { columns::<L, R1, R2, STEP_UNIT>(op, m, n, c, c_rows, start) }
+    } else {
+        unsafe { columns::<L, R1, R2, GENERAL>(op, m, n, c, c_rows, start) }
+    }
+}
+
+/// Blocks of two vectors of columns, then of one, each over all rows: `R1` (`R2`) rows per
+/// tile of one (two) vectors.
+#[inline(always)]
+unsafe fn columns<L: Lanes, const R1: usize, const R2: usize, const W: u8>(
+    op: &Operands,
+    m: usize,
+    n: usize,
+    c: *mut f32,
+    c_rows: isize,
+    start: Start,
+) {
+    let mut j = 0;
+    // SAFETY (both): columns j.. of the caller's block
+    while j + 2 * L::N <= n {
+        unsafe { rows::<L, 2, R2, W>(op, m, j, c, c_rows, start) };
+        j += 2 * L::N;
+    }
+    while j + L::N <= n {
+        unsafe { rows::<L, 1, R1, W>(op, m, j, c, c_rows, start) };
+        j += L::N;
+    }
+}
+
+/// The `m` rows of columns `j..j + V·L::N`: tiles of `R` rows, the rest in tiles of 8, 4, 2
+/// and 1 (fewer instances of the tile than one per remainder).
+#[inline(always)]
+unsafe fn rows<L: Lanes, const V: usize, const R: usize, const W: u8>(
+    op: &Operands,
+    m: usize,
+    j: usize,
+    c: *mut f32,
+    c_rows: isize,
+    start: Start,
+) {
+    let mut i = 0;
+    // SAFETY (every call): rows i.. of the caller's block, inside it
+    while i + R <= m {
+        unsafe { tile::<L, R, V, W>(op, i, j, c, c_rows, start) };
+        i += R;
+    }
+    if R > 8 && i + 8 <= m {
+        unsafe { tile::<L, 8, V, W>(op, i, j, c, c_rows, start) };
+        i += 8;
+    }
+    if R > 4 && i + 4 <= m {
+        unsafe { tile::<L, 4, V, W>(op, i, j, c, c_rows, start) };
+        i += 4;
+    }
+    if R > 2 && i + 2 <= m {
+        unsafe { tile::<L, 2, V, W>(op, i, j, c, c_rows, start) };
+        i += 2;
+    }
+    if i < m {
+        unsafe { tile::<L, 1, V, W>(op, i, j, c, c_rows, start) };
+    }
+}
+
+/// One step of the inner index: `acc[r] += a(r) · b[..V·L::N]`.
+#[inline(always)]
+unsafe fn fma_step<L: Lanes, const R: usize, const V: usize>(
+    acc: &mut [[L; V]; R],
+    a: impl Fn(usize) -> f32,
+    b: *const f32,
+) {
+    // SAFETY: the caller's `b` holds V·L::N readable f32s
+    let bv: [L; V] = std::array::from_fn(|v| unsafe { L::load(b.add(v * L::N)) });
+    for (r, row) in acc.iter_mut().enumerate() {
+        let x = L::splat(a(r));
+        for (y, &w) in row.iter_mut().zip(&bv) {
+            *y = x.fma(w, *y);
+        }
+    }
+}
+
+/// `A`'s rows are adjacent (`a_rows == 1`).
+const ROWS_UNIT: u8 = 0;
+/// `A`'s inner index is adjacent (`a_step == 1`).
+const STEP_UNIT: u8 = 1;
+/// Any strides.
+const GENERAL: u8 = 2;
+
+/// Rows `i..i + R`, columns `j..j + V·L::N` of `C`, summed in registers.
+#[inline(always)]
+unsafe fn tile<L: Lanes, const R: usize, const V: usize, const W: u8>(
+    op: &Operands,
+    i: usize,
+    j: usize,
+    c: *mut f32,
+    c_rows: isize,
+    start: Start,
+) {
+    // SAFETY (whole body): the caller's block holds rows i..i+R, columns j..j+V·N of C; the
+    // spans reach readable elements of A (those rows) and B (those columns)
+    unsafe {
+        let c = c.offset(i as isize * c_rows).add(j);
+        let mut acc = [[L::splat(0.0); V]; R];
+        match start {
+            Start::Zero => {}
+            Start::Dst => {
+                for (r, row) in acc.iter_mut().enumerate() {
+                    for (v, x) in row.iter_mut().enumerate() {
+                        *x = L::load(c.offset(r as isize * c_rows).add(v * L::N));
+                    }
+                }
+            }
+            Start::Row(b) => {
+                for row in acc.iter_mut() {
+                    for (v, x) in row.iter_mut().enumerate() {
+                        *x = L::load(b.as_ptr().add(j + v * L::N));
+                    }
+                }
+            }
+        }
+        let a0 = op.a.offset(i as isize * op.a_rows);
+        // the walks differ only in how A's addresses are formed: few live pointers keep
+        // the loop's registers out of memory
+        for s in op.spans {
+            let b = op.b.offset(s.b).add(j);
+            let a = a0.offset(s.a);
+            match W {
+                ROWS_UNIT => {
+                    for k in 0..s.len as isize {
+                        let ak = a.offset(k * op.a_step);
+                        fma_step::<L, R, V>(&mut acc, |r| *ak.add(r), b.offset(k * op.b_step));
+                    }
+                }
+                STEP_UNIT => {
+                    let rows: [*const f32; R] =
+                        std::array::from_fn(|r| a.offset(r as isize * op.a_rows));
+                    for k in 0..s.len {
+                        fma_step::<L, R, V>(
+                            &mut acc,
+                            |r| *rows[r].add(k),
+                            b.offset(k as isize * op.b_step),
+                        );
+                    }
+                }
+                _ => {
+                    for k in 0..s.len as isize {
+                        let ak = a.offset(k * op.a_step);
+                        fma_step::<L, R, V>(
+                            &mut acc,
+                            |r| *ak.offset(r as isize * op.a_rows),
+                            b.offset(k * op.b_step),
+                        );
+                    }
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (v, x) in row.iter().enumerate() {
+                x.store(c.offset(r as isize * c_rows).add(v * L::N));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values in [-1, 1) (xorshift).
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+            })
+            .collect()
+    }
+
+    fn isas() -> Vec<&'static str> {
+        let mut v = vec![];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                v.push("avx2");
+            }
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512dq")
+            {
+                v.push("avx512");
+            }
+        }
+        v
+    }
+
+    /// Strided A (rows a_rows apart, steps a_step apart), spans of uneven lengths at
+    /// scattered places, every start, against sums in f64; all row counts through 40 so
+    /// every tail of every tile runs.
+    #[test]
+    fn spans_agree_with_f64_sums_on_every_isa() {
+        let a = values(20_000, 3);
+        let b = values(20_000, 5);
+        let spans = [
+            Span { a: 0, b: 0, len: 3 },
+            Span {
+                a: 40,
+                b: 700,
+                len: 1,
+            },
+            Span {
+                a: 7,
+                b: 300,
+                len: 0,
+            },
+            Span {
+                a: 90,
+                b: 2000,
+                len: 9,
+            },
+        ];
+        for isa in isas() {
+            for n in [8, 16, 24, 32, 40, 48, 64] {
+                for m in (1..=40).step_by(3).chain([16, 12, 6]) {
+                    for (a_rows, a_step) in [(3isize, 1isize), (1, 5)] {
+                        let b_step = n as isize + 4;
+                        let op = Operands {
+                            a: a.as_ptr(),
+                            b: b.as_ptr(),
+                            spans: &spans,
+                            a_rows,
+                            a_step,
+                            b_step,
+                        };
+                        let bias = values(n, 11);
+                        let c_rows = n as isize + 3;
+                        for start in [Start::Zero, Start::Dst, Start::Row(&bias)] {
+                            let init = values(m * c_rows as usize, 13);
+                            let mut c = init.clone();
+                            // SAFETY: every index below is inside `a`, `b` and `c`
+                            unsafe { product_on(isa, &op, m, n, c.as_mut_ptr(), c_rows, start) };
+                            for r in 0..m {
+                                for col in 0..n {
+                                    let mut want = match start {
+                                        Start::Zero => 0.0,
+                                        Start::Dst => init[r * c_rows as usize + col] as f64,
+                                        Start::Row(b) => b[col] as f64,
+                                    };
+                                    let mut mag = want.abs();
+                                    for s in &spans {
+                                        for k in 0..s.len as isize {
+                                            let x = a
+                                                [(s.a + r as isize * a_rows + k * a_step) as usize]
+                                                as f64;
+                                            let y = b[(s.b + k * b_step) as usize + col] as f64;
+                                            want += x * y;
+                                            mag += (x * y).abs();
+                                        }
+                                    }
+                                    let got = c[r * c_rows as usize + col] as f64;
+                                    assert!(
+                                        (got - want).abs() <= 1e-6 * mag.max(1.0),
+                                        "{isa} n {n} m {m} row {r} col {col}: {got} vs {want}"
+                                    );
+                                }
+                                // the padding after each row is untouched
+                                for col in n..c_rows as usize {
+                                    let i = r * c_rows as usize + col;
+                                    assert_eq!(c[i], init[i]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

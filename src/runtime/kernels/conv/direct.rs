@@ -1,0 +1,363 @@
+//! f32 convolutions in channels_last without column buffers, on `smelt_rt::tiles`.
+//!
+//! A row of output pixels is a product whose inner index runs over the kernel's taps, each
+//! tap a span of contiguous input channels of the zero-padded image; the padded copy is
+//! the only pass besides the product (a column buffer is `kH·kW` times the image). The
+//! input gradient of a stride-1 convolution is the same product over the padded output
+//! gradient with the taps flipped; the weight gradient is, per tap, a product whose inner
+//! index runs over the output pixels, one span per row of them.
+//!
+//! Each applies to one group of f32 channels whose count ([`tiles::supports`]) fits the
+//! tiles (a multiple of 8: 16 and 32 channels are one and two AVX-512 vectors); the caller
+//! keeps its GEMMs for everything else.
+
+use super::Dims;
+use crate::runtime::strided::SendPtr;
+use crate::runtime::threads;
+use smelt_rt::tiles::{self, Operands, Span, Start};
+use std::cell::RefCell;
+
+/// Whether the forward and the weight gradient of `d` run here: one group, output
+/// channels the tiles take.
+pub(super) fn applies(d: &Dims) -> bool {
+    d.g == 1 && tiles::supports(d.co)
+}
+
+/// Whether the input gradient of `d` runs here: one group, input channels the tiles take.
+pub(super) fn applies_to_input(d: &Dims) -> bool {
+    d.g == 1 && tiles::supports(d.c)
+}
+
+thread_local! {
+    /// The padded copy, kept between calls: a new one per call would take fresh pages from
+    /// the system each time (it is larger than the allocator keeps for reuse).
+    static PADDED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// An NHWC image batch with `(rows, cols)` zero borders: `[n, hp, wp, c]` whose element at
+/// pixel `(r, q)` is the input's at `(r − top, q − left)`, or zero outside it.
+#[derive(Clone, Copy)]
+struct Padded {
+    hp: usize,
+    wp: usize,
+    top: usize,
+    left: usize,
+}
+
+impl Padded {
+    fn len(&self, n: usize, c: usize) -> usize {
+        n * self.hp * self.wp * c
+    }
+}
+
+/// Runs `f` on `x` (`[n, h, w, c]`) padded as `p` says: `x` itself when it needs no border,
+/// else a copy in this thread's buffer (a fresh one when a nested call holds it).
+fn with_padded<R>(
+    x: &[f32],
+    (n, h, w, c): (usize, usize, usize, usize),
+    p: Padded,
+    f: impl FnOnce(&[f32]) -> R,
+) -> R {
+    if (p.hp, p.wp, p.top, p.left) == (h, w, 0, 0) {
+        return f(x);
+    }
+    let fill = |buf: &mut Vec<f32>| {
+        buf.resize(p.len(n, c), 0.0);
+        let bp = SendPtr(buf.as_mut_ptr());
+        let rows = n * p.hp;
+        par_rows(rows, &|lo, hi| {
+            for row in lo..hi {
+                let (ni, r) = (row / p.hp, row % p.hp);
+                // SAFETY: padded row `row` is this task's alone and inside the buffer
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(bp.get().add(row * p.wp * c), p.wp * c)
+                };
+                let src_row = r.checked_sub(p.top).filter(|&r| r < h);
+                let Some(ir) = src_row else {
+                    dst.fill(0.0);
+                    continue;
+                };
+                let lo_q = p.left.min(p.wp);
+                let hi_q = (p.left + w).min(p.wp);
+                dst[..lo_q * c].fill(0.0);
+                let src = &x[(ni * h + ir) * w * c..][..(hi_q - lo_q) * c];
+                dst[lo_q * c..hi_q * c].copy_from_slice(src);
+                dst[hi_q * c..].fill(0.0);
+            }
+        });
+    };
+    PADDED.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            fill(&mut buf);
+            f(&buf)
+        }
+        Err(_) => {
+            let mut buf = Vec::new();
+            fill(&mut buf);
+            f(&buf)
+        }
+    })
+}
+
+/// The input padded for the forward and the weight gradient: every tap of every output
+/// pixel inside it.
+fn input_padding(d: &Dims) -> Padded {
+    Padded {
+        hp: (d.oh - 1) * d.sh + (d.kh - 1) * d.dh + 1,
+        wp: (d.ow - 1) * d.sw + (d.kw - 1) * d.dw + 1,
+        top: d.ph,
+        left: d.pw,
+    }
+}
+
+/// `y[n, oh, ow, o] = bias[o] + Σ x[n, oh·s + i·d − p, ow·s + j·d − p, c] · w[o, i, j, c]`,
+/// `w` as `[Cout, kH, kW, Cin]`; `done(start, len)` after each run of finished output
+/// elements (in memory order).
+pub(super) fn forward(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    d: &Dims,
+    y: &mut [f32],
+    done: &(dyn Fn(usize, usize) + Sync),
+) {
+    let (c, co, kk) = (d.c, d.co, d.kk());
+    // the taps' weights as rows of output channels: [kH·kW·Cin, Cout]
+    let mut wt = vec![0.0f32; kk * co];
+    for o in 0..co {
+        for q in 0..kk {
+            wt[q * co + o] = w[o * kk + q];
+        }
+    }
+    let p = input_padding(d);
+    let spans: Vec<Span> = taps(d)
+        .map(|(i, j, t)| Span {
+            a: ((i * d.dh * p.wp + j * d.dw) * c) as isize,
+            b: (t * c * co) as isize,
+            len: c,
+        })
+        .collect();
+    let yp = SendPtr(y.as_mut_ptr());
+    with_padded(x, (d.n, d.h, d.w, c), p, |xp| {
+        let xpp = SendPtr(xp.as_ptr() as *mut f32);
+        par_rows(d.n * d.oh, &|lo, hi| {
+            for row in lo..hi {
+                let (ni, oh) = (row / d.oh, row % d.oh);
+                let op = Operands {
+                    a: xpp.get().wrapping_add((ni * p.hp + oh * d.sh) * p.wp * c),
+                    b: wt.as_ptr(),
+                    spans: &spans,
+                    a_rows: (d.sw * c) as isize,
+                    a_step: 1,
+                    b_step: co as isize,
+                };
+                let start = bias.map_or(Start::Zero, Start::Row);
+                // SAFETY: the padded image holds every tap of the row's pixels; output row
+                // `row` is this task's alone
+                unsafe {
+                    tiles::product(
+                        &op,
+                        d.ow,
+                        co,
+                        yp.get().add(row * d.ow * co),
+                        co as isize,
+                        start,
+                    )
+                };
+            }
+            done(lo * d.ow * co, (hi - lo) * d.ow * co);
+        });
+    });
+}
+
+/// The input gradient: `dx[n, h, w, c] = Σ gy[n, oh, ow, o] · w[o, i, j, c]` over the
+/// taps and output pixels with `oh·s + i·d − p = h` (and the same along the width), `w` as
+/// `[Cout, kH, kW, Cin]`. The pixels of one phase (`h mod s`, `w mod s`) take the same taps,
+/// each from the output gradient shifted by a whole number of pixels: a row of them is a
+/// product over those taps, reading the zero-padded gradient. Writes every element of `dx`.
+pub(super) fn backward_input(gy: &[f32], w: &[f32], d: &Dims, dx: &mut [f32]) {
+    let (c, co, taps_n) = (d.c, d.co, d.kh * d.kw);
+    // the taps' weights as [kH·kW, Cout, Cin]
+    let mut wt = vec![0.0f32; taps_n * co * c];
+    for o in 0..co {
+        for t in 0..taps_n {
+            wt[(t * co + o) * c..][..c].copy_from_slice(&w[(o * taps_n + t) * c..][..c]);
+        }
+    }
+    let (ah, aw) = (
+        Axis::new(d.h, d.oh, d.kh, d.sh, d.ph, d.dh),
+        Axis::new(d.w, d.ow, d.kw, d.sw, d.pw, d.dw),
+    );
+    let p = Padded {
+        hp: ah.padded,
+        wp: aw.padded,
+        top: ah.before,
+        left: aw.before,
+    };
+    // per phase (h mod s, w mod s): the taps that reach it and their shifts
+    let phases: Vec<Vec<Span>> = (0..d.sh * d.sw)
+        .map(|ph| {
+            let (fh, fw) = (ph / d.sw, ph % d.sw);
+            let mut spans = vec![];
+            for (i, j, t) in taps(d) {
+                if let (Some(eh), Some(ew)) = (ah.shift(fh, i), aw.shift(fw, j)) {
+                    spans.push(Span {
+                        a: (eh * p.wp as isize + ew) * co as isize,
+                        b: (t * co * c) as isize,
+                        len: co,
+                    });
+                }
+            }
+            spans
+        })
+        .collect();
+    let dxp = SendPtr(dx.as_mut_ptr());
+    with_padded(gy, (d.n, d.oh, d.ow, co), p, |gp| {
+        let gpp = SendPtr(gp.as_ptr() as *mut f32);
+        par_rows(d.n * d.h, &|lo, hi| {
+            for row in lo..hi {
+                let (ni, ih) = (row / d.h, row % d.h);
+                let (fh, th) = (ih % d.sh, ih / d.sh);
+                for fw in 0..d.sw.min(d.w) {
+                    let op = Operands {
+                        a: gpp
+                            .get()
+                            .wrapping_add(((ni * p.hp + th + p.top) * p.wp + p.left) * co),
+                        b: wt.as_ptr(),
+                        spans: &phases[fh * d.sw + fw],
+                        a_rows: co as isize,
+                        a_step: 1,
+                        b_step: c as isize,
+                    };
+                    let m = (d.w - fw).div_ceil(d.sw);
+                    // SAFETY: the padded gradient holds every shifted tap of the phase's
+                    // pixels (`Axis`); input row `row` is this task's alone
+                    unsafe {
+                        let dst = dxp.get().add((row * d.w + fw) * c);
+                        tiles::product(&op, m, c, dst, (d.sw * c) as isize, Start::Zero)
+                    };
+                }
+            }
+        });
+    });
+}
+
+/// One spatial axis of the input gradient: the input pixel `φ + s·t` of phase `φ` takes tap
+/// `i` from output pixel `t + e`, where `e = (φ + p − i·d) / s` when that divides.
+#[derive(Clone, Copy)]
+struct Axis {
+    s: usize,
+    p: usize,
+    dl: usize,
+    /// Zero pixels before the gradient: the most negative shift.
+    before: usize,
+    /// The padded length: every `t + e` of every phase inside it.
+    padded: usize,
+}
+
+impl Axis {
+    fn new(input: usize, output: usize, k: usize, s: usize, p: usize, dl: usize) -> Axis {
+        let before = ((k - 1) * dl).div_ceil(s);
+        let most = input.div_ceil(s) + p.div_ceil(s);
+        Axis {
+            s,
+            p,
+            dl,
+            before,
+            padded: before + output.max(most),
+        }
+    }
+
+    /// The shift `e` of tap `i` in phase `f`, when the tap reaches that phase.
+    fn shift(&self, f: usize, i: usize) -> Option<isize> {
+        let num = (f + self.p) as isize - (i * self.dl) as isize;
+        let s = self.s as isize;
+        (num.rem_euclid(s) == 0).then(|| num.div_euclid(s))
+    }
+}
+
+/// The weight gradient as `[Cout, kH, kW, Cin]`: `Σ xp[n, oh·s + i·d, ow·s + j·d, c] ·
+/// gy[n, oh, ow, o]` over every output pixel, computed as `[kH, kW, Cin] × Cout` rows: a
+/// kernel row's taps and channels (adjacent in the padded image when the dilation is 1)
+/// are rows of one product whose inner index runs over the output pixels, one span per row
+/// of them. Each thread sums its run of images, a few at a time (so that their gradient
+/// and input stay in cache across the kernel rows), into a partial sum; the partial sums
+/// are added at the end.
+pub(super) fn backward_weight(gy: &[f32], x: &[f32], d: &Dims) -> Vec<f32> {
+    let (c, co, kk) = (d.c, d.co, d.kk());
+    let p = input_padding(d);
+    let size = co * kk;
+    let per_image = (d.oh * d.ow * co + p.hp * p.wp * c) * size_of::<f32>();
+    let group = ((256 << 10) / per_image.max(1)).clamp(1, d.n);
+    let chunks = threads::available().min(d.n).max(1);
+    let mut parts = vec![0.0f32; chunks * size];
+    let pp = SendPtr(parts.as_mut_ptr());
+    // (first tap, rows): a kernel row at a time, or a tap at a time when dilated
+    let blocks: Vec<(usize, usize)> = if d.dw == 1 {
+        (0..d.kh).map(|i| (i * d.kw, d.kw * c)).collect()
+    } else {
+        taps(d).map(|(_, _, t)| (t, c)).collect()
+    };
+    with_padded(x, (d.n, d.h, d.w, c), p, |xp| {
+        let xpp = SendPtr(xp.as_ptr() as *mut f32);
+        super::run_chunks(d.n, chunks, &|ci, lo, hi| {
+            let mut spans = Vec::with_capacity(group * d.oh);
+            let mut n0 = lo;
+            while n0 < hi {
+                let n1 = hi.min(n0 + group);
+                spans.clear();
+                for ni in n0..n1 {
+                    for oh in 0..d.oh {
+                        spans.push(Span {
+                            a: (((ni * p.hp + oh * d.sh) * p.wp) * c) as isize,
+                            b: (((ni * d.oh + oh) * d.ow) * co) as isize,
+                            len: d.ow,
+                        });
+                    }
+                }
+                for &(t, rows) in &blocks {
+                    let (i, j) = (t / d.kw, t % d.kw);
+                    let op = Operands {
+                        a: xpp.get().wrapping_add((i * d.dh * p.wp + j * d.dw) * c),
+                        b: gy.as_ptr(),
+                        spans: &spans,
+                        a_rows: 1,
+                        a_step: (d.sw * c) as isize,
+                        b_step: co as isize,
+                    };
+                    // SAFETY: every span's pixels lie in `gy` and, for these taps, in the
+                    // padded input; partial sum `ci` is this chunk's alone
+                    unsafe {
+                        let dst = pp.get().add(ci * size + t * c * co);
+                        tiles::product(&op, rows, co, dst, co as isize, Start::Dst)
+                    };
+                }
+                n0 = n1;
+            }
+        });
+    });
+    let (first, rest) = parts.split_at_mut(size);
+    for part in rest.chunks(size) {
+        for (a, &b) in first.iter_mut().zip(part.iter()) {
+            *a += b;
+        }
+    }
+    // [kH·kW·Cin, Cout] to [Cout, kH·kW·Cin]
+    let mut dw = vec![0.0f32; size];
+    for q in 0..kk {
+        for o in 0..co {
+            dw[o * kk + q] = first[q * co + o];
+        }
+    }
+    dw
+}
+
+/// Runs `f(lo, hi)` over `0..count` cut into a few runs per thread.
+fn par_rows(count: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+    super::run_chunks(count, threads::available() * 4, &|_, lo, hi| f(lo, hi));
+}
+
+/// The kernel's taps `(i, j)` in memory order, with their index `i·kW + j`.
+fn taps(d: &Dims) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+    (0..d.kh * d.kw).map(move |t| (t / d.kw, t % d.kw, t))
+}
