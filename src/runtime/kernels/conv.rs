@@ -19,8 +19,8 @@
 //! `gy · colᵀ` over images and tiles, one partial sum per thread, added at the end.
 //!
 //! f32 in channels_last with one group skips the column buffers where the channel counts
-//! fit register tiles (`direct`): at 16 and 32 channels the three products ran 1.3-3× faster
-//! that way (`cargo bench --bench models`, the ResNet's convolutions).
+//! fit register tiles (`direct`): at the channel counts of small networks the gather, the
+//! scatter and the GEMMs' packing cost as much as the products (BENCHMARKS.md).
 //!
 //! f64 computes in f64; f32 in f32; f16 and bf16 in f32, with one rounding of the result.
 //! A 1-d convolution is the 2-d one with a height of 1.
