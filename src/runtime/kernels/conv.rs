@@ -641,10 +641,9 @@ fn forward_in<A: Acc>(
                 depthwise_forward_nhwc(xs, &wv, bv, d, y);
             } else if d.depthwise() {
                 depthwise_forward(xs, &wv, bv, d, y);
+            } else if forward_direct((xs, &wv, bv), d, nhwc, y, te) {
             } else if nhwc {
-                if !forward_direct(xs, &wv, bv, d, y, te) {
-                    forward_nhwc(xs, &wv, bv, d, y, te);
-                }
+                forward_nhwc(xs, &wv, bv, d, y, te);
             } else {
                 forward_nchw(xs, &wv, bv, d, y, te);
             }
@@ -931,12 +930,11 @@ fn cast_vec<A: 'static>(v: Vec<f32>) -> Option<Vec<A>> {
     any.downcast::<Vec<A>>().ok().map(|b| *b)
 }
 
-/// The NHWC forward of f32 by [`direct::forward`], when it applies (false otherwise).
+/// The forward of f32 by [`direct::forward`], when it applies (false otherwise).
 fn forward_direct<A: Acc>(
-    x: &[A],
-    w: &[A],
-    bias: Option<&[A]>,
+    (x, w, bias): (&[A], &[A], Option<&[A]>),
     d: &Dims,
+    nhwc: bool,
     y: &mut [A],
     epi: Option<&TileEpilogue>,
 ) -> bool {
@@ -951,7 +949,7 @@ fn forward_direct<A: Acc>(
         return false;
     }
     let yp = SendPtr(y.as_mut_ptr());
-    direct::forward(x, w, bias, d, y, &|start, len| {
+    direct::forward((x, w, bias), d, nhwc, y, &|start, len| {
         if let Some(e) = epi {
             e.run(yp.get(), start, len);
         }
@@ -1248,7 +1246,7 @@ fn backward_input_in<A: Acc>(
     let wv = dense::<A>(w, nhwc && !d.depthwise())?.to_vec::<A>()?;
     let gd = dense::<A>(gy, nhwc)?;
     // the direct product writes every element; the others add into zeros
-    let direct = nhwc && f32s(&wv).is_some() && direct::applies_to_input(d);
+    let direct = f32s(&wv).is_some() && direct::applies_to_input(d);
     produce::<A>(out, nhwc, !direct, |dx| {
         with_elements::<A, _>(&gd, |gs| {
             if d.depthwise() && nhwc {
@@ -1258,7 +1256,7 @@ fn backward_input_in<A: Acc>(
             } else if let (true, Some(gs), Some(w), Some(dx)) =
                 (direct, f32s(gs), f32s(&wv), f32s_mut(dx))
             {
-                direct::backward_input(gs, w, d, dx);
+                direct::backward_input(gs, w, d, nhwc, dx);
             } else {
                 backward_input_gemm(gs, &wv, d, nhwc, dx);
             }
@@ -1449,14 +1447,16 @@ fn backward_weight_in<A: Acc>(
         } else if d.depthwise() {
             depthwise_backward_weight(gs, xs, d)
         } else {
-            let dw = match (f32s(gs), f32s(xs)) {
-                (Some(g), Some(x)) if nhwc && direct::applies(d) => {
-                    cast_vec(direct::backward_weight(g, x, d))
+            let direct = match (f32s(gs), f32s(xs)) {
+                (Some(g), Some(x)) if direct::applies(d) => {
+                    cast_vec(direct::backward_weight(g, x, d, nhwc))
                 }
                 _ => None,
             };
-            let dw = dw.unwrap_or_else(|| backward_weight_gemm(gs, xs, d, nhwc));
-            if nhwc {
+            // the direct product's patches are NHWC-ordered whatever the layout
+            let nhwc_patches = nhwc || direct.is_some();
+            let dw = direct.unwrap_or_else(|| backward_weight_gemm(gs, xs, d, nhwc));
+            if nhwc_patches {
                 // [Cout, kH, kW, Cin_g] to [Cout, Cin_g, kH, kW]
                 let (cig, kp) = (d.cig(), d.kh * d.kw);
                 let mut t = vec![A::zero(); dw.len()];
@@ -1984,12 +1984,12 @@ mod tests {
         assert!(!is_channels_last(&[2, 3, 4], &[12, 1, 3]));
     }
 
-    /// f32 channels_last with channel counts the register tiles take (multiples of 8):
+    /// f32, NCHW and channels_last, with channel counts the register tiles take (multiples of 8):
     /// the forward and the weight gradient (output channels) and the input gradient (input
     /// channels) run without column buffers; every geometry of `random_case` (strides,
     /// dilations, uneven padding), and sizes that leave every tail of the tiles.
     #[test]
-    fn direct_channels_last_products_match_the_reference() {
+    fn direct_products_match_the_reference() {
         if !smelt_rt::tiles::supports(8) {
             eprintln!("skipped: no register tiles on this CPU");
             return;
@@ -2011,6 +2011,8 @@ mod tests {
             let d = plan("t", &k.x_shape(), &k.w_shape(), &k.y_shape(), &k.geo()).unwrap();
             assert_eq!(direct::applies(&d), k.co.is_multiple_of(8), "{k:?}");
             input_direct += usize::from(direct::applies_to_input(&d));
+            // NCHW tensors are reordered on the way in and out
+            check(&k, DType::F32, &mut r, &tensor);
             check(&k, DType::F32, &mut r, &|v, s, d| {
                 if s.len() == 4 && s[0] == k.n {
                     channels_last(v, s, d)

@@ -1,15 +1,19 @@
-//! f32 convolutions in channels_last without column buffers, on `smelt_rt::tiles`.
+//! f32 convolutions without column buffers, on `smelt_rt::tiles`.
 //!
 //! A row of output pixels is a product whose inner index runs over the kernel's taps, each
 //! tap a span of contiguous input channels of the zero-padded image; the padded copy is
 //! the only pass besides the product (a column buffer is `kH·kW` times the image). The
-//! input gradient of a stride-1 convolution is the same product over the padded output
-//! gradient with the taps flipped; the weight gradient is, per tap, a product whose inner
-//! index runs over the output pixels, one span per row of them.
+//! input gradient is, per phase of the stride, the same kind of product over the padded
+//! output gradient; the weight gradient is a product whose inner index runs over the output
+//! pixels, one span per row of them.
 //!
 //! Each applies to one group of f32 channels whose count ([`tiles::supports`]) fits the
-//! tiles (a multiple of 8: 16 and 32 channels are one and two AVX-512 vectors); the caller
-//! keeps its GEMMs for everything else.
+//! tiles (a multiple of 8: 16 and 32 channels are one and two AVX-512 vectors): the output
+//! channels for the forward and the weight gradient, the input channels for the input
+//! gradient. The caller keeps its GEMMs for everything else.
+//!
+//! The products read and write NHWC: NCHW operands are reordered into the padded copy, and
+//! NCHW results leave a row at a time through a buffer.
 
 use super::Dims;
 use crate::runtime::strided::SendPtr;
@@ -29,9 +33,10 @@ pub(super) fn applies_to_input(d: &Dims) -> bool {
 }
 
 thread_local! {
-    /// The padded copy, kept between calls: a new one per call would take fresh pages from
-    /// the system each time (it is larger than the allocator keeps for reuse).
-    static PADDED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The padded copies (two: the weight gradient of NCHW tensors reorders both operands),
+    /// kept between calls: a new one per call would take fresh pages from the system each
+    /// time (it is larger than the allocator keeps for reuse).
+    static PADDED: [RefCell<Vec<f32>>; 2] = const { [RefCell::new(Vec::new()), RefCell::new(Vec::new())] };
 }
 
 /// An NHWC image batch with `(rows, cols)` zero borders: `[n, hp, wp, c]` whose element at
@@ -50,15 +55,17 @@ impl Padded {
     }
 }
 
-/// Runs `f` on `x` (`[n, h, w, c]`) padded as `p` says: `x` itself when it needs no border,
-/// else a copy in this thread's buffer (a fresh one when a nested call holds it).
+/// Runs `f` on `x` (`[n, h, w, c]`, or `[n, c, h, w]` unless `nhwc`) as NHWC padded as
+/// `p` says: `x` itself when it is NHWC and needs no border, else a copy in this thread's
+/// buffer `slot` (a fresh one when a nested call holds it).
 fn with_padded<R>(
     x: &[f32],
     (n, h, w, c): (usize, usize, usize, usize),
-    p: Padded,
+    nhwc: bool,
+    (p, slot): (Padded, usize),
     f: impl FnOnce(&[f32]) -> R,
 ) -> R {
-    if (p.hp, p.wp, p.top, p.left) == (h, w, 0, 0) {
+    if nhwc && (p.hp, p.wp, p.top, p.left) == (h, w, 0, 0) {
         return f(x);
     }
     let fill = |buf: &mut Vec<f32>| {
@@ -80,13 +87,22 @@ fn with_padded<R>(
                 let lo_q = p.left.min(p.wp);
                 let hi_q = (p.left + w).min(p.wp);
                 dst[..lo_q * c].fill(0.0);
-                let src = &x[(ni * h + ir) * w * c..][..(hi_q - lo_q) * c];
-                dst[lo_q * c..hi_q * c].copy_from_slice(src);
                 dst[hi_q * c..].fill(0.0);
+                if nhwc {
+                    let src = &x[(ni * h + ir) * w * c..][..(hi_q - lo_q) * c];
+                    dst[lo_q * c..hi_q * c].copy_from_slice(src);
+                } else {
+                    for ch in 0..c {
+                        let src = &x[((ni * c + ch) * h + ir) * w..][..hi_q - lo_q];
+                        for (q, &v) in src.iter().enumerate() {
+                            dst[(lo_q + q) * c + ch] = v;
+                        }
+                    }
+                }
             }
         });
     };
-    PADDED.with(|cell| match cell.try_borrow_mut() {
+    PADDED.with(|cells| match cells[slot].try_borrow_mut() {
         Ok(mut buf) => {
             fill(&mut buf);
             f(&buf)
@@ -97,6 +113,35 @@ fn with_padded<R>(
             f(&buf)
         }
     })
+}
+
+/// Writes `m` pixels of `c` channels, `src[m, c]`, as row `dst` of an NCHW image whose
+/// planes are `plane` elements apart.
+///
+/// # Safety
+/// `dst + ch·plane + q` is writable for every channel `ch` and pixel `q`, and no one else's.
+unsafe fn store_nchw(src: &[f32], c: usize, dst: *mut f32, plane: usize) {
+    for (q, px) in src.chunks_exact(c).enumerate() {
+        for (ch, &v) in px.iter().enumerate() {
+            // SAFETY: as the caller promises
+            unsafe { *dst.add(ch * plane + q) = v };
+        }
+    }
+}
+
+/// Element `(o, t, ci)` of weights `[Cout, kH, kW, Cin]` (`nhwc`) or `[Cout, Cin, kH, kW]`
+/// with `taps = kH·kW` and `c = Cin`.
+fn weight_at(
+    w: &[f32],
+    nhwc: bool,
+    (taps, c): (usize, usize),
+    (o, t, ci): (usize, usize, usize),
+) -> f32 {
+    if nhwc {
+        w[(o * taps + t) * c + ci]
+    } else {
+        w[(o * c + ci) * taps + t]
+    }
 }
 
 /// The input padded for the forward and the weight gradient: every tap of every output
@@ -111,22 +156,23 @@ fn input_padding(d: &Dims) -> Padded {
 }
 
 /// `y[n, oh, ow, o] = bias[o] + Σ x[n, oh·s + i·d − p, ow·s + j·d − p, c] · w[o, i, j, c]`,
-/// `w` as `[Cout, kH, kW, Cin]`; `done(start, len)` after each run of finished output
-/// elements (in memory order).
+/// `x`, `w` and `y` in NHWC order (`[Cout, kH, kW, Cin]` for `w`) or, unless `nhwc`, NCHW
+/// order; `done(start, len)` after each run of finished output elements (in memory order).
 pub(super) fn forward(
-    x: &[f32],
-    w: &[f32],
-    bias: Option<&[f32]>,
+    (x, w, bias): (&[f32], &[f32], Option<&[f32]>),
     d: &Dims,
+    nhwc: bool,
     y: &mut [f32],
     done: &(dyn Fn(usize, usize) + Sync),
 ) {
-    let (c, co, kk) = (d.c, d.co, d.kk());
+    let (c, co, kk, taps_n) = (d.c, d.co, d.kk(), d.kh * d.kw);
     // the taps' weights as rows of output channels: [kH·kW·Cin, Cout]
     let mut wt = vec![0.0f32; kk * co];
     for o in 0..co {
-        for q in 0..kk {
-            wt[q * co + o] = w[o * kk + q];
+        for t in 0..taps_n {
+            for ci in 0..c {
+                wt[(t * c + ci) * co + o] = weight_at(w, nhwc, (taps_n, c), (o, t, ci));
+            }
         }
     }
     let p = input_padding(d);
@@ -138,35 +184,50 @@ pub(super) fn forward(
         })
         .collect();
     let yp = SendPtr(y.as_mut_ptr());
-    with_padded(x, (d.n, d.h, d.w, c), p, |xp| {
+    let opix = d.oh * d.ow;
+    with_padded(x, (d.n, d.h, d.w, c), nhwc, (p, 0), |xp| {
         let xpp = SendPtr(xp.as_ptr() as *mut f32);
-        par_rows(d.n * d.oh, &|lo, hi| {
-            for row in lo..hi {
-                let (ni, oh) = (row / d.oh, row % d.oh);
-                let op = Operands {
-                    a: xpp.get().wrapping_add((ni * p.hp + oh * d.sh) * p.wp * c),
-                    b: wt.as_ptr(),
-                    spans: &spans,
-                    a_rows: (d.sw * c) as isize,
-                    a_step: 1,
-                    b_step: co as isize,
-                };
-                let start = bias.map_or(Start::Zero, Start::Row);
-                // SAFETY: the padded image holds every tap of the row's pixels; output row
-                // `row` is this task's alone
-                unsafe {
-                    tiles::product(
-                        &op,
-                        d.ow,
-                        co,
-                        yp.get().add(row * d.ow * co),
-                        co as isize,
-                        start,
-                    )
-                };
-            }
-            done(lo * d.ow * co, (hi - lo) * d.ow * co);
-        });
+        // output row `row` (image, oh) into `dst`, `co` apart from pixel to pixel
+        let row_into = |row: usize, dst: *mut f32| {
+            let (ni, oh) = (row / d.oh, row % d.oh);
+            let op = Operands {
+                a: xpp.get().wrapping_add((ni * p.hp + oh * d.sh) * p.wp * c),
+                b: wt.as_ptr(),
+                spans: &spans,
+                a_rows: (d.sw * c) as isize,
+                a_step: 1,
+                b_step: co as isize,
+            };
+            let start = bias.map_or(Start::Zero, Start::Row);
+            // SAFETY: the padded image holds every tap of the row's pixels; the caller
+            // gives `dst` room for the row
+            unsafe { tiles::product(&op, d.ow, co, dst, co as isize, start) };
+        };
+        if nhwc {
+            par_rows(d.n * d.oh, &|lo, hi| {
+                for row in lo..hi {
+                    // SAFETY: output row `row` is this task's alone
+                    row_into(row, unsafe { yp.get().add(row * d.ow * co) });
+                }
+                done(lo * d.ow * co, (hi - lo) * d.ow * co);
+            });
+        } else {
+            // whole images per task, each row through a buffer into its channels' planes
+            par_rows(d.n, &|lo, hi| {
+                let mut buf = vec![0.0f32; d.ow * co];
+                for ni in lo..hi {
+                    for oh in 0..d.oh {
+                        row_into(ni * d.oh + oh, buf.as_mut_ptr());
+                        // SAFETY: image ni is this task's alone
+                        unsafe {
+                            let dst = yp.get().add(ni * co * opix + oh * d.ow);
+                            store_nchw(&buf, co, dst, opix);
+                        }
+                    }
+                    done(ni * co * opix, co * opix);
+                }
+            });
+        }
     });
 }
 
@@ -174,14 +235,17 @@ pub(super) fn forward(
 /// taps and output pixels with `oh·s + i·d − p = h` (and the same along the width), `w` as
 /// `[Cout, kH, kW, Cin]`. The pixels of one phase (`h mod s`, `w mod s`) take the same taps,
 /// each from the output gradient shifted by a whole number of pixels: a row of them is a
-/// product over those taps, reading the zero-padded gradient. Writes every element of `dx`.
-pub(super) fn backward_input(gy: &[f32], w: &[f32], d: &Dims, dx: &mut [f32]) {
+/// product over those taps, reading the zero-padded gradient. Writes every element of `dx`;
+/// `gy`, `w` and `dx` are ordered as for [`forward`].
+pub(super) fn backward_input(gy: &[f32], w: &[f32], d: &Dims, nhwc: bool, dx: &mut [f32]) {
     let (c, co, taps_n) = (d.c, d.co, d.kh * d.kw);
     // the taps' weights as [kH·kW, Cout, Cin]
     let mut wt = vec![0.0f32; taps_n * co * c];
     for o in 0..co {
         for t in 0..taps_n {
-            wt[(t * co + o) * c..][..c].copy_from_slice(&w[(o * taps_n + t) * c..][..c]);
+            for ci in 0..c {
+                wt[(t * co + o) * c + ci] = weight_at(w, nhwc, (taps_n, c), (o, t, ci));
+            }
         }
     }
     let (ah, aw) = (
@@ -212,30 +276,44 @@ pub(super) fn backward_input(gy: &[f32], w: &[f32], d: &Dims, dx: &mut [f32]) {
         })
         .collect();
     let dxp = SendPtr(dx.as_mut_ptr());
-    with_padded(gy, (d.n, d.oh, d.ow, co), p, |gp| {
+    let ipix = d.h * d.w;
+    with_padded(gy, (d.n, d.oh, d.ow, co), nhwc, (p, 0), |gp| {
         let gpp = SendPtr(gp.as_ptr() as *mut f32);
+        // input row `row` (image, ih) into `dst`, `c` apart from pixel to pixel
+        let row_into = |row: usize, dst: *mut f32| {
+            let (ni, ih) = (row / d.h, row % d.h);
+            let (fh, th) = (ih % d.sh, ih / d.sh);
+            for fw in 0..d.sw.min(d.w) {
+                let op = Operands {
+                    a: gpp
+                        .get()
+                        .wrapping_add(((ni * p.hp + th + p.top) * p.wp + p.left) * co),
+                    b: wt.as_ptr(),
+                    spans: &phases[fh * d.sw + fw],
+                    a_rows: co as isize,
+                    a_step: 1,
+                    b_step: c as isize,
+                };
+                let m = (d.w - fw).div_ceil(d.sw);
+                // SAFETY: the padded gradient holds every shifted tap of the phase's pixels
+                // (`Axis`); the caller gives `dst` room for the row
+                unsafe {
+                    let at = dst.add(fw * c);
+                    tiles::product(&op, m, c, at, (d.sw * c) as isize, Start::Zero)
+                };
+            }
+        };
         par_rows(d.n * d.h, &|lo, hi| {
+            let mut buf = vec![0.0f32; if nhwc { 0 } else { d.w * c }];
             for row in lo..hi {
-                let (ni, ih) = (row / d.h, row % d.h);
-                let (fh, th) = (ih % d.sh, ih / d.sh);
-                for fw in 0..d.sw.min(d.w) {
-                    let op = Operands {
-                        a: gpp
-                            .get()
-                            .wrapping_add(((ni * p.hp + th + p.top) * p.wp + p.left) * co),
-                        b: wt.as_ptr(),
-                        spans: &phases[fh * d.sw + fw],
-                        a_rows: co as isize,
-                        a_step: 1,
-                        b_step: c as isize,
-                    };
-                    let m = (d.w - fw).div_ceil(d.sw);
-                    // SAFETY: the padded gradient holds every shifted tap of the phase's
-                    // pixels (`Axis`); input row `row` is this task's alone
-                    unsafe {
-                        let dst = dxp.get().add((row * d.w + fw) * c);
-                        tiles::product(&op, m, c, dst, (d.sw * c) as isize, Start::Zero)
-                    };
+                if nhwc {
+                    // SAFETY: input row `row` is this task's alone
+                    row_into(row, unsafe { dxp.get().add(row * d.w * c) });
+                } else {
+                    row_into(row, buf.as_mut_ptr());
+                    let (ni, ih) = (row / d.h, row % d.h);
+                    // SAFETY: row ih of every channel of image ni is this task's alone
+                    unsafe { store_nchw(&buf, c, dxp.get().add(ni * c * ipix + ih * d.w), ipix) };
                 }
             }
         });
@@ -283,7 +361,21 @@ impl Axis {
 /// of them. Each thread sums its run of images, a few at a time (so that their gradient
 /// and input stay in cache across the kernel rows), into a partial sum; the partial sums
 /// are added at the end.
-pub(super) fn backward_weight(gy: &[f32], x: &[f32], d: &Dims) -> Vec<f32> {
+pub(super) fn backward_weight(gy: &[f32], x: &[f32], d: &Dims, nhwc: bool) -> Vec<f32> {
+    // NCHW operands are read as NHWC copies; the gradient's needs no border
+    let flat = Padded {
+        hp: d.oh,
+        wp: d.ow,
+        top: 0,
+        left: 0,
+    };
+    with_padded(gy, (d.n, d.oh, d.ow, d.co), nhwc, (flat, 1), |gy| {
+        weight_nhwc(gy, x, d, nhwc)
+    })
+}
+
+/// [`backward_weight`] of an NHWC gradient.
+fn weight_nhwc(gy: &[f32], x: &[f32], d: &Dims, nhwc: bool) -> Vec<f32> {
     let (c, co, kk) = (d.c, d.co, d.kk());
     let p = input_padding(d);
     let size = co * kk;
@@ -298,7 +390,7 @@ pub(super) fn backward_weight(gy: &[f32], x: &[f32], d: &Dims) -> Vec<f32> {
     } else {
         taps(d).map(|(_, _, t)| (t, c)).collect()
     };
-    with_padded(x, (d.n, d.h, d.w, c), p, |xp| {
+    with_padded(x, (d.n, d.h, d.w, c), nhwc, (p, 0), |xp| {
         let xpp = SendPtr(xp.as_ptr() as *mut f32);
         super::run_chunks(d.n, chunks, &|ci, lo, hi| {
             let mut spans = Vec::with_capacity(group * d.oh);
