@@ -102,6 +102,8 @@ fn attention_matches_float64_math_over_blocks_masks_and_causal_rows() {
         (&[3], 1, 1, 3, 5),
         (&[2], 33, 17, 9, 20),
         (&[], 129, 129, 4, 4),
+        // whole vectors of keys and values (register tiles in f32), three blocks of keys
+        (&[2], 20, 264, 8, 16),
     ];
     for &(batch, l, s, e, f) in cases {
         let shape = |a: usize, c: usize| {
@@ -691,8 +693,30 @@ fn the_backward_is_one_op_that_matches_float64_math() {
             Some(0.3),
             true,
         ),
+        // key counts and head widths that are whole vectors (products on register tiles
+        // in f32)
+        case(&[2, 2], (32, 32, 24, 24), true, MaskKind::None, None, false),
+        case(&[3], (40, 48, 16, 8), false, MaskKind::Add, None, false),
+        case(
+            &[2],
+            (70, 72, 8, 16),
+            false,
+            MaskKind::Bool,
+            Some(0.4),
+            true,
+        ),
     ];
     for (ci, c) in cases.iter().enumerate() {
+        for dtype in [DType::F64, DType::F32] {
+            check_backward(ci, c, dtype, &mut rng);
+        }
+    }
+}
+
+/// The gradients of `sum(attention ∘ w)` by one fused op, against float64 math on the
+/// same (rounded) inputs.
+fn check_backward(ci: usize, c: &BackwardCase, dtype: DType, rng: &mut Generator) {
+    {
         let (l, s, e, f) = c.sizes;
         let shape = |rows: usize, cols: usize| [c.batch, &[rows, cols]].concat();
         let make = |rows: usize, cols: usize, rng: &mut Generator| {
@@ -700,21 +724,17 @@ fn the_backward_is_one_op_that_matches_float64_math() {
                 // [.., rows, cols] read through the strides of a [.., cols, rows] transpose
                 let n = shape(cols, rows);
                 let d = n.len() as i64;
-                randn(&n, DType::F64, rng).transpose(d - 2, d - 1).unwrap()
+                randn(&n, dtype, rng).transpose(d - 2, d - 1).unwrap()
             } else {
-                randn(&shape(rows, cols), DType::F64, rng)
+                randn(&shape(rows, cols), dtype, rng)
             }
         };
-        let (q, k, v) = (
-            make(l, e, &mut rng),
-            make(s, e, &mut rng),
-            make(s, f, &mut rng),
-        );
-        let w = randn(&shape(l, f), DType::F64, &mut rng);
+        let (q, k, v) = (make(l, e, rng), make(s, e, rng), make(s, f, rng));
+        let w = randn(&shape(l, f), dtype, rng);
         let keep: Vec<bool> = (0..l * s).map(|i| i % 5 != 2 && i / s != 1).collect();
         let mask = match c.mask {
             MaskKind::Bool => Some(Tensor::from_vec(keep, &[l, s]).unwrap()),
-            MaskKind::Add => Some(randn(&[l, s], DType::F64, &mut rng)),
+            MaskKind::Add => Some(randn(&[l, s], dtype, rng)),
             MaskKind::None => None,
         };
         for t in [&q, &k, &v] {
@@ -760,11 +780,16 @@ fn the_backward_is_one_op_that_matches_float64_math() {
             ("v", &v, &want[2]),
         ] {
             let want = Tensor::from_vec(want.clone(), t.shape()).unwrap();
+            let tol = if dtype == DType::F64 {
+                Tol::allclose(1e-12, 1e-12)
+            } else {
+                Tol::allclose(2e-5, 2e-5)
+            };
             assert_close(
-                &t.grad().unwrap(),
+                &t.grad().unwrap().to_dtype(DType::F64).unwrap(),
                 &want,
-                Tol::allclose(1e-12, 1e-12),
-                &format!("case {ci}: grad of {name}"),
+                tol,
+                &format!("case {ci} {dtype:?}: grad of {name}"),
             );
         }
     }

@@ -430,6 +430,13 @@ pub(super) unsafe fn gemm_into<A: Acc>(
     (rs, cs): (usize, usize),
     scale: A,
 ) {
+    // SAFETY: as the caller promises
+    if scale == A::ONE
+        && cs == 1
+        && unsafe { on_tiles((rows, cols, inner), dst, ldd, add, lhs, (ls, lcs), rhs, rs) }
+    {
+        return;
+    }
     // SAFETY: the caller's shapes and strides stay inside the slices.
     unsafe {
         gemm::gemm(
@@ -456,6 +463,74 @@ pub(super) unsafe fn gemm_into<A: Acc>(
     }
 }
 
+/// [`gemm_into`] on `smelt_rt::tiles` (no scale, `rhs` rows contiguous), when the elements
+/// are f32 and the tiles take `cols`; false (and nothing done) otherwise. The products of
+/// one (batch, head) are a few thousand multiply-adds: a GEMM library's packing and
+/// dispatch cost more than they do.
+///
+/// # Safety
+/// As [`gemm_into`], with `rhs`'s columns at stride 1.
+#[allow(clippy::too_many_arguments)]
+unsafe fn on_tiles<A: Acc>(
+    (rows, cols, inner): (usize, usize, usize),
+    dst: &mut [A],
+    ldd: usize,
+    add: bool,
+    lhs: &[A],
+    (ls, lcs): (usize, usize),
+    rhs: &[A],
+    rs: usize,
+) -> bool {
+    use smelt_rt::tiles::{self, Operands, Span, Start};
+    use std::any::TypeId;
+    if TypeId::of::<A>() != TypeId::of::<f32>() || !tiles::supports(cols) {
+        return false;
+    }
+    let spans = [Span {
+        a: 0,
+        b: 0,
+        len: inner,
+    }];
+    let op = Operands {
+        a: lhs.as_ptr().cast::<f32>(),
+        b: rhs.as_ptr().cast::<f32>(),
+        spans: &spans,
+        a_rows: ls as isize,
+        a_step: lcs as isize,
+        b_step: rs as isize,
+    };
+    let start = if add { Start::Dst } else { Start::Zero };
+    // SAFETY: `A` is f32; the caller's shapes and strides stay inside the slices
+    unsafe {
+        tiles::product(
+            &op,
+            rows,
+            cols,
+            dst.as_mut_ptr().cast::<f32>(),
+            ldd as isize,
+            start,
+        )
+    };
+    true
+}
+
+/// `scale · xᵀ` of `n` rows of `e` elements (`rs` apart) from `x`, as `[e, n]`: an operand
+/// read by columns becomes one read by rows.
+pub(super) fn transposed<A: Acc>(
+    x: &[A],
+    (n, e, rs): (usize, usize, usize),
+    scale: A,
+    out: &mut Vec<A>,
+) {
+    out.clear();
+    out.resize(n * e, A::ZERO);
+    for j in 0..n {
+        for (c, &v) in x[j * rs..][..e].iter().enumerate() {
+            out[c * n + j] = v.mul(scale);
+        }
+    }
+}
+
 /// Query rows `i0 ..` of batch `b`, as many as `acc` holds, written into `acc`. Per block
 /// of keys: the block's scores as one small GEMM, the mask, the online-softmax update of
 /// each row, then the probabilities times the block's values as a second GEMM.
@@ -475,6 +550,7 @@ fn rows_of<A: Acc>(
     let mut sum = vec![A::ZERO; rows];
     let mut p = vec![A::ZERO; rows * KEYS.min(d.s)];
     let qb = q.from(b, i0);
+    let mut kt = Vec::new();
     // causal rows see keys up to their own index: later blocks are skipped whole
     let end = if d.is_causal { d.s.min(i0 + rows) } else { d.s };
     let mut j0 = 0;
@@ -483,8 +559,10 @@ fn rows_of<A: Acc>(
         if d.e == 0 {
             p[..rows * keys].iter_mut().for_each(|x| *x = A::ZERO);
         } else {
-            // SAFETY: p holds rows × keys; qb rows × E (rows q.rs apart); the key block
-            // keys rows of E from j0, k.rs apart.
+            // the scores against the scaled key block, transposed so that keys are columns
+            let scale = A::from_f64(d.scale);
+            transposed(k.from(b, j0), (keys, d.e, k.rs), scale, &mut kt);
+            // SAFETY: p holds rows × keys; qb rows × E (rows q.rs apart); kt E × keys.
             unsafe {
                 gemm_into(
                     (rows, keys, d.e),
@@ -493,9 +571,9 @@ fn rows_of<A: Acc>(
                     false,
                     qb,
                     (q.rs, 1),
-                    k.from(b, j0),
-                    (1, k.rs),
-                    A::from_f64(d.scale),
+                    &kt,
+                    (keys, 1),
+                    A::ONE,
                 );
             }
         }

@@ -15,7 +15,7 @@
 //! every key is masked out (the forward gives zeros) gets no gradient.
 
 use super::attention::{
-    Acc, Dims, Job, Mask, ROWS, Rows, RowsKernel, by_dtype, gemm_into, hide, setup,
+    Acc, Dims, Job, Mask, ROWS, Rows, RowsKernel, by_dtype, gemm_into, hide, setup, transposed,
 };
 use crate::Result;
 use crate::ir::op::TensorType;
@@ -90,6 +90,11 @@ fn batch_grads<A: Acc>(
     let mut p = vec![A::ZERO; block * d.s];
     let mut dp = vec![A::ZERO; block * d.s];
     let scale = A::from_f64(d.scale);
+    // the scaled keys and the values transposed, so that the scores and dP = dO·Vᵀ read
+    // their right operands by rows
+    let (mut kt, mut vt) = (Vec::new(), Vec::new());
+    transposed(k.from(b, 0), (d.s, d.e, k.rs), scale, &mut kt);
+    transposed(v.from(b, 0), (d.s, d.ev, v.rs), A::ONE, &mut vt);
     for i0 in (0..d.l).step_by(ROWS) {
         let rows = ROWS.min(d.l - i0);
         // causal rows see keys up to their own index: later keys get no gradient from them
@@ -112,9 +117,9 @@ fn batch_grads<A: Acc>(
                     false,
                     q.from(b, i0),
                     (q.rs, 1),
-                    k.from(b, 0),
-                    (1, k.rs),
-                    scale,
+                    &kt,
+                    (d.s, 1),
+                    A::ONE,
                 );
             }
         }
@@ -130,8 +135,8 @@ fn batch_grads<A: Acc>(
                     false,
                     g.from(b, i0),
                     (g.rs, 1),
-                    v.from(b, 0),
-                    (1, v.rs),
+                    &vt,
+                    (d.s, 1),
                     A::ONE,
                 );
                 // dV[..end] += Pᵀ · dO
@@ -148,14 +153,14 @@ fn batch_grads<A: Acc>(
                 );
             }
         }
-        // dS = P ∘ (dP − rowsum(P ∘ dP)), in place of dP
+        // scale · dS = scale · P ∘ (dP − rowsum(P ∘ dP)), in place of dP
         for (pr, dr) in p.chunks_exact(end).zip(dp.chunks_exact_mut(end)) {
             let dot = pr
                 .iter()
                 .zip(dr.iter())
                 .fold(A::ZERO, |a, (&x, &y)| a.add(x.mul(y)));
             for (y, &x) in dr.iter_mut().zip(pr) {
-                *y = x.mul(y.sub(dot));
+                *y = x.mul(y.sub(dot)).mul(scale);
             }
         }
         if d.e > 0 {
@@ -170,7 +175,7 @@ fn batch_grads<A: Acc>(
                     (end, 1),
                     k.from(b, 0),
                     (k.rs, 1),
-                    scale,
+                    A::ONE,
                 );
                 // dK[..end] += scale · dSᵀ · Q
                 gemm_into(
@@ -182,7 +187,7 @@ fn batch_grads<A: Acc>(
                     (1, end),
                     q.from(b, i0),
                     (q.rs, 1),
-                    scale,
+                    A::ONE,
                 );
             }
         }
