@@ -15,7 +15,11 @@
 //! by tensor storages (and the process's resident set) after step 100 and every N/10 steps:
 //! it must not grow after the first 100.
 //!
-//! Run: `cargo bench --bench models`, `cargo bench --bench models -- --long 10000`.
+//! `--profile` then profiles 20 more compiled steps of each model (the ResNet in both
+//! memory formats) and prints the ops and kernels that took the most time.
+//!
+//! Run: `cargo bench --bench models`, `cargo bench --bench models -- --long 10000`,
+//! `cargo bench --bench models -- --profile`.
 
 #[path = "../examples/common/gpt_model.rs"]
 mod gpt_model;
@@ -110,6 +114,27 @@ fn long_run(what: &str, n: usize, mut step: impl FnMut(usize) -> Result<()>) -> 
         held as i64 - at_100.0 as i64,
         (res as f64 - at_100.1 as f64) / 1e6,
         t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// With `--profile`: the 8 ops and kernels that took the most self time over 20 more calls
+/// of `step`.
+fn profile_steps(what: &str, mut step: impl FnMut() -> Result<()>) -> Result<()> {
+    if !std::env::args().any(|a| a == "--profile") {
+        return Ok(());
+    }
+    let (r, prof) = profiler::profile(ProfilerOptions::default(), || -> Result<()> {
+        for _ in 0..20 {
+            step()?;
+        }
+        Ok(())
+    })?;
+    r?;
+    println!("{what}: 20 compiled steps, the ops and kernels that took the most time");
+    println!(
+        "{}",
+        prof.key_averages().table(profiler::SortBy::SelfTime, Some(8))
     );
     Ok(())
 }
@@ -222,6 +247,7 @@ fn gpt(dir: &std::path::Path) -> Result<()> {
         "initial weights, batches and losses written to {}",
         dir.display()
     );
+    profile_steps("GPT", || step.step(&[x.clone(), y.clone()]).map(drop))?;
     if let Some(n) = long_steps()? {
         long_run("GPT", n, |i| {
             let (x, y) = &batches[i % STEPS];
@@ -275,6 +301,10 @@ fn resnet(dir: &std::path::Path) -> Result<()> {
             t.push(t0.elapsed().as_secs_f64() * 1e3);
             l.push(loss.item_f64()?);
         }
+        let (x, y) = &batches[0];
+        profile_steps(&format!("ResNet {fmt:?}"), || {
+            step.step(&[x.clone(), y.clone()]).map(drop)
+        })?;
         drop(step);
         let cold = twin()?;
         let (x, y) = &batches[0];
