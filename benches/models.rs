@@ -134,7 +134,8 @@ fn profile_steps(what: &str, mut step: impl FnMut() -> Result<()>) -> Result<()>
     println!("{what}: 20 compiled steps, the ops and kernels that took the most time");
     println!(
         "{}",
-        prof.key_averages().table(profiler::SortBy::SelfTime, Some(8))
+        prof.key_averages()
+            .table(profiler::SortBy::SelfTime, Some(8))
     );
     Ok(())
 }

@@ -71,96 +71,76 @@ pub fn supports(n: usize) -> bool {
 /// [`Start::Dst`]), and overlaps neither operand; a [`Start::Row`] holds `n` values.
 pub unsafe fn product(op: &Operands, m: usize, n: usize, c: *mut f32, c_rows: isize, start: Start) {
     debug_assert!(supports(n));
-    match level() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `level` saw AVX-512 F/VL/DQ, AVX2 and FMA; the caller's contract.
-        Level::Avx512 => unsafe { product_avx512(op, m, n, c, c_rows, start) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `level` saw AVX2 and FMA; the caller's contract.
-        Level::Avx2 => unsafe { product_avx2(op, m, n, c, c_rows, start) },
-        // `supports` is false: nothing to run
-        _ => {}
-    }
+    let out = Out {
+        m,
+        n,
+        c,
+        c_rows,
+        start,
+    };
+    // SAFETY: `level` is what this CPU has; the caller's contract
+    unsafe { product_at(level(), op, out) }
 }
 
-/// The product with the tiles of a given ISA, for tests that check every ISA this CPU has.
-///
-/// # Safety
-/// As [`product`], and the CPU has `isa` (`"avx512"` or `"avx2"`).
-#[doc(hidden)]
-pub unsafe fn product_on(
-    isa: &str,
-    op: &Operands,
+/// The block of `C` a product writes, as [`product`] takes it.
+#[derive(Clone, Copy)]
+struct Out<'a> {
     m: usize,
     n: usize,
     c: *mut f32,
     c_rows: isize,
-    start: Start,
-) {
+    start: Start<'a>,
+}
+
+/// [`product`] with the tiles of `isa` (tests run every ISA the CPU has).
+///
+/// # Safety
+/// As [`product`], and the CPU has `isa`.
+unsafe fn product_at(isa: Level, op: &Operands, out: Out) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller's contract.
-        "avx512" => unsafe { product_avx512(op, m, n, c, c_rows, start) },
+        // SAFETY: the CPU has AVX-512 F/VL/DQ, AVX2 and FMA; the caller's contract
+        Level::Avx512 => unsafe { product_avx512(op, out) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller's contract.
-        "avx2" => unsafe { product_avx2(op, m, n, c, c_rows, start) },
+        // SAFETY: the CPU has AVX2 and FMA; the caller's contract
+        Level::Avx2 => unsafe { product_avx2(op, out) },
+        // no tiles here (`supports` is false)
         _ => {}
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
-unsafe fn product_avx512(
-    op: &Operands,
-    m: usize,
-    n: usize,
-    c: *mut f32,
-    c_rows: isize,
-    start: Start,
-) {
+unsafe fn product_avx512(op: &Operands, out: Out) {
     use crate::lanes::{X8, X16};
     // 32 registers: 12 rows of two vectors; rows of one vector stop at 8, where the
     // broadcasts of A (one load per multiply-add) and its row addresses set the pace
     // SAFETY (both): compiled for AVX-512; the caller's contract
-    if n.is_multiple_of(16) {
-        unsafe { walks::<X16, 8, 12>(op, m, n, c, c_rows, start) }
+    if out.n.is_multiple_of(16) {
+        unsafe { walks::<X16, 8, 12>(op, out) }
     } else {
-        unsafe { walks::<X8, 8, 12>(op, m, n, c, c_rows, start) }
+        unsafe { walks::<X8, 8, 12>(op, out) }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn product_avx2(
-    op: &Operands,
-    m: usize,
-    n: usize,
-    c: *mut f32,
-    c_rows: isize,
-    start: Start,
-) {
+unsafe fn product_avx2(op: &Operands, out: Out) {
     // 16 registers: 8 rows of one vector, or 6 rows of two, and the operands
     // SAFETY: compiled for AVX2 + FMA; the caller's contract
-    unsafe { walks::<crate::lanes::X8, 8, 6>(op, m, n, c, c_rows, start) }
+    unsafe { walks::<crate::lanes::X8, 8, 6>(op, out) }
 }
 
 /// [`columns`] for the walk over `A` its strides allow.
 #[inline(always)]
-unsafe fn walks<L: Lanes, const R1: usize, const R2: usize>(
-    op: &Operands,
-    m: usize,
-    n: usize,
-    c: *mut f32,
-    c_rows: isize,
-    start: Start,
-) {
+unsafe fn walks<L: Lanes, const R1: usize, const R2: usize>(op: &Operands, out: Out) {
     // SAFETY (all three): the caller's contract
     if op.a_rows == 1 {
-        unsafe { columns::<L, R1, R2, ROWS_UNIT>(op, m, n, c, c_rows, start) }
+        unsafe { columns::<L, R1, R2, ROWS_UNIT>(op, out) }
     } else if op.a_step == 1 {
-        unsafe { columns::<L, R1, R2, STEP_UNIT>(op, m, n, c, c_rows, start) }
+        unsafe { columns::<L, R1, R2, STEP_UNIT>(op, out) }
     } else {
-        unsafe { columns::<L, R1, R2, GENERAL>(op, m, n, c, c_rows, start) }
+        unsafe { columns::<L, R1, R2, GENERAL>(op, out) }
     }
 }
 
@@ -169,20 +149,16 @@ unsafe fn walks<L: Lanes, const R1: usize, const R2: usize>(
 #[inline(always)]
 unsafe fn columns<L: Lanes, const R1: usize, const R2: usize, const W: u8>(
     op: &Operands,
-    m: usize,
-    n: usize,
-    c: *mut f32,
-    c_rows: isize,
-    start: Start,
+    out: Out,
 ) {
     let mut j = 0;
     // SAFETY (both): columns j.. of the caller's block
-    while j + 2 * L::N <= n {
-        unsafe { rows::<L, 2, R2, W>(op, m, j, c, c_rows, start) };
+    while j + 2 * L::N <= out.n {
+        unsafe { rows::<L, 2, R2, W>(op, out, j) };
         j += 2 * L::N;
     }
-    while j + L::N <= n {
-        unsafe { rows::<L, 1, R1, W>(op, m, j, c, c_rows, start) };
+    while j + L::N <= out.n {
+        unsafe { rows::<L, 1, R1, W>(op, out, j) };
         j += L::N;
     }
 }
@@ -192,32 +168,30 @@ unsafe fn columns<L: Lanes, const R1: usize, const R2: usize, const W: u8>(
 #[inline(always)]
 unsafe fn rows<L: Lanes, const V: usize, const R: usize, const W: u8>(
     op: &Operands,
-    m: usize,
+    out: Out,
     j: usize,
-    c: *mut f32,
-    c_rows: isize,
-    start: Start,
 ) {
     let mut i = 0;
     // SAFETY (every call): rows i.. of the caller's block, inside it
+    let m = out.m;
     while i + R <= m {
-        unsafe { tile::<L, R, V, W>(op, i, j, c, c_rows, start) };
+        unsafe { tile::<L, R, V, W>(op, out, i, j) };
         i += R;
     }
     if R > 8 && i + 8 <= m {
-        unsafe { tile::<L, 8, V, W>(op, i, j, c, c_rows, start) };
+        unsafe { tile::<L, 8, V, W>(op, out, i, j) };
         i += 8;
     }
     if R > 4 && i + 4 <= m {
-        unsafe { tile::<L, 4, V, W>(op, i, j, c, c_rows, start) };
+        unsafe { tile::<L, 4, V, W>(op, out, i, j) };
         i += 4;
     }
     if R > 2 && i + 2 <= m {
-        unsafe { tile::<L, 2, V, W>(op, i, j, c, c_rows, start) };
+        unsafe { tile::<L, 2, V, W>(op, out, i, j) };
         i += 2;
     }
     if i < m {
-        unsafe { tile::<L, 1, V, W>(op, i, j, c, c_rows, start) };
+        unsafe { tile::<L, 1, V, W>(op, out, i, j) };
     }
 }
 
@@ -249,18 +223,17 @@ const GENERAL: u8 = 2;
 #[inline(always)]
 unsafe fn tile<L: Lanes, const R: usize, const V: usize, const W: u8>(
     op: &Operands,
+    out: Out,
     i: usize,
     j: usize,
-    c: *mut f32,
-    c_rows: isize,
-    start: Start,
 ) {
     // SAFETY (whole body): the caller's block holds rows i..i+R, columns j..j+V·N of C; the
     // spans reach readable elements of A (those rows) and B (those columns)
     unsafe {
-        let c = c.offset(i as isize * c_rows).add(j);
+        let c_rows = out.c_rows;
+        let c = out.c.offset(i as isize * c_rows).add(j);
         let mut acc = [[L::splat(0.0); V]; R];
-        match start {
+        match out.start {
             Start::Zero => {}
             Start::Dst => {
                 for (r, row) in acc.iter_mut().enumerate() {
@@ -338,18 +311,18 @@ mod tests {
             .collect()
     }
 
-    fn isas() -> Vec<&'static str> {
+    fn isas() -> Vec<Level> {
         let mut v = vec![];
         #[cfg(target_arch = "x86_64")]
         {
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                v.push("avx2");
+                v.push(Level::Avx2);
             }
             if is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512vl")
                 && is_x86_feature_detected!("avx512dq")
             {
-                v.push("avx512");
+                v.push(Level::Avx512);
             }
         }
         v
@@ -399,7 +372,17 @@ mod tests {
                             let init = values(m * c_rows as usize, 13);
                             let mut c = init.clone();
                             // SAFETY: every index below is inside `a`, `b` and `c`
-                            unsafe { product_on(isa, &op, m, n, c.as_mut_ptr(), c_rows, start) };
+                            unsafe {
+                                let c = c.as_mut_ptr();
+                                let out = Out {
+                                    m,
+                                    n,
+                                    c,
+                                    c_rows,
+                                    start,
+                                };
+                                product_at(isa, &op, out)
+                            };
                             for r in 0..m {
                                 for col in 0..n {
                                     let mut want = match start {
@@ -421,7 +404,7 @@ mod tests {
                                     let got = c[r * c_rows as usize + col] as f64;
                                     assert!(
                                         (got - want).abs() <= 1e-6 * mag.max(1.0),
-                                        "{isa} n {n} m {m} row {r} col {col}: {got} vs {want}"
+                                        "{isa:?} n {n} m {m} row {r} col {col}: {got} vs {want}"
                                     );
                                 }
                                 // the padding after each row is untouched
