@@ -8,6 +8,7 @@
 //! f32 and round the result once. A row whose every key is masked out gives zeros.
 
 use super::copy;
+use super::{f32s, f32s_mut};
 use crate::ir::dtype::DType;
 use crate::ir::op::TensorType;
 use crate::ir::shape::numel;
@@ -430,11 +431,31 @@ pub(super) unsafe fn gemm_into<A: Acc>(
     (rs, cs): (usize, usize),
     scale: A,
 ) {
-    // SAFETY: as the caller promises
-    if scale == A::ONE
+    // f32 products with no scale whose right operand is read by rows run on register
+    // tiles: those of one (batch, head) are a few thousand multiply-adds, and a GEMM
+    // library's packing and dispatch cost more than they do
+    if let (Some(lhs), Some(rhs), Some(dst)) = (f32s(lhs), f32s(rhs), f32s_mut(dst))
+        && scale == A::ONE
         && cs == 1
-        && unsafe { on_tiles((rows, cols, inner), dst, ldd, add, lhs, (ls, lcs), rhs, rs) }
+        && smelt_rt::tiles::supports(cols)
     {
+        use smelt_rt::tiles::{Operands, Span, Start, product};
+        let spans = [Span {
+            a: 0,
+            b: 0,
+            len: inner,
+        }];
+        let op = Operands {
+            a: lhs.as_ptr(),
+            b: rhs.as_ptr(),
+            spans: &spans,
+            a_rows: ls as isize,
+            a_step: lcs as isize,
+            b_step: rs as isize,
+        };
+        let start = if add { Start::Dst } else { Start::Zero };
+        // SAFETY: the caller's shapes and strides stay inside the slices
+        unsafe { product(&op, rows, cols, dst.as_mut_ptr(), ldd as isize, start) };
         return;
     }
     // SAFETY: the caller's shapes and strides stay inside the slices.
@@ -461,57 +482,6 @@ pub(super) unsafe fn gemm_into<A: Acc>(
             gemm::Parallelism::None,
         )
     }
-}
-
-/// [`gemm_into`] on `smelt_rt::tiles` (no scale, `rhs` rows contiguous), when the elements
-/// are f32 and the tiles take `cols`; false (and nothing done) otherwise. The products of
-/// one (batch, head) are a few thousand multiply-adds: a GEMM library's packing and
-/// dispatch cost more than they do.
-///
-/// # Safety
-/// As [`gemm_into`], with `rhs`'s columns at stride 1.
-#[allow(clippy::too_many_arguments)]
-unsafe fn on_tiles<A: Acc>(
-    (rows, cols, inner): (usize, usize, usize),
-    dst: &mut [A],
-    ldd: usize,
-    add: bool,
-    lhs: &[A],
-    (ls, lcs): (usize, usize),
-    rhs: &[A],
-    rs: usize,
-) -> bool {
-    use smelt_rt::tiles::{self, Operands, Span, Start};
-    use std::any::TypeId;
-    if TypeId::of::<A>() != TypeId::of::<f32>() || !tiles::supports(cols) {
-        return false;
-    }
-    let spans = [Span {
-        a: 0,
-        b: 0,
-        len: inner,
-    }];
-    let op = Operands {
-        a: lhs.as_ptr().cast::<f32>(),
-        b: rhs.as_ptr().cast::<f32>(),
-        spans: &spans,
-        a_rows: ls as isize,
-        a_step: lcs as isize,
-        b_step: rs as isize,
-    };
-    let start = if add { Start::Dst } else { Start::Zero };
-    // SAFETY: `A` is f32; the caller's shapes and strides stay inside the slices
-    unsafe {
-        tiles::product(
-            &op,
-            rows,
-            cols,
-            dst.as_mut_ptr().cast::<f32>(),
-            ldd as isize,
-            start,
-        )
-    };
-    true
 }
 
 /// `scale · xᵀ` of `n` rows of `e` elements (`rs` apart) from `x`, as `[e, n]`: an operand

@@ -18,14 +18,15 @@
 //! parallel GEMM and a scatter split over channels). The weight gradient sums
 //! `gy · colᵀ` over images and tiles, one partial sum per thread, added at the end.
 //!
-//! f32 in channels_last with one group skips the column buffers where the channel counts
-//! fit register tiles (`direct`): at the channel counts of small networks the gather, the
+//! f32 with one group skips the column buffers where the channel counts fit register tiles
+//! (`direct`, both layouts): at the channel counts of small networks the gather, the
 //! scatter and the GEMMs' packing cost as much as the products (BENCHMARKS.md).
 //!
 //! f64 computes in f64; f32 in f32; f16 and bf16 in f32, with one rounding of the result.
 //! A 1-d convolution is the 2-d one with a height of 1.
 
 use super::copy;
+use super::{cast_vec, f32s, f32s_mut};
 use crate::ir::dtype::DType;
 use crate::ir::op::TensorType;
 use crate::runtime::access;
@@ -642,6 +643,7 @@ fn forward_in<A: Acc>(
             } else if d.depthwise() {
                 depthwise_forward(xs, &wv, bv, d, y);
             } else if forward_direct((xs, &wv, bv), d, nhwc, y, te) {
+                // the whole output written by register tiles
             } else if nhwc {
                 forward_nhwc(xs, &wv, bv, d, y, te);
             } else {
@@ -906,28 +908,6 @@ fn forward_nchw<A: Acc>(
             }
         }
     });
-}
-
-/// `s` as f32s, when `A` is f32.
-fn f32s<A: 'static>(s: &[A]) -> Option<&[f32]> {
-    use std::any::TypeId;
-    // SAFETY: `A` is f32
-    (TypeId::of::<A>() == TypeId::of::<f32>())
-        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len()) })
-}
-
-/// [`f32s`] of a mutable slice.
-fn f32s_mut<A: 'static>(s: &mut [A]) -> Option<&mut [f32]> {
-    use std::any::TypeId;
-    // SAFETY: `A` is f32
-    (TypeId::of::<A>() == TypeId::of::<f32>())
-        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<f32>(), s.len()) })
-}
-
-/// `v` as a vector of `A`, when `A` is f32.
-fn cast_vec<A: 'static>(v: Vec<f32>) -> Option<Vec<A>> {
-    let any: Box<dyn std::any::Any> = Box::new(v);
-    any.downcast::<Vec<A>>().ok().map(|b| *b)
 }
 
 /// The forward of f32 by [`direct::forward`], when it applies (false otherwise).
@@ -1196,19 +1176,26 @@ fn depthwise_backward_weight_nhwc<A: Acc>(gy: &[A], x: &[A], d: &Dims) -> Vec<A>
             }
         }
     });
+    add_parts(&mut parts, size);
+    let mut dw = vec![A::zero(); size];
+    for q in 0..kp {
+        for ci in 0..c {
+            dw[ci * kp + q] = parts[q * c + ci];
+        }
+    }
+    dw
+}
+
+/// Adds the partial sums of `size` elements laid end to end in `parts`, in order, into the
+/// first, and keeps only that.
+fn add_parts<A: Copy + std::ops::AddAssign>(parts: &mut Vec<A>, size: usize) {
     let (first, rest) = parts.split_at_mut(size);
     for part in rest.chunks(size) {
         for (a, &b) in first.iter_mut().zip(part) {
             *a += b;
         }
     }
-    let mut dw = vec![A::zero(); size];
-    for q in 0..kp {
-        for ci in 0..c {
-            dw[ci * kp + q] = first[q * c + ci];
-        }
-    }
-    dw
+    parts.truncate(size);
 }
 
 /// dL/dx given dL/dy `gy` (`[N, C_out, OH, OW]`) and the weight `w`; `out` is x's type.
@@ -1446,17 +1433,13 @@ fn backward_weight_in<A: Acc>(
             depthwise_backward_weight_nhwc(gs, xs, d)
         } else if d.depthwise() {
             depthwise_backward_weight(gs, xs, d)
+        } else if let (true, Some(g), Some(x)) = (direct::applies(d), f32s(gs), f32s(xs))
+            && let Some(dw) = cast_vec(direct::backward_weight(g, x, d, nhwc))
+        {
+            dw
         } else {
-            let direct = match (f32s(gs), f32s(xs)) {
-                (Some(g), Some(x)) if direct::applies(d) => {
-                    cast_vec(direct::backward_weight(g, x, d, nhwc))
-                }
-                _ => None,
-            };
-            // the direct product's patches are NHWC-ordered whatever the layout
-            let nhwc_patches = nhwc || direct.is_some();
-            let dw = direct.unwrap_or_else(|| backward_weight_gemm(gs, xs, d, nhwc));
-            if nhwc_patches {
+            let dw = backward_weight_gemm(gs, xs, d, nhwc);
+            if nhwc {
                 // [Cout, kH, kW, Cin_g] to [Cout, Cin_g, kH, kW]
                 let (cig, kp) = (d.cig(), d.kh * d.kw);
                 let mut t = vec![A::zero(); dw.len()];
@@ -1541,13 +1524,7 @@ fn backward_weight_gemm<A: Acc>(gy: &[A], x: &[A], d: &Dims, nhwc: bool) -> Vec<
             }
         }
     });
-    let (first, rest) = parts.split_at_mut(size);
-    for part in rest.chunks(size) {
-        for (a, &b) in first.iter_mut().zip(part) {
-            *a += b;
-        }
-    }
-    parts.truncate(size);
+    add_parts(&mut parts, size);
     parts
 }
 

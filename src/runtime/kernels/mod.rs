@@ -18,6 +18,28 @@ pub(crate) mod views;
 use super::tensor::Tensor;
 use crate::Result;
 use crate::ir::op::{Op, TensorType};
+use std::any::TypeId;
+
+/// `s` as f32s, when `A` is f32: the way from a kernel generic over its element type to
+/// code for f32 alone (`smelt_rt::tiles`).
+pub(super) fn f32s<A: 'static>(s: &[A]) -> Option<&[f32]> {
+    // SAFETY: `A` is f32
+    (TypeId::of::<A>() == TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len()) })
+}
+
+/// [`f32s`] of a mutable slice.
+pub(super) fn f32s_mut<A: 'static>(s: &mut [A]) -> Option<&mut [f32]> {
+    // SAFETY: `A` is f32
+    (TypeId::of::<A>() == TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<f32>(), s.len()) })
+}
+
+/// `v` as a vector of `A`, when `A` is f32 (the way back from [`f32s`]).
+pub(super) fn cast_vec<A: 'static>(v: Vec<f32>) -> Option<Vec<A>> {
+    let any: Box<dyn std::any::Any> = Box::new(v);
+    any.downcast::<Vec<A>>().ok().map(|b| *b)
+}
 
 /// Evaluates `op` on `inputs` with the eager reference kernels; `out` is the result type
 /// `Op::infer` gave.

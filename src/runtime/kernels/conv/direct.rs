@@ -183,8 +183,6 @@ pub(super) fn forward(
             len: c,
         })
         .collect();
-    let yp = SendPtr(y.as_mut_ptr());
-    let opix = d.oh * d.ow;
     with_padded(x, (d.n, d.h, d.w, c), nhwc, (p, 0), |xp| {
         let xpp = SendPtr(xp.as_ptr() as *mut f32);
         // output row `row` (image, oh) into `dst`, `co` apart from pixel to pixel
@@ -203,30 +201,44 @@ pub(super) fn forward(
             // gives `dst` room for the row
             unsafe { tiles::product(&op, d.ow, co, dst, co as isize, start) };
         };
+        write_rows(y, (d.n, d.oh, d.ow, co), nhwc, &row_into, done);
+    });
+}
+
+/// Writes a result of `n` images of `rows × m` pixels of `c` channels row by row, rows in
+/// parallel: `row_into(row, dst)` writes row `row` (counted over all images) as `m × c`
+/// values at `dst`, straight into `out` when `nhwc`, else into a buffer that goes to the
+/// rows of the channels' planes. `done(start, len)` after each run of finished elements in
+/// memory order: runs of rows in NHWC, whole images in NCHW.
+fn write_rows(
+    out: &mut [f32],
+    (n, rows, m, c): (usize, usize, usize, usize),
+    nhwc: bool,
+    row_into: &(dyn Fn(usize, *mut f32) + Sync),
+    done: &(dyn Fn(usize, usize) + Sync),
+) {
+    let op = SendPtr(out.as_mut_ptr());
+    let (row_len, image) = (m * c, rows * m * c);
+    // rows of each image still to write (NCHW)
+    let left = super::Blocks::new(if nhwc { 0 } else { n }, rows);
+    par_rows(n * rows, &|lo, hi| {
+        let mut buf = vec![0.0f32; if nhwc { 0 } else { row_len }];
+        for row in lo..hi {
+            if nhwc {
+                // SAFETY: row `row` of the result is this task's alone
+                row_into(row, unsafe { op.get().add(row * row_len) });
+                continue;
+            }
+            row_into(row, buf.as_mut_ptr());
+            let (ni, r) = (row / rows, row % rows);
+            // SAFETY: row r of every plane of image ni is this task's alone
+            unsafe { store_nchw(&buf, c, op.get().add(ni * image + r * m), rows * m) };
+            if left.done(ni) {
+                done(ni * image, image);
+            }
+        }
         if nhwc {
-            par_rows(d.n * d.oh, &|lo, hi| {
-                for row in lo..hi {
-                    // SAFETY: output row `row` is this task's alone
-                    row_into(row, unsafe { yp.get().add(row * d.ow * co) });
-                }
-                done(lo * d.ow * co, (hi - lo) * d.ow * co);
-            });
-        } else {
-            // whole images per task, each row through a buffer into its channels' planes
-            par_rows(d.n, &|lo, hi| {
-                let mut buf = vec![0.0f32; d.ow * co];
-                for ni in lo..hi {
-                    for oh in 0..d.oh {
-                        row_into(ni * d.oh + oh, buf.as_mut_ptr());
-                        // SAFETY: image ni is this task's alone
-                        unsafe {
-                            let dst = yp.get().add(ni * co * opix + oh * d.ow);
-                            store_nchw(&buf, co, dst, opix);
-                        }
-                    }
-                    done(ni * co * opix, co * opix);
-                }
-            });
+            done(lo * row_len, (hi - lo) * row_len);
         }
     });
 }
@@ -275,8 +287,6 @@ pub(super) fn backward_input(gy: &[f32], w: &[f32], d: &Dims, nhwc: bool, dx: &m
             spans
         })
         .collect();
-    let dxp = SendPtr(dx.as_mut_ptr());
-    let ipix = d.h * d.w;
     with_padded(gy, (d.n, d.oh, d.ow, co), nhwc, (p, 0), |gp| {
         let gpp = SendPtr(gp.as_ptr() as *mut f32);
         // input row `row` (image, ih) into `dst`, `c` apart from pixel to pixel
@@ -303,20 +313,7 @@ pub(super) fn backward_input(gy: &[f32], w: &[f32], d: &Dims, nhwc: bool, dx: &m
                 };
             }
         };
-        par_rows(d.n * d.h, &|lo, hi| {
-            let mut buf = vec![0.0f32; if nhwc { 0 } else { d.w * c }];
-            for row in lo..hi {
-                if nhwc {
-                    // SAFETY: input row `row` is this task's alone
-                    row_into(row, unsafe { dxp.get().add(row * d.w * c) });
-                } else {
-                    row_into(row, buf.as_mut_ptr());
-                    let (ni, ih) = (row / d.h, row % d.h);
-                    // SAFETY: row ih of every channel of image ni is this task's alone
-                    unsafe { store_nchw(&buf, c, dxp.get().add(ni * c * ipix + ih * d.w), ipix) };
-                }
-            }
-        });
+        write_rows(dx, (d.n, d.h, d.w, c), nhwc, &row_into, &|_, _| {});
     });
 }
 
@@ -354,7 +351,7 @@ impl Axis {
     }
 }
 
-/// The weight gradient as `[Cout, kH, kW, Cin]`: `Σ xp[n, oh·s + i·d, ow·s + j·d, c] ·
+/// The weight gradient as `[Cout, Cin, kH, kW]`: `Σ xp[n, oh·s + i·d, ow·s + j·d, c] ·
 /// gy[n, oh, ow, o]` over every output pixel, computed as `[kH, kW, Cin] × Cout` rows: a
 /// kernel row's taps and channels (adjacent in the padded image when the dilation is 1)
 /// are rows of one product whose inner index runs over the output pixels, one span per row
@@ -428,17 +425,15 @@ fn weight_nhwc(gy: &[f32], x: &[f32], d: &Dims, nhwc: bool) -> Vec<f32> {
             }
         });
     });
-    let (first, rest) = parts.split_at_mut(size);
-    for part in rest.chunks(size) {
-        for (a, &b) in first.iter_mut().zip(part.iter()) {
-            *a += b;
-        }
-    }
-    // [kH·kW·Cin, Cout] to [Cout, kH·kW·Cin]
+    super::add_parts(&mut parts, size);
+    // [kH, kW, Cin, Cout] to PyTorch's [Cout, Cin, kH, kW]
+    let taps_n = d.kh * d.kw;
     let mut dw = vec![0.0f32; size];
-    for q in 0..kk {
-        for o in 0..co {
-            dw[o * kk + q] = first[q * co + o];
+    for t in 0..taps_n {
+        for ci in 0..c {
+            for o in 0..co {
+                dw[(o * c + ci) * taps_n + t] = parts[(t * c + ci) * co + o];
+            }
         }
     }
     dw
