@@ -308,7 +308,8 @@ pub unsafe fn batches<T: GemmElem>(
 }
 
 /// `dst = a·b` (`dst = dst + β·a·b` when `read_dst`) over `k` of `p`'s inner dim, `dst` a
-/// contiguous `m × n` block.
+/// contiguous `m × n` block: on [`crate::panels`] where it [applies](crate::panels::applies)
+/// (f32 on AVX2), else on the `gemm` crate.
 ///
 /// # Safety
 /// `a`, `b` and `dst` address what `p`'s strides reach over `m`, `n` and `k`.
@@ -320,6 +321,54 @@ unsafe fn product<T: GemmElem>(
     (read_dst, beta): (bool, T),
     par: Parallelism,
 ) {
+    let panels = is_f32::<T>() && crate::panels::applies(p.m, p.n, k);
+    // SAFETY: the caller's contract; `applies` saw AVX2 and FMA
+    unsafe { product_on(p, k, dst, (a, b), (read_dst, beta), par, panels) }
+}
+
+fn is_f32<T: 'static>() -> bool {
+    std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+}
+
+/// [`product`] on the panels (`panels`, for f32) or the `gemm` crate.
+///
+/// # Safety
+/// As [`product`]; with `panels`, `T` is f32 and the CPU has AVX2 and FMA.
+unsafe fn product_on<T: GemmElem>(
+    p: &Product,
+    k: usize,
+    dst: *mut T,
+    (a, b): (*mut T, *mut T),
+    (read_dst, beta): (bool, T),
+    par: Parallelism,
+    panels: bool,
+) {
+    if panels {
+        use crate::panels::Mat;
+        let threads = match par {
+            Parallelism::Rayon(t) => t.max(1),
+            _ => 1,
+        };
+        let mat = |ptr: *mut T, (rs, cs): (isize, isize)| Mat {
+            ptr: ptr as *const f32,
+            rs,
+            cs,
+        };
+        // SAFETY: `T` is f32 (the caller's contract), so is β
+        let update = read_dst.then(|| unsafe { *(&beta as *const T as *const f32) });
+        // SAFETY: the caller's contract
+        unsafe {
+            crate::panels::product(
+                (p.m, p.n, k),
+                mat(a, p.a),
+                mat(b, p.b),
+                (dst as *mut f32, p.n),
+                update,
+                threads,
+            )
+        };
+        return;
+    }
     // SAFETY: the caller's contract.
     unsafe {
         gemm::gemm(
@@ -651,5 +700,65 @@ mod tests {
             Err(PlanError::Batch(3, 4))
         );
         assert_eq!(plan(op(&[], &[]), op(&sb, &tb)), Err(PlanError::Rank));
+    }
+
+    #[test]
+    fn the_f32_panels_and_the_crate_compute_the_same_products() {
+        if crate::vmath::level() == crate::vmath::Level::Unavailable {
+            eprintln!("no AVX2 and FMA on this CPU: the panels never run here");
+            return;
+        }
+        let (m, n, k) = (37, 45, 600);
+        let xa: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7 % 19) as f32 - 9.0) / 8.0)
+            .collect();
+        let xb: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 5 % 23) as f32 - 11.0) / 8.0)
+            .collect();
+        // a row-major, b the transposed view of a row-major [n, k] (as linear's weight)
+        let p = Product {
+            m,
+            n,
+            k,
+            a: (k as isize, 1),
+            b: (1, k as isize),
+        };
+        let c0: Vec<f32> = (0..m * n).map(|i| (i % 11) as f32 - 5.0).collect();
+        for (read_dst, beta) in [(false, 1.0f32), (true, -0.5)] {
+            let run = |panels: bool| {
+                let mut c = c0.clone();
+                let (pa, pb) = (xa.as_ptr() as *mut f32, xb.as_ptr() as *mut f32);
+                let par = Parallelism::Rayon(2);
+                // SAFETY: the buffers are what the strides reach; AVX2 and FMA are there
+                unsafe {
+                    product_on(
+                        &p,
+                        k,
+                        c.as_mut_ptr(),
+                        (pa, pb),
+                        (read_dst, beta),
+                        par,
+                        panels,
+                    )
+                };
+                c
+            };
+            let (ours, crate_) = (run(true), run(false));
+            for i in 0..m {
+                for j in 0..n {
+                    let s: f64 = (0..k)
+                        .map(|l| f64::from(xa[i * k + l]) * f64::from(xb[j * k + l]))
+                        .sum();
+                    let want = if read_dst {
+                        f64::from(c0[i * n + j]) + f64::from(beta) * s
+                    } else {
+                        s
+                    };
+                    // the inputs are multiples of 1/8 and the sums below 2^13: both exact
+                    assert_eq!(f64::from(ours[i * n + j]), want, "panels [{i},{j}]");
+                    assert_eq!(f64::from(crate_[i * n + j]), want, "crate [{i},{j}]");
+                }
+            }
+        }
     }
 }

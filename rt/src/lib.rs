@@ -2,7 +2,7 @@
 //! it (no Cranelift, egg or petgraph).
 //!
 //! - [`scalar`] and [`vmath`]: the math helpers generated kernels call by name;
-//! - [`gemm`]: strided, batched matrix products;
+//! - [`gemm`]: strided, batched matrix products ([`panels`]: their f32 path on AVX2);
 //! - [`hot`]: calls during which the thread pool's workers poll for work;
 //! - [`model`]: the entry point of ahead-of-time compiled models: it checks the CPU, lays
 //!   out the buffers in the caller's scratch, runs the kernels over threads and the GEMMs,
@@ -19,6 +19,7 @@ pub mod hot;
 mod lanes;
 pub mod libcalls;
 pub mod model;
+pub mod panels;
 pub mod ranges;
 pub mod scalar;
 pub mod tiles;

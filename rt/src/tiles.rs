@@ -197,7 +197,7 @@ unsafe fn rows<L: Lanes, const V: usize, const R: usize, const W: u8>(
 
 /// One step of the inner index: `acc[r] += a(r) · b[..V·L::N]`.
 #[inline(always)]
-unsafe fn fma_step<L: Lanes, const R: usize, const V: usize>(
+pub(crate) unsafe fn fma_step<L: Lanes, const R: usize, const V: usize>(
     acc: &mut [[L; V]; R],
     a: impl Fn(usize) -> f32,
     b: *const f32,
