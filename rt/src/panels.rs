@@ -221,20 +221,61 @@ unsafe fn pack_b(b: Mat, (k0, kb): (usize, usize), (j0, nc): (usize, usize), out
         .enumerate()
     {
         let (j, w) = (j0 + p * NR, NR.min(nc - p * NR));
-        for (s, row) in panel.chunks_exact_mut(NR).enumerate() {
+        // whole panels in vectors: rows copied, or columns (a transposed weight, `rs` 1)
+        // transposed eight steps at a time
+        let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if w == NR && level() != Level::Unavailable && (b.cs == 1 || b.rs == 1) {
+            // SAFETY: AVX2 is there; rows k0..k0 + kb, columns j..j + NR of `b`
+            done = unsafe { pack_b_avx2(b, (k0, kb), j, panel) };
+        }
+        for (s, row) in panel.chunks_exact_mut(NR).enumerate().skip(done) {
             // SAFETY: row k0 + s, columns j..j + w of `b`
             unsafe {
                 let src = b.at(k0 + s, j);
-                if b.cs == 1 {
-                    std::ptr::copy_nonoverlapping(src, row.as_mut_ptr(), w);
-                } else {
-                    for (q, x) in row[..w].iter_mut().enumerate() {
-                        *x = *src.offset(q as isize * b.cs);
-                    }
+                for (q, x) in row[..w].iter_mut().enumerate() {
+                    *x = *src.offset(q as isize * b.cs);
                 }
             }
             row[w..].fill(0.0);
         }
+    }
+}
+
+/// The steps of one whole panel of [`pack_b`] that vectors cover (all of them for rows of
+/// `b`, whole groups of eight for columns); returns how many.
+///
+/// # Safety
+/// The CPU has AVX2; rows `k0..k0 + kb`, columns `j..j + NR` of `b` are readable; `b.cs`
+/// or `b.rs` is 1; `panel` holds `kb · NR`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pack_b_avx2(b: Mat, (k0, kb): (usize, usize), j: usize, panel: &mut [f32]) -> usize {
+    use std::arch::x86_64::*;
+    let dst = panel.as_mut_ptr();
+    // SAFETY (whole body): the caller's contract bounds every read and write
+    unsafe {
+        if b.cs == 1 {
+            for s in 0..kb {
+                let src = b.at(k0 + s, j);
+                for v in 0..V {
+                    _mm256_storeu_ps(dst.add(s * NR + v * 8), _mm256_loadu_ps(src.add(v * 8)));
+                }
+            }
+            return kb;
+        }
+        let cols: [*const f32; NR] = std::array::from_fn(|q| b.at(k0, j + q));
+        let mut s = 0;
+        while s + 8 <= kb {
+            for v in 0..V {
+                let r = std::array::from_fn(|t| _mm256_loadu_ps(cols[v * 8 + t].add(s)));
+                for (t, x) in crate::tiles::transpose8(r).into_iter().enumerate() {
+                    _mm256_storeu_ps(dst.add((s + t) * NR + v * 8), x);
+                }
+            }
+            s += 8;
+        }
+        s
     }
 }
 
@@ -250,18 +291,63 @@ unsafe fn pack_a(a: Mat, (i0, mb): (usize, usize), (k0, kb): (usize, usize), out
         .enumerate()
     {
         let (i, h) = (i0 + p * MR, MR.min(mb - p * MR));
+        // whole panels of rows of `a` in vectors, eight steps at a time
+        let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if h == MR && a.cs == 1 && level() != Level::Unavailable {
+            // SAFETY: AVX2 is there; rows i..i + MR, columns k0..k0 + kb of `a`
+            done = unsafe { pack_a_avx2(a, (i, k0, kb), panel) };
+        }
         for r in 0..MR {
+            let steps = panel[r..].iter_mut().step_by(MR).enumerate().skip(done);
             if r >= h {
-                panel[r..].iter_mut().step_by(MR).for_each(|x| *x = 0.0);
+                steps.for_each(|(_, x)| *x = 0.0);
                 continue;
             }
             // SAFETY: row i + r, columns k0..k0 + kb of `a`
             let src = unsafe { a.at(i + r, k0) };
-            for (s, x) in panel[r..].iter_mut().step_by(MR).enumerate() {
+            for (s, x) in steps {
                 // SAFETY: as above
                 *x = unsafe { *src.offset(s as isize * a.cs) };
             }
         }
+    }
+}
+
+/// The whole groups of eight steps of one full panel of [`pack_a`]; returns how many
+/// steps.
+///
+/// # Safety
+/// The CPU has AVX2; rows `i..i + MR`, columns `k0..k0 + kb` of `a` are readable; `a.cs`
+/// is 1; `panel` holds `kb · MR`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pack_a_avx2(a: Mat, (i, k0, kb): (usize, usize, usize), panel: &mut [f32]) -> usize {
+    use std::arch::x86_64::*;
+    let dst = panel.as_mut_ptr();
+    // SAFETY (whole body): the caller's contract bounds every read and write
+    unsafe {
+        let rows: [*const f32; MR] = std::array::from_fn(|r| a.at(i + r, k0));
+        let mut s = 0;
+        while s + 8 <= kb {
+            let zero = _mm256_setzero_ps();
+            let r = std::array::from_fn(|t| {
+                if t < MR {
+                    _mm256_loadu_ps(rows[t].add(s))
+                } else {
+                    zero
+                }
+            });
+            // each step's MR = 6 lanes: four, then two, so nothing is written past the panel
+            for (t, x) in crate::tiles::transpose8(r).into_iter().enumerate() {
+                let d = dst.add((s + t) * MR);
+                _mm_storeu_ps(d, _mm256_castps256_ps128(x));
+                let hi = _mm_cvtsi128_si64(_mm_castps_si128(_mm256_extractf128_ps::<1>(x)));
+                std::ptr::write_unaligned(d.add(4) as *mut i64, hi);
+            }
+            s += 8;
+        }
+        s
     }
 }
 
