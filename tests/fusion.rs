@@ -636,25 +636,3 @@ fn column_reductions_leave_full_size_outputs_to_a_pointwise_kernel() {
     let m = smelt::ir::text::parse_module(&row, "bias_grad_rows.smelt").unwrap();
     assert_eq!(check(m.entry(), 1e-5).kernel_count(), 1);
 }
-
-/// Attention's output heads transposed back and merged, `reshape(transpose(a))`, take one
-/// copy before the output projection: the transpose is stored and the reshape is a view of
-/// it (storing the reshape too had made a second, plain copy). The same holds for a graph
-/// output.
-#[test]
-fn heads_merged_after_attention_are_one_copy() {
-    let text = "graph heads(%q: f32[2,5,3,4], %k: f32[2,5,3,4], %v: f32[2,5,3,4], %w: f32[12,7]) {
-  %qh = transpose(%q, dim0=1, dim1=2)
-  %kh = transpose(%k, dim0=1, dim1=2)
-  %vh = transpose(%v, dim0=1, dim1=2)
-  %a = scaled_dot_product_attention(%qh, %kh, %vh)
-  %at = transpose(%a, dim0=1, dim1=2)
-  %ac = reshape(%at, shape=[2, 5, 12])
-  %o = matmul(%ac, %w)
-  return %o, %ac
-}";
-    let m = smelt::ir::text::parse_module(text, "heads.smelt").unwrap();
-    let s = check(m.entry(), 1e-5);
-    assert_eq!(s.gemm_count(), 1, "{s}");
-    assert_eq!(s.kernel_count(), 1, "{s}");
-}

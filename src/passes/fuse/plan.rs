@@ -345,32 +345,11 @@ impl<'g> Fuser<'g> {
             if !self.is_buffer(base) {
                 self.realized.insert(base);
             }
-            if self.layout_of(v, &|x| self.is_buffer(x)).is_some() {
-                continue;
+            if self.layout_of(v, &|x| self.is_buffer(x)).is_none() {
+                self.realized.insert(v);
             }
-            // A reshape of a view no strides express (attention's heads transposed back and
-            // merged): storing the view under it makes the reshape a view of that copy, one
-            // copy where storing both took two.
-            if let Some(src) = self.reshaped_view(v) {
-                self.realized.insert(src);
-                if self.layout_of(v, &|x| self.is_buffer(x)).is_some() {
-                    continue;
-                }
-                self.realized.remove(&src);
-            }
-            self.realized.insert(v);
         }
         Ok(())
-    }
-
-    /// The operand of `v` when `v` reshapes a view (not a buffer).
-    fn reshaped_view(&self, v: ValueId) -> Option<ValueId> {
-        let reshape = matches!(
-            self.op(v)?,
-            Op::Reshape { .. } | Op::View { .. } | Op::Flatten { .. }
-        );
-        let src = *self.g.operands(v).first()?;
-        (reshape && self.class[&v] == Class::View && self.class[&src] == Class::View).then_some(src)
     }
 
     /// Stores every pointwise op and reduction in a kernel of its own (the unfused mode).
