@@ -275,8 +275,10 @@ pub unsafe fn batches<T: GemmElem>(
     };
     let run = |&[o, ao, bo]: &[usize; 3], par: Parallelism| {
         let (a, b) = (pa.get().wrapping_add(ao), pb.get().wrapping_add(bo));
-        // SAFETY: the caller's contract on every batch's block and operands.
-        unsafe { product(p, k, po.get().add(o), (a, b), (read_dst, beta), par) }
+        let panels = on_panels::<T>(p, k);
+        // SAFETY: the caller's contract on every batch's block and operands; `on_panels`
+        // saw f32 and AVX2 and FMA.
+        unsafe { product(p, k, po.get().add(o), (a, b), (read_dst, beta), par, panels) }
     };
     let flops = m * n * k;
     // Across the batch when there is a batch to share: small products split poorly inside
@@ -307,34 +309,21 @@ pub unsafe fn batches<T: GemmElem>(
     }
 }
 
-/// `dst = a·b` (`dst = dst + β·a·b` when `read_dst`) over `k` of `p`'s inner dim, `dst` a
-/// contiguous `m × n` block: on [`crate::panels`] where it [applies](crate::panels::applies)
-/// (f32 on AVX2), else on the `gemm` crate.
-///
-/// # Safety
-/// `a`, `b` and `dst` address what `p`'s strides reach over `m`, `n` and `k`.
-unsafe fn product<T: GemmElem>(
-    p: &Product,
-    k: usize,
-    dst: *mut T,
-    (a, b): (*mut T, *mut T),
-    (read_dst, beta): (bool, T),
-    par: Parallelism,
-) {
-    let panels = is_f32::<T>() && crate::panels::applies(p.m, p.n, k);
-    // SAFETY: the caller's contract; `applies` saw AVX2 and FMA
-    unsafe { product_on(p, k, dst, (a, b), (read_dst, beta), par, panels) }
-}
-
-fn is_f32<T: 'static>() -> bool {
+/// Whether the f32 panels run `p` over `k` of its inner dim (else the `gemm` crate): a
+/// function of the shape and the ISA only ([`crate::panels::applies`]).
+fn on_panels<T: 'static>(p: &Product, k: usize) -> bool {
     std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+        && crate::panels::applies(p.m, p.n, k)
 }
 
-/// [`product`] on the panels (`panels`, for f32) or the `gemm` crate.
+/// `dst = a·b` (`dst = dst + β·a·b` when `read_dst`) over `k` of `p`'s inner dim, `dst` a
+/// contiguous `m × n` block, on the panels (`panels`, see [`on_panels`]) or the `gemm`
+/// crate.
 ///
 /// # Safety
-/// As [`product`]; with `panels`, `T` is f32 and the CPU has AVX2 and FMA.
-unsafe fn product_on<T: GemmElem>(
+/// `a`, `b` and `dst` address what `p`'s strides reach over `m`, `n` and `k`; with
+/// `panels`, `T` is f32 and the CPU has AVX2 and FMA.
+unsafe fn product<T: GemmElem>(
     p: &Product,
     k: usize,
     dst: *mut T,
@@ -442,6 +431,7 @@ unsafe fn split_k<T: GemmElem>(
                 (a, b),
                 (read_dst && i == 0, beta),
                 Parallelism::None,
+                on_panels::<T>(p, k1 - k0),
             )
         }
     };
@@ -731,7 +721,7 @@ mod tests {
                 let par = Parallelism::Rayon(2);
                 // SAFETY: the buffers are what the strides reach; AVX2 and FMA are there
                 unsafe {
-                    product_on(
+                    product(
                         &p,
                         k,
                         c.as_mut_ptr(),

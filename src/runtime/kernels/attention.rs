@@ -412,12 +412,14 @@ fn run<A: Acc>(qkv: [Rows<'_, A>; 3], mask: Option<&Mask>, d: &Dims, out: &mut [
             ob.par_chunks_mut(ROWS * d.ev)
                 .enumerate()
                 .for_each(|(blk, o)| {
+                    let qkv = &qkv;
+                    let mut rows = move || rows_of(qkv, mask, d, b, blk * ROWS, o);
+                    #[cfg(target_arch = "x86_64")]
                     if smelt_rt::vmath::available() {
                         // SAFETY: `available` saw AVX2 and FMA
-                        unsafe { rows_of_avx2(&qkv, mask, d, b, blk * ROWS, o) }
-                    } else {
-                        rows_of(&qkv, mask, d, b, blk * ROWS, o)
+                        return unsafe { on_avx2(rows) };
                     }
+                    rows()
                 });
         });
 }
@@ -516,39 +518,16 @@ pub(super) fn transposed<A: Acc>(
     }
 }
 
-/// [`rows_of`] compiled for AVX2: its loops over a block's rows (maxima, shifts, sums,
-/// the last division) run eight lanes wide where the baseline build runs four. The same
-/// operations in the same order, so the same bits.
+/// Runs `f` compiled for AVX2 and FMA: [`rows_of`], inlined into it, runs its loops over a
+/// block's rows (maxima, shifts, sums, the last division) eight lanes wide where the
+/// baseline build runs four. The same operations in the same order, so the same bits.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn rows_of_avx2<A: Acc>(
-    qkv: &[Rows<'_, A>; 3],
-    mask: Option<&Mask>,
-    d: &Dims,
-    b: usize,
-    i0: usize,
-    acc: &mut [A],
-) {
-    rows_of(qkv, mask, d, b, i0, acc)
-}
-
-/// [`rows_of`] where there is no AVX2 variant.
-///
-/// # Safety
-/// None.
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn rows_of_avx2<A: Acc>(
-    qkv: &[Rows<'_, A>; 3],
-    mask: Option<&Mask>,
-    d: &Dims,
-    b: usize,
-    i0: usize,
-    acc: &mut [A],
-) {
-    rows_of(qkv, mask, d, b, i0, acc)
+unsafe fn on_avx2<R>(f: impl FnOnce() -> R) -> R {
+    f()
 }
 
 /// Query rows `i0 ..` of batch `b`, as many as `acc` holds, written into `acc`. Per block
