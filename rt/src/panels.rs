@@ -26,7 +26,7 @@ const V: usize = 2;
 const NR: usize = V * 8;
 /// Rows of `A` packed at a time (a multiple of `MR`; `MC × KC` f32s stay in L2).
 const MC: usize = 192;
-/// Columns of `B` packed at a time (`KC × NC` f32s stay in L2, at most 1.5 MiB).
+/// Columns of `B` packed at a time (`KC × NC` f32s: 2 MiB, the L2 of one core here).
 const NC: usize = 1024;
 /// The smallest side this path takes. Below it the copies cost more than they save: with
 /// 64 columns or rows of `B` each element of `A`'s copy serves few tiles (0.76–0.84 of the
@@ -104,6 +104,16 @@ pub unsafe fn product(
     threads: usize,
 ) {
     if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        // an empty sum: zeros, or the output unchanged
+        if update.is_none() {
+            for i in 0..m {
+                // SAFETY: row i of the caller's block
+                unsafe { std::ptr::write_bytes(c.add(i * ldc), 0, n) };
+            }
+        }
         return;
     }
     let out = Out { c, ldc, update };
@@ -473,6 +483,7 @@ mod tests {
         // tails of every kind; the last crosses the blocks of rows (MC), columns (NC) and
         // the inner index (KC, twice)
         let shapes = [
+            (4, 20, 0),
             (1, 1, 1),
             (6, 16, 512),
             (7, 17, 5),
