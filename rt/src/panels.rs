@@ -181,6 +181,7 @@ fn aligned(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
 /// As [`product`], for this block.
 unsafe fn serial((m, n, k): (usize, usize, usize), a: Mat, b: Mat, out: Out) {
     let kc = KC;
+    let isa = level();
     PACKED.with(|bufs| {
         let (abuf, bbuf) = &mut *bufs.borrow_mut();
         let ap = aligned(abuf, MC * kc);
@@ -210,7 +211,7 @@ unsafe fn serial((m, n, k): (usize, usize, usize), a: Mat, b: Mat, out: Out) {
                                 cols: NR.min(nc - jr),
                             };
                             // SAFETY: the tile's rows and columns are inside the block
-                            unsafe { tile_at(level(), &tile, out.at(ic + ir, jc + jr), update) };
+                            unsafe { tile_at(isa, &tile, out.at(ic + ir, jc + jr), update) };
                         }
                     }
                 }

@@ -503,7 +503,7 @@ pub(super) fn transposed<A: Acc>(
     scale: A,
     out: &mut Vec<A>,
 ) {
-    out.clear();
+    // every element is written below: only a longer buffer needs filling
     out.resize(n * e, A::ZERO);
     if let (Some(x), Some(&[scale]), Some(out)) =
         (f32s(x), f32s(std::slice::from_ref(&scale)), f32s_mut(out))
