@@ -12,6 +12,7 @@
 //! compiled model links it as `libsmelt_rt.a`.
 
 #![warn(missing_docs)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod consts;
 pub mod gemm;

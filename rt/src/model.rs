@@ -538,7 +538,8 @@ fn wants_threads(plan: &[u64]) -> Result<bool, i32> {
 /// The plan's body; see the module docs for the layout.
 ///
 /// # Safety
-/// As [`smelt_rt_run`], with a scratch of `scratch_len` bytes.
+/// As [`smelt_rt_run`], with a scratch of `scratch_len` writable bytes aligned to
+/// [`SCRATCH_ALIGN`] (at least 8, a pointer's alignment).
 unsafe fn run_plan(
     plan: &[u64],
     kernels: &[KernelFn],
@@ -577,9 +578,13 @@ unsafe fn run_plan(
             w.next()?;
         }
     }
-    // SAFETY (the whole loop): buffers hold the plan's sizes, as the compiler laid them out.
+    // the steps below trust that the buffers hold the plan's sizes, as the compiler laid them
+    // out: the model's own tables, by this fn's contract
     let buf = |b: usize| -> Result<*mut u8, i32> {
         if b < nbuf {
+            // SAFETY: entry `b < nbuf` of the buffer table: inside the scratch (`table_bytes
+            // <= scratch_len`, checked above), aligned (the scratch is), written by the loop
+            // above.
             Ok(unsafe { *bufs.add(b) })
         } else {
             Err(ERR_BAD_MODEL)
@@ -602,8 +607,14 @@ unsafe fn run_plan(
                 let table = scratch.wrapping_add(table_at) as *mut *mut u8;
                 for s in 0..slots {
                     let p = buf(w.usize()?)?;
+                    // SAFETY: slot `s < slots` of the table: below `end <= scratch_len`,
+                    // checked above, and aligned (`table_at` a multiple of 8 in an aligned
+                    // scratch).
                     unsafe { table.add(s).write(p) };
                 }
+                // SAFETY: every slot was just filled with a buffer of the plan, which holds
+                // the kernel's sizes (this fn's contract: the model's own tables); no other
+                // code uses the buffers during the call.
                 let rc = unsafe { run_rows(f, table, rows, elems, streams != 0, block) };
                 match rc {
                     0 => {}
@@ -611,6 +622,8 @@ unsafe fn run_plan(
                     _ => return Err(ERR_KERNEL),
                 }
             }
+            // SAFETY: the buffers are laid out as the plan says (this fn's contract), which is
+            // `gemm_step`'s contract; `scratch_len` is the scratch's true size.
             STEP_GEMM => unsafe { gemm_step(&mut w, &buf, scratch, scratch_len)? },
             _ => return Err(ERR_BAD_MODEL),
         }
@@ -632,6 +645,8 @@ unsafe fn run_plan(
         for s in strides.iter_mut().take(rank) {
             *s = w.isize()?;
         }
+        // SAFETY: `i < noutputs`, and `outputs` points to one pointer per output of the model
+        // (this fn's contract).
         let dst = unsafe { *outputs.add(i) };
         let n: usize = shape[..rank].iter().product();
         if n == 0 {
@@ -641,6 +656,9 @@ unsafe fn run_plan(
             return Err(ERR_NULL_POINTER);
         }
         let src = buf(b)?.wrapping_add(off * size);
+        // SAFETY: the view (offset, shape, strides) lies in buffer `b`, as the compiler laid
+        // it out; `dst` is non-NULL and holds the output's `n` elements of `size` bytes (this
+        // fn's contract).
         unsafe { copy_strided(src, dst, size, &shape[..rank], &strides[..rank]) };
     }
     Ok(())

@@ -264,7 +264,10 @@ unsafe fn pack_b(b: Mat, (k0, kb): (usize, usize), (j0, nc): (usize, usize), out
 unsafe fn pack_b_avx2(b: Mat, (k0, kb): (usize, usize), j: usize, panel: &mut [f32]) -> usize {
     use std::arch::x86_64::*;
     let dst = panel.as_mut_ptr();
-    // SAFETY (whole body): the caller's contract bounds every read and write
+    // SAFETY: AVX2 by this fn's contract. With `cs` 1, step s reads columns j..j + NR of row
+    // k0 + s; with `rs` 1, each group of eight steps s..s + 8 <= kb reads rows k0 + s.. of
+    // columns j..j + NR: all inside the readable block of the contract. Every store lands in
+    // `panel[(s + t)·NR + v·8..][..8]`, below `kb·NR`, which `panel` holds.
     unsafe {
         if b.cs == 1 {
             for s in 0..kb {
@@ -336,7 +339,10 @@ unsafe fn pack_a(a: Mat, (i0, mb): (usize, usize), (k0, kb): (usize, usize), out
 unsafe fn pack_a_avx2(a: Mat, (i, k0, kb): (usize, usize, usize), panel: &mut [f32]) -> usize {
     use std::arch::x86_64::*;
     let dst = panel.as_mut_ptr();
-    // SAFETY (whole body): the caller's contract bounds every read and write
+    // SAFETY: AVX2 by this fn's contract. Each group of steps s..s + 8 <= kb reads columns
+    // k0 + s..k0 + s + 8 of rows i..i + MR (`cs` 1: contiguous), inside the readable block of
+    // the contract; step s + t writes 4 + 2 = MR f32s at `(s + t)·MR`, below `kb·MR`, which
+    // `panel` holds (the transpose's lanes past MR are not stored).
     unsafe {
         let rows: [*const f32; MR] = std::array::from_fn(|r| a.at(i + r, k0));
         let mut s = 0;
@@ -386,10 +392,15 @@ unsafe fn tile_at(isa: Level, t: &Tile, out: Out, update: Option<f32>) {
     }
 }
 
+/// [`tile`] on AVX2 vectors.
+///
+/// # Safety
+/// As [`tile`], and the CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile_avx2(t: &Tile, out: Out, update: Option<f32>) {
-    // SAFETY: compiled for AVX2 + FMA; the caller's contract
+    // SAFETY: X8's AVX2 + FMA are enabled here and present (this fn's contract); the panels
+    // and the output block are as `tile` requires, by the same contract
     unsafe { tile::<crate::lanes::X8>(t, out, update) }
 }
 
@@ -397,11 +408,15 @@ unsafe fn tile_avx2(t: &Tile, out: Out, update: Option<f32>) {
 /// (times β) to what is there. A partial tile goes through a buffer.
 ///
 /// # Safety
+/// The caller is compiled with `L`'s features and the CPU has them; `L::N · V` is `NR`;
 /// `t`'s panels hold `k` steps; the output's `rows × cols` block is writable (readable with
 /// `update`).
 #[inline(always)]
 unsafe fn tile<L: Lanes>(t: &Tile, out: Out, update: Option<f32>) {
-    // SAFETY (whole body): the caller's contract
+    // SAFETY: by this fn's contract: step s reads `MR` f32s of A's panel at `s·MR` and `NR`
+    // of B's at `s·NR`, for s < k; a full tile's loads and stores of the output stay in its
+    // `MR × NR` block, a partial tile's vectors go to `buf` (`MR × NR` f32s) and only its
+    // `rows × cols` elements are copied out; `L`'s features are enabled and present.
     unsafe {
         // the output's lines arrive while the sums run
         for r in 0..t.rows {

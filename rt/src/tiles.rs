@@ -109,55 +109,78 @@ unsafe fn product_at(isa: Level, op: &Operands, out: Out) {
     }
 }
 
+/// [`product`] on AVX-512 tiles (AVX2 ones where `n` is not a multiple of 16).
+///
+/// # Safety
+/// As [`product`], and the CPU has AVX-512 F/VL/DQ, AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
 unsafe fn product_avx512(op: &Operands, out: Out) {
     use crate::lanes::{X8, X16};
     // 32 registers: 12 rows of two vectors; rows of one vector stop at 8, where the
     // broadcasts of A (one load per multiply-add) and its row addresses set the pace
-    // SAFETY (both): compiled for AVX-512; the caller's contract
     if out.n.is_multiple_of(16) {
+        // SAFETY: X16's AVX-512 F is enabled here and on the CPU (this fn's contract); `op`
+        // and `out` meet `product`'s contract, which is `walks`'s.
         unsafe { walks::<X16, 8, 12>(op, out) }
     } else {
+        // SAFETY: as above, with X8's AVX2 + FMA, also enabled here and on the CPU.
         unsafe { walks::<X8, 8, 12>(op, out) }
     }
 }
 
+/// [`product`] on AVX2 tiles.
+///
+/// # Safety
+/// As [`product`], and the CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn product_avx2(op: &Operands, out: Out) {
     // 16 registers: 8 rows of one vector, or 6 rows of two, and the operands
-    // SAFETY: compiled for AVX2 + FMA; the caller's contract
+    // SAFETY: X8's AVX2 + FMA are enabled here and on the CPU (this fn's contract); `op` and
+    // `out` meet `product`'s contract, which is `walks`'s.
     unsafe { walks::<crate::lanes::X8, 8, 6>(op, out) }
 }
 
 /// [`columns`] for the walk over `A` its strides allow.
+///
+/// # Safety
+/// The caller is compiled with `L`'s features and the CPU has them; `op` and `out` meet
+/// [`product`]'s contract (`out.n` a multiple of `L::N`).
 #[inline(always)]
 unsafe fn walks<L: Lanes, const R1: usize, const R2: usize>(op: &Operands, out: Out) {
-    // SAFETY (all three): the caller's contract
     if op.a_rows == 1 {
+        // SAFETY: this fn's contract is `columns`'s; the walk only picks how A's addresses
+        // are formed, not which elements are read.
         unsafe { columns::<L, R1, R2, ROWS_UNIT>(op, out) }
     } else if op.a_step == 1 {
+        // SAFETY: as above.
         unsafe { columns::<L, R1, R2, STEP_UNIT>(op, out) }
     } else {
+        // SAFETY: as above.
         unsafe { columns::<L, R1, R2, GENERAL>(op, out) }
     }
 }
 
 /// Blocks of two vectors of columns, then of one, each over all rows: `R1` (`R2`) rows per
 /// tile of one (two) vectors.
+///
+/// # Safety
+/// As [`walks`].
 #[inline(always)]
 unsafe fn columns<L: Lanes, const R1: usize, const R2: usize, const W: u8>(
     op: &Operands,
     out: Out,
 ) {
     let mut j = 0;
-    // SAFETY (both): columns j.. of the caller's block
     while j + 2 * L::N <= out.n {
+        // SAFETY: `j + 2·L::N <= n`: the columns are inside the block; the rest is this fn's
+        // contract, passed on.
         unsafe { rows::<L, 2, R2, W>(op, out, j) };
         j += 2 * L::N;
     }
     while j + L::N <= out.n {
+        // SAFETY: as above, `j + L::N <= n`.
         unsafe { rows::<L, 1, R1, W>(op, out, j) };
         j += L::N;
     }
@@ -165,6 +188,9 @@ unsafe fn columns<L: Lanes, const R1: usize, const R2: usize, const W: u8>(
 
 /// The `m` rows of columns `j..j + V·L::N`: tiles of `R` rows, the rest in tiles of 8, 4, 2
 /// and 1 (fewer instances of the tile than one per remainder).
+///
+/// # Safety
+/// As [`walks`], and `j + V·L::N <= out.n`.
 #[inline(always)]
 unsafe fn rows<L: Lanes, const V: usize, const R: usize, const W: u8>(
     op: &Operands,
@@ -172,37 +198,47 @@ unsafe fn rows<L: Lanes, const V: usize, const R: usize, const W: u8>(
     j: usize,
 ) {
     let mut i = 0;
-    // SAFETY (every call): rows i.. of the caller's block, inside it
     let m = out.m;
     while i + R <= m {
+        // SAFETY: `i + R <= m`: the tile's rows are inside the block; its columns are by this
+        // fn's contract, as are the features and operands.
         unsafe { tile::<L, R, V, W>(op, out, i, j) };
         i += R;
     }
     if R > 8 && i + 8 <= m {
+        // SAFETY: as above, `i + 8 <= m`.
         unsafe { tile::<L, 8, V, W>(op, out, i, j) };
         i += 8;
     }
     if R > 4 && i + 4 <= m {
+        // SAFETY: as above, `i + 4 <= m`.
         unsafe { tile::<L, 4, V, W>(op, out, i, j) };
         i += 4;
     }
     if R > 2 && i + 2 <= m {
+        // SAFETY: as above, `i + 2 <= m`.
         unsafe { tile::<L, 2, V, W>(op, out, i, j) };
         i += 2;
     }
     if i < m {
+        // SAFETY: as above, `i + 1 <= m`.
         unsafe { tile::<L, 1, V, W>(op, out, i, j) };
     }
 }
 
 /// One step of the inner index: `acc[r] += a(r) · b[..V·L::N]`.
+///
+/// # Safety
+/// The caller is compiled with `L`'s features and the CPU has them; `b` points to `V·L::N`
+/// readable f32s.
 #[inline(always)]
 pub(crate) unsafe fn fma_step<L: Lanes, const R: usize, const V: usize>(
     acc: &mut [[L; V]; R],
     a: impl Fn(usize) -> f32,
     b: *const f32,
 ) {
-    // SAFETY: the caller's `b` holds V·L::N readable f32s
+    // SAFETY: vector `v` reads `b[v·N..(v + 1)·N]`, inside the `V·L::N` readable f32s at `b`
+    // (this fn's contract), with `L`'s features there by the same contract
     let bv: [L; V] = std::array::from_fn(|v| unsafe { L::load(b.add(v * L::N)) });
     for (r, row) in acc.iter_mut().enumerate() {
         let x = L::splat(a(r));
@@ -220,6 +256,9 @@ const STEP_UNIT: u8 = 1;
 const GENERAL: u8 = 2;
 
 /// Rows `i..i + R`, columns `j..j + V·L::N` of `C`, summed in registers.
+///
+/// # Safety
+/// As [`rows`], and `i + R <= out.m`.
 #[inline(always)]
 unsafe fn tile<L: Lanes, const R: usize, const V: usize, const W: u8>(
     op: &Operands,
@@ -227,8 +266,10 @@ unsafe fn tile<L: Lanes, const R: usize, const V: usize, const W: u8>(
     i: usize,
     j: usize,
 ) {
-    // SAFETY (whole body): the caller's block holds rows i..i+R, columns j..j+V·N of C; the
-    // spans reach readable elements of A (those rows) and B (those columns)
+    // SAFETY: by this fn's contract (`product`'s, narrowed to this tile) rows i..i + R and
+    // columns j..j + V·N are inside C's block, which every load and store of C (and of a
+    // bias row, which holds n values) stays in; every span reaches readable elements of A
+    // (these rows) and B (these columns); `L`'s features are enabled and present.
     unsafe {
         let c_rows = out.c_rows;
         let c = out.c.offset(i as isize * c_rows).add(j);
@@ -338,7 +379,10 @@ unsafe fn transpose_blocks_avx2(
     out: &mut [f32],
 ) {
     use std::arch::x86_64::*;
-    // SAFETY (whole body): every block's rows j..j+8 and columns c..c+8 are inside both
+    // SAFETY: AVX2 by this fn's contract. With j + 8 <= n and c + 8 <= e, the last element
+    // read, `(j + 7)·rs + c + 7`, is below `(n - 1)·rs + e`, and the last written,
+    // `(c + 7)·n + j + 7`, is below `e·n`: inside `x` and `out` by the caller's contract (the
+    // assert in `transpose_scaled`).
     unsafe {
         let s = _mm256_set1_ps(scale);
         for j in (0..n / 8 * 8).step_by(8) {

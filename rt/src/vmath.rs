@@ -792,10 +792,13 @@ enum Job<'a> {
 fn run_with(job: Job) {
     match job {
         Job::Map(op, xs) => map_with(op, xs),
-        // SAFETY (both): whoever made the job (`strip_math`, `apply_from`) promises the ranges
         Job::MapFrom { op, src, dst, n } if std::ptr::eq(src, dst) => {
+            // SAFETY: whoever made the job (`strip_math`, `apply_from`) promises `n` f32s at
+            // `dst`, initialised and used by nothing else meanwhile; `src` is the same memory.
             map_with(op, unsafe { std::slice::from_raw_parts_mut(dst, n) })
         }
+        // SAFETY: as above, and the two ranges of `n` f32s are disjoint (the same memory took
+        // the arm above), so the shared and the mutable slice do not alias.
         Job::MapFrom { op, src, dst, n } => unsafe {
             map_from_with(
                 op,
@@ -1097,18 +1100,28 @@ pub unsafe extern "C" fn stream(src: *const f32, dst: *mut f32, n: i64) {
     unsafe { std::ptr::copy_nonoverlapping(src, dst, n) }
 }
 
+/// [`stream`] with 32-byte streaming stores.
+///
+/// # Safety
+/// The CPU has AVX; `src` points to `n` initialised f32s and `dst` to `n` writable ones that
+/// do not overlap them.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
 unsafe fn stream_avx(src: *const f32, dst: *mut f32, n: usize) {
     use std::arch::x86_64::{_mm256_loadu_ps, _mm256_stream_ps};
-    // SAFETY (all blocks): every access stays in `[0, n)` of both, by the caller's contract.
     let head = dst.align_offset(32).min(n);
+    // SAFETY: `head <= n`, and the caller's contract gives `n` readable f32s at `src` and `n`
+    // writable ones at `dst`, disjoint.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
     let mut i = head;
     while i + 8 <= n {
+        // SAFETY: AVX by this fn's contract; lanes `i..i + 8 <= n` of both ranges; `dst + i`
+        // is 32-byte aligned, as the streaming store needs (`head` reached the boundary, or
+        // `head == n` and the loop does not run).
         unsafe { _mm256_stream_ps(dst.add(i), _mm256_loadu_ps(src.add(i))) };
         i += 8;
     }
+    // SAFETY: the last `n - i` elements of both ranges, `i <= n`.
     unsafe { std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), n - i) };
 }
 
