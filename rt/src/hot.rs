@@ -22,8 +22,8 @@ thread_local! {
 }
 
 /// [`par_min_elems`] inside a [`hot`] call: the GPT training step of `cargo bench --bench
-/// models` took 16.0-16.5 ms with the bar at 2^18 elements, 13.2-15.2 ms at 2^14, and no
-/// less at 2^13 or 2^11 (2 threads).
+/// models` ran faster with the bar at 2^14 elements than at 2^18, and no faster at 2^13 or
+/// 2^11 (2 threads; BENCHMARKS.md).
 pub const PAR_MIN_ELEMS_HOT: usize = 1 << 14;
 
 /// Whether this thread runs a [`hot`] call.
@@ -111,8 +111,8 @@ const POLL_FOR: std::time::Duration = std::time::Duration::from_millis(2);
 /// Runs `job` on a worker of `pool` (rayon's global pool for `None`) and returns its result
 /// (or resumes its panic) once it is done. The caller polls, yielding its CPU, for up to
 /// [`POLL_FOR`], then parks: a caller blocked on rayon's latch (`install`) was woken by the
-/// scheduler 7-20 µs after the call's end on these machines (a third-party thread wake-up),
-/// 1 µs when it polls; calls longer than the poll pay one wake-up.
+/// scheduler well after the call's end (a third-party thread wake-up), where a polling
+/// caller sees the end at once; calls longer than the poll pay one wake-up.
 fn hand_over<R: Send>(pool: Option<&rayon::ThreadPool>, job: impl FnOnce() -> R + Send) -> R {
     use std::panic::{AssertUnwindSafe, catch_unwind};
     struct Slot<R> {
@@ -166,7 +166,7 @@ fn hand_over<R: Send>(pool: Option<&rayon::ThreadPool>, job: impl FnOnce() -> R 
 /// the process may use, where the pool has no more workers than those CPUs. A worker woken
 /// onto its waker's CPU stayed there: the caller of a [`hot`] call and its poller then
 /// shared one CPU, the other idle, and a step of eager training stalled for a scheduler
-/// slice (4-7 ms) in a third of its steps (seen with `perf sched timehist`). Done once per
+/// slice in a third of its steps (seen with `perf sched timehist`). Done once per
 /// worker, the first time it runs or polls for a [`hot`] call; `SMELT_PIN_THREADS=0` leaves
 /// the workers where the OS puts them.
 fn pin_worker() {

@@ -491,9 +491,9 @@ impl Memory<'_> {
 }
 
 /// Whether some step of the plan splits across threads inside a polling call
-/// ([`crate::hot`]). Only then does a call move to a pool worker: the hand-off costs several
-/// µs, and a model of small steps took 3-4 µs a call on the caller's thread (`cargo bench
-/// --bench aot`).
+/// ([`crate::hot`]). Only then does a call move to a pool worker: the hand-off costs more
+/// than a whole call of a model of small steps on the caller's thread (`cargo bench --bench
+/// aot`; BENCHMARKS.md).
 fn wants_threads(plan: &[u64]) -> Result<bool, i32> {
     let skip = |w: &mut Words, n: usize| -> Result<(), i32> {
         w.at = w.at.checked_add(n).ok_or(ERR_BAD_MODEL)?;

@@ -1,13 +1,14 @@
 //! f32 matrix products on packed panels: the AVX2 path of [`crate::gemm`].
 //!
 //! On AVX2 the `gemm` crate's kernels ran the shapes models use ([256,1024]·[1024,4096],
-//! BERT's [4096,384]·[384,1536]) at 87–103 GFLOP/s on one core, where OpenBLAS and MKL
-//! reach 107–118. This is the textbook blocking: for each block of `KC` steps of the inner
+//! BERT's [4096,384]·[384,1536]) measurably slower than OpenBLAS and MKL on one core
+//! (BENCHMARKS.md, "GEMMs"). This is the textbook blocking: for each block of `KC` steps of the inner
 //! index, `B` is copied into panels of `NR` columns and `A` into panels of `MR` rows, both
 //! laid out in the order the tile reads them and aligned to cache lines, and a tile of
-//! `MR × NR` sums stays in registers over the block. Unaligned panels cost 5–7% (a row of
-//! `B`'s panel is one cache line only when aligned); asking for the output's lines before
-//! each tile, since the output is read back for every block after the first, a few more.
+//! `MR × NR` sums stays in registers over the block. Unaligned panels measured slower (a row of
+//! `B`'s panel is one cache line only when aligned), and so did leaving out the requests
+//! for the output's lines before each tile (the output is read back for every block after
+//! the first).
 //!
 //! Every element of the result is the same f32 sum whatever the threads: blocks of the
 //! inner index in order, each summed in registers, one fused multiply-add per term. The
@@ -29,13 +30,13 @@ const MC: usize = 192;
 /// Columns of `B` packed at a time (`KC × NC` f32s: 2 MiB, the L2 of one core here).
 const NC: usize = 1024;
 /// The smallest side this path takes. Below it the copies cost more than they save: with
-/// 64 columns or rows of `B` each element of `A`'s copy serves few tiles (0.76–0.84 of the
-/// crate's speed at [1024,1024]·[1024,64]), and at 128 the two were level within the noise.
+/// 64 columns or rows of `B` each element of `A`'s copy serves few tiles (slower than the
+/// crate at [1024,1024]·[1024,64]), and at 128 the two were level within the noise.
 const MIN_SIDE: usize = 256;
 
 /// Steps of the inner index per block: `A`'s block (`MC × KC`) and `B`'s (`KC × NC`) stay
 /// in L2 (2 MiB a core here), and the output is read back once per block after the first.
-/// On one AVX2 core, 256 was 2–6% slower than 512 at the shapes above, 384 in between.
+/// On one AVX2 core, 512 measured faster than 256 and 384 at the shapes above.
 const KC: usize = 512;
 
 /// Whether [`crate::gemm`] runs `m × k · k × n` in f32 here: where the CPU's widest vectors

@@ -339,7 +339,7 @@ unsafe fn tile<L: Lanes, const R: usize, const V: usize, const W: u8>(
 /// transpose of `n` rows of `e` elements (`rs` apart), so that an operand read by columns
 /// (attention's keys in `q·kᵀ`) is read by rows, as [`product`] reads `B`. Blocks of 8 × 8
 /// go through registers; done one element at a time, the copy of a [128, 32] key block
-/// took a tenth of attention's time on AVX2.
+/// took a large share of attention's time on AVX2 (`perf`).
 ///
 /// # Panics
 /// If `x` or `out` is shorter than the shape says.

@@ -269,8 +269,8 @@ use GeluTail as Tail;
 
 impl GeluTail {
     /// The `nh` (of `e^{nh}`) below which the tail's `|m| < 2^-127`, so that it is computed
-    /// as ±0: a subnormal product costs a microcode assist per lane on x86 (4× the time of
-    /// a GELU of `h = x·W` with large `h`), and the result is flushed anyway. Bounds of `|w|`
+    /// as ±0: a subnormal product costs a microcode assist per lane on x86 (it made a GELU
+    /// of `h = x·W` with large `h` several times slower), and the result is flushed anyway. Bounds of `|w|`
     /// before its scale `2^k`: the exact GELU, `|xc|·H(a)·p < 1` once `a > 13.29`; its
     /// slope, `(a/√(2π) + H)·p < 8`; the tanh GELU, `|xc|·E·p < 16` (`E = sigmoid(v) ≤ 1`);
     /// its slope, `E·p·(1 + q) < 512` (`q ≤ 265` at `a = 10.5`). Each threshold is half a
@@ -495,9 +495,9 @@ pub fn prefetch(p: *const u8) {
 }
 
 /// Asks for the two cache lines [`PREFETCH_AHEAD`] elements past `xs[i]`: the hardware's
-/// prefetchers stop at each 4 KiB boundary and restart behind it. Row sums over 64 MiB
-/// took 1.36-1.49 ms without this and 1.20-1.21 with it on two threads, and 3.1-5.3 against
-/// 2.2-2.3 ms on one (BENCHMARKS.md). The address may lie past the slice.
+/// prefetchers stop at each 4 KiB boundary and restart behind it, so long row sums measured
+/// faster with it, on one thread and on two (BENCHMARKS.md). The address may lie past the
+/// slice.
 #[inline(always)]
 fn prefetch_ahead(xs: &[f32], i: usize) {
     let p = xs.as_ptr().wrapping_add(i + PREFETCH_AHEAD) as *const u8;
@@ -562,8 +562,8 @@ fn extreme_with<const MAX: bool>(xs: &[f32]) -> f32 {
 /// softmax of `xs` into `out` (same length): `e = exp(x - max)`, then `e / Σe` in f64 rounded
 /// once; log_softmax: `x - max - ln(Σe)` in f64. The max skips NaN, but a NaN's exponential
 /// makes the sum and so the whole row NaN, as in the reference; a row of `-inf` is NaN too.
-/// (So the max needs none of [`extreme_with`]'s NaN tracking, which made softmax over
-/// [4096, 4096] 4-8% slower.)
+/// (So the max needs none of [`extreme_with`]'s NaN tracking, which measured slower on
+/// large rows.)
 #[inline(always)]
 fn softmax_with(xs: &[f32], out: &mut [f32], log: bool) {
     let mut acc = [f32::NEG_INFINITY; 16];
@@ -665,7 +665,7 @@ macro_rules! by_op {
 
 /// Plain `for` loops, not `for_each` with a closure: rustc may outline a generic
 /// `for_each` out of the `#[target_feature]` caller, and the copy outside it computes every
-/// `mul_add` with a software fma call (the exact GELU ran 100x slower that way).
+/// `mul_add` with a software fma call (the exact GELU ran far slower that way).
 #[inline(always)]
 fn map_with(op: StripOp, xs: &mut [f32]) {
     macro_rules! each {
@@ -958,8 +958,8 @@ pub fn apply(op: StripOp, xs: &mut [f32]) {
 }
 
 /// `dst = op(src)` over the shorter of the two: the same values as [`apply`] on a copy,
-/// with the source read in the loop instead of copied first (tanh-GELU of f32[4096,4096] on
-/// AVX2: 12.7-13.2 ms with the copy, 10.5-10.9 without).
+/// with the source read in the loop instead of copied first, which measured faster on
+/// large inputs (BENCHMARKS.md).
 pub fn apply_from(op: StripOp, src: &[f32], dst: &mut [f32]) {
     let n = src.len().min(dst.len());
     run(Job::MapFrom {

@@ -7,7 +7,7 @@
 //!
 //! | op | method | max ulp |
 //! |----|--------|---------|
-//! | `exp` | Cody-Waite by ln2, degree-7 polynomial, 2^k in two exponent steps; 0 below -105 without the underflowing product (an x86 microcode assist per lane: a masked softmax with half its entries -inf ran 2.5–3.5× slower) | 0.94 |
+//! | `exp` | Cody-Waite by ln2, degree-7 polynomial, 2^k in two exponent steps; 0 below -105 without the underflowing product (an x86 microcode assist per lane, which made masked softmax rows full of -inf several times slower) | 0.94 |
 //! | `expm1` | as `exp`, then `2·(s·p + (s - ½))` with `s = 2^(k-1)`: no cancellation | 1.32 |
 //! | `log` | `x = m·2^e`, `m ∈ [√½, √2)`, `log1p(m-1)` by the atanh series in `s = f/(2+f)` | 0.81 |
 //! | `log1p` | `log(1+x)` plus the exact rounding error of `1+x` divided by `1+x` | 1.44 |
@@ -813,8 +813,8 @@ impl TableIndex {
 /// `y`, or `±0` with the sign of `y` where `|y|` is below the smallest normal f32. PyTorch's
 /// GELU formulas, `x/2·(1 + erf(..))` and `x/2·(1 + tanh(..))`, give exactly ±0 long before
 /// the exact value turns subnormal. Returning the subnormal would be more exact but slows all
-/// later arithmetic on it: a matmul over such activations ran 2.3× slower on an Intel CPU,
-/// which takes a microcode assist for every subnormal operand.
+/// later arithmetic on it: an Intel CPU takes a microcode assist for every subnormal
+/// operand, and a matmul over such activations measured much slower.
 fn flush_subnormal(b: B, y: Value) -> Value {
     let a = b.ins().fabs(y);
     let tiny = fcmpc(b, FloatCC::LessThan, a, f64::from(f32::MIN_POSITIVE));

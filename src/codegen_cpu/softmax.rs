@@ -4,8 +4,8 @@
 //! calls the run-time library's row softmax once per row ([`vmath::SOFTMAX_SYMBOL`], the
 //! same code as eager `softmax`). The generic lowering runs its cheap passes (the
 //! subtraction, the scaling) as Cranelift's 128-bit loops between the helpers' 256- or
-//! 512-bit ones: softmax over [4096, 4096] took 8.7-8.9 ms that way against 5.8-6.2 ms for
-//! the eager op (AVX-512, 2 threads).
+//! 512-bit ones, and measured well behind the eager op on large rows (BENCHMARKS.md has
+//! the figures).
 //!
 //! A softmax fused with what computes its input, or with what reads its output, keeps the
 //! generic lowering.

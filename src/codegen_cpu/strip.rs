@@ -29,9 +29,8 @@ use std::collections::HashSet;
 /// Elements per strip: a multiple of the vector loop's step; 2 KiB of stack per value. Also
 /// where a helper reads its operand from memory: shorter strips there once kept the hardware
 /// prefetcher streaming while a helper that copied its operand first computed; the helpers
-/// now read the operand in their loop and ask for its lines ahead themselves, and 512 beats
-/// 128 (AVX2: tanh-GELU over [4096,4096] 11.0-11.7 against 11.6-12.2 ms, sigmoid 6.5-7.0
-/// against 7.0-7.4; AVX-512 4.1-4.2 against 4.4-4.6 for the sigmoid).
+/// now read the operand in their loop and ask for its lines ahead themselves, and 512
+/// measured faster than 128 for tanh-GELU and sigmoid on AVX2 and AVX-512 (BENCHMARKS.md).
 pub const STRIP: i64 = 512;
 
 /// Elements per call when the helper only sums memory: nothing computes between the calls,
@@ -72,7 +71,7 @@ impl Gen<'_, '_, '_> {
     /// plain vector loop.
     pub(super) fn strip_work(&self, body: &Body) -> Option<Strips> {
         // rows shorter than a few vectors spend more on the helpers' calls than they save
-        // (log_softmax over rows of 13: 105 ns per row in strips)
+        // (measured on log_softmax over rows of 13)
         let short = self.k.inner.last().is_some_and(|&n| n < MIN_STRIP_ROW);
         if self.opts.inline_math
             || !vmath::available()

@@ -51,11 +51,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Kernels whose index space has fewer elements than this run on the calling thread: below
-/// it, handing chunks to sleeping threads (about 35 µs of wake-up on a 2-core machine) costs
-/// more than it saves. (Inside a call whose other threads poll for work, the bar is lower:
-/// `smelt_rt::hot::par_min_elems`.) Chosen from the "small kernels" table of `cargo bench
-/// --bench compiled`: one thread 0.054 ms against 0.042 ms on both at 262144 elements, 0.028 against
-/// 0.046 ms at 131072. Ahead-of-time compiled models follow the same rule.
+/// it, waking sleeping threads to hand them chunks costs more than it saves. (Inside a call
+/// whose other threads poll for work, the bar is lower: `smelt_rt::hot::par_min_elems`.)
+/// Chosen as the smallest size at which both threads beat one in the "small kernels" table
+/// of `cargo bench --bench compiled` (BENCHMARKS.md has the figures). Ahead-of-time
+/// compiled models follow the same rule.
 pub use smelt_rt::model::PAR_MIN_ELEMS;
 
 /// What runs the fused kernels.
@@ -993,8 +993,8 @@ impl control::Bodies for Compiled<'_> {
 
 /// Whether some step of `s` splits across threads inside a polling call
 /// (`runtime::threads::hot`). Only then does a call move to a pool worker: the hand-off
-/// costs several µs, and a model of small steps took 3-4 µs a call on the caller's thread
-/// (`cargo bench --bench aot`). Control steps count, since their bodies may run many times.
+/// costs more than a whole call of a model of small steps on the caller's thread
+/// (`cargo bench --bench aot`; BENCHMARKS.md). Control steps count, since their bodies may run many times.
 /// A library call counts when its multiply-adds would split a GEMM (`info.flops` counts
 /// two per multiply-add), or when it moves as many bytes as a kernel that splits.
 fn wants_threads(s: &Schedule, info: &[StepInfo]) -> bool {

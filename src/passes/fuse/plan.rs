@@ -569,7 +569,7 @@ impl<'g> Fuser<'g> {
                 return false;
             }
             // Full-size values stay out of column reductions: a pointwise kernel stores them
-            // contiguously, and the reduction reads them back (strided stores cost ~4×).
+            // contiguously, and the reduction reads them back (strided stores cost several times more).
             match (&key, &u.row) {
                 (Some(k), Some(r)) => k == r,
                 (Some(k), None) => u.shape == k.shape && !k.is_column(),
