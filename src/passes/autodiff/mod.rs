@@ -4,11 +4,11 @@
 //!
 //! The gradient nodes are appended to a copy of the graph, so every forward value keeps its
 //! node (and `ValueId`): eager autograd relies on that to feed the values it already has.
-//! Each op's vector-Jacobian product lives in `rules`.
+//! Each op's vector-Jacobian product lives in `vjp`.
 
 mod control;
 pub(crate) mod emit;
-pub(crate) mod rules;
+pub(crate) mod vjp;
 
 use crate::ir::graph::{Graph, ValueId};
 use crate::ir::op::Op;
@@ -249,7 +249,7 @@ fn backward_with(
             (Op::Control(c), Cot::Results(cots)) => {
                 control::vjp(&mut e, c, v, &cots, &need, every)?
             }
-            (_, Cot::Value(gv)) => rules::vjp(&mut e, &op, &xs, v, gv, &need)?,
+            (_, Cot::Value(gv)) => vjp::vjp(&mut e, &op, &xs, v, gv, &need)?,
             (_, Cot::Results(_)) => continue,
         };
         for ((&x, gx), n) in xs.iter().zip(grads).zip(need) {
