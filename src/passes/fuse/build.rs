@@ -2,7 +2,7 @@
 //! extern calls and the order of the steps.
 
 use super::affine::{AMap, broadcast_map, view_map};
-use super::plan::{Class, Fuser, Plan, RowKey};
+use super::partition::{Class, Fuser, Plan, RowKey};
 use super::{Fail, R};
 use crate::Error;
 use crate::ir::dtype::DType;

@@ -45,15 +45,15 @@
 
 mod affine;
 mod build;
-mod plan;
+mod partition;
 
-pub(crate) use plan::nhwc_values;
+pub(crate) use partition::nhwc_values;
 
 use super::decompose::decompose;
 use crate::ir::graph::{Graph, ValueId};
 use crate::kernel::Schedule;
 use crate::{Error, Result};
-use plan::Fuser;
+use partition::Fuser;
 
 /// Limits of the partitioner.
 #[derive(Clone, Debug)]
