@@ -333,10 +333,10 @@ fn ports_json(ports: &[Port]) -> Json {
 pub(super) fn manifest(
     m: &AotModel,
     s: &Schedule,
-    built: &super::plan::Built,
+    built: &super::model_layout::Built,
     kernels: &[(String, String)],
 ) -> String {
-    use super::plan::Place;
+    use super::model_layout::Place;
     let buffers = s
         .buffers
         .iter()

@@ -11,7 +11,7 @@
 //! the graph is reused instead of running the passes again.
 
 mod files;
-mod plan;
+mod model_layout;
 
 use crate::codegen_cpu::jit::CodeModule;
 use crate::codegen_cpu::lower::{CodegenOptions, cache_key, define_kernel, localize};
@@ -112,10 +112,10 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
     let mut index: HashMap<String, (usize, bool, usize)> = HashMap::new();
     let mut funcs = Vec::new();
     let mut kernel_names = Vec::new();
-    let built = plan::build(&s, features, &mut |k| {
+    let built = model_layout::build(&s, features, &mut |k| {
         let (local, bufs, slots) = localize(k, &s.buffers)?;
         let key = cache_key(&local, &bufs, &cg);
-        let code = |(index, streams, block)| plan::KernelCode {
+        let code = |(index, streams, block)| model_layout::KernelCode {
             index,
             streams,
             block,

@@ -3,7 +3,7 @@
 //! forward values that were kept when the ops ran. Custom functions cut the graph: their
 //! outputs become graph inputs, and their own backward seeds a further sweep below them.
 
-use super::plan::Walk;
+use super::backward_plan::Walk;
 use super::tape::{Edge, GradNode, NodeOp};
 use crate::ir::dtype::DType;
 use crate::runtime::kernels::copy;

@@ -3,12 +3,12 @@
 //! requires grad (`tape`); `backward` differentiates the recorded graph with the
 //! `passes::autodiff` pass (`engine`).
 
+mod backward_plan;
 mod checkpoint;
 mod clip;
 mod engine;
 mod function;
 mod gradcheck;
-mod plan;
 pub(crate) mod tape;
 
 pub use checkpoint::{Segment, checkpoint, checkpoint_sequential};
