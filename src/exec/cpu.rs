@@ -259,6 +259,8 @@ struct Ptrs<'a>(&'a [*mut u8]);
 // SAFETY: the pointers are only dereferenced by generated code while the storages are
 // locked by the calling thread, and each chunk writes disjoint rows.
 unsafe impl Send for Ptrs<'_> {}
+// SAFETY: as for `Send`: a shared `Ptrs` only hands out the pointer slice (`all`), which is
+// never written; the chunks write disjoint rows of the memory behind it.
 unsafe impl Sync for Ptrs<'_> {}
 
 impl Ptrs<'_> {
@@ -1018,14 +1020,18 @@ fn wants_threads(s: &Schedule, info: &[StepInfo]) -> bool {
 unsafe fn run_rows(code: &CpuKernel, elems: usize, ptrs: &[*mut u8]) -> Result<()> {
     let rows = code.rows();
     let threads = crate::runtime::threads::available();
-    // SAFETY: as the caller promises; chunks cover disjoint rows.
     if elems < smelt_rt::hot::par_min_elems() || threads < 2 || rows < 2 {
+        // SAFETY: the caller's pointers, valid and unused by others for the call (this fn's
+        // contract), for all the rows on this thread.
         return unsafe { code.run_rows(ptrs, 0, rows) };
     }
     let ptrs = Ptrs(ptrs);
     let chunks = smelt_rt::model::row_chunks(rows, threads, code.lane_rows().max(1));
     (0..chunks.count()).into_par_iter().try_for_each(|c| {
         let (begin, end) = chunks.get(c);
+        // SAFETY: the caller's pointers stay valid and unused by others for the whole call
+        // (this fn's contract); `chunks` splits `0..rows` into disjoint ranges, so the chunks
+        // running at once write disjoint rows.
         unsafe { code.run_rows(ptrs.all(), begin, end) }
     })
 }

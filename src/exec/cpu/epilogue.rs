@@ -71,6 +71,8 @@ struct Table(Vec<*mut u8>);
 // SAFETY: the pointers address buffers locked by the calling thread for the whole
 // convolution; the tasks write disjoint ranges of them.
 unsafe impl Send for Table {}
+// SAFETY: shared by the tile tasks, the table itself is only read (`with` copies it); the
+// memory its pointers address is written in disjoint ranges, as for `Send`.
 unsafe impl Sync for Table {}
 
 impl Table {
