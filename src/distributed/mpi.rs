@@ -68,8 +68,9 @@ pub(crate) fn connect(checked: bool) -> Result<Box<dyn Transport>> {
         // SAFETY: MPI_Comm_dup succeeded, so it wrote `c`.
         let c = unsafe { c.assume_init() };
         // errors come back as codes, not as an abort of every process
-        // SAFETY: `c` is a valid communicator.
         check(
+            // SAFETY: `c` is a valid communicator (just duplicated); RSMPI_ERRORS_RETURN is
+            // the shim's constant handle, never written.
             unsafe { ffi::MPI_Comm_set_errhandler(c, ffi::RSMPI_ERRORS_RETURN) },
             what,
         )?;
@@ -201,6 +202,8 @@ impl MpiTransport {
         } else {
             acc.read::<c_void>(0)
         };
+        // SAFETY: reading an extern static of the mpi crate's C shim: a `const` handle,
+        // initialised when the library loads and never written.
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
         let rc = call(sp, acc.write::<c_void>(0), &mut req);
         let r = self.finish_request(rc, req, what, at);
@@ -232,14 +235,17 @@ impl Transport for MpiTransport {
         let mut all: Vec<Header> = vec![[0; WORDS]; self.size];
         all[self.rank] = *mine;
         let mine = Box::new(*mine);
+        // SAFETY: reading an extern static of the mpi crate's C shim: a `const` handle,
+        // initialised when the library loads and never written.
         let u64_t = unsafe { ffi::RSMPI_UINT64_T };
+        // SAFETY: as above.
         let null = unsafe { ffi::RSMPI_REQUEST_NULL };
         let mut recvs: Vec<ffi::MPI_Request> = vec![null; self.size];
         let mut sends: Vec<ffi::MPI_Request> = Vec::with_capacity(self.size);
         for p in (0..self.size).filter(|&p| p != self.rank) {
-            // SAFETY: `all[p]` outlives the request: it is waited for, or cancelled and
-            // waited for, before this function returns.
             check(
+                // SAFETY: `all[p]` holds WORDS u64s and outlives the request: it is waited
+                // for, or cancelled and waited for, before this function returns.
                 unsafe {
                     ffi::MPI_Irecv(
                         all[p].as_mut_ptr() as *mut c_void,
@@ -256,8 +262,9 @@ impl Transport for MpiTransport {
         }
         for p in (0..self.size).filter(|&p| p != self.rank) {
             let mut req = null;
-            // SAFETY: `mine` is parked below if the send is let go unfinished.
             check(
+                // SAFETY: `mine` holds WORDS u64s on the heap, and is parked below (kept
+                // alive) if the send is let go unfinished.
                 unsafe {
                     ffi::MPI_Isend(
                         mine.as_ptr() as *const c_void,
@@ -318,8 +325,8 @@ impl Transport for MpiTransport {
             )));
         }
         for mut s in sends {
-            // SAFETY: an active send of this function; small, so it completes at once.
             check(
+                // SAFETY: an active send of this function; small, so it completes at once.
                 unsafe { ffi::MPI_Wait(&mut s, ffi::RSMPI_STATUS_IGNORE) },
                 "MPI_Wait",
             )?;
@@ -337,8 +344,9 @@ impl Transport for MpiTransport {
         let (n, dt, comm) = (count(send)?, datatype(send.dtype())?, self.data);
         let op = operation(op);
         let blocking = self.blocking;
-        // SAFETY (both calls): the buffers hold `n` elements of `dt`; MPI_IN_PLACE is the
-        // library's; a blocking call leaves `req` null, which MPI_Test finds complete.
+        // SAFETY: in both calls the buffers hold `n` elements of `dt`, locked by `start` while
+        // it waits for the request, or the send buffer is the library's MPI_IN_PLACE; a
+        // blocking call leaves `req` null, which MPI_Test finds complete.
         let call = move |s: *const c_void, r: *mut c_void, req: &mut ffi::MPI_Request| unsafe {
             if blocking {
                 ffi::MPI_Allreduce(s, r, n, dt, op, comm)
@@ -388,6 +396,8 @@ impl Transport for MpiTransport {
     }
 
     fn barrier(&mut self, at: Instant) -> Result<()> {
+        // SAFETY: reading an extern static of the mpi crate's C shim: a `const` handle,
+        // initialised when the library loads and never written.
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
         // SAFETY: a barrier on our own communicator.
         let rc = unsafe { ffi::MPI_Ibarrier(self.data, &mut req) };
