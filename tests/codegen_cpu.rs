@@ -735,11 +735,14 @@ fn run_rows_checks_its_arguments_and_the_cache_shares_kernels() {
     assert_eq!(a.vector_loops(), 1, "a dense f32 relu is one vector loop");
     let mut mem = vec![vec![0f32; 24]; s.buffers.len()];
     let ptrs: Vec<*mut u8> = mem.iter_mut().map(|v| v.as_mut_ptr() as *mut u8).collect();
-    // SAFETY (all three): the pointers hold whole buffers; bad arguments are refused first.
+    // SAFETY: each pointer holds its whole buffer (24 f32s, owned by `mem`); one pointer
+    // short, the call is refused before the kernel runs.
     let e = unsafe { a.run_rows(&ptrs[..ptrs.len() - 1], 0, 1) }.unwrap_err();
     assert!(e.to_string().contains("buffer pointers"), "{e}");
+    // SAFETY: as above; rows 3..2 are refused before the kernel runs.
     let e = unsafe { a.run_rows(&ptrs, 3, 2) }.unwrap_err();
     assert!(e.to_string().contains("out of"), "{e}");
+    // SAFETY: as above; rows past the kernel's 24 are refused before it runs.
     let e = unsafe { a.run_rows(&ptrs, 0, 25) }.unwrap_err();
     assert!(e.to_string().contains("out of"), "{e}");
 }
@@ -818,6 +821,7 @@ fn kernels_equal_up_to_their_buffers_share_code() {
 struct Ptrs(Vec<*mut u8>);
 // SAFETY: the threads write disjoint rows of the output and only read the inputs.
 unsafe impl Send for Ptrs {}
+// SAFETY: as for `Send`; shared, the vector of pointers itself is only read.
 unsafe impl Sync for Ptrs {}
 
 #[test]
