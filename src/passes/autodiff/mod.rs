@@ -6,7 +6,7 @@
 //! node (and `ValueId`): eager autograd relies on that to feed the values it already has.
 //! Each op's vector-Jacobian product lives in `vjp`.
 
-mod control;
+mod control_grad;
 pub(crate) mod emit;
 pub(crate) mod vjp;
 
@@ -247,7 +247,7 @@ fn backward_with(
         }
         let grads = match (&op, seed) {
             (Op::Control(c), Cot::Results(cots)) => {
-                control::vjp(&mut e, c, v, &cots, &need, every)?
+                control_grad::vjp(&mut e, c, v, &cots, &need, every)?
             }
             (_, Cot::Value(gv)) => vjp::vjp(&mut e, &op, &xs, v, gv, &need)?,
             (_, Cot::Results(_)) => continue,
