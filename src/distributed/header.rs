@@ -3,7 +3,7 @@
 //! each other's bytes wrongly or hanging.
 
 use super::ReduceOp;
-use super::engine::Collective;
+use super::comm_thread::Collective;
 use crate::ir::dtype::DType;
 use crate::{Error, Result};
 

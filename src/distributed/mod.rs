@@ -15,20 +15,20 @@
 //! return an error naming it, instead of hanging. A timeout leaves the group broken: later
 //! collectives fail at once, as NCCL's watchdog aborts a communicator.
 
-mod engine;
+mod comm_thread;
 mod header;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod nccl;
 mod rendezvous;
 
-pub use engine::Work;
+pub use comm_thread::Work;
 pub use rendezvous::{LaunchEnv, exchange_bytes};
 
 use crate::ir::dtype::DType;
 use crate::runtime::Tensor;
 use crate::{Error, Result, bail};
-use engine::{Collective, Engine};
+use comm_thread::{Collective, Engine};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -176,7 +176,7 @@ impl ProcessGroup {
     /// Joins the processes of the launch (`mpirun`, or `torchrun`'s environment) in a new
     /// group.
     pub fn new(backend: Backend, opts: &InitOptions) -> Result<ProcessGroup> {
-        let connect: engine::Connect = match backend {
+        let connect: comm_thread::Connect = match backend {
             Backend::Mpi => mpi_connect(opts)?,
             Backend::Nccl => nccl::connect(opts.clone()),
         };
@@ -329,13 +329,13 @@ fn check_parts(whole: &Tensor, part: &Tensor, world: usize, what: &str) -> Resul
 }
 
 #[cfg(feature = "mpi")]
-fn mpi_connect(opts: &InitOptions) -> Result<engine::Connect> {
+fn mpi_connect(opts: &InitOptions) -> Result<comm_thread::Connect> {
     let checked = opts.check_arguments;
     Ok(Box::new(move || mpi::connect(checked)))
 }
 
 #[cfg(not(feature = "mpi"))]
-fn mpi_connect(_: &InitOptions) -> Result<engine::Connect> {
+fn mpi_connect(_: &InitOptions) -> Result<comm_thread::Connect> {
     Err(Error::Unsupported(
         "the mpi backend needs smelt built with the `mpi` feature (and an MPI library such as Debian's libopenmpi-dev)".into(),
     ))

@@ -4,7 +4,7 @@
 //! is left waiting for it.
 
 use super::ReduceOp;
-use super::engine::{Transport, poll_until};
+use super::comm_thread::{Transport, poll_until};
 use super::header::{Header, WORDS};
 use crate::ir::dtype::DType;
 use crate::runtime::{Device, Tensor, access};

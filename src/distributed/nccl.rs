@@ -4,7 +4,7 @@
 //! Collectives run on a stream of the group's own, which waits for the default stream;
 //! the thread polls it against the deadline and aborts the communicator past it.
 
-use super::engine::{Connect, Transport, poll_until};
+use super::comm_thread::{Connect, Transport, poll_until};
 use super::header::{Header, WORDS};
 use super::rendezvous::{LaunchEnv, exchange_bytes};
 use super::{InitOptions, ReduceOp};

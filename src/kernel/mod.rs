@@ -27,13 +27,13 @@
 //! inputs over as contiguous copies. Every index map is checked to stay inside its buffer
 //! ([`Schedule::validate`]) before anything runs.
 
-mod check;
 mod coalesce;
 pub mod interp;
 mod print;
+mod verify;
 
-pub use check::{check_kernel, check_ops};
 pub use coalesce::{coalesce, store_order};
+pub use verify::{check_kernel, check_ops};
 
 use crate::ir::control::Control;
 use crate::ir::dtype::{DType, Scalar};

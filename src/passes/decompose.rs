@@ -119,7 +119,7 @@ pub fn decompose(g: &Graph) -> Result<Graph> {
 /// packs them: for code generators without the fused kernel (CUDA), which then keep the
 /// products and the softmax on their own device. A graph without one is returned as it is.
 pub fn expand_attention_grads(g: &Graph) -> Result<std::borrow::Cow<'_, Graph>> {
-    use crate::passes::autodiff::{emit::Emit, vjp::attention_primitives};
+    use crate::passes::autodiff::{graph_builder::Emit, vjp::attention_primitives};
     let has = g
         .topo_order()
         .into_iter()

@@ -9,7 +9,7 @@
 //! - `fori_loop` with a constant trip count: the same, as a scan over `arange(lower, upper)`;
 //! - `while_loop`: refused (its trip count is data), as in JAX.
 
-use super::emit::Emit;
+use super::graph_builder::Emit;
 use super::{GradOptions, Seed, autodiff_opts};
 use crate::ir::control::{Control, ControlKind};
 use crate::ir::dtype::DType;

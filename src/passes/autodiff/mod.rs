@@ -7,13 +7,13 @@
 //! Each op's vector-Jacobian product lives in `vjp`.
 
 mod control_grad;
-pub(crate) mod emit;
+pub(crate) mod graph_builder;
 pub(crate) mod vjp;
 
 use crate::ir::graph::{Graph, ValueId};
 use crate::ir::op::Op;
 use crate::{Result, bail};
-use emit::Emit;
+use graph_builder::Emit;
 use std::collections::HashMap;
 
 /// The gradient fed into the outputs.

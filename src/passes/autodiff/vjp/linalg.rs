@@ -4,7 +4,7 @@ use super::Grads;
 use crate::ir::dtype::Scalar;
 use crate::ir::graph::ValueId;
 use crate::ir::op::{BinaryOp, Op};
-use crate::passes::autodiff::emit::Emit;
+use crate::passes::autodiff::graph_builder::Emit;
 use crate::{Result, bail};
 
 /// Gradients of `matmul(a, b)` for PyTorch's 1-D, 2-D and batched cases.

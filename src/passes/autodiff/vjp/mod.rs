@@ -9,7 +9,7 @@ mod pointwise;
 mod reduce;
 mod views;
 
-use super::emit::Emit;
+use super::graph_builder::Emit;
 use crate::ir::collective::ReduceOp as Collective;
 use crate::ir::graph::ValueId;
 use crate::ir::op::{Op, ReduceOp, UnaryOp};

@@ -3,7 +3,7 @@
 use super::{Grads, sum_keep};
 use crate::ir::graph::ValueId;
 use crate::ir::op::{Op, ReduceOp, UnaryOp};
-use crate::passes::autodiff::emit::Emit;
+use crate::passes::autodiff::graph_builder::Emit;
 use crate::{Result, bail};
 
 /// Attention's gradients: one `AttentionGrad` op whose result holds the three, unless an

@@ -4,7 +4,7 @@ use super::Grads;
 use crate::ir::dtype::Scalar;
 use crate::ir::graph::ValueId;
 use crate::ir::op::{BinaryOp, Op, UnaryOp};
-use crate::passes::autodiff::emit::Emit;
+use crate::passes::autodiff::graph_builder::Emit;
 use crate::{Result, bail};
 
 pub(super) fn unary(

@@ -5,7 +5,7 @@ use crate::Result;
 use crate::ir::graph::ValueId;
 use crate::ir::op::{BinaryOp, Op, ReduceOp, UnaryOp};
 use crate::ir::shape::reduction_dims;
-use crate::passes::autodiff::emit::Emit;
+use crate::passes::autodiff::graph_builder::Emit;
 
 pub(super) fn reduce(
     e: &mut Emit,

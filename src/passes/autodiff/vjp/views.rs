@@ -6,7 +6,7 @@ use crate::ir::dtype::Scalar;
 use crate::ir::graph::ValueId;
 use crate::ir::op::{BinaryOp, Op};
 use crate::ir::shape::wrap_dim;
-use crate::passes::autodiff::emit::Emit;
+use crate::passes::autodiff::graph_builder::Emit;
 
 pub(super) fn repeat(e: &mut Emit, repeats: &[usize], x: ValueId, g: ValueId) -> Result<Grads> {
     // Split each dim of the result into (repeat, size) and sum over the repeat axes.
