@@ -1,4 +1,4 @@
-//! Accuracy of the CPU backend's vectorised f32 math (src/codegen_cpu/math.rs).
+//! Accuracy of the CPU backend's vectorised f32 math (src/codegen_cpu/math/).
 //!
 //! Each op is JIT-compiled into `fn(inputs..., out, n)`: an F32X4 loop plus a scalar tail.
 //! Every input runs through the vector loop (whole array) and through the scalar tail (calls
