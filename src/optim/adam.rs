@@ -1,8 +1,8 @@
 //! Adam and AdamW (decoupled weight decay), with optional AMSGrad.
 
+use super::rule::{self, AdamScalars, AdamState, F32, TensorOps};
 use super::{Optimizer, check_param, check_params, grad_of};
 use crate::runtime::Tensor;
-use crate::runtime::kernels::pointwise::max_nan;
 use crate::{Result, bail};
 
 /// Settings of `Adam`/`AdamW`; `Default` is PyTorch's defaults (lr 1e-3, betas
@@ -63,13 +63,20 @@ impl AdamConfig {
     }
 }
 
-/// Per-parameter state: step count, first and second moments, and their running max.
+/// Per-parameter state: the step count and, once a step has made them, the moments
+/// (zeros at first: contiguous, in storages of their own, as the one pass needs them).
 #[derive(Default)]
 struct State {
     step: u64,
-    exp_avg: Option<Tensor>,
-    exp_avg_sq: Option<Tensor>,
-    max_exp_avg_sq: Option<Tensor>,
+    tensors: Option<AdamState<Tensor>>,
+}
+
+impl State {
+    /// The moments of `p`, made on the first call.
+    fn tensors(&mut self, p: &Tensor, amsgrad: bool) -> &AdamState<Tensor> {
+        self.tensors
+            .get_or_insert_with(|| AdamState::new(amsgrad, || Tensor::zeros(p.shape(), p.dtype())))
+    }
 }
 
 /// The shared update; `decoupled` selects AdamW's weight decay.
@@ -96,49 +103,24 @@ impl AdamCore {
     fn step(&mut self) -> Result<()> {
         let _g = crate::autograd::no_grad();
         let c = self.config;
-        let (b1, b2) = c.betas;
         for (p, st) in self.params.iter().zip(self.state.iter_mut()) {
-            let Some(raw_grad) = grad_of(p)? else {
+            let Some(grad) = grad_of(p)? else {
                 continue;
             };
             st.step += 1;
-            let wd = c.weight_decay_for(self.decoupled);
-            let zeros = || Tensor::zeros(p.shape(), p.dtype());
-            let t = st.step as i32;
-            let bias_correction1 = 1.0 - b1.powi(t);
-            let bias_correction2 = 1.0 - b2.powi(t);
-            let k = Coeffs {
-                decay: (self.decoupled && wd != 0.0).then_some(1.0 - c.lr * wd),
-                l2: (!self.decoupled && wd != 0.0).then_some(wd),
-                betas: (b1, b2),
-                root_bc2: bias_correction2.sqrt(),
-                eps: c.eps,
-                step_size: c.lr / bias_correction1,
-            };
-            if fused_f32(p, &raw_grad, st, c.amsgrad, &k) {
+            let k = AdamScalars::new(&c, self.decoupled, c.lr, st.step);
+            let state = st.tensors(p, c.amsgrad).clone();
+            if fused_f32(p, &grad, &state, &c, self.decoupled, k) {
                 continue;
             }
-            let mut grad = raw_grad;
-            if let Some(d) = k.decay {
-                p.mul_scalar_(d)?;
+            let (new_p, new) = rule::adam(&mut TensorOps, &c, self.decoupled, p, &grad, &state, k)?;
+            // AdamW's decayed parameter is a tensor of its own
+            if !new_p.shares_storage(p) {
+                p.copy_(&new_p)?;
             }
-            if let Some(wd) = k.l2 {
-                grad = grad.add(&p.mul_scalar(wd)?)?;
+            for (t, v) in state.iter().zip(new.iter()) {
+                t.copy_(v)?;
             }
-            let m = st.exp_avg.get_or_insert_with(zeros);
-            m.mul_scalar_(b1)?.add_(&grad.mul_scalar(1.0 - b1)?)?;
-            let v = st.exp_avg_sq.get_or_insert_with(zeros);
-            v.mul_scalar_(b2)?
-                .add_(&grad.square()?.mul_scalar(1.0 - b2)?)?;
-            let second = if c.amsgrad {
-                let vmax = st.max_exp_avg_sq.get_or_insert_with(zeros);
-                vmax.copy_(&vmax.maximum(v)?)?;
-                vmax.clone()
-            } else {
-                v.clone()
-            };
-            let denom = second.sqrt()?.div_scalar(k.root_bc2)?.add_scalar(c.eps)?;
-            p.sub_(&m.div(&denom)?.mul_scalar(k.step_size)?)?;
         }
         Ok(())
     }
@@ -148,82 +130,79 @@ impl AdamCore {
     }
 }
 
-/// The scalars of one parameter's update.
-struct Coeffs {
-    /// AdamW: `p *= decay` first.
-    decay: Option<f64>,
-    /// Adam's weight decay: `g += l2·p`.
-    l2: Option<f64>,
-    betas: (f64, f64),
-    /// `sqrt(1 - β2ᵗ)`.
-    root_bc2: f64,
-    eps: f64,
-    /// `lr / (1 - β1ᵗ)`.
-    step_size: f64,
-}
-
-/// The update of an f32 parameter in one pass over its elements: the tensor path's ops in
-/// its order, each rounded to f32 as the tensor ops round, instead of a dozen tensor ops
+/// The update of an f32 parameter in one pass over its elements: the rule on each element,
+/// rounded to f32 as the tensor ops round ([`rule::F32`]), instead of a dozen tensor ops
 /// that each read and write whole tensors (the optimiser's step was a seventh of an eager
-/// GPT training step). The state is created here on the first step. False, with nothing
-/// done, unless the parameter and its gradient are contiguous f32 tensors in storages of
-/// their own (the state is this optimiser's own zeros: contiguous, in storages of its own).
-fn fused_f32(p: &Tensor, g: &Tensor, st: &mut State, amsgrad: bool, k: &Coeffs) -> bool {
+/// GPT training step). False, with nothing done, unless the parameter and its gradient are
+/// contiguous f32 tensors in storages of their own (the state is this optimiser's own
+/// zeros: contiguous, in storages of their own).
+fn fused_f32(
+    p: &Tensor,
+    g: &Tensor,
+    s: &AdamState<Tensor>,
+    c: &AdamConfig,
+    decoupled: bool,
+    k: AdamScalars<f64>,
+) -> bool {
     use crate::ir::dtype::DType;
     let dense = |t: &Tensor| t.dtype() == DType::F32 && t.is_contiguous();
     if !dense(p) || !dense(g) || p.shares_storage(g) {
         return false;
     }
-    let fresh = || Tensor::zeros(p.shape(), DType::F32);
-    let m = st.exp_avg.get_or_insert_with(fresh).clone();
-    let v = st.exp_avg_sq.get_or_insert_with(fresh).clone();
-    let vmax = amsgrad.then(|| st.max_exp_avg_sq.get_or_insert_with(fresh).clone());
     let n = p.numel();
-    let writes: Vec<&Tensor> = [p, &m, &v].into_iter().chain(vmax.as_ref()).collect();
+    let writes: Vec<&Tensor> = std::iter::once(p).chain(s.iter()).collect();
     let acc = crate::runtime::access::lock(&[g], &writes);
     for t in &writes {
         t.storage().bump_version();
     }
-    let f = |x: f64| x as f32;
-    let (b1, b2) = (f(k.betas.0), f(k.betas.1));
-    let (c1, c2) = (f(1.0 - k.betas.0), f(1.0 - k.betas.1));
-    let (decay, l2) = (k.decay.map(f), k.l2.map(f));
-    let (root_bc2, eps, step) = (f(k.root_bc2), f(k.eps), f(k.step_size));
+    let k = k.map(|x| x as f32);
     // SAFETY: every tensor is a contiguous f32 tensor of `n` elements, locked above; `g`
     // is only read, and no two of the written ones share a storage.
-    let (gs, ps, ms, vs, mut xs) = unsafe {
+    let (gs, ps, ms, vs, xs) = unsafe {
         let w = |i: usize| std::slice::from_raw_parts_mut(acc.write::<f32>(i), n);
         (
             std::slice::from_raw_parts(acc.read::<f32>(0), n),
             w(0),
             w(1),
             w(2),
-            amsgrad.then(|| w(3)),
+            c.amsgrad.then(|| w(3)),
         )
     };
-    for i in 0..n {
-        let mut pv = ps[i];
-        let mut gv = gs[i];
-        if let Some(d) = decay {
-            pv *= d;
-        }
-        if let Some(wd) = l2 {
-            gv += pv * wd;
-        }
-        let mv = ms[i] * b1 + gv * c1;
-        let vv = vs[i] * b2 + gv * gv * c2;
-        // `maximum(vmax, v)` of the tensor path, NaN and the sign of zero included
-        let second = match &xs {
-            Some(xs) => max_nan(f64::from(xs[i]), f64::from(vv)) as f32,
-            None => vv,
+    let c = *c;
+    let one = |p: f32, g: f32, state: AdamState<f32>| {
+        let Ok(new) = rule::adam(&mut F32, &c, decoupled, &p, &g, &state, k) else {
+            unreachable!("f32 arithmetic does not fail")
         };
-        if let Some(xs) = xs.as_deref_mut() {
-            xs[i] = second;
+        new
+    };
+    // one loop with AMSGrad and one without, so that neither asks per element (the compiler
+    // vectorises both)
+    match xs {
+        Some(xs) => {
+            for i in 0..n {
+                let state = AdamState {
+                    exp_avg: ms[i],
+                    exp_avg_sq: vs[i],
+                    max_exp_avg_sq: Some(xs[i]),
+                };
+                let (pv, new) = one(ps[i], gs[i], state);
+                (ps[i], ms[i], vs[i]) = (pv, new.exp_avg, new.exp_avg_sq);
+                if let Some(x) = new.max_exp_avg_sq {
+                    xs[i] = x;
+                }
+            }
         }
-        let denom = second.sqrt() / root_bc2 + eps;
-        ps[i] = pv - mv / denom * step;
-        ms[i] = mv;
-        vs[i] = vv;
+        None => {
+            for i in 0..n {
+                let state = AdamState {
+                    exp_avg: ms[i],
+                    exp_avg_sq: vs[i],
+                    max_exp_avg_sq: None,
+                };
+                let (pv, new) = one(ps[i], gs[i], state);
+                (ps[i], ms[i], vs[i]) = (pv, new.exp_avg, new.exp_avg_sq);
+            }
+        }
     }
     true
 }

@@ -6,6 +6,7 @@
 
 mod adam;
 mod grad_scaler;
+pub(crate) mod rule;
 mod sgd;
 
 pub use adam::{Adam, AdamConfig, AdamW};

@@ -1,5 +1,6 @@
 //! Stochastic gradient descent with momentum, dampening, Nesterov and weight decay.
 
+use super::rule::{self, TensorOps};
 use super::{Optimizer, check_param, check_params, grad_of};
 use crate::runtime::Tensor;
 use crate::{Result, bail};
@@ -34,7 +35,8 @@ impl SGDConfig {
 
 /// `torch.optim.SGD`: with `g = grad + weight_decay·p`, the momentum buffer is `b = g` on
 /// the first step and `b = momentum·b + (1 - dampening)·g` after; the update direction is
-/// `g + momentum·b` (Nesterov) or `b`, and `p -= lr · direction`.
+/// `g + momentum·b` (Nesterov) or `b`, and `p -= lr · direction` (`rule::sgd`, which the
+/// compiled training step runs too).
 pub struct SGD {
     params: Vec<Tensor>,
     config: SGDConfig,
@@ -81,33 +83,17 @@ impl Optimizer for SGD {
             let Some(grad) = grad_of(p)? else {
                 continue;
             };
-            let mut d = if c.weight_decay != 0.0 {
-                grad.add(&p.mul_scalar(c.weight_decay)?)?
-            } else {
-                grad
+            // the new parameter is written into `p` itself
+            let (_, new_buf) = rule::sgd(&mut TensorOps, &c, p, &grad, buf.as_ref(), c.lr)?;
+            *buf = match new_buf {
+                // A fresh buffer: it must not alias the gradient it starts from.
+                Some(b) if buf.is_none() => {
+                    let own = Tensor::zeros(p.shape(), p.dtype());
+                    own.copy_(&b)?;
+                    Some(own)
+                }
+                b => b,
             };
-            if c.momentum != 0.0 {
-                let b = match buf.take() {
-                    None => {
-                        // A fresh buffer: it must not alias the gradient it starts from.
-                        let b = Tensor::zeros(p.shape(), p.dtype());
-                        b.copy_(&d)?;
-                        b
-                    }
-                    Some(b) => {
-                        b.mul_scalar_(c.momentum)?
-                            .add_(&d.mul_scalar(1.0 - c.dampening)?)?;
-                        b
-                    }
-                };
-                d = if c.nesterov {
-                    d.add(&b.mul_scalar(c.momentum)?)?
-                } else {
-                    b.clone()
-                };
-                *buf = Some(b);
-            }
-            p.sub_(&d.mul_scalar(c.lr)?)?;
         }
         Ok(())
     }

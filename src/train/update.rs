@@ -1,6 +1,7 @@
 //! The graph of a compiled training step: the traced loss, its gradients (autodiff), and on
-//! top the optimiser's update written with the same operations, in the same order, as the
-//! eager optimiser computes it, so the compiled step gives the eager step's numbers.
+//! top the optimiser's update: the eager optimiser's own rule (`optim::rule`) run on graph
+//! values, so the compiled step has the same operations in the same order and gives the
+//! eager step's numbers.
 //!
 //! Inputs of a step graph, in order: the data inputs, the parameters, the buffers (batch
 //! norm's running statistics: state the forward reads and may write), then per updated
@@ -18,6 +19,7 @@
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::graph::{Graph, ValueId};
 use crate::ir::op::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp};
+use crate::optim::rule::{self, AdamScalars, AdamState, Arith};
 use crate::optim::{AdamConfig, SGDConfig};
 use crate::passes::autodiff::autodiff;
 use crate::{Result, bail};
@@ -216,17 +218,9 @@ impl StepConfig {
             StepOptimizer::Sgd(_) if self.lr_is_input() => vec![lr],
             StepOptimizer::Sgd(_) => vec![],
             StepOptimizer::Adam(c) | StepOptimizer::AdamW(c) => {
-                let t = (step + 1) as i32;
-                let (b1, b2) = c.betas;
-                let bias_correction1 = 1.0 - b1.powi(t);
-                let bias_correction2 = 1.0 - b2.powi(t);
                 let decoupled = matches!(self.optimizer, StepOptimizer::AdamW(_));
-                let wd = c.weight_decay_for(decoupled);
-                vec![
-                    lr / bias_correction1,
-                    bias_correction2.sqrt(),
-                    1.0 - lr * wd,
-                ]
+                let k = AdamScalars::new(&c, decoupled, lr, step + 1);
+                vec![k.step_size, k.bias_correction2_sqrt, k.decay]
             }
         }
     }
@@ -392,14 +386,28 @@ pub fn build_update_graph(
     let mut new_state = Vec::new();
     for (i, name) in wrt.iter().enumerate() {
         let (pi, gi) = (p[i], grads[i]);
-        let (base, step, ns) = match cfg.optimizer {
-            StepOptimizer::Sgd(c) => sgd(&mut g, c, pi, gi, &state[i], &scalars, first_step)?,
-            StepOptimizer::Adam(c) => adam(&mut g, c, false, pi, gi, &state[i], &scalars)?,
-            StepOptimizer::AdamW(c) => adam(&mut g, c, true, pi, gi, &state[i], &scalars)?,
+        let ops = &mut GraphOps { g: &mut g, name };
+        let (new_p, ns): (ValueId, Vec<ValueId>) = match cfg.optimizer {
+            StepOptimizer::Sgd(c) => {
+                let lr = scalars.first().map_or(Num::Const(c.lr), |&v| Num::Input(v));
+                let (new_p, buf) = rule::sgd(ops, &c, &pi, &gi, state[i].first(), lr)?;
+                (new_p, buf.into_iter().collect())
+            }
+            StepOptimizer::Adam(c) | StepOptimizer::AdamW(c) => {
+                let decoupled = matches!(cfg.optimizer, StepOptimizer::AdamW(_));
+                let mut s = state[i].iter().copied();
+                let st = AdamState::new(c.amsgrad, || s.next().expect("Adam's state inputs"));
+                let k = AdamScalars {
+                    step_size: scalars[0],
+                    bias_correction2_sqrt: scalars[1],
+                    decay: scalars[2],
+                }
+                .map(Num::Input);
+                let (new_p, ns) = rule::adam(ops, &c, decoupled, &pi, &gi, &st, k)?;
+                (new_p, ns.into_vec())
+            }
         };
-        // `p.sub_(step)`: the executor can write it into the parameter itself
-        let sub = Op::Binary(BinaryOp::Sub);
-        new_params.push(g.add_op_named(sub, &[base, step], &format!("new.{name}"))?);
+        new_params.push(new_p);
         for (sn, v) in cfg.optimizer.state_names().iter().zip(ns) {
             // a state that is the gradient itself still gets its own output buffer
             new_state.push(g.add_op_named(Op::Contiguous, &[v], &format!("new_{sn}.{name}"))?);
@@ -415,94 +423,69 @@ pub fn build_update_graph(
     Ok((g, updated))
 }
 
-/// What an update computes for one parameter: the value the step is subtracted from (the
-/// parameter, or AdamW's decayed parameter), the step, and the new state.
-type Update = (ValueId, ValueId, Vec<ValueId>);
-
-/// `optim::SGD::step` for one parameter (with momentum, the new buffer as state).
-fn sgd(
-    g: &mut Graph,
-    c: SGDConfig,
-    p: ValueId,
-    grad: ValueId,
-    state: &[ValueId],
-    scalars: &[ValueId],
-    first_step: bool,
-) -> Result<Update> {
-    let mut d = grad;
-    if c.weight_decay != 0.0 {
-        let wd = scaled(g, p, c.weight_decay)?;
-        d = bin(g, BinaryOp::Add, d, wd)?;
-    }
-    let mut bufs = Vec::new();
-    if c.momentum != 0.0 {
-        let b = if first_step {
-            d
-        } else {
-            let kept = scaled(g, state[0], c.momentum)?;
-            let fresh = scaled(g, d, 1.0 - c.dampening)?;
-            bin(g, BinaryOp::Add, kept, fresh)?
-        };
-        d = if c.nesterov {
-            let m = scaled(g, b, c.momentum)?;
-            bin(g, BinaryOp::Add, d, m)?
-        } else {
-            b
-        };
-        bufs.push(b);
-    }
-    let step = match scalars.first() {
-        Some(&lr) => bin(g, BinaryOp::Mul, d, lr)?,
-        None => scaled(g, d, c.lr)?,
-    };
-    Ok((p, step, bufs))
+/// A scalar of an update in the graph: a setting, added where it is used, or an input.
+#[derive(Clone, Copy)]
+enum Num {
+    Const(f64),
+    Input(ValueId),
 }
 
-/// `optim::Adam`/`AdamW::step` for one parameter (the new moments as state).
-fn adam(
-    g: &mut Graph,
-    c: AdamConfig,
-    decoupled: bool,
-    p: ValueId,
-    grad: ValueId,
-    state: &[ValueId],
-    scalars: &[ValueId],
-) -> Result<Update> {
-    let (step_size, bc2_sqrt, decay) = (scalars[0], scalars[1], scalars[2]);
-    let (b1, b2) = c.betas;
-    let wd = c.weight_decay_for(decoupled);
-    let mut p = p;
-    let mut grad = grad;
-    if wd != 0.0 {
-        if decoupled {
-            p = bin(g, BinaryOp::Mul, p, decay)?;
-        } else {
-            let d = scaled(g, p, wd)?;
-            grad = bin(g, BinaryOp::Add, grad, d)?;
+/// The update rules' arithmetic on graph values: each operation appended to the step graph.
+/// The new parameter is named `new.{name}`: the executor can write it into the parameter
+/// itself.
+struct GraphOps<'a> {
+    g: &'a mut Graph,
+    name: &'a str,
+}
+
+impl GraphOps<'_> {
+    fn scalar(&mut self, s: Num) -> Result<ValueId> {
+        match s {
+            Num::Const(c) => self.g.add_scalar(Scalar::Float(c)),
+            Num::Input(v) => Ok(v),
         }
     }
-    let m_kept = scaled(g, state[0], b1)?;
-    let m_new = scaled(g, grad, 1.0 - b1)?;
-    let m = bin(g, BinaryOp::Add, m_kept, m_new)?;
-    let v_kept = scaled(g, state[1], b2)?;
-    let sq = g.add_op(Op::Unary(UnaryOp::Square), &[grad])?;
-    let v_new = scaled(g, sq, 1.0 - b2)?;
-    let v = bin(g, BinaryOp::Add, v_kept, v_new)?;
-    let mut out = vec![m, v];
-    let second = if c.amsgrad {
-        let vmax = bin(g, BinaryOp::Maximum, state[2], v)?;
-        out.push(vmax);
-        vmax
-    } else {
-        v
-    };
-    let root = g.add_op(Op::Unary(UnaryOp::Sqrt), &[second])?;
-    let scaled_root = bin(g, BinaryOp::Div, root, bc2_sqrt)?;
-    let eps = g.add_scalar(Scalar::Float(c.eps))?;
-    let denom = bin(g, BinaryOp::Add, scaled_root, eps)?;
-    let ratio = bin(g, BinaryOp::Div, m, denom)?;
-    let step = bin(g, BinaryOp::Mul, ratio, step_size)?;
-    Ok((p, step, out))
+    fn with_scalar(&mut self, op: BinaryOp, x: ValueId, s: Num) -> Result<ValueId> {
+        let s = self.scalar(s)?;
+        bin(self.g, op, x, s)
+    }
+}
+
+impl Arith for GraphOps<'_> {
+    type T = ValueId;
+    type S = Num;
+    fn constant(&mut self, c: f64) -> Num {
+        Num::Const(c)
+    }
+    fn add(&mut self, x: &ValueId, y: &ValueId) -> Result<ValueId> {
+        bin(self.g, BinaryOp::Add, *x, *y)
+    }
+    fn div(&mut self, x: &ValueId, y: &ValueId) -> Result<ValueId> {
+        bin(self.g, BinaryOp::Div, *x, *y)
+    }
+    fn maximum(&mut self, x: &ValueId, y: &ValueId) -> Result<ValueId> {
+        bin(self.g, BinaryOp::Maximum, *x, *y)
+    }
+    fn square(&mut self, x: &ValueId) -> Result<ValueId> {
+        self.g.add_op(Op::Unary(UnaryOp::Square), &[*x])
+    }
+    fn sqrt(&mut self, x: &ValueId) -> Result<ValueId> {
+        self.g.add_op(Op::Unary(UnaryOp::Sqrt), &[*x])
+    }
+    fn add_s(&mut self, x: &ValueId, s: Num) -> Result<ValueId> {
+        self.with_scalar(BinaryOp::Add, *x, s)
+    }
+    fn mul_s(&mut self, x: &ValueId, s: Num) -> Result<ValueId> {
+        self.with_scalar(BinaryOp::Mul, *x, s)
+    }
+    fn div_s(&mut self, x: &ValueId, s: Num) -> Result<ValueId> {
+        self.with_scalar(BinaryOp::Div, *x, s)
+    }
+    fn descend(&mut self, p: &ValueId, step: &ValueId) -> Result<ValueId> {
+        let sub = Op::Binary(BinaryOp::Sub);
+        self.g
+            .add_op_named(sub, &[*p, *step], &format!("new.{}", self.name))
+    }
 }
 
 /// Replaces each gradient by its average over the ranks: gradients in reverse order, grouped
