@@ -35,7 +35,7 @@ impl GemmElem for f64 {
 
 /// Into how many parts along `k` a lone product is split: the gemm crate's threads share
 /// the output's tiles, and a product whose output is small next to its sum (a weight's
-/// gradient `gᵀ·x` such as [96,1024]·[1024,384], which measured well below the forward
+/// gradient `gᵀ·x` such as `[96,1024]·[1024,384]`, which measured well below the forward
 /// GEMMs of its size on 2 threads) has too few of them. The parts depend on the shape only,
 /// never on the threads, so results do not change with the machine.
 pub fn k_parts(m: usize, n: usize, k: usize) -> usize {

@@ -7,7 +7,7 @@
 //! over once; the kernels' parallel halves are then picked up by workers that are already
 //! running, and the workers go back to sleep when the call returns (what OpenMP's
 //! spin-wait gives PyTorch). The caller polls for the call's end for a while too, rather
-//! than sleeping until a worker wakes it ([`hand_over`]).
+//! than sleeping until a worker wakes it (`hand_over`).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};

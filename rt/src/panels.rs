@@ -1,7 +1,7 @@
 //! f32 matrix products on packed panels: the AVX2 path of [`crate::gemm`].
 //!
-//! On AVX2 the `gemm` crate's kernels ran the shapes models use ([256,1024]·[1024,4096],
-//! BERT's [4096,384]·[384,1536]) measurably slower than OpenBLAS and MKL on one core
+//! On AVX2 the `gemm` crate's kernels ran the shapes models use (`[256,1024]·[1024,4096]`,
+//! BERT's `[4096,384]·[384,1536]`) measurably slower than OpenBLAS and MKL on one core
 //! (BENCHMARKS.md, "GEMMs"). This is the textbook blocking: for each block of `KC` steps of the inner
 //! index, `B` is copied into panels of `NR` columns and `A` into panels of `MR` rows, both
 //! laid out in the order the tile reads them and aligned to cache lines, and a tile of
@@ -40,7 +40,7 @@ const MIN_SIDE: usize = 256;
 const KC: usize = 512;
 
 /// Whether [`crate::gemm`] runs `m × k · k × n` in f32 here: where the CPU's widest vectors
-/// (or a `SMELT_CPU` cap) are AVX2, for products with every side at least [`MIN_SIDE`]. A
+/// (or a `SMELT_CPU` cap) are AVX2, for products with every side at least `MIN_SIDE` (256). A
 /// function of the shape and the ISA only, so that every call of a shape sums alike.
 pub fn applies(m: usize, n: usize, k: usize) -> bool {
     level() == Level::Avx2 && m.min(n).min(k) >= MIN_SIDE

@@ -358,7 +358,7 @@ impl<'f> CompiledStep<'f> {
 
     /// The step graph of the example inputs' shapes (inputs, parameters, buffers, then the
     /// optimiser's state; outputs the loss, the updated parameters, the new state, then the
-    /// buffers' new values: see [`super::update`]).
+    /// buffers' new values: see the `update` module of `train`).
     pub fn graph(&self) -> &Graph {
         &self.variants[0].graph
     }

@@ -3,7 +3,7 @@
 
 use super::exp::exp;
 
-/// How far ahead of a streaming read [`prefetch_ahead`] asks for lines, in f32s (8 KiB).
+/// How far ahead of a streaming read `prefetch_ahead` asks for lines, in f32s (8 KiB).
 pub const PREFETCH_AHEAD: usize = 2048;
 
 /// Asks for the cache line at `p` (a hint: any address, it reads nothing and never faults).

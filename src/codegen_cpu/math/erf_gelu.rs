@@ -81,7 +81,7 @@ pub fn erf(b: B, x: Value) -> Value {
 /// GELU, exact form `x·Φ(x) = x/2·(1 + erf(x/√2))`. Like PyTorch, `gelu(-inf)` is NaN.
 ///
 /// With `a = |x|` and `H(a) = erfc(a/√2)·e^{a²/2}/2`, `x·Φ(-a) = x·H(a)·e^{-a²/2}` is the
-/// result below 0 and what is taken from `x` above ([`gelu_tail`]); `e^{-a²/2}` uses the
+/// result below 0 and what is taken from `x` above (`gelu_tail`); `e^{-a²/2}` uses the
 /// exact split `a² = hi + lo`. No erf, no division.
 pub fn gelu(b: B, x: Value) -> Value {
     if ty(b, x) == F32 {
@@ -119,7 +119,7 @@ pub(super) fn gelu_erf_form(b: B, x: Value, form: Tail) -> Value {
 
 /// GELU, tanh form `x/2·(1 + tanh(u))`, `u = √(2/π)(x + 0.044715x³)`: `x·sigmoid(2u)`,
 /// from `x·sigmoid(-v) = x·E(a)·e^{-v}` with `v = 2u(a)` in double-f32 arithmetic (its
-/// rounding error would be amplified by `e^{-v}`) and [`gelu_tail`]. Like PyTorch,
+/// rounding error would be amplified by `e^{-v}`) and `gelu_tail`. Like PyTorch,
 /// `gelu_tanh(-inf)` is NaN.
 pub fn gelu_tanh(b: B, x: Value) -> Value {
     if ty(b, x) == F32 {

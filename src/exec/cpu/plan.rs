@@ -29,7 +29,7 @@ pub struct TempPlan {
     /// Buffers that no later step reads, released after each step.
     pub free_after: Vec<Vec<BufferId>>,
     /// For a kernel's result written over an operand that dies at that step, in the same
-    /// slot ([`in_place`]): the operand.
+    /// slot (`in_place`): the operand.
     pub written_over: Vec<Option<BufferId>>,
     /// The bytes a call allocates at most, by this plan: the slots it holds and the extern
     /// results alive, at the step where they are most.
