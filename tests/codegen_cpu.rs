@@ -725,7 +725,7 @@ fn run_rows_checks_its_arguments_and_the_cache_shares_kernels() {
         k,
         &s.buffers,
         &CodegenOptions {
-            fast_math: true,
+            f32_lane_sums: true,
             ..CodegenOptions::default()
         },
     )

@@ -423,7 +423,7 @@ fn concurrent_calls_of_one_compiled_function() {
     for opts in configs() {
         for threads in [None, Some(2)] {
             let mut opts = opts.clone();
-            opts.threads = threads;
+            opts.cpu.threads = threads;
             let Some(f) = compile(&g, &opts) else {
                 continue;
             };

@@ -12,7 +12,7 @@ use common::{Dist, Tol, assert_close, random_tensor, smelt as smelt_cli, stderr,
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use smelt::exec::{CodeOrigin, CompileOptions, CompiledFn, CudaCompileOptions, CudaFn, DiskCache};
+use smelt::exec::{CodeOrigin, CompileOptions, CompiledFn, CudaFn, DiskCache};
 use smelt::ir::{Module, parse_module, print_graph, print_module};
 use smelt::runtime::{cuda, interp};
 use smelt::{DType, Device, Error, Tensor};
@@ -1189,10 +1189,7 @@ fn check_on_gpu(g: &smelt::ir::graph::Graph, inputs: &[Tensor], modes: &[bool], 
     let gpu = Device::Cuda(0);
     let dev: Vec<Tensor> = inputs.iter().map(|t| t.to_device(gpu).unwrap()).collect();
     for &fuse in modes {
-        let opts = CudaCompileOptions {
-            fuse,
-            ..Default::default()
-        };
+        let opts = CompileOptions::default().fused(fuse);
         let f =
             CudaFn::compile(g, &opts).unwrap_or_else(|e| panic!("{name} cuda fuse={fuse}: {e}"));
         for call in 0..2 {

@@ -11,7 +11,7 @@ use common::cuda_cases::CASES;
 use common::cuda_check::{assert_matches, graph_of, inputs};
 use common::{smelt, temp_dir};
 use smelt::data::{DataLoader, TensorDataset};
-use smelt::exec::{CudaCompileOptions, CudaFn};
+use smelt::exec::{CompileOptions, CudaFn};
 use smelt::ir::graph::Graph;
 use smelt::ir::parse_module;
 use smelt::runtime::cuda::{self, memory};
@@ -48,10 +48,7 @@ fn check_graph(name: &str, g: &Graph) {
     let want = interp::run(g, &named);
     let dev: Vec<Tensor> = host.iter().map(|t| t.to_device(GPU).unwrap()).collect();
     for fuse in [true, false] {
-        let opts = CudaCompileOptions {
-            fuse,
-            ..Default::default()
-        };
+        let opts = CompileOptions::default().fused(fuse);
         let f = CudaFn::compile(g, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
         let got = f.call(&dev);
         match (&want, got) {
@@ -376,7 +373,7 @@ fn gpu_errors_are_clean() {
     assert!(e.contains("ZeroDivisionError"), "{e}");
     // a compiled function refuses host inputs
     let g2 = graph_of("neg", "%x: f32[3]", "%y = neg(%x)");
-    let f = CudaFn::compile(&g2, &CudaCompileOptions::default()).unwrap();
+    let f = CudaFn::compile(&g2, &CompileOptions::default()).unwrap();
     let e = f.call(&[a]).err().unwrap().to_string();
     assert!(e.contains("is on cpu"), "{e}");
     let e = Tensor::ones(&[1], DType::F32)

@@ -11,7 +11,7 @@ mod common;
 
 use common::cuda_cases::CASES;
 use common::cuda_check::{assert_matches, graph_of, inputs};
-use smelt::exec::{CudaCompileOptions, CudaFn};
+use smelt::exec::{CompileOptions, CudaFn};
 use smelt::ir::graph::Graph;
 use smelt::ir::op::Op;
 use smelt::ir::parse_module;
@@ -50,8 +50,8 @@ fn check(name: &str, g: &Graph, host: &[Tensor]) -> usize {
         .collect();
     let want = interp::run(g, &named).unwrap_or_else(|e| panic!("{name}: {e}"));
     let dev: Vec<Tensor> = host.iter().map(|t| t.to_device(GPU).unwrap()).collect();
-    let f = CudaFn::compile(g, &CudaCompileOptions::default())
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let f =
+        CudaFn::compile(g, &CompileOptions::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
     let before = dnn::calls();
     let got = f.call(&dev).unwrap_or_else(|e| panic!("{name}: {e}"));
     let ran = dnn::calls() - before;

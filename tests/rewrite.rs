@@ -21,7 +21,7 @@ use std::time::Duration;
 fn opts(fast_math: bool) -> RewriteOptions {
     // A generous time limit: results must not depend on the machine's speed.
     RewriteOptions {
-        fast_math,
+        non_ieee_rules: fast_math,
         time_limit: Duration::from_secs(20),
         ..RewriteOptions::default()
     }
@@ -821,7 +821,7 @@ fn time_limit_stops_saturation() {
 #[test]
 fn default_options_are_bounded() {
     let o = RewriteOptions::default();
-    assert!(!o.fast_math);
+    assert!(!o.non_ieee_rules);
     assert_eq!(o.node_limit, 10_000);
     assert_eq!(o.iter_limit, 16);
     // the budget grows with the graph, from a floor up to the cap

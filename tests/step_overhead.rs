@@ -300,10 +300,10 @@ fn call_into_writes_an_update_into_the_parameter_it_reads() {
                     assert_ne!(w.to_f64_vec(), want[1].to_f64_vec(), "{opts:?}");
                 }
                 // compiled kernels do it in place; the interpreter backend never does
-                let native = opts.backend == KernelBackend::Cranelift;
+                let native = opts.cpu.kernels == KernelBackend::Cranelift;
                 assert_eq!(got[1].shares_storage(&w), native, "{dtype} {opts:?}");
                 // fused and in place, the weight-gradient GEMM accumulates into w itself
-                let fused = native && opts.fuse;
+                let fused = native && opts.fuses();
                 assert_eq!(f.gemm_updates(), fused as usize, "{dtype} {opts:?}");
             }
         }

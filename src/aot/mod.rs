@@ -98,9 +98,10 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
         );
     }
     // the schedule the JIT's disk cache holds for this graph, if any: the same passes ran
-    let planned = match crate::exec::cpu::cached_plan(g, &Default::default()) {
+    let jit = crate::exec::CompileOptions::default();
+    let planned = match crate::exec::cpu::cached_plan(g, &jit) {
         Some(p) => p,
-        None => crate::exec::plan(g, true, false, &[])?,
+        None => crate::exec::plan(g, &jit.passes)?,
     };
     let s = planned.schedule;
     s.validate()?;

@@ -66,13 +66,13 @@ pub fn run(a: &CompileArgs) -> Result<()> {
     let g = &*expanded;
     let schedule = fuse::compile(g)?;
     let opts = CudaOptions {
-        fast_math: a.fast_math,
+        use_fast_math: a.fast_math,
     };
     let prog = generate(&schedule, &opts)?;
     // a control op's bodies: programs of their own, each with its manifest
     let bodies = crate::codegen_cuda::generate_bodies(g, &opts)?;
     let mut copts = CompileOptions::for_arch(&a.arch);
-    copts.fast_math = a.fast_math;
+    copts.use_fast_math = a.fast_math;
     // compile everything before writing anything, so a failure leaves no partial output
     let mut compiled = Vec::new();
     for p in std::iter::once(&prog).chain(bodies.iter().map(|(_, _, p)| p)) {
@@ -190,7 +190,7 @@ pub fn manifest(s: &Schedule, p: &CudaProgram, arch: &str, nvrtc: (i32, i32)) ->
     o.push_str("  \"target\": \"cuda\",\n");
     o.push_str(&format!("  \"arch\": {},\n", js(arch)));
     o.push_str(&format!("  \"nvrtc\": \"{}.{}\",\n", nvrtc.0, nvrtc.1));
-    o.push_str(&format!("  \"fast_math\": {},\n", p.options.fast_math));
+    o.push_str(&format!("  \"fast_math\": {},\n", p.options.use_fast_math));
     let bufs: Vec<String> = s
         .buffers
         .iter()

@@ -176,10 +176,7 @@ fn evaluate(
             CompiledFn::compile(g, &opts)?.call(&ordered)
         }
         Backend::Cuda => {
-            let opts = crate::exec::CudaCompileOptions {
-                fuse: !no_fuse,
-                ..Default::default()
-            };
+            let opts = CompileOptions::default().fused(!no_fuse);
             let f = crate::exec::CudaFn::compile(g, &opts)?;
             let ordered = interp::ordered_inputs(g, inputs)?
                 .iter()

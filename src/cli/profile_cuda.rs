@@ -9,7 +9,7 @@ use super::profile::{
 };
 use super::{load, pick};
 use crate::Result;
-use crate::exec::{CudaCompileOptions, CudaFn};
+use crate::exec::{CompileOptions, CudaFn};
 use crate::ir::graph::Graph;
 use crate::runtime::cuda::driver::{Gpu, Timer};
 use crate::runtime::cuda::memory::DeviceBuffer;
@@ -96,16 +96,10 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
     let module = load(&a.model)?;
     let g = pick(&module, a.graph.as_deref())?;
     let t0 = Instant::now();
-    let fused = CudaFn::compile(g, &CudaCompileOptions::default())?;
+    let fused = CudaFn::compile(g, &CompileOptions::default())?;
     let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
     let origin = fused.origin();
-    let unfused = CudaFn::compile(
-        g,
-        &CudaCompileOptions {
-            fuse: false,
-            ..Default::default()
-        },
-    )?;
+    let unfused = CudaFn::compile(g, &CompileOptions::default().fused(false))?;
     let host = gather_inputs(g, a)?;
     let inputs = host
         .iter()

@@ -6,7 +6,7 @@
 
 use super::profile::{Way, eager_run, gbps, human_bytes, ms};
 use crate::Result;
-use crate::exec::{CompileOptions, CompiledFn, StepInfo, step_buffers};
+use crate::exec::{CompiledFn, StepInfo, step_buffers};
 use crate::ir::graph::Graph;
 use crate::passes::pipeline::Pipeline;
 use crate::profiler::html::{
@@ -383,16 +383,15 @@ pub(super) fn html(r: &ReportInput) -> Result<String> {
 
     // compile time by pass
     page.h2("Compile time by pass");
-    let mut pipeline = Pipeline::default();
-    pipeline.options.rewrite.fast_math = r.fused_fn.options().fast_math;
+    let pipeline = Pipeline {
+        options: r.fused_fn.options().passes.clone(),
+        ..Pipeline::default()
+    };
     let compiled = pipeline.run(g)?;
     let names: Vec<String> = g.inputs().iter().map(|&v| g.node(v).name.clone()).collect();
-    let codegen = CompiledFn::from_schedule(
-        compiled.schedule.clone(),
-        names,
-        &CompileOptions::with_backend(r.fused_fn.options().backend),
-    )?
-    .compile_time();
+    let codegen =
+        CompiledFn::from_schedule(compiled.schedule.clone(), names, r.fused_fn.options())?
+            .compile_time();
     let mut passes: Vec<(String, f64, String)> = compiled
         .stats
         .iter()

@@ -107,7 +107,7 @@ impl Gen<'_, '_, '_> {
         let k = self.k;
         let ko = k.outer.len();
         // the helper walks one inner dim
-        if self.opts.fast_math || k.inner.len() != 1 {
+        if self.opts.f32_lane_sums || k.inner.len() != 1 {
             return None;
         }
         let summable = |g: &Self, r: ValId| {

@@ -43,8 +43,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// Options of code generation.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CodegenOptions {
-    /// Vectorised f32 sums accumulate in f32 lanes instead of f64 lanes (faster, less exact).
-    pub fast_math: bool,
+    /// Vectorised f32 sums accumulate in f32 lanes instead of f64 lanes (fewer conversions,
+    /// less exact).
+    pub f32_lane_sums: bool,
     /// Transcendentals and sums stay in the inline Cranelift code, never in strips
     /// (`super::strip`): the same bits (sums may round differently), slower where strips
     /// apply.

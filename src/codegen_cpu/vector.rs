@@ -3,7 +3,7 @@
 //! Taken when every access of the loop has stride 0 (splat) or 1 along it, every value is
 //! f32 or bool, and every reduction is a sum, mean, max or min of f32. Max/min use
 //! compare + bitselect and keep PyTorch's NaN propagation; sums accumulate in f64 lanes
-//! (`fast_math`: f32 lanes), merged lane by lane into the scalar accumulator before the tail.
+//! (`f32_lane_sums`: f32 lanes), merged lane by lane into the scalar accumulator before the tail.
 
 use super::lower::{Body, Gen, flags};
 use super::math;
@@ -291,7 +291,7 @@ impl Gen<'_, '_, '_> {
     /// A fresh vector accumulator for `combiner` (sum, mean, max or min of f32).
     pub(super) fn vacc(&mut self, combiner: Combiner) -> VAcc {
         match combiner {
-            Combiner::Sum | Combiner::Mean if self.opts.fast_math => {
+            Combiner::Sum | Combiner::Mean if self.opts.f32_lane_sums => {
                 let v = self.fb.b.declare_var(F32X4);
                 let z = vf(self, 0.0);
                 self.fb.b.def_var(v, z);

@@ -28,7 +28,7 @@ use crate::kernel::{BufferId, Schedule, Step, View};
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CudaOptions {
     /// Compile with `--use_fast_math` (approximate transcendentals, flushed denormals).
-    pub fast_math: bool,
+    pub use_fast_math: bool,
 }
 
 /// How a kernel parameter is used.

@@ -33,7 +33,7 @@ pub(crate) use cache::cached_plan;
 pub use info::StepInfo;
 pub use plan::{TempPlan, step_buffers};
 
-use crate::codegen_cpu::lower::{CodegenOptions, CpuKernel, compile_kernel};
+use crate::codegen_cpu::lower::{CpuKernel, compile_kernel};
 use crate::ir::graph::Graph;
 use crate::ir::op::{Op, TensorType};
 use crate::ir::shape::numel;
@@ -58,120 +58,7 @@ use std::time::{Duration, Instant};
 /// compiled models follow the same rule.
 pub use smelt_rt::model::PAR_MIN_ELEMS;
 
-/// What runs the fused kernels.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum KernelBackend {
-    /// Machine code generated with Cranelift.
-    #[default]
-    Cranelift,
-    /// The kernel-IR reference interpreter (slow; needs no code generation).
-    Interp,
-}
-
-impl KernelBackend {
-    /// Name in reports and errors.
-    pub fn name(self) -> &'static str {
-        match self {
-            KernelBackend::Cranelift => "cranelift",
-            KernelBackend::Interp => "kernel-interp",
-        }
-    }
-}
-
-/// How to compile a graph.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CompileOptions {
-    /// Fuse ops into kernels; false gives the unfused baseline (one kernel per op, same
-    /// code generation).
-    pub fuse: bool,
-    /// What runs the kernels.
-    pub backend: KernelBackend,
-    /// Allow approximate math in generated code.
-    pub fast_math: bool,
-    /// Keep transcendentals in inline Cranelift code instead of native strip helpers (same
-    /// results; for comparisons).
-    pub inline_math: bool,
-    /// Threads for one call (`None`: rayon's global pool).
-    pub threads: Option<usize>,
-    /// Graph inputs that arrive in the channels_last memory format: they are read through
-    /// their strides with no copy, and the 4-D values computed from them are kept NHWC
-    /// (convolutions and pooling run their NHWC kernels, results come back channels_last).
-    pub channels_last_inputs: Vec<String>,
-    /// Where compiled code is cached between processes.
-    pub disk_cache: DiskCache,
-    /// Run a convolution's pointwise epilogue inside it, on each tile of its output while
-    /// the tile is in cache (on by default; off runs it as a step of its own, for
-    /// comparisons).
-    pub conv_epilogues: bool,
-}
-
-/// Where [`CompiledFn::compile`] caches compiled code between processes ([`CodeOrigin`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum DiskCache {
-    /// `$SMELT_CACHE_DIR/cpu` (the default; `SMELT_CACHE_DIR=off` turns it off).
-    #[default]
-    Env,
-    /// No disk cache: the JIT compiles in memory.
-    Off,
-    /// This directory.
-    At(std::path::PathBuf),
-}
-
-impl Default for CompileOptions {
-    fn default() -> CompileOptions {
-        CompileOptions {
-            fuse: true,
-            backend: KernelBackend::Cranelift,
-            fast_math: false,
-            inline_math: false,
-            threads: None,
-            channels_last_inputs: Vec::new(),
-            disk_cache: DiskCache::Env,
-            conv_epilogues: true,
-        }
-    }
-}
-
-impl CompileOptions {
-    /// Fused kernels on `backend`.
-    pub fn with_backend(backend: KernelBackend) -> CompileOptions {
-        CompileOptions {
-            backend,
-            ..CompileOptions::default()
-        }
-    }
-    /// The same options with fusion on or off.
-    pub fn fused(mut self, fuse: bool) -> CompileOptions {
-        self.fuse = fuse;
-        self
-    }
-    /// The same options with a fixed number of threads (a pool of its own; with 1, every
-    /// kernel runs on the calling thread).
-    pub fn threads(mut self, n: usize) -> CompileOptions {
-        self.threads = Some(n);
-        self
-    }
-    /// The same options with these inputs taken in the channels_last memory format.
-    pub fn channels_last<S: AsRef<str>>(mut self, inputs: &[S]) -> CompileOptions {
-        self.channels_last_inputs = inputs.iter().map(|s| s.as_ref().to_string()).collect();
-        self
-    }
-    /// The same options with compiled code cached in `cache`.
-    pub fn disk_cache(mut self, cache: DiskCache) -> CompileOptions {
-        self.disk_cache = cache;
-        self
-    }
-    /// The same options with convolutions' epilogues run inside them or not.
-    pub fn conv_epilogues(mut self, nest: bool) -> CompileOptions {
-        self.conv_epilogues = nest;
-        self
-    }
-    /// The same options with transcendentals kept inline (no strips) or not.
-    pub fn inline_math(mut self, inline: bool) -> CompileOptions {
-        self.inline_math = inline;
-        self
-    }
-}
+pub use super::options::{CompileOptions, DiskCache, KernelBackend};
 
 /// How one step runs.
 enum Exec {
@@ -278,11 +165,7 @@ impl CompiledFn {
         let t0 = Instant::now();
         let (p, kernels, origin) = match cache::compile(g, opts)? {
             Some(c) => (c.planned, Some(c.kernels), c.origin),
-            None => (
-                super::plan(g, opts.fuse, opts.fast_math, &opts.channels_last_inputs)?,
-                None,
-                CodeOrigin::Jit,
-            ),
+            None => (super::plan(g, &opts.passes)?, None, CodeOrigin::Jit),
         };
         let mut f = CompiledFn::build(p.schedule, p.input_names, opts, kernels)?;
         f.fresh = f.schedule.fresh_outputs(&p.may_alias);
@@ -316,15 +199,11 @@ impl CompiledFn {
     ) -> Result<CompiledFn> {
         let t0 = Instant::now();
         s.validate()?;
-        let cg = CodegenOptions {
-            fast_math: opts.fast_math,
-            inline_math: opts.inline_math,
-            ..CodegenOptions::default()
-        };
+        let cg = &opts.cpu.codegen;
         let in_conv: Vec<bool> = (0..s.steps.len())
             .map(|i| {
-                opts.conv_epilogues
-                    && opts.backend == KernelBackend::Cranelift
+                opts.cpu.conv_epilogues
+                    && opts.cpu.kernels == KernelBackend::Cranelift
                     && epilogue::nests(&s, i)
             })
             .collect();
@@ -342,10 +221,10 @@ impl CompiledFn {
         let owned = owned_buffers(&s, &plan);
         let mut execs = Vec::with_capacity(s.steps.len());
         for (i, step) in s.steps.iter().enumerate() {
-            execs.push(match (step, opts.backend) {
+            execs.push(match (step, opts.cpu.kernels) {
                 (Step::Extern(e), _) => match (DirectGemm::of(&s, e), plan.slot_of[e.out]) {
                     (Some(gemm), Some(place)) if direct[i] => {
-                        let update = match opts.backend {
+                        let update = match opts.cpu.kernels {
                             KernelBackend::Cranelift => gemm::Update::of(&s, i, &gemm),
                             KernelBackend::Interp => None,
                         };
@@ -362,7 +241,7 @@ impl CompiledFn {
                 (Step::Control(c), _) => {
                     // bodies run on the caller's pool (or serially, as the caller does)
                     let mut body_opts = opts.clone();
-                    body_opts.threads = opts.threads.filter(|&n| n == 1);
+                    body_opts.cpu.threads = opts.cpu.threads.filter(|&n| n == 1);
                     let bodies: Vec<CompiledFn> = c
                         .control
                         .bodies
@@ -377,7 +256,7 @@ impl CompiledFn {
                     let loaded = compiled.as_mut().and_then(|c| c.get_mut(i)?.take());
                     let code = match loaded {
                         Some(code) => code,
-                        None => compile_kernel(k, &s.buffers, &cg)?,
+                        None => compile_kernel(k, &s.buffers, cg)?,
                     };
                     let (reads, writes) = plan::step_buffers(step);
                     Exec::Native {
@@ -402,7 +281,7 @@ impl CompiledFn {
             })
             .collect::<Result<Vec<_>>>()?;
         // One thread runs on the caller's thread: a one-thread pool would cost a hand-off.
-        let pool = match opts.threads {
+        let pool = match opts.cpu.threads {
             Some(n) if n > 1 => Some(
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(n.max(1))
@@ -610,7 +489,7 @@ impl CompiledFn {
             self.run_steps(inputs, times, into)
         };
         match &self.pool {
-            None if self.opts.threads == Some(1) => crate::runtime::threads::serial(run),
+            None if self.opts.cpu.threads == Some(1) => crate::runtime::threads::serial(run),
             None if !self.threaded => run(),
             pool => crate::runtime::threads::hot(pool.as_ref(), run),
         }

@@ -8,6 +8,7 @@
 //! device; a non-contiguous one is copied dense first. Outputs are device tensors, views of
 //! their buffers where the schedule says so.
 
+use super::CompileOptions;
 use super::cpu::{StepInfo, check_input};
 use crate::codegen_cuda::{self, CudaProgram, CudaStep, ParamAccess};
 use crate::ir::graph::Graph;
@@ -25,26 +26,13 @@ use crate::{Error, Result, bail};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How to compile a graph for a GPU.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CudaCompileOptions {
-    /// Fuse ops into kernels; false gives one kernel per op.
-    pub fuse: bool,
-    /// `--use_fast_math` and the fast-math rewrites.
-    pub fast_math: bool,
-    /// The GPU's ordinal.
-    pub device: usize,
-}
-
-impl Default for CudaCompileOptions {
-    fn default() -> Self {
-        CudaCompileOptions {
-            fuse: true,
-            fast_math: false,
-            device: 0,
-        }
-    }
-}
+/// The options of a GPU compile before they joined [`CompileOptions`] (`gpu.device`,
+/// `gpu.codegen.use_fast_math` and the passes' options).
+#[deprecated(
+    since = "0.2.0",
+    note = "use `exec::CompileOptions` (its `gpu` branch)"
+)]
+pub type CudaCompileOptions = CompileOptions;
 
 /// A buffer during a call: a device storage and the element where the buffer starts.
 #[derive(Clone)]
@@ -94,15 +82,21 @@ pub struct CudaFn {
 }
 
 impl CudaFn {
-    /// Runs the pass pipeline and compiles every kernel of `g` for GPU `opts.device`.
-    pub fn compile(g: &Graph, opts: &CudaCompileOptions) -> Result<CudaFn> {
+    /// Runs the pass pipeline and compiles every kernel of `g` for GPU `opts.gpu.device`.
+    pub fn compile(g: &Graph, opts: &CompileOptions) -> Result<CudaFn> {
         let t0 = Instant::now();
-        let gpu = Gpu::get(opts.device)?;
+        if !opts.channels_last_inputs().is_empty() {
+            bail!(
+                Unsupported,
+                "channels_last inputs are compiled for the CPU only; give the GPU NCHW tensors"
+            );
+        }
+        let gpu = Gpu::get(opts.gpu.device)?;
         // no fused attention backward on the GPU: its matmul-and-softmax form instead
         let expanded = crate::passes::decompose::expand_attention_grads(g)?;
         let g = &*expanded;
-        let p = super::plan(g, opts.fuse, opts.fast_math, &[])?;
-        let mut f = CudaFn::from_schedule(&gpu, p.schedule, p.input_names, opts.fast_math)?;
+        let p = super::plan(g, &opts.passes)?;
+        let mut f = CudaFn::from_schedule(&gpu, p.schedule, p.input_names, &opts.gpu.codegen)?;
         f.fresh = f.schedule.fresh_outputs(&p.may_alias);
         f.compile_time = t0.elapsed();
         Ok(f)
@@ -113,15 +107,15 @@ impl CudaFn {
         gpu: &Arc<Gpu>,
         s: Schedule,
         input_names: Vec<String>,
-        fast_math: bool,
+        codegen: &codegen_cuda::CudaOptions,
     ) -> Result<CudaFn> {
         let t0 = Instant::now();
-        let program = codegen_cuda::generate(&s, &codegen_cuda::CudaOptions { fast_math })?;
+        let program = codegen_cuda::generate(&s, codegen)?;
         let (module, origin, functions) = if program.kernels.is_empty() {
             (None, Origin::Memory, Vec::new())
         } else {
             let name = format!("{}.cu", program.name);
-            let (m, origin) = program::load(gpu, &program.whole(), &name, fast_math)?;
+            let (m, origin) = program::load(gpu, &program.whole(), &name, codegen.use_fast_math)?;
             let fs = program
                 .kernels
                 .iter()
@@ -145,11 +139,8 @@ impl CudaFn {
             })
             .collect::<Result<Vec<_>>>()?;
         let checks_errors = program.kernels.iter().any(|k| k.may_raise());
-        let body_opts = CudaCompileOptions {
-            fuse: true,
-            fast_math,
-            device: gpu.ordinal(),
-        };
+        let mut body_opts = CompileOptions::default().on_gpu(gpu.ordinal());
+        body_opts.gpu.codegen = codegen.clone();
         let bodies = s
             .steps
             .iter()

@@ -3,7 +3,8 @@
 //! cached per op, operand types and Python-number values, so each distinct op compiles once
 //! per process (and once per machine, through the disk cache).
 
-use super::cuda::{CudaCompileOptions, CudaFn};
+use super::CompileOptions;
+use super::cuda::CudaFn;
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::graph::Graph;
 use crate::ir::op::{Op, TensorType};
@@ -92,10 +93,7 @@ fn compiled(key: String, g: &Graph, device: usize) -> Result<Arc<CudaFn>> {
     if let Some(f) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&k) {
         return Ok(f.clone());
     }
-    let opts = CudaCompileOptions {
-        device,
-        ..Default::default()
-    };
+    let opts = CompileOptions::default().on_gpu(device);
     let f = Arc::new(CudaFn::compile(g, &opts)?);
     cache
         .lock()

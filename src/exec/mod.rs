@@ -6,16 +6,17 @@ pub mod cpu;
 pub mod cuda;
 pub mod cuda_eager;
 mod device;
+mod options;
 
-pub use cpu::{
-    CodeOrigin, CompileOptions, CompiledFn, DiskCache, KernelBackend, PAR_MIN_ELEMS, StepInfo,
-    StepTimes, step_buffers,
-};
-pub use cuda::{CudaCompileOptions, CudaFn};
+pub use cpu::{CodeOrigin, CompiledFn, PAR_MIN_ELEMS, StepInfo, StepTimes, step_buffers};
+#[allow(deprecated)]
+pub use cuda::CudaCompileOptions;
+pub use cuda::CudaFn;
+pub use options::{CompileOptions, CpuOptions, DiskCache, GpuOptions, KernelBackend};
 
 use crate::ir::graph::Graph;
 use crate::kernel::Schedule;
-use crate::passes::Pipeline;
+use crate::passes::{PassOptions, Pipeline};
 use crate::{Error, Result};
 
 /// What both executors compile from: a graph's schedule and facts about its interface.
@@ -44,25 +45,21 @@ pub(crate) fn check_channels_last(g: &Graph, channels_last: &[String]) -> Result
     Ok(())
 }
 
-/// Runs the pass pipeline up to fusion: fused kernels, or the unfused baseline (the ops as
-/// written, one kernel each: no rewriting).
-pub(crate) fn plan(
-    g: &Graph,
-    fuse: bool,
-    fast_math: bool,
-    channels_last: &[String],
-) -> Result<Planned> {
-    check_channels_last(g, channels_last)?;
-    let mut pipeline = Pipeline::default();
-    pipeline.options.fuse.fuse = fuse;
-    pipeline.options.fuse.channels_last_inputs = channels_last.to_vec();
-    if !fuse {
+/// Runs the pass pipeline up to fusion with `passes`: fused kernels, or the unfused
+/// baseline (`passes.fuse.fuse` false: the ops as written, one kernel each, nothing
+/// rewritten).
+pub(crate) fn plan(g: &Graph, passes: &PassOptions) -> Result<Planned> {
+    check_channels_last(g, &passes.fuse.channels_last_inputs)?;
+    let mut pipeline = Pipeline {
+        options: passes.clone(),
+        ..Pipeline::default()
+    };
+    if !passes.fuse.fuse {
         // the unfused baseline: one op at a time, nothing rewritten or folded away
         pipeline
             .graph_passes
             .retain(|p| p.name() != "rewrite" && p.name() != "fold_bn");
     }
-    pipeline.options.rewrite.fast_math = fast_math;
     let mut schedule = pipeline
         .run_until(g, "fuse")?
         .schedule

@@ -24,7 +24,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// Limits of constant folding.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FoldOptions {
     /// Largest value, in bytes, that folding may materialise.
     pub max_bytes: usize,

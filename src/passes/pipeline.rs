@@ -17,7 +17,7 @@ use crate::{Error, Result};
 use std::collections::HashSet;
 
 /// Options of every pass.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PassOptions {
     /// Options of constant folding.
     pub fold: FoldOptions,

@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// Limits of control-flow simplification.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ControlOptions {
     /// Largest constant trip count of a `fori_loop` that is unrolled.
     pub unroll: usize,

@@ -437,9 +437,9 @@ fn build_variant(
     for (t, &v) in inputs.iter().zip(forward.inputs()) {
         let name = &forward.node(v).name;
         if t.suggest_memory_format() == MemoryFormat::ChannelsLast
-            && !opts.channels_last_inputs.contains(name)
+            && !opts.channels_last_inputs().contains(name)
         {
-            opts.channels_last_inputs.push(name.clone());
+            opts.passes.fuse.channels_last_inputs.push(name.clone());
         }
     }
     let build = |phase| -> Result<(Graph, CompiledFn, Vec<bool>)> {

@@ -87,27 +87,17 @@ fn host_features() -> &'static str {
     })
 }
 
-/// The codegen options of `opts` (as the JIT path uses them).
-fn codegen(opts: &CompileOptions) -> CodegenOptions {
-    CodegenOptions {
-        fast_math: opts.fast_math,
-        inline_math: opts.inline_math,
-        ..CodegenOptions::default()
-    }
-}
-
 fn key(g: &Graph, opts: &CompileOptions) -> String {
     format!(
-        "smelt {} {}|format {FORMAT}|{} strips {}|fuse {} fast_math {} channels_last {:?}|{:?}|{}",
+        "smelt {} {}|format {FORMAT}|{} strips {}|{:?}|{:?}|{}",
         env!("CARGO_PKG_VERSION"),
         env!("SMELT_SOURCE_HASH"),
         host_features(),
         // what the kernels hand to native helpers depends on it (`SMELT_CPU` caps it)
         crate::codegen_cpu::vmath::isa(),
-        opts.fuse,
-        opts.fast_math,
-        opts.channels_last_inputs,
-        codegen(opts),
+        // every pass option shapes the schedule, every codegen option the code
+        opts.passes,
+        opts.cpu.codegen,
         crate::ir::text::print_graph(g)
     )
 }
@@ -119,13 +109,13 @@ fn file_of(dir: &Path, key: &str) -> PathBuf {
 /// Compiles `g` through the disk cache when it is on and the backend is Cranelift; Ok(None)
 /// otherwise (the caller then compiles in memory).
 pub(super) fn compile(g: &Graph, opts: &CompileOptions) -> Result<Option<Cached>> {
-    let dir = match &opts.disk_cache {
+    let dir = match &opts.cpu.disk_cache {
         DiskCache::Env => crate::runtime::cache::dir("cpu"),
         DiskCache::Off => None,
         DiskCache::At(d) => Some(d.clone()),
     };
     match dir {
-        Some(dir) if opts.backend == KernelBackend::Cranelift => compile_in(&dir, g, opts),
+        Some(dir) if opts.cpu.kernels == KernelBackend::Cranelift => compile_in(&dir, g, opts),
         _ => Ok(None),
     }
 }
@@ -143,9 +133,9 @@ fn compile_in(dir: &Path, g: &Graph, opts: &CompileOptions) -> Result<Option<Cac
             ..c
         }));
     }
-    let planned = super::super::plan(g, opts.fuse, opts.fast_math, &opts.channels_last_inputs)?;
+    let planned = super::super::plan(g, &opts.passes)?;
     planned.schedule.validate()?;
-    let entry = build(key, planned, &codegen(opts))?;
+    let entry = build(key, planned, &opts.cpu.codegen)?;
     let bytes = encode(&entry)?;
     // loaded from the entry itself: what a later process will load
     let c = load(&bytes, &entry.key)
@@ -209,7 +199,7 @@ fn encode(e: &Entry) -> Result<Vec<u8>> {
 /// The schedule of `g` compiled with `opts` when the disk cache holds it (for
 /// ahead-of-time compilation, which then skips the passes).
 pub(crate) fn cached_plan(g: &Graph, opts: &CompileOptions) -> Option<Planned> {
-    let dir = match &opts.disk_cache {
+    let dir = match &opts.cpu.disk_cache {
         DiskCache::Env => crate::runtime::cache::dir("cpu")?,
         DiskCache::Off => return None,
         DiskCache::At(d) => d.clone(),
@@ -310,8 +300,8 @@ mod tests {
 
     fn entry_bytes(g: &Graph, opts: &CompileOptions) -> (String, Vec<u8>) {
         let key = key(g, opts);
-        let planned = crate::exec::plan(g, true, false, &[]).unwrap();
-        let e = build(key.clone(), planned, &codegen(opts)).unwrap();
+        let planned = crate::exec::plan(g, &opts.passes).unwrap();
+        let e = build(key.clone(), planned, &opts.cpu.codegen).unwrap();
         (key, encode(&e).unwrap())
     }
 
@@ -321,12 +311,11 @@ mod tests {
         let (key, bytes) = entry_bytes(&graph(), &opts);
         assert!(load(&bytes, &key).is_ok());
         // another graph, or the same under other options, has another key
-        let fast = opts.clone();
-        let fast = CompileOptions {
-            fast_math: true,
-            ..fast
-        };
+        let fast = opts.clone().fast_math(true);
         assert_ne!(super::key(&graph(), &fast), key);
+        let mut lanes = opts.clone();
+        lanes.cpu.codegen.f32_lane_sums = true;
+        assert_ne!(super::key(&graph(), &lanes), key);
         assert_eq!(load(&bytes, "another").err().unwrap(), "another key");
         // any flipped byte is caught by the checksum (or the header), before decoding
         for at in [0, 9, 20, bytes.len() / 2, bytes.len() - 1] {
@@ -343,8 +332,8 @@ mod tests {
         let g = graph();
         let opts = CompileOptions::default();
         let key = super::key(&g, &opts);
-        let planned = crate::exec::plan(&g, true, false, &[]).unwrap();
-        let mut e = build(key.clone(), planned, &codegen(&opts)).unwrap();
+        let planned = crate::exec::plan(&g, &opts.passes).unwrap();
+        let mut e = build(key.clone(), planned, &opts.cpu.codegen).unwrap();
         // an object that is not one, under a correct checksum
         let object = std::mem::take(&mut e.object);
         e.object = b"\x7fELF-truncated".to_vec();

@@ -56,7 +56,7 @@ use crate::{Error, Result};
 use partition::Fuser;
 
 /// Limits of the partitioner.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FuseOptions {
     /// Cost from which a producer is realised rather than recomputed per broadcast element
     /// or in several kernels (an `exp` costs 4, an `add` 1).

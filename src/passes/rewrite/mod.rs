@@ -21,10 +21,11 @@ use std::time::Duration;
 /// `iter_limit` iterations, whichever comes first: both make the result a function of the
 /// graph alone. `time_limit` is only a backstop against a pathological rule set; with the
 /// defaults the budgets bind long before it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RewriteOptions {
-    /// Also use rules that can change IEEE results (reassociation, `x*0 → 0`, ...).
-    pub fast_math: bool,
+    /// Also use rules that can change IEEE results (reassociation, `x*0 → 0`, ...): the
+    /// fast-math rules.
+    pub non_ieee_rules: bool,
     /// Never let the e-graph grow past this many e-nodes, whatever the graph's size.
     pub node_limit: usize,
     /// E-nodes the e-graph may grow to per e-node of the input graph (see above).
@@ -41,7 +42,7 @@ pub const MIN_NODE_BUDGET: usize = 1_000;
 impl Default for RewriteOptions {
     fn default() -> RewriteOptions {
         RewriteOptions {
-            fast_math: false,
+            non_ieee_rules: false,
             node_limit: 10_000,
             nodes_per_node: 16,
             time_limit: Duration::from_secs(1),
@@ -81,7 +82,7 @@ pub struct RewriteStats {
 pub fn rewrite(g: &Graph, opts: &RewriteOptions) -> Result<(Graph, RewriteStats)> {
     g.verify()?;
     let (eg, roots, ids) = convert::to_egraph(g)?;
-    let rules = rules::rules(opts.fast_math)?;
+    let rules = rules::rules(opts.non_ieee_rules)?;
     let mut stats = RewriteStats {
         nodes_before: g.len(),
         ..RewriteStats::default()

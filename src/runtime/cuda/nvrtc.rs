@@ -135,7 +135,7 @@ pub struct CompileOptions {
     /// Folders for `#include` (the CUDA headers for f16/bf16).
     pub include_dirs: Vec<PathBuf>,
     /// Pass `--use_fast_math` (approximate transcendentals, flushed denormals).
-    pub fast_math: bool,
+    pub use_fast_math: bool,
 }
 
 impl CompileOptions {
@@ -144,7 +144,7 @@ impl CompileOptions {
         CompileOptions {
             arch: arch.to_string(),
             include_dirs: locate::cuda_include().into_iter().collect(),
-            fast_math: false,
+            use_fast_math: false,
         }
     }
 }
@@ -227,7 +227,7 @@ fn run(
         "-std=c++17".to_string(),
         "--device-as-default-execution-space".to_string(),
     ];
-    if opts.fast_math {
+    if opts.use_fast_math {
         flags.push("--use_fast_math".to_string());
     }
     for d in &opts.include_dirs {

@@ -52,11 +52,11 @@ pub fn load(
     gpu: &Arc<Gpu>,
     source: &str,
     name: &str,
-    fast_math: bool,
+    use_fast_math: bool,
 ) -> Result<(Arc<Module>, Origin)> {
     let arch = super::arch(gpu.ordinal())?;
     let (ma, mi) = nvrtc::version()?;
-    let flags = if fast_math { "fast" } else { "exact" };
+    let flags = if use_fast_math { "fast" } else { "exact" };
     let key = fnv1a(&[source.as_bytes(), flags.as_bytes(), arch.as_bytes()]);
     if let Some(m) = memory()
         .lock()
@@ -73,7 +73,7 @@ pub fn load(
         Some(m) => (m, Origin::Disk),
         None => {
             let mut opts = nvrtc::CompileOptions::for_arch(&arch);
-            opts.fast_math = fast_math;
+            opts.use_fast_math = use_fast_math;
             let cubin = nvrtc::compile_cubin(source, name, &opts)?;
             if let Some(f) = &file {
                 store(f, &cubin);
