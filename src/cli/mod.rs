@@ -11,10 +11,10 @@ mod profile_cuda;
 mod report;
 mod roof;
 
-use crate::exec::{CompileOptions, CompiledFn, KernelBackend};
+use crate::exec::{self, CompileOptions};
 use crate::ir::graph::{Graph, Module};
 use crate::ir::parse_module;
-use crate::runtime::{interp, npy};
+use crate::runtime::{Device, interp, npy};
 use crate::{Error, Result, Tensor};
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::{Path, PathBuf};
@@ -167,24 +167,15 @@ fn evaluate(
     backend: Backend,
     no_fuse: bool,
 ) -> Result<Vec<Tensor>> {
-    match backend {
-        Backend::Interp => interp::run(g, inputs),
-        Backend::Cpu => {
-            let opts = CompileOptions::with_backend(KernelBackend::Cranelift).fused(!no_fuse);
-            // The interpreter's binding gives the same messages on either backend.
-            let ordered = interp::ordered_inputs(g, inputs)?;
-            CompiledFn::compile(g, &opts)?.call(&ordered)
-        }
-        Backend::Cuda => {
-            let opts = CompileOptions::default().fused(!no_fuse);
-            let f = crate::exec::CudaFn::compile(g, &opts)?;
-            let ordered = interp::ordered_inputs(g, inputs)?
-                .iter()
-                .map(|t| t.to_device(f.device()))
-                .collect::<Result<Vec<_>>>()?;
-            f.call(&ordered)?.iter().map(Tensor::cpu).collect()
-        }
-    }
+    let device = match backend {
+        Backend::Interp => return interp::run(g, inputs),
+        Backend::Cpu => Device::Cpu,
+        Backend::Cuda => Device::Cuda(0),
+    };
+    let opts = CompileOptions::default().fused(!no_fuse);
+    // The interpreter's binding gives the same messages on every backend.
+    let ordered = interp::ordered_inputs(g, inputs)?;
+    exec::compile(g, device, &opts)?.call_from_host(&ordered)
 }
 
 fn dot(a: &DotArgs) -> Result<()> {

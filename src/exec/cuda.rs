@@ -211,6 +211,16 @@ impl CudaFn {
         Ok((out, t))
     }
 
+    /// The GPU time of one whole call between two CUDA events, in ms, without per-step
+    /// synchronisation.
+    pub fn time_whole(&self, inputs: &[Tensor]) -> Result<f32> {
+        let t = Timer::new(&self.gpu)?;
+        t.start()?;
+        drop(self.call(inputs)?);
+        t.stop()?;
+        t.elapsed_ms()
+    }
+
     fn check_inputs(&self, inputs: &[Tensor]) -> Result<()> {
         let want = self.schedule.inputs.len();
         if inputs.len() != want {

@@ -6,12 +6,14 @@ pub mod cpu;
 pub mod cuda;
 pub mod cuda_eager;
 mod device;
+mod executable;
 mod options;
 
 pub use cpu::{CodeOrigin, CompiledFn, PAR_MIN_ELEMS, StepInfo, StepTimes, step_buffers};
 #[allow(deprecated)]
 pub use cuda::CudaCompileOptions;
 pub use cuda::CudaFn;
+pub use executable::{Executable, compile};
 pub use options::{CompileOptions, CpuOptions, DiskCache, GpuOptions, KernelBackend};
 
 use crate::ir::graph::Graph;
