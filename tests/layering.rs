@@ -1,31 +1,51 @@
-//! The floors of `src/` (docs/architecture.md): each top-level module imports only from
-//! floors below its own, or from modules of its own floor without a circle. This test reads
-//! every `crate::` path in `src/` and fails, naming the file and line, on any that goes up.
+//! The floors of both crates, as one map: the tables under "## Floors" (smelt, `src/`) and
+//! "## Floors of smelt-rt" (`rt/src/`) in docs/architecture.md are the only statement of
+//! them. Each top-level module imports only from floors below its own, or from modules of
+//! its own floor without a circle. These tests read every `crate::` and `super::` path of
+//! both crates and fail, naming the file and line, on any that goes up; on a module missing
+//! from its table, or a table row naming a module that does not exist.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// The floors, lowest first; modules on one floor may use each other if they form no circle.
-const FLOORS: &[&[&str]] = &[
-    // what every floor may use: the error type
-    &["error"],
-    // `profiler` records what the floors above run; it needs nothing but the error type
-    &["ir", "profiler"],
-    // `macros` holds `tensor!`, which builds runtime tensors
-    &["runtime", "macros"],
-    &["kernel"],
-    &["passes"],
-    &["codegen_cpu", "codegen_cuda"],
-    &["exec"],
-    &["autograd", "jit", "amp", "aot", "distributed"],
-    &["nn", "optim", "train", "data"],
-    &["cli"],
-    // re-exports of every floor for `use smelt::prelude::*`
-    &["prelude"],
-];
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
 
-fn floor_of(module: &str) -> Option<usize> {
-    FLOORS.iter().position(|f| f.contains(&module))
+/// The floors of the table under `heading` in docs/architecture.md, lowest first: the
+/// back-quoted names of each row's second column.
+fn floors_from_doc(heading: &str) -> Vec<Vec<String>> {
+    let doc = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let start = doc
+        .lines()
+        .position(|l| l.trim() == heading)
+        .unwrap_or_else(|| panic!("docs/architecture.md has no heading {heading:?}"));
+    let mut floors = Vec::new();
+    for line in doc.lines().skip(start + 1) {
+        if line.starts_with("## ") {
+            break;
+        }
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        // `| floor | modules | what they hold |`: data rows start with the floor's number
+        if cells.len() < 4 || cells[1].parse::<usize>().is_err() {
+            continue;
+        }
+        assert_eq!(
+            cells[1].parse::<usize>().unwrap(),
+            floors.len(),
+            "{heading}: floors are numbered 0, 1, 2, ... in order"
+        );
+        let names: Vec<String> = cells[2]
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect();
+        assert!(!names.is_empty(), "{heading}: a floor without modules");
+        floors.push(names);
+    }
+    assert!(!floors.is_empty(), "{heading}: no table rows");
+    floors
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -39,86 +59,126 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The top-level module a file of `src/` belongs to (`src/ir/op.rs` → `ir`).
-fn module_of(src: &Path, file: &Path) -> String {
+/// The module path of a file (`src/exec/cpu/cache.rs` → `exec::cpu::cache`,
+/// `src/exec/mod.rs` → `exec`, `src/lib.rs` → the root).
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
     let rel = file.strip_prefix(src).unwrap();
-    let first = rel
+    let mut parts: Vec<String> = rel
         .components()
-        .next()
-        .unwrap()
-        .as_os_str()
-        .to_string_lossy();
-    first.trim_end_matches(".rs").to_string()
+        .map(|c| c.as_os_str().to_string_lossy().to_string())
+        .collect();
+    let last = parts.pop().unwrap();
+    let stem = last.trim_end_matches(".rs");
+    if stem != "mod" && stem != "lib" {
+        parts.push(stem.to_string());
+    }
+    parts
 }
 
-/// Every `crate::NAME` in a line of code (comments and doc comments skipped), and `NAME`s of
-/// a `use crate::{a, b::c}` group.
-fn crate_refs(line: &str) -> Vec<String> {
+/// The name that starts `rest` (an identifier).
+fn ident(rest: &str) -> String {
+    rest.chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect()
+}
+
+/// The first names of the items a path prefix reaches: `NAME` of `NAME::...`, or every name
+/// of a `{a, b::c}` group.
+fn names_after(rest: &str) -> Vec<String> {
+    match rest.strip_prefix('{') {
+        Some(group) => {
+            let end = group.find('}').unwrap_or(group.len());
+            group[..end]
+                .split(',')
+                .map(|item| ident(item.trim()))
+                .collect()
+        }
+        None => vec![ident(rest)],
+    }
+}
+
+/// The top-level modules a line of the file at module path `at` refers to, through
+/// `crate::NAME` and `super::` paths (comments and doc comments skipped).
+fn refs(line: &str, at: &[String]) -> Vec<String> {
     let code = line.trim_start();
     if code.starts_with("//") {
         return vec![];
     }
     let code = code.split("//").next().unwrap_or("");
     let mut out = Vec::new();
-    let mut rest = code;
-    while let Some(i) = rest.find("crate::") {
-        rest = &rest[i + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let end = group.find('}').unwrap_or(group.len());
-            for item in group[..end].split(',') {
-                let name: String = item
-                    .trim()
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                out.push(name);
+    let mut i = 0;
+    while i < code.len() {
+        let rest = &code[i..];
+        let preceded = code[..i]
+            .chars()
+            .last()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
+        if !preceded && rest.starts_with("crate::") {
+            out.extend(names_after(&rest["crate::".len()..]));
+            i += "crate::".len();
+        } else if !preceded && rest.starts_with("super::") {
+            let mut ups = 0;
+            let mut r = rest;
+            while let Some(next) = r.strip_prefix("super::") {
+                ups += 1;
+                r = next;
             }
+            let base = &at[..at.len().saturating_sub(ups)];
+            match base.first() {
+                Some(top) => out.push(top.clone()),
+                None => out.extend(names_after(r)),
+            }
+            i += rest.len() - r.len();
         } else {
-            out.push(
-                rest.chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect(),
-            );
+            i += rest.chars().next().map_or(1, char::len_utf8);
         }
     }
     out
 }
 
-#[test]
-fn no_module_imports_from_a_floor_above_its_own() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// Checks the crate whose sources are in `src` against `floors`.
+fn check_crate(src: &Path, floors: &[Vec<String>], label: &str) {
+    let floor_of = |m: &str| floors.iter().position(|f| f.iter().any(|n| n == m));
     let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    rust_files(src, &mut files);
     files.sort();
-    let modules: BTreeSet<String> = files.iter().map(|f| module_of(&src, f)).collect();
+    let modules: BTreeSet<String> = files
+        .iter()
+        .filter_map(|f| module_path(src, f).first().cloned())
+        .filter(|m| m != "bin" && m != "main")
+        .collect();
+    let listed: BTreeSet<String> = floors.iter().flatten().cloned().collect();
+    let unlisted: Vec<&String> = modules.difference(&listed).collect();
+    assert!(
+        unlisted.is_empty(),
+        "{label}: modules missing from the floors of docs/architecture.md: {unlisted:?}"
+    );
+    let stale: Vec<&String> = listed.difference(&modules).collect();
+    assert!(
+        stale.is_empty(),
+        "{label}: docs/architecture.md lists modules that do not exist: {stale:?}"
+    );
     let mut ups = Vec::new();
     let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut unknown = BTreeSet::new();
     for f in &files {
-        let from = module_of(&src, f);
+        let at = module_path(src, f);
         // the crate root and the binary sit above every floor
-        if from == "lib" || from == "bin" {
-            continue;
-        }
-        let Some(fl) = floor_of(&from) else {
-            unknown.insert(from);
+        let Some(from) = at.first().filter(|m| *m != "bin" && *m != "main") else {
             continue;
         };
+        let fl = floor_of(from).unwrap();
         let text = std::fs::read_to_string(f).unwrap();
         for (n, line) in text.lines().enumerate() {
-            for to in crate_refs(line) {
+            for to in refs(line, &at) {
                 // items of the crate root (`crate::Result`, `crate::bail!`) are no module
-                if to == from || !modules.contains(&to) || to == "lib" {
+                if &to == from || !modules.contains(&to) {
                     continue;
                 }
-                let Some(tf) = floor_of(&to) else {
-                    unknown.insert(to.clone());
-                    continue;
-                };
+                let tf = floor_of(&to).unwrap();
                 if tf > fl {
                     ups.push(format!(
                         "{}:{}: `{from}` (floor {fl}) uses `{to}` (floor {tf}): {}",
-                        f.strip_prefix(&src).unwrap().display(),
+                        f.strip_prefix(src).unwrap().display(),
                         n + 1,
                         line.trim()
                     ));
@@ -130,43 +190,94 @@ fn no_module_imports_from_a_floor_above_its_own() {
         }
     }
     assert!(
-        unknown.is_empty(),
-        "modules missing from FLOORS (and docs/architecture.md): {unknown:?}"
-    );
-    assert!(
         ups.is_empty(),
-        "imports that go up a floor:\n{}",
+        "{label}: imports that go up a floor:\n{}",
         ups.join("\n")
     );
-    // modules sharing a floor: no circle among them
+    if let Some(circle) = find_circle(&edges) {
+        panic!("{label}: a circle between floor-mates: {circle:?}");
+    }
+}
+
+/// A circle in `edges`, as the path that closes it.
+fn find_circle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
     for start in edges.keys() {
-        let mut stack = vec![(start.clone(), vec![start.clone()])];
-        while let Some((m, path)) = stack.pop() {
-            for next in edges.get(&m).into_iter().flatten() {
-                assert!(
-                    next != start,
-                    "a circle between floor-mates: {path:?} -> {next}"
-                );
+        let mut stack = vec![vec![start.clone()]];
+        while let Some(path) = stack.pop() {
+            let last = path.last().unwrap();
+            for next in edges.get(last).into_iter().flatten() {
+                if next == start {
+                    let mut p = path.clone();
+                    p.push(next.clone());
+                    return Some(p);
+                }
                 if !path.contains(next) {
                     let mut p = path.clone();
                     p.push(next.clone());
-                    stack.push((next.clone(), p));
+                    stack.push(p);
                 }
             }
         }
     }
+    None
 }
 
 #[test]
-fn the_reader_sees_groups_and_skips_comments() {
-    assert_eq!(crate_refs("use crate::ir::op::Op;"), ["ir"]);
-    assert_eq!(crate_refs("use crate::{Result, bail};"), ["Result", "bail"]);
-    assert_eq!(
-        crate_refs("    // crate::jit is mentioned"),
-        Vec::<String>::new()
+fn no_module_of_smelt_imports_from_a_floor_above_its_own() {
+    check_crate(&root().join("src"), &floors_from_doc("## Floors"), "smelt");
+}
+
+#[test]
+fn no_module_of_smelt_rt_imports_from_a_floor_above_its_own() {
+    check_crate(
+        &root().join("rt/src"),
+        &floors_from_doc("## Floors of smelt-rt"),
+        "smelt-rt",
     );
+}
+
+#[test]
+fn the_reader_resolves_crate_and_super_paths_and_skips_comments() {
+    let at = |p: &str| -> Vec<String> { p.split("::").map(str::to_string).collect() };
+    assert_eq!(refs("use crate::ir::op::Op;", &at("exec")), ["ir"]);
     assert_eq!(
-        crate_refs("let x = crate::runtime::apply(op); // crate::amp"),
+        refs("use crate::{Result, bail};", &at("exec")),
+        ["Result", "bail"]
+    );
+    assert!(refs("    // crate::jit is mentioned", &at("exec")).is_empty());
+    assert_eq!(
+        refs(
+            "let x = crate::runtime::apply(op); // crate::amp",
+            &at("exec")
+        ),
         ["runtime"]
     );
+    // `super::` from a module's own files stays in the module; from its root file it
+    // reaches the crate's modules
+    assert_eq!(
+        refs("use super::plan::X;", &at("exec::cpu::cache")),
+        ["exec"]
+    );
+    assert_eq!(
+        refs("use super::kernels::eval;", &at("runtime")),
+        ["kernels"]
+    );
+    assert_eq!(
+        refs("use super::super::{ir, passes::X};", &at("exec::cpu")),
+        ["ir", "passes"]
+    );
+    assert!(refs("let a = my_crate::x;", &at("exec")).is_empty());
+}
+
+#[test]
+fn a_circle_is_found_and_a_chain_is_not() {
+    let edges = |pairs: &[(&str, &str)]| {
+        let mut e: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (a, b) in pairs {
+            e.entry(a.to_string()).or_default().insert(b.to_string());
+        }
+        e
+    };
+    assert!(find_circle(&edges(&[("a", "b"), ("b", "c")])).is_none());
+    assert!(find_circle(&edges(&[("a", "b"), ("b", "c"), ("c", "a")])).is_some());
 }

@@ -26,6 +26,10 @@ thread_local! {
 /// 2^11 (2 threads; BENCHMARKS.md).
 pub const PAR_MIN_ELEMS_HOT: usize = 1 << 14;
 
+/// Kernels whose index space has fewer elements than this run on the calling thread:
+/// below it, waking other threads costs more than it saves.
+pub const PAR_MIN_ELEMS: usize = 1 << 18;
+
 /// Whether this thread runs a [`hot`] call.
 pub fn in_hot_call() -> bool {
     HOT.with(Cell::get)
@@ -43,10 +47,8 @@ pub fn par_min(outside: usize) -> usize {
 }
 
 /// The bar of compiled kernels: [`par_min`] of [`PAR_MIN_ELEMS`].
-///
-/// [`PAR_MIN_ELEMS`]: crate::model::PAR_MIN_ELEMS
 pub fn par_min_elems() -> usize {
-    par_min(crate::model::PAR_MIN_ELEMS)
+    par_min(PAR_MIN_ELEMS)
 }
 
 /// Whether a compiled kernel of `rows` rows over `elems` elements splits inside a [`hot`]

@@ -205,9 +205,7 @@ pub fn missing_features(mask: u64) -> Vec<&'static str> {
     missing
 }
 
-/// Kernels whose index space has fewer elements than this run on the calling thread:
-/// below it, waking other threads costs more than it saves.
-pub const PAR_MIN_ELEMS: usize = 1 << 18;
+pub use crate::hot::PAR_MIN_ELEMS;
 
 /// Chunks per thread for a parallel kernel, so uneven rows still balance.
 pub const CHUNKS_PER_THREAD: usize = 4;
