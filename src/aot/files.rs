@@ -3,8 +3,8 @@
 
 use super::{AotModel, Port};
 use crate::kernel::Schedule;
-use crate::profiler::json::Json;
 use crate::{Error, Result, bail};
+use serde_json::{Value, json};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -310,23 +310,19 @@ pub(super) fn rust_module(m: &AotModel) -> String {
     r
 }
 
-fn ports_json(ports: &[Port]) -> Json {
-    Json::Arr(
-        ports
-            .iter()
-            .map(|p| {
-                Json::obj([
-                    ("name", Json::str(p.name.clone())),
-                    ("dtype", Json::str(p.dtype.to_string())),
-                    (
-                        "shape",
-                        Json::Arr(p.shape.iter().map(|&d| Json::Num(d as f64)).collect()),
-                    ),
-                    ("bytes", Json::Num(p.bytes() as f64)),
-                ])
+fn ports_json(ports: &[Port]) -> Value {
+    let ports: Vec<Value> = ports
+        .iter()
+        .map(|p| {
+            json!({
+                "name": p.name,
+                "dtype": p.dtype.to_string(),
+                "shape": p.shape,
+                "bytes": p.bytes(),
             })
-            .collect(),
-    )
+        })
+        .collect();
+    Value::Array(ports)
 }
 
 /// The manifest: what the object holds and how its memory is laid out.
@@ -337,64 +333,49 @@ pub(super) fn manifest(
     kernels: &[(String, String)],
 ) -> String {
     use super::model_layout::Place;
-    let buffers = s
+    let buffers: Vec<Value> = s
         .buffers
         .iter()
         .zip(&built.places)
         .map(|(b, place)| {
             let (kind, at) = match *place {
-                Place::Input(i) => ("input", Json::Num(i as f64)),
-                Place::Scratch(o) => ("scratch", Json::Num(o as f64)),
-                Place::Const(o) => ("constant", Json::Num(o as f64)),
-                Place::Unused => ("unused", Json::Num(0.0)),
+                Place::Input(i) => ("input", i),
+                Place::Scratch(o) => ("scratch", o),
+                Place::Const(o) => ("constant", o),
+                Place::Unused => ("unused", 0),
             };
-            Json::obj([
-                ("name", Json::str(b.name.clone())),
-                ("dtype", Json::str(b.dtype.to_string())),
-                (
-                    "shape",
-                    Json::Arr(b.shape.iter().map(|&d| Json::Num(d as f64)).collect()),
-                ),
-                ("bytes", Json::Num((b.len() * b.dtype.size()) as f64)),
-                ("place", Json::str(kind)),
-                ("offset", at),
-            ])
+            json!({
+                "name": b.name,
+                "dtype": b.dtype.to_string(),
+                "shape": b.shape,
+                "bytes": b.len() * b.dtype.size(),
+                "place": kind,
+                "offset": at,
+            })
         })
         .collect();
-    let kernel_list = kernels
+    let kernel_list: Vec<Value> = kernels
         .iter()
-        .map(|(k, sym)| {
-            Json::obj([
-                ("kernel", Json::str(k.clone())),
-                ("symbol", Json::str(sym.clone())),
-            ])
-        })
+        .map(|(k, sym)| json!({"kernel": k, "symbol": sym}))
         .collect();
-    Json::obj([
-        ("name", Json::str(m.name.clone())),
-        ("graph", Json::str(m.graph.clone())),
-        ("target", Json::str("cpu")),
-        ("cpu", Json::str(m.cpu.name())),
-        (
-            "cpu_features",
-            Json::Arr(m.features.iter().map(|f| Json::str(*f)).collect()),
-        ),
-        ("smelt_version", Json::str(env!("CARGO_PKG_VERSION"))),
-        ("plan_format", Json::Num(smelt_rt::model::FORMAT as f64)),
-        ("entry", Json::str(format!("{}_run", m.name))),
-        ("inputs", ports_json(&m.inputs)),
-        ("outputs", ports_json(&m.outputs)),
-        ("scratch_bytes", Json::Num(m.scratch_bytes as f64)),
-        ("constant_bytes", Json::Num(built.consts.len() as f64)),
-        ("kernels", Json::Arr(kernel_list)),
-        (
-            "steps",
-            Json::Arr(built.steps.iter().map(|x| Json::str(x.clone())).collect()),
-        ),
-        ("buffers", Json::Arr(buffers)),
-    ])
-    .to_text()
-        + "\n"
+    let manifest = json!({
+        "name": m.name,
+        "graph": m.graph,
+        "target": "cpu",
+        "cpu": m.cpu.name(),
+        "cpu_features": m.features,
+        "smelt_version": env!("CARGO_PKG_VERSION"),
+        "plan_format": smelt_rt::model::FORMAT,
+        "entry": format!("{}_run", m.name),
+        "inputs": ports_json(&m.inputs),
+        "outputs": ports_json(&m.outputs),
+        "scratch_bytes": m.scratch_bytes,
+        "constant_bytes": built.consts.len(),
+        "kernels": kernel_list,
+        "steps": built.steps,
+        "buffers": buffers,
+    });
+    format!("{manifest}\n")
 }
 
 /// Refuses an object that calls a function the run-time library (or libc/libm) lacks,

@@ -9,9 +9,9 @@ use crate::ir::dtype::DType;
 use crate::ir::graph::{Graph, NodeKind, ValueId};
 use crate::ir::op::Op;
 use crate::ir::shape::numel;
-pub(super) use crate::profiler::json::Json;
 use crate::runtime::{Tensor, apply, npy};
 use crate::{Error, Result, bail};
+use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -186,29 +186,23 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
     print!("{out}");
 
     if let Some(path) = &a.json {
-        let j = Json::Obj(vec![
-            ("graph".into(), Json::Str(g.name.clone())),
-            ("backend".into(), Json::Str(backend.name().into())),
+        let j = json!({
+            "graph": g.name,
+            "backend": backend.name(),
             // the vector width of the CPU kernels' native helpers (SMELT_CPU caps it)
-            (
-                "strip_isa".into(),
-                Json::Str(crate::codegen_cpu::vmath::isa().into()),
-            ),
-            ("repeat".into(), Json::Num(a.repeat as f64)),
-            ("compile_ms".into(), Json::Num(compile_ms)),
-            ("code_origin".into(), Json::str(fused.code_origin().name())),
-            (
-                "cranelift_functions".into(),
-                Json::Num(crate::codegen_cpu::jit::functions_compiled() as f64),
-            ),
-            ("bytes_min".into(), Json::Num(bytes_min as f64)),
-            ("roof_read_ms".into(), Json::Num(roof.read_ms)),
-            ("roof_write_ms".into(), Json::Num(roof.write_ms)),
-            ("max_abs_diff".into(), Json::Num(diff)),
-            ("eager".into(), way_json(&eager)),
-            ("unfused".into(), way_json(&unf)),
-            ("fused".into(), way_json(&fus)),
-        ]);
+            "strip_isa": crate::codegen_cpu::vmath::isa(),
+            "repeat": a.repeat,
+            "compile_ms": compile_ms,
+            "code_origin": fused.code_origin().name(),
+            "cranelift_functions": crate::codegen_cpu::jit::functions_compiled(),
+            "bytes_min": bytes_min,
+            "roof_read_ms": roof.read_ms,
+            "roof_write_ms": roof.write_ms,
+            "max_abs_diff": diff,
+            "eager": way_json(&eager),
+            "unfused": way_json(&unf),
+            "fused": way_json(&fus),
+        });
         write_json(path, &j)?;
     }
     if a.trace.is_some() || a.html.is_some() {
@@ -244,8 +238,8 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
 }
 
 /// Writes `j` to `path` as one line of JSON.
-pub(super) fn write_json(path: &std::path::Path, j: &Json) -> Result<()> {
-    crate::profiler::write_file(path, &(j.to_text() + "\n"))
+pub(super) fn write_json(path: &std::path::Path, j: &Value) -> Result<()> {
+    crate::profiler::write_file(path, &format!("{j}\n"))
 }
 
 pub(super) fn ratio(base: f64, x: f64) -> f64 {
@@ -339,29 +333,23 @@ pub(super) fn table(out: &mut String, title: &str, w: &Way) {
     let _ = writeln!(out);
 }
 
-pub(super) fn way_json(w: &Way) -> Json {
-    let kernels = w
+pub(super) fn way_json(w: &Way) -> Value {
+    let kernels: Vec<Value> = w
         .steps
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            Json::Obj(vec![
-                ("name".into(), Json::Str(s.name.clone())),
-                (
-                    "ops".into(),
-                    Json::Arr(s.ops.iter().map(|o| Json::Str(o.clone())).collect()),
-                ),
-                ("median_ms".into(), Json::Num(w.step_ms(i))),
-                ("bytes".into(), Json::Num(s.bytes as f64)),
-                ("flops".into(), Json::Num(s.flops as f64)),
-                ("extern".into(), Json::Bool(s.is_extern)),
-            ])
+            json!({
+                "name": s.name,
+                "ops": s.ops,
+                "median_ms": w.step_ms(i),
+                "bytes": s.bytes,
+                "flops": s.flops,
+                "extern": s.is_extern,
+            })
         })
         .collect();
-    Json::Obj(vec![
-        ("median_ms".into(), Json::Num(w.median_ms())),
-        ("kernels".into(), Json::Arr(kernels)),
-    ])
+    json!({"median_ms": w.median_ms(), "kernels": kernels})
 }
 
 /// The inputs in graph order: read from files, random for the rest when asked (or when no

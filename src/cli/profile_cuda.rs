@@ -4,8 +4,8 @@
 //! as the yardstick for GB/s.
 
 use super::profile::{
-    Json, ProfileArgs, Way, eager_run, eager_run_synced, gather_inputs, gbps, human_bytes,
-    max_abs_diff, note_folded, ratio, table, way_json, write_json,
+    ProfileArgs, Way, eager_run, eager_run_synced, gather_inputs, gbps, human_bytes, max_abs_diff,
+    note_folded, ratio, table, way_json, write_json,
 };
 use super::{load, pick};
 use crate::Result;
@@ -169,20 +169,20 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
     print!("{out}");
 
     if let Some(path) = &a.json {
-        let j = Json::Obj(vec![
-            ("graph".into(), Json::Str(g.name.clone())),
-            ("backend".into(), Json::Str("cuda".into())),
-            ("device".into(), Json::Str(name)),
-            ("repeat".into(), Json::Num(a.repeat as f64)),
-            ("compile_ms".into(), Json::Num(compile_ms)),
-            ("compile_origin".into(), Json::Str(origin.name().into())),
-            ("copy_gbps".into(), Json::Num(copy)),
-            ("bytes_min".into(), Json::Num(bytes_min as f64)),
-            ("max_abs_diff".into(), Json::Num(diff)),
-            ("eager".into(), way_json(&eager)),
-            ("unfused".into(), way_json(&unf)),
-            ("fused".into(), way_json(&fus)),
-        ]);
+        let j = serde_json::json!({
+            "graph": g.name,
+            "backend": "cuda",
+            "device": name,
+            "repeat": a.repeat,
+            "compile_ms": compile_ms,
+            "compile_origin": origin.name(),
+            "copy_gbps": copy,
+            "bytes_min": bytes_min,
+            "max_abs_diff": diff,
+            "eager": way_json(&eager),
+            "unfused": way_json(&unf),
+            "fused": way_json(&fus),
+        });
         write_json(path, &j)?;
     }
     Ok(())

@@ -1,9 +1,9 @@
 //! Chrome trace-event JSON, the format Perfetto and `chrome://tracing` open: one process per
 //! profile, one track per host thread and per CUDA stream, memory as counters.
 
-use super::json::Json;
 use super::table::shapes_text;
 use super::{MemDevice, Profile, Track};
+use serde_json::{Value, json};
 
 /// Track numbers of CUDA streams start here, above any host thread's number.
 const STREAM_TID: u64 = 1_000_000;
@@ -15,17 +15,13 @@ fn tid(t: Track) -> u64 {
     }
 }
 
-fn meta(name: &str, pid: usize, tid: Option<u64>, arg: (&str, Json)) -> Json {
-    let mut v = vec![
-        ("name".to_string(), Json::str(name)),
-        ("ph".to_string(), Json::str("M")),
-        ("pid".to_string(), Json::Num(pid as f64)),
-    ];
+fn meta(name: &str, pid: usize, tid: Option<u64>, key: &str, value: Value) -> Value {
+    let mut m = json!({"name": name, "ph": "M", "pid": pid});
     if let Some(t) = tid {
-        v.push(("tid".to_string(), Json::Num(t as f64)));
+        m["tid"] = json!(t);
     }
-    v.push(("args".to_string(), Json::obj([arg])));
-    Json::Obj(v)
+    m["args"] = json!({ key: value });
+    m
 }
 
 /// The trace of several profiles side by side, each a process named by its label (the
@@ -34,19 +30,16 @@ pub fn trace(profiles: &[(&str, &Profile)]) -> String {
     let mut ev = Vec::new();
     for (k, (label, p)) in profiles.iter().enumerate() {
         let pid = k + 1;
-        ev.push(meta("process_name", pid, None, ("name", Json::str(*label))));
-        ev.push(meta(
-            "process_sort_index",
-            pid,
-            None,
-            ("sort_index", Json::Num(pid as f64)),
-        ));
+        ev.push(meta("process_name", pid, None, "name", json!(label)));
+        let sort = json!(pid);
+        ev.push(meta("process_sort_index", pid, None, "sort_index", sort));
         for (t, name) in &p.threads {
             ev.push(meta(
                 "thread_name",
                 pid,
                 Some(*t as u64),
-                ("name", Json::str(name.clone())),
+                "name",
+                json!(name),
             ));
         }
         let mut streams: Vec<Track> = p
@@ -59,63 +52,52 @@ pub fn trace(profiles: &[(&str, &Profile)]) -> String {
         streams.dedup();
         for s in streams {
             if let Track::Stream { device, stream } = s {
-                ev.push(meta(
-                    "thread_name",
-                    pid,
-                    Some(tid(s)),
-                    ("name", Json::str(format!("cuda:{device} stream {stream}"))),
-                ));
+                let name = json!(format!("cuda:{device} stream {stream}"));
+                ev.push(meta("thread_name", pid, Some(tid(s)), "name", name));
             }
         }
         for e in &p.events {
-            let mut args = vec![("kind".to_string(), Json::str(e.kind.name()))];
+            let mut args = json!({"kind": e.kind.name()});
             if !e.shapes.is_empty() {
-                args.push(("input_shapes".into(), Json::str(shapes_text(&e.shapes))));
+                args["input_shapes"] = json!(shapes_text(&e.shapes));
             }
             if !e.values.is_empty() {
-                args.push(("values".into(), Json::str(e.values.join(" "))));
+                args["values"] = json!(e.values.join(" "));
             }
             if e.bytes > 0 {
-                args.push(("bytes".into(), Json::Num(e.bytes as f64)));
+                args["bytes"] = json!(e.bytes);
             }
             if e.flops > 0 {
-                args.push(("flops".into(), Json::Num(e.flops as f64)));
+                args["flops"] = json!(e.flops);
             }
             if e.self_alloc > 0 || e.self_freed > 0 {
-                args.push(("self_alloc_bytes".into(), Json::Num(e.self_alloc as f64)));
-                args.push(("self_freed_bytes".into(), Json::Num(e.self_freed as f64)));
+                args["self_alloc_bytes"] = json!(e.self_alloc);
+                args["self_freed_bytes"] = json!(e.self_freed);
             }
-            ev.push(Json::Obj(vec![
-                ("name".into(), Json::str(e.name.clone())),
-                ("cat".into(), Json::str(e.kind.name())),
-                ("ph".into(), Json::str("X")),
-                ("ts".into(), Json::Num(e.start_ns as f64 / 1e3)),
-                ("dur".into(), Json::Num(e.dur_ns as f64 / 1e3)),
-                ("pid".into(), Json::Num(pid as f64)),
-                ("tid".into(), Json::Num(tid(e.track) as f64)),
-                ("args".into(), Json::Obj(args)),
-            ]));
+            ev.push(json!({
+                "name": e.name,
+                "cat": e.kind.name(),
+                "ph": "X",
+                "ts": e.start_ns as f64 / 1e3,
+                "dur": e.dur_ns as f64 / 1e3,
+                "pid": pid,
+                "tid": tid(e.track),
+                "args": args,
+            }));
         }
         for m in &p.memory {
             let name = match m.device {
                 MemDevice::Cpu => "memory (cpu)".to_string(),
                 d => format!("memory ({d})"),
             };
-            ev.push(Json::Obj(vec![
-                ("name".into(), Json::Str(name)),
-                ("ph".into(), Json::str("C")),
-                ("ts".into(), Json::Num(m.t_ns as f64 / 1e3)),
-                ("pid".into(), Json::Num(pid as f64)),
-                (
-                    "args".into(),
-                    Json::obj([("bytes", Json::Num(m.live as f64))]),
-                ),
-            ]));
+            ev.push(json!({
+                "name": name,
+                "ph": "C",
+                "ts": m.t_ns as f64 / 1e3,
+                "pid": pid,
+                "args": {"bytes": m.live},
+            }));
         }
     }
-    Json::Obj(vec![
-        ("traceEvents".into(), Json::Arr(ev)),
-        ("displayTimeUnit".into(), Json::str("ms")),
-    ])
-    .to_text()
+    json!({"traceEvents": ev, "displayTimeUnit": "ms"}).to_string()
 }

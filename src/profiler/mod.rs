@@ -30,7 +30,6 @@
 
 pub mod chrome;
 pub mod html;
-pub mod json;
 mod table;
 
 pub use table::{KeyAverages, Row, SortBy, human_bytes, shapes_text};
