@@ -135,18 +135,7 @@ fn cpu(a: &CompileArgs, g: &crate::ir::graph::Graph) -> Result<()> {
 
 /// A JSON string literal.
 fn js(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+    serde_json::Value::from(s).to_string()
 }
 
 fn list<T: ToString>(v: &[T]) -> String {
