@@ -2,16 +2,13 @@
 
 pub mod access;
 mod bytes;
-pub mod cache;
 pub mod control;
 pub mod cuda;
-pub mod device;
 mod display;
 pub mod element;
 pub mod hooks;
 pub mod interp;
 pub mod kernels;
-pub mod layout;
 pub mod native;
 pub mod npy;
 mod ops;
@@ -22,7 +19,9 @@ pub mod strided;
 pub mod tensor;
 pub mod threads;
 
-pub use device::Device;
+// Modules that moved below the runtime, at their old paths.
+pub use crate::device::{self, Device, cache};
+pub use crate::layout;
 pub use element::Element;
 pub use ops::{ClampBound, ConvOptions, IntoSizes, MemoryFormat, PoolOptions};
 pub use tensor::{Dim, Tensor, apply};

@@ -8,7 +8,7 @@
 use super::driver::{Gpu, Module};
 use super::nvrtc;
 use crate::Result;
-use crate::runtime::cache::{fnv1a, store};
+use crate::device::cache::{fnv1a, store};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -35,9 +35,9 @@ impl Origin {
     }
 }
 
-/// The directory of cached CUBIN files (see [`crate::runtime::cache`]).
+/// The directory of cached CUBIN files (see [`crate::device::cache`]).
 pub fn cache_dir() -> Option<PathBuf> {
-    crate::runtime::cache::dir("cuda")
+    crate::device::cache::dir("cuda")
 }
 
 type MemCache = Mutex<HashMap<(usize, u64), Arc<Module>>>;

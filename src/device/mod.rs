@@ -1,4 +1,8 @@
-//! Where a tensor lives.
+//! Where a tensor lives: the `Device` enum, the GPU runtime that needs no tensor (the CUDA
+//! driver, device memory, streams, NVRTC, cuBLAS, strided copies) and the disk cache's home.
+
+pub mod cache;
+pub mod cuda;
 
 use std::fmt;
 use std::str::FromStr;
