@@ -4,7 +4,7 @@
 //! summary with the speedups; `--json FILE` writes the same figures as JSON.
 
 use super::{Backend, load, parse_input, pick};
-use crate::exec::{CompileOptions, CompiledFn, KernelBackend, StepInfo};
+use crate::exec::{CompileOptions, CompiledFn, Executable, KernelBackend, StepInfo};
 use crate::ir::dtype::DType;
 use crate::ir::graph::{Graph, NodeKind, ValueId};
 use crate::ir::op::Op;
@@ -404,7 +404,8 @@ fn random_tensor(dtype: DType, shape: &[usize], high: i64) -> Result<Tensor> {
     }
 }
 
-fn time_compiled(f: &CompiledFn, inputs: &[Tensor], repeat: usize) -> Result<Way> {
+/// `repeat` timed calls of `f` after one warm-up, by its device's clock.
+pub(super) fn time_compiled(f: &dyn Executable, inputs: &[Tensor], repeat: usize) -> Result<Way> {
     f.call(inputs)?;
     let mut w = Way {
         steps: f.steps().to_vec(),
@@ -412,11 +413,9 @@ fn time_compiled(f: &CompiledFn, inputs: &[Tensor], repeat: usize) -> Result<Way
         totals: Vec::new(),
     };
     for _ in 0..repeat {
-        let t0 = Instant::now();
-        let (out, times) = f.call_timed(inputs)?;
-        drop(out);
-        w.totals.push(t0.elapsed());
-        w.samples.push(times.0);
+        let (whole, steps) = f.time(inputs)?;
+        w.totals.push(whole);
+        w.samples.push(steps);
     }
     Ok(w)
 }

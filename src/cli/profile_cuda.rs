@@ -5,7 +5,7 @@
 
 use super::profile::{
     ProfileArgs, Way, eager_run, eager_run_synced, gather_inputs, gbps, human_bytes, max_abs_diff,
-    note_folded, ratio, table, way_json, write_json,
+    note_folded, ratio, table, time_compiled, way_json, write_json,
 };
 use super::{load, pick};
 use crate::Result;
@@ -45,27 +45,6 @@ fn copy_bandwidth(gpu: &Arc<Gpu>) -> Result<f64> {
     }
     ms.sort_by(f64::total_cmp);
     Ok(gbps(2 * n, ms[ms.len() / 2]))
-}
-
-fn time_compiled(f: &CudaFn, gpu: &Arc<Gpu>, inputs: &[Tensor], repeat: usize) -> Result<Way> {
-    f.call(inputs)?;
-    let mut w = Way {
-        steps: f.steps().to_vec(),
-        samples: Vec::new(),
-        totals: Vec::new(),
-    };
-    let t = Timer::new(gpu)?;
-    for _ in 0..repeat {
-        // the whole call between two events, without per-step synchronisation
-        t.start()?;
-        drop(f.call(inputs)?);
-        t.stop()?;
-        w.totals.push(dur(t.elapsed_ms()?));
-        let (out, steps) = f.call_timed(inputs)?;
-        drop(out);
-        w.samples.push(steps.into_iter().map(dur).collect());
-    }
-    Ok(w)
 }
 
 fn time_eager(g: &Graph, gpu: &Arc<Gpu>, inputs: &[Tensor], repeat: usize) -> Result<Way> {
@@ -108,8 +87,8 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
     let copy = copy_bandwidth(&gpu)?;
 
     let eager = time_eager(g, &gpu, &inputs, a.repeat)?;
-    let unf = time_compiled(&unfused, &gpu, &inputs, a.repeat)?;
-    let fus = time_compiled(&fused, &gpu, &inputs, a.repeat)?;
+    let unf = time_compiled(&unfused, &inputs, a.repeat)?;
+    let fus = time_compiled(&fused, &inputs, a.repeat)?;
     let diff = if a.no_check {
         f64::NAN
     } else {
