@@ -1039,7 +1039,7 @@ fn strips_write_safely_over_their_input() {
 }
 
 /// Stores into large contiguous f32 outputs go through stack rows and non-temporal stores
-/// (`codegen_cpu::stream`): the same bits as plain stores, in element-wise and row kernels,
+/// (`codegen_cpu::streamed_stores`): the same bits as plain stores, in element-wise and row kernels,
 /// with tails, single elements and empty outputs, in 1 and 3 chunks.
 #[test]
 fn large_outputs_stream_with_the_plain_results() {

@@ -16,12 +16,12 @@
 //!   and a scalar tail when every access there has stride 0 or 1 and every value is f32 or a
 //!   mask; otherwise it is the scalar loop (`super::scalar`).
 //! - Row kernels whose rows walk memory with a stride (reductions across rows) run 16
-//!   adjacent rows at once as vector lanes (`super::lanes`); row kernels whose passes and
+//!   adjacent rows at once as vector lanes (`super::row_lanes`); row kernels whose passes and
 //!   stores share a costly value keep it in a stack row (`super::rowcache`).
 //! - Vector loops with exp, tanh, sigmoid, silu, erf, either GELU or its slope run in strips whose
 //!   transcendentals native AVX-512/AVX2 helpers evaluate (`super::strip`); other vector
 //!   loops storing into a large f32 output stream it with non-temporal stores
-//!   (`super::stream`).
+//!   (`super::streamed_stores`).
 //! - Integer remainder by zero sets error code 1 (PyTorch's ZeroDivisionError); the division
 //!   itself then runs on a safe divisor, so no instruction traps.
 
@@ -51,7 +51,7 @@ pub struct CodegenOptions {
     /// apply.
     pub inline_math: bool,
     /// Outputs of at least this many bytes are written by streamed (non-temporal) stores
-    /// (`super::stream`); None: [`super::STREAM_MIN_BYTES`].
+    /// (`super::streamed_stores`); None: [`super::STREAM_MIN_BYTES`].
     pub stream_min_bytes: Option<usize>,
 }
 
@@ -77,7 +77,7 @@ enum Owner {
     /// The JIT module it was compiled into.
     Jit(#[allow(dead_code)] Box<Jit>),
     /// An object loaded from the disk cache (shared by the kernels of one schedule).
-    Loaded(#[allow(dead_code)] Arc<super::loader::Loaded>),
+    Loaded(#[allow(dead_code)] Arc<super::linker::Loaded>),
 }
 
 // SAFETY: after `compile_code` returns, the owner is never touched again except by `Drop`
@@ -134,7 +134,7 @@ impl CpuKernel {
         self.code.stats.strip_loops
     }
 
-    /// Innermost loops whose stores stream to their outputs (`super::stream`).
+    /// Innermost loops whose stores stream to their outputs (`super::streamed_stores`).
     pub fn stream_loops(&self) -> usize {
         self.code.stats.stream_loops
     }
@@ -386,7 +386,7 @@ pub(crate) unsafe fn loaded_kernel(
     buffers: &[Buffer],
     func: *const u8,
     stats: CodeStats,
-    image: Arc<super::loader::Loaded>,
+    image: Arc<super::linker::Loaded>,
 ) -> Result<Arc<CpuKernel>> {
     let (_, local_bufs, slots) = localize(k, buffers)?;
     // SAFETY: the caller's contract: an entry with `KernelFn`'s signature.
@@ -611,7 +611,7 @@ pub(super) struct Gen<'g, 'a, 'b> {
     pub strip_rows: HashMap<ValId, Value>,
     /// Innermost loops emitted in strips so far, and the stack their rows take.
     pub strip_loops: usize,
-    /// Innermost loops whose stores stream (`super::stream`).
+    /// Innermost loops whose stores stream (`super::streamed_stores`).
     pub stream_loops: usize,
     pub strip_rows_bytes: usize,
     /// Reductions the column-sum helper computes (see `lanes`).
@@ -1166,7 +1166,7 @@ impl<'g, 'a, 'b> Gen<'g, 'a, 'b> {
 
     /// Byte address of access `a` at element `i` of the innermost loop and lane `lane`, as
     /// (pointer, constant byte offset). Lanes run along the innermost loop, or along the last
-    /// outer dim in a block of rows as lanes (`super::lanes`).
+    /// outer dim in a block of rows as lanes (`super::row_lanes`).
     pub fn addr(&mut self, a: usize, i: Value, lane: i64) -> (Value, i32) {
         let size = self.elem_bytes(a);
         let s = self.cur_stride[a];

@@ -14,11 +14,11 @@ use crate::ir::dtype::DType;
 use crate::ir::shape::numel;
 use crate::kernel::{Combiner, Expr, IndexMap, Kernel, Level, Schedule, Store};
 use crate::{Result, bail};
-use lanes::{Lane, Walk};
+use vector_loops::{Lane, Walk};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-mod lanes;
+mod vector_loops;
 
 /// Threads per block of pointwise kernels.
 const POINTWISE_BLOCK: u32 = 256;

@@ -16,7 +16,7 @@ mod cnn;
 mod emit;
 pub mod indexing;
 pub use crate::runtime::cuda::{locate, nvrtc};
-mod prelude;
+mod preamble;
 mod scalar;
 mod vector;
 
@@ -198,10 +198,10 @@ impl CudaProgram {
     pub fn prelude(half: bool) -> String {
         let mut s = String::new();
         if half {
-            s.push_str(prelude::HALF_INCLUDES);
-            s.push_str(prelude::HALF_HELPERS);
+            s.push_str(preamble::HALF_INCLUDES);
+            s.push_str(preamble::HALF_HELPERS);
         }
-        s.push_str(prelude::COMMON);
+        s.push_str(preamble::COMMON);
         s
     }
 

@@ -16,7 +16,7 @@
 
 use super::{CompileOptions, DiskCache, KernelBackend};
 use crate::Result;
-use crate::codegen_cpu::loader::Loaded;
+use crate::codegen_cpu::linker::Loaded;
 use crate::codegen_cpu::lower::{
     CodeStats, CodegenOptions, CpuKernel, cache_key, define_kernel, loaded_kernel, localize,
 };
