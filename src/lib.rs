@@ -28,6 +28,7 @@ pub mod passes;
 pub mod prelude;
 pub mod profiler;
 pub mod runtime;
+pub mod tensor;
 pub mod train;
 
 pub use error::{Error, Result};

@@ -270,3 +270,9 @@ fn vector_str(cells: &[String], elided: bool, indent: usize, width: usize) -> St
         lines.join(&format!(",\n{}", " ".repeat(indent + 1)))
     )
 }
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}

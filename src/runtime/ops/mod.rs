@@ -2,6 +2,7 @@
 
 mod cnn;
 mod creation;
+mod data;
 mod device;
 mod einsum;
 mod index;

@@ -1,15 +1,23 @@
-//! `Tensor`: shared storage seen through a layout. Cloning a tensor is cheap and shares data;
-//! every op goes through `apply`, which checks it with the op's shape rule and runs its kernel.
+//! The tensor core: `Tensor`, shared storage seen through a layout, with what needs no
+//! kernel: its attributes, its storage and the locks on it, element types, strided walks,
+//! the thread pool and the hooks. Cloning a tensor is cheap and shares data. Ops on tensors
+//! (`runtime::apply`, the methods in `runtime::ops`) and the kernels sit on floors above.
 
-use super::access;
-use super::device::Device;
-use super::element::Element;
-use super::hooks;
-use super::layout::Layout;
-use super::storage::Storage;
+pub mod access;
+pub mod element;
+pub mod hooks;
+mod pages;
+pub mod storage;
+pub mod strided;
+pub mod threads;
+
+use self::element::Element;
+use self::storage::Storage;
+use crate::device::Device;
 use crate::ir::dtype::{DType, Scalar};
-use crate::ir::op::{Op, TensorType};
+use crate::ir::op::TensorType;
 use crate::ir::shape::{checked_numel, numel};
+use crate::layout::Layout;
 use crate::{Result, bail};
 use std::sync::Arc;
 
@@ -251,68 +259,6 @@ impl Tensor {
         }
     }
 
-    // ---- data in and out --------------------------------------------------------------
-
-    /// The elements in row-major order. `T` must be the tensor's dtype.
-    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
-        if T::DTYPE != self.dtype() {
-            bail!(
-                DType,
-                "to_vec: tensor has dtype {} but {} was asked for",
-                self.dtype(),
-                T::DTYPE
-            );
-        }
-        if self.device() != Device::Cpu {
-            return self.cpu()?.to_vec();
-        }
-        let c = self.contiguous()?;
-        let acc = access::lock(&[&c], &[]);
-        let p = acc.read::<T>(0);
-        // SAFETY: `c` is contiguous, so its numel elements follow its first one.
-        Ok(unsafe { std::slice::from_raw_parts(p, c.numel()) }.to_vec())
-    }
-
-    /// The elements converted to f64 (exact for every dtype but large i64).
-    pub fn to_f64_vec(&self) -> Vec<f64> {
-        crate::dispatch!(self.dtype(), T => self
-            .to_vec::<T>()
-            .map(|v| v.into_iter().map(Element::to_f64).collect())
-            .unwrap_or_default())
-    }
-
-    /// The elements converted to i64.
-    pub fn to_i64_vec(&self) -> Vec<i64> {
-        crate::dispatch!(self.dtype(), T => self
-            .to_vec::<T>()
-            .map(|v| v.into_iter().map(Element::to_i64).collect())
-            .unwrap_or_default())
-    }
-
-    /// The value of a one-element tensor.
-    pub fn item<T: Element>(&self) -> Result<T> {
-        if self.numel() != 1 {
-            bail!(
-                Value,
-                "a Tensor with {} elements cannot be converted to Scalar",
-                self.numel()
-            );
-        }
-        self.to_vec::<T>().map(|v| v[0])
-    }
-
-    /// The value of a one-element tensor as f64, whatever its dtype.
-    pub fn item_f64(&self) -> Result<f64> {
-        if self.numel() != 1 {
-            bail!(
-                Value,
-                "a Tensor with {} elements cannot be converted to Scalar",
-                self.numel()
-            );
-        }
-        Ok(self.to_f64_vec()[0])
-    }
-
     /// Gives back the storage as a `Vec` without copying, when this tensor is its only owner
     /// and covers it exactly; otherwise returns the tensor unchanged.
     pub fn into_vec<T: Element>(self) -> std::result::Result<Vec<T>, Tensor> {
@@ -371,100 +317,5 @@ impl Tensor {
             );
         }
         Ok(())
-    }
-}
-
-/// Refuses results whose bytes do not fit an allocation (rather than aborting in it). Views
-/// allocate nothing and are exempt: an expanded view may describe more than memory holds.
-fn check_size(t: &TensorType) -> Result<()> {
-    let fits = checked_numel(&t.shape).and_then(|n| super::storage::byte_len(t.dtype, n));
-    if fits.is_err() {
-        bail!(
-            Value,
-            "a tensor of shape {:?} and dtype {} is too large to allocate",
-            t.shape,
-            t.dtype
-        );
-    }
-    Ok(())
-}
-
-/// Applies an op to tensors: the one entry point of eager execution. The op's shape rule
-/// (`Op::infer`, shared with the graph IR) checks the operands, then its kernel runs.
-pub fn apply(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
-    if let Some(autocast) = hooks::AUTOCAST.get()
-        && let Some(r) = autocast(&op, inputs)
-    {
-        return r;
-    }
-    if let Some(first) = inputs.iter().find(|t| !t.is_wrapped_number()) {
-        for t in inputs {
-            if !t.is_wrapped_number() && t.device() != first.device() {
-                bail!(
-                    Device,
-                    "Expected all tensors to be on the same device, but found at least two devices, {} and {}!",
-                    first.device(),
-                    t.device()
-                );
-            }
-        }
-    }
-    let mut span = crate::profiler::span(crate::profiler::EventKind::Op, || op.name().to_string());
-    if let Some(s) = span.as_mut()
-        && crate::profiler::records_shapes()
-    {
-        s.shapes(inputs.iter().map(|t| t.shape().to_vec()).collect());
-    }
-    let types: Vec<TensorType> = inputs.iter().map(|t| t.ttype()).collect();
-    let refs: Vec<&TensorType> = types.iter().collect();
-    let out = op.infer(&refs)?;
-    if let Some(s) = span.as_mut() {
-        let (bytes, flops) = op_work(&op, &types, &out);
-        s.work(bytes, flops);
-    }
-    if !op.is_view() {
-        check_size(&out)?;
-    }
-    let device = inputs
-        .iter()
-        .find(|t| !t.is_wrapped_number())
-        .map_or(Device::Cpu, |t| t.device());
-    let result = match device {
-        Device::Cpu => super::kernels::eval(&op, inputs, &out)?,
-        Device::Cuda(i) => match hooks::DEVICE.get() {
-            Some(run) => run(&op, inputs, &out, i)?,
-            None => bail!(
-                Device,
-                "{}: no CUDA executor is loaded; move tensors to a GPU with Tensor::to_device",
-                op.name()
-            ),
-        },
-    };
-    if let Some(trace) = hooks::TRACE.get() {
-        trace(&op, inputs, &result);
-    }
-    // Eager autograd: records the op on the result when an operand requires grad.
-    if let Some(tape) = hooks::TAPE.get() {
-        tape(&op, inputs, &result);
-    }
-    Ok(result)
-}
-
-/// Bytes an eager op reads and writes (a view moves none) and its arithmetic operations
-/// ([`Op::flops`]): the profiler's figures for it.
-fn op_work(op: &Op, inputs: &[TensorType], out: &TensorType) -> (u64, u64) {
-    let size = |t: &TensorType| (numel(&t.shape) * t.dtype.size()) as u64;
-    if op.is_view() {
-        return (0, 0);
-    }
-    let bytes = inputs.iter().map(size).sum::<u64>() + size(out);
-    let shapes: Vec<&[usize]> = inputs.iter().map(|t| t.shape.as_slice()).collect();
-    let flops = op.flops(&shapes, &out.shape);
-    (bytes, flops)
-}
-
-impl std::fmt::Debug for Tensor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(self, f)
     }
 }

@@ -2,7 +2,7 @@
 //! operands at once, merges dims that are contiguous for all of them, hands out innermost
 //! runs, and splits large walks across rayon's pool.
 
-use crate::runtime::threads::Ranges;
+use crate::tensor::threads::Ranges;
 
 /// A split kernel's chunks hold at least half this many elements (whether it splits at all:
 /// `threads::eager_par_min`).
@@ -128,13 +128,12 @@ impl<const K: usize> Walk<K> {
 
     fn par_run_dyn(&self, f: &(dyn Fn([usize; K], usize, [usize; K]) + Sync)) {
         let n = self.numel;
-        if n < crate::runtime::threads::eager_par_min() || crate::runtime::threads::available() == 1
-        {
+        if n < crate::tensor::threads::eager_par_min() || crate::tensor::threads::available() == 1 {
             self.run_range(0, n, &mut |b, l, s| f(b, l, s));
             return;
         }
-        let chunks = (crate::runtime::threads::available() * 4).min(n / (PAR_THRESHOLD / 2));
-        crate::runtime::threads::par_each(&Ranges::new(n, chunks, 16), &|_, lo, hi| {
+        let chunks = (crate::tensor::threads::available() * 4).min(n / (PAR_THRESHOLD / 2));
+        crate::tensor::threads::par_each(&Ranges::new(n, chunks, 16), &|_, lo, hi| {
             self.run_range(lo, hi, &mut |b, l, s| f(b, l, s));
         });
     }

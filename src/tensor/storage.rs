@@ -2,8 +2,8 @@
 //! one `Storage`; the lock makes concurrent reads and in-place writes sound, and the version
 //! counter tells autograd when saved data was overwritten.
 
-use super::device::Device;
 use super::element::Element;
+use crate::device::Device;
 use crate::ir::dtype::DType;
 use crate::{Error, Result};
 use std::any::Any;
@@ -22,9 +22,9 @@ enum Owner {
     /// A caller's `Vec` adopted without copying; dropping it frees the memory.
     Adopted(#[allow(dead_code)] Box<dyn Any + Send + Sync>),
     /// GPU memory from the caching allocator (`ptr` is a device address, never read here).
-    Cuda(crate::runtime::cuda::memory::DeviceBuffer),
+    Cuda(crate::device::cuda::memory::DeviceBuffer),
     /// Page-locked host memory (`pin_memory`), freed through the driver.
-    Pinned(#[allow(dead_code)] crate::runtime::cuda::driver::PinnedHost),
+    Pinned(#[allow(dead_code)] crate::device::cuda::driver::PinnedHost),
 }
 
 /// A tensor's memory: one allocation of one dtype on one device, with a version counter and a lock.
@@ -173,12 +173,12 @@ impl Storage {
     pub fn cuda_for_overwrite(device: usize, dtype: DType, len: usize) -> Result<Storage> {
         let nbytes = byte_len(dtype, len)?;
         ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        let buf = crate::runtime::cuda::memory::DeviceBuffer::alloc(device, nbytes)?;
+        let buf = crate::device::cuda::memory::DeviceBuffer::alloc(device, nbytes)?;
         Ok(Storage::from_device(buf, dtype))
     }
 
     /// A storage of `dtype` elements over device buffer `buf` (its contents as they are).
-    pub fn from_device(buf: crate::runtime::cuda::memory::DeviceBuffer, dtype: DType) -> Storage {
+    pub fn from_device(buf: crate::device::cuda::memory::DeviceBuffer, dtype: DType) -> Storage {
         let ptr = NonNull::new(buf.ptr() as *mut u8).unwrap_or(NonNull::dangling());
         let device = Device::Cuda(buf.device());
         let mut s = Storage::from_parts(ptr, buf.len(), Owner::Cuda(buf), dtype);
@@ -187,7 +187,7 @@ impl Storage {
     }
 
     /// The device buffer of a GPU storage.
-    pub fn device_buffer(&self) -> Option<&crate::runtime::cuda::memory::DeviceBuffer> {
+    pub fn device_buffer(&self) -> Option<&crate::device::cuda::memory::DeviceBuffer> {
         match &self.owner {
             Owner::Cuda(b) => Some(b),
             _ => None,
@@ -199,7 +199,7 @@ impl Storage {
     pub fn pinned(dtype: DType, len: usize) -> Result<Storage> {
         let nbytes = byte_len(dtype, len)?;
         ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        let block = crate::runtime::cuda::driver::PinnedHost::alloc(nbytes)?;
+        let block = crate::device::cuda::driver::PinnedHost::alloc(nbytes)?;
         let ptr = block.ptr();
         // SAFETY: the block holds at least `nbytes` bytes and nobody else has it yet.
         unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, nbytes) };

@@ -4,7 +4,7 @@
 //! computation on its own thread with [`serial`]: handing work to even a one-thread pool costs
 //! a cross-thread wake-up (tens of µs here), more than a small kernel takes.
 
-use crate::runtime::storage::{add_allocations, allocation_count};
+use super::storage::{add_allocations, allocation_count};
 use std::cell::Cell;
 
 thread_local! {
@@ -149,7 +149,7 @@ mod tests {
             .unwrap();
         let before = allocation_count();
         let here = hot(Some(&one), || {
-            let _t = crate::runtime::Tensor::zeros(&[4], crate::DType::F32);
+            let _t = crate::tensor::Tensor::alloc(crate::DType::F32, &[4]);
             std::thread::current().id()
         });
         assert_eq!(here, std::thread::current().id());

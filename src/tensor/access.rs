@@ -1,8 +1,8 @@
 //! Taking the locks of several storages at once, always in storage-id order, so that two
 //! threads doing in-place work on each other's inputs can never deadlock.
 
+use super::Tensor;
 use super::storage::{ReadGuard, Storage, WriteGuard};
-use super::tensor::Tensor;
 
 // The guards are held only for their drop, which releases the locks.
 #[allow(dead_code)]
