@@ -5,7 +5,7 @@
 //!
 //! Rules marked IEEE-safe give bit-identical results (NaN stays NaN, signed zeros kept) under
 //! the interpreter's semantics: every op rounds once to its result dtype. The others may
-//! change results and are used only under `fast_math`.
+//! change results and are used only under `RewriteOptions::non_ieee_rules`.
 
 use super::lang::{EG, ENode, Types};
 use crate::ir::dtype::{DType, Scalar};
@@ -188,14 +188,15 @@ struct Rule {
     name: &'static str,
     root: fn(&Op) -> bool,
     rule: RuleFn,
-    fast_math: bool,
+    /// Whether the rule can change IEEE results (a fast-math rule, named `fm-...`).
+    non_ieee: bool,
 }
 
 /// The rules in force: the IEEE-safe ones, plus the fast-math ones when asked.
-pub fn rules(fast_math: bool) -> Result<Vec<Rewrite<ENode, Types>>> {
+pub fn rules(non_ieee: bool) -> Result<Vec<Rewrite<ENode, Types>>> {
     RULES
         .iter()
-        .filter(|r| fast_math || !r.fast_math)
+        .filter(|r| non_ieee || !r.non_ieee)
         .map(|r| {
             Rewrite::new(
                 r.name,
@@ -212,7 +213,7 @@ pub fn rules(fast_math: bool) -> Result<Vec<Rewrite<ENode, Types>>> {
 
 /// The names of all rules, with whether each is fast-math only.
 pub fn rule_names() -> Vec<(&'static str, bool)> {
-    RULES.iter().map(|r| (r.name, r.fast_math)).collect()
+    RULES.iter().map(|r| (r.name, r.non_ieee)).collect()
 }
 
 macro_rules! rule {
@@ -221,7 +222,7 @@ macro_rules! rule {
             name: $name,
             root: |o| matches!(o, $root),
             rule: $f,
-            fast_math: false,
+            non_ieee: false,
         }
     };
     (fast $name:literal, $root:pat, $f:expr) => {
@@ -229,7 +230,7 @@ macro_rules! rule {
             name: $name,
             root: |o| matches!(o, $root),
             rule: $f,
-            fast_math: true,
+            non_ieee: true,
         }
     };
 }
