@@ -21,6 +21,7 @@ pub mod exec;
 pub mod ir;
 pub mod jit;
 pub mod kernel;
+pub mod kernels;
 pub mod layout;
 pub mod nn;
 pub mod optim;

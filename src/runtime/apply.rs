@@ -6,24 +6,9 @@ use super::hooks;
 use super::kernels;
 use crate::device::Device;
 use crate::ir::op::{Op, TensorType};
-use crate::ir::shape::{checked_numel, numel};
+use crate::ir::shape::numel;
 use crate::tensor::Tensor;
 use crate::{Result, bail};
-
-/// Refuses results whose bytes do not fit an allocation (rather than aborting in it). Views
-/// allocate nothing and are exempt: an expanded view may describe more than memory holds.
-fn check_size(t: &TensorType) -> Result<()> {
-    let fits = checked_numel(&t.shape).and_then(|n| crate::tensor::storage::byte_len(t.dtype, n));
-    if fits.is_err() {
-        bail!(
-            Value,
-            "a tensor of shape {:?} and dtype {} is too large to allocate",
-            t.shape,
-            t.dtype
-        );
-    }
-    Ok(())
-}
 
 /// Applies an op to tensors: the one entry point of eager execution. The op's shape rule
 /// (`Op::infer`, shared with the graph IR) checks the operands, then its kernel runs.
@@ -59,7 +44,7 @@ pub fn apply(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
         s.work(bytes, flops);
     }
     if !op.is_view() {
-        check_size(&out)?;
+        kernels::check_size(&out)?;
     }
     let device = inputs
         .iter()

@@ -6,14 +6,13 @@ pub mod control;
 pub mod cuda;
 mod display;
 pub mod interp;
-pub mod kernels;
-pub mod native;
 pub mod npy;
 mod ops;
 pub mod random;
 
 // Modules that moved below the runtime, at their old paths.
 pub use crate::device::{self, Device, cache};
+pub use crate::kernels::{self, native};
 pub use crate::layout;
 pub use crate::tensor::{access, element, hooks, storage, strided, threads};
 

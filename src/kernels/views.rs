@@ -4,7 +4,7 @@
 use super::copy;
 use crate::ir::op::{Op, TensorType};
 use crate::ir::shape::{wrap_dim, wrap_dims};
-use crate::runtime::tensor::Tensor;
+use crate::tensor::Tensor;
 use crate::{Result, bail};
 
 pub fn eval(op: &Op, x: &Tensor, out: &TensorType) -> Result<Tensor> {
@@ -22,9 +22,7 @@ pub fn eval(op: &Op, x: &Tensor, out: &TensorType) -> Result<Tensor> {
             None => {
                 let c = copy::contiguous(x)?;
                 let v = c.layout().view(&out.shape);
-                c.with_layout(
-                    v.unwrap_or_else(|| crate::runtime::layout::Layout::contiguous(&out.shape)),
-                )
+                c.with_layout(v.unwrap_or_else(|| crate::layout::Layout::contiguous(&out.shape)))
             }
         },
         Op::Permute { dims } => x.with_layout(l.permute(&wrap_dims(dims, x.dim())?)),
@@ -72,12 +70,12 @@ pub fn eval(op: &Op, x: &Tensor, out: &TensorType) -> Result<Tensor> {
             }
             let v = base.layout().view(&inter).unwrap_or_else(|| {
                 // unsqueezing size-1 dims always works as a view
-                crate::runtime::layout::Layout::contiguous(&inter)
+                crate::layout::Layout::contiguous(&inter)
             });
             let wide = base.with_layout(v.expand(&inter_target));
             // always a fresh buffer: repeat never aliases its input, even when it tiles once
             let c = copy::cast_new(&wide, wide.dtype())?;
-            c.with_layout(crate::runtime::layout::Layout::contiguous(&out.shape))
+            c.with_layout(crate::layout::Layout::contiguous(&out.shape))
         }
         _ => unreachable!("views::eval called with {}", op.name()),
     })

@@ -4,9 +4,9 @@ use crate::Result;
 use crate::dispatch;
 use crate::ir::dtype::Scalar;
 use crate::ir::op::{Op, TensorType};
-use crate::runtime::access;
-use crate::runtime::element::Element;
-use crate::runtime::tensor::Tensor;
+use crate::tensor::Tensor;
+use crate::tensor::access;
+use crate::tensor::element::Element;
 
 /// A scalar converted to `T` with cast semantics.
 #[inline]

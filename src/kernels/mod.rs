@@ -10,14 +10,16 @@ pub mod creation;
 pub mod einsum;
 pub mod index;
 pub mod linalg;
+pub mod native;
 pub mod pointwise;
 pub mod pool;
 pub mod reduce;
 pub(crate) mod views;
 
-use super::tensor::Tensor;
-use crate::Result;
 use crate::ir::op::{Op, TensorType};
+use crate::ir::shape::checked_numel;
+use crate::tensor::Tensor;
+use crate::{Result, bail};
 use std::any::TypeId;
 
 /// `s` as f32s, when `A` is f32: the way from a kernel generic over its element type to
@@ -41,6 +43,34 @@ pub(super) fn cast_vec<A: 'static>(v: Vec<f32>) -> Option<Vec<A>> {
     any.downcast::<Vec<A>>().ok().map(|b| *b)
 }
 
+/// Refuses results whose bytes do not fit an allocation (rather than aborting in it). Views
+/// allocate nothing and are exempt: an expanded view may describe more than memory holds.
+pub(crate) fn check_size(t: &TensorType) -> Result<()> {
+    let fits = checked_numel(&t.shape).and_then(|n| crate::tensor::storage::byte_len(t.dtype, n));
+    if fits.is_err() {
+        bail!(
+            Value,
+            "a tensor of shape {:?} and dtype {} is too large to allocate",
+            t.shape,
+            t.dtype
+        );
+    }
+    Ok(())
+}
+
+/// An op on CPU tensors straight to its kernel: the shape rule, the size check and the
+/// kernel, as `runtime::apply` runs them on the CPU, without its hooks and profiler span.
+/// For kernels made of other ops (einsum), which sit below `apply`.
+pub(crate) fn run(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
+    let types: Vec<TensorType> = inputs.iter().map(|t| t.ttype()).collect();
+    let refs: Vec<&TensorType> = types.iter().collect();
+    let out = op.infer(&refs)?;
+    if !op.is_view() {
+        check_size(&out)?;
+    }
+    eval(&op, inputs, &out)
+}
+
 /// Evaluates `op` on `inputs` with the eager reference kernels; `out` is the result type
 /// `Op::infer` gave.
 pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
@@ -52,7 +82,7 @@ pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
             "{} has several results: it runs through runtime::control, not as one kernel",
             op.name()
         ))),
-        Op::AllReduce { op } => match crate::runtime::hooks::COLLECTIVE.get() {
+        Op::AllReduce { op } => match crate::tensor::hooks::COLLECTIVE.get() {
             Some(f) => f(inputs[0], *op),
             None => Err(crate::Error::Distributed(
                 "all_reduce: the default process group has not been initialized (call distributed::init_process_group first)".into(),

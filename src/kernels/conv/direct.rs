@@ -16,8 +16,8 @@
 //! NCHW results leave a row at a time through a buffer.
 
 use super::Dims;
-use crate::runtime::strided::SendPtr;
-use crate::runtime::threads;
+use crate::tensor::strided::SendPtr;
+use crate::tensor::threads;
 use smelt_rt::tiles::{self, Operands, Span, Start};
 use std::cell::RefCell;
 

@@ -19,8 +19,8 @@ use super::attention::{
 };
 use crate::Result;
 use crate::ir::op::TensorType;
-use crate::runtime::native::chains;
-use crate::runtime::tensor::Tensor;
+use crate::kernels::native::chains;
+use crate::tensor::Tensor;
 use rayon::prelude::*;
 
 /// Evaluates the packed gradients of q, k and v over `inputs` (g, q, k, v, and the mask

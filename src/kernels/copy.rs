@@ -1,12 +1,13 @@
 //! Copies and casts: the kernels behind `contiguous`, `to(dtype)` and `copy_`.
 
-use crate::Result;
+use crate::device::Device;
 use crate::dispatch;
 use crate::ir::dtype::DType;
-use crate::runtime::access;
-use crate::runtime::element::Element;
-use crate::runtime::strided::map1;
-use crate::runtime::tensor::Tensor;
+use crate::tensor::Tensor;
+use crate::tensor::access;
+use crate::tensor::element::Element;
+use crate::tensor::strided::map1;
+use crate::{Result, bail};
 
 /// `x` itself when already contiguous, else a contiguous copy.
 pub fn contiguous(x: &Tensor) -> Result<Tensor> {
@@ -14,6 +15,41 @@ pub fn contiguous(x: &Tensor) -> Result<Tensor> {
         return Ok(x.clone());
     }
     cast_new(x, x.dtype())
+}
+
+/// The elements of a CPU tensor in row-major order, `T` its dtype: what `Tensor::to_vec`
+/// gives, for the kernels, which sit below the ops it goes through.
+pub fn to_vec<T: Element>(t: &Tensor) -> Result<Vec<T>> {
+    if T::DTYPE != t.dtype() {
+        bail!(
+            DType,
+            "to_vec: tensor has dtype {} but {} was asked for",
+            t.dtype(),
+            T::DTYPE
+        );
+    }
+    if t.device() != Device::Cpu {
+        bail!(
+            Device,
+            "to_vec: kernels read CPU tensors, not {} ones",
+            t.device()
+        );
+    }
+    contiguous(t)?.with_slice(|s: &[T]| s.to_vec())
+}
+
+/// The elements converted to f64, as `Tensor::to_f64_vec` (empty when they cannot be read).
+pub fn to_f64_vec(t: &Tensor) -> Vec<f64> {
+    dispatch!(t.dtype(), T => to_vec::<T>(t)
+        .map(|v| v.into_iter().map(Element::to_f64).collect())
+        .unwrap_or_default())
+}
+
+/// The elements converted to i64, as `Tensor::to_i64_vec` (empty when they cannot be read).
+pub fn to_i64_vec(t: &Tensor) -> Vec<i64> {
+    dispatch!(t.dtype(), T => to_vec::<T>(t)
+        .map(|v| v.into_iter().map(Element::to_i64).collect())
+        .unwrap_or_default())
 }
 
 /// `x.to(dtype)`: `x` itself when the dtype already matches, as in PyTorch.
@@ -96,5 +132,20 @@ pub fn clone_format(x: &Tensor) -> Result<Tensor> {
         to_channels_last(x)
     } else {
         cast_new(x, x.dtype())
+    }
+}
+
+/// [`to_f64_vec`] as a method, for the kernels' tests (`Tensor::to_f64_vec` goes through
+/// ops, on the floor above).
+#[cfg(test)]
+pub(crate) trait F64s {
+    /// The elements converted to f64.
+    fn f64s(&self) -> Vec<f64>;
+}
+
+#[cfg(test)]
+impl F64s for Tensor {
+    fn f64s(&self) -> Vec<f64> {
+        to_f64_vec(self)
     }
 }

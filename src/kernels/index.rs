@@ -11,11 +11,11 @@
 use super::copy::{cast_new, copy_into};
 use crate::ir::op::{Op, TensorType};
 use crate::ir::shape::{contiguous_strides, wrap_dim, wrap_dims};
-use crate::runtime::access;
-use crate::runtime::element::Element;
-use crate::runtime::layout::Layout;
-use crate::runtime::strided::{SendPtr, Walk};
-use crate::runtime::tensor::Tensor;
+use crate::layout::Layout;
+use crate::tensor::Tensor;
+use crate::tensor::access;
+use crate::tensor::element::Element;
+use crate::tensor::strided::{SendPtr, Walk};
 use crate::{DType, Error, Result, bail, dispatch};
 use std::cmp::Ordering;
 
@@ -568,7 +568,7 @@ pub fn index_tensor(x: &Tensor, idx: &Tensor) -> Result<Tensor> {
     }
     let size = x.shape()[0] as i64;
     let mut bases = Vec::with_capacity(idx.numel());
-    for v in idx.to_i64_vec() {
+    for v in super::copy::to_i64_vec(idx) {
         let w = if v < 0 { v + size } else { v };
         if !(0..size).contains(&w) {
             return Err(out_of_bounds(v, 0, size as usize));
@@ -674,8 +674,8 @@ pub fn sort(x: &Tensor, dim: i64, descending: bool) -> Result<(Tensor, Tensor)> 
                 }
             }
         };
-        if x.numel() >= crate::runtime::threads::eager_par_min() {
-            crate::runtime::threads::par_for(slices.len(), &|i| work(&slices[i]));
+        if x.numel() >= crate::tensor::threads::eager_par_min() {
+            crate::tensor::threads::par_for(slices.len(), &|i| work(&slices[i]));
         } else {
             slices.iter().for_each(work);
         }
@@ -696,7 +696,7 @@ pub fn topk(x: &Tensor, k: usize, dim: i64, largest: bool) -> Result<(Tensor, Te
     }
     let cut = |t: &Tensor| -> Result<Tensor> {
         let l = t.layout().narrow(d as i64, 0, k as i64)?;
-        t.with_layout(l).contiguous()
+        super::copy::contiguous(&t.with_layout(l))
     };
     Ok((cut(&v)?, cut(&i)?))
 }

@@ -12,12 +12,12 @@
 use crate::ir::dtype::DType;
 use crate::ir::op::{Op, ReduceOp, TensorType, reduction_dims};
 use crate::ir::shape::{contiguous_strides, numel, wrap_dim};
-use crate::runtime::access;
-use crate::runtime::element::Element;
-use crate::runtime::native::RowFold;
-use crate::runtime::strided::{PAR_THRESHOLD, SendPtr, Walk};
-use crate::runtime::tensor::Tensor;
-use crate::runtime::threads::Ranges;
+use crate::kernels::native::RowFold;
+use crate::tensor::Tensor;
+use crate::tensor::access;
+use crate::tensor::element::Element;
+use crate::tensor::strided::{PAR_THRESHOLD, SendPtr, Walk};
+use crate::tensor::threads::Ranges;
 use crate::{Result, bail, dispatch, dispatch_float};
 use half::{bf16, f16};
 use std::marker::PhantomData;
@@ -519,12 +519,12 @@ unsafe fn fold_block<T: Copy, R: Reducer<T>>(
 
 /// Splits `0..n` into chunks (edges on multiples of `align`) and runs `f` on each in parallel.
 fn par_chunks(n: usize, align: usize, f: impl Fn(usize, usize) + Sync) {
-    let chunks = (crate::runtime::threads::available() * 4).min(n / align);
-    crate::runtime::threads::par_each(&Ranges::new(n, chunks, align), &|_, lo, hi| f(lo, hi));
+    let chunks = (crate::tensor::threads::available() * 4).min(n / align);
+    crate::tensor::threads::par_each(&Ranges::new(n, chunks, align), &|_, lo, hi| f(lo, hi));
 }
 
 fn parallel_worth(work: usize) -> bool {
-    work >= crate::runtime::threads::eager_par_min() && crate::runtime::threads::available() > 1
+    work >= crate::tensor::threads::eager_par_min() && crate::tensor::threads::available() > 1
 }
 
 /// Runs reducer `r` over `dims` of `x`, into a new tensor of type `ty`.
@@ -567,7 +567,7 @@ fn drive<T: Num, R: Reducer<T>>(
             }
         });
     };
-    let threads = crate::runtime::threads::available();
+    let threads = crate::tensor::threads::available();
     if !parallel_worth(n_out.saturating_mul(n_in)) {
         run_outputs(0, n_out);
     } else if n_out >= 4 * threads || n_in < PAR_THRESHOLD {
@@ -580,7 +580,7 @@ fn drive<T: Num, R: Reducer<T>>(
                 let ranges = Ranges::new(n_in, (threads * 4).min(n_in / 1024), 64);
                 let mut parts: Vec<R::Acc> = vec![r.init(); ranges.count()];
                 let pp = SendPtr(parts.as_mut_ptr());
-                crate::runtime::threads::par_each(&ranges, &|c, lo, hi| unsafe {
+                crate::tensor::threads::par_each(&ranges, &|c, lo, hi| unsafe {
                     // each chunk writes its own slot
                     *pp.get().add(c) = fold_range(r, &inner, base.get() as *const T, lo, hi);
                 });
@@ -742,7 +742,7 @@ pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
             let d = one_dim(*dim)?;
             let log = matches!(op, Op::LogSoftmax { .. });
             if let [last] = d[..]
-                && let Some(r) = crate::runtime::native::softmax_f32(x, last, log)
+                && let Some(r) = crate::kernels::native::softmax_f32(x, last, log)
             {
                 return r;
             }
@@ -759,7 +759,7 @@ pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
             let wt = has_weight.then(|| inputs[1]);
             let bt = has_bias.then(|| inputs[1 + *has_weight as usize]);
             let len = normalized_shape.iter().product();
-            if let Some(r) = crate::runtime::native::layer_norm_f32(x, len, *eps, wt, bt) {
+            if let Some(r) = crate::kernels::native::layer_norm_f32(x, len, *eps, wt, bt) {
                 return r;
             }
             let w = has_weight.then(|| param(inputs[1]));
@@ -777,7 +777,7 @@ fn param(t: &Tensor) -> Vec<f64> {
     if t.numel() == 0 {
         vec![]
     } else {
-        t.to_f64_vec()
+        super::copy::to_f64_vec(t)
     }
 }
 
@@ -813,9 +813,9 @@ fn reduce(op: ReduceOp, x: &Tensor, dims: &[usize], out: &TensorType) -> Result<
                 } else {
                     RowFold::Sum
                 };
-                crate::runtime::native::row_fold_f32(x, n_in, fold, &t)
+                crate::kernels::native::row_fold_f32(x, n_in, fold, &t)
             } else {
-                crate::runtime::native::col_sum_f32(x, n_in, op == Mean, &t)
+                crate::kernels::native::col_sum_f32(x, n_in, op == Mean, &t)
             };
             match native {
                 Some(()) => Ok(t),
@@ -846,7 +846,7 @@ fn reduce(op: ReduceOp, x: &Tensor, dims: &[usize], out: &TensorType) -> Result<
             } else {
                 RowFold::Min
             };
-            match crate::runtime::native::row_fold_f32(x, n_in, fold, &t) {
+            match crate::kernels::native::row_fold_f32(x, n_in, fold, &t) {
                 Some(()) => Ok(t),
                 None => drive::<f32, _>(x, dims, out, &Extreme { max: op == Amax }),
             }

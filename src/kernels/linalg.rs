@@ -6,11 +6,11 @@
 use crate::ir::dtype::DType;
 use crate::ir::op::{Op, TensorType};
 use crate::ir::shape::numel;
-use crate::runtime::access;
-use crate::runtime::element::Element;
-use crate::runtime::kernels::copy::{cast_new, copy_into};
-use crate::runtime::strided::SendPtr;
-use crate::runtime::tensor::Tensor;
+use crate::kernels::copy::{cast_new, copy_into};
+use crate::tensor::Tensor;
+use crate::tensor::access;
+use crate::tensor::element::Element;
+use crate::tensor::strided::SendPtr;
 use crate::{Result, bail, dispatch};
 use half::f16;
 
@@ -116,7 +116,7 @@ unsafe fn gemm_batches<T: smelt_rt::gemm::GemmElem>(
 ) {
     let ptrs = (pa as *const T, pb as *const T, po as *mut T);
     let beta = accumulate.then_some(T::ONE);
-    let threads = crate::runtime::threads::available();
+    let threads = crate::tensor::threads::available();
     // SAFETY: as the caller promises.
     unsafe { smelt_rt::gemm::batches(product, ptrs, offs, beta, threads) }
 }
@@ -157,7 +157,7 @@ unsafe fn int_batches<T: Element>(
         }
     };
     if numel(&[rows, n, k]) >= PAR_FLOPS {
-        crate::runtime::threads::par_for(rows, &row);
+        crate::tensor::threads::par_for(rows, &row);
     } else {
         (0..rows).for_each(row);
     }

@@ -4,9 +4,10 @@
 //! `[batch, m, k] @ [batch, k, n]`; a final permute puts the output dims in order.
 
 use super::copy::cast_new;
+use super::run;
 use crate::ir::einsum::EinsumSpec;
 use crate::ir::op::{Op, ReduceOp, TensorType};
-use crate::runtime::tensor::{Tensor, apply};
+use crate::tensor::Tensor;
 use crate::{Error, Result};
 
 /// An intermediate: a tensor whose dims carry einsum labels.
@@ -105,10 +106,10 @@ fn sum_unneeded(x: Term, keep: &[&[usize]]) -> Result<Term> {
         dim: Some(dims.iter().map(|&d| d as i64).collect()),
         keepdim: false,
     };
-    let mut t = apply(sum, &[&x.t])?;
+    let mut t = run(sum, &[&x.t])?;
     if t.dtype() != dtype {
         // integer sums widen to int64; einsum keeps the operands' dtype
-        t = apply(Op::To { dtype }, &[&t])?;
+        t = run(Op::To { dtype }, &[&t])?;
     }
     let labels = x
         .labels
@@ -162,9 +163,9 @@ fn contract(a: Term, b: Term, later: &[usize]) -> Result<Term> {
     );
     let a3 = arrange(&a, &[&batch, &m, &k], &[prod(&bs), prod(&ms), prod(&ks)])?;
     let b3 = arrange(&b, &[&batch, &k, &n], &[prod(&bs), prod(&ks), prod(&ns)])?;
-    let c = apply(Op::Matmul, &[&a3, &b3])?;
+    let c = run(Op::Matmul, &[&a3, &b3])?;
     let shape: Vec<i64> = bs.iter().chain(&ms).chain(&ns).map(|&s| s as i64).collect();
-    let t = apply(Op::Reshape { shape }, &[&c])?;
+    let t = run(Op::Reshape { shape }, &[&c])?;
     let labels = batch.into_iter().chain(m).chain(n).collect();
     Ok(Term { t, labels })
 }
@@ -178,7 +179,7 @@ fn arrange(x: &Term, groups: &[&[usize]], shape: &[i64]) -> Result<Tensor> {
         .collect::<Option<_>>()
         .ok_or_else(|| Error::Value("einsum(): internal label mismatch".into()))?;
     let p = x.t.with_layout(x.t.layout().permute(&perm));
-    apply(
+    run(
         Op::Reshape {
             shape: shape.to_vec(),
         },

@@ -8,11 +8,11 @@
 //! against, and `--backend interp`) keeps the reference formulas: it runs in
 //! [`ReferenceMode`], which turns this path off on its thread.
 
-use super::access;
-use super::kernels::copy;
-use super::tensor::Tensor;
+use super::copy;
 use crate::ir::dtype::DType;
 use crate::ir::op::UnaryOp;
+use crate::tensor::Tensor;
+use crate::tensor::access;
 use smelt_rt::vmath::{self, StripOp};
 use std::cell::Cell;
 
@@ -67,7 +67,8 @@ const CHUNK: usize = 1 << 14;
 
 /// Whether a helper over `n` elements splits them across the threads.
 fn split(n: usize) -> bool {
-    n >= (2 * CHUNK).max(super::threads::eager_par_min()) && super::threads::available() > 1
+    n >= (2 * CHUNK).max(crate::tensor::threads::eager_par_min())
+        && crate::tensor::threads::available() > 1
 }
 
 /// `dst = u(x)` on the native helpers, when `u` has one, both are f32 of one shape, `dst`
@@ -211,7 +212,7 @@ pub(crate) fn row_fold_f32(x: &Tensor, n_in: usize, fold: RowFold, out: &Tensor)
     };
     let row = |row: &[f32]| fold.finish(fold.part(row), n_in);
     use rayon::prelude::*;
-    let threads = super::threads::available();
+    let threads = crate::tensor::threads::available();
     if !split(xs.len()) {
         for (y, r) in ys.iter_mut().zip(xs.chunks_exact(n_in)) {
             *y = row(r);
@@ -268,7 +269,7 @@ pub(crate) fn col_sum_f32(x: &Tensor, n_in: usize, mean: bool, out: &Tensor) -> 
             *y = (if mean { s / n_in as f64 } else { s }) as f32;
         }
     };
-    let threads = super::threads::available();
+    let threads = crate::tensor::threads::available();
     if !split(xs.len()) {
         block(0, ys);
     } else {
@@ -308,8 +309,8 @@ pub(crate) fn layer_norm_f32(
         return None;
     }
     let run = || -> crate::Result<Tensor> {
-        let wv = w.map(|t| t.to_vec::<f32>()).transpose()?;
-        let bv = b.map(|t| t.to_vec::<f32>()).transpose()?;
+        let wv = w.map(copy::to_vec::<f32>).transpose()?;
+        let bv = b.map(copy::to_vec::<f32>).transpose()?;
         map_rows(x, len, |x, y| {
             vmath::layer_norm(x, y, wv.as_deref(), bv.as_deref(), eps)
         })

@@ -5,8 +5,8 @@
 use super::{conv, copy, pool, views};
 use crate::ir::conv::{BatchNormAttrs, dropout_keep};
 use crate::ir::op::{Op, TensorType};
-use crate::runtime::element::Element;
-use crate::runtime::tensor::Tensor;
+use crate::tensor::Tensor;
+use crate::tensor::element::Element;
 use crate::{Result, bail};
 
 /// `x` with a batch dim of one in front (a view).
@@ -142,7 +142,9 @@ fn like(x: &Tensor, values: Vec<f64>) -> Result<Tensor> {
 fn batch_norm(bn: &BatchNormAttrs, inputs: &[&Tensor]) -> Result<Tensor> {
     use rayon::prelude::*;
     let x = inputs[0];
-    let [rm, rv, w, b] = bn.positions().map(|p| p.map(|i| inputs[i].to_f64_vec()));
+    let [rm, rv, w, b] = bn
+        .positions()
+        .map(|p| p.map(|i| copy::to_f64_vec(inputs[i])));
     let shape = x.shape().to_vec();
     let c = shape[1];
     let n = shape[0];
@@ -253,8 +255,7 @@ fn batch_norm(bn: &BatchNormAttrs, inputs: &[&Tensor]) -> Result<Tensor> {
 /// [`dropout_keep`] says, scaled by `1 / (1 - p)`.
 fn dropout(x: &Tensor, p: f64, seed: u64) -> Result<Tensor> {
     let scale = if p >= 1.0 { 0.0 } else { 1.0 / (1.0 - p) };
-    let ys = x
-        .to_f64_vec()
+    let ys = copy::to_f64_vec(x)
         .into_iter()
         .enumerate()
         .map(|(i, v)| {

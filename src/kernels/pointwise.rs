@@ -12,13 +12,13 @@ use crate::ir::op::{
     BinaryOp, Op, TensorType, UnaryOp, div_floor_float, div_floor_int, div_trunc_int,
 };
 use crate::ir::unary::{DTypeClass, WithFormula};
-use crate::runtime::access;
-use crate::runtime::element::{Element, round_to_dtype};
-use crate::runtime::kernels::copy;
-use crate::runtime::kernels::creation::scalar_to;
-use crate::runtime::layout::check_no_overlap;
-use crate::runtime::strided::{Walk, map1, map2, map3};
-use crate::runtime::tensor::Tensor;
+use crate::kernels::copy;
+use crate::kernels::creation::scalar_to;
+use crate::layout::check_no_overlap;
+use crate::tensor::Tensor;
+use crate::tensor::access;
+use crate::tensor::element::{Element, round_to_dtype};
+use crate::tensor::strided::{Walk, map1, map2, map3};
 use crate::{Error, Result, bail, dispatch, dispatch_float, dispatch_int};
 use smelt_rt::scalar::pow_int as pow_i64;
 use std::marker::PhantomData;
@@ -275,7 +275,7 @@ fn unary(op: UnaryOp, x: &Tensor, dst: &Tensor) -> Result<()> {
     // The result dtype is the computation dtype (`exp(int)` computes in f32).
     let d = dst.dtype();
     let x = copy::cast(x, d)?;
-    if crate::runtime::native::unary_f32(op, &x, dst).is_some() {
+    if crate::kernels::native::unary_f32(op, &x, dst).is_some() {
         return Ok(());
     }
     dispatch_float!(d, T => op.with_formula(FloatLoop::<T> { x: &x, dst, t: PhantomData }),
@@ -323,7 +323,8 @@ fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, dst: &Tensor) -> Result<()> {
     use BinaryOp::*;
     let c = op.compute_dtype(&a.ttype(), &b.ttype())?;
     // PyTorch refuses `int_tensor ** -2` (a Python int exponent), not a tensor exponent.
-    if op == Pow && !c.is_float() && b.is_wrapped_number() && b.to_i64_vec().first() < Some(&0) {
+    if op == Pow && !c.is_float() && b.is_wrapped_number() && copy::to_i64_vec(b).first() < Some(&0)
+    {
         bail!(
             Value,
             "Integers to negative integer powers are not allowed."

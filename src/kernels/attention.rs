@@ -10,12 +10,12 @@
 use super::copy;
 use super::{f32s, f32s_mut};
 use crate::ir::dtype::DType;
-use crate::ir::op::TensorType;
+use crate::ir::op::{Op, TensorType};
 use crate::ir::shape::numel;
-use crate::runtime::Element;
-use crate::runtime::access;
-use crate::runtime::native::chains;
-use crate::runtime::tensor::Tensor;
+use crate::kernels::native::chains;
+use crate::tensor::Tensor;
+use crate::tensor::access;
+use crate::tensor::element::Element;
 use crate::{Result, bail};
 use rayon::prelude::*;
 
@@ -163,7 +163,7 @@ impl Mask {
         let dense = copy::contiguous(mask)?;
         let mut full: Vec<i64> = batch_shape.iter().map(|&d| d as i64).collect();
         full.extend([l as i64, s as i64]);
-        let view = dense.expand(&full)?;
+        let view = super::run(Op::Expand { size: full }, &[&dense])?;
         let st: Vec<usize> = view.strides().to_vec();
         let nb = batch_shape.len();
         let batch_off = (0..numel(batch_shape))
@@ -177,7 +177,7 @@ impl Mask {
                 off
             })
             .collect();
-        let values = dense.to_f64_vec();
+        let values = copy::to_f64_vec(&dense);
         let data = if dense.dtype().is_bool() {
             MaskData::Bool(values.iter().map(|&x| x != 0.0).collect())
         } else {
@@ -337,7 +337,7 @@ impl<A> Rows<'_, A> {
 /// of `A` whose last dim is dense is read where it lies (the heads of a fused projection,
 /// sliced and permuted, need no copy); any other is copied contiguous first. One lock
 /// covers them all (they may share a storage: self-attention passes one tensor thrice).
-fn with_rows<A: crate::runtime::Element, const N: usize, R>(
+fn with_rows<A: crate::tensor::element::Element, const N: usize, R>(
     ts: [&Tensor; N],
     f: impl FnOnce([Rows<'_, A>; N]) -> R,
 ) -> Result<R> {
