@@ -115,8 +115,8 @@ impl ExpLe0 for f32 {
     /// The compiled kernels' native exp strips where the CPU has them (16 or 8 lanes, no
     /// call per element: `floor` above is a libm call on baseline x86-64), else the loop.
     /// Below -87 both give 0: the strips would compute subnormals there, a microcode assist
-    /// per element on x86 (scores of large magnitude made a layer's attention 2-6x slower),
-    /// for weights that vanish next to the row's largest, which is 1.
+    /// per element on x86 (which rows of scores of large magnitude would pay on most of
+    /// their elements), for weights that vanish next to the row's largest, which is 1.
     #[inline(always)]
     fn exp_le0_all(xs: &mut [f32]) {
         if smelt_rt::vmath::available() {

@@ -104,11 +104,12 @@ fn batch_grads<A: Acc>(
             continue;
         }
         let (p, dp) = (&mut p[..rows * end], &mut dp[..rows * end]);
-        // SAFETY (every GEMM below): p and dp hold rows × end; q, g and dq hold rows rows
-        // of E (or Ev) from i0; k and v end rows of E (or Ev), dk and dv too.
         if d.e == 0 {
             p.iter_mut().for_each(|x| *x = A::ZERO);
         } else {
+            // SAFETY: `gemm_into`'s contract: p holds rows × end (row stride end); q holds `rows`
+            // rows of E from row i0 of batch b; kt is the S × E scaled keys, transposed, read
+            // for `end <= S` columns.
             unsafe {
                 gemm_into(
                     (rows, end, d.e),
@@ -127,6 +128,9 @@ fn batch_grads<A: Acc>(
         if d.ev == 0 {
             dp.iter_mut().for_each(|x| *x = A::ZERO);
         } else {
+            // SAFETY: as above: dp holds rows × end; g holds `rows` rows of Ev from i0; vt is Ev
+            // × S, read for `end` columns; dv holds S rows of Ev, of which the first `end` are
+            // written; p (rows × end) is read transposed through strides (1, end).
             unsafe {
                 gemm_into(
                     (rows, end, d.ev),
@@ -164,6 +168,9 @@ fn batch_grads<A: Acc>(
             }
         }
         if d.e > 0 {
+            // SAFETY: as above: dq from row i0 holds `rows` rows of E; dp holds rows × end; k holds
+            // S >= end rows of E; dk holds S rows of E, the first `end` written; q holds `rows`
+            // rows of E from i0.
             unsafe {
                 // dQ = scale · dS · K[..end]
                 gemm_into(

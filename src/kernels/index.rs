@@ -668,6 +668,9 @@ pub fn sort(x: &Tensor, dim: i64, descending: bool) -> Result<(Tensor, Tensor)> 
                 row.sort_by(|a, b| sort_cmp(a.0, b.0));
             }
             for (j, (v, i)) in row.into_iter().enumerate() {
+                // SAFETY: `j < n`: position `bo + j·os` of this slice in the fresh `vals` and
+                // `inds`, which hold x's shape; slices start at distinct `bo`, so the parallel
+                // slices write disjoint elements.
                 unsafe {
                     *pv.get().add(bo + j * os) = v;
                     *pi.get().add(bo + j * os) = i;

@@ -138,6 +138,11 @@ unsafe fn int_batches<T: Element>(
         SendPtr(po as *mut T),
     );
     let rows = offs.len() * m;
+    // SAFETY: `r < offs.len()·m`, so `offs[r / m]` is a batch and `i = r % m` one of its
+    // rows; every element read, a + i·ars + l·acs and b + l·brs + j·bcs (l < k, j < n), and
+    // updated, o + i·n + j, is inside the batch's operands (`gemm_batches`' contract, which
+    // is this fn's); the batches' outputs are distinct blocks of the fresh output, so each
+    // output row is updated by one call of `row` only.
     let row = |r: usize| unsafe {
         let [o, a, b] = offs[r / m];
         let i = r % m;

@@ -182,10 +182,10 @@ fn run1<A: Element, O: Element>(dst: &Tensor, a: &Tensor, f: impl Fn(A) -> O + S
     check_operand::<A>(a, dst.shape())?;
     let sa = a.layout().broadcast_strides(dst.shape());
     let acc = access::lock(&[a], &[dst]);
-    // SAFETY (here and in run2/run3): dtypes and shapes were checked, so every index lies
-    // inside its operand's layout, which lies inside its storage; `dst` has no internal
-    // overlap; an input sharing `dst`'s storage has exactly its layout, so each element is
-    // read before it is written.
+    // SAFETY: dtypes and shapes were checked, so every index lies inside its operand's
+    // layout, which lies inside its storage; `dst` has no internal overlap; an input
+    // sharing `dst`'s storage has exactly its layout, so each element is read before it is
+    // written. (run2 and run3 refer to this comment.)
     unsafe {
         map1(
             dst.shape(),

@@ -457,6 +457,9 @@ unsafe fn fold_range<T: Copy, R: Reducer<T>>(
 ) -> R::Acc {
     let mut acc = r.init();
     let mut pos = lo;
+    // SAFETY: every position of the walk from `base` is in bounds (this fn's contract), and
+    // the walk hands out runs `b + i·s`, i < len, of those positions: the slice of `len`
+    // (s == 1) and each strided element are inside `x`.
     walk.run_range(lo, hi, &mut |[b], len, [s]| unsafe {
         let p = base.add(b);
         if s == 1 {
@@ -490,6 +493,9 @@ unsafe fn fold_block<T: Copy, R: Reducer<T>>(
     lanes.fill(r.init());
     let mut pos = 0;
     let w = lanes.len();
+    // SAFETY: by this fn's contract every position of the walk is in bounds for each base
+    // `base..base + w`; row i of a run is the `w` contiguous elements at `base + b + i·s`,
+    // one per base, so each slice lies inside `x`.
     walk.run_range(0, n, &mut |[b], len, [s]| unsafe {
         let row = |i: usize| std::slice::from_raw_parts(base.add(b + i * s), w);
         let mut i = 0;
@@ -513,6 +519,8 @@ unsafe fn fold_block<T: Copy, R: Reducer<T>>(
         pos += len;
     });
     for (j, &a) in lanes.iter().enumerate() {
+        // SAFETY: `j < lanes.len()`, and `o` is valid for `lanes.len()` outputs `so` apart (this
+        // fn's contract).
         unsafe { *o.add(j * so) = r.finish(a, n) };
     }
 }
@@ -546,9 +554,12 @@ fn drive<T: Num, R: Reducer<T>>(
     let acc = access::lock(&[x], &[&out]);
     let px = SendPtr(acc.read::<T>(0) as *mut T);
     let po = SendPtr(acc.write::<R::Out>(0));
-    // SAFETY (all blocks below): the walks stay inside x's layout and the contiguous output;
-    // parallel chunks write disjoint output elements.
     let run_outputs = |lo: usize, hi: usize| {
+        // SAFETY: the outer walk's positions `bo + i·so` lie in the contiguous output and
+        // `bx + i·sx` in x's layout (both from `split` of the shapes the lock covers); each
+        // reduced walk from there stays in x's layout, as `fold_range` and `fold_block`
+        // require; parallel chunks (`par_chunks`) get disjoint output ranges, so no output
+        // element is written twice.
         outer.run_range(lo, hi, &mut |[bo, bx], len, [so, sx]| unsafe {
             let (o, xb) = (po.get().add(bo), (px.get() as *const T).add(bx));
             let mut i = 0;
@@ -576,15 +587,22 @@ fn drive<T: Num, R: Reducer<T>>(
         // Few outputs, long reductions: partial accumulators over chunks of the reduced range.
         outer.run_range(0, n_out, &mut |[bo, bx], len, [so, sx]| {
             for i in 0..len {
+                // SAFETY: `bx + i·sx`, i < len, is a position of the outer walk over x's layout,
+                // the start of output i's reduced walk: inside x.
                 let base = SendPtr(unsafe { px.get().add(bx + i * sx) });
                 let ranges = Ranges::new(n_in, (threads * 4).min(n_in / 1024), 64);
                 let mut parts: Vec<R::Acc> = vec![r.init(); ranges.count()];
                 let pp = SendPtr(parts.as_mut_ptr());
+                // SAFETY: `c < ranges.count() == parts.len()`, so each chunk writes its own slot of
+                // `parts`, which outlives `par_each`; `lo..hi` is a range of the reduced walk from
+                // `base`, inside x (as above).
                 crate::tensor::threads::par_each(&ranges, &|c, lo, hi| unsafe {
                     // each chunk writes its own slot
                     *pp.get().add(c) = fold_range(r, &inner, base.get() as *const T, lo, hi);
                 });
                 let a = parts.into_iter().fold(r.init(), |a, b| r.merge(a, b));
+                // SAFETY: `bo + i·so` is output i's position in the contiguous output, which the
+                // lock lends to this thread alone (this branch runs the outer walk serially).
                 unsafe { *po.get().add(bo + i * so) = r.finish(a, n_in) };
             }
         });

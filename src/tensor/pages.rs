@@ -1,9 +1,9 @@
 //! Zeroed host blocks for storages. Blocks of [`HUGE_MIN`] bytes or more are mapped on
 //! their own on Linux, aligned to 2 MiB and marked for transparent huge pages (which the
-//! kernel's `madvise` mode of THP waits for): a kernel streaming a 64 MiB buffer took a TLB
-//! miss every 4 KiB, and eager softmax over one went from 8.3-9.0 to 5.8-6.2 ms
-//! (BENCHMARKS.md). Smaller blocks come from the
-//! global allocator. `SMELT_HUGE_PAGES=0` maps large blocks with ordinary pages.
+//! kernel's `madvise` mode of THP waits for): with 4 KiB pages a kernel streaming a large
+//! buffer takes a TLB miss every 4 KiB, with huge pages one every 2 MiB (the figures are in
+//! BENCHMARKS.md's history). Smaller blocks come from the global allocator.
+//! `SMELT_HUGE_PAGES=0` maps large blocks with ordinary pages.
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;

@@ -44,6 +44,8 @@ pub struct Storage {
 // SAFETY: the buffer is only read under `lock.read()` and written under `lock.write()`
 // (see `read`/`write`), and the memory itself is plain data owned by the storage.
 unsafe impl Send for Storage {}
+// SAFETY: as for `Send`: shared references reach the bytes only through `read` and
+// `write`, which hold `lock` for reading or writing.
 unsafe impl Sync for Storage {}
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -388,9 +390,10 @@ pub(crate) mod pool {
     use std::sync::Mutex;
 
     /// Smaller buffers come from malloc's own free lists cheaply. Above this size, a chunk
-    /// malloc recycles comes back cleared by a `memset` (`alloc_zeroed`): with the bar at
-    /// 1 MiB, that was 4.5% of the eager GPT step of `cargo bench --bench models`, whose
-    /// activations are [1024, 96] and [1024, 384] f32s (the step: 31-34 -> 29-30 ms).
+    /// malloc recycles comes back cleared by a `memset` (`alloc_zeroed`), so the pool keeps
+    /// buffers from here up: the activations of a small model's eager step, a few hundred
+    /// KiB each, are then reused rather than cleared again (the figures are in
+    /// BENCHMARKS.md's history).
     pub(crate) const MIN_BYTES: usize = 1 << 16;
     /// At most this much freed memory is held.
     const MAX_BYTES: usize = 512 << 20;

@@ -13,6 +13,8 @@ pub const PAR_THRESHOLD: usize = 1 << 15;
 pub struct SendPtr<T>(pub *mut T);
 // SAFETY: only used by kernels whose parallel chunks touch disjoint elements.
 unsafe impl<T> Send for SendPtr<T> {}
+// SAFETY: as for `Send`: a shared `SendPtr` only yields a copy of the pointer (`get`);
+// the kernels that share one write disjoint elements through it.
 unsafe impl<T> Sync for SendPtr<T> {}
 
 impl<T> SendPtr<T> {
@@ -152,6 +154,10 @@ pub unsafe fn map1<A: Copy, O: Copy>(
     f: impl Fn(A) -> O + Sync,
 ) {
     let (po, pa) = (SendPtr(out.0), SendPtr(a.0 as *mut A));
+    // SAFETY: every index reachable through `shape` and the strides is in bounds (this fn's
+    // contract), and the walk hands out exactly those: runs `bo + i·so`, `ba + i·sa`,
+    // i < len; `out` does not alias itself, and `par_run` gives each chunk disjoint
+    // positions of the walk, so no output element is written twice.
     Walk::new(shape, [out.1, a.1]).par_run(|[bo, ba], len, [so, sa]| unsafe {
         let (o, a) = (po.get().add(bo), pa.get().add(ba) as *const A);
         if so == 1 && sa == 1 {
@@ -184,6 +190,8 @@ pub unsafe fn map2<A: Copy, B: Copy, O: Copy>(
         SendPtr(a.0 as *mut A),
         SendPtr(b.0 as *mut B),
     );
+    // SAFETY: as in `map1`, with a third operand: every index of the walk is in bounds,
+    // and chunks write disjoint output elements.
     Walk::new(shape, [out.1, a.1, b.1]).par_run(|[bo, ba, bb], len, [so, sa, sb]| unsafe {
         let (o, a, b) = (
             po.get().add(bo),
@@ -238,6 +246,7 @@ pub unsafe fn map3<A: Copy, B: Copy, C: Copy, O: Copy>(
         SendPtr(c.0 as *mut C),
     );
     Walk::new(shape, [out.1, a.1, b.1, c.1]).par_run(
+        // SAFETY: as in `map1`, with four operands.
         |[bo, ba, bb, bc], len, [so, sa, sb, sc]| unsafe {
             let o = po.get().add(bo);
             let (a, b, c) = (pa.get().add(ba), pb.get().add(bb), pc.get().add(bc));

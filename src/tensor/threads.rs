@@ -11,15 +11,16 @@ thread_local! {
     static SERIAL: Cell<bool> = const { Cell::new(false) };
 }
 
-/// [`eager_par_min`] out of a compiled call: the eager GPT step of `cargo bench --bench
-/// models` took 27.4-30.5 ms with the bar at 2^17 elements, 29.7-33.4 at 2^15 and 31.1-32.1
-/// at 2^19 (2 threads, the three taking turns).
+/// [`eager_par_min`] out of a compiled call: high enough that a kernel split over the pool
+/// pays for waking its sleeping workers, low enough that the activations of a small
+/// model's eager step are still split (the measurements that chose it are in
+/// BENCHMARKS.md's history).
 const EAGER_PAR_MIN: usize = 1 << 17;
 
 /// Eager kernels with fewer elements than this run on the calling thread. Between eager ops
-/// the pool's workers go to sleep, and a kernel handed to them pays for waking them:
-/// splitting an f32 `mul` over two threads gained nothing below 2^18 elements even in a tight
-/// loop of them (`mul` of 2^15 elements: 3.9 µs on one thread, 15.7 µs on two). Inside a
+/// the pool's workers go to sleep, and a kernel handed to them pays for waking them: for a
+/// cheap elementwise op on a small tensor that costs more than the split saves, even in a
+/// tight loop of such ops. Inside a
 /// [`hot`] call (an extern step of a compiled graph), the workers poll and the bar is lower.
 pub fn eager_par_min() -> usize {
     smelt_rt::hot::par_min(EAGER_PAR_MIN)

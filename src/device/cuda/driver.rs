@@ -148,6 +148,8 @@ pub struct Module {
 
 // SAFETY: a CUmodule handle may be used from any thread with its context current.
 unsafe impl Send for Module {}
+// SAFETY: as for `Send`: `&Module` only passes the handle to driver calls, which
+// are thread-safe for a handle with its context current.
 unsafe impl Sync for Module {}
 
 impl Module {
@@ -183,6 +185,7 @@ pub struct Function {
 
 // SAFETY: a CUfunction handle may be used from any thread with its context current.
 unsafe impl Send for Function {}
+// SAFETY: as for `Send`: a shared `Function` is a copyable handle that is only read.
 unsafe impl Sync for Function {}
 
 impl Function {
@@ -270,6 +273,8 @@ pub struct PinnedHost {
 // SAFETY: the block is plain host memory owned by this value; the storage that holds it
 // serialises access to the bytes.
 unsafe impl Send for PinnedHost {}
+// SAFETY: as for `Send`: `&PinnedHost` hands out the pointer only; the storage that
+// holds it serialises access to the bytes.
 unsafe impl Sync for PinnedHost {}
 
 impl PinnedHost {

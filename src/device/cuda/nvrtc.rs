@@ -40,6 +40,8 @@ struct Api {
 // SAFETY: the function pointers and the library handle are immutable after loading, and NVRTC
 // programs are never shared between threads (each compile owns its own).
 unsafe impl Send for Api {}
+// SAFETY: as for `Send`: the table is immutable after loading, and the NVRTC entry
+// points it holds are thread-safe for distinct programs.
 unsafe impl Sync for Api {}
 
 static API: OnceLock<std::result::Result<Api, String>> = OnceLock::new();
@@ -301,9 +303,9 @@ fn read_bytes(a: &Api, prog: Prog, size: SizeFn, data: DataFn) -> Result<Vec<u8>
     check(a, unsafe { size(prog, &mut n) }, "nvrtc size query")?;
     let mut buf = vec![0u8; n];
     if n > 0 {
-        // SAFETY: `buf` holds the `n` bytes NVRTC reported.
         check(
             a,
+            // SAFETY: a live program, and `buf` holds the `n` bytes NVRTC reported for it.
             unsafe { data(prog, buf.as_mut_ptr().cast()) },
             "nvrtc read",
         )?;

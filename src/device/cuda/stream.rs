@@ -24,6 +24,8 @@ struct Inner {
 
 // SAFETY: a stream handle may be used from any thread with its context current.
 unsafe impl Send for Inner {}
+// SAFETY: as for `Send`: shared, the stream handle is only passed to driver calls,
+// which may be made from any thread with the context current.
 unsafe impl Sync for Inner {}
 
 impl Drop for Inner {
@@ -224,6 +226,8 @@ impl std::fmt::Debug for Event {
 
 // SAFETY: an event handle may be used from any thread with its context current.
 unsafe impl Send for Event {}
+// SAFETY: as for `Send`: shared, the event handle is only passed to driver calls,
+// which may be made from any thread with the context current.
 unsafe impl Sync for Event {}
 
 impl Event {
