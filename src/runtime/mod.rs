@@ -1,4 +1,7 @@
-//! Eager execution: tensors, storage, layouts and the reference kernels.
+//! Eager execution: `apply`, the `Tensor` methods of every op, reading elements out and
+//! printing, the graph interpreter, control flow, `.npy`, random numbers and tensors on GPUs
+//! (`cuda::tensor`, cuDNN). The floors below it (`device`, `layout`, `tensor`, `kernels`)
+//! are re-exported here at their old paths.
 
 mod apply;
 mod bytes;
