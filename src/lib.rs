@@ -4,6 +4,7 @@
 //! `ir::op`, are what graphs are built from.
 
 #![warn(missing_docs)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 #[macro_use]
 pub mod macros;

@@ -14,9 +14,9 @@ use crate::ir::dtype::DType;
 use crate::ir::shape::numel;
 use crate::kernel::{Combiner, Expr, IndexMap, Kernel, Level, Schedule, Store};
 use crate::{Result, bail};
-use vector_loops::{Lane, Walk};
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use vector_loops::{Lane, Walk};
 
 mod vector_loops;
 
