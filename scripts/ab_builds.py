@@ -48,7 +48,7 @@ def main():
     ap.add_argument("models", nargs="*", help=".smelt files (default: the peer workloads)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=20)
-    a = ap.parse_args()
+    a = ap.parse_intermixed_args()
     tmp = tempfile.mkdtemp(prefix="smelt-ab-")
     models = {os.path.basename(m): m for m in a.models}
     if not models:
