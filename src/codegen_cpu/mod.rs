@@ -1,6 +1,7 @@
 //! CPU backend: kernels lowered to Cranelift machine code (the executor that runs a compiled
 //! schedule is [`crate::exec::cpu`]).
 
+mod generator;
 pub mod helpers;
 pub mod jit;
 pub mod linker;

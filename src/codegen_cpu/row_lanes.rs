@@ -19,7 +19,8 @@
 //! lanes then take their sums from there. The helper adds in the lanes' order, so the results do
 //! not change.
 
-use super::lower::{Body, Gen, RowPlan, flags};
+use super::generator::{Body, Gen, RowPlan};
+use super::lower::flags;
 use super::vector::VAcc;
 use super::vmath;
 use crate::DType;

@@ -6,7 +6,8 @@
 //! Only for a one-dimensional inner space after coalescing (the flat position is the loop
 //! index) and rows of at most [`ROW_CACHE_BYTES`] in all.
 
-use super::lower::{Body, Gen, cty, flags};
+use super::generator::{Body, Gen};
+use super::lower::{cty, flags};
 use crate::Result;
 use crate::ir::op::BinaryOp;
 use crate::ir::unary::Cost;

@@ -11,7 +11,8 @@
 //! - f16/bf16: held exactly in f32; every op computes in f64 as above and rounds once from f64
 //!   (helper), which reproduces the eager result bit for bit.
 
-use super::lower::{Acc, ERR_ZERO_DIV, Gen, cty, flags};
+use super::generator::{Acc, Gen};
+use super::lower::{ERR_ZERO_DIV, cty, flags};
 use super::math;
 use crate::Result;
 use crate::dispatch;

@@ -10,7 +10,7 @@
 //! A softmax fused with what computes its input, or with what reads its output, keeps the
 //! generic lowering.
 
-use super::lower::Gen;
+use super::generator::Gen;
 use super::strip::MIN_STRIP_ROW;
 use super::vmath;
 use crate::Result;

@@ -8,7 +8,7 @@
 //! the next kernel reads it. The runtime fences after each call of a kernel that streams
 //! ([`super::lower::CpuKernel::run_rows`]), so its results are visible once it returns.
 
-use super::lower::{Body, Gen};
+use super::generator::{Body, Gen};
 use super::strip::{STRIP, STRIP_STACK_BYTES};
 use super::vmath;
 use crate::Result;

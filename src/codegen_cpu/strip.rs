@@ -16,7 +16,7 @@
 //! sums add in another order (in f64, far below f32 precision) and a maximum of `-0` and
 //! `+0` may come out as either.
 
-use super::lower::{Body, Gen};
+use super::generator::{Body, Gen};
 use super::vmath::{self, StripOp};
 use crate::Result;
 use crate::ir::dtype::DType;

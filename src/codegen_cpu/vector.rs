@@ -5,7 +5,8 @@
 //! compare + bitselect and keep PyTorch's NaN propagation; sums accumulate in f64 lanes
 //! (`f32_lane_sums`: f32 lanes), merged lane by lane into the scalar accumulator before the tail.
 
-use super::lower::{Body, Gen, flags};
+use super::generator::{Body, Gen};
+use super::lower::flags;
 use super::math;
 use crate::Result;
 use crate::ir::dtype::DType;
