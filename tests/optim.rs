@@ -107,8 +107,17 @@ fn sgd_momentum_by_hand() {
     p.set_grad(Some(grad(&[1.0], DType::F64)));
     opt.step().unwrap();
     assert_close(&p.to_f64_vec(), &[0.9], near(1e-15), "step 1");
+    // as in PyTorch, the buffer is one tensor updated in place: a handle taken after the
+    // first step sees the second
+    let first = opt.momentum_buffer(0).unwrap().clone();
     opt.step().unwrap();
     assert_close(&p.to_f64_vec(), &[0.71], near(1e-15), "step 2");
+    assert_close(
+        &first.to_f64_vec(),
+        &[1.9],
+        near(1e-15),
+        "the buffer taken at step 1",
+    );
     let buf = opt.momentum_buffer(0).unwrap();
     assert_close(&buf.to_f64_vec(), &[1.9], near(1e-15), "momentum buffer");
     // The grad itself is untouched by the momentum buffer updates.

@@ -85,14 +85,20 @@ impl Optimizer for SGD {
             };
             // the new parameter is written into `p` itself
             let (_, new_buf) = rule::sgd(&mut TensorOps, &c, p, &grad, buf.as_ref(), c.lr)?;
-            *buf = match new_buf {
+            *buf = match (buf.take(), new_buf) {
+                // The buffer keeps its identity across steps, as PyTorch's does: a tensor
+                // taken from `momentum_buffer` sees every later step.
+                (Some(old), Some(b)) => {
+                    old.copy_(&b)?;
+                    Some(old)
+                }
                 // A fresh buffer: it must not alias the gradient it starts from.
-                Some(b) if buf.is_none() => {
+                (None, Some(b)) => {
                     let own = Tensor::zeros(p.shape(), p.dtype());
                     own.copy_(&b)?;
                     Some(own)
                 }
-                b => b,
+                (_, None) => None,
             };
         }
         Ok(())
