@@ -172,10 +172,11 @@ fn evaluate(
         Backend::Cpu => Device::Cpu,
         Backend::Cuda => Device::Cuda(0),
     };
-    let opts = CompileOptions::default().fused(!no_fuse);
-    // The interpreter's binding gives the same messages on every backend.
+    // Compiled first, so that a missing device is the error even without inputs; then the
+    // interpreter's binding gives the same messages on every backend.
+    let f = exec::compile(g, device, &CompileOptions::default().fused(!no_fuse))?;
     let ordered = interp::ordered_inputs(g, inputs)?;
-    exec::compile(g, device, &opts)?.call_from_host(&ordered)
+    f.call_from_host(&ordered)
 }
 
 fn dot(a: &DotArgs) -> Result<()> {
