@@ -127,3 +127,85 @@ fn a_fresh_process_loads_without_cranelift() {
     assert_eq!(functions, 0.0, "a cached model runs no Cranelift");
     assert_eq!(diff, diff2);
 }
+
+/// `smelt ARGS` with the disk cache in `cache`, and `SMELT_CACHE_MAX_BYTES=limit` if given.
+fn smelt_cached(
+    cache: &std::path::Path,
+    limit: Option<u64>,
+    args: &[&str],
+) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_smelt"));
+    c.args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("SMELT_CACHE_DIR", cache)
+        .env_remove("SMELT_CACHE_MAX_BYTES");
+    if let Some(l) = limit {
+        c.env("SMELT_CACHE_MAX_BYTES", l.to_string());
+    }
+    c
+}
+
+#[test]
+fn processes_share_whole_entries_and_the_cache_command_shows_evicts_and_clears_them() {
+    let dir = temp_dir("processes");
+    let cache = dir.join("cache");
+    let x = dir.join("x.npy");
+    smelt::runtime::npy::write_npy(&x, &smelt::Tensor::randn(&[8, 16], None).unwrap()).unwrap();
+    let input = format!("x={}", x.display());
+    let run = |out: &str, limit: Option<u64>| {
+        let out = dir.join(out).display().to_string();
+        let args = [
+            "run",
+            "examples/models/softmax.smelt",
+            "--input",
+            &input,
+            "--out",
+            &out,
+        ];
+        smelt_cached(&cache, limit, &args)
+    };
+    // two processes compile the same model into the same entry at once
+    let children: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|o| run(o, None).spawn().unwrap())
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let read = |o: &str| std::fs::read(dir.join(o).join("out0.npy")).unwrap();
+    assert_eq!(read("a"), read("b"));
+    let stats = |limit| {
+        let out = smelt_cached(&cache, limit, &["cache", "stats"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let s = stats(None);
+    assert!(s.contains("cpu: 1 entries"), "{s}");
+    assert!(s.contains("of at most 1073741824"), "{s}");
+    // no writer's temporary file is left behind
+    let names: Vec<String> = std::fs::read_dir(cache.join("cpu"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| n.ends_with(".bin")), "{names:?}");
+    // a third process loads the entry and computes the same outputs
+    assert!(run("c", None).status().unwrap().success());
+    assert_eq!(read("c"), read("a"));
+    let out = smelt_cached(&cache, None, &["cache", "clear"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("removed 1 entries"));
+    assert!(stats(None).contains("total: 0 entries"));
+    // under a limit smaller than one entry, a write evicts everything, itself included
+    assert!(run("d", Some(1)).status().unwrap().success());
+    assert_eq!(read("d"), read("a"));
+    let s = stats(Some(1));
+    assert!(s.contains("total: 0 entries, 0 bytes of at most 1 "), "{s}");
+}

@@ -3,6 +3,7 @@
 //! Graphviz (`dot`). Errors print as `error: ...` and exit with status 1; usage errors exit
 //! with status 2.
 
+pub mod cache;
 pub mod check;
 pub mod compile;
 pub mod grad;
@@ -48,6 +49,8 @@ pub enum Command {
     Compile(compile::CompileArgs),
     /// Time a graph eager, compiled unfused and compiled fused, kernel by kernel.
     Profile(profile::ProfileArgs),
+    /// Show (`stats`) or empty (`clear`) the disk cache of compiled code.
+    Cache(cache::CacheArgs),
 }
 
 /// Arguments of `smelt run`.
@@ -135,6 +138,7 @@ pub fn execute(command: &Command) -> Result<()> {
         Command::Grad(a) => grad::grad(a),
         Command::Compile(a) => compile::run(a),
         Command::Profile(a) => profile::profile(a),
+        Command::Cache(a) => cache::cache(a),
     }
 }
 

@@ -3,23 +3,144 @@
 //!
 //! It lives in `$SMELT_CACHE_DIR`, else `$XDG_CACHE_HOME/smelt`, else `~/.cache/smelt`;
 //! `SMELT_CACHE_DIR=off` turns it off.
+//!
+//! Entries are written through a temporary name and renamed into place ([`store`]), so
+//! processes writing the same entry at once each leave a whole file and readers never see
+//! half of one. The cache holds at most `SMELT_CACHE_MAX_BYTES` (default 1 GiB): each write
+//! removes the least recently used entries past that ([`evict`]); a hit marks its entry
+//! used ([`touch`]). `smelt cache stats` and `smelt cache clear` show and empty it.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+/// The default size limit of the cache: 1 GiB.
+pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
+
+/// The cache's root folder, or None when the cache is off or no home directory is known.
+pub fn root() -> Option<PathBuf> {
+    match std::env::var_os("SMELT_CACHE_DIR") {
+        Some(v) if v == "off" => None,
+        Some(v) if !v.is_empty() => Some(PathBuf::from(v)),
+        _ => match std::env::var_os("XDG_CACHE_HOME") {
+            Some(v) if !v.is_empty() => Some(PathBuf::from(v).join("smelt")),
+            _ => Some(
+                PathBuf::from(std::env::var_os("HOME")?)
+                    .join(".cache")
+                    .join("smelt"),
+            ),
+        },
+    }
+}
 
 /// The cache directory of `kind` (`"cpu"`, `"cuda"`), or None when the cache is off or no
 /// home directory is known.
 pub fn dir(kind: &str) -> Option<PathBuf> {
-    let base = match std::env::var_os("SMELT_CACHE_DIR") {
-        Some(v) if v == "off" => return None,
-        Some(v) if !v.is_empty() => PathBuf::from(v),
-        _ => match std::env::var_os("XDG_CACHE_HOME") {
-            Some(v) if !v.is_empty() => PathBuf::from(v).join("smelt"),
-            _ => PathBuf::from(std::env::var_os("HOME")?)
-                .join(".cache")
-                .join("smelt"),
-        },
-    };
-    Some(base.join(kind))
+    Some(root()?.join(kind))
+}
+
+/// The size limit: `SMELT_CACHE_MAX_BYTES` (a byte count), else [`DEFAULT_MAX_BYTES`].
+pub fn max_bytes() -> u64 {
+    std::env::var("SMELT_CACHE_MAX_BYTES")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(DEFAULT_MAX_BYTES)
+}
+
+/// One file of the cache.
+struct Entry {
+    path: PathBuf,
+    bytes: u64,
+    used: SystemTime,
+}
+
+/// Every file below `folder` (its kinds' folders included).
+fn entries(folder: &Path) -> Vec<Entry> {
+    let mut out = Vec::new();
+    let mut todo = vec![folder.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(list) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in list.flatten() {
+            let Ok(meta) = e.metadata() else { continue };
+            if meta.is_dir() {
+                todo.push(e.path());
+            } else if meta.is_file() {
+                out.push(Entry {
+                    path: e.path(),
+                    bytes: meta.len(),
+                    used: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// What a cache folder holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Files.
+    pub entries: usize,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// The files and bytes below `folder`.
+pub fn stats(folder: &Path) -> Stats {
+    let all = entries(folder);
+    Stats {
+        entries: all.len(),
+        bytes: all.iter().map(|e| e.bytes).sum(),
+    }
+}
+
+/// Removes every file below `folder`; returns how many went.
+pub fn clear(folder: &Path) -> usize {
+    entries(folder)
+        .iter()
+        .filter(|e| std::fs::remove_file(&e.path).is_ok())
+        .count()
+}
+
+/// Removes the least recently used files below `folder` until the rest hold at most `max`
+/// bytes; returns how many went. A file another process removed first is simply gone.
+pub fn evict(folder: &Path, max: u64) -> usize {
+    let mut all = entries(folder);
+    let mut total: u64 = all.iter().map(|e| e.bytes).sum();
+    if total <= max {
+        return 0;
+    }
+    all.sort_by_key(|e| e.used);
+    let mut removed = 0;
+    for e in all {
+        if total <= max {
+            break;
+        }
+        if std::fs::remove_file(&e.path).is_ok() {
+            removed += 1;
+        }
+        total = total.saturating_sub(e.bytes);
+    }
+    removed
+}
+
+/// Marks `file` as used now, so that eviction keeps it longer than entries not read since.
+pub fn touch(file: &Path) {
+    if let Ok(f) = std::fs::File::options().append(true).open(file) {
+        let _ = f.set_modified(SystemTime::now());
+    }
+}
+
+/// The folder whose size limit a file of the cache counts against: the whole cache for a
+/// file of one of its kinds' folders, else the file's own folder (a cache placed by hand).
+fn scope(file: &Path) -> Option<PathBuf> {
+    let folder = file.parent()?;
+    match root() {
+        Some(r) if folder.parent() == Some(r.as_path()) => Some(r),
+        _ => Some(folder.to_path_buf()),
+    }
 }
 
 /// FNV-1a: stable across builds and platforms, unlike `std`'s hasher.
@@ -43,15 +164,104 @@ pub fn store(file: &Path, bytes: &[u8]) {
     if std::fs::create_dir_all(dir).is_err() {
         return;
     }
-    let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+    // a name of this writer's own: threads of one process may write the same entry too
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, Ordering::Relaxed);
+    let tmp = file.with_extension(format!("tmp{}-{n}", std::process::id()));
     if std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, file).is_err() {
         let _ = std::fs::remove_file(&tmp);
+    }
+    if let Some(folder) = scope(file) {
+        evict(&folder, max_bytes());
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn folder(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("smelt-cache-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    fn aged(path: &Path, bytes: usize, secs_ago: u64) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, vec![7u8; bytes]).unwrap();
+        let t = SystemTime::now() - std::time::Duration::from_secs(secs_ago);
+        std::fs::File::options()
+            .append(true)
+            .open(path)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+    }
+
+    #[test]
+    fn eviction_removes_the_least_recently_used_until_under_the_limit() {
+        let d = folder("evict");
+        aged(&d.join("cpu/old.bin"), 400, 300);
+        aged(&d.join("cuda/middle.cubin"), 400, 200);
+        aged(&d.join("cpu/new.bin"), 400, 100);
+        assert_eq!(
+            stats(&d),
+            Stats {
+                entries: 3,
+                bytes: 1200
+            }
+        );
+        // under the limit: nothing goes
+        assert_eq!(evict(&d, 1200), 0);
+        // a hit makes the oldest the most recently used
+        touch(&d.join("cpu/old.bin"));
+        assert_eq!(evict(&d, 800), 1);
+        assert!(!d.join("cuda/middle.cubin").exists());
+        assert!(d.join("cpu/old.bin").exists() && d.join("cpu/new.bin").exists());
+        assert_eq!(evict(&d, 0), 2);
+        assert_eq!(stats(&d), Stats::default());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn clear_removes_every_file_and_stats_count_them() {
+        let d = folder("clear");
+        aged(&d.join("cpu/a.bin"), 10, 1);
+        aged(&d.join("cuda/b.cubin"), 20, 1);
+        assert_eq!(
+            stats(&d),
+            Stats {
+                entries: 2,
+                bytes: 30
+            }
+        );
+        assert_eq!(clear(&d), 2);
+        assert_eq!(stats(&d).entries, 0);
+        // a folder that does not exist is an empty cache
+        assert_eq!(stats(&d.join("missing")), Stats::default());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn writers_of_one_entry_at_once_leave_a_whole_file() {
+        let d = folder("race");
+        let file = d.join("entry.bin");
+        let payloads: Vec<Vec<u8>> = (0..8u8).map(|i| vec![i; 1 << 16]).collect();
+        std::thread::scope(|s| {
+            for p in &payloads {
+                let file = &file;
+                s.spawn(move || {
+                    for _ in 0..20 {
+                        store(file, p);
+                    }
+                });
+            }
+        });
+        let got = std::fs::read(&file).unwrap();
+        assert_eq!(got.len(), 1 << 16);
+        assert!(got.iter().all(|&b| b == got[0]), "a torn entry");
+        let _ = std::fs::remove_dir_all(&d);
+    }
 
     #[test]
     fn hash_is_stable_and_separates_parts() {

@@ -70,7 +70,12 @@ pub fn load(
     // a damaged cache file is not fatal: compile afresh and overwrite it
     let from_disk = cached.and_then(|image| gpu.load(&image).ok());
     let (module, origin) = match from_disk {
-        Some(m) => (m, Origin::Disk),
+        Some(m) => {
+            if let Some(f) = &file {
+                crate::device::cache::touch(f);
+            }
+            (m, Origin::Disk)
+        }
         None => {
             let mut opts = nvrtc::CompileOptions::for_arch(&arch);
             opts.use_fast_math = use_fast_math;

@@ -128,6 +128,7 @@ fn compile_in(dir: &Path, g: &Graph, opts: &CompileOptions) -> Result<Option<Cac
     let key = key(g, opts);
     let file = file_of(dir, &key);
     if let Some(c) = std::fs::read(&file).ok().and_then(|b| load(&b, &key).ok()) {
+        crate::device::cache::touch(&file);
         return Ok(Some(Cached {
             origin: CodeOrigin::Disk,
             ..c
