@@ -15,6 +15,7 @@ pub struct CacheArgs {
 
 /// The actions of `smelt cache`.
 #[derive(clap::Subcommand, Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CacheAction {
     /// Print the cache's folder, its entries and bytes per kind, and its size limit.
     Stats,

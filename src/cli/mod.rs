@@ -34,8 +34,10 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The subcommands.
+/// The subcommands. More will come (`import`, `export`), so a `match` outside this crate
+/// needs a wildcard arm.
 #[derive(Subcommand, Debug)]
+#[non_exhaustive]
 pub enum Command {
     /// Run a graph on .npy inputs and write its outputs as DIR/out0.npy, DIR/out1.npy, ...
     Run(RunArgs),
