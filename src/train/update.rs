@@ -395,8 +395,23 @@ pub fn build_update_graph(
             }
             StepOptimizer::Adam(c) | StepOptimizer::AdamW(c) => {
                 let decoupled = matches!(cfg.optimizer, StepOptimizer::AdamW(_));
-                let mut s = state[i].iter().copied();
-                let st = AdamState::new(c.amsgrad, || s.next().expect("Adam's state inputs"));
+                let st = match (state[i].as_slice(), c.amsgrad) {
+                    (&[m, v], false) => AdamState {
+                        exp_avg: m,
+                        exp_avg_sq: v,
+                        max_exp_avg_sq: None,
+                    },
+                    (&[m, v, max], true) => AdamState {
+                        exp_avg: m,
+                        exp_avg_sq: v,
+                        max_exp_avg_sq: Some(max),
+                    },
+                    (s, _) => bail!(
+                        Value,
+                        "compiled step: parameter {name} has {} Adam state inputs",
+                        s.len()
+                    ),
+                };
                 let k = AdamScalars {
                     step_size: scalars[0],
                     bias_correction2_sqrt: scalars[1],
