@@ -63,12 +63,19 @@ pub(crate) fn check_size(t: &TensorType) -> Result<()> {
 /// For kernels made of other ops (einsum), which sit below `apply`.
 pub(crate) fn run(op: Op, inputs: &[&Tensor]) -> Result<Tensor> {
     let types: Vec<TensorType> = inputs.iter().map(|t| t.ttype()).collect();
+    let out = result_type(&op, &types)?;
+    eval(&op, inputs, &out)
+}
+
+/// The type of `op`'s result on operands of `types` (its shape rule), refused when a
+/// tensor of it could not be allocated (a view allocates nothing).
+pub(crate) fn result_type(op: &Op, types: &[TensorType]) -> Result<TensorType> {
     let refs: Vec<&TensorType> = types.iter().collect();
     let out = op.infer(&refs)?;
     if !op.is_view() {
         check_size(&out)?;
     }
-    eval(&op, inputs, &out)
+    Ok(out)
 }
 
 /// Evaluates `op` on `inputs` with the eager reference kernels; `out` is the result type
