@@ -25,6 +25,7 @@ pub mod kernel;
 pub mod kernels;
 pub mod layout;
 pub mod nn;
+pub mod onnx;
 pub mod optim;
 pub mod passes;
 pub mod prelude;

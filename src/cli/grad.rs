@@ -1,7 +1,8 @@
 //! `smelt grad`: gradients of the sum of every element of every output of a graph with
 //! respect to chosen inputs, written as `DIR/grad_<input>.npy`.
 
-use super::{Backend, evaluate, load, parse_input, pick, read_inputs};
+use super::model::{load_model, read_inputs};
+use super::{Backend, evaluate, parse_input, pick};
 use crate::runtime::npy;
 use crate::{Error, Result, bail};
 use std::path::PathBuf;
@@ -9,7 +10,7 @@ use std::path::PathBuf;
 /// Arguments of `smelt grad`.
 #[derive(clap::Args, Debug)]
 pub struct GradArgs {
-    /// The .smelt file.
+    /// The .smelt or .onnx file.
     pub model: PathBuf,
     /// The inputs to differentiate with respect to, comma-separated (`--wrt x,w`).
     #[arg(long, value_name = "NAMES", value_delimiter = ',', required = true)]
@@ -29,12 +30,16 @@ pub struct GradArgs {
     /// The graph to differentiate (default: the first one in the file).
     #[arg(long, value_name = "NAME")]
     pub graph: Option<String>,
+    /// Parameters of a .smelt graph, bound by name from a safetensors file.
+    #[arg(long, value_name = "FILE")]
+    pub weights: Option<PathBuf>,
 }
 
 /// Runs `smelt grad`.
 pub fn grad(a: &GradArgs) -> Result<()> {
-    let module = load(&a.model)?;
-    let g = pick(&module, a.graph.as_deref())?;
+    let given = read_inputs(&a.inputs)?;
+    let loaded = load_model(&a.model, a.weights.as_deref(), &given)?;
+    let g = pick(&loaded.module, a.graph.as_deref())?;
     let wrt: Vec<&str> = a
         .wrt
         .iter()
@@ -49,7 +54,7 @@ pub fn grad(a: &GradArgs) -> Result<()> {
         }
     }
     let grad_graph = crate::passes::autodiff::autodiff(g, &wrt)?;
-    let inputs = read_inputs(&a.inputs)?;
+    let inputs = loaded.named_inputs(g, given)?;
     let outputs = evaluate(&grad_graph, &inputs, a.backend, a.no_fuse)?;
     std::fs::create_dir_all(&a.out).map_err(|e| Error::Io(format!("{}: {e}", a.out.display())))?;
     let first = g.outputs().len();

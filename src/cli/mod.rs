@@ -7,6 +7,8 @@ pub mod cache;
 pub mod check;
 pub mod compile;
 pub mod grad;
+pub mod import;
+pub mod model;
 mod profile;
 mod profile_cuda;
 mod report;
@@ -14,7 +16,6 @@ mod roof;
 
 use crate::exec::{self, CompileOptions};
 use crate::ir::graph::{Graph, Module};
-use crate::ir::parse_module;
 use crate::runtime::{Device, interp, npy};
 use crate::{Error, Result, Tensor};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -53,14 +54,17 @@ pub enum Command {
     Profile(profile::ProfileArgs),
     /// Show (`stats`) or empty (`clear`) the disk cache of compiled code.
     Cache(cache::CacheArgs),
+    /// Turn an ONNX model into DIR/NAME.smelt and DIR/NAME.safetensors (its weights).
+    Import(import::ImportArgs),
 }
 
 /// Arguments of `smelt run`.
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// The .smelt file.
+    /// The .smelt or .onnx file.
     pub model: PathBuf,
-    /// A graph input: NAME=FILE.npy (once per input).
+    /// A graph input: NAME=FILE.npy (once per input; for ONNX, NAME as written in the
+    /// model).
     #[arg(long = "input", value_name = "NAME=FILE", value_parser = parse_input)]
     pub inputs: Vec<(String, PathBuf)>,
     /// Directory for the outputs (created if missing).
@@ -75,12 +79,15 @@ pub struct RunArgs {
     /// The graph to run (default: the first one in the file).
     #[arg(long, value_name = "NAME")]
     pub graph: Option<String>,
+    /// Parameters of a .smelt graph, bound by name from a safetensors file.
+    #[arg(long, value_name = "FILE")]
+    pub weights: Option<PathBuf>,
 }
 
 /// Arguments of `smelt dot`.
 #[derive(clap::Args, Debug)]
 pub struct DotArgs {
-    /// The .smelt file.
+    /// The .smelt or .onnx file.
     pub model: PathBuf,
     /// Write to this file instead of standard output.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
@@ -141,15 +148,17 @@ pub fn execute(command: &Command) -> Result<()> {
         Command::Compile(a) => compile::run(a),
         Command::Profile(a) => profile::profile(a),
         Command::Cache(a) => cache::cache(a),
+        Command::Import(a) => import::import(a),
     }
 }
 
 /// Runs `smelt run`: the graph on the `.npy` inputs, the outputs written as
 /// `out0.npy`, `out1.npy`, ... in `a.out`.
 pub fn run(a: &RunArgs) -> Result<()> {
-    let module = load(&a.model)?;
-    let g = pick(&module, a.graph.as_deref())?;
-    let inputs = read_inputs(&a.inputs)?;
+    let given = model::read_inputs(&a.inputs)?;
+    let loaded = model::load_model(&a.model, a.weights.as_deref(), &given)?;
+    let g = pick(&loaded.module, a.graph.as_deref())?;
+    let inputs = loaded.named_inputs(g, given)?;
     let outputs = evaluate(g, &inputs, a.backend, a.no_fuse)?;
     std::fs::create_dir_all(&a.out).map_err(|e| Error::Io(format!("{}: {e}", a.out.display())))?;
     for (i, t) in outputs.iter().enumerate() {
@@ -158,18 +167,10 @@ pub fn run(a: &RunArgs) -> Result<()> {
     Ok(())
 }
 
-/// Reads every `NAME=FILE.npy` input.
-fn read_inputs(inputs: &[(String, PathBuf)]) -> Result<Vec<(&str, Tensor)>> {
-    inputs
-        .iter()
-        .map(|(name, file)| Ok((name.as_str(), npy::read_npy(file)?)))
-        .collect()
-}
-
 /// Runs `g` on the chosen backend (outputs on the host).
 fn evaluate(
     g: &Graph,
-    inputs: &[(&str, Tensor)],
+    inputs: &[(String, Tensor)],
     backend: Backend,
     no_fuse: bool,
 ) -> Result<Vec<Tensor>> {
@@ -199,11 +200,10 @@ fn dot(a: &DotArgs) -> Result<()> {
     }
 }
 
-/// Reads and parses a model file (the parser verifies every graph).
+/// Reads a model file: `.smelt` text (the parser verifies every graph) or ONNX (imported
+/// with every named dim 1).
 fn load(path: &Path) -> Result<Module> {
-    let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| Error::Io(format!("{name}: {e}")))?;
-    parse_module(&text, &name)
+    Ok(model::load_model(path, None, &[])?.module)
 }
 
 fn pick<'m>(module: &'m Module, name: Option<&str>) -> Result<&'m Graph> {

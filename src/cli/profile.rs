@@ -3,13 +3,14 @@
 //! schedule — and prints a table per way (kernel, ops, time, bytes, GB/s, GFLOP/s) and a
 //! summary with the speedups; `--json FILE` writes the same figures as JSON.
 
-use super::{Backend, load, parse_input, pick};
+use super::model::{Loaded, load_model, read_inputs};
+use super::{Backend, parse_input, pick};
 use crate::exec::{CompileOptions, CompiledFn, Executable, KernelBackend, StepInfo};
 use crate::ir::dtype::DType;
 use crate::ir::graph::{Graph, NodeKind, ValueId};
 use crate::ir::op::Op;
 use crate::ir::shape::numel;
-use crate::runtime::{Tensor, apply, npy};
+use crate::runtime::{Tensor, apply};
 use crate::{Error, Result, bail};
 use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 /// Arguments of `smelt profile`.
 #[derive(clap::Args, Debug)]
 pub struct ProfileArgs {
-    /// The .smelt file.
+    /// The .smelt or .onnx file.
     pub model: PathBuf,
     /// A graph input: NAME=FILE.npy (once per input).
     #[arg(long = "input", value_name = "NAME=FILE", value_parser = parse_input)]
@@ -54,6 +55,9 @@ pub struct ProfileArgs {
     /// Also write a self-contained HTML report of fused against unfused.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
+    /// Parameters of a .smelt graph, bound by name from a safetensors file.
+    #[arg(long, value_name = "FILE")]
+    pub weights: Option<PathBuf>,
 }
 
 /// Kernel backends selectable on the command line.
@@ -124,12 +128,12 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
     crate::runtime::random::manual_seed(0);
     // Parse, passes and code generation of the fused schedule, on a cold kernel cache.
     let t0 = Instant::now();
-    let module = load(&a.model)?;
-    let g = pick(&module, a.graph.as_deref())?;
+    let (loaded, given) = load_with_inputs(a)?;
+    let g = pick(&loaded.module, a.graph.as_deref())?;
     let fused = CompiledFn::compile(g, &CompileOptions::with_backend(backend))?;
     let compile_ms = ms(&t0.elapsed());
     let unfused = CompiledFn::compile(g, &CompileOptions::with_backend(backend).fused(false))?;
-    let inputs = gather_inputs(g, a)?;
+    let inputs = gather_inputs(g, a, &loaded, given)?;
 
     let eager = time_eager(g, &inputs, a.repeat)?;
     let unf = time_compiled(&unfused, &inputs, a.repeat)?;
@@ -352,15 +356,28 @@ pub(super) fn way_json(w: &Way) -> Value {
     json!({"median_ms": w.median_ms(), "kernels": kernels})
 }
 
-/// The inputs in graph order: read from files, random for the rest when asked (or when no
-/// file is given at all).
-pub(super) fn gather_inputs(g: &Graph, a: &ProfileArgs) -> Result<Vec<Tensor>> {
-    let mut given: HashMap<&str, Tensor> = HashMap::new();
-    for (name, file) in &a.inputs {
-        if !g.inputs().iter().any(|&v| g.node(v).name == *name) {
+/// The model and the inputs given with `--input` (an ONNX model is imported for their
+/// shapes).
+pub(super) fn load_with_inputs(a: &ProfileArgs) -> Result<(Loaded, Vec<(String, Tensor)>)> {
+    let given = read_inputs(&a.inputs)?;
+    let loaded = load_model(&a.model, a.weights.as_deref(), &given)?;
+    Ok((loaded, given))
+}
+
+/// The inputs in graph order: read from files, the model's parameters, random values for the
+/// rest when asked (or when no file is given at all).
+pub(super) fn gather_inputs(
+    g: &Graph,
+    a: &ProfileArgs,
+    loaded: &Loaded,
+    given: Vec<(String, Tensor)>,
+) -> Result<Vec<Tensor>> {
+    let mut named: HashMap<String, Tensor> = HashMap::new();
+    for (name, t) in loaded.named_inputs(g, given)? {
+        if !g.inputs().iter().any(|&v| g.node(v).name == name) {
             bail!(Value, "graph {} has no input named '{name}'", g.name);
         }
-        if given.insert(name.as_str(), npy::read_npy(file)?).is_some() {
+        if named.insert(name.clone(), t).is_some() {
             bail!(Value, "input {name} is given more than once");
         }
     }
@@ -369,7 +386,7 @@ pub(super) fn gather_inputs(g: &Graph, a: &ProfileArgs) -> Result<Vec<Tensor>> {
     let mut out = Vec::new();
     for &v in g.inputs() {
         let n = g.node(v);
-        match given.remove(n.name.as_str()) {
+        match named.remove(n.name.as_str()) {
             Some(t) => out.push(t),
             None if random => out.push(random_tensor(n.ty.dtype, &n.ty.shape, high)?),
             None => bail!(

@@ -3,11 +3,11 @@
 //! events, checked against the CPU interpreter, with the device's measured copy bandwidth
 //! as the yardstick for GB/s.
 
+use super::pick;
 use super::profile::{
-    ProfileArgs, Way, eager_run, eager_run_synced, gather_inputs, gbps, human_bytes, max_abs_diff,
-    note_folded, ratio, table, time_compiled, way_json, write_json,
+    ProfileArgs, Way, eager_run, eager_run_synced, gather_inputs, gbps, human_bytes,
+    load_with_inputs, max_abs_diff, note_folded, ratio, table, time_compiled, way_json, write_json,
 };
-use super::{load, pick};
 use crate::Result;
 use crate::exec::{CompileOptions, CudaFn};
 use crate::ir::graph::Graph;
@@ -72,14 +72,14 @@ fn time_eager(g: &Graph, gpu: &Arc<Gpu>, inputs: &[Tensor], repeat: usize) -> Re
 pub fn profile(a: &ProfileArgs) -> Result<()> {
     crate::runtime::random::manual_seed(0);
     let gpu = Gpu::get(0)?;
-    let module = load(&a.model)?;
-    let g = pick(&module, a.graph.as_deref())?;
+    let (loaded, given) = load_with_inputs(a)?;
+    let g = pick(&loaded.module, a.graph.as_deref())?;
     let t0 = Instant::now();
     let fused = CudaFn::compile(g, &CompileOptions::default())?;
     let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
     let origin = fused.origin();
     let unfused = CudaFn::compile(g, &CompileOptions::default().fused(false))?;
-    let host = gather_inputs(g, a)?;
+    let host = gather_inputs(g, a, &loaded, given)?;
     let inputs = host
         .iter()
         .map(|t| t.to_device(Device::Cuda(0)))

@@ -1,0 +1,130 @@
+//! What every command reads: a `.smelt` file (with its parameters from `--weights`) or an
+//! `.onnx` file (imported for the shapes of the inputs given, its initializers as
+//! parameters).
+
+use crate::ir::graph::{Graph, Module};
+use crate::ir::parse_module;
+use crate::runtime::npy;
+use crate::{DType, Error, Result, Tensor, bail, onnx};
+use std::path::{Path, PathBuf};
+
+/// A model ready to run: its graphs, the parameters to bind, and how the names users give
+/// map to graph input names.
+pub struct Loaded {
+    /// The graphs (an ONNX model gives one).
+    pub module: Module,
+    /// Parameters bound by name, after the inputs users give.
+    pub weights: Vec<(String, Tensor)>,
+    /// (name users give, graph input name) where they differ (ONNX names with characters
+    /// the text format cannot spell).
+    renames: Vec<(String, String)>,
+}
+
+/// Whether `path` names an ONNX file.
+pub fn is_onnx(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
+}
+
+/// Reads a model. For ONNX, `inputs` give the shapes the graph is imported for (named dims
+/// left unbound are 1); `weights` is a safetensors file of parameters (`.smelt` only).
+pub fn load_model(
+    path: &Path,
+    weights: Option<&Path>,
+    inputs: &[(String, Tensor)],
+) -> Result<Loaded> {
+    if is_onnx(path) {
+        if weights.is_some() {
+            bail!(
+                Value,
+                "--weights is for .smelt files; an ONNX model carries its own weights"
+            );
+        }
+        let model = onnx::load(path)?;
+        let given: Vec<(&str, &Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let imported = model.import_for(&given)?;
+        let renames = imported
+            .inputs
+            .iter()
+            .filter(|(o, g)| o != g)
+            .cloned()
+            .collect();
+        return Ok(Loaded {
+            module: Module {
+                graphs: vec![imported.graph],
+            },
+            weights: imported.weights,
+            renames,
+        });
+    }
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| Error::Io(format!("{name}: {e}")))?;
+    let module = parse_module(&text, &name)?;
+    let weights = match weights {
+        Some(w) => crate::nn::state_dict::load_safetensors(w)?,
+        None => Vec::new(),
+    };
+    Ok(Loaded {
+        module,
+        weights,
+        renames: Vec::new(),
+    })
+}
+
+impl Loaded {
+    /// The graph input name for a name a user gave.
+    pub fn graph_name<'a>(&'a self, name: &'a str) -> &'a str {
+        self.renames
+            .iter()
+            .find(|(o, _)| o == name)
+            .map_or(name, |(_, g)| g.as_str())
+    }
+
+    /// The named inputs of `g`: those given (by the names users know), then every parameter
+    /// of `g` not given.
+    pub fn named_inputs(
+        &self,
+        g: &Graph,
+        given: Vec<(String, Tensor)>,
+    ) -> Result<Vec<(String, Tensor)>> {
+        let mut out: Vec<(String, Tensor)> = Vec::new();
+        for (n, t) in given {
+            let name = self.graph_name(&n).to_string();
+            let declared = g
+                .inputs()
+                .iter()
+                .map(|&v| g.node(v))
+                .find(|node| node.name == name)
+                .map(|node| node.ty.dtype);
+            // .npy has no bf16: such inputs arrive as f32 (what `smelt run` writes for them)
+            let t = if declared == Some(DType::BF16) && t.dtype() == DType::F32 {
+                t.to_dtype(DType::BF16)?
+            } else {
+                t
+            };
+            out.push((name, t));
+        }
+        for (name, t) in &self.weights {
+            if out.iter().any(|(n, _)| n == name) {
+                continue;
+            }
+            if !g.inputs().iter().any(|&v| g.node(v).name == *name) {
+                bail!(
+                    Value,
+                    "the weights hold '{name}', which is no input of graph {}",
+                    g.name
+                );
+            }
+            out.push((name.clone(), t.clone()));
+        }
+        Ok(out)
+    }
+}
+
+/// Reads every `NAME=FILE.npy` input.
+pub fn read_inputs(inputs: &[(String, PathBuf)]) -> Result<Vec<(String, Tensor)>> {
+    inputs
+        .iter()
+        .map(|(name, file)| Ok((name.clone(), npy::read_npy(file)?)))
+        .collect()
+}

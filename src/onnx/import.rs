@@ -1,0 +1,576 @@
+//! ONNX graph → smelt graph, for one binding of the inputs' shapes.
+//!
+//! Every ONNX value is either a node of the smelt graph or a tensor known at import (an
+//! initializer, a `Constant`, a `Shape`, or any node all of whose inputs are known: such a
+//! node is run at import on the reference interpreter instead of being added to the graph).
+//! That folds the shape arithmetic exporters write (`Shape` → `Gather` → `Concat` →
+//! `Reshape`) into plain attributes. A known tensor that a graph op uses becomes an inline
+//! constant when small, and a parameter (a graph input bound from the model's weights)
+//! otherwise.
+
+use super::ops::{self, Lower};
+use super::proto::{AttributeProto, GraphProto, NodeProto, attribute_type};
+use super::tensor::{dtype_of, to_tensor};
+use crate::ir::attrs::Attr;
+use crate::ir::graph::{Graph, ValueId, is_valid_name};
+use crate::ir::op::{Literal, Op, TensorType};
+use crate::runtime::interp;
+use crate::{DType, Error, Result, Tensor, bail};
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Known tensors of at most this many elements used by graph ops are inlined as constants;
+/// larger ones become parameters.
+const INLINE_MAX: usize = 64;
+
+/// A node whose inputs are known is run at import unless its results hold more than this
+/// many elements and four times as many as its inputs.
+const FOLD_MIN_ELEMS: usize = 1 << 16;
+
+/// No value of an imported graph may hold more bytes than this (a hostile file claiming a
+/// huge shape is refused before anything is allocated).
+const VALUE_MAX_BYTES: usize = 1 << 36;
+
+/// An ONNX value during import.
+#[derive(Clone, Debug, Default)]
+pub struct Val {
+    /// Its node in the graph, once it has one.
+    pub(super) id: Option<ValueId>,
+    /// Its elements, when known at import.
+    pub(super) known: Option<Tensor>,
+}
+
+impl Val {
+    /// A value known at import.
+    pub fn known(t: Tensor) -> Val {
+        Val {
+            id: None,
+            known: Some(t),
+        }
+    }
+
+    /// A node of the graph.
+    pub fn node(id: ValueId) -> Val {
+        Val {
+            id: Some(id),
+            known: None,
+        }
+    }
+}
+
+/// The graph being built and what is known about each ONNX value.
+pub(super) struct Importer {
+    pub(super) g: Graph,
+    vals: HashMap<String, Val>,
+    /// Parameters made from known tensors: (graph input name, tensor).
+    pub(super) weights: Vec<(String, Tensor)>,
+    used: HashSet<String>,
+    pub(super) opset: i64,
+    /// Every known tensor becomes an inline constant (the scratch graphs of folding).
+    inline_all: bool,
+    /// The values of graph inputs given at import, by ONNX name: an op that needs an
+    /// operand's value at import (a shape, axes) may read it from here.
+    pub(super) values: HashMap<String, Tensor>,
+    /// The inputs whose values were read at import (the graph is only valid for them).
+    pub(super) specialized: std::cell::RefCell<Vec<String>>,
+}
+
+impl Importer {
+    pub(super) fn new(name: &str, opset: i64) -> Importer {
+        let name = sanitize(name);
+        Importer {
+            g: Graph::new(if name.is_empty() { "main" } else { &name }),
+            vals: HashMap::new(),
+            weights: Vec::new(),
+            used: HashSet::new(),
+            opset,
+            inline_all: false,
+            values: HashMap::new(),
+            specialized: Default::default(),
+        }
+    }
+
+    /// A fresh graph name made from `name` (invalid characters become `_`).
+    pub(super) fn fresh(&mut self, name: &str) -> String {
+        let base = match sanitize(name) {
+            s if s.is_empty() => "v".to_string(),
+            s => s,
+        };
+        let mut n = base.clone();
+        let mut k = 1;
+        while self.used.contains(&n) || self.g.value(&n).is_some() {
+            n = format!("{base}_{k}");
+            k += 1;
+        }
+        self.used.insert(n.clone());
+        n
+    }
+
+    /// Binds an ONNX value name.
+    pub(super) fn bind(&mut self, name: &str, v: Val) {
+        self.vals.insert(name.to_string(), v);
+    }
+
+    /// Adds a graph input for ONNX input `name`; returns its graph name.
+    pub(super) fn add_input(&mut self, name: &str, ty: TensorType) -> Result<String> {
+        let gname = self.fresh(name);
+        let id = self.g.add_input(&gname, ty)?;
+        self.bind(name, Val::node(id));
+        Ok(gname)
+    }
+
+    /// The value named `name`, with its graph node made if it was only known.
+    pub(super) fn materialize(&mut self, name: &str) -> Result<ValueId> {
+        let v = self
+            .vals
+            .get(name)
+            .cloned()
+            .ok_or_else(|| undefined(name))?;
+        if let Some(id) = v.id {
+            return Ok(id);
+        }
+        let t = v.known.expect("a value is a node or known");
+        let id = self.constant(name, &t)?;
+        self.vals.get_mut(name).expect("looked up above").id = Some(id);
+        Ok(id)
+    }
+
+    /// A graph node holding `t`: inline when small, a parameter otherwise.
+    pub(super) fn constant(&mut self, name: &str, t: &Tensor) -> Result<ValueId> {
+        if self.inline_all || t.numel() <= INLINE_MAX {
+            return self.g.add_op(Op::Constant(literal(t)?), &[]);
+        }
+        let gname = self.fresh(name);
+        let id = self.g.add_input(&gname, t.ttype())?;
+        self.weights.push((gname, t.clone()));
+        Ok(id)
+    }
+
+    pub(super) fn get(&self, name: &str) -> Result<&Val> {
+        self.vals.get(name).ok_or_else(|| undefined(name))
+    }
+
+    /// Imports the nodes of `graph` in order.
+    pub(super) fn nodes(&mut self, graph: &GraphProto) -> Result<()> {
+        for (index, node) in graph.node.iter().enumerate() {
+            self.node(node, index)
+                .map_err(|e| in_node(e, node, index))?;
+        }
+        Ok(())
+    }
+
+    fn node(&mut self, node: &NodeProto, index: usize) -> Result<()> {
+        if !matches!(node.domain.as_str(), "" | "ai.onnx") {
+            bail!(
+                Value,
+                "ONNX op '{}' of domain '{}' ({}) is not supported",
+                node.op_type,
+                node.domain,
+                node_label(node, index)
+            );
+        }
+        let lower = ops::find(&node.op_type, self.opset).ok_or_else(|| {
+            Error::Value(format!(
+                "ONNX op '{}' (opset {}, {}) is not supported",
+                node.op_type,
+                self.opset,
+                node_label(node, index)
+            ))
+        })?;
+        for name in node.input.iter().filter(|n| !n.is_empty()) {
+            self.get(name)?;
+        }
+        let all_known = node
+            .input
+            .iter()
+            .filter(|n| !n.is_empty())
+            .all(|n| self.vals[n].known.is_some());
+        let folded = if all_known && !ops::never_folded(&node.op_type) {
+            self.fold(lower, node)?
+        } else {
+            None
+        };
+        let outs = match folded {
+            Some(outs) => outs,
+            None => lower(&mut Cx { imp: self, node })?,
+        };
+        let wanted = node.output.iter().filter(|n| !n.is_empty()).count();
+        for (i, name) in node.output.iter().enumerate() {
+            if name.is_empty() {
+                continue;
+            }
+            let v = outs.get(i).cloned().ok_or_else(|| {
+                Error::Value(format!(
+                    "ONNX op '{}' gives {} output{} here, but the node names {wanted}",
+                    node.op_type,
+                    outs.len(),
+                    if outs.len() == 1 { "" } else { "s" }
+                ))
+            })?;
+            self.check_size(&v)?;
+            self.bind(name, v);
+        }
+        Ok(())
+    }
+
+    /// Refuses a value larger than any graph should hold.
+    fn check_size(&self, v: &Val) -> Result<()> {
+        let ty = match (&v.known, v.id) {
+            (Some(t), _) => t.ttype(),
+            (None, Some(id)) => self.g.node(id).ty.clone(),
+            (None, None) => return Ok(()),
+        };
+        let bytes = ty
+            .shape
+            .iter()
+            .try_fold(ty.dtype.size(), |n, &d| n.checked_mul(d));
+        if bytes.is_none_or(|b| b > VALUE_MAX_BYTES) {
+            bail!(
+                Value,
+                "a value of {} {:?} is larger than smelt holds ({VALUE_MAX_BYTES} bytes)",
+                ty.dtype,
+                ty.shape
+            );
+        }
+        Ok(())
+    }
+
+    /// Runs `lower` on known inputs: in a scratch graph whose inputs are inline constants,
+    /// evaluated on the reference interpreter. `None` where the results would be much larger
+    /// than the inputs (`ConstantOfShape`, `Expand`, `Tile`): those stay ops of the graph
+    /// rather than becoming large parameters.
+    fn fold(&mut self, lower: Lower, node: &NodeProto) -> Result<Option<Vec<Val>>> {
+        let mut scratch = Importer::new("fold", self.opset);
+        scratch.inline_all = true;
+        let mut in_elems = 0;
+        for name in node.input.iter().filter(|n| !n.is_empty()) {
+            let v = self.vals[name].clone_known();
+            in_elems += v.known.as_ref().map_or(0, Tensor::numel);
+            scratch.bind(name, v);
+        }
+        let outs = lower(&mut Cx {
+            imp: &mut scratch,
+            node,
+        })?;
+        let mut ids = Vec::new();
+        let mut out_elems = 0usize;
+        for v in &outs {
+            scratch.check_size(v)?;
+            match (&v.known, v.id) {
+                (Some(t), _) => out_elems = out_elems.saturating_add(t.numel()),
+                (None, Some(id)) => {
+                    ids.push(id);
+                    let n: usize = scratch.g.node(id).ty.shape.iter().product();
+                    out_elems = out_elems.saturating_add(n);
+                }
+                (None, None) => bail!(Value, "internal: an output is neither known nor a node"),
+            }
+        }
+        if ids.is_empty() {
+            // known results only; any node ids they carry belong to the scratch graph
+            return Ok(Some(outs.iter().map(Val::clone_known).collect()));
+        }
+        if out_elems > FOLD_MIN_ELEMS.max(in_elems.saturating_mul(4)) {
+            return Ok(None);
+        }
+        scratch.g.set_outputs(ids.clone());
+        let mut results = interp::run::<&str>(&scratch.g, &[])?.into_iter();
+        Ok(Some(
+            outs.into_iter()
+                .map(|v| match v.known {
+                    Some(t) => Val::known(t),
+                    None => Val::known(results.next().expect("one result per output")),
+                })
+                .collect(),
+        ))
+    }
+}
+
+impl Val {
+    fn clone_known(&self) -> Val {
+        Val {
+            id: None,
+            known: self.known.clone(),
+        }
+    }
+}
+
+/// A tensor as an inline constant.
+pub(super) fn literal(t: &Tensor) -> Result<Literal> {
+    Ok(Literal {
+        dtype: t.dtype(),
+        shape: t.shape().to_vec(),
+        bytes: Arc::new(t.to_bytes()?),
+    })
+}
+
+/// `name` with every character the text format cannot spell replaced by `_`.
+pub fn sanitize(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    debug_assert!(s.is_empty() || is_valid_name(&s));
+    s
+}
+
+fn undefined(name: &str) -> Error {
+    Error::Value(format!(
+        "the value '{name}' is used before any input, initializer or earlier node defines it \
+         (a missing input, or a cycle)"
+    ))
+}
+
+fn node_label(node: &NodeProto, index: usize) -> String {
+    if node.name.is_empty() {
+        format!("node #{index}")
+    } else {
+        format!("node '{}'", node.name)
+    }
+}
+
+/// Prefixes an error with the node it came from, unless it names it already.
+fn in_node(e: Error, node: &NodeProto, index: usize) -> Error {
+    let label = node_label(node, index);
+    let msg = e.to_string();
+    if msg.contains(&label) {
+        return e;
+    }
+    Error::Value(format!("{} ({label}): {msg}", node.op_type))
+}
+
+/// What a lowering function sees: the importer and the node it lowers.
+pub struct Cx<'a> {
+    pub(super) imp: &'a mut Importer,
+    pub(super) node: &'a NodeProto,
+}
+
+impl Cx<'_> {
+    /// The opset of the standard ops the model imports.
+    pub fn opset(&self) -> i64 {
+        self.imp.opset
+    }
+
+    /// The number of inputs the node names (absent optional ones included).
+    pub fn n_inputs(&self) -> usize {
+        self.node.input.len()
+    }
+
+    /// Whether input `i` is given.
+    pub fn has(&self, i: usize) -> bool {
+        self.node.input.get(i).is_some_and(|n| !n.is_empty())
+    }
+
+    /// Input `i` as a graph value (an error when absent).
+    pub fn x(&mut self, i: usize) -> Result<ValueId> {
+        match self.opt(i)? {
+            Some(v) => Ok(v),
+            None => bail!(Value, "input {i} is required"),
+        }
+    }
+
+    /// Input `i` as a graph value, `None` when absent.
+    pub fn opt(&mut self, i: usize) -> Result<Option<ValueId>> {
+        if !self.has(i) {
+            return Ok(None);
+        }
+        let name = self.node.input[i].clone();
+        self.imp.materialize(&name).map(Some)
+    }
+
+    /// Every input, as graph values (for variadic ops).
+    pub fn all(&mut self) -> Result<Vec<ValueId>> {
+        let present: Vec<usize> = (0..self.n_inputs()).filter(|&i| self.has(i)).collect();
+        present.into_iter().map(|i| self.x(i)).collect()
+    }
+
+    /// Input `i`'s elements when known at import.
+    pub fn known(&self, i: usize) -> Option<&Tensor> {
+        if !self.has(i) {
+            return None;
+        }
+        self.imp
+            .vals
+            .get(&self.node.input[i])
+            .and_then(|v| v.known.as_ref())
+    }
+
+    /// Input `i`'s elements for an op that needs them at import: known, or the value of a
+    /// graph input given at import (the graph is then specialized to that value).
+    fn needed(&self, i: usize, what: &str) -> Result<Option<&Tensor>> {
+        if !self.has(i) {
+            return Ok(None);
+        }
+        if let Some(t) = self.known(i) {
+            return Ok(Some(t));
+        }
+        let name = &self.node.input[i];
+        if let Some(t) = self.imp.values.get(name) {
+            let mut s = self.imp.specialized.borrow_mut();
+            if !s.contains(name) {
+                s.push(name.clone());
+            }
+            return Ok(Some(t));
+        }
+        bail!(
+            Value,
+            "the {what} (input {i}, '{name}') must be known when the model is imported, \
+             but it is computed from the inputs' values"
+        )
+    }
+
+    /// Input `i`'s elements as integers; it must be known at import (a shape, axes, ...).
+    pub fn ints_input(&self, i: usize, what: &str) -> Result<Option<Vec<i64>>> {
+        self.needed(i, what)?.map(ints_of).transpose()
+    }
+
+    /// Input `i`'s elements as floats; it must be known at import.
+    pub fn floats_input(&self, i: usize, what: &str) -> Result<Option<Vec<f64>>> {
+        self.needed(i, what)?
+            .map(|t| t.to_dtype(DType::F64)?.contiguous()?.to_vec::<f64>())
+            .transpose()
+    }
+
+    /// The type of a graph value.
+    pub fn ty(&self, v: ValueId) -> &TensorType {
+        &self.imp.g.node(v).ty
+    }
+
+    /// The sizes of a graph value.
+    pub fn shape(&self, v: ValueId) -> Vec<usize> {
+        self.ty(v).shape.clone()
+    }
+
+    /// The rank of a graph value.
+    pub fn rank(&self, v: ValueId) -> i64 {
+        self.ty(v).shape.len() as i64
+    }
+
+    /// The dtype of a graph value.
+    pub fn dtype(&self, v: ValueId) -> DType {
+        self.ty(v).dtype
+    }
+
+    /// The smelt op `name` (its `.smelt` text name) applied to `operands` (`None`: an
+    /// optional operand left out) with `attrs`.
+    pub fn call(
+        &mut self,
+        name: &str,
+        operands: &[Option<ValueId>],
+        attrs: &[(&str, Attr)],
+    ) -> Result<ValueId> {
+        let slots: Vec<bool> = operands.iter().map(Option::is_some).collect();
+        let op = Op::from_call(name, &slots, attrs)?;
+        let present: Vec<ValueId> = operands.iter().flatten().copied().collect();
+        self.imp.g.add_op(op, &present)
+    }
+
+    /// A 0-d constant `value` of dtype `dtype`.
+    pub fn scalar(&mut self, value: f64, dtype: DType) -> Result<ValueId> {
+        let t = Tensor::scalar(value).to_dtype(dtype)?;
+        self.imp.g.add_op(Op::Constant(literal(&t)?), &[])
+    }
+
+    /// A constant tensor (inline when small, a parameter otherwise).
+    pub fn tensor(&mut self, t: &Tensor) -> Result<ValueId> {
+        let name = self.node.output.first().cloned().unwrap_or_default();
+        self.imp.constant(&format!("{name}_const"), t)
+    }
+
+    /// The attribute `name`, if the node has it.
+    pub fn attr(&self, name: &str) -> Option<&AttributeProto> {
+        self.node.attribute.iter().find(|a| a.name == name)
+    }
+
+    /// An integer attribute.
+    pub fn int(&self, name: &str, default: i64) -> Result<i64> {
+        match self.attr(name) {
+            None => Ok(default),
+            Some(a) if a.r#type == attribute_type::INT || a.r#type == 0 => Ok(a.i),
+            Some(_) => bail!(Value, "attribute '{name}' should be an integer"),
+        }
+    }
+
+    /// A float attribute.
+    pub fn float(&self, name: &str, default: f64) -> Result<f64> {
+        match self.attr(name) {
+            None => Ok(default),
+            Some(a) if a.r#type == attribute_type::FLOAT || a.r#type == 0 => Ok(a.f as f64),
+            Some(_) => bail!(Value, "attribute '{name}' should be a float"),
+        }
+    }
+
+    /// An integer-list attribute.
+    pub fn ints(&self, name: &str) -> Result<Option<Vec<i64>>> {
+        match self.attr(name) {
+            None => Ok(None),
+            Some(a) if a.r#type == attribute_type::INTS || a.r#type == 0 => {
+                Ok(Some(a.ints.clone()))
+            }
+            Some(_) => bail!(Value, "attribute '{name}' should be a list of integers"),
+        }
+    }
+
+    /// A float-list attribute.
+    pub fn floats(&self, name: &str) -> Result<Option<Vec<f32>>> {
+        match self.attr(name) {
+            None => Ok(None),
+            Some(a) if a.r#type == attribute_type::FLOATS || a.r#type == 0 => {
+                Ok(Some(a.floats.clone()))
+            }
+            Some(_) => bail!(Value, "attribute '{name}' should be a list of floats"),
+        }
+    }
+
+    /// A string attribute.
+    pub fn string(&self, name: &str) -> Result<Option<String>> {
+        match self.attr(name) {
+            None => Ok(None),
+            Some(a) if a.r#type == attribute_type::STRING || a.r#type == 0 => {
+                Ok(Some(String::from_utf8_lossy(&a.s).into_owned()))
+            }
+            Some(_) => bail!(Value, "attribute '{name}' should be a string"),
+        }
+    }
+
+    /// A tensor attribute, decoded.
+    pub fn tensor_attr(&self, name: &str) -> Result<Option<Tensor>> {
+        match self.attr(name) {
+            None => Ok(None),
+            Some(a) => match &a.t {
+                Some(t) if a.r#type == attribute_type::TENSOR || a.r#type == 0 => {
+                    to_tensor(t, None).map(Some)
+                }
+                _ => bail!(Value, "attribute '{name}' should be a tensor"),
+            },
+        }
+    }
+
+    /// An element-type attribute (`Cast`'s `to`).
+    pub fn dtype_attr(&self, name: &str) -> Result<Option<DType>> {
+        match self.attr(name) {
+            None => Ok(None),
+            Some(a) => dtype_of(a.i as i32).map(Some),
+        }
+    }
+}
+
+/// A known tensor's elements as integers.
+pub fn ints_of(t: &Tensor) -> Result<Vec<i64>> {
+    if t.dtype().is_float() {
+        bail!(DType, "expected integers, got a tensor of {}", t.dtype());
+    }
+    t.to_dtype(DType::I64)?.contiguous()?.to_vec::<i64>()
+}
+
+/// Reads a model's external data relative to `dir` (see [`to_tensor`]).
+pub(super) fn initializer(t: &super::proto::TensorProto, dir: Option<&Path>) -> Result<Tensor> {
+    to_tensor(t, dir)
+}

@@ -1,0 +1,181 @@
+//! The lowering table: one function per ONNX op (and per opset range where the op's meaning
+//! changed), each turning a node into smelt ops. `find` picks, for an op type, the entry with
+//! the newest `since` that is not newer than the model's opset.
+
+mod elementwise;
+mod nn;
+mod reduce;
+mod shape;
+
+use super::import::{Cx, Val};
+use crate::ir::attrs::Attr;
+use crate::ir::graph::ValueId;
+use crate::{Result, bail};
+
+/// A lowering: the node's outputs, in order.
+pub type Lower = fn(&mut Cx) -> Result<Vec<Val>>;
+
+/// (op type, first opset this lowering is for, the lowering). Entries of one op type are
+/// listed oldest first.
+const TABLE: &[(&str, i64, Lower)] = &[
+    // elementwise.rs
+    ("Abs", 1, elementwise::abs),
+    ("Acosh", 9, elementwise::acosh),
+    ("Add", 1, elementwise::add),
+    ("And", 1, elementwise::and),
+    ("Asinh", 9, elementwise::asinh),
+    ("Atanh", 9, elementwise::atanh),
+    ("Cast", 1, elementwise::cast),
+    ("CastLike", 15, elementwise::cast_like),
+    ("Ceil", 1, elementwise::ceil),
+    ("Celu", 12, elementwise::celu),
+    ("Clip", 1, elementwise::clip),
+    ("Cos", 7, elementwise::cos),
+    ("Cosh", 9, elementwise::cosh),
+    ("Div", 1, elementwise::div),
+    ("Elu", 1, elementwise::elu),
+    ("Equal", 1, elementwise::equal),
+    ("Erf", 9, elementwise::erf),
+    ("Exp", 1, elementwise::exp),
+    ("Floor", 1, elementwise::floor),
+    ("Gelu", 20, elementwise::gelu),
+    ("Greater", 1, elementwise::greater),
+    ("GreaterOrEqual", 12, elementwise::greater_or_equal),
+    ("HardSigmoid", 1, elementwise::hard_sigmoid),
+    ("HardSwish", 14, elementwise::hard_swish),
+    ("Identity", 1, elementwise::identity),
+    ("IsInf", 10, elementwise::is_inf),
+    ("IsNaN", 9, elementwise::is_nan),
+    ("LeakyRelu", 1, elementwise::leaky_relu),
+    ("Less", 1, elementwise::less),
+    ("LessOrEqual", 12, elementwise::less_or_equal),
+    ("Log", 1, elementwise::log),
+    ("Max", 1, elementwise::max),
+    ("Mean", 1, elementwise::mean),
+    ("Min", 1, elementwise::min),
+    ("Mish", 18, elementwise::mish),
+    ("Mod", 10, elementwise::modulo),
+    ("Mul", 1, elementwise::mul),
+    ("Neg", 1, elementwise::neg),
+    ("Not", 1, elementwise::not),
+    ("Or", 1, elementwise::or),
+    ("Pow", 1, elementwise::pow),
+    ("PRelu", 1, elementwise::prelu),
+    ("Reciprocal", 1, elementwise::reciprocal),
+    ("Relu", 1, elementwise::relu),
+    ("Round", 11, elementwise::round),
+    ("Selu", 1, elementwise::selu),
+    ("Shrink", 9, elementwise::shrink),
+    ("Sigmoid", 1, elementwise::sigmoid),
+    ("Sign", 9, elementwise::sign),
+    ("Sin", 7, elementwise::sin),
+    ("Sinh", 9, elementwise::sinh),
+    ("Softplus", 1, elementwise::softplus),
+    ("Softsign", 1, elementwise::softsign),
+    ("Sqrt", 1, elementwise::sqrt),
+    ("Sub", 1, elementwise::sub),
+    ("Sum", 1, elementwise::sum),
+    ("Tan", 7, elementwise::tan),
+    ("Tanh", 1, elementwise::tanh),
+    ("ThresholdedRelu", 10, elementwise::thresholded_relu),
+    ("Where", 9, elementwise::where_),
+    ("Xor", 1, elementwise::xor),
+    // reduce.rs
+    ("ArgMax", 1, reduce::argmax),
+    ("ArgMin", 1, reduce::argmin),
+    ("CumSum", 11, reduce::cumsum),
+    ("LogSoftmax", 1, reduce::log_softmax_v1),
+    ("LogSoftmax", 13, reduce::log_softmax),
+    ("ReduceL1", 1, reduce::reduce_l1),
+    ("ReduceL2", 1, reduce::reduce_l2),
+    ("ReduceLogSum", 1, reduce::reduce_log_sum),
+    ("ReduceLogSumExp", 1, reduce::reduce_log_sum_exp),
+    ("ReduceMax", 1, reduce::reduce_max),
+    ("ReduceMean", 1, reduce::reduce_mean),
+    ("ReduceMin", 1, reduce::reduce_min),
+    ("ReduceProd", 1, reduce::reduce_prod),
+    ("ReduceSum", 1, reduce::reduce_sum),
+    ("ReduceSumSquare", 1, reduce::reduce_sum_square),
+    ("Softmax", 1, reduce::softmax_v1),
+    ("Softmax", 13, reduce::softmax),
+    // shape.rs
+    ("Concat", 1, shape::concat),
+    ("Constant", 1, shape::constant),
+    ("ConstantOfShape", 9, shape::constant_of_shape),
+    ("DepthToSpace", 1, shape::depth_to_space),
+    ("Expand", 8, shape::expand),
+    ("EyeLike", 9, shape::eye_like),
+    ("Flatten", 1, shape::flatten),
+    ("Gather", 1, shape::gather),
+    ("GatherElements", 11, shape::gather_elements),
+    ("Pad", 1, shape::pad),
+    ("Range", 11, shape::range),
+    ("Reshape", 5, shape::reshape),
+    ("Scatter", 9, shape::scatter_elements),
+    ("ScatterElements", 11, shape::scatter_elements),
+    ("Shape", 1, shape::shape),
+    ("Size", 1, shape::size),
+    ("Slice", 1, shape::slice),
+    ("SpaceToDepth", 1, shape::space_to_depth),
+    ("Split", 1, shape::split),
+    ("Squeeze", 1, shape::squeeze),
+    ("Tile", 6, shape::tile),
+    ("Transpose", 1, shape::transpose),
+    ("Trilu", 14, shape::trilu),
+    ("Unsqueeze", 1, shape::unsqueeze),
+    // nn.rs
+    ("AveragePool", 1, nn::average_pool),
+    ("BatchNormalization", 6, nn::batch_norm),
+    ("Conv", 1, nn::conv),
+    ("Dropout", 1, nn::dropout),
+    ("Einsum", 12, nn::einsum),
+    ("Gemm", 1, nn::gemm),
+    ("GlobalAveragePool", 1, nn::global_average_pool),
+    ("GlobalMaxPool", 1, nn::global_max_pool),
+    ("InstanceNormalization", 1, nn::instance_norm),
+    ("LayerNormalization", 17, nn::layer_norm),
+    ("MatMul", 1, nn::matmul),
+    ("MaxPool", 1, nn::max_pool),
+];
+
+/// The lowering of `op_type` for a model importing `opset` of the standard ops.
+pub fn find(op_type: &str, opset: i64) -> Option<Lower> {
+    TABLE
+        .iter()
+        .filter(|(name, since, _)| *name == op_type && *since <= opset)
+        .max_by_key(|(_, since, _)| *since)
+        .map(|(_, _, f)| *f)
+}
+
+/// Every op type the table lowers, sorted.
+pub fn supported() -> Vec<&'static str> {
+    let mut v: Vec<&str> = TABLE.iter().map(|(n, _, _)| *n).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Ops never run at import even when their inputs are known (none today: random ops are not
+/// lowered at all).
+pub fn never_folded(_op_type: &str) -> bool {
+    false
+}
+
+/// One output that is a graph node.
+fn one(v: ValueId) -> Result<Vec<Val>> {
+    Ok(vec![Val::node(v)])
+}
+
+/// An integer-list attribute.
+fn list(xs: &[i64]) -> Attr {
+    Attr::List(xs.iter().map(|&x| Attr::Int(x)).collect())
+}
+
+/// `axis` counted from the end when negative, checked against `rank`.
+fn axis(a: i64, rank: i64) -> Result<i64> {
+    let r = if a < 0 { a + rank } else { a };
+    if r < 0 || r >= rank.max(1) && !(rank == 0 && r == 0) {
+        bail!(Value, "axis {a} is out of range for rank {rank}");
+    }
+    Ok(r)
+}

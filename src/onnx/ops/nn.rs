@@ -1,0 +1,403 @@
+//! Neural-network ops: `MatMul`, `Gemm`, `Conv`, pooling, normalisations, `Dropout`, `Einsum`.
+
+use super::shape::pad_axis;
+use super::{axis, list, one};
+use crate::ir::attrs::Attr;
+use crate::ir::graph::ValueId;
+use crate::onnx::import::{Cx, Val};
+use crate::{Result, bail};
+
+pub fn matmul(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (a, b) = (cx.x(0)?, cx.x(1)?);
+    one(cx.call("matmul", &[Some(a), Some(b)], &[])?)
+}
+
+pub fn gemm(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (a, b) = (cx.x(0)?, cx.x(1)?);
+    let c = cx.opt(2)?;
+    let alpha = cx.float("alpha", 1.0)?;
+    let beta = cx.float("beta", 1.0)?;
+    let ta = cx.int("transA", 0)? != 0;
+    let tb = cx.int("transB", 0)? != 0;
+    // the common case, a linear layer: y = a bᵀ + c
+    let c_is_bias = c.is_none_or(|c| cx.rank(c) == 1 && cx.shape(c)[0] == cx.shape(b)[0]);
+    if !ta && tb && alpha == 1.0 && beta == 1.0 && c_is_bias {
+        return one(cx.call("linear", &[Some(a), Some(b), c], &[])?);
+    }
+    let a = if ta {
+        cx.call("t", &[Some(a)], &[])?
+    } else {
+        a
+    };
+    let b = if tb {
+        cx.call("t", &[Some(b)], &[])?
+    } else {
+        b
+    };
+    let mut y = cx.call("matmul", &[Some(a), Some(b)], &[])?;
+    if alpha != 1.0 {
+        let s = cx.scalar(alpha, cx.dtype(y))?;
+        y = cx.call("mul", &[Some(y), Some(s)], &[])?;
+    }
+    if let Some(c) = c {
+        let c = if beta != 1.0 {
+            let s = cx.scalar(beta, cx.dtype(c))?;
+            cx.call("mul", &[Some(c), Some(s)], &[])?
+        } else {
+            c
+        };
+        y = cx.call("add", &[Some(y), Some(c)], &[])?;
+    }
+    one(y)
+}
+
+pub fn einsum(cx: &mut Cx) -> Result<Vec<Val>> {
+    let xs = cx.all()?;
+    let eq = cx.string("equation")?.unwrap_or_default().replace(' ', "");
+    let ops: Vec<Option<ValueId>> = xs.into_iter().map(Some).collect();
+    one(cx.call("einsum", &ops, &[("equation", Attr::Str(eq))])?)
+}
+
+/// Spatial geometry shared by `Conv` and pooling: kernel, strides, dilations and the
+/// padding resolved to (begin, end) per spatial dim.
+struct Window {
+    kernel: Vec<i64>,
+    strides: Vec<i64>,
+    dilations: Vec<i64>,
+    lo: Vec<i64>,
+    hi: Vec<i64>,
+}
+
+fn window(cx: &Cx, spatial: &[usize], kernel: Vec<i64>) -> Result<Window> {
+    let n = spatial.len();
+    let strides = cx.ints("strides")?.unwrap_or_else(|| vec![1; n]);
+    let dilations = cx.ints("dilations")?.unwrap_or_else(|| vec![1; n]);
+    if kernel.len() != n || strides.len() != n || dilations.len() != n {
+        bail!(Value, "kernel, strides and dilations must have {n} entries");
+    }
+    let auto = cx.string("auto_pad")?.unwrap_or_else(|| "NOTSET".into());
+    let (lo, hi) = match auto.as_str() {
+        "NOTSET" => {
+            let p = cx.ints("pads")?.unwrap_or_else(|| vec![0; 2 * n]);
+            if p.len() != 2 * n {
+                bail!(Value, "pads must have {} entries, got {}", 2 * n, p.len());
+            }
+            (p[..n].to_vec(), p[n..].to_vec())
+        }
+        "VALID" => (vec![0; n], vec![0; n]),
+        "SAME_UPPER" | "SAME_LOWER" => {
+            let (mut lo, mut hi) = (vec![0; n], vec![0; n]);
+            for i in 0..n {
+                let size = spatial[i] as i64;
+                let out = (size + strides[i] - 1) / strides[i];
+                let span = (kernel[i] - 1) * dilations[i] + 1;
+                let total = ((out - 1) * strides[i] + span - size).max(0);
+                let small = total / 2;
+                (lo[i], hi[i]) = if auto == "SAME_UPPER" {
+                    (small, total - small)
+                } else {
+                    (total - small, small)
+                };
+            }
+            (lo, hi)
+        }
+        other => bail!(Value, "auto_pad '{other}' is not supported"),
+    };
+    Ok(Window {
+        kernel,
+        strides,
+        dilations,
+        lo,
+        hi,
+    })
+}
+
+/// Pads `x`'s spatial dims explicitly by `lo`/`hi` with `value` (for paddings the op itself
+/// cannot express).
+fn pad_spatial(cx: &mut Cx, x: ValueId, w: &Window, value: f64) -> Result<ValueId> {
+    let mut y = x;
+    for i in 0..w.lo.len() {
+        if w.lo[i] != 0 || w.hi[i] != 0 {
+            y = pad_axis(cx, y, 2 + i as i64, w.lo[i], w.hi[i], "constant", value)?;
+        }
+    }
+    Ok(y)
+}
+
+pub fn conv(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (x, wt) = (cx.x(0)?, cx.x(1)?);
+    let b = cx.opt(2)?;
+    let xs = cx.shape(x);
+    let ws = cx.shape(wt);
+    if xs.len() < 3 || xs.len() > 4 {
+        bail!(
+            Value,
+            "only 1-D and 2-D convolutions are supported, got input {xs:?}"
+        );
+    }
+    let kernel = cx
+        .ints("kernel_shape")?
+        .unwrap_or_else(|| ws[2..].iter().map(|&d| d as i64).collect());
+    let w = window(cx, &xs[2..], kernel)?;
+    let group = cx.int("group", 1)?;
+    let (x, padding) = if w.lo == w.hi {
+        (x, w.lo.clone())
+    } else {
+        (pad_spatial(cx, x, &w, 0.0)?, vec![0; w.lo.len()])
+    };
+    let name = if xs.len() == 3 { "conv1d" } else { "conv2d" };
+    one(cx.call(
+        name,
+        &[Some(x), Some(wt), b],
+        &[
+            ("stride", list(&w.strides)),
+            ("padding", list(&padding)),
+            ("dilation", list(&w.dilations)),
+            ("groups", Attr::Int(group)),
+        ],
+    )?)
+}
+
+/// Runs a 2-D pooling on a 1-D input `[N, C, L]` as `[N, C, 1, L]`.
+fn pool(
+    cx: &mut Cx,
+    f: impl FnOnce(&mut Cx, ValueId, &Window) -> Result<ValueId>,
+) -> Result<Vec<Val>> {
+    let x = cx.x(0)?;
+    let xs = cx.shape(x);
+    let Some(kernel) = cx.ints("kernel_shape")? else {
+        bail!(Value, "kernel_shape is required");
+    };
+    let mut w = window(cx, &xs[2.min(xs.len())..], kernel)?;
+    match xs.len() {
+        4 => one(f(cx, x, &w)?),
+        3 => {
+            let mut s = xs.clone();
+            s.insert(2, 1);
+            let x2 = cx.call("reshape", &[Some(x)], &[("shape", list(&dims(&s)))])?;
+            for v in [
+                &mut w.kernel,
+                &mut w.strides,
+                &mut w.dilations,
+                &mut w.lo,
+                &mut w.hi,
+            ] {
+                v.insert(0, 0);
+            }
+            fix_1d(&mut w);
+            let y = f(cx, x2, &w)?;
+            let mut ys = cx.shape(y);
+            ys.remove(2);
+            one(cx.call("reshape", &[Some(y)], &[("shape", list(&dims(&ys)))])?)
+        }
+        _ => bail!(
+            Value,
+            "only 1-D and 2-D pooling is supported, got input {xs:?}"
+        ),
+    }
+}
+
+/// The inserted leading spatial dim of a 1-D pooling: a window of 1, stride 1, no padding.
+fn fix_1d(w: &mut Window) {
+    w.kernel[0] = 1;
+    w.strides[0] = 1;
+    w.dilations[0] = 1;
+    w.lo[0] = 0;
+    w.hi[0] = 0;
+}
+
+fn dims(s: &[usize]) -> Vec<i64> {
+    s.iter().map(|&d| d as i64).collect()
+}
+
+/// Whether a pooling's padding is what PyTorch's pooling takes: the same on both sides and at
+/// most half the window.
+fn torch_padding(w: &Window) -> bool {
+    w.lo == w.hi && w.lo.iter().zip(&w.kernel).all(|(&p, &k)| 2 * p <= k)
+}
+
+pub fn max_pool(cx: &mut Cx) -> Result<Vec<Val>> {
+    if cx.node.output.get(1).is_some_and(|n| !n.is_empty()) {
+        bail!(Value, "the Indices output is not supported");
+    }
+    let ceil = cx.int("ceil_mode", 0)? != 0;
+    pool(cx, |cx, x, w| {
+        let (x, padding) = if torch_padding(w) {
+            (x, w.lo.clone())
+        } else {
+            (pad_spatial(cx, x, w, f64::NEG_INFINITY)?, vec![0; 2])
+        };
+        cx.call(
+            "max_pool2d",
+            &[Some(x)],
+            &[
+                ("kernel_size", list(&w.kernel)),
+                ("stride", list(&w.strides)),
+                ("padding", list(&padding)),
+                ("dilation", list(&w.dilations)),
+                ("ceil_mode", Attr::Bool(ceil)),
+            ],
+        )
+    })
+}
+
+pub fn average_pool(cx: &mut Cx) -> Result<Vec<Val>> {
+    let ceil = cx.int("ceil_mode", 0)? != 0;
+    let include = cx.int("count_include_pad", 0)? != 0;
+    pool(cx, |cx, x, w| {
+        if w.dilations.iter().any(|&d| d != 1) {
+            bail!(Value, "dilated average pooling is not supported");
+        }
+        let avg = |cx: &mut Cx, v: ValueId, padding: &[i64], include: bool| {
+            cx.call(
+                "avg_pool2d",
+                &[Some(v)],
+                &[
+                    ("kernel_size", list(&w.kernel)),
+                    ("stride", list(&w.strides)),
+                    ("padding", list(padding)),
+                    ("ceil_mode", Attr::Bool(ceil)),
+                    ("count_include_pad", Attr::Bool(include)),
+                ],
+            )
+        };
+        if torch_padding(w) {
+            return avg(cx, x, &w.lo, include);
+        }
+        let padded = pad_spatial(cx, x, w, 0.0)?;
+        let sums = avg(cx, padded, &[0, 0], true)?;
+        if include {
+            return Ok(sums);
+        }
+        // the mean over the real elements: pooled values over pooled ones of a padded mask
+        let ones = cx.call(
+            "ones",
+            &[],
+            &[
+                ("size", list(&dims(&cx.shape(x)))),
+                ("dtype", Attr::DType(cx.dtype(x))),
+            ],
+        )?;
+        let mask = pad_spatial(cx, ones, w, 0.0)?;
+        let counts = avg(cx, mask, &[0, 0], true)?;
+        cx.call("div", &[Some(sums), Some(counts)], &[])
+    })
+}
+
+fn global(cx: &mut Cx, name: &str) -> Result<Vec<Val>> {
+    let x = cx.x(0)?;
+    let r = cx.rank(x);
+    let spatial: Vec<i64> = (2..r).collect();
+    one(cx.call(
+        name,
+        &[Some(x)],
+        &[("dim", list(&spatial)), ("keepdim", Attr::Bool(true))],
+    )?)
+}
+
+pub fn global_average_pool(cx: &mut Cx) -> Result<Vec<Val>> {
+    global(cx, "mean")
+}
+
+pub fn global_max_pool(cx: &mut Cx) -> Result<Vec<Val>> {
+    global(cx, "amax")
+}
+
+pub fn batch_norm(cx: &mut Cx) -> Result<Vec<Val>> {
+    if cx.int("training_mode", 0)? != 0 || cx.node.output.iter().skip(1).any(|o| !o.is_empty()) {
+        bail!(Value, "training mode is not supported (inference only)");
+    }
+    let (x, scale, b, mean, var) = (cx.x(0)?, cx.x(1)?, cx.x(2)?, cx.x(3)?, cx.x(4)?);
+    let eps = cx.float("epsilon", 1e-5)?;
+    one(cx.call(
+        "batch_norm",
+        &[Some(x), Some(mean), Some(var), Some(scale), Some(b)],
+        &[("training", Attr::Bool(false)), ("eps", Attr::Float(eps))],
+    )?)
+}
+
+/// `v` of shape `[C]` reshaped to broadcast over dim 1 of a rank-`r` tensor.
+fn per_channel(cx: &mut Cx, v: ValueId, r: usize) -> Result<ValueId> {
+    let mut s = vec![1i64; r];
+    s[1] = -1;
+    cx.call("reshape", &[Some(v)], &[("shape", list(&s))])
+}
+
+pub fn instance_norm(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (x, scale, b) = (cx.x(0)?, cx.x(1)?, cx.x(2)?);
+    let eps = cx.float("epsilon", 1e-5)?;
+    let r = cx.rank(x) as usize;
+    let spatial = list(&(2..r as i64).collect::<Vec<_>>());
+    let keep = ("keepdim", Attr::Bool(true));
+    let mean = cx.call(
+        "mean",
+        &[Some(x)],
+        &[("dim", spatial.clone()), keep.clone()],
+    )?;
+    let var = cx.call(
+        "var",
+        &[Some(x)],
+        &[("dim", spatial), ("correction", Attr::Int(0)), keep],
+    )?;
+    let e = cx.scalar(eps, cx.dtype(x))?;
+    let ve = cx.call("add", &[Some(var), Some(e)], &[])?;
+    let inv = cx.call("rsqrt", &[Some(ve)], &[])?;
+    let c = cx.call("sub", &[Some(x), Some(mean)], &[])?;
+    let n = cx.call("mul", &[Some(c), Some(inv)], &[])?;
+    let s = per_channel(cx, scale, r)?;
+    let bb = per_channel(cx, b, r)?;
+    let y = cx.call("mul", &[Some(n), Some(s)], &[])?;
+    one(cx.call("add", &[Some(y), Some(bb)], &[])?)
+}
+
+pub fn layer_norm(cx: &mut Cx) -> Result<Vec<Val>> {
+    if cx.node.output.iter().skip(1).any(|o| !o.is_empty()) {
+        bail!(Value, "the Mean and InvStdDev outputs are not supported");
+    }
+    let x = cx.x(0)?;
+    let scale = cx.x(1)?;
+    let b = cx.opt(2)?;
+    let shape = cx.shape(x);
+    let a = axis(cx.int("axis", -1)?, shape.len() as i64)? as usize;
+    let eps = cx.float("epsilon", 1e-5)?;
+    let normalized: Vec<usize> = shape[a..].to_vec();
+    let attrs = [
+        ("normalized_shape", list(&dims(&normalized))),
+        ("eps", Attr::Float(eps)),
+    ];
+    let exact = |cx: &Cx, v: Option<ValueId>| v.is_none_or(|v| cx.shape(v) == normalized);
+    if exact(cx, Some(scale)) && exact(cx, b) {
+        return one(cx.call("layer_norm", &[Some(x), Some(scale), b], &attrs)?);
+    }
+    // a scale or bias that only broadcasts to the normalised shape
+    let n = cx.call("layer_norm", &[Some(x), None, None], &attrs)?;
+    let mut y = cx.call("mul", &[Some(n), Some(scale)], &[])?;
+    if let Some(b) = b {
+        y = cx.call("add", &[Some(y), Some(b)], &[])?;
+    }
+    one(y)
+}
+
+pub fn dropout(cx: &mut Cx) -> Result<Vec<Val>> {
+    if cx.opset() >= 12 && cx.has(2) {
+        match cx.known(2) {
+            Some(t) if t.to_vec::<bool>().is_ok_and(|v| v.iter().all(|&b| !b)) => {}
+            _ => bail!(Value, "training mode is not supported (inference only)"),
+        }
+    }
+    let x = cx.x(0)?;
+    let y = cx.call("contiguous", &[Some(x)], &[])?;
+    let mut outs = vec![Val::node(y)];
+    if cx.node.output.get(1).is_some_and(|n| !n.is_empty()) {
+        let mask = cx.call(
+            "full",
+            &[],
+            &[
+                ("size", list(&dims(&cx.shape(x)))),
+                ("fill_value", Attr::Bool(true)),
+            ],
+        )?;
+        outs.push(Val::node(mask));
+    }
+    Ok(outs)
+}

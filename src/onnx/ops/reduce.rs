@@ -1,0 +1,210 @@
+//! Reductions, `ArgMax`/`ArgMin`, `CumSum`, `Softmax` and `LogSoftmax`.
+
+use super::elementwise::cast_to;
+use super::{axis, list, one};
+use crate::ir::attrs::Attr;
+use crate::ir::graph::ValueId;
+use crate::onnx::import::{Cx, Val};
+use crate::{Result, bail};
+
+/// The axes a reduction runs over: the `axes` input (from `input_since`) or attribute, all of
+/// them when absent or empty, or none (`noop_with_empty_axes`).
+fn axes(cx: &Cx, x: ValueId, input_since: i64) -> Result<Option<Vec<i64>>> {
+    let given = if cx.opset() >= input_since {
+        cx.ints_input(1, "axes")?
+    } else {
+        cx.ints("axes")?
+    };
+    let rank = cx.rank(x);
+    match given {
+        Some(a) if !a.is_empty() => Ok(Some(
+            a.iter().map(|&d| axis(d, rank)).collect::<Result<_>>()?,
+        )),
+        _ if cx.int("noop_with_empty_axes", 0)? != 0 => Ok(None),
+        _ => Ok(Some((0..rank).collect())),
+    }
+}
+
+/// `name` over the reduction's axes, then `post` (a unary op or nothing); the result keeps
+/// the input's dtype.
+fn reduce(
+    cx: &mut Cx,
+    name: &str,
+    input_since: i64,
+    pre: Option<&str>,
+    post: Option<&str>,
+) -> Result<Vec<Val>> {
+    let x = cx.x(0)?;
+    let keep = cx.int("keepdims", 1)? != 0;
+    let Some(dims) = axes(cx, x, input_since)? else {
+        let y = cx.call("contiguous", &[Some(x)], &[])?;
+        return one(y);
+    };
+    let mut y = match pre {
+        Some(p) => cx.call(p, &[Some(x)], &[])?,
+        None => x,
+    };
+    if name == "prod" {
+        // torch.prod takes one dim: reduce one at a time, highest first
+        let mut sorted = dims.clone();
+        sorted.sort_unstable();
+        for &d in sorted.iter().rev() {
+            y = cx.call(
+                "prod",
+                &[Some(y)],
+                &[("dim", Attr::Int(d)), ("keepdim", Attr::Bool(keep))],
+            )?;
+        }
+        if dims.is_empty() {
+            y = cx.call("contiguous", &[Some(y)], &[])?;
+        }
+    } else if dims.is_empty() {
+        y = cx.call("contiguous", &[Some(y)], &[])?;
+    } else {
+        y = cx.call(
+            name,
+            &[Some(y)],
+            &[("dim", list(&dims)), ("keepdim", Attr::Bool(keep))],
+        )?;
+    }
+    if let Some(p) = post {
+        y = cx.call(p, &[Some(y)], &[])?;
+    }
+    one(cast_to(cx, y, cx.dtype(x))?)
+}
+
+pub fn reduce_sum(cx: &mut Cx) -> Result<Vec<Val>> {
+    reduce(cx, "sum", 13, None, None)
+}
+
+pub fn reduce_mean(cx: &mut Cx) -> Result<Vec<Val>> {
+    reduce(cx, "mean", 18, None, None)
+}
+
+pub fn reduce_max(cx: &mut Cx) -> Result<Vec<Val>> {
+    reduce(cx, "amax", 18, None, None)
+}
+
+pub fn reduce_min(cx: &mut Cx) -> Result<Vec<Val>> {
+    reduce(cx, "amin", 18, None, None)
+}
+
+pub fn reduce_prod(cx: &mut Cx) -> Result<Vec<Val>> {
+    reduce(cx, "prod", 18, None, None)
+}
+
+pub fn reduce_l1(cx: &mut Cx) -> Result<Vec<Val>> {
+    reduce(cx, "sum", 18, Some("abs"), None)
+}
+
+pub fn reduce_l2(cx: &mut Cx) -> Result<Vec<Val>> {
+    reduce(cx, "sum", 18, Some("square"), Some("sqrt"))
+}
+
+pub fn reduce_log_sum(cx: &mut Cx) -> Result<Vec<Val>> {
+    reduce(cx, "sum", 18, None, Some("log"))
+}
+
+pub fn reduce_log_sum_exp(cx: &mut Cx) -> Result<Vec<Val>> {
+    reduce(cx, "logsumexp", 18, None, None)
+}
+
+pub fn reduce_sum_square(cx: &mut Cx) -> Result<Vec<Val>> {
+    reduce(cx, "sum", 18, Some("square"), None)
+}
+
+fn arg(cx: &mut Cx, name: &str) -> Result<Vec<Val>> {
+    let x = cx.x(0)?;
+    let rank = cx.rank(x);
+    let a = axis(cx.int("axis", 0)?, rank)?;
+    let keep = Attr::Bool(cx.int("keepdims", 1)? != 0);
+    if cx.int("select_last_index", 0)? == 0 {
+        return one(cx.call(
+            name,
+            &[Some(x)],
+            &[("dim", Attr::Int(a)), ("keepdim", keep)],
+        )?);
+    }
+    // the last extreme: the first one of the flipped tensor, counted from the end
+    let f = cx.call("flip", &[Some(x)], &[("dims", list(&[a]))])?;
+    let i = cx.call(
+        name,
+        &[Some(f)],
+        &[("dim", Attr::Int(a)), ("keepdim", keep)],
+    )?;
+    let n = cx.shape(x)[a as usize] as f64;
+    let last = cx.scalar(n - 1.0, cx.dtype(i))?;
+    one(cx.call("sub", &[Some(last), Some(i)], &[])?)
+}
+
+pub fn argmax(cx: &mut Cx) -> Result<Vec<Val>> {
+    arg(cx, "argmax")
+}
+
+pub fn argmin(cx: &mut Cx) -> Result<Vec<Val>> {
+    arg(cx, "argmin")
+}
+
+pub fn cumsum(cx: &mut Cx) -> Result<Vec<Val>> {
+    let x = cx.x(0)?;
+    let Some(a) = cx.ints_input(1, "axis")? else {
+        bail!(Value, "the axis input is required");
+    };
+    let a = axis(a[0], cx.rank(x))?;
+    let reverse = cx.int("reverse", 0)? != 0;
+    let exclusive = cx.int("exclusive", 0)? != 0;
+    let flip = |cx: &mut Cx, v: ValueId| cx.call("flip", &[Some(v)], &[("dims", list(&[a]))]);
+    let src = if reverse { flip(cx, x)? } else { x };
+    let mut y = cx.call("cumsum", &[Some(src)], &[("dim", Attr::Int(a))])?;
+    if exclusive {
+        y = cx.call("sub", &[Some(y), Some(src)], &[])?;
+    }
+    if reverse {
+        y = flip(cx, y)?;
+    }
+    one(cast_to(cx, y, cx.dtype(x))?)
+}
+
+/// Softmax-like ops before opset 13: the input seen as 2-D `[prod(:axis), prod(axis:)]`.
+fn coerced(cx: &mut Cx, name: &str) -> Result<Vec<Val>> {
+    let x = cx.x(0)?;
+    let shape = cx.shape(x);
+    let rank = shape.len() as i64;
+    let a = if rank == 0 {
+        0
+    } else {
+        axis(cx.int("axis", 1)?, rank)?
+    } as usize;
+    let inner: usize = shape[a..].iter().product();
+    let outer: usize = shape[..a].iter().product();
+    let flat = cx.call(
+        "reshape",
+        &[Some(x)],
+        &[("shape", list(&[outer as i64, inner as i64]))],
+    )?;
+    let y = cx.call(name, &[Some(flat)], &[("dim", Attr::Int(1))])?;
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    one(cx.call("reshape", &[Some(y)], &[("shape", list(&dims))])?)
+}
+
+fn along(cx: &mut Cx, name: &str) -> Result<Vec<Val>> {
+    let x = cx.x(0)?;
+    let a = axis(cx.int("axis", -1)?, cx.rank(x))?;
+    one(cx.call(name, &[Some(x)], &[("dim", Attr::Int(a))])?)
+}
+
+pub fn softmax_v1(cx: &mut Cx) -> Result<Vec<Val>> {
+    coerced(cx, "softmax")
+}
+
+pub fn softmax(cx: &mut Cx) -> Result<Vec<Val>> {
+    along(cx, "softmax")
+}
+
+pub fn log_softmax_v1(cx: &mut Cx) -> Result<Vec<Val>> {
+    coerced(cx, "log_softmax")
+}
+
+pub fn log_softmax(cx: &mut Cx) -> Result<Vec<Val>> {
+    along(cx, "log_softmax")
+}
