@@ -404,3 +404,11 @@ pub fn clip(cx: &mut Cx) -> Result<Vec<Val>> {
     let y = cx.call("clamp", &[Some(x)], &attrs)?;
     one(cast_to(cx, y, cx.dtype(x))?)
 }
+
+pub fn swish(cx: &mut Cx) -> Result<Vec<Val>> {
+    let x = cx.x(0)?;
+    let a = cx.float("alpha", 1.0)?;
+    let ax = with_scalar(cx, "mul", x, a)?;
+    let s = cx.call("sigmoid", &[Some(ax)], &[])?;
+    one(cx.call("mul", &[Some(x), Some(s)], &[])?)
+}

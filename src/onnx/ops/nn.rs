@@ -1,11 +1,12 @@
 //! Neural-network ops: `MatMul`, `Gemm`, `Conv`, pooling, normalisations, `Dropout`, `Einsum`.
 
+use super::elementwise::cast_to;
 use super::shape::pad_axis;
 use super::{axis, list, one};
 use crate::ir::attrs::Attr;
 use crate::ir::graph::ValueId;
 use crate::onnx::import::{Cx, Val};
-use crate::{Result, bail};
+use crate::{DType, Result, bail};
 
 pub fn matmul(cx: &mut Cx) -> Result<Vec<Val>> {
     let (a, b) = (cx.x(0)?, cx.x(1)?);
@@ -350,10 +351,29 @@ pub fn instance_norm(cx: &mut Cx) -> Result<Vec<Val>> {
     one(cx.call("add", &[Some(y), Some(bb)], &[])?)
 }
 
+/// Mean and `1 / sqrt(var + eps)` over the dims from `a` on, kept as size 1, in f32 or
+/// wider (`stash_type`).
+fn moments(cx: &mut Cx, x: ValueId, a: usize, eps: f64) -> Result<(ValueId, ValueId)> {
+    let r = cx.rank(x);
+    let dims = list(&(a as i64..r).collect::<Vec<_>>());
+    let keep = ("keepdim", Attr::Bool(true));
+    let xs = if cx.dtype(x) == DType::F64 {
+        x
+    } else {
+        cast_to(cx, x, DType::F32)?
+    };
+    let mean = cx.call("mean", &[Some(xs)], &[("dim", dims.clone()), keep.clone()])?;
+    let var = cx.call(
+        "var",
+        &[Some(xs)],
+        &[("dim", dims), ("correction", Attr::Int(0)), keep],
+    )?;
+    let e = cx.scalar(eps, cx.dtype(xs))?;
+    let ve = cx.call("add", &[Some(var), Some(e)], &[])?;
+    Ok((mean, cx.call("rsqrt", &[Some(ve)], &[])?))
+}
+
 pub fn layer_norm(cx: &mut Cx) -> Result<Vec<Val>> {
-    if cx.node.output.iter().skip(1).any(|o| !o.is_empty()) {
-        bail!(Value, "the Mean and InvStdDev outputs are not supported");
-    }
     let x = cx.x(0)?;
     let scale = cx.x(1)?;
     let b = cx.opt(2)?;
@@ -366,16 +386,131 @@ pub fn layer_norm(cx: &mut Cx) -> Result<Vec<Val>> {
         ("eps", Attr::Float(eps)),
     ];
     let exact = |cx: &Cx, v: Option<ValueId>| v.is_none_or(|v| cx.shape(v) == normalized);
-    if exact(cx, Some(scale)) && exact(cx, b) {
-        return one(cx.call("layer_norm", &[Some(x), Some(scale), b], &attrs)?);
+    let y = if exact(cx, Some(scale)) && exact(cx, b) {
+        cx.call("layer_norm", &[Some(x), Some(scale), b], &attrs)?
+    } else {
+        // a scale or bias that only broadcasts to the normalised shape
+        let n = cx.call("layer_norm", &[Some(x), None, None], &attrs)?;
+        let mut y = cx.call("mul", &[Some(n), Some(scale)], &[])?;
+        if let Some(b) = b {
+            y = cx.call("add", &[Some(y), Some(b)], &[])?;
+        }
+        y
+    };
+    let mut outs = vec![Val::node(y)];
+    if cx.node.output.iter().skip(1).any(|o| !o.is_empty()) {
+        let (mean, inv) = moments(cx, x, a, eps)?;
+        outs.push(Val::node(mean));
+        outs.push(Val::node(inv));
     }
-    // a scale or bias that only broadcasts to the normalised shape
-    let n = cx.call("layer_norm", &[Some(x), None, None], &attrs)?;
-    let mut y = cx.call("mul", &[Some(n), Some(scale)], &[])?;
-    if let Some(b) = b {
-        y = cx.call("add", &[Some(y), Some(b)], &[])?;
+    Ok(outs)
+}
+
+pub fn rms_norm(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (x, scale) = (cx.x(0)?, cx.x(1)?);
+    let r = cx.rank(x);
+    let a = axis(cx.int("axis", -1)?, r)?;
+    let eps = cx.float("epsilon", 1e-5)?;
+    let xs = if cx.dtype(x) == DType::F64 {
+        x
+    } else {
+        cast_to(cx, x, DType::F32)?
+    };
+    let sq = cx.call("square", &[Some(xs)], &[])?;
+    let ms = cx.call(
+        "mean",
+        &[Some(sq)],
+        &[
+            ("dim", list(&(a..r).collect::<Vec<_>>())),
+            ("keepdim", Attr::Bool(true)),
+        ],
+    )?;
+    let e = cx.scalar(eps, cx.dtype(xs))?;
+    let me = cx.call("add", &[Some(ms), Some(e)], &[])?;
+    let inv = cx.call("rsqrt", &[Some(me)], &[])?;
+    let n = cx.call("mul", &[Some(xs), Some(inv)], &[])?;
+    let n = cast_to(cx, n, cx.dtype(x))?;
+    one(cx.call("mul", &[Some(n), Some(scale)], &[])?)
+}
+
+pub fn group_norm(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (x, scale, b) = (cx.x(0)?, cx.x(1)?, cx.x(2)?);
+    let shape = cx.shape(x);
+    let g = cx.int("num_groups", 0)?;
+    let eps = cx.float("epsilon", 1e-5)?;
+    if shape.len() < 2 || g <= 0 || shape[1] as i64 % g != 0 {
+        bail!(
+            Value,
+            "num_groups {g} does not divide the channels of {shape:?}"
+        );
     }
-    one(y)
+    let (n, c) = (shape[0] as i64, shape[1] as i64);
+    let grouped = cx.call("reshape", &[Some(x)], &[("shape", list(&[n, g, -1]))])?;
+    let (mean, inv) = moments(cx, grouped, 2, eps)?;
+    let gx = cast_to(cx, grouped, cx.dtype(mean))?;
+    let centred = cx.call("sub", &[Some(gx), Some(mean)], &[])?;
+    let normed = cx.call("mul", &[Some(centred), Some(inv)], &[])?;
+    let normed = cast_to(cx, normed, cx.dtype(x))?;
+    let back = cx.call(
+        "reshape",
+        &[Some(normed)],
+        &[("shape", list(&dims(&shape)))],
+    )?;
+    // opset 18 gives one scale per group, opset 21 one per channel
+    let per_channel = |cx: &mut Cx, v: ValueId| -> Result<ValueId> {
+        let v = if cx.shape(v) == [g as usize] && g != c {
+            let col = cx.call("reshape", &[Some(v)], &[("shape", list(&[g, 1]))])?;
+            let e = cx.call("expand", &[Some(col)], &[("size", list(&[g, c / g]))])?;
+            cx.call("reshape", &[Some(e)], &[("shape", list(&[c]))])?
+        } else {
+            v
+        };
+        self::per_channel(cx, v, shape.len())
+    };
+    let s = per_channel(cx, scale)?;
+    let bb = per_channel(cx, b)?;
+    let y = cx.call("mul", &[Some(back), Some(s)], &[])?;
+    one(cx.call("add", &[Some(y), Some(bb)], &[])?)
+}
+
+pub fn mean_variance_norm(cx: &mut Cx) -> Result<Vec<Val>> {
+    let x = cx.x(0)?;
+    let r = cx.rank(x);
+    let axes: Vec<i64> = cx
+        .ints("axes")?
+        .unwrap_or_else(|| vec![0, 2, 3])
+        .iter()
+        .map(|&a| axis(a, r))
+        .collect::<Result<_>>()?;
+    let keep = ("keepdim", Attr::Bool(true));
+    let mean = cx.call("mean", &[Some(x)], &[("dim", list(&axes)), keep.clone()])?;
+    let c = cx.call("sub", &[Some(x), Some(mean)], &[])?;
+    let sq = cx.call("square", &[Some(c)], &[])?;
+    let var = cx.call("mean", &[Some(sq)], &[("dim", list(&axes)), keep])?;
+    let e = cx.scalar(1e-9, cx.dtype(x))?;
+    let ve = cx.call("add", &[Some(var), Some(e)], &[])?;
+    let sd = cx.call("sqrt", &[Some(ve)], &[])?;
+    one(cx.call("div", &[Some(c), Some(sd)], &[])?)
+}
+
+pub fn lp_norm(cx: &mut Cx) -> Result<Vec<Val>> {
+    let x = cx.x(0)?;
+    let a = axis(cx.int("axis", -1)?, cx.rank(x))?;
+    let p = cx.int("p", 2)?;
+    let keep = [("dim", list(&[a])), ("keepdim", Attr::Bool(true))];
+    let norm = match p {
+        1 => {
+            let ab = cx.call("abs", &[Some(x)], &[])?;
+            cx.call("sum", &[Some(ab)], &keep)?
+        }
+        2 => {
+            let sq = cx.call("square", &[Some(x)], &[])?;
+            let s = cx.call("sum", &[Some(sq)], &keep)?;
+            cx.call("sqrt", &[Some(s)], &[])?
+        }
+        _ => bail!(Value, "p = {p}: only 1 and 2 are defined"),
+    };
+    one(cx.call("div", &[Some(x), Some(norm)], &[])?)
 }
 
 pub fn dropout(cx: &mut Cx) -> Result<Vec<Val>> {
@@ -400,4 +535,157 @@ pub fn dropout(cx: &mut Cx) -> Result<Vec<Val>> {
         outs.push(Val::node(mask));
     }
     Ok(outs)
+}
+
+pub fn lp_pool(cx: &mut Cx) -> Result<Vec<Val>> {
+    let p = cx.int("p", 2)? as f64;
+    let ceil = cx.int("ceil_mode", 0)? != 0;
+    pool(cx, |cx, x, w| {
+        if w.dilations.iter().any(|&d| d != 1) {
+            bail!(Value, "dilated Lp pooling is not supported");
+        }
+        // (Σ |x|^p)^(1/p): a window's mean of |x|^p times its size (padding adds zeros)
+        let ab = cx.call("abs", &[Some(x)], &[])?;
+        let pe = cx.scalar(p, cx.dtype(x))?;
+        let xp = cx.call("pow", &[Some(ab), Some(pe)], &[])?;
+        let (xp, padding) = if torch_padding(w) {
+            (xp, w.lo.clone())
+        } else {
+            (pad_spatial(cx, xp, w, 0.0)?, vec![0; 2])
+        };
+        let m = cx.call(
+            "avg_pool2d",
+            &[Some(xp)],
+            &[
+                ("kernel_size", list(&w.kernel)),
+                ("stride", list(&w.strides)),
+                ("padding", list(&padding)),
+                ("ceil_mode", Attr::Bool(ceil)),
+                ("count_include_pad", Attr::Bool(true)),
+            ],
+        )?;
+        let k = cx.scalar(w.kernel.iter().product::<i64>() as f64, cx.dtype(x))?;
+        let s = cx.call("mul", &[Some(m), Some(k)], &[])?;
+        let inv = cx.scalar(1.0 / p, cx.dtype(x))?;
+        cx.call("pow", &[Some(s), Some(inv)], &[])
+    })
+}
+
+pub fn conv_transpose(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (x, wt) = (cx.x(0)?, cx.x(1)?);
+    let b = cx.opt(2)?;
+    let xs = cx.shape(x);
+    let ws = cx.shape(wt);
+    if xs.len() < 3 || xs.len() > 4 {
+        bail!(
+            Value,
+            "only 1-D and 2-D transposed convolutions are supported, got {xs:?}"
+        );
+    }
+    let n = xs.len() - 2;
+    let group = cx.int("group", 1)?;
+    let kernel = cx
+        .ints("kernel_shape")?
+        .unwrap_or_else(|| ws[2..].iter().map(|&d| d as i64).collect());
+    let strides = cx.ints("strides")?.unwrap_or_else(|| vec![1; n]);
+    let dilations = cx.ints("dilations")?.unwrap_or_else(|| vec![1; n]);
+    let extra = cx.ints("output_padding")?.unwrap_or_else(|| vec![0; n]);
+    if [kernel.len(), strides.len(), dilations.len(), extra.len()] != [n; 4] {
+        bail!(
+            Value,
+            "kernel, strides, dilations and output_padding must have {n} entries"
+        );
+    }
+    // the whole output (no padding), then cropped by the pads
+    let mut full: Vec<i64> = (0..n)
+        .map(|i| {
+            strides[i] * (xs[2 + i] as i64 - 1) + (kernel[i] - 1) * dilations[i] + 1 + extra[i]
+        })
+        .collect();
+    let auto = cx.string("auto_pad")?.unwrap_or_else(|| "NOTSET".into());
+    let output_shape = cx.ints("output_shape")?;
+    let (lo, hi): (Vec<i64>, Vec<i64>) = if let Some(os) = output_shape.filter(|_| auto != "VALID")
+    {
+        let os = &os[os.len().saturating_sub(n)..];
+        for i in 0..n {
+            // an output larger than the whole one: up to stride - 1 more positions exist
+            if os[i] > full[i] && os[i] - full[i] < strides[i] {
+                full[i] = os[i];
+            }
+        }
+        let upper = auto != "SAME_LOWER";
+        (0..n)
+            .map(|i| {
+                let total = full[i] - os[i];
+                if upper {
+                    (total / 2, total - total / 2)
+                } else {
+                    (total - total / 2, total / 2)
+                }
+            })
+            .unzip()
+    } else {
+        match auto.as_str() {
+            "SAME_UPPER" | "SAME_LOWER" => (0..n)
+                .map(|i| {
+                    let total = full[i] - xs[2 + i] as i64 * strides[i];
+                    if auto == "SAME_UPPER" {
+                        (total / 2, total - total / 2)
+                    } else {
+                        (total - total / 2, total / 2)
+                    }
+                })
+                .unzip(),
+            "VALID" => (vec![0; n], vec![0; n]),
+            _ => {
+                let p = cx.ints("pads")?.unwrap_or_else(|| vec![0; 2 * n]);
+                if p.len() != 2 * n {
+                    bail!(Value, "pads must have {} entries", 2 * n);
+                }
+                (p[..n].to_vec(), p[n..].to_vec())
+            }
+        }
+    };
+    let c_out = ws[1] as i64 * group;
+    let mut input_size = vec![xs[0] as i64, c_out];
+    input_size.extend(&full);
+    let mut y = cx.call(
+        "convolution_backward_input",
+        &[Some(x), Some(wt)],
+        &[
+            ("input_size", list(&input_size)),
+            ("stride", list(&strides)),
+            ("padding", list(&vec![0; n])),
+            ("dilation", list(&dilations)),
+            ("groups", Attr::Int(group)),
+        ],
+    )?;
+    for i in 0..n {
+        if lo[i] != 0 || hi[i] != 0 {
+            let len = full[i] - lo[i] - hi[i];
+            if lo[i] < 0 || hi[i] < 0 || len < 0 {
+                bail!(
+                    Value,
+                    "pads {:?}/{:?} do not fit an output of {:?}",
+                    lo,
+                    hi,
+                    full
+                );
+            }
+            y = cx.call(
+                "narrow",
+                &[Some(y)],
+                &[
+                    ("dim", Attr::Int(2 + i as i64)),
+                    ("start", Attr::Int(lo[i])),
+                    ("length", Attr::Int(len)),
+                ],
+            )?;
+        }
+    }
+    if let Some(b) = b {
+        let bb = per_channel(cx, b, xs.len())?;
+        y = cx.call("add", &[Some(y), Some(bb)], &[])?;
+    }
+    one(y)
 }

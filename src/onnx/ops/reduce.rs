@@ -40,6 +40,10 @@ fn reduce(
         let y = cx.call("contiguous", &[Some(x)], &[])?;
         return one(y);
     };
+    let shape = cx.shape(x);
+    if dims.iter().any(|&d| shape[d as usize] == 0) {
+        return one(empty_reduction(cx, x, name, post, &dims, keep)?);
+    }
     let mut y = match pre {
         Some(p) => cx.call(p, &[Some(x)], &[])?,
         None => x,
@@ -71,6 +75,81 @@ fn reduce(
         y = cx.call(p, &[Some(y)], &[])?;
     }
     one(cast_to(cx, y, cx.dtype(x))?)
+}
+
+/// A reduction over an empty set: its identity (ONNX's definition: 0 for sums, 1 for
+/// products, -inf for maxima and log-sums, +inf for minima).
+fn empty_reduction(
+    cx: &mut Cx,
+    x: ValueId,
+    name: &str,
+    post: Option<&str>,
+    dims: &[i64],
+    keep: bool,
+) -> Result<ValueId> {
+    let dtype = cx.dtype(x);
+    let value = match (name, post) {
+        ("sum", Some("log")) | ("logsumexp", _) | ("amax", _) => f64::NEG_INFINITY,
+        ("amin", _) => f64::INFINITY,
+        ("prod", _) => 1.0,
+        ("sum", _) => 0.0,
+        _ => f64::NAN,
+    };
+    let fill = if dtype.is_bool() {
+        Attr::Bool(value > 0.0)
+    } else if dtype.is_float() {
+        Attr::Float(value)
+    } else if value.is_infinite() {
+        // the integer bound of that sign
+        Attr::Int(if value > 0.0 {
+            dtype_max(dtype)
+        } else {
+            dtype_min(dtype)
+        })
+    } else {
+        Attr::Int(value as i64)
+    };
+    let out: Vec<i64> = cx
+        .shape(x)
+        .iter()
+        .enumerate()
+        .filter_map(|(d, &n)| match (dims.contains(&(d as i64)), keep) {
+            (false, _) => Some(n as i64),
+            (true, true) => Some(1),
+            (true, false) => None,
+        })
+        .collect();
+    cx.call(
+        "full",
+        &[],
+        &[
+            ("size", list(&out)),
+            ("fill_value", fill),
+            ("dtype", Attr::DType(dtype)),
+        ],
+    )
+}
+
+fn dtype_max(d: crate::DType) -> i64 {
+    use crate::DType::*;
+    match d {
+        U8 => u8::MAX as i64,
+        I8 => i8::MAX as i64,
+        I16 => i16::MAX as i64,
+        I32 => i32::MAX as i64,
+        _ => i64::MAX,
+    }
+}
+
+fn dtype_min(d: crate::DType) -> i64 {
+    use crate::DType::*;
+    match d {
+        U8 => 0,
+        I8 => i8::MIN as i64,
+        I16 => i16::MIN as i64,
+        I32 => i32::MIN as i64,
+        _ => i64::MIN,
+    }
 }
 
 pub fn reduce_sum(cx: &mut Cx) -> Result<Vec<Val>> {
@@ -207,4 +286,53 @@ pub fn log_softmax_v1(cx: &mut Cx) -> Result<Vec<Val>> {
 
 pub fn log_softmax(cx: &mut Cx) -> Result<Vec<Val>> {
     along(cx, "log_softmax")
+}
+
+/// One at the first maximum along `dim`, zero elsewhere, in `x`'s dtype.
+fn hardmax_along(cx: &mut Cx, x: ValueId, dim: i64) -> Result<ValueId> {
+    let n = cx.shape(x)[dim as usize];
+    let i = cx.call(
+        "argmax",
+        &[Some(x)],
+        &[("dim", Attr::Int(dim)), ("keepdim", Attr::Bool(true))],
+    )?;
+    let mut s = vec![1i64; cx.rank(x) as usize];
+    s[dim as usize] = n as i64;
+    let r = cx.call(
+        "arange",
+        &[],
+        &[
+            ("end", Attr::Int(n as i64)),
+            ("dtype", Attr::DType(crate::DType::I64)),
+        ],
+    )?;
+    let r = cx.call("reshape", &[Some(r)], &[("shape", list(&s))])?;
+    let hit = cx.call("eq", &[Some(r), Some(i)], &[])?;
+    cast_to(cx, hit, cx.dtype(x))
+}
+
+pub fn hardmax_v1(cx: &mut Cx) -> Result<Vec<Val>> {
+    let x = cx.x(0)?;
+    let shape = cx.shape(x);
+    let a = if shape.is_empty() {
+        0
+    } else {
+        axis(cx.int("axis", 1)?, shape.len() as i64)?
+    } as usize;
+    let outer: usize = shape[..a].iter().product();
+    let inner: usize = shape[a..].iter().product();
+    let flat = cx.call(
+        "reshape",
+        &[Some(x)],
+        &[("shape", list(&[outer as i64, inner as i64]))],
+    )?;
+    let y = hardmax_along(cx, flat, 1)?;
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    one(cx.call("reshape", &[Some(y)], &[("shape", list(&dims))])?)
+}
+
+pub fn hardmax(cx: &mut Cx) -> Result<Vec<Val>> {
+    let x = cx.x(0)?;
+    let a = axis(cx.int("axis", -1)?, cx.rank(x))?;
+    one(hardmax_along(cx, x, a)?)
 }

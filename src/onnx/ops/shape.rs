@@ -717,3 +717,45 @@ pub fn space_to_depth(cx: &mut Cx) -> Result<Vec<Val>> {
     )?;
     one(y)
 }
+
+pub fn one_hot(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (idx, values) = (cx.x(0)?, cx.x(2)?);
+    let Some(depth) = cx
+        .floats_input(1, "depth")?
+        .and_then(|v| v.first().copied())
+    else {
+        bail!(Value, "the depth input is required");
+    };
+    let depth = depth as i64;
+    if depth <= 0 {
+        bail!(Value, "depth {depth} must be positive");
+    }
+    let r = cx.rank(idx) + 1;
+    let a = axis(cx.int("axis", -1)?, r)?;
+    let i = cast_to(cx, idx, DType::I64)?;
+    let i = wrap_negative(cx, i, depth as usize)?;
+    let i = cx.call("unsqueeze", &[Some(i)], &[("dim", Attr::Int(a))])?;
+    let mut s = vec![1i64; r as usize];
+    s[a as usize] = depth;
+    let classes = cx.call(
+        "arange",
+        &[],
+        &[
+            ("end", Attr::Int(depth)),
+            ("dtype", Attr::DType(DType::I64)),
+        ],
+    )?;
+    let classes = cx.call("reshape", &[Some(classes)], &[("shape", list(&s))])?;
+    let hit = cx.call("eq", &[Some(i), Some(classes)], &[])?;
+    let off = cx.call(
+        "select",
+        &[Some(values)],
+        &[("dim", Attr::Int(0)), ("index", Attr::Int(0))],
+    )?;
+    let on = cx.call(
+        "select",
+        &[Some(values)],
+        &[("dim", Attr::Int(0)), ("index", Attr::Int(1))],
+    )?;
+    one(cx.call("where", &[Some(hit), Some(on), Some(off)], &[])?)
+}

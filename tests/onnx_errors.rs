@@ -1,0 +1,298 @@
+//! ONNX files that are truncated, corrupt or hostile, and models smelt cannot run: each is a
+//! clean error that says what is wrong, never a panic or an allocation of what the file
+//! claims.
+
+use prost::Message;
+use smelt::Tensor;
+use smelt::onnx::proto::{
+    AttributeProto, DimValue, Dimension, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
+    StringStringEntryProto, TensorProto, TensorShapeProto, TensorTypeProto, TypeProto,
+    ValueInfoProto, attribute_type, data_type,
+};
+use std::path::Path;
+
+fn value(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            tensor_type: Some(TensorTypeProto {
+                elem_type: elem,
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|&d| Dimension {
+                            value: Some(DimValue::DimValue(d)),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
+    NodeProto {
+        op_type: op.into(),
+        name: name.into(),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+fn model(opset: i64, graph: GraphProto) -> ModelProto {
+    ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: opset,
+        }],
+        graph: Some(graph),
+        ..Default::default()
+    }
+}
+
+/// `y = relu(x)` over f32[2, 3].
+fn relu_model() -> ModelProto {
+    model(
+        17,
+        GraphProto {
+            name: "g".into(),
+            node: vec![node("Relu", "r", &["x"], &["y"])],
+            input: vec![value("x", data_type::FLOAT, &[2, 3])],
+            output: vec![value("y", data_type::FLOAT, &[2, 3])],
+            ..Default::default()
+        },
+    )
+}
+
+/// The error of importing `m` (decoding it from bytes first).
+fn import_error(m: &ModelProto, dir: Option<&Path>) -> String {
+    let bytes = m.encode_to_vec();
+    match smelt::onnx::from_bytes(&bytes, dir).and_then(|m| m.import(&[])) {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_valid_model_runs() {
+    let m = smelt::onnx::from_bytes(&relu_model().encode_to_vec(), None).unwrap();
+    let imp = m.import(&[]).unwrap();
+    let x = Tensor::from_vec(vec![-1f32, 2., -3., 4., 0., 6.], &[2, 3]).unwrap();
+    let y = smelt::runtime::interp::run_positional(&imp.graph, &imp.bind(&[("x", x)]).unwrap())
+        .unwrap();
+    assert_eq!(y[0].to_vec::<f32>().unwrap(), [0., 2., 0., 4., 0., 6.]);
+}
+
+#[test]
+fn truncated_and_corrupt_files_are_errors() {
+    let bytes = relu_model().encode_to_vec();
+    for cut in [1, bytes.len() / 3, bytes.len() / 2, bytes.len() - 1] {
+        let e = smelt::onnx::from_bytes(&bytes[..cut], None)
+            .and_then(|m| m.import(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(!e.is_empty());
+    }
+    let garbage: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let e = smelt::onnx::from_bytes(&garbage, None).unwrap_err().to_string();
+    assert!(e.contains("not a valid ONNX model") || e.contains("opset") || e.contains("graph"), "{e}");
+}
+
+#[test]
+fn a_tensor_claiming_a_trillion_elements_allocates_nothing() {
+    let mut m = relu_model();
+    let g = m.graph.as_mut().unwrap();
+    g.initializer.push(TensorProto {
+        name: "w".into(),
+        dims: vec![1_000_000, 1_000_000],
+        data_type: data_type::FLOAT,
+        raw_data: vec![0; 16],
+        ..Default::default()
+    });
+    let e = import_error(&m, None);
+    assert!(e.contains("raw_data holds 16 bytes"), "{e}");
+    // the same claim through typed data
+    let g = m.graph.as_mut().unwrap();
+    g.initializer[0].raw_data.clear();
+    g.initializer[0].float_data = vec![1.0; 4];
+    let e = import_error(&m, None);
+    assert!(e.contains("float_data holds 4 elements"), "{e}");
+    // and one past what fits in memory at all
+    let g = m.graph.as_mut().unwrap();
+    g.initializer[0].dims = vec![i64::MAX, 4];
+    let e = import_error(&m, None);
+    assert!(e.contains("too large"), "{e}");
+}
+
+#[test]
+fn a_negative_dim_is_an_error() {
+    let mut m = relu_model();
+    m.graph.as_mut().unwrap().initializer.push(TensorProto {
+        name: "w".into(),
+        dims: vec![3, -2],
+        data_type: data_type::FLOAT,
+        ..Default::default()
+    });
+    let e = import_error(&m, None);
+    assert!(e.contains("negative dimension -2"), "{e}");
+}
+
+#[test]
+fn a_cycle_and_a_missing_input_are_errors() {
+    let mut m = relu_model();
+    let g = m.graph.as_mut().unwrap();
+    g.node = vec![
+        node("Add", "a", &["x", "b_out"], &["a_out"]),
+        node("Relu", "b", &["a_out"], &["b_out"]),
+        node("Relu", "r", &["b_out"], &["y"]),
+    ];
+    let e = import_error(&m, None);
+    assert!(e.contains("'b_out' is used before") && e.contains("cycle"), "{e}");
+    let g = m.graph.as_mut().unwrap();
+    g.node = vec![node("Add", "a", &["x", "nowhere"], &["y"])];
+    let e = import_error(&m, None);
+    assert!(e.contains("'nowhere'"), "{e}");
+}
+
+#[test]
+fn unsupported_ops_and_types_are_named() {
+    let mut m = relu_model();
+    m.opset_import[0].version = 11;
+    m.graph.as_mut().unwrap().node = vec![node("NonMaxSuppression", "nms_3", &["x"], &["y"])];
+    assert_eq!(
+        import_error(&m, None),
+        "ONNX op 'NonMaxSuppression' (opset 11, node 'nms_3') is not supported"
+    );
+    let mut m = relu_model();
+    m.graph.as_mut().unwrap().input = vec![value("x", data_type::UINT32, &[2, 3])];
+    let e = import_error(&m, None);
+    assert!(e.contains("uint32 is not supported"), "{e}");
+    let mut m = relu_model();
+    m.graph.as_mut().unwrap().node[0].domain = "com.microsoft".into();
+    let e = import_error(&m, None);
+    assert!(e.contains("domain 'com.microsoft'"), "{e}");
+}
+
+#[test]
+fn wrong_inputs_are_errors() {
+    let m = smelt::onnx::from_bytes(&relu_model().encode_to_vec(), None).unwrap();
+    let e = m.import(&[("x", &[2, 4])]).unwrap_err().to_string();
+    assert!(e.contains("input 'x' has shape"), "{e}");
+    let e = m.import(&[("z", &[2, 3])]).unwrap_err().to_string();
+    assert!(e.contains("no input named 'z'"), "{e}");
+    let imp = m.import(&[]).unwrap();
+    let wrong = Tensor::from_vec(vec![0f64; 6], &[2, 3]).unwrap();
+    let e = smelt::runtime::interp::run_positional(&imp.graph, &imp.bind(&[("x", wrong)]).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("f32") && e.contains("f64"), "{e}");
+}
+
+#[test]
+fn a_huge_constant_of_shape_is_refused() {
+    let mut m = relu_model();
+    let g = m.graph.as_mut().unwrap();
+    g.initializer.push(TensorProto {
+        name: "shape".into(),
+        dims: vec![2],
+        data_type: data_type::INT64,
+        int64_data: vec![1 << 30, 1 << 30],
+        ..Default::default()
+    });
+    g.node = vec![
+        node("ConstantOfShape", "big", &["shape"], &["c"]),
+        node("Relu", "r", &["x"], &["y"]),
+    ];
+    let e = import_error(&m, None);
+    assert!(e.contains("larger than smelt holds"), "{e}");
+}
+
+/// External data: read from beside the model, refused outside its folder.
+#[test]
+fn external_data_stays_in_the_models_folder() {
+    let root = std::env::temp_dir().join(format!("smelt-onnx-ext-{}", std::process::id()));
+    let dir = root.join("model");
+    std::fs::create_dir_all(&dir).unwrap();
+    let values: Vec<u8> = [1f32, 2., 3.].iter().flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(dir.join("weights.bin"), &values).unwrap();
+    std::fs::write(root.join("outside.bin"), &values).unwrap();
+    let with_location = |location: &str| {
+        let mut m = relu_model();
+        let g = m.graph.as_mut().unwrap();
+        g.initializer.push(TensorProto {
+            name: "b".into(),
+            dims: vec![3],
+            data_type: data_type::FLOAT,
+            data_location: 1,
+            external_data: vec![
+                StringStringEntryProto {
+                    key: "location".into(),
+                    value: location.into(),
+                },
+                StringStringEntryProto {
+                    key: "length".into(),
+                    value: "12".into(),
+                },
+            ],
+            ..Default::default()
+        });
+        g.node = vec![node("Add", "a", &["x", "b"], &["y"])];
+        m
+    };
+    // inside: the values arrive
+    let m = with_location("weights.bin");
+    std::fs::write(dir.join("ok.onnx"), m.encode_to_vec()).unwrap();
+    let model = smelt::onnx::load(dir.join("ok.onnx")).unwrap();
+    let b = &model.initializers()[0].1;
+    assert_eq!(b.to_vec::<f32>().unwrap(), [1., 2., 3.]);
+    // outside: refused, by each road out
+    let outside = root.join("outside.bin").display().to_string();
+    for (location, why) in [
+        ("../outside.bin", "leaves the model's folder"),
+        (outside.as_str(), "absolute path"),
+    ] {
+        let m = with_location(location);
+        std::fs::write(dir.join("bad.onnx"), m.encode_to_vec()).unwrap();
+        let e = smelt::onnx::load(dir.join("bad.onnx")).unwrap_err().to_string();
+        assert!(e.contains(why), "{location}: {e}");
+    }
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink(root.join("outside.bin"), dir.join("link.bin")).unwrap();
+        let m = with_location("link.bin");
+        std::fs::write(dir.join("bad.onnx"), m.encode_to_vec()).unwrap();
+        let e = smelt::onnx::load(dir.join("bad.onnx")).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+    }
+    // more bytes claimed than the file holds
+    let mut m = with_location("weights.bin");
+    let t = &mut m.graph.as_mut().unwrap().initializer[0];
+    t.dims = vec![1 << 40];
+    t.external_data.retain(|e| e.key == "location");
+    std::fs::write(dir.join("bad.onnx"), m.encode_to_vec()).unwrap();
+    let e = smelt::onnx::load(dir.join("bad.onnx")).unwrap_err().to_string();
+    assert!(e.contains("holds 12"), "{e}");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn attributes_of_the_wrong_kind_are_errors() {
+    let mut m = relu_model();
+    let g = m.graph.as_mut().unwrap();
+    let mut n = node("Flatten", "f", &["x"], &["y"]);
+    n.attribute.push(AttributeProto {
+        name: "axis".into(),
+        r#type: attribute_type::STRING,
+        s: b"one".to_vec(),
+        ..Default::default()
+    });
+    g.node = vec![n];
+    g.output = vec![value("y", data_type::FLOAT, &[2, 3])];
+    let e = import_error(&m, None);
+    assert!(e.contains("attribute 'axis' should be an integer"), "{e}");
+}
