@@ -200,6 +200,7 @@ fn main() -> Result<()> {
         backend: smelt::cli::Backend::Cpu,
         no_fuse: false,
         graph: None,
+        weights: None,
     })?;
     let from_cli = smelt::runtime::npy::read_npy(out_dir.join("out0.npy"))?;
     let eager_logits = {
