@@ -2,9 +2,12 @@
 //! changed), each turning a node into smelt ops. `find` picks, for an op type, the entry with
 //! the newest `since` that is not newer than the model's opset.
 
+mod attention;
 mod elementwise;
+mod loss;
 mod nn;
 mod reduce;
+mod resize;
 mod shape;
 
 use super::import::{Cx, Val};
@@ -146,6 +149,18 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("MaxPool", 1, nn::max_pool),
     ("MeanVarianceNormalization", 9, nn::mean_variance_norm),
     ("RMSNormalization", 23, nn::rms_norm),
+    // loss.rs, resize.rs, attention.rs
+    ("NegativeLogLikelihoodLoss", 12, loss::nll_loss),
+    (
+        "SoftmaxCrossEntropyLoss",
+        12,
+        loss::softmax_cross_entropy_loss,
+    ),
+    ("Upsample", 7, resize::upsample_v7),
+    ("Upsample", 9, resize::upsample),
+    ("Resize", 10, resize::upsample),
+    ("Resize", 11, resize::resize),
+    ("Attention", 23, attention::attention),
 ];
 
 /// The lowering of `op_type` for a model importing `opset` of the standard ops.

@@ -674,7 +674,7 @@ pub fn depth_to_space(cx: &mut Cx) -> Result<Vec<Val>> {
     let x = cx.x(0)?;
     let s = cx.shape(x);
     let b = cx.int("blocksize", 0)? as usize;
-    if s.len() != 4 || b == 0 || s[1] % (b * b) != 0 {
+    if s.len() != 4 || b == 0 || !s[1].is_multiple_of(b * b) {
         bail!(
             Value,
             "needs a 4-D input whose channels divide by blocksize², got {s:?}"
@@ -695,7 +695,7 @@ pub fn space_to_depth(cx: &mut Cx) -> Result<Vec<Val>> {
     let x = cx.x(0)?;
     let s = cx.shape(x);
     let b = cx.int("blocksize", 0)? as usize;
-    if s.len() != 4 || b == 0 || s[2] % b != 0 || s[3] % b != 0 {
+    if s.len() != 4 || b == 0 || !s[2].is_multiple_of(b) || !s[3].is_multiple_of(b) {
         bail!(
             Value,
             "needs a 4-D input whose height and width divide by blocksize, got {s:?}"

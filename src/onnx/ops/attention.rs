@@ -1,0 +1,341 @@
+//! `Attention` (opsets 23, 24, and the window attributes of 25), decomposed as the ONNX
+//! reference computes it: `softmax((Q·√s)(K·√s)ᵀ, softcapped, + bias) · V`, where the bias
+//! gathers the mask, the causal and window limits and the key padding, and a query row
+//! whose bias is all `-inf` gives zeros.
+
+use super::elementwise::cast_to;
+use super::list;
+use crate::ir::attrs::Attr;
+use crate::ir::graph::ValueId;
+use crate::onnx::import::{Cx, Val};
+use crate::{DType, Result, Tensor, bail};
+
+fn dims(s: &[usize]) -> Vec<i64> {
+    s.iter().map(|&d| d as i64).collect()
+}
+
+fn reshape(cx: &mut Cx, x: ValueId, s: &[i64]) -> Result<ValueId> {
+    cx.call("reshape", &[Some(x)], &[("shape", list(s))])
+}
+
+/// `[B, S, H·D]` → `[B, H, S, D]`.
+fn split_heads(cx: &mut Cx, x: ValueId, heads: i64, what: &str) -> Result<ValueId> {
+    let s = cx.shape(x);
+    if heads <= 0 || s[2] as i64 % heads != 0 {
+        bail!(
+            Value,
+            "{what}'s hidden size {} is not a multiple of {heads} heads",
+            s[2]
+        );
+    }
+    let y = reshape(
+        cx,
+        x,
+        &[s[0] as i64, s[1] as i64, heads, s[2] as i64 / heads],
+    )?;
+    cx.call("permute", &[Some(y)], &[("dims", list(&[0, 2, 1, 3]))])
+}
+
+/// The additive form of an "allowed" mask: 0 where allowed, `-inf` elsewhere.
+fn additive(cx: &mut Cx, allowed: ValueId, dt: DType) -> Result<ValueId> {
+    let zero = cx.scalar(0.0, dt)?;
+    let ninf = cx.scalar(f64::NEG_INFINITY, dt)?;
+    cx.call("where", &[Some(allowed), Some(zero), Some(ninf)], &[])
+}
+
+fn add_bias(cx: &mut Cx, bias: Option<ValueId>, b: ValueId) -> Result<ValueId> {
+    match bias {
+        Some(a) => cx.call("add", &[Some(a), Some(b)], &[]),
+        None => Ok(b),
+    }
+}
+
+/// The softmax of the ONNX reference: a row that is all `-inf` gives zeros, not NaN.
+fn safe_softmax(cx: &mut Cx, x: ValueId) -> Result<ValueId> {
+    let dt = cx.dtype(x);
+    let keep = [("dim", list(&[-1])), ("keepdim", Attr::Bool(true))];
+    let m = cx.call("amax", &[Some(x)], &keep)?;
+    let ninf = cx.scalar(f64::NEG_INFINITY, dt)?;
+    let zero = cx.scalar(0.0, dt)?;
+    let one = cx.scalar(1.0, dt)?;
+    let all_masked = cx.call("eq", &[Some(m), Some(ninf)], &[])?;
+    let m = cx.call("where", &[Some(all_masked), Some(zero), Some(m)], &[])?;
+    let d = cx.call("sub", &[Some(x), Some(m)], &[])?;
+    let e = cx.call("exp", &[Some(d)], &[])?;
+    let s = cx.call("sum", &[Some(e)], &keep)?;
+    let empty = cx.call("eq", &[Some(s), Some(zero)], &[])?;
+    let s = cx.call("where", &[Some(empty), Some(one), Some(s)], &[])?;
+    cx.call("div", &[Some(e), Some(s)], &[])
+}
+
+pub fn attention(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (q, k, v) = (cx.x(0)?, cx.x(1)?, cx.x(2)?);
+    let mask = cx.opt(3)?;
+    let (past_k, past_v) = (cx.opt(4)?, cx.opt(5)?);
+    let nonpad = if cx.opset() >= 24 { cx.opt(6)? } else { None };
+    if past_k.is_some() != past_v.is_some() {
+        bail!(Value, "past_key and past_value must be given together");
+    }
+    if nonpad.is_some() && past_k.is_some() {
+        bail!(
+            Value,
+            "nonpad_kv_seqlen cannot be combined with past_key/past_value"
+        );
+    }
+    let dt = cx.dtype(q);
+    if !dt.is_float() {
+        bail!(Value, "Q must hold floats, got {dt}");
+    }
+    let rank = cx.rank(q);
+    if cx.rank(k) != rank || cx.rank(v) != rank || !(rank == 3 || rank == 4) {
+        bail!(
+            Value,
+            "Q, K and V must all be 3-D or all 4-D, got {:?}, {:?}, {:?}",
+            cx.shape(q),
+            cx.shape(k),
+            cx.shape(v)
+        );
+    }
+    let is_causal = cx.int("is_causal", 0)? != 0;
+    let mode = cx.int("qk_matmul_output_mode", 0)?;
+    if !(0..=3).contains(&mode) {
+        bail!(
+            Value,
+            "qk_matmul_output_mode {mode} is not one of 0, 1, 2, 3"
+        );
+    }
+    let softcap = cx.float("softcap", 0.0)?;
+    let precision = cx.dtype_attr("softmax_precision")?;
+    let left = cx.int("left_window_size", -1)?;
+    let right = cx.int("right_window_size", -1)?;
+    if left < -1 || right < -1 {
+        bail!(
+            Value,
+            "window sizes must be -1 or nonnegative, got {left} and {right}"
+        );
+    }
+    let (q, k, v) = if rank == 3 {
+        let heads = |cx: &Cx, name: &str| -> Result<Option<i64>> {
+            cx.attr(name).map(|_| cx.int(name, 0)).transpose()
+        };
+        let (Some(hq), Some(hkv)) = (heads(cx, "q_num_heads")?, heads(cx, "kv_num_heads")?) else {
+            bail!(
+                Value,
+                "3-D inputs need the q_num_heads and kv_num_heads attributes"
+            );
+        };
+        (
+            split_heads(cx, q, hq, "Q")?,
+            split_heads(cx, k, hkv, "K")?,
+            split_heads(cx, v, hkv, "V")?,
+        )
+    } else {
+        (q, k, v)
+    };
+    let (qs, ks, vs) = (cx.shape(q), cx.shape(k), cx.shape(v));
+    if ks[0] != qs[0] || vs[0] != qs[0] || ks[1] != vs[1] || ks[3] != qs[3] || ks[2] != vs[2] {
+        bail!(Value, "Q {qs:?}, K {ks:?} and V {vs:?} do not fit together");
+    }
+    let (batch, hq, q_len, head) = (qs[0], qs[1], qs[2], qs[3]);
+    let hkv = ks[1];
+    let cat = |cx: &mut Cx, past: Option<ValueId>, x: ValueId| match past {
+        Some(p) => cx.call("cat", &[Some(p), Some(x)], &[("dim", Attr::Int(2))]),
+        None => Ok(x),
+    };
+    let k = cat(cx, past_k, k)?;
+    let v = cat(cx, past_v, v)?;
+    let (present_k, present_v) = (k, v);
+    let kv_len = cx.shape(k)[2];
+    let past_len = past_k.map_or(0, |p| cx.shape(p)[2]);
+
+    // the bias: the mask, padded to kv_len, in additive form
+    let mut bias = match mask {
+        Some(m) => {
+            let ms = cx.shape(m);
+            let last = *ms.last().unwrap_or(&0);
+            let bool_mask = cx.dtype(m) == DType::Bool;
+            let m = if last < kv_len {
+                let mut ps = ms.clone();
+                *ps.last_mut().expect("a mask has a dim") = kv_len - last;
+                let fill = if bool_mask {
+                    Attr::Bool(false)
+                } else {
+                    Attr::Float(f64::NEG_INFINITY)
+                };
+                let pad = cx.call(
+                    "full",
+                    &[],
+                    &[
+                        ("size", list(&dims(&ps))),
+                        ("fill_value", fill),
+                        ("dtype", Attr::DType(cx.dtype(m))),
+                    ],
+                )?;
+                cx.call("cat", &[Some(m), Some(pad)], &[("dim", Attr::Int(-1))])?
+            } else {
+                m
+            };
+            Some(if bool_mask {
+                additive(cx, m, dt)?
+            } else {
+                cast_to(cx, m, dt)?
+            })
+        }
+        None => None,
+    };
+    // causal and window limits: key j is allowed for query i iff d = i + offset - j has
+    // d >= 0 (causal), d <= left and -d <= right, with the offset the keys before the block
+    let windowed = left >= 0 || right >= 0;
+    if is_causal || windowed {
+        let i_col: Vec<i64> = (0..q_len as i64).collect();
+        let j_row: Vec<i64> = (0..kv_len as i64).collect();
+        let i_t = cx.tensor(&Tensor::from_vec(i_col, &[q_len, 1])?)?;
+        let j_t = cx.tensor(&Tensor::from_vec(j_row, &[1, kv_len])?)?;
+        let pos = match nonpad {
+            // per batch: offset[b] = nonpad_kv_seqlen[b] - q_len, giving d of [B, q, kv]
+            Some(n) if past_k.is_none() => {
+                let n = cast_to(cx, n, DType::I64)?;
+                let n = reshape(cx, n, &[batch as i64, 1, 1])?;
+                let ql = cx.scalar(q_len as f64, DType::I64)?;
+                let off = cx.call("sub", &[Some(n), Some(ql)], &[])?;
+                cx.call("add", &[Some(i_t), Some(off)], &[])?
+            }
+            _ => {
+                let off = cx.scalar(past_len as f64, DType::I64)?;
+                cx.call("add", &[Some(i_t), Some(off)], &[])?
+            }
+        };
+        let d = cx.call("sub", &[Some(pos), Some(j_t)], &[])?;
+        let mut allowed: Option<ValueId> = None;
+        let mut both = |cx: &mut Cx, c: ValueId| -> Result<()> {
+            allowed = Some(match allowed {
+                Some(a) => cx.call("logical_and", &[Some(a), Some(c)], &[])?,
+                None => c,
+            });
+            Ok(())
+        };
+        if is_causal {
+            let zero = cx.scalar(0.0, DType::I64)?;
+            let c = cx.call("ge", &[Some(d), Some(zero)], &[])?;
+            both(cx, c)?;
+        }
+        if left >= 0 {
+            let l = cx.scalar(left as f64, DType::I64)?;
+            let c = cx.call("le", &[Some(d), Some(l)], &[])?;
+            both(cx, c)?;
+        }
+        if right >= 0 {
+            let r = cx.scalar(-right as f64, DType::I64)?;
+            let c = cx.call("ge", &[Some(d), Some(r)], &[])?;
+            both(cx, c)?;
+        }
+        let allowed = allowed.expect("causal or windowed");
+        let mut a = additive(cx, allowed, dt)?;
+        if cx.rank(a) == 3 {
+            // [B, q, kv] → [B, 1, q, kv], leaving a rank-3 mask's (heads, q, kv) alone
+            a = reshape(cx, a, &[batch as i64, 1, q_len as i64, kv_len as i64])?;
+        }
+        bias = Some(add_bias(cx, bias, a)?);
+    }
+    if let Some(n) = nonpad {
+        let n = cast_to(cx, n, DType::I64)?;
+        let n = reshape(cx, n, &[batch as i64, 1, 1, 1])?;
+        let j: Vec<i64> = (0..kv_len as i64).collect();
+        let j = cx.tensor(&Tensor::from_vec(j, &[kv_len])?)?;
+        let ok = cx.call("lt", &[Some(j), Some(n)], &[])?;
+        let a = additive(cx, ok, dt)?;
+        bias = Some(add_bias(cx, bias, a)?);
+    }
+
+    // grouped-query attention: each KV head serves hq / hkv query heads in a row
+    let (k, v) = if hq != hkv {
+        if hkv == 0 || hq % hkv != 0 {
+            bail!(Value, "{hq} query heads cannot share {hkv} key/value heads");
+        }
+        let rep = hq / hkv;
+        let mut out = Vec::new();
+        for x in [k, v] {
+            let s = cx.shape(x);
+            let u = cx.call("unsqueeze", &[Some(x)], &[("dim", Attr::Int(2))])?;
+            let e = cx.call(
+                "expand",
+                &[Some(u)],
+                &[(
+                    "size",
+                    list(&[
+                        s[0] as i64,
+                        s[1] as i64,
+                        rep as i64,
+                        s[2] as i64,
+                        s[3] as i64,
+                    ]),
+                )],
+            )?;
+            out.push(reshape(
+                cx,
+                e,
+                &[s[0] as i64, hq as i64, s[2] as i64, s[3] as i64],
+            )?);
+        }
+        (out[0], out[1])
+    } else {
+        (k, v)
+    };
+
+    // both factors scaled by √scale, in Q's dtype, as the reference does
+    let scale = match cx.attr("scale") {
+        Some(_) => cx.float("scale", 0.0)?,
+        None => 1.0 / (head as f64).sqrt(),
+    };
+    let root = cx.scalar(scale.sqrt(), dt)?;
+    let qr = cx.call("mul", &[Some(q), Some(root)], &[])?;
+    let kr = cx.call("mul", &[Some(k), Some(root)], &[])?;
+    let kt = cx.call(
+        "transpose",
+        &[Some(kr)],
+        &[("dim0", Attr::Int(-2)), ("dim1", Attr::Int(-1))],
+    )?;
+    let mut qk = cx.call("matmul", &[Some(qr), Some(kt)], &[])?;
+    if softcap > 0.0 {
+        let c = cx.scalar(softcap, dt)?;
+        let t = cx.call("div", &[Some(qk), Some(c)], &[])?;
+        let t = cx.call("tanh", &[Some(t)], &[])?;
+        qk = cx.call("mul", &[Some(t), Some(c)], &[])?;
+    }
+    let with_bias = match bias {
+        Some(b) => cx.call("add", &[Some(qk), Some(b)], &[])?,
+        None => qk,
+    };
+    let logits = match precision {
+        Some(p) => cast_to(cx, with_bias, p)?,
+        None => with_bias,
+    };
+    let mut probs = safe_softmax(cx, logits)?;
+    if let Some(b) = bias {
+        // a row whose bias allows no key gives zeros, whatever the logits
+        let keep = [("dim", list(&[-1])), ("keepdim", Attr::Bool(true))];
+        let m = cx.call("amax", &[Some(b)], &keep)?;
+        let ninf = cx.scalar(f64::NEG_INFINITY, dt)?;
+        let none = cx.call("eq", &[Some(m), Some(ninf)], &[])?;
+        let zero = cx.scalar(0.0, cx.dtype(probs))?;
+        probs = cx.call("where", &[Some(none), Some(zero), Some(probs)], &[])?;
+    }
+    let probs = cast_to(cx, probs, dt)?;
+    let qk_out = match mode {
+        2 => with_bias,
+        3 => probs,
+        _ => qk,
+    };
+    let mut y = cx.call("matmul", &[Some(probs), Some(v)], &[])?;
+    if rank == 3 {
+        let p = cx.call("permute", &[Some(y)], &[("dims", list(&[0, 2, 1, 3]))])?;
+        let s = cx.shape(p);
+        y = reshape(cx, p, &[s[0] as i64, s[1] as i64, (s[2] * s[3]) as i64])?;
+    }
+    Ok(vec![
+        Val::node(y),
+        Val::node(present_k),
+        Val::node(present_v),
+        Val::node(qk_out),
+    ])
+}
