@@ -6,6 +6,7 @@
 pub mod cache;
 pub mod check;
 pub mod compile;
+pub mod export;
 pub mod grad;
 pub mod import;
 pub mod model;
@@ -35,8 +36,7 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The subcommands. More will come (`import`, `export`), so a `match` outside this crate
-/// needs a wildcard arm.
+/// The subcommands. More may come, so a `match` outside this crate needs a wildcard arm.
 #[derive(Subcommand, Debug)]
 #[non_exhaustive]
 pub enum Command {
@@ -56,6 +56,8 @@ pub enum Command {
     Cache(cache::CacheArgs),
     /// Turn an ONNX model into DIR/NAME.smelt and DIR/NAME.safetensors (its weights).
     Import(import::ImportArgs),
+    /// Write a graph (and its --weights) as an ONNX model.
+    Export(export::ExportArgs),
 }
 
 /// Arguments of `smelt run`.
@@ -149,6 +151,7 @@ pub fn execute(command: &Command) -> Result<()> {
         Command::Profile(a) => profile::profile(a),
         Command::Cache(a) => cache::cache(a),
         Command::Import(a) => import::import(a),
+        Command::Export(a) => export::export(a),
     }
 }
 

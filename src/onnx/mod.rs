@@ -19,6 +19,7 @@
 //! opset; nodes whose inputs are all known at import (shape arithmetic) are evaluated there.
 //! The protobuf messages are declared in [`proto`] and decoded by prost.
 
+mod export;
 mod import;
 mod ops;
 pub mod proto;
@@ -26,6 +27,7 @@ pub mod tensor;
 
 use crate::ir::graph::Graph;
 use crate::{DType, Error, Result, Tensor, bail};
+pub use export::{MAX_OPSET, MIN_OPSET, export};
 use import::{Importer, initializer, sanitize};
 use prost::Message;
 use proto::{DimValue, ModelProto};
