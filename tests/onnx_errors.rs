@@ -98,9 +98,16 @@ fn truncated_and_corrupt_files_are_errors() {
             .to_string();
         assert!(!e.is_empty());
     }
-    let garbage: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-    let e = smelt::onnx::from_bytes(&garbage, None).unwrap_err().to_string();
-    assert!(e.contains("not a valid ONNX model") || e.contains("opset") || e.contains("graph"), "{e}");
+    let garbage: Vec<u8> = (0..4096u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let e = smelt::onnx::from_bytes(&garbage, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("not a valid ONNX model") || e.contains("opset") || e.contains("graph"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -152,7 +159,10 @@ fn a_cycle_and_a_missing_input_are_errors() {
         node("Relu", "r", &["b_out"], &["y"]),
     ];
     let e = import_error(&m, None);
-    assert!(e.contains("'b_out' is used before") && e.contains("cycle"), "{e}");
+    assert!(
+        e.contains("'b_out' is used before") && e.contains("cycle"),
+        "{e}"
+    );
     let g = m.graph.as_mut().unwrap();
     g.node = vec![node("Add", "a", &["x", "nowhere"], &["y"])];
     let e = import_error(&m, None);
@@ -218,7 +228,10 @@ fn external_data_stays_in_the_models_folder() {
     let root = std::env::temp_dir().join(format!("smelt-onnx-ext-{}", std::process::id()));
     let dir = root.join("model");
     std::fs::create_dir_all(&dir).unwrap();
-    let values: Vec<u8> = [1f32, 2., 3.].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let values: Vec<u8> = [1f32, 2., 3.]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
     std::fs::write(dir.join("weights.bin"), &values).unwrap();
     std::fs::write(root.join("outside.bin"), &values).unwrap();
     let with_location = |location: &str| {
@@ -258,7 +271,9 @@ fn external_data_stays_in_the_models_folder() {
     ] {
         let m = with_location(location);
         std::fs::write(dir.join("bad.onnx"), m.encode_to_vec()).unwrap();
-        let e = smelt::onnx::load(dir.join("bad.onnx")).unwrap_err().to_string();
+        let e = smelt::onnx::load(dir.join("bad.onnx"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(why), "{location}: {e}");
     }
     #[cfg(unix)]
@@ -266,7 +281,9 @@ fn external_data_stays_in_the_models_folder() {
         std::os::unix::fs::symlink(root.join("outside.bin"), dir.join("link.bin")).unwrap();
         let m = with_location("link.bin");
         std::fs::write(dir.join("bad.onnx"), m.encode_to_vec()).unwrap();
-        let e = smelt::onnx::load(dir.join("bad.onnx")).unwrap_err().to_string();
+        let e = smelt::onnx::load(dir.join("bad.onnx"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("symbolic link"), "{e}");
     }
     // more bytes claimed than the file holds
@@ -275,7 +292,9 @@ fn external_data_stays_in_the_models_folder() {
     t.dims = vec![1 << 40];
     t.external_data.retain(|e| e.key == "location");
     std::fs::write(dir.join("bad.onnx"), m.encode_to_vec()).unwrap();
-    let e = smelt::onnx::load(dir.join("bad.onnx")).unwrap_err().to_string();
+    let e = smelt::onnx::load(dir.join("bad.onnx"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("holds 12"), "{e}");
     let _ = std::fs::remove_dir_all(&root);
 }
