@@ -210,6 +210,41 @@ fn conv2d_matches_float64_convolution() {
     }
 }
 
+/// The f32 path keeps reordered weights between calls: an in-place update of the weights,
+/// or another view of the same storage, must still be what the next call uses.
+#[test]
+fn conv2d_sees_weight_updates_between_calls() {
+    let mut g = Generator::new(5);
+    let cs = Case {
+        n: 1,
+        c: 8,
+        o: 16,
+        hw: [5, 5],
+        k: [3, 3],
+        stride: [1, 1],
+        pad: [(1, 1), (1, 1)],
+        dil: [1, 1],
+        groups: 1,
+        bias: false,
+    };
+    let x = rand(&mut g, &[1, 8, 5, 5], DType::F32);
+    let both = rand(&mut g, &[32, 8, 3, 3], DType::F32);
+    let w = both.narrow(0, 0, 16).unwrap();
+    let check = |w: &Tensor, what: &str| {
+        let (want, _) = reference(&cs, &x.to_f64_vec(), &w.to_f64_vec(), None);
+        let y = x.conv2d(w, None, &options(&cs)).unwrap();
+        assert_close(&y.to_f64_vec(), &want, 1e-5, what);
+    };
+    check(&w, "first call");
+    check(&w, "the same weights again");
+    w.add_scalar_(0.5).unwrap();
+    check(&w, "after an in-place update");
+    check(
+        &both.narrow(0, 16, 16).unwrap(),
+        "another view of the same storage",
+    );
+}
+
 #[test]
 fn conv2d_reads_strided_views() {
     let mut g = Generator::new(2);

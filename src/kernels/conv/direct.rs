@@ -144,6 +144,89 @@ fn weight_at(
     }
 }
 
+/// Reordered forward weights of recent calls, kept with the tensor they came from: a model
+/// called again with the same weights (inference, or a frozen layer) skips the reorder. An
+/// entry is used only while its source is the same view of the same storage at the same
+/// version (every in-place write bumps it); the cache holds the sources, so their storage
+/// cannot be freed and reused meanwhile.
+static PREPARED: std::sync::Mutex<Vec<Prepared>> = std::sync::Mutex::new(Vec::new());
+
+/// The bytes of reordered weights [`PREPARED`] keeps at most (the oldest go first).
+const PREPARED_MAX_BYTES: usize = 256 << 20;
+
+struct Prepared {
+    source: crate::Tensor,
+    version: u64,
+    nhwc: bool,
+    wt: std::sync::Arc<Vec<f32>>,
+}
+
+/// The forward weights of `w` (an f32 `[Cout, Cin, kH, kW]` tensor) as [`forward`] reads
+/// them, `[kH·kW·Cin, Cout]`, from the cache when `w` has not changed since.
+pub(super) fn prepared(
+    w: &crate::Tensor,
+    nhwc: bool,
+    d: &Dims,
+) -> crate::Result<std::sync::Arc<Vec<f32>>> {
+    let same = |p: &Prepared| {
+        p.nhwc == nhwc
+            && p.source.shares_storage(w)
+            && p.source.layout() == w.layout()
+            && p.version == w.version()
+    };
+    let mut cache = PREPARED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(i) = cache.iter().position(same) {
+        // most recently used last
+        let p = cache.remove(i);
+        let wt = p.wt.clone();
+        cache.push(p);
+        return Ok(wt);
+    }
+    drop(cache);
+    let version = w.version();
+    let dense = super::dense::<f32>(w, nhwc)?;
+    let wt = super::with_elements::<f32, _>(&dense, |wv| {
+        taps_by_channel(wv, nhwc, (d.kh * d.kw, d.c, d.co))
+    });
+    let wt = std::sync::Arc::new(wt);
+    let mut cache = PREPARED.lock().unwrap_or_else(|p| p.into_inner());
+    cache.push(Prepared {
+        source: w.clone(),
+        version,
+        nhwc,
+        wt: wt.clone(),
+    });
+    let mut bytes: usize = cache.iter().map(|p| p.wt.len() * 4).sum();
+    while bytes > PREPARED_MAX_BYTES && cache.len() > 1 {
+        bytes -= cache.remove(0).wt.len() * 4;
+    }
+    Ok(wt)
+}
+
+/// The taps' weights as rows of output channels, `[kH·kW·Cin, Cout]`: a transpose, done in
+/// blocks (a row of the result gathers one element from every output channel's weights, so
+/// row by row every read would miss the cache) and in parallel.
+fn taps_by_channel(w: &[f32], nhwc: bool, (taps, c, co): (usize, usize, usize)) -> Vec<f32> {
+    use rayon::prelude::*;
+    const B: usize = 64;
+    let mut wt = vec![0.0f32; taps * c * co];
+    wt.par_chunks_mut(B * co)
+        .enumerate()
+        .for_each(|(bi, rows)| {
+            let r0 = bi * B;
+            for o0 in (0..co).step_by(B) {
+                for (i, row) in rows.chunks_mut(co).enumerate() {
+                    let (t, ci) = ((r0 + i) / c, (r0 + i) % c);
+                    let end = co.min(o0 + B);
+                    for (o, v) in (o0..end).zip(&mut row[o0..end]) {
+                        *v = weight_at(w, nhwc, (taps, c), (o, t, ci));
+                    }
+                }
+            }
+        });
+    wt
+}
+
 /// The input padded for the forward and the weight gradient: every tap of every output
 /// pixel inside it.
 fn input_padding(d: &Dims) -> Padded {
@@ -165,16 +248,9 @@ pub(super) fn forward(
     y: &mut [f32],
     done: &(dyn Fn(usize, usize) + Sync),
 ) {
-    let (c, co, kk, taps_n) = (d.c, d.co, d.kk(), d.kh * d.kw);
-    // the taps' weights as rows of output channels: [kH·kW·Cin, Cout]
-    let mut wt = vec![0.0f32; kk * co];
-    for o in 0..co {
-        for t in 0..taps_n {
-            for ci in 0..c {
-                wt[(t * c + ci) * co + o] = weight_at(w, nhwc, (taps_n, c), (o, t, ci));
-            }
-        }
-    }
+    let (c, co, kk) = (d.c, d.co, d.kk());
+    let wt = w;
+    debug_assert_eq!(wt.len(), kk * co);
     let p = input_padding(d);
     let spans: Vec<Span> = taps(d)
         .map(|(i, j, t)| Span {

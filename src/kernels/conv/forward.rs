@@ -119,8 +119,18 @@ pub(super) fn forward_in<A: Acc>(
         None => None,
     };
     let bv = bv.as_deref();
-    // depthwise weights are read as [C, kH·kW] either way; NHWC GEMMs want [Cout, kH, kW, Cin_g]
-    let wv = copy::to_vec::<A>(&dense::<A>(w, nhwc && !d.depthwise())?)?;
+    // f32 convolutions on register tiles read the weights reordered (and cached across
+    // calls); depthwise weights are read as [C, kH·kW] either way; NHWC GEMMs want
+    // [Cout, kH, kW, Cin_g]
+    let direct = if A::DTYPE == crate::DType::F32 && !d.depthwise() && direct::applies(d) {
+        Some(direct::prepared(w, nhwc, d)?)
+    } else {
+        None
+    };
+    let wv = match direct {
+        Some(_) => Vec::new(),
+        None => copy::to_vec::<A>(&dense::<A>(w, nhwc && !d.depthwise())?)?,
+    };
     let xd = dense::<A>(x, nhwc)?;
     let t = produce::<A>(out, nhwc, false, |y| {
         with_elements::<A, _>(&xd, |xs| {
@@ -128,8 +138,10 @@ pub(super) fn forward_in<A: Acc>(
                 depthwise_forward_nhwc(xs, &wv, bv, d, y);
             } else if d.depthwise() {
                 depthwise_forward(xs, &wv, bv, d, y);
-            } else if forward_direct((xs, &wv, bv), d, nhwc, y, te) {
-                // the whole output written by register tiles
+            } else if let Some(wt) = &direct {
+                // the whole output written by register tiles (f32, which `direct` checked)
+                let done = forward_direct((xs, wt, bv), d, nhwc, y, te);
+                debug_assert!(done);
             } else if nhwc {
                 forward_nhwc(xs, &wv, bv, d, y, te);
             } else {
@@ -297,9 +309,10 @@ pub(super) fn forward_nchw<A: Acc>(
     });
 }
 
-/// The forward of f32 by [`direct::forward`], when it applies (false otherwise).
+/// The forward of f32 by [`direct::forward`], `w` as [`direct::prepared`] gives it; false
+/// (nothing written) unless the operands are f32 and the convolution is one it takes.
 pub(super) fn forward_direct<A: Acc>(
-    (x, w, bias): (&[A], &[A], Option<&[A]>),
+    (x, w, bias): (&[A], &[f32], Option<&[A]>),
     d: &Dims,
     nhwc: bool,
     y: &mut [A],
@@ -309,7 +322,7 @@ pub(super) fn forward_direct<A: Acc>(
         Some(None) => return false,
         b => b.flatten(),
     };
-    let (Some(x), Some(w), Some(y)) = (f32s(x), f32s(w), f32s_mut(y)) else {
+    let (Some(x), Some(y)) = (f32s(x), f32s_mut(y)) else {
         return false;
     };
     if !direct::applies(d) {
