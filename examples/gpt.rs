@@ -201,6 +201,7 @@ fn main() -> Result<()> {
         no_fuse: false,
         graph: None,
         weights: None,
+        repeat: 0,
     })?;
     let from_cli = smelt::runtime::npy::read_npy(out_dir.join("out0.npy"))?;
     let eager_logits = {

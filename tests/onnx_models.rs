@@ -58,6 +58,7 @@ fn check(model: &str, set: &str) {
             no_fuse: false,
             graph: None,
             weights: None,
+            repeat: 0,
         })
         .unwrap_or_else(|e| panic!("{model} on {backend:?}: {e}"));
         let mut k = 0;

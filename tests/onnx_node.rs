@@ -93,6 +93,7 @@ fn run_case(dir: &Path, case: &Case, backend: Backend, work: &Path) -> Result<()
         no_fuse: false,
         graph: None,
         weights: None,
+        repeat: 0,
     };
     run(&args).map_err(|e| e.to_string())?;
     for (k, pb) in numbered(&folder, "output").iter().enumerate() {

@@ -84,6 +84,10 @@ pub struct RunArgs {
     /// Parameters of a .smelt graph, bound by name from a safetensors file.
     #[arg(long, value_name = "FILE")]
     pub weights: Option<PathBuf>,
+    /// Also time N more calls after the first and print the load-and-compile time and the
+    /// calls' median, minimum and maximum (to standard error).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub repeat: usize,
 }
 
 /// Arguments of `smelt dot`.
@@ -159,15 +163,52 @@ pub fn execute(command: &Command) -> Result<()> {
 /// `out0.npy`, `out1.npy`, ... in `a.out`.
 pub fn run(a: &RunArgs) -> Result<()> {
     let given = model::read_inputs(&a.inputs)?;
+    let t0 = std::time::Instant::now();
     let loaded = model::load_model(&a.model, a.weights.as_deref(), &given)?;
     let g = pick(&loaded.module, a.graph.as_deref())?;
     let inputs = loaded.named_inputs(g, given)?;
-    let outputs = evaluate(g, &inputs, a.backend, a.no_fuse)?;
+    let call = prepare(g, a.backend, a.no_fuse)?;
+    let ordered = interp::ordered_inputs(g, &inputs)?;
+    let ready = t0.elapsed();
+    let outputs = call(&ordered)?;
+    if a.repeat > 0 {
+        let mut ms: Vec<f64> = (0..a.repeat)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                call(&ordered).map(|_| t.elapsed().as_secs_f64() * 1e3)
+            })
+            .collect::<Result<_>>()?;
+        ms.sort_by(f64::total_cmp);
+        eprintln!(
+            "load and compile {:.1} ms; {} calls: median {:.3} ms (min {:.3}, max {:.3})",
+            ready.as_secs_f64() * 1e3,
+            ms.len(),
+            ms[ms.len() / 2],
+            ms[0],
+            ms[ms.len() - 1]
+        );
+    }
     std::fs::create_dir_all(&a.out).map_err(|e| Error::Io(format!("{}: {e}", a.out.display())))?;
     for (i, t) in outputs.iter().enumerate() {
         npy::write_npy(a.out.join(format!("out{i}.npy")), t)?;
     }
     Ok(())
+}
+
+/// A call of the graph with its inputs in graph order.
+type Call<'g> = Box<dyn Fn(&[Tensor]) -> Result<Vec<Tensor>> + 'g>;
+
+/// `g` ready to call on the chosen backend (outputs on the host).
+fn prepare(g: &Graph, backend: Backend, no_fuse: bool) -> Result<Call<'_>> {
+    let device = match backend {
+        Backend::Interp => return Ok(Box::new(move |x| interp::run_positional(g, x))),
+        Backend::Cpu => Device::Cpu,
+        Backend::Cuda => Device::Cuda(0),
+    };
+    // Compiled first, so that a missing device is the error even without inputs; then the
+    // interpreter's binding gives the same messages on every backend.
+    let f = exec::compile(g, device, &CompileOptions::default().fused(!no_fuse))?;
+    Ok(Box::new(move |x| f.call_from_host(x)))
 }
 
 /// Runs `g` on the chosen backend (outputs on the host).
@@ -177,16 +218,8 @@ fn evaluate(
     backend: Backend,
     no_fuse: bool,
 ) -> Result<Vec<Tensor>> {
-    let device = match backend {
-        Backend::Interp => return interp::run(g, inputs),
-        Backend::Cpu => Device::Cpu,
-        Backend::Cuda => Device::Cuda(0),
-    };
-    // Compiled first, so that a missing device is the error even without inputs; then the
-    // interpreter's binding gives the same messages on every backend.
-    let f = exec::compile(g, device, &CompileOptions::default().fused(!no_fuse))?;
-    let ordered = interp::ordered_inputs(g, inputs)?;
-    f.call_from_host(&ordered)
+    let call = prepare(g, backend, no_fuse)?;
+    call(&interp::ordered_inputs(g, inputs)?)
 }
 
 fn dot(a: &DotArgs) -> Result<()> {
