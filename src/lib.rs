@@ -64,6 +64,8 @@ pub mod guide {
     pub struct Cnn;
     #[doc = include_str!("../docs/guide/11-aot.md")]
     pub struct Aot;
+    #[doc = include_str!("../docs/guide/12-from-pytorch.md")]
+    pub struct FromPytorch;
     #[doc = include_str!("../docs/profiling.md")]
     pub struct ProfilerGuide;
 }

@@ -2,16 +2,17 @@
 //! into a smelt [`Graph`] for one binding of the inputs' shapes (symbolic dims such as
 //! `batch` take the sizes of the inputs given), with the initializers as parameters.
 //!
-//! ```no_run
+//! ```
 //! # fn main() -> smelt::Result<()> {
 //! use smelt::Tensor;
-//! let model = smelt::onnx::load("resnet18.onnx")?;
-//! let x = Tensor::randn(&[1, 3, 224, 224]);
+//! let model = smelt::onnx::load("tests/data/onnx_models/resnet18/model.onnx")?;
+//! let x = Tensor::randn(&[1, 3, 64, 64], None)?;
 //! let imported = model.import(&[("input", x.shape())])?;
 //! let outputs = smelt::runtime::interp::run_positional(
 //!     &imported.graph,
 //!     &imported.bind(&[("input", x)])?,
 //! )?;
+//! assert_eq!(outputs[0].shape(), &[1, 10]);
 //! # Ok(()) }
 //! ```
 //!
