@@ -38,14 +38,16 @@ SEQ = 128
 
 
 class Logits(torch.nn.Module):
-    """A transformers model returning only its first output (no caches)."""
+    """A transformers model returning only its first output (no caches). The attention mask
+    of ones is made inside the graph: without one, transformers checks the positions with
+    `torch.diff`, which the exporter cannot write."""
 
     def __init__(self, inner):
         super().__init__()
         self.inner = inner
 
     def forward(self, ids):
-        return self.inner(input_ids=ids)[0]
+        return self.inner(input_ids=ids, attention_mask=torch.ones_like(ids))[0]
 
 
 def build(name):
