@@ -125,17 +125,27 @@ fn pad_spatial(cx: &mut Cx, x: ValueId, w: &Window, value: f64) -> Result<ValueI
     Ok(y)
 }
 
-pub fn conv(cx: &mut Cx) -> Result<Vec<Val>> {
+/// The operands of a convolution (input, weight, optional bias) and the input's and the
+/// weight's shapes; inputs of other ranks than 1-D and 2-D convolutions take are an error.
+#[allow(clippy::type_complexity)]
+fn conv_operands(
+    cx: &mut Cx,
+    what: &str,
+) -> Result<(ValueId, ValueId, Option<ValueId>, Vec<usize>, Vec<usize>)> {
     let (x, wt) = (cx.x(0)?, cx.x(1)?);
     let b = cx.opt(2)?;
-    let xs = cx.shape(x);
-    let ws = cx.shape(wt);
+    let (xs, ws) = (cx.shape(x), cx.shape(wt));
     if xs.len() < 3 || xs.len() > 4 {
         bail!(
             Value,
-            "only 1-D and 2-D convolutions are supported, got input {xs:?}"
+            "only 1-D and 2-D {what} are supported, got input {xs:?}"
         );
     }
+    Ok((x, wt, b, xs, ws))
+}
+
+pub fn conv(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (x, wt, b, xs, ws) = conv_operands(cx, "convolutions")?;
     let kernel = cx
         .ints("kernel_shape")?
         .unwrap_or_else(|| ws[2..].iter().map(|&d| d as i64).collect());
@@ -572,16 +582,7 @@ pub fn lp_pool(cx: &mut Cx) -> Result<Vec<Val>> {
 }
 
 pub fn conv_transpose(cx: &mut Cx) -> Result<Vec<Val>> {
-    let (x, wt) = (cx.x(0)?, cx.x(1)?);
-    let b = cx.opt(2)?;
-    let xs = cx.shape(x);
-    let ws = cx.shape(wt);
-    if xs.len() < 3 || xs.len() > 4 {
-        bail!(
-            Value,
-            "only 1-D and 2-D transposed convolutions are supported, got {xs:?}"
-        );
-    }
+    let (x, wt, b, xs, ws) = conv_operands(cx, "transposed convolutions")?;
     let n = xs.len() - 2;
     let group = cx.int("group", 1)?;
     let kernel = cx
