@@ -19,9 +19,3 @@ pub use smelt_rt::vmath;
 
 pub use lower::{CodegenOptions, CpuKernel, compile_kernel};
 pub use streamed_stores::STREAM_MIN_BYTES;
-
-/// The object loader's old path.
-#[deprecated(since = "0.2.0", note = "renamed `codegen_cpu::linker`")]
-pub mod loader {
-    pub use super::linker::*;
-}

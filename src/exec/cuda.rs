@@ -26,14 +26,6 @@ use crate::{Error, Result, bail};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The options of a GPU compile before they joined [`CompileOptions`] (`gpu.device`,
-/// `gpu.codegen.use_fast_math` and the passes' options).
-#[deprecated(
-    since = "0.2.0",
-    note = "use `exec::CompileOptions` (its `gpu` branch)"
-)]
-pub type CudaCompileOptions = CompileOptions;
-
 /// A buffer during a call: a device storage and the element where the buffer starts.
 #[derive(Clone)]
 struct Buf {

@@ -10,8 +10,6 @@ mod executable;
 mod options;
 
 pub use cpu::{CodeOrigin, CompiledFn, PAR_MIN_ELEMS, StepInfo, StepTimes, step_buffers};
-#[allow(deprecated)]
-pub use cuda::CudaCompileOptions;
 pub use cuda::CudaFn;
 pub use executable::{Executable, compile};
 pub use options::{CompileOptions, CpuOptions, DiskCache, GpuOptions, KernelBackend};
