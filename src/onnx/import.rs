@@ -540,6 +540,20 @@ impl Cx<'_> {
         }
     }
 
+    /// A string-list attribute.
+    pub fn strings(&self, name: &str) -> Result<Option<Vec<String>>> {
+        match self.attr(name) {
+            None => Ok(None),
+            Some(a) if a.r#type == attribute_type::STRINGS || a.r#type == 0 => Ok(Some(
+                a.strings
+                    .iter()
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .collect(),
+            )),
+            Some(_) => bail!(Value, "attribute '{name}' should be a list of strings"),
+        }
+    }
+
     /// A tensor attribute, decoded.
     pub fn tensor_attr(&self, name: &str) -> Result<Option<Tensor>> {
         match self.attr(name) {

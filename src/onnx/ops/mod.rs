@@ -4,8 +4,10 @@
 
 mod attention;
 mod elementwise;
+mod index;
 mod loss;
 mod nn;
+mod recurrent;
 mod reduce;
 mod resize;
 mod shape;
@@ -149,6 +151,15 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("MaxPool", 1, nn::max_pool),
     ("MeanVarianceNormalization", 9, nn::mean_variance_norm),
     ("RMSNormalization", 23, nn::rms_norm),
+    // index.rs
+    ("Compress", 9, index::compress),
+    ("GatherND", 11, index::gather_nd),
+    ("NonZero", 9, index::non_zero),
+    ("ScatterND", 11, index::scatter_nd),
+    // recurrent.rs
+    ("GRU", 7, recurrent::gru),
+    ("LSTM", 7, recurrent::lstm),
+    ("RNN", 7, recurrent::rnn),
     // loss.rs, resize.rs, attention.rs
     ("NegativeLogLikelihoodLoss", 12, loss::nll_loss),
     (

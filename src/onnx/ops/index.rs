@@ -1,0 +1,185 @@
+//! `GatherND`, `ScatterND`, `Compress` and `NonZero`: indexing by tuples of indices, read as
+//! one linear index into the flattened leading dims.
+
+use super::elementwise::cast_to;
+use super::{axis, list, one};
+use crate::ir::attrs::Attr;
+use crate::ir::graph::ValueId;
+use crate::onnx::import::{Cx, Val};
+use crate::{DType, Result, Tensor, bail};
+
+fn dims(s: &[usize]) -> Vec<i64> {
+    s.iter().map(|&d| d as i64).collect()
+}
+
+fn reshape(cx: &mut Cx, x: ValueId, shape: &[usize]) -> Result<ValueId> {
+    cx.call("reshape", &[Some(x)], &[("shape", list(&dims(shape)))])
+}
+
+/// The linear index of each index tuple (the last dim of `idx`) into dims `sizes`, negative
+/// entries counted from the end: `Σ idx[.., j] · stride_j`, of shape `idx.shape[..-1]`.
+fn linear(cx: &mut Cx, idx: ValueId, sizes: &[usize]) -> Result<ValueId> {
+    let idx = cast_to(cx, idx, DType::I64)?;
+    let r = cx.rank(idx);
+    let mut acc: Option<ValueId> = None;
+    let mut stride: usize = sizes.iter().product();
+    for (j, &n) in sizes.iter().enumerate() {
+        stride /= n.max(1);
+        let c = cx.call(
+            "select",
+            &[Some(idx)],
+            &[("dim", Attr::Int(r - 1)), ("index", Attr::Int(j as i64))],
+        )?;
+        let zero = cx.scalar(0.0, DType::I64)?;
+        let neg = cx.call("lt", &[Some(c), Some(zero)], &[])?;
+        let size = cx.scalar(n as f64, DType::I64)?;
+        let up = cx.call("add", &[Some(c), Some(size)], &[])?;
+        let c = cx.call("where", &[Some(neg), Some(up), Some(c)], &[])?;
+        let s = cx.scalar(stride as f64, DType::I64)?;
+        let term = cx.call("mul", &[Some(c), Some(s)], &[])?;
+        acc = Some(match acc {
+            Some(a) => cx.call("add", &[Some(a), Some(term)], &[])?,
+            None => term,
+        });
+    }
+    match acc {
+        Some(a) => Ok(a),
+        None => bail!(Value, "index tuples of length 0"),
+    }
+}
+
+pub fn gather_nd(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (x, idx) = (cx.x(0)?, cx.x(1)?);
+    let (ds, is) = (cx.shape(x), cx.shape(idx));
+    let b = cx.int("batch_dims", 0)? as usize;
+    let Some(&k) = is.last() else {
+        bail!(Value, "indices must have at least one dim");
+    };
+    if b + k > ds.len() || is.len() <= b || ds[..b] != is[..b] {
+        bail!(
+            Value,
+            "indices {is:?} do not fit data {ds:?} with batch_dims {b}"
+        );
+    }
+    let batch: usize = ds[..b].iter().product();
+    let inner: usize = ds[b..b + k].iter().product();
+    let mut lin = linear(cx, idx, &ds[b..b + k])?;
+    if b > 0 {
+        // each batch's tuples index its own block of `inner` rows
+        let per: usize = is[b..is.len() - 1].iter().product();
+        lin = reshape(cx, lin, &[batch, per])?;
+        let base: Vec<i64> = (0..batch as i64).map(|i| i * inner as i64).collect();
+        let base = cx.tensor(&Tensor::from_vec(base, &[batch, 1])?)?;
+        lin = cx.call("add", &[Some(lin), Some(base)], &[])?;
+    }
+    let n: usize = is[..is.len() - 1].iter().product();
+    let flat_idx = reshape(cx, lin, &[n])?;
+    let mut rows = vec![batch * inner];
+    rows.extend(&ds[b + k..]);
+    let flat = reshape(cx, x, &rows)?;
+    let picked = cx.call(
+        "index_select",
+        &[Some(flat), Some(flat_idx)],
+        &[("dim", Attr::Int(0))],
+    )?;
+    let mut out = is[..is.len() - 1].to_vec();
+    out.extend(&ds[b + k..]);
+    one(reshape(cx, picked, &out)?)
+}
+
+pub fn scatter_nd(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (x, idx, upd) = (cx.x(0)?, cx.x(1)?, cx.x(2)?);
+    let (ds, is) = (cx.shape(x), cx.shape(idx));
+    let Some(&k) = is.last() else {
+        bail!(Value, "indices must have at least one dim");
+    };
+    if k > ds.len() {
+        bail!(
+            Value,
+            "index tuples of length {k} for data of rank {}",
+            ds.len()
+        );
+    }
+    let op = match cx.string("reduction")?.as_deref() {
+        None | Some("none") => "scatter",
+        Some("add") => "scatter_add",
+        Some(r) => bail!(Value, "reduction '{r}' is not supported"),
+    };
+    let rows: usize = ds[..k].iter().product();
+    let width: usize = ds[k..].iter().product();
+    let q: usize = is[..is.len() - 1].iter().product();
+    let lin = linear(cx, idx, &ds[..k])?;
+    let lin = reshape(cx, lin, &[q, 1])?;
+    let lin = cx.call(
+        "expand",
+        &[Some(lin)],
+        &[("size", list(&[q as i64, width as i64]))],
+    )?;
+    let flat = reshape(cx, x, &[rows, width])?;
+    let src = reshape(cx, upd, &[q, width])?;
+    let y = cx.call(
+        op,
+        &[Some(flat), Some(lin), Some(src)],
+        &[("dim", Attr::Int(0))],
+    )?;
+    one(reshape(cx, y, &ds)?)
+}
+
+pub fn compress(cx: &mut Cx) -> Result<Vec<Val>> {
+    let x = cx.x(0)?;
+    let Some(cond) = cx.ints_input(1, "condition")? else {
+        bail!(Value, "the condition input is required");
+    };
+    let shape = cx.shape(x);
+    let (src, dim, n) = match cx.attr("axis") {
+        Some(_) => {
+            let a = axis(cx.int("axis", 0)?, shape.len() as i64)?;
+            (x, a, shape[a as usize])
+        }
+        None => {
+            let n = shape.iter().product();
+            (reshape(cx, x, &[n])?, 0, n)
+        }
+    };
+    if cond.len() > n {
+        bail!(
+            Value,
+            "a condition of {} entries for an axis of {n}",
+            cond.len()
+        );
+    }
+    let picked: Vec<i64> = (0..cond.len() as i64)
+        .filter(|&i| cond[i as usize] != 0)
+        .collect();
+    let idx = cx.tensor(&Tensor::from_slice(&picked, &[picked.len()])?)?;
+    one(cx.call(
+        "index_select",
+        &[Some(src), Some(idx)],
+        &[("dim", Attr::Int(dim))],
+    )?)
+}
+
+pub fn non_zero(cx: &mut Cx) -> Result<Vec<Val>> {
+    let Some(values) = cx.floats_input(0, "input")? else {
+        bail!(Value, "the input is required");
+    };
+    let shape = match cx.known(0) {
+        Some(t) => t.shape().to_vec(),
+        None => {
+            let x = cx.x(0)?;
+            cx.shape(x)
+        }
+    };
+    // the multi-indices of the nonzero elements, in row-major order, one column each
+    let hits: Vec<usize> = (0..values.len()).filter(|&i| values[i] != 0.0).collect();
+    let r = shape.len();
+    let mut out = vec![0i64; r * hits.len()];
+    for (col, &flat) in hits.iter().enumerate() {
+        let mut rest = flat;
+        for d in (0..r).rev() {
+            out[d * hits.len() + col] = (rest % shape[d]) as i64;
+            rest /= shape[d];
+        }
+    }
+    Ok(vec![Val::known(Tensor::from_vec(out, &[r, hits.len()])?)])
+}
