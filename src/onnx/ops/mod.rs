@@ -3,6 +3,7 @@
 //! the newest `since` that is not newer than the model's opset.
 
 mod attention;
+mod control;
 mod elementwise;
 mod index;
 mod loss;
@@ -151,6 +152,10 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("MaxPool", 1, nn::max_pool),
     ("MeanVarianceNormalization", 9, nn::mean_variance_norm),
     ("RMSNormalization", 23, nn::rms_norm),
+    // control.rs
+    ("If", 1, control::if_),
+    ("Loop", 1, control::loop_),
+    ("Scan", 9, control::scan),
     // index.rs
     ("Compress", 9, index::compress),
     ("GatherND", 11, index::gather_nd),
