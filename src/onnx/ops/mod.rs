@@ -90,6 +90,7 @@ const TABLE: &[(&str, i64, Lower)] = &[
     // reduce.rs
     ("ArgMax", 1, reduce::argmax),
     ("ArgMin", 1, reduce::argmin),
+    ("CumProd", 26, reduce::cumprod),
     ("CumSum", 11, reduce::cumsum),
     ("LogSoftmax", 1, reduce::log_softmax_v1),
     ("LogSoftmax", 13, reduce::log_softmax),

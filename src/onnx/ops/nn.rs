@@ -520,7 +520,12 @@ pub fn lp_norm(cx: &mut Cx) -> Result<Vec<Val>> {
         }
         _ => bail!(Value, "p = {p}: only 1 and 2 are defined"),
     };
-    one(cx.call("div", &[Some(x), Some(norm)], &[])?)
+    // a zero vector stays zero
+    let zero = cx.scalar(0.0, cx.dtype(norm))?;
+    let is_zero = cx.call("eq", &[Some(norm), Some(zero)], &[])?;
+    let one_ = cx.scalar(1.0, cx.dtype(norm))?;
+    let safe = cx.call("where", &[Some(is_zero), Some(one_), Some(norm)], &[])?;
+    one(cx.call("div", &[Some(x), Some(safe)], &[])?)
 }
 
 pub fn dropout(cx: &mut Cx) -> Result<Vec<Val>> {

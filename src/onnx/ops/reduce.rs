@@ -336,3 +336,69 @@ pub fn hardmax(cx: &mut Cx) -> Result<Vec<Val>> {
     let a = axis(cx.int("axis", -1)?, cx.rank(x))?;
     one(hardmax_along(cx, x, a)?)
 }
+
+/// The most elements along its axis a `CumProd` is unrolled over.
+const CUMPROD_MAX: usize = 1024;
+
+pub fn cumprod(cx: &mut Cx) -> Result<Vec<Val>> {
+    // smelt has no running product: one multiply per position along the axis
+    let x = cx.x(0)?;
+    let Some(a) = cx.ints_input(1, "axis")? else {
+        bail!(Value, "the axis input is required");
+    };
+    let a = axis(a[0], cx.rank(x))?;
+    let n = cx.shape(x)[a as usize];
+    if n > CUMPROD_MAX {
+        bail!(
+            Value,
+            "a running product over {n} elements (at most {CUMPROD_MAX})"
+        );
+    }
+    let reverse = cx.int("reverse", 0)? != 0;
+    let exclusive = cx.int("exclusive", 0)? != 0;
+    let at = |cx: &mut Cx, i: usize| {
+        cx.call(
+            "narrow",
+            &[Some(x)],
+            &[
+                ("dim", Attr::Int(a)),
+                ("start", Attr::Int(i as i64)),
+                ("length", Attr::Int(1)),
+            ],
+        )
+    };
+    let order: Vec<usize> = if reverse {
+        (0..n).rev().collect()
+    } else {
+        (0..n).collect()
+    };
+    let mut parts: Vec<(usize, ValueId)> = Vec::with_capacity(n);
+    let mut acc: Option<ValueId> = None;
+    for &i in &order {
+        let xi = at(cx, i)?;
+        let next = match acc {
+            Some(p) => cx.call("mul", &[Some(p), Some(xi)], &[])?,
+            None => xi,
+        };
+        let out = match (exclusive, acc) {
+            (false, _) => next,
+            (true, Some(p)) => p,
+            (true, None) => {
+                let shape: Vec<i64> = cx.shape(xi).iter().map(|&d| d as i64).collect();
+                cx.call(
+                    "ones",
+                    &[],
+                    &[("size", list(&shape)), ("dtype", Attr::DType(cx.dtype(x)))],
+                )?
+            }
+        };
+        acc = Some(next);
+        parts.push((i, out));
+    }
+    parts.sort_by_key(|(i, _)| *i);
+    let ops: Vec<Option<ValueId>> = parts.into_iter().map(|(_, v)| Some(v)).collect();
+    if ops.is_empty() {
+        return one(cx.call("contiguous", &[Some(x)], &[])?);
+    }
+    one(cx.call("cat", &ops, &[("dim", Attr::Int(a))])?)
+}
