@@ -7,6 +7,11 @@
 //! where they are required), else `python3` when it has both; without one the onnxruntime
 //! part says so and only the round trip runs.
 
+#[path = "../examples/common/gpt_model.rs"]
+mod gpt_model;
+#[path = "../examples/common/resnet_model.rs"]
+mod resnet_model;
+
 use smelt::cli::{Command, execute, export::ExportArgs};
 use smelt::ir::parse_module;
 use smelt::runtime::{interp, npy};
@@ -233,4 +238,29 @@ fn an_op_without_an_onnx_form_is_named() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("opset 5"), "{e}");
+}
+
+/// Traces `forward` on `x` (no gradients) and checks the graph's export, as `check` does.
+fn check_traced(name: &str, forward: impl Fn(&Tensor) -> smelt::Result<Tensor>, x: &Tensor) {
+    let traced = {
+        let _off = smelt::autograd::no_grad();
+        smelt::jit::trace(|xs| Ok(vec![forward(&xs[0])?]), std::slice::from_ref(x)).unwrap()
+    };
+    check(name, &smelt::ir::print_graph(traced.graph()));
+}
+
+/// The models the examples train (examples/gpt, examples/resnet), traced for inference,
+/// deploy as ONNX: onnxruntime gives the interpreter's outputs.
+#[test]
+fn the_example_models_export() {
+    use smelt::nn::Module;
+    smelt::manual_seed(3);
+    let gpt = gpt_model::Gpt::new().unwrap();
+    let mut g = smelt::Generator::new(4);
+    let x = gpt_model::batch(&mut g).unwrap().0.narrow(0, 0, 2).unwrap();
+    check_traced("gpt", |x| gpt.forward(x), &x);
+    let mut resnet = resnet_model::ResNet::new().unwrap();
+    resnet.train(false);
+    let images = resnet_model::images(2, &mut g).unwrap().0;
+    check_traced("resnet", |x| resnet.forward(x), &images);
 }
