@@ -315,3 +315,52 @@ fn attributes_of_the_wrong_kind_are_errors() {
     let e = import_error(&m, None);
     assert!(e.contains("attribute 'axis' should be an integer"), "{e}");
 }
+
+/// A count computed from an input's value (here `Range`'s limit, `n + 1`) is computed at
+/// import from the value given; the import is specialized to it, and binding another value
+/// is an error.
+#[test]
+fn values_computed_from_inputs_specialize_the_import() {
+    let scalar = |name: &str, v: i64| TensorProto {
+        name: name.into(),
+        data_type: data_type::INT64,
+        int64_data: vec![v],
+        ..Default::default()
+    };
+    let m = model(
+        17,
+        GraphProto {
+            name: "g".into(),
+            node: vec![
+                node("Add", "a", &["n", "one"], &["limit"]),
+                node("Range", "r", &["zero", "limit", "one"], &["y"]),
+            ],
+            initializer: vec![scalar("zero", 0), scalar("one", 1)],
+            input: vec![value("n", data_type::INT64, &[])],
+            output: vec![ValueInfoProto {
+                name: "y".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        },
+    );
+    let model = smelt::onnx::from_bytes(&m.encode_to_vec(), None).unwrap();
+    let three = Tensor::from_vec(vec![3i64], &[]).unwrap();
+    let imp = model.import_for(&[("n", &three)]).unwrap();
+    assert_eq!(imp.specialized.len(), 1);
+    let y = smelt::runtime::interp::run_positional(
+        &imp.graph,
+        &imp.bind(&[("n", three.clone())]).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(y[0].to_vec::<i64>().unwrap(), [0, 1, 2, 3]);
+    let five = Tensor::from_vec(vec![5i64], &[]).unwrap();
+    let e = imp.bind(&[("n", five)]).unwrap_err().to_string();
+    assert!(e.contains("import it again"), "{e}");
+    // without the value, the import says what it needs
+    let e = model.import(&[]).unwrap_err().to_string();
+    assert!(
+        e.contains("must be known when the model is imported"),
+        "{e}"
+    );
+}

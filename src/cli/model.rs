@@ -41,7 +41,23 @@ pub fn load_model(
             );
         }
         let model = onnx::load(path)?;
-        let given: Vec<(&str, &Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let declared = model.inputs()?;
+        let converted: Vec<(&str, Tensor)> = inputs
+            .iter()
+            .map(|(n, t)| {
+                let bf16 = declared
+                    .iter()
+                    .any(|i| i.name == *n && i.dtype == DType::BF16);
+                // .npy has no bf16: such inputs arrive as f32
+                let t = if bf16 && t.dtype() == DType::F32 {
+                    t.to_dtype(DType::BF16)?
+                } else {
+                    t.clone()
+                };
+                Ok((n.as_str(), t))
+            })
+            .collect::<Result<_>>()?;
+        let given: Vec<(&str, &Tensor)> = converted.iter().map(|(n, t)| (*n, t)).collect();
         let imported = model.import_for(&given)?;
         let renames = imported
             .inputs

@@ -74,6 +74,10 @@ pub(super) struct Importer {
     pub(super) values: HashMap<String, Tensor>,
     /// The inputs whose values were read at import (the graph is only valid for them).
     pub(super) specialized: std::cell::RefCell<Vec<String>>,
+    /// Values computed at import from given input values, by ONNX name.
+    computed: std::cell::RefCell<HashMap<String, Tensor>>,
+    /// The ONNX name of each graph input made for a model input, by graph name.
+    onnx_names: HashMap<String, String>,
 }
 
 impl Importer {
@@ -88,6 +92,8 @@ impl Importer {
             inline_all: false,
             values: HashMap::new(),
             specialized: Default::default(),
+            computed: Default::default(),
+            onnx_names: HashMap::new(),
         }
     }
 
@@ -117,6 +123,7 @@ impl Importer {
         let gname = self.fresh(name);
         let id = self.g.add_input(&gname, ty)?;
         self.bind(name, Val::node(id));
+        self.onnx_names.insert(gname.clone(), name.to_string());
         Ok(gname)
     }
 
@@ -145,6 +152,66 @@ impl Importer {
         let id = self.g.add_input(&gname, t.ttype())?;
         self.weights.push((gname, t.clone()));
         Ok(id)
+    }
+
+    /// Records that the graph holds only for the given value of input `name`.
+    fn specialize(&self, name: &str) {
+        let mut s = self.specialized.borrow_mut();
+        if !s.iter().any(|n| n == name) {
+            s.push(name.to_string());
+        }
+    }
+
+    /// The elements of graph value `name`, computed at import on the reference interpreter
+    /// from the given values of the inputs it depends on (the import is then specialized to
+    /// them); `None` where one of those inputs has no given value.
+    fn computed(&self, name: &str) -> Result<Option<Tensor>> {
+        if let Some(t) = self.computed.borrow().get(name) {
+            return Ok(Some(t.clone()));
+        }
+        let Some(id) = self.vals.get(name).and_then(|v| v.id) else {
+            return Ok(None);
+        };
+        if self.values.is_empty() {
+            return Ok(None);
+        }
+        // the model inputs the value depends on: the import is specialized to those only
+        let mut ancestors = std::collections::HashSet::new();
+        let mut stack = vec![id];
+        while let Some(v) = stack.pop() {
+            if ancestors.insert(v) {
+                stack.extend(self.g.operands(v));
+            }
+        }
+        let mut g = self.g.clone();
+        g.set_outputs(vec![id]);
+        let g = crate::passes::simplify::dce(&g)?;
+        let mut inputs = Vec::new();
+        let mut used = Vec::new();
+        for &v in g.inputs() {
+            let gname = g.node(v).name.clone();
+            let t = if let Some((_, w)) = self.weights.iter().find(|(n, _)| *n == gname) {
+                w.clone()
+            } else if let Some(o) = self.onnx_names.get(&gname)
+                && let Some(t) = self.values.get(o)
+            {
+                if self.g.value(&gname).is_some_and(|a| ancestors.contains(&a)) {
+                    used.push(o.clone());
+                }
+                t.clone()
+            } else {
+                return Ok(None);
+            };
+            inputs.push((gname, t));
+        }
+        let t = interp::run(&g, &inputs)?.remove(0);
+        for n in used {
+            self.specialize(&n);
+        }
+        self.computed
+            .borrow_mut()
+            .insert(name.to_string(), t.clone());
+        Ok(Some(t))
     }
 
     pub(super) fn get(&self, name: &str) -> Result<&Val> {
@@ -404,19 +471,19 @@ impl Cx<'_> {
 
     /// Input `i`'s elements for an op that needs them at import: known, or the value of a
     /// graph input given at import (the graph is then specialized to that value).
-    fn needed(&self, i: usize, what: &str) -> Result<Option<&Tensor>> {
+    fn needed(&self, i: usize, what: &str) -> Result<Option<Tensor>> {
         if !self.has(i) {
             return Ok(None);
         }
         if let Some(t) = self.known(i) {
-            return Ok(Some(t));
+            return Ok(Some(t.clone()));
         }
         let name = &self.node.input[i];
         if let Some(t) = self.imp.values.get(name) {
-            let mut s = self.imp.specialized.borrow_mut();
-            if !s.contains(name) {
-                s.push(name.clone());
-            }
+            self.imp.specialize(name);
+            return Ok(Some(t.clone()));
+        }
+        if let Some(t) = self.imp.computed(name)? {
             return Ok(Some(t));
         }
         bail!(
@@ -428,7 +495,7 @@ impl Cx<'_> {
 
     /// Input `i`'s elements as integers; it must be known at import (a shape, axes, ...).
     pub fn ints_input(&self, i: usize, what: &str) -> Result<Option<Vec<i64>>> {
-        self.needed(i, what)?.map(ints_of).transpose()
+        self.needed(i, what)?.as_ref().map(ints_of).transpose()
     }
 
     /// Input `i`'s elements as floats; it must be known at import.
