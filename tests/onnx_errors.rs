@@ -364,3 +364,23 @@ fn values_computed_from_inputs_specialize_the_import() {
         "{e}"
     );
 }
+
+/// Operands of the wrong rank for what an op reads are errors, not out-of-range indexing.
+#[test]
+fn operands_of_the_wrong_rank_are_errors() {
+    let vector = TensorProto {
+        name: "v".into(),
+        dims: vec![3],
+        data_type: data_type::FLOAT,
+        float_data: vec![1.0; 3],
+        ..Default::default()
+    };
+    for (op, needle) in [("Gemm", "must be 2-D"), ("LSTM", "must be 3-D")] {
+        let mut m = relu_model();
+        let g = m.graph.as_mut().unwrap();
+        g.initializer.push(vector.clone());
+        g.node = vec![node(op, "n", &["x", "v", "v"], &["y"])];
+        let e = import_error(&m, None);
+        assert!(e.contains(needle), "{op}: {e}");
+    }
+}

@@ -137,9 +137,16 @@ impl Importer {
         if let Some(id) = v.id {
             return Ok(id);
         }
-        let t = v.known.expect("a value is a node or known");
+        let Some(t) = v.known else {
+            bail!(
+                Value,
+                "internal: the value '{name}' is neither a node nor known"
+            );
+        };
         let id = self.constant(name, &t)?;
-        self.vals.get_mut(name).expect("looked up above").id = Some(id);
+        if let Some(entry) = self.vals.get_mut(name) {
+            entry.id = Some(id);
+        }
         Ok(id)
     }
 

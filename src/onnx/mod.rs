@@ -117,7 +117,13 @@ impl Imported {
             .iter()
             .map(|&v| {
                 let name = &self.graph.node(v).name;
-                Ok((*by_name.get(name.as_str()).expect("every input is bound")).clone())
+                match by_name.get(name.as_str()) {
+                    Some(t) => Ok((*t).clone()),
+                    None => bail!(
+                        Value,
+                        "graph input '{name}' is neither a model input nor a weight"
+                    ),
+                }
             })
             .collect()
     }

@@ -156,7 +156,10 @@ pub fn attention(cx: &mut Cx) -> Result<Vec<Val>> {
             let bool_mask = cx.dtype(m) == DType::Bool;
             let m = if last < kv_len {
                 let mut ps = ms.clone();
-                *ps.last_mut().expect("a mask has a dim") = kv_len - last;
+                let Some(pad) = ps.last_mut() else {
+                    bail!(Value, "a 0-d attn_mask cannot cover {kv_len} keys");
+                };
+                *pad = kv_len - last;
                 let fill = if bool_mask {
                     Attr::Bool(false)
                 } else {

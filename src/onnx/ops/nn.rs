@@ -20,6 +20,14 @@ pub fn gemm(cx: &mut Cx) -> Result<Vec<Val>> {
     let beta = cx.float("beta", 1.0)?;
     let ta = cx.int("transA", 0)? != 0;
     let tb = cx.int("transB", 0)? != 0;
+    if cx.rank(a) != 2 || cx.rank(b) != 2 {
+        bail!(
+            Value,
+            "A {:?} and B {:?} must be 2-D",
+            cx.shape(a),
+            cx.shape(b)
+        );
+    }
     // the common case, a linear layer: y = a bᵀ + c
     let c_is_bias = c.is_none_or(|c| cx.rank(c) == 1 && cx.shape(c)[0] == cx.shape(b)[0]);
     if !ta && tb && alpha == 1.0 && beta == 1.0 && c_is_bias {
@@ -139,6 +147,12 @@ fn conv_operands(
         bail!(
             Value,
             "only 1-D and 2-D {what} are supported, got input {xs:?}"
+        );
+    }
+    if ws.len() != xs.len() {
+        bail!(
+            Value,
+            "a weight of shape {ws:?} for an input of shape {xs:?}"
         );
     }
     Ok((x, wt, b, xs, ws))

@@ -192,7 +192,15 @@ fn t(cx: &mut Cx, x: ValueId) -> Result<ValueId> {
 fn lower(cx: &mut Cx, kind: Kind) -> Result<Vec<Val>> {
     let (x, w, r) = (cx.x(0)?, cx.x(1)?, cx.x(2)?);
     let b = cx.opt(3)?;
-    let hidden = cx.int("hidden_size", 0)? as usize;
+    if cx.rank(x) != 3 || cx.rank(r) != 3 {
+        bail!(
+            Value,
+            "X {:?} and R {:?} must be 3-D",
+            cx.shape(x),
+            cx.shape(r)
+        );
+    }
+    let hidden = cx.int("hidden_size", 0)?.max(0) as usize;
     let direction = cx.string("direction")?.unwrap_or_else(|| "forward".into());
     let dirs = if direction == "bidirectional" { 2 } else { 1 };
     let layout = cx.int("layout", 0)?;
