@@ -45,16 +45,8 @@ pub fn load_model(
         let converted: Vec<(&str, Tensor)> = inputs
             .iter()
             .map(|(n, t)| {
-                let bf16 = declared
-                    .iter()
-                    .any(|i| i.name == *n && i.dtype == DType::BF16);
-                // .npy has no bf16: such inputs arrive as f32
-                let t = if bf16 && t.dtype() == DType::F32 {
-                    t.to_dtype(DType::BF16)?
-                } else {
-                    t.clone()
-                };
-                Ok((n.as_str(), t))
+                let dtype = declared.iter().find(|i| i.name == *n).map(|i| i.dtype);
+                Ok((n.as_str(), as_declared(t.clone(), dtype)?))
             })
             .collect::<Result<_>>()?;
         let given: Vec<(&str, &Tensor)> = converted.iter().map(|(n, t)| (*n, t)).collect();
@@ -112,13 +104,7 @@ impl Loaded {
                 .map(|&v| g.node(v))
                 .find(|node| node.name == name)
                 .map(|node| node.ty.dtype);
-            // .npy has no bf16: such inputs arrive as f32 (what `smelt run` writes for them)
-            let t = if declared == Some(DType::BF16) && t.dtype() == DType::F32 {
-                t.to_dtype(DType::BF16)?
-            } else {
-                t
-            };
-            out.push((name, t));
+            out.push((name, as_declared(t, declared)?));
         }
         for (name, t) in &self.weights {
             if out.iter().any(|(n, _)| n == name) {
@@ -134,6 +120,16 @@ impl Loaded {
             out.push((name.clone(), t.clone()));
         }
         Ok(out)
+    }
+}
+
+/// `t` for an input declared as `dtype`: `.npy` has no bf16, so a bf16 input arrives as f32
+/// (what `smelt run` writes for bf16 outputs) and is converted; anything else is unchanged.
+fn as_declared(t: Tensor, dtype: Option<DType>) -> Result<Tensor> {
+    if dtype == Some(DType::BF16) && t.dtype() == DType::F32 {
+        t.to_dtype(DType::BF16)
+    } else {
+        Ok(t)
     }
 }
 
