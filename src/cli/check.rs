@@ -46,7 +46,19 @@ fn pass_label(s: &str) -> std::result::Result<String, String> {
 
 /// Runs `smelt check`.
 pub fn check(a: &CheckArgs) -> Result<()> {
-    let module = super::load(&a.model)?;
+    let symbolic = super::model::read_symbolic(&a.model)?;
+    let module = match &symbolic {
+        Some(m) if a.dump_after.is_none() && !a.fusion => {
+            print!("{}", m.print(a.graph.as_deref())?);
+            return Ok(());
+        }
+        // the passes run at the sample sizes, which the output names
+        Some(m) => {
+            println!("# at sample sizes {}", m.sample_sizes());
+            m.sample().clone()
+        }
+        None => super::load(&a.model)?,
+    };
     let graphs: Vec<&Graph> = match &a.graph {
         Some(name) => vec![module.graph(name)?],
         None => module.graphs.iter().collect(),

@@ -1,7 +1,7 @@
 //! `smelt grad`: gradients of the sum of every element of every output of a graph with
 //! respect to chosen inputs, written as `DIR/grad_<input>.npy`.
 
-use super::model::{load_model, read_inputs};
+use super::model::{load_model_for, read_inputs};
 use super::{Backend, evaluate, parse_input, pick};
 use crate::runtime::npy;
 use crate::{Error, Result, bail};
@@ -38,7 +38,7 @@ pub struct GradArgs {
 /// Runs `smelt grad`.
 pub fn grad(a: &GradArgs) -> Result<()> {
     let given = read_inputs(&a.inputs)?;
-    let loaded = load_model(&a.model, a.weights.as_deref(), &given)?;
+    let loaded = load_model_for(&a.model, a.weights.as_deref(), &given, a.graph.as_deref())?;
     let g = pick(&loaded.module, a.graph.as_deref())?;
     let wrt: Vec<&str> = a
         .wrt

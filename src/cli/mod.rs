@@ -164,7 +164,7 @@ pub fn execute(command: &Command) -> Result<()> {
 pub fn run(a: &RunArgs) -> Result<()> {
     let given = model::read_inputs(&a.inputs)?;
     let t0 = std::time::Instant::now();
-    let loaded = model::load_model(&a.model, a.weights.as_deref(), &given)?;
+    let loaded = model::load_model_for(&a.model, a.weights.as_deref(), &given, a.graph.as_deref())?;
     let g = pick(&loaded.module, a.graph.as_deref())?;
     let inputs = loaded.named_inputs(g, given)?;
     let call = prepare(g, a.backend, a.no_fuse)?;

@@ -2,8 +2,8 @@
 //! `.onnx` file (imported for the shapes of the inputs given, its initializers as
 //! parameters).
 
+use crate::ir::SymbolicModule;
 use crate::ir::graph::{Graph, Module};
-use crate::ir::parse_module;
 use crate::runtime::npy;
 use crate::{DType, Error, Result, Tensor, bail, onnx};
 use std::path::{Path, PathBuf};
@@ -32,6 +32,17 @@ pub fn load_model(
     path: &Path,
     weights: Option<&Path>,
     inputs: &[(String, Tensor)],
+) -> Result<Loaded> {
+    load_model_for(path, weights, inputs, None)
+}
+
+/// [`load_model`] for graph `graph` of the file (the first when `None`): a `.smelt` graph
+/// with symbolic dims is read at the sizes its inputs and weights give.
+pub fn load_model_for(
+    path: &Path,
+    weights: Option<&Path>,
+    inputs: &[(String, Tensor)],
+    graph: Option<&str>,
 ) -> Result<Loaded> {
     if is_onnx(path) {
         if weights.is_some() {
@@ -67,16 +78,38 @@ pub fn load_model(
     }
     let name = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| Error::Io(format!("{name}: {e}")))?;
-    let module = parse_module(&text, &name)?;
+    let symbolic = SymbolicModule::parse(&text, &name)?;
     let weights = match weights {
         Some(w) => crate::nn::state_dict::load_safetensors(w)?,
         None => Vec::new(),
+    };
+    let module = if symbolic.is_symbolic() {
+        let shapes: Vec<(&str, &[usize])> = inputs
+            .iter()
+            .chain(&weights)
+            .map(|(n, t)| (n.as_str(), t.shape()))
+            .collect();
+        symbolic.instantiate(&symbolic.bind(graph, &shapes)?)?
+    } else {
+        symbolic.sample().clone()
     };
     Ok(Loaded {
         module,
         weights,
         renames: Vec::new(),
     })
+}
+
+/// A `.smelt` file with symbolic dims, verified for every size; `None` for an ONNX file or
+/// one without symbols.
+pub fn read_symbolic(path: &Path) -> Result<Option<SymbolicModule>> {
+    if is_onnx(path) {
+        return Ok(None);
+    }
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| Error::Io(format!("{name}: {e}")))?;
+    let m = SymbolicModule::parse(&text, &name)?;
+    Ok(m.is_symbolic().then_some(m))
 }
 
 impl Loaded {

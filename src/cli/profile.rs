@@ -3,7 +3,7 @@
 //! schedule — and prints a table per way (kernel, ops, time, bytes, GB/s, GFLOP/s) and a
 //! summary with the speedups; `--json FILE` writes the same figures as JSON.
 
-use super::model::{Loaded, load_model, read_inputs};
+use super::model::{Loaded, load_model_for, read_inputs};
 use super::{Backend, parse_input, pick};
 use crate::exec::{CompileOptions, CompiledFn, Executable, KernelBackend, StepInfo};
 use crate::ir::dtype::DType;
@@ -360,7 +360,7 @@ pub(super) fn way_json(w: &Way) -> Value {
 /// shapes).
 pub(super) fn load_with_inputs(a: &ProfileArgs) -> Result<(Loaded, Vec<(String, Tensor)>)> {
     let given = read_inputs(&a.inputs)?;
-    let loaded = load_model(&a.model, a.weights.as_deref(), &given)?;
+    let loaded = load_model_for(&a.model, a.weights.as_deref(), &given, a.graph.as_deref())?;
     Ok((loaded, given))
 }
 

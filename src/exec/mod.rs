@@ -8,11 +8,13 @@ pub mod cuda_eager;
 mod device;
 mod executable;
 mod options;
+mod symbolic;
 
 pub use cpu::{CodeOrigin, CompiledFn, PAR_MIN_ELEMS, StepInfo, StepTimes, step_buffers};
 pub use cuda::CudaFn;
 pub use executable::{Executable, compile};
 pub use options::{CompileOptions, CpuOptions, DiskCache, GpuOptions, KernelBackend};
+pub use symbolic::SymbolicFn;
 
 use crate::ir::graph::Graph;
 use crate::kernel::Schedule;

@@ -10,9 +10,10 @@ pub mod graph;
 pub mod op;
 pub mod op_key;
 pub mod shape;
+pub mod sym;
 pub mod text;
 pub mod unary;
 pub mod verify;
 
 pub use graph::{Graph, Module, Node, NodeKind, ValueId};
-pub use text::{parse_module, print_graph, print_module};
+pub use text::{SymbolicModule, parse_module, print_graph, print_module};

@@ -13,7 +13,7 @@ pub enum Tok {
     Int(i64),
     Float(f64),
     Str(String),
-    /// One of `( ) { } [ ] , : =`.
+    /// One of `( ) { } [ ] , : =`, or `+ - * /` in a symbolic dimension.
     Punct(char),
     Eof,
 }
@@ -141,12 +141,29 @@ pub fn lex(text: &str) -> Result<Vec<Token>, LexError> {
                 lx.bump();
                 Tok::Str(string_body(&mut lx).map_err(fail)?)
             }
+            '+' | '*' | '/' => {
+                lx.bump();
+                Tok::Punct(c)
+            }
+            // `-` starts a number (`-1`, `-inf`) or is a symbolic dimension's minus (`S - T`)
+            '-' if !starts_negative_number(&lx) => {
+                lx.bump();
+                Tok::Punct('-')
+            }
             '-' | '0'..='9' => number(&mut lx).map_err(fail)?,
             c if c.is_ascii_alphabetic() || c == '_' => Tok::Ident(lx.take_while(is_name_char)),
             c => return Err(fail(format!("unexpected character '{c}'"))),
         };
         out.push(Token { tok, line, col });
     }
+}
+
+/// Whether the `-` at the lexer's position begins a number: `-` then a digit or `inf`.
+fn starts_negative_number(lx: &Lexer) -> bool {
+    let mut rest = lx.chars.clone();
+    rest.next();
+    let word: String = rest.take_while(|&c| is_name_char(c)).collect();
+    word.starts_with(|c: char| c.is_ascii_digit()) || word == "inf"
 }
 
 fn string_body(lx: &mut Lexer) -> Result<String, String> {

@@ -3,11 +3,13 @@
 mod lexer;
 mod parser;
 mod printer;
+mod symbolic;
 
 use super::op::TensorType;
 
 pub use parser::parse_module;
 pub use printer::{print_graph, print_module};
+pub use symbolic::SymbolicModule;
 
 /// A type as written in text: `f32[2,3]`, `f32[]` for 0-d.
 pub fn fmt_type(t: &TensorType) -> String {

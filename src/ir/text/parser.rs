@@ -2,10 +2,12 @@
 
 use super::fmt_type;
 use super::lexer::{Tok, Token, lex};
+use super::symbolic::SymEnv;
 use crate::ir::attrs::Attr;
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::graph::{Graph, Module, ValueId};
 use crate::ir::op::{BinaryOp, Op, TensorType};
+use crate::ir::sym::{DimExpr, is_symbol_name};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,6 +23,15 @@ type Named = (String, Token, Option<(TensorType, Token)>);
 /// Parses a `.smelt` file; `file` names it in error messages. A control op's bodies (`@name`)
 /// may be any graph of the file, before or after it.
 pub fn parse_module(text: &str, file: &str) -> Result<Module> {
+    parse_with(text, file, None).map(|(m, _)| m)
+}
+
+/// Parses a `.smelt` file whose dims may be symbols, sized by `env` (`SymbolicModule`).
+pub(super) fn parse_with(
+    text: &str,
+    file: &str,
+    syms: Option<SymEnv>,
+) -> Result<(Module, Option<SymEnv>)> {
     let toks = lex(text).map_err(|e| Error::Parse {
         file: file.to_string(),
         line: e.line,
@@ -34,12 +45,13 @@ pub fn parse_module(text: &str, file: &str) -> Result<Module> {
         file,
         done: HashMap::new(),
         active: Vec::new(),
+        syms,
     };
     let mut graphs: Vec<Graph> = Vec::new();
     loop {
         let t = p.peek().clone();
         if t.tok == Tok::Eof && !graphs.is_empty() {
-            return Ok(Module { graphs });
+            return Ok((Module { graphs }, p.syms));
         }
         let start = p.pos;
         let g = match p.span_at(start) {
@@ -107,6 +119,8 @@ struct Parser<'a> {
     done: HashMap<String, Arc<Graph>>,
     /// Graphs being parsed (outermost first): a body among them is a recursion.
     active: Vec<String>,
+    /// How symbolic dims get their sizes; `None` when the reader takes concrete graphs only.
+    syms: Option<SymEnv>,
 }
 
 /// One parsed call argument.
@@ -237,7 +251,10 @@ impl Parser<'_> {
             loop {
                 let (pname, at) = self.value_name()?;
                 self.punct(':')?;
-                let ty = self.ty()?;
+                let (ty, dims) = self.ty_dims()?;
+                if let Some(env) = &mut self.syms {
+                    env.record_input(&name, &pname, dims);
+                }
                 g.add_input(&pname, ty)
                     .map_err(|e| self.err(&at, e.to_string()))?;
                 if self.eat(')') {
@@ -267,22 +284,38 @@ impl Parser<'_> {
     }
 
     fn ty(&mut self) -> Result<TensorType> {
+        self.ty_dims().map(|(t, _)| t)
+    }
+
+    /// A type and its dims as written (symbols and expressions sized through `syms`).
+    fn ty_dims(&mut self) -> Result<(TensorType, Vec<DimExpr>)> {
         let (d, at) = self.ident("a dtype")?;
         let dtype =
             DType::from_name(&d).ok_or_else(|| self.err(&at, format!("unknown dtype '{d}'")))?;
         self.punct('[')?;
-        let mut shape = Vec::new();
+        let (mut shape, mut dims) = (Vec::new(), Vec::new());
         if !self.eat(']') {
             loop {
-                let t = self.next();
-                match t.tok {
-                    Tok::Int(n) if n >= 0 => shape.push(n as usize),
+                let t = self.peek().clone();
+                let e = match t.tok {
+                    Tok::Int(_) | Tok::Ident(_) | Tok::Punct('(') => self.dim_expr()?,
                     _ => {
                         return Err(
                             self.err(&t, format!("expected a dimension size, found {}", t.tok))
                         );
                     }
-                }
+                };
+                let n = match e {
+                    DimExpr::Int(n) if n >= 0 => n,
+                    DimExpr::Int(_) => {
+                        return Err(
+                            self.err(&t, format!("expected a dimension size, found {}", t.tok))
+                        );
+                    }
+                    _ => self.size(&e, "dim", &t)?,
+                };
+                shape.push(n as usize);
+                dims.push(e);
                 if self.eat(']') {
                     break;
                 }
@@ -291,7 +324,106 @@ impl Parser<'_> {
                 }
             }
         }
-        Ok(TensorType::new(dtype, shape))
+        Ok((TensorType::new(dtype, shape), dims))
+    }
+
+    /// The size of a symbolic `e` (written at `at`, in `what`: "dim", an attribute's name).
+    fn size(&mut self, e: &DimExpr, what: &str, at: &Token) -> Result<i64> {
+        if e.is_constant() {
+            return match e.eval(&Default::default()) {
+                Ok(n) if n >= 0 || what != "dim" => Ok(n),
+                Ok(n) => Err(self.err(at, format!("{what} {e} = {n} is negative"))),
+                Err(m) => Err(self.err(at, m)),
+            };
+        }
+        let graph = self.active.last().cloned().unwrap_or_default();
+        let Some(env) = &mut self.syms else {
+            return Err(self.err(
+                at,
+                format!(
+                    "symbolic size {e}: a graph with symbols is read by SymbolicModule::parse \
+                     (or `smelt run`, which sizes them from the inputs)"
+                ),
+            ));
+        };
+        env.size(&graph, e, what).map_err(|m| self.err(at, m))
+    }
+
+    /// A dimension: `+ -` of terms; a negative integer after a term subtracts (`S-1` lexes
+    /// as `S` then `-1`).
+    fn dim_expr(&mut self) -> Result<DimExpr> {
+        let mut e = self.dim_term()?;
+        loop {
+            match self.peek().tok {
+                Tok::Punct('+') => {
+                    self.next();
+                    e = DimExpr::Add(Box::new(e), Box::new(self.dim_term()?));
+                }
+                Tok::Punct('-') => {
+                    self.next();
+                    e = DimExpr::Sub(Box::new(e), Box::new(self.dim_term()?));
+                }
+                Tok::Int(n) if n < 0 => {
+                    let t = self.next();
+                    let Some(m) = n.checked_neg() else {
+                        return Err(self.err(&t, format!("size {n} is out of range")));
+                    };
+                    let rest = self.dim_term_after(DimExpr::Int(m))?;
+                    e = DimExpr::Sub(Box::new(e), Box::new(rest));
+                }
+                _ => return Ok(e),
+            }
+        }
+    }
+
+    fn dim_term(&mut self) -> Result<DimExpr> {
+        let a = self.dim_atom()?;
+        self.dim_term_after(a)
+    }
+
+    /// `* //` of atoms, the first one `a`.
+    fn dim_term_after(&mut self, mut a: DimExpr) -> Result<DimExpr> {
+        loop {
+            if self.eat('*') {
+                a = DimExpr::Mul(Box::new(a), Box::new(self.dim_atom()?));
+            } else if self.peek().tok == Tok::Punct('/') {
+                self.next();
+                self.punct('/')?;
+                a = DimExpr::FloorDiv(Box::new(a), Box::new(self.dim_atom()?));
+            } else {
+                return Ok(a);
+            }
+        }
+    }
+
+    fn dim_atom(&mut self) -> Result<DimExpr> {
+        let t = self.next();
+        match t.tok {
+            Tok::Int(n) => Ok(DimExpr::Int(n)),
+            Tok::Ident(ref name) if is_symbol_name(name) && !is_reserved(name) => {
+                Ok(DimExpr::Sym(name.clone()))
+            }
+            Tok::Punct('(') => {
+                let e = self.dim_expr()?;
+                self.punct(')')?;
+                Ok(e)
+            }
+            _ => Err(self.err(&t, format!("expected a size or a symbol, found {}", t.tok))),
+        }
+    }
+
+    /// Whether an attribute value at the current token is a symbolic size: a symbol, a
+    /// parenthesis, or an integer followed by an operator.
+    fn at_dim_expr(&self) -> bool {
+        match &self.peek().tok {
+            Tok::Ident(w) => is_symbol_name(w) && !is_reserved(w),
+            Tok::Punct('(') => true,
+            Tok::Int(_) => {
+                matches!(self.peek2(), Tok::Punct('+' | '-' | '*' | '/'))
+                    || matches!(self.peek2(), Tok::Int(n) if *n < 0)
+            }
+            _ => false,
+        }
     }
 
     fn use_value(&mut self, g: &Graph) -> Result<ValueId> {
@@ -363,9 +495,14 @@ impl Parser<'_> {
                 .unwrap_or_else(|| op_at.clone());
             self.err(&at, e.msg)
         })?;
-        let v = g
-            .add_op_named(op, &operands, &name)
-            .map_err(|e| self.err(&op_at, format!("{op_name}: {e}")))?;
+        let v = g.add_op_named(op, &operands, &name).map_err(|e| {
+            let types: Vec<&TensorType> = operands.iter().map(|&o| &g.node(o).ty).collect();
+            let msg = match &self.syms {
+                Some(env) if env.verifying() => env.explain(&op_name, &types, &e),
+                _ => format!("{op_name}: {e}"),
+            };
+            self.err(&op_at, msg)
+        })?;
         self.check_annotation(g, v, annot)
     }
 
@@ -378,12 +515,16 @@ impl Parser<'_> {
         if let Some((want, t)) = annot {
             let got = &g.node(v).ty;
             if got.dtype != want.dtype || got.shape != want.shape {
+                let show = |t: &TensorType| match &self.syms {
+                    Some(env) if env.verifying() => env.fmt_type(t),
+                    _ => fmt_type(t),
+                };
                 return Err(self.err(
                     &t,
                     format!(
                         "type annotation {} does not match inferred {}",
-                        fmt_type(&want),
-                        fmt_type(got)
+                        show(&want),
+                        show(got)
                     ),
                 ));
             }
@@ -550,7 +691,7 @@ impl Parser<'_> {
                     return Err(self.err(&at, format!("attribute '{n}' given twice")));
                 }
                 let value_at = self.peek().clone();
-                let a = self.attr()?;
+                let a = self.attr(&n)?;
                 // what is wrong with a body reference (missing, recursive) is reported at
                 // its `@name`; anything else at the attribute's name
                 let at = if matches!(a, Attr::Graph(_)) {
@@ -612,7 +753,16 @@ impl Parser<'_> {
         Ok(Arg::Operand(v))
     }
 
-    fn attr(&mut self) -> Result<Attr> {
+    /// An attribute's value (`name` is the attribute's, for messages about symbolic sizes).
+    fn attr(&mut self, name: &str) -> Result<Attr> {
+        if self.at_dim_expr() {
+            let at = self.peek().clone();
+            let e = self.dim_expr()?;
+            return Ok(Attr::Int(match e {
+                DimExpr::Int(n) => n,
+                _ => self.size(&e, name, &at)?,
+            }));
+        }
         let t = self.next();
         Ok(match t.tok {
             Tok::Int(i) => Attr::Int(i),
@@ -623,7 +773,7 @@ impl Parser<'_> {
                 let mut xs = Vec::new();
                 if !self.eat(']') {
                     loop {
-                        xs.push(self.attr()?);
+                        xs.push(self.attr(name)?);
                         if self.eat(']') {
                             break;
                         }
@@ -652,4 +802,9 @@ impl Parser<'_> {
             _ => return Err(self.err(&t, format!("expected an attribute value, found {}", t.tok))),
         })
     }
+}
+
+/// Words that are values, not symbols, where an attribute is read.
+fn is_reserved(w: &str) -> bool {
+    matches!(w, "true" | "false" | "none" | "inf" | "nan") || DType::from_name(w).is_some()
 }
