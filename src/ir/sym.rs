@@ -165,12 +165,21 @@ impl fmt::Display for DimExpr {
     }
 }
 
-/// The size symbol number `index` takes when a graph is verified for every binding: round 0
-/// and round 1 give each symbol a different prime above 100, with different gaps, so that a
-/// relation that holds in both rounds (`B + 2 = S`, `B*S = T`) is very unlikely to hold by
-/// chance rather than for every binding.
-pub fn generic_size(index: usize, round: usize) -> i64 {
-    let (start, step) = if round == 0 { (101, 1) } else { (211, 3) };
+/// Sample sizes: per ladder, per point, the first prime and which primes after it
+/// (every `step`-th). Ladder 0's sizes are large (above 100) and ladder 1's small (above 10,
+/// for graphs whose sizes are capped, such as a position table of 64).
+const LADDERS: [[(i64, usize); 3]; 2] =
+    [[(101, 1), (211, 3), (307, 2)], [(11, 1), (23, 2), (37, 3)]];
+
+/// How many sets of sample sizes there are ([`sample_size`]'s `ladder`).
+pub const SAMPLE_LADDERS: usize = LADDERS.len();
+
+/// The size symbol number `index` takes at sample point `point` (0 to 2) of ladder `ladder`:
+/// a prime, each symbol's different, with different gaps at each point, so that a relation
+/// that holds at two points (`B + 2 = S`, `B*S = T`) is very unlikely to hold by chance
+/// rather than for every size.
+pub fn sample_size(index: usize, ladder: usize, point: usize) -> i64 {
+    let (start, step) = LADDERS[ladder.min(LADDERS.len() - 1)][point.min(2)];
     let mut n = start;
     let mut seen = 0;
     loop {
@@ -182,6 +191,61 @@ pub fn generic_size(index: usize, round: usize) -> i64 {
         }
         n += 1;
     }
+}
+
+/// The expression `a*m + c` (`m` a product of one to three of `symbols`, `a` and `c`
+/// integers) that has value `values[i]` at sizes `points[i]` for every `i`, simplest `m`
+/// first; `None` when there is none. With three points or more, a fit is very unlikely to
+/// be a coincidence.
+pub fn fit(symbols: &[String], points: &[Bindings], values: &[i64]) -> Option<DimExpr> {
+    if points.len() < 2 || points.len() != values.len() {
+        return None;
+    }
+    let n = symbols.len();
+    let mut monomials: Vec<Vec<usize>> = (0..n).map(|i| vec![i]).collect();
+    for i in 0..n {
+        for j in i..n {
+            monomials.push(vec![i, j]);
+        }
+    }
+    for i in 0..n {
+        for j in i..n {
+            for k in j..n {
+                monomials.push(vec![i, j, k]);
+            }
+        }
+    }
+    for m in monomials {
+        let at = |p: &Bindings| {
+            m.iter()
+                .try_fold(1i64, |acc, &i| acc.checked_mul(*p.get(&symbols[i])?))
+        };
+        let Some(ms) = points.iter().map(at).collect::<Option<Vec<i64>>>() else {
+            continue;
+        };
+        let (dm, dv) = (ms[1] - ms[0], values[1] - values[0]);
+        if dm == 0 || dv % dm != 0 || dv == 0 {
+            continue;
+        }
+        let a = dv / dm;
+        let c = values[0] - a * ms[0];
+        if ms
+            .iter()
+            .zip(values)
+            .all(|(&x, &v)| a.checked_mul(x).and_then(|y| y.checked_add(c)) == Some(v))
+        {
+            let factors = (a != 1).then_some(DimExpr::Int(a)).into_iter();
+            let e = factors
+                .chain(m.iter().map(|&i| DimExpr::Sym(symbols[i].clone())))
+                .reduce(|x, y| DimExpr::Mul(Box::new(x), Box::new(y)))?;
+            return Some(match c {
+                0 => e,
+                c if c > 0 => DimExpr::Add(Box::new(e), Box::new(DimExpr::Int(c))),
+                c => DimExpr::Sub(Box::new(e), Box::new(DimExpr::Int(-c))),
+            });
+        }
+    }
+    None
 }
 
 fn is_prime(n: i64) -> bool {
@@ -243,16 +307,43 @@ mod tests {
     }
 
     #[test]
-    fn generic_sizes_are_distinct_primes() {
-        for round in 0..2 {
-            let v: Vec<i64> = (0..20).map(|i| generic_size(i, round)).collect();
-            assert!(v.iter().all(|&n| n > 100 && is_prime(n)));
-            let mut u = v.clone();
-            u.dedup();
-            assert_eq!(u.len(), v.len());
+    fn sample_sizes_are_distinct_primes() {
+        for ladder in 0..SAMPLE_LADDERS {
+            for point in 0..3 {
+                let v: Vec<i64> = (0..20).map(|i| sample_size(i, ladder, point)).collect();
+                assert!(v.iter().all(|&n| n > 10 && is_prime(n)));
+                let mut u = v.clone();
+                u.dedup();
+                assert_eq!(u.len(), v.len());
+            }
         }
-        assert_eq!(generic_size(0, 0), 101);
-        assert_eq!(generic_size(1, 0), 103);
-        assert_eq!(generic_size(1, 1), 229); // 211, 223, 227, 229: every third prime
+        assert_eq!(sample_size(0, 0, 0), 101);
+        assert_eq!(sample_size(1, 0, 0), 103);
+        assert_eq!(sample_size(1, 0, 1), 229); // 211, 223, 227, 229: every third prime
+    }
+
+    #[test]
+    fn fits_affine_functions_of_products() {
+        let syms = vec!["B".to_string(), "S".to_string()];
+        let points: Vec<Bindings> = (0..3)
+            .map(|p| {
+                [
+                    ("B".to_string(), sample_size(0, 0, p)),
+                    ("S".to_string(), sample_size(1, 0, p)),
+                ]
+                .into()
+            })
+            .collect();
+        let values = |f: &dyn Fn(i64, i64) -> i64| -> Vec<i64> {
+            points.iter().map(|p| f(p["B"], p["S"])).collect()
+        };
+        let fitted =
+            |f: &dyn Fn(i64, i64) -> i64| fit(&syms, &points, &values(f)).map(|e| e.to_string());
+        assert_eq!(fitted(&|_, s| s), Some("S".into()));
+        assert_eq!(fitted(&|_, s| s - 1), Some("S-1".into()));
+        assert_eq!(fitted(&|b, s| 12 * b * s), Some("12*B*S".into()));
+        assert_eq!(fitted(&|b, s| b * s * s + 3), Some("B*S*S+3".into()));
+        // a floor division is no affine function of a product
+        assert_eq!(fitted(&|_, s| s / 2), None);
     }
 }

@@ -1,15 +1,15 @@
 //! Graphs with symbolic dims (`.smelt` version 3): verified for every size of their symbols,
 //! bound from a call's inputs, and read again at those sizes.
 //!
-//! Verification reads the text twice, each symbol sized by a different prime above 100 in
-//! each round (`sym::generic_size`): every op's shape rule then runs on sizes that no two
-//! distinct symbols share, so a graph that mixes `S` and `T` where one size is needed fails
-//! there, and the message names the symbols rather than the primes.
+//! Verification reads the text twice, each symbol sized by a different prime in each read
+//! (`sym::sample_size`): every op's shape rule then runs on sizes that no two distinct
+//! symbols share, so a graph that mixes `S` and `T` where one size is needed fails there,
+//! and the message names the symbols rather than the primes.
 
 use super::parser::parse_with;
 use crate::ir::graph::{Graph, Module};
 use crate::ir::op::TensorType;
-use crate::ir::sym::{Bindings, DimExpr, describe, generic_size};
+use crate::ir::sym::{Bindings, DimExpr, SAMPLE_LADDERS, describe, sample_size};
 use crate::{Error, Result, bail};
 use std::collections::{BTreeSet, HashMap};
 
@@ -17,10 +17,10 @@ use std::collections::{BTreeSet, HashMap};
 pub(super) struct SymEnv {
     /// Sizes so far.
     sizes: Bindings,
-    /// Verifying: a symbol without a size takes the generic size of this round. Otherwise
-    /// (reading at a binding) such a symbol belongs to a graph the binding is not for, and
-    /// takes round 0's.
-    round: Option<usize>,
+    /// Verifying: a symbol without a size takes the sample size of this (ladder, point).
+    /// Otherwise (reading at a binding) such a symbol belongs to a graph the binding is not
+    /// for, and takes the first sample size.
+    round: Option<(usize, usize)>,
     /// Every symbol, in order of first appearance.
     order: Vec<String>,
     /// The expressions read while verifying, each once (to name sizes in messages).
@@ -32,7 +32,7 @@ pub(super) struct SymEnv {
 }
 
 impl SymEnv {
-    fn new(sizes: Bindings, round: Option<usize>) -> SymEnv {
+    fn new(sizes: Bindings, round: Option<(usize, usize)>) -> SymEnv {
         SymEnv {
             sizes,
             round,
@@ -68,7 +68,8 @@ impl SymEnv {
             .insert(s.to_string());
         if !self.sizes.contains_key(s) {
             let index = self.order.iter().position(|o| o == s).unwrap_or(0);
-            let size = generic_size(index, self.round.unwrap_or(0));
+            let (ladder, point) = self.round.unwrap_or((0, 0));
+            let size = sample_size(index, ladder, point);
             self.sizes.insert(s.to_string(), size);
         }
     }
@@ -187,12 +188,30 @@ impl SymbolicModule {
     /// Reads and verifies `text` (`file` names it in messages) for every size of its
     /// symbols. A file without symbols reads as `parse_module` reads it.
     pub fn parse(text: &str, file: &str) -> Result<SymbolicModule> {
-        let (generic, env) = read(text, file, Bindings::new(), Some(0))?;
-        // a second round at other sizes: a relation between symbols that held in the first
+        // large sample sizes first; small ones for a graph whose sizes are capped (a position
+        // table of 64 rows); the first ladder's error if neither holds
+        let mut first_error = None;
+        for ladder in 0..SAMPLE_LADDERS {
+            match Self::parse_at(text, file, ladder) {
+                Ok(m) => return Ok(m),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        Err(first_error.unwrap_or_else(|| Error::Value("no sample sizes".into())))
+    }
+
+    fn parse_at(text: &str, file: &str, ladder: usize) -> Result<SymbolicModule> {
+        let (generic, env) = read(text, file, Bindings::new(), Some((ladder, 0)))?;
+        // a second read at other sizes: a relation between symbols that held in the first
         // by chance fails here
         let (generic1, env1) = match env.order.is_empty() {
-            true => (generic.clone(), SymEnv::new(Bindings::new(), Some(1))),
-            false => read(text, file, Bindings::new(), Some(1))?,
+            true => (
+                generic.clone(),
+                SymEnv::new(Bindings::new(), Some((ladder, 1))),
+            ),
+            false => read(text, file, Bindings::new(), Some((ladder, 1)))?,
         };
         Ok(SymbolicModule {
             text: text.to_string(),
@@ -205,6 +224,45 @@ impl SymbolicModule {
             inputs: env.inputs,
             used: env.used,
         })
+    }
+
+    /// A module from one graph's text printed at several sizes of `symbols` (`texts[i]` at
+    /// `points[i]`; three points or more): each integer that differs between the texts is
+    /// written as the expression of the symbols that fits every point (`sym::fit`), then
+    /// the text is verified as [`SymbolicModule::parse`] verifies it. An error when the
+    /// texts differ in anything but sizes, or a size follows no such expression.
+    pub fn from_samples(
+        texts: &[String],
+        symbols: &[String],
+        points: &[Bindings],
+        file: &str,
+    ) -> Result<SymbolicModule> {
+        let mut unnamed: Option<Vec<i64>> = None;
+        let merged = merge_sizes(texts, |v| match crate::ir::sym::fit(symbols, points, v) {
+            Some(e) => Some(e.to_string()),
+            None => {
+                unnamed.get_or_insert(v.to_vec());
+                None
+            }
+        });
+        match (merged, unnamed) {
+            (Some(text), _) => SymbolicModule::parse(&text, file),
+            (None, Some(v)) => bail!(
+                Shape,
+                "a size takes the values {v:?} at {}: no expression of {} gives them",
+                points
+                    .iter()
+                    .map(|p| format!("{p:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                symbols.join(", ")
+            ),
+            (None, None) => bail!(
+                Shape,
+                "the graph differs between sizes in more than its sizes (an op or a value \
+                 that changes with them)"
+            ),
+        }
     }
 
     /// The symbols, in order of first appearance.
@@ -233,14 +291,17 @@ impl SymbolicModule {
                 None => super::print_module(m),
             })
         };
-        let (a, b) = (text(&self.generic)?, text(&self.generic1)?);
-        Ok(merge_sizes(&a, &b, |x, y| {
-            label(
+        let texts = [text(&self.generic)?, text(&self.generic1)?];
+        let merged = merge_sizes(&texts, |v| {
+            let named = label(
                 &self.symbols,
                 &self.exprs,
-                &[(&self.sizes[0], x), (&self.sizes[1], y)],
-            )
-        }))
+                &[(&self.sizes[0], v[0]), (&self.sizes[1], v[1])],
+            );
+            Some(named.unwrap_or_else(|| "?".into()))
+        });
+        let [first, _] = texts;
+        Ok(merged.unwrap_or(first))
     }
 
     /// `B = 101, S = 103`: the sizes of [`SymbolicModule::sample`].
@@ -357,48 +418,56 @@ fn graph_and_bodies(g: &Graph) -> Vec<String> {
     names
 }
 
-fn read(text: &str, file: &str, sizes: Bindings, round: Option<usize>) -> Result<(Module, SymEnv)> {
+fn read(
+    text: &str,
+    file: &str,
+    sizes: Bindings,
+    round: Option<(usize, usize)>,
+) -> Result<(Module, SymEnv)> {
     let (m, env) = parse_with(text, file, Some(SymEnv::new(sizes, round)))?;
     let env = env.ok_or_else(|| Error::Value("the symbolic reader lost its sizes".into()))?;
     Ok((m, env))
 }
 
-/// `a` with each integer that differs from the one at the same place in `b` (the same text
-/// printed at other sizes) replaced by `name(a's, b's)`, or `?` when nothing names it.
-fn merge_sizes(a: &str, b: &str, name: impl Fn(i64, i64) -> Option<String>) -> String {
-    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
-    let (mut i, mut j) = (0, 0);
+/// A text cut into integers (those that start a word) and the text between them.
+fn pieces(s: &str) -> Vec<(bool, String)> {
+    let mut out: Vec<(bool, String)> = Vec::new();
+    let (mut prev, mut prev2): (Option<char>, Option<char>) = (None, None);
+    for c in s.chars() {
+        // not inside a name, a float's fraction or its exponent (`1e-05`)
+        let exponent = matches!(prev, Some('-' | '+')) && matches!(prev2, Some('e' | 'E'));
+        let word_start =
+            !exponent && !prev.is_some_and(|p| p.is_alphanumeric() || p == '_' || p == '.');
+        let int = c.is_ascii_digit() && (word_start || out.last().is_some_and(|(n, _)| *n));
+        match out.last_mut() {
+            Some((n, piece)) if *n == int && !(int && word_start) => piece.push(c),
+            _ => out.push((int, c.to_string())),
+        }
+        (prev2, prev) = (prev, Some(c));
+    }
+    out
+}
+
+/// The texts (one module printed at several sizes) as one, each integer that differs
+/// between them replaced by `name(its values)`; `None` when they differ in anything else, or
+/// `name` names nothing.
+fn merge_sizes(texts: &[String], mut name: impl FnMut(&[i64]) -> Option<String>) -> Option<String> {
+    let cut: Vec<Vec<(bool, String)>> = texts.iter().map(|t| pieces(t)).collect();
+    let first = cut.first()?;
+    if cut.iter().any(|c| c.len() != first.len()) {
+        return None;
+    }
     let mut out = String::new();
-    let digits = |s: &[char], k: usize| {
-        let n = s[k..].iter().take_while(|c| c.is_ascii_digit()).count();
-        (s[k..k + n].iter().collect::<String>(), k + n)
-    };
-    while i < a.len() && j < b.len() {
-        let starts = |s: &[char], k: usize| {
-            s[k].is_ascii_digit()
-                && (k == 0 || !(s[k - 1].is_alphanumeric() || s[k - 1] == '_' || s[k - 1] == '.'))
-        };
-        if starts(&a, i) && starts(&b, j) {
-            let ((x, ni), (y, nj)) = (digits(&a, i), digits(&b, j));
-            if x == y {
-                out.push_str(&x);
-            } else {
-                let named = x
-                    .parse()
-                    .ok()
-                    .zip(y.parse().ok())
-                    .and_then(|(x, y)| name(x, y));
-                out.push_str(named.as_deref().unwrap_or("?"));
-            }
-            (i, j) = (ni, nj);
-        } else if a[i] == b[j] {
-            out.push(a[i]);
-            (i, j) = (i + 1, j + 1);
+    for (k, (int, piece)) in first.iter().enumerate() {
+        let same = cut.iter().all(|c| c[k].1 == *piece);
+        if same {
+            out.push_str(piece);
+        } else if *int && cut.iter().all(|c| c[k].0) {
+            let values: Option<Vec<i64>> = cut.iter().map(|c| c[k].1.parse().ok()).collect();
+            out.push_str(&name(&values?)?);
         } else {
-            // the texts differ other than in sizes: keep `a` as it is
-            return a.iter().collect();
+            return None;
         }
     }
-    out.extend(&a[i..]);
-    out
+    Some(out)
 }
