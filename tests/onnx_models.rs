@@ -110,3 +110,107 @@ fn symbolic_dims_follow_the_inputs() {
         check(model, "short");
     }
 }
+
+/// Each model imported once with its named dims as symbols runs both input sets (two
+/// batch sizes, two sequence lengths) to onnxruntime's outputs: one import, one graph.
+#[test]
+fn one_symbolic_import_serves_every_size() {
+    use smelt::exec::{CompileOptions, SymbolicFn};
+    for (model, symbols) in [
+        ("resnet18", vec!["batch"]),
+        ("mobilenet_v3", vec!["batch"]),
+        ("vit", vec!["batch"]),
+        ("bert", vec!["batch", "sequence"]),
+        ("gpt2", vec!["batch", "sequence"]),
+    ] {
+        let dir = Path::new(MODELS).join(model);
+        let m = smelt::onnx::load(dir.join("model.onnx")).unwrap();
+        let imported = m
+            .import_symbolic()
+            .unwrap_or_else(|e| panic!("{model}: {e}"));
+        assert_eq!(imported.module.symbols(), symbols, "{model}");
+        let g = imported.module.sample().entry();
+        let names: Vec<String> = g.inputs().iter().map(|&v| g.node(v).name.clone()).collect();
+        let f = SymbolicFn::new(
+            imported.module.clone(),
+            None,
+            smelt::Device::Cpu,
+            &CompileOptions::default(),
+        )
+        .unwrap();
+        for set in ["", "short"] {
+            let data = dir.join(set);
+            let mut given: Vec<(String, Tensor)> = inputs(&dir)
+                .into_iter()
+                .map(|(onnx, file)| {
+                    let t = npy::read_npy(data.join(file.file_name().unwrap())).unwrap();
+                    let (_, gname) = imported.inputs.iter().find(|(o, _)| *o == onnx).unwrap();
+                    (gname.clone(), t)
+                })
+                .collect();
+            given.extend(imported.weights.iter().cloned());
+            let positional: Vec<Tensor> = names
+                .iter()
+                .map(|n| given.iter().find(|(m, _)| m == n).unwrap().1.clone())
+                .collect();
+            let outs = f
+                .call(&positional)
+                .unwrap_or_else(|e| panic!("{model} ({set}): {e}"));
+            for (k, got) in outs.iter().enumerate() {
+                let want = npy::read_npy(data.join(format!("output_{k}.npy"))).unwrap();
+                let err = relative_error(got, &want);
+                assert!(
+                    err < 1e-3,
+                    "{model} ({set}) output {k}: relative error {err:e}"
+                );
+            }
+        }
+        assert_eq!(f.compiles(), 2, "{model}: one compile per binding");
+    }
+}
+
+/// `smelt import` writes BERT with its named dims as symbols; `smelt run` on the `.smelt`
+/// file and its weights takes both input sets to onnxruntime's outputs.
+#[test]
+fn smelt_import_writes_symbols_that_smelt_run_binds() {
+    use smelt::cli::import::{ImportArgs, import};
+    let dir = Path::new(MODELS).join("bert");
+    let out = std::env::temp_dir().join(format!("smelt-onnx-import-{}", std::process::id()));
+    import(&ImportArgs {
+        model: dir.join("model.onnx"),
+        out: out.clone(),
+        name: Some("bert".into()),
+    })
+    .unwrap();
+    let text = std::fs::read_to_string(out.join("bert.smelt")).unwrap();
+    assert!(
+        text.contains("graph bert(%input_ids: i64[batch,sequence]"),
+        "{}",
+        &text[..300.min(text.len())]
+    );
+    for set in ["", "short"] {
+        let data = dir.join(set);
+        let results = out.join(format!("run{set}"));
+        run(&RunArgs {
+            model: out.join("bert.smelt"),
+            inputs: vec![("input_ids".into(), data.join("input_0.npy"))],
+            out: results.clone(),
+            backend: Backend::Cpu,
+            no_fuse: false,
+            graph: None,
+            weights: Some(out.join("bert.safetensors")),
+            repeat: 0,
+        })
+        .unwrap();
+        for k in 0..2 {
+            let want = npy::read_npy(data.join(format!("output_{k}.npy"))).unwrap();
+            let got = npy::read_npy(results.join(format!("out{k}.npy"))).unwrap();
+            let err = relative_error(&got, &want);
+            assert!(
+                err < 1e-3,
+                "bert ({set}) output {k}: relative error {err:e}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -31,18 +31,29 @@ pub fn import(a: &ImportArgs) -> Result<()> {
         );
     }
     let model = onnx::load(&a.model)?;
-    for input in model.inputs()? {
-        for d in &input.dims {
-            if let Dim::Named(p) = d {
-                eprintln!(
-                    "note: dim '{p}' of input '{}' is imported as 1 (`smelt run` on the .onnx \
-                     file takes any size)",
-                    input.name
-                );
-            }
+    let named = model
+        .inputs()?
+        .iter()
+        .any(|i| i.dims.iter().any(|d| !matches!(d, Dim::Size(_))));
+    // named dims become symbols where the import allows; otherwise they are imported as 1
+    let (text, weights) = match named.then(|| model.import_symbolic()) {
+        Some(Ok(s)) => {
+            let dims: Vec<String> = s
+                .symbols
+                .iter()
+                .map(|(d, n)| format!("{d} as {n}"))
+                .collect();
+            eprintln!("note: named dims are symbols: {}", dims.join(", "));
+            (s.text, s.weights)
         }
-    }
-    let mut imported = model.import(&[])?;
+        fallback => {
+            if let Some(Err(e)) = fallback {
+                eprintln!("note: named dims are imported as 1 ({e})");
+            }
+            let imported = model.import(&[])?;
+            (print_graph(&imported.graph), imported.weights)
+        }
+    };
     let stem = a.name.clone().unwrap_or_else(|| {
         a.model
             .file_stem()
@@ -53,7 +64,7 @@ pub fn import(a: &ImportArgs) -> Result<()> {
     if name.is_empty() {
         bail!(Value, "'{stem}' gives no usable name; pass --name");
     }
-    imported.graph.name = name.clone();
+    let text = rename_graph(&text, &name);
     std::fs::create_dir_all(&a.out).map_err(|e| Error::Io(format!("{}: {e}", a.out.display())))?;
     let graph = a.out.join(format!("{name}.smelt"));
     let text = format!(
@@ -62,9 +73,17 @@ pub fn import(a: &ImportArgs) -> Result<()> {
             .file_name()
             .map_or_else(String::new, |f| f.to_string_lossy().into_owned()),
         model.opset(),
-        print_graph(&imported.graph)
+        text
     );
     std::fs::write(&graph, text).map_err(|e| Error::Io(format!("{}: {e}", graph.display())))?;
-    save_safetensors(a.out.join(format!("{name}.safetensors")), &imported.weights)?;
+    save_safetensors(a.out.join(format!("{name}.safetensors")), &weights)?;
     Ok(())
+}
+
+/// The text of one graph (`graph OLD(...`) with the graph called `name`.
+fn rename_graph(text: &str, name: &str) -> String {
+    match text.strip_prefix("graph ").and_then(|t| t.split_once('(')) {
+        Some((_, rest)) => format!("graph {name}({rest}"),
+        None => text.to_string(),
+    }
 }

@@ -15,7 +15,7 @@ use crate::ir::attrs::Attr;
 use crate::ir::graph::{Graph, ValueId, is_valid_name};
 use crate::ir::op::{Literal, Op, TensorType};
 use crate::runtime::interp;
-use crate::{DType, Error, Result, Tensor, bail};
+use crate::{DType, Error, Result, Scalar, Tensor, bail};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
@@ -69,6 +69,11 @@ pub(super) struct Importer {
     pub(super) opset: i64,
     /// Every known tensor becomes an inline constant (the scratch graphs of folding).
     inline_all: bool,
+    /// Importing at sample sizes of symbols: a fold whose result is larger than its inputs
+    /// (an `Expand` to the batch) stays an op, whose sizes the symbols can then write.
+    pub(super) sampling: bool,
+    /// When sampling: the ONNX values computed from the inputs' sizes.
+    from_sizes: HashSet<String>,
     /// The values of graph inputs given at import, by ONNX name: an op that needs an
     /// operand's value at import (a shape, axes) may read it from here.
     pub(super) values: HashMap<String, Tensor>,
@@ -90,6 +95,8 @@ impl Importer {
             used: HashSet::new(),
             opset,
             inline_all: false,
+            sampling: false,
+            from_sizes: HashSet::new(),
             values: HashMap::new(),
             specialized: Default::default(),
             computed: Default::default(),
@@ -152,6 +159,12 @@ impl Importer {
 
     /// A graph node holding `t`: inline when small, a parameter otherwise.
     pub(super) fn constant(&mut self, name: &str, t: &Tensor) -> Result<ValueId> {
+        if self.sampling
+            && self.from_sizes.contains(name)
+            && let Some(id) = self.sized_constant(t)?
+        {
+            return Ok(id);
+        }
         if self.inline_all || t.numel() <= INLINE_MAX {
             return self.g.add_op(Op::Constant(literal(t)?), &[]);
         }
@@ -159,6 +172,58 @@ impl Importer {
         let id = self.g.add_input(&gname, t.ttype())?;
         self.weights.push((gname, t.clone()));
         Ok(id)
+    }
+
+    /// When sampling, a known tensor computed from the inputs' sizes, written as the op that
+    /// makes it where it has such a pattern (every element equal: `full`; a range along its
+    /// last dim, the same in every row: `arange`, expanded), so that its sizes are
+    /// attributes the symbols can write rather than data; `None` otherwise.
+    fn sized_constant(&mut self, t: &Tensor) -> Result<Option<ValueId>> {
+        let v = t.to_f64_vec();
+        let dtype = t.dtype();
+        let shape = t.shape().to_vec();
+        if v.len() < 2 || v.len() != t.numel() {
+            return Ok(None);
+        }
+        let scalar = |x: f64| match dtype {
+            DType::Bool => Scalar::Bool(x != 0.0),
+            d if d.is_float() => Scalar::Float(x),
+            _ => Scalar::Int(x as i64),
+        };
+        if v.iter().all(|x| x.to_bits() == v[0].to_bits()) {
+            let full = Op::Full {
+                size: shape,
+                fill_value: scalar(v[0]),
+                dtype: Some(dtype),
+            };
+            return self.g.add_op(full, &[]).map(Some);
+        }
+        let n = shape.last().copied().unwrap_or(0);
+        let (a, d) = (v[0], v.get(1).map_or(0.0, |x| x - v[0]));
+        let whole = |x: f64| x.fract() == 0.0 && x.abs() < (1u64 << 52) as f64;
+        let ranged = n >= 2
+            && dtype != DType::Bool
+            && whole(a)
+            && whole(d)
+            && d != 0.0
+            && v.iter()
+                .enumerate()
+                .all(|(i, &x)| x == a + (i % n) as f64 * d);
+        if !ranged {
+            return Ok(None);
+        }
+        let range = Op::Arange {
+            start: Scalar::Int(a as i64),
+            end: Scalar::Int((a + n as f64 * d) as i64),
+            step: Scalar::Int(d as i64),
+            dtype: Some(dtype),
+        };
+        let mut id = self.g.add_op(range, &[])?;
+        if shape.len() > 1 {
+            let size = shape.iter().map(|&s| s as i64).collect();
+            id = self.g.add_op(Op::Expand { size }, &[id])?;
+        }
+        Ok(Some(id))
     }
 
     /// Records that the graph holds only for the given value of input `name`.
@@ -269,6 +334,10 @@ impl Importer {
             Some(outs) => outs,
             None => lower(&mut Cx { imp: self, node })?,
         };
+        if self.sampling && self.computed_from_sizes(node) {
+            let outputs = node.output.iter().filter(|n| !n.is_empty()).cloned();
+            self.from_sizes.extend(outputs);
+        }
         let wanted = node.output.iter().filter(|n| !n.is_empty()).count();
         for (i, name) in node.output.iter().enumerate() {
             if name.is_empty() {
@@ -286,6 +355,18 @@ impl Importer {
             self.bind(name, v);
         }
         Ok(())
+    }
+
+    /// Whether `node`'s results depend on the inputs' sizes: the shape of a value that is not
+    /// a constant, or anything computed from such a result.
+    fn computed_from_sizes(&self, node: &NodeProto) -> bool {
+        let inputs = node.input.iter().filter(|n| !n.is_empty());
+        match node.op_type.as_str() {
+            "Shape" | "Size" => inputs
+                .into_iter()
+                .any(|n| self.from_sizes.contains(n) || self.vals[n].known.is_none()),
+            _ => inputs.into_iter().any(|n| self.from_sizes.contains(n)),
+        }
     }
 
     /// Refuses a value larger than any graph should hold.
@@ -345,7 +426,15 @@ impl Importer {
             // known results only; any node ids they carry belong to the scratch graph
             return Ok(Some(outs.iter().map(Val::clone_known).collect()));
         }
-        if out_elems > FOLD_MIN_ELEMS.max(in_elems.saturating_mul(4)) {
+        // when sampling, what is computed from the sizes stays an op unless it is a shape
+        // (a few elements): folded, a larger result would be data that varies with them
+        let sized = self.sampling && self.computed_from_sizes(node);
+        let limit = match (self.sampling, sized) {
+            (true, true) => 8,
+            (true, false) => INLINE_MAX.max(in_elems),
+            (false, _) => FOLD_MIN_ELEMS.max(in_elems.saturating_mul(4)),
+        };
+        if out_elems > limit {
             return Ok(None);
         }
         scratch.g.set_outputs(ids.clone());

@@ -24,6 +24,7 @@ mod export;
 mod import;
 mod ops;
 pub mod proto;
+mod symbolic;
 pub mod tensor;
 
 use crate::ir::graph::Graph;
@@ -34,6 +35,7 @@ use prost::Message;
 use proto::{DimValue, ModelProto};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+pub use symbolic::SymbolicImport;
 
 /// A decoded ONNX model with its initializers read.
 #[derive(Debug)]
@@ -252,7 +254,7 @@ impl Model {
     /// The graph for inputs of the given shapes (by ONNX input name). An input left out takes
     /// its declared shape, each named or unknown dim being 1.
     pub fn import(&self, shapes: &[(&str, &[usize])]) -> Result<Imported> {
-        self.import_with(shapes, HashMap::new())
+        self.import_with(shapes, HashMap::new(), false)
     }
 
     /// The graph for these inputs (by ONNX input name): their shapes, and their values where
@@ -264,17 +266,21 @@ impl Model {
             .iter()
             .map(|(n, t)| (n.to_string(), (*t).clone()))
             .collect();
-        self.import_with(&shapes, values)
+        self.import_with(&shapes, values, false)
     }
 
+    /// The import for `shapes` and, where given, input `values`; `sampling` when the sizes
+    /// are samples of symbols (`Model::import_symbolic`).
     fn import_with(
         &self,
         shapes: &[(&str, &[usize])],
         values: HashMap<String, Tensor>,
+        sampling: bool,
     ) -> Result<Imported> {
         let graph = self.graph_proto();
         let mut imp = Importer::new(&graph.name, self.opset);
         imp.values = values;
+        imp.sampling = sampling;
         let mut bound: HashMap<String, (usize, String)> = HashMap::new();
         let mut inputs = Vec::new();
         for input in self.inputs()? {
