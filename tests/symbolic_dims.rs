@@ -462,3 +462,76 @@ fn smelt_run_and_check_take_symbolic_graphs() {
         stdout(&o)
     );
 }
+
+fn randn(shape: &[usize], seed: u64) -> Tensor {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let n: usize = shape.iter().product();
+    Tensor::from_vec(
+        (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect(),
+        shape,
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_trace_with_dynamic_dims_runs_at_every_size() {
+    use smelt::jit::{TraceOptions, trace_with};
+    let w = randn(&[8, 8], 1);
+    let b = randn(&[8], 2);
+    // attention-like: scores over the sequence, a residual, a flattening view
+    let f = |xs: &[Tensor]| -> smelt::Result<Vec<Tensor>> {
+        let x = &xs[0];
+        let h = x.matmul(&w)?.add(&b)?.relu()?;
+        let scores = h
+            .matmul(&h.transpose(1, 2)?)?
+            .mul_scalar(0.125)?
+            .softmax(-1)?;
+        let y = scores.matmul(x)?.add(x)?;
+        Ok(vec![y.reshape(&[-1i64, 8])?, y.sum_dim(&[1], false)?])
+    };
+    let opts = TraceOptions::new()
+        .name("attn")
+        .param("w", &w)
+        .param("b", &b)
+        .dynamic(0, 0, "B")
+        .dynamic(0, 1, "S");
+    let traced = trace_with(f, &[randn(&[2, 5, 8], 3)], opts).unwrap();
+    let m = traced.symbolic().unwrap();
+    assert_eq!(m.symbols(), ["B", "S"]);
+    let text = m.print(None).unwrap();
+    assert!(text.contains("%x0: f32[B,S,8]"), "{text}");
+    assert!(text.contains("f32[B,S,S]"), "{text}");
+    assert!(text.contains("f32[B*S,8]"), "{text}");
+    let compiled = traced
+        .compile_symbolic(Device::Cpu, &CompileOptions::default())
+        .unwrap();
+    for (k, (bs, s)) in [(1, 1), (3, 7), (2, 64), (1, 300)].into_iter().enumerate() {
+        let x = randn(&[bs, s, 8], 10 + k as u64);
+        let want = f(std::slice::from_ref(&x)).unwrap();
+        let got = compiled.call(&[x]).unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert_close(g, w, Tol::rel(1e-4), &format!("B={bs}, S={s}"));
+        }
+    }
+    assert_eq!(compiled.compiles(), 4);
+}
+
+#[test]
+fn a_trace_whose_values_follow_the_sizes_is_refused() {
+    use smelt::jit::{TraceOptions, trace_with};
+    // a scale computed from the size in Rust is a constant of each trace
+    let f = |xs: &[Tensor]| -> smelt::Result<Vec<Tensor>> {
+        let n = xs[0].shape()[0] as f64;
+        Ok(vec![xs[0].mul_scalar(1.0 / n.sqrt())?])
+    };
+    let opts = TraceOptions::new().dynamic(0, 0, "N");
+    let traced = trace_with(f, &[randn(&[4], 1)], opts).unwrap();
+    let e = traced.symbolic().unwrap_err().to_string();
+    assert!(
+        e.contains("differs between sizes in more than its sizes"),
+        "{e}"
+    );
+    // no dim marked
+    let traced = smelt::jit::trace(f, &[randn(&[4], 1)]).unwrap();
+    assert!(traced.symbolic().is_err());
+}

@@ -35,6 +35,8 @@ pub struct SymbolicFn {
     opts: CompileOptions,
     /// The entry graph's input names, in order.
     inputs: Vec<String>,
+    /// Tensors bound to the last inputs (a traced function's parameters).
+    trailing: Vec<Tensor>,
     variants: Mutex<HashMap<Bindings, Box<dyn Executable>>>,
 }
 
@@ -53,26 +55,43 @@ impl SymbolicFn {
             device,
             opts: opts.clone(),
             inputs,
+            trailing: Vec::new(),
             module,
             variants: Mutex::new(HashMap::new()),
         })
     }
 
-    /// The sizes of the symbols that `inputs` (in the graph's input order) give.
-    pub fn bind(&self, inputs: &[Tensor]) -> Result<Bindings> {
-        if inputs.len() != self.inputs.len() {
+    /// Binds `tensors` to the graph's last inputs (a traced function's parameters): calls
+    /// then give the inputs before them.
+    pub fn bind_trailing(mut self, tensors: Vec<Tensor>) -> Result<SymbolicFn> {
+        if tensors.len() > self.inputs.len() {
             bail!(
                 Value,
-                "expected {} inputs ({}), got {}",
-                self.inputs.len(),
-                self.inputs.join(", "),
+                "{} tensors to bind, but the graph has {} inputs",
+                tensors.len(),
+                self.inputs.len()
+            );
+        }
+        self.trailing = tensors;
+        Ok(self)
+    }
+
+    /// The sizes of the symbols that `inputs` (in the graph's input order, without the
+    /// bound trailing ones) give.
+    pub fn bind(&self, inputs: &[Tensor]) -> Result<Bindings> {
+        let want = self.inputs.len() - self.trailing.len();
+        if inputs.len() != want {
+            bail!(
+                Value,
+                "expected {want} inputs ({}), got {}",
+                self.inputs[..want].join(", "),
                 inputs.len()
             );
         }
         let shapes: Vec<(&str, &[usize])> = self
             .inputs
             .iter()
-            .zip(inputs)
+            .zip(inputs.iter().chain(&self.trailing))
             .map(|(n, t)| (n.as_str(), t.shape()))
             .collect();
         self.module.bind(self.graph.as_deref(), &shapes)
@@ -81,6 +100,14 @@ impl SymbolicFn {
     /// Runs on host tensors in the graph's input order (outputs on the host).
     pub fn call(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let sizes = self.bind(inputs)?;
+        let all: Vec<Tensor>;
+        let inputs = match self.trailing.is_empty() {
+            true => inputs,
+            false => {
+                all = inputs.iter().chain(&self.trailing).cloned().collect();
+                &all
+            }
+        };
         let mut variants = self
             .variants
             .lock()

@@ -31,7 +31,8 @@
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::graph::{Graph, ValueId};
 use crate::ir::op::{Literal, Op, TensorType};
-use crate::ir::text::fmt_type;
+use crate::ir::sym::Bindings;
+use crate::ir::text::{SymbolicModule, fmt_type};
 use crate::runtime::access;
 use crate::runtime::tensor::Tensor;
 use crate::{Error, Result, bail};
@@ -62,6 +63,8 @@ pub struct TraceOptions {
     pub guard: GuardPolicy,
     /// How many re-traced specialisations `GuardPolicy::Retrace` keeps.
     pub cache_size: usize,
+    /// Dims of the inputs that are symbols: (input, dim, symbol).
+    pub dynamic: Vec<(usize, usize, String)>,
 }
 
 impl Default for TraceOptions {
@@ -72,6 +75,7 @@ impl Default for TraceOptions {
             params: Vec::new(),
             guard: GuardPolicy::Retrace,
             cache_size: 8,
+            dynamic: Vec::new(),
         }
     }
 }
@@ -107,6 +111,13 @@ impl TraceOptions {
         self
     }
 
+    /// Marks dim `dim` of input `input` as the symbol `symbol` (the same name on several
+    /// inputs is one size): [`Traced::symbolic`] then gives a graph for every size of it.
+    pub fn dynamic(mut self, input: usize, dim: usize, symbol: &str) -> TraceOptions {
+        self.dynamic.push((input, dim, symbol.to_string()));
+        self
+    }
+
     fn input_name(&self, i: usize) -> String {
         self.input_names
             .get(i)
@@ -123,6 +134,9 @@ pub struct Traced<'f> {
     opts: TraceOptions,
     graph: Graph,
     cache: RefCell<Vec<Graph>>,
+    /// The example inputs (kept when dims are marked dynamic, to trace at other sizes).
+    examples: Vec<Tensor>,
+    example_shapes: Vec<Vec<usize>>,
 }
 
 /// Traces `f` on `example_inputs`; captured tensors become constants (a captured module's
@@ -153,11 +167,17 @@ pub fn trace_with<'f>(
     opts: TraceOptions,
 ) -> Result<Traced<'f>> {
     let (graph, _) = record(&f, example_inputs, &opts)?;
+    let examples = match opts.dynamic.is_empty() {
+        true => Vec::new(),
+        false => example_inputs.to_vec(),
+    };
     Ok(Traced {
         f: Box::new(f),
         opts,
         graph,
         cache: RefCell::new(Vec::new()),
+        examples,
+        example_shapes: example_inputs.iter().map(|t| t.shape().to_vec()).collect(),
     })
 }
 
@@ -213,11 +233,116 @@ impl Traced<'_> {
         f.bind_trailing(self.opts.params.iter().map(|(_, t)| t.clone()).collect())
     }
 
+    /// The graph for every size of the dims marked [`TraceOptions::dynamic`]: the function
+    /// is traced again at three sample sizes of its symbols (inputs made from the example
+    /// inputs' elements, repeated) and the graphs merged, each size that differs written as
+    /// the expression of the symbols that gives it (`SymbolicModule::from_samples`). An error
+    /// when no dim is marked, or when the function traces to graphs that differ in more than
+    /// their sizes (control flow or values that depend on the sizes).
+    pub fn symbolic(&self) -> Result<SymbolicModule> {
+        let dynamic = &self.opts.dynamic;
+        if dynamic.is_empty() {
+            bail!(Value, "no dim is marked dynamic (TraceOptions::dynamic)");
+        }
+        let mut symbols: Vec<String> = Vec::new();
+        for (input, dim, sym) in dynamic {
+            let Some(t) = self.example_shapes.get(*input) else {
+                bail!(
+                    Value,
+                    "dynamic dim of input {input}, but there are {} inputs",
+                    self.example_shapes.len()
+                );
+            };
+            if *dim >= t.len() {
+                bail!(
+                    Value,
+                    "dynamic dim {dim} of input {input}, which has {} dims",
+                    t.len()
+                );
+            }
+            if !crate::ir::sym::is_symbol_name(sym) {
+                bail!(
+                    Value,
+                    "'{sym}' is no symbol name (letters, digits and _, starting with a letter)"
+                );
+            }
+            if !symbols.contains(sym) {
+                symbols.push(sym.clone());
+            }
+        }
+        let mut first_error = None;
+        for ladder in 0..crate::ir::sym::SAMPLE_LADDERS {
+            match self.symbolic_at(&symbols, ladder) {
+                Ok(m) => return Ok(m),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        Err(first_error.unwrap_or_else(|| Error::Value("no sample sizes".into())))
+    }
+
+    /// [`Traced::symbolic`] compiled for `device`, one variant per binding of its symbols,
+    /// with the parameters bound to their tensors: call it with the inputs at any sizes.
+    pub fn compile_symbolic(
+        &self,
+        device: crate::Device,
+        opts: &crate::exec::CompileOptions,
+    ) -> Result<crate::exec::SymbolicFn> {
+        let f = crate::exec::SymbolicFn::new(self.symbolic()?, None, device, opts)?;
+        f.bind_trailing(self.opts.params.iter().map(|(_, t)| t.clone()).collect())
+    }
+
+    fn symbolic_at(&self, symbols: &[String], ladder: usize) -> Result<SymbolicModule> {
+        let points: Vec<Bindings> = (0..3)
+            .map(|p| {
+                let size = |i| crate::ir::sym::sample_size(i, ladder, p);
+                symbols
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| (s.clone(), size(i)))
+                    .collect()
+            })
+            .collect();
+        let mut texts = Vec::new();
+        for point in &points {
+            let inputs = self
+                .examples
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let mut shape = t.shape().to_vec();
+                    for (input, dim, sym) in &self.opts.dynamic {
+                        if *input == i {
+                            shape[*dim] = point[sym] as usize;
+                        }
+                    }
+                    repeated(t, &shape)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let (g, _) = record(&self.f, &inputs, &self.opts)?;
+            texts.push(crate::ir::print_graph(&g));
+        }
+        SymbolicModule::from_samples(&texts, symbols, &points, &self.opts.name)
+    }
+
     fn run(&self, g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let mut all = inputs.to_vec();
         all.extend(self.opts.params.iter().map(|(_, t)| t.clone()));
         run_graph(g, &all)
     }
+}
+
+/// A tensor of `shape` and `t`'s dtype holding `t`'s elements in order, repeated as often as
+/// needed (zeros when `t` has none): an input like the example at another size.
+fn repeated(t: &Tensor, shape: &[usize]) -> Result<Tensor> {
+    let v = t.to_dtype(DType::F64)?.contiguous()?.to_vec::<f64>()?;
+    let n: usize = shape.iter().product();
+    let data: Vec<f64> = match v.is_empty() {
+        true => vec![0.0; n],
+        false => (0..n).map(|i| v[i % v.len()]).collect(),
+    };
+    Tensor::from_vec(data, shape)?.to_dtype(t.dtype())
 }
 
 /// Checks that `inputs` have the types of the graph's leading inputs (the trailing
