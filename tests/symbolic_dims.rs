@@ -535,3 +535,45 @@ fn a_trace_whose_values_follow_the_sizes_is_refused() {
     let traced = smelt::jit::trace(f, &[randn(&[4], 1)]).unwrap();
     assert!(traced.symbolic().is_err());
 }
+
+#[test]
+fn the_gradient_of_a_symbolic_graph_holds_at_every_size() {
+    let m = parse(
+        "graph f(%x: f32[B, S], %w: f32[S, 3]) {\n  %m = matmul(%x, %w)\n  %t = tanh(%m)\n  %v = view(%x, shape=[B*S])\n  %q = mul(%v, %v)\n  %s = sum(%q)\n  return %t, %s\n}\n",
+    );
+    let grad = m
+        .transform(None, |g| smelt::passes::autodiff::autodiff(g, &["x", "w"]))
+        .unwrap();
+    assert_eq!(grad.symbols(), ["B", "S"]);
+    let f = SymbolicFn::new(grad.clone(), None, Device::Cpu, &CompileOptions::default()).unwrap();
+    for (k, (b, s)) in [(1, 1), (2, 7), (5, 64)].into_iter().enumerate() {
+        let x = randn(&[b, s], 20 + k as u64);
+        let w = randn(&[s, 3], 30 + k as u64);
+        // the gradient of the graph written at these sizes, on the interpreter
+        let concrete = m
+            .instantiate(&Bindings::from([
+                ("B".into(), b as i64),
+                ("S".into(), s as i64),
+            ]))
+            .unwrap();
+        let g = smelt::passes::autodiff::autodiff(concrete.entry(), &["x", "w"]).unwrap();
+        let want = interp::run_positional(&g, &[x.clone(), w.clone()]).unwrap();
+        let got = f.call(&[x, w]).unwrap();
+        assert_eq!(got.len(), 4);
+        for (i, (a, e)) in got.iter().zip(&want).enumerate() {
+            assert_close(a, e, Tol::rel(1e-5), &format!("B={b}, S={s}, output {i}"));
+        }
+    }
+    // independently of the pass: d(sum x*x)/dx = 2x at every size
+    let sq = parse("graph f(%x: f32[N]) {\n  %q = mul(%x, %x)\n  %s = sum(%q)\n  return %s\n}\n");
+    let grad = sq
+        .transform(None, |g| smelt::passes::autodiff::autodiff(g, &["x"]))
+        .unwrap();
+    let f = SymbolicFn::new(grad, None, Device::Cpu, &CompileOptions::default()).unwrap();
+    for n in [1, 9, 1000] {
+        let x = randn(&[n], n as u64);
+        let got = f.call(std::slice::from_ref(&x)).unwrap();
+        let twice: Vec<f64> = x.to_f64_vec().iter().map(|v| 2.0 * v).collect();
+        assert_eq!(got[1].to_f64_vec(), twice, "N={n}");
+    }
+}

@@ -179,6 +179,8 @@ pub struct SymbolicModule {
     sizes: [Bindings; 2],
     /// The expressions the text writes.
     exprs: Vec<DimExpr>,
+    /// The ladder of sample sizes it was verified at.
+    ladder: usize,
     symbols: Vec<String>,
     inputs: HashMap<String, Vec<(String, Vec<DimExpr>)>>,
     used: HashMap<String, BTreeSet<String>>,
@@ -220,6 +222,7 @@ impl SymbolicModule {
             generic1,
             sizes: [env.sizes, env1.sizes],
             exprs: env.exprs,
+            ladder,
             symbols: env.order,
             inputs: env.inputs,
             used: env.used,
@@ -263,6 +266,44 @@ impl SymbolicModule {
                  that changes with them)"
             ),
         }
+    }
+
+    /// `f` (a pass: the gradient, a rewrite) applied to graph `graph` (the first when
+    /// `None`), for every size: `f` runs on the graph at three sample sizes of the symbols
+    /// and the results are merged as [`SymbolicModule::from_samples`] merges them; an error
+    /// when what `f` makes differs between sizes in more than its sizes.
+    ///
+    /// ```
+    /// use smelt::ir::text::SymbolicModule;
+    /// let text = "graph f(%x: f32[N]) {\n  %y = mul(%x, %x)\n  %s = sum(%y)\n  return %s\n}\n";
+    /// let m = SymbolicModule::parse(text, "f.smelt").unwrap();
+    /// let grad = m.transform(None, |g| smelt::passes::autodiff::autodiff(g, &["x"])).unwrap();
+    /// assert!(grad.print(None).unwrap().contains("f32[N]"));
+    /// ```
+    pub fn transform(
+        &self,
+        graph: Option<&str>,
+        f: impl Fn(&Graph) -> Result<Graph>,
+    ) -> Result<SymbolicModule> {
+        if !self.is_symbolic() {
+            let g = f(self.generic.pick(graph)?)?;
+            return SymbolicModule::parse(&super::print_graph(&g), &self.file);
+        }
+        let third: Bindings = self
+            .symbols
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.clone(), sample_size(i, self.ladder, 2)))
+            .collect();
+        let points = [self.sizes[0].clone(), self.sizes[1].clone(), third];
+        let texts = points
+            .iter()
+            .map(|p| {
+                let m = self.instantiate(p)?;
+                Ok(super::print_graph(&f(m.pick(graph)?)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        SymbolicModule::from_samples(&texts, &self.symbols, &points, &self.file)
     }
 
     /// The symbols, in order of first appearance.
