@@ -577,3 +577,44 @@ fn the_gradient_of_a_symbolic_graph_holds_at_every_size() {
         assert_eq!(got[1].to_f64_vec(), twice, "N={n}");
     }
 }
+
+#[test]
+fn hostile_sizes_are_errors_not_crashes() {
+    // deep parentheses and long chains are bounded, never a deep recursion
+    let deep = format!(
+        "graph f(%x: f32[{}S{}]) {{\n  return %x\n}}\n",
+        "(".repeat(100_000),
+        ")".repeat(100_000)
+    );
+    assert!(parse_err(&deep).contains("a size of more than 64 terms"));
+    let long = format!(
+        "graph f(%x: f32[S{}]) {{\n  return %x\n}}\n",
+        "+S".repeat(100_000)
+    );
+    assert!(parse_err(&long).contains("a size of more than 64 terms"));
+    // many symbols
+    let dims: Vec<String> = (0..100).map(|i| format!("S{i}")).collect();
+    let many = format!(
+        "graph f(%x: f32[{}]) {{\n  return %x\n}}\n",
+        dims.join(", ")
+    );
+    assert!(
+        parse_err(&many).contains("more than 64 symbols"),
+        "{}",
+        parse_err(&many)
+    );
+    // overflow and division by zero
+    let e = parse_err(
+        "graph f(%x: f32[S]) {\n  %y = view(%x, shape=[S*9223372036854775807])\n  return %y\n}\n",
+    );
+    assert!(e.contains("overflows"), "{e}");
+    let e = parse_err("graph f(%x: f32[S]) {\n  %y = view(%x, shape=[S//0])\n  return %y\n}\n");
+    assert!(e.contains("divides by zero"), "{e}");
+    // an input size no expression can meet
+    let m = parse("graph f(%x: f32[2*S]) {\n  return %x\n}\n");
+    let e = m.bind(None, &[("x", &[7][..])]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "%x: dim 0 is 2*S, and no size of S makes it 7"
+    );
+}

@@ -46,6 +46,7 @@ pub(super) fn parse_with(
         done: HashMap::new(),
         active: Vec::new(),
         syms,
+        dim_atoms: 0,
     };
     let mut graphs: Vec<Graph> = Vec::new();
     loop {
@@ -121,7 +122,13 @@ struct Parser<'a> {
     active: Vec<String>,
     /// How symbolic dims get their sizes; `None` when the reader takes concrete graphs only.
     syms: Option<SymEnv>,
+    /// Atoms and parentheses read in the current dimension (bounded: no hostile file makes
+    /// the reader recurse deeply).
+    dim_atoms: usize,
 }
+
+/// The most atoms and parentheses one dimension may hold.
+const MAX_DIM_ATOMS: usize = 64;
 
 /// One parsed call argument.
 enum Arg {
@@ -253,7 +260,8 @@ impl Parser<'_> {
                 self.punct(':')?;
                 let (ty, dims) = self.ty_dims()?;
                 if let Some(env) = &mut self.syms {
-                    env.record_input(&name, &pname, dims);
+                    env.record_input(&name, &pname, dims)
+                        .map_err(|m| self.err(&at, m))?;
                 }
                 g.add_input(&pname, ty)
                     .map_err(|e| self.err(&at, e.to_string()))?;
@@ -298,7 +306,7 @@ impl Parser<'_> {
             loop {
                 let t = self.peek().clone();
                 let e = match t.tok {
-                    Tok::Int(_) | Tok::Ident(_) | Tok::Punct('(') => self.dim_expr()?,
+                    Tok::Int(_) | Tok::Ident(_) | Tok::Punct('(') => self.dim()?,
                     _ => {
                         return Err(
                             self.err(&t, format!("expected a dimension size, found {}", t.tok))
@@ -349,8 +357,14 @@ impl Parser<'_> {
         env.size(&graph, e, what).map_err(|m| self.err(at, m))
     }
 
-    /// A dimension: `+ -` of terms; a negative integer after a term subtracts (`S-1` lexes
-    /// as `S` then `-1`).
+    /// One dimension as written (an integer, a symbol or an expression of them).
+    fn dim(&mut self) -> Result<DimExpr> {
+        self.dim_atoms = 0;
+        self.dim_expr()
+    }
+
+    /// `+ -` of terms; a negative integer after a term subtracts (`S-1` lexes as `S` then
+    /// `-1`).
     fn dim_expr(&mut self) -> Result<DimExpr> {
         let mut e = self.dim_term()?;
         loop {
@@ -398,6 +412,13 @@ impl Parser<'_> {
 
     fn dim_atom(&mut self) -> Result<DimExpr> {
         let t = self.next();
+        self.dim_atoms += 1;
+        if self.dim_atoms > MAX_DIM_ATOMS {
+            return Err(self.err(
+                &t,
+                format!("a size of more than {MAX_DIM_ATOMS} terms and parentheses"),
+            ));
+        }
         match t.tok {
             Tok::Int(n) => Ok(DimExpr::Int(n)),
             Tok::Ident(ref name) if is_symbol_name(name) && !is_reserved(name) => {
@@ -757,7 +778,7 @@ impl Parser<'_> {
     fn attr(&mut self, name: &str) -> Result<Attr> {
         if self.at_dim_expr() {
             let at = self.peek().clone();
-            let e = self.dim_expr()?;
+            let e = self.dim()?;
             return Ok(Attr::Int(match e {
                 DimExpr::Int(n) => n,
                 _ => self.size(&e, name, &at)?,

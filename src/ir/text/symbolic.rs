@@ -13,6 +13,9 @@ use crate::ir::sym::{Bindings, DimExpr, SAMPLE_LADDERS, describe, sample_size};
 use crate::{Error, Result, bail};
 use std::collections::{BTreeSet, HashMap};
 
+/// The most symbols one module may have.
+const MAX_SYMBOLS: usize = 64;
+
 /// How the parser sizes symbols, and what it learns of them on the way.
 pub(super) struct SymEnv {
     /// Sizes so far.
@@ -48,18 +51,27 @@ impl SymEnv {
         self.round.is_some()
     }
 
-    pub(super) fn record_input(&mut self, graph: &str, input: &str, dims: Vec<DimExpr>) {
+    pub(super) fn record_input(
+        &mut self,
+        graph: &str,
+        input: &str,
+        dims: Vec<DimExpr>,
+    ) -> Result<(), String> {
         for s in dims.iter().flat_map(|d| d.symbols()) {
-            self.note(graph, s);
+            self.note(graph, s)?;
         }
         self.inputs
             .entry(graph.to_string())
             .or_default()
             .push((input.to_string(), dims));
+        Ok(())
     }
 
-    fn note(&mut self, graph: &str, s: &str) {
+    fn note(&mut self, graph: &str, s: &str) -> Result<(), String> {
         if !self.order.iter().any(|o| o == s) {
+            if self.order.len() == MAX_SYMBOLS {
+                return Err(format!("more than {MAX_SYMBOLS} symbols"));
+            }
             self.order.push(s.to_string());
         }
         self.used
@@ -72,13 +84,14 @@ impl SymEnv {
             let size = sample_size(index, ladder, point);
             self.sizes.insert(s.to_string(), size);
         }
+        Ok(())
     }
 
     /// The size of `e` in `graph`, where `what` is "dim" or an attribute's name; a negative
     /// size is an error (`length S-1 = -1 at S = 0`).
     pub(super) fn size(&mut self, graph: &str, e: &DimExpr, what: &str) -> Result<i64, String> {
         for s in e.symbols() {
-            self.note(graph, s);
+            self.note(graph, s)?;
         }
         let v = e.eval(&self.sizes)?;
         if v < 0 {
@@ -404,9 +417,13 @@ impl SymbolicModule {
                     .into_iter()
                     .filter(|s| !env.contains_key(*s))
                     .collect();
-                if let [s] = unbound.as_slice()
-                    && let Some(v) = d.solve(s, n, &env)
-                {
+                if let [s] = unbound.as_slice() {
+                    let Some(v) = d.solve(s, n, &env) else {
+                        bail!(
+                            Shape,
+                            "%{input}: dim {i} is {d}, and no size of {s} makes it {n}"
+                        );
+                    };
                     env.insert(s.to_string(), v);
                     from.insert(s.to_string(), input.clone());
                     continue;
