@@ -492,10 +492,11 @@ fn a_trace_with_dynamic_dims_runs_at_every_size() {
     let opts = TraceOptions::new()
         .name("attn")
         .param("w", &w)
-        .param("b", &b)
+        .param("b", &b);
+    let traced = trace_with(f, &[randn(&[2, 5, 8], 3)], opts)
+        .unwrap()
         .dynamic(0, 0, "B")
         .dynamic(0, 1, "S");
-    let traced = trace_with(f, &[randn(&[2, 5, 8], 3)], opts).unwrap();
     let m = traced.symbolic().unwrap();
     assert_eq!(m.symbols(), ["B", "S"]);
     let text = m.print(None).unwrap();
@@ -518,14 +519,14 @@ fn a_trace_with_dynamic_dims_runs_at_every_size() {
 
 #[test]
 fn a_trace_whose_values_follow_the_sizes_is_refused() {
-    use smelt::jit::{TraceOptions, trace_with};
     // a scale computed from the size in Rust is a constant of each trace
     let f = |xs: &[Tensor]| -> smelt::Result<Vec<Tensor>> {
         let n = xs[0].shape()[0] as f64;
         Ok(vec![xs[0].mul_scalar(1.0 / n.sqrt())?])
     };
-    let opts = TraceOptions::new().dynamic(0, 0, "N");
-    let traced = trace_with(f, &[randn(&[4], 1)], opts).unwrap();
+    let traced = smelt::jit::trace(f, &[randn(&[4], 1)])
+        .unwrap()
+        .dynamic(0, 0, "N");
     let e = traced.symbolic().unwrap_err().to_string();
     assert!(
         e.contains("differs between sizes in more than its sizes"),

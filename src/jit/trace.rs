@@ -63,8 +63,6 @@ pub struct TraceOptions {
     pub guard: GuardPolicy,
     /// How many re-traced specialisations `GuardPolicy::Retrace` keeps.
     pub cache_size: usize,
-    /// Dims of the inputs that are symbols: (input, dim, symbol).
-    pub dynamic: Vec<(usize, usize, String)>,
 }
 
 impl Default for TraceOptions {
@@ -75,7 +73,6 @@ impl Default for TraceOptions {
             params: Vec::new(),
             guard: GuardPolicy::Retrace,
             cache_size: 8,
-            dynamic: Vec::new(),
         }
     }
 }
@@ -111,13 +108,6 @@ impl TraceOptions {
         self
     }
 
-    /// Marks dim `dim` of input `input` as the symbol `symbol` (the same name on several
-    /// inputs is one size): [`Traced::symbolic`] then gives a graph for every size of it.
-    pub fn dynamic(mut self, input: usize, dim: usize, symbol: &str) -> TraceOptions {
-        self.dynamic.push((input, dim, symbol.to_string()));
-        self
-    }
-
     fn input_name(&self, i: usize) -> String {
         self.input_names
             .get(i)
@@ -134,9 +124,10 @@ pub struct Traced<'f> {
     opts: TraceOptions,
     graph: Graph,
     cache: RefCell<Vec<Graph>>,
-    /// The example inputs (kept when dims are marked dynamic, to trace at other sizes).
+    /// The example inputs (to trace again at other sizes).
     examples: Vec<Tensor>,
-    example_shapes: Vec<Vec<usize>>,
+    /// Dims of the inputs that are symbols: (input, dim, symbol).
+    dynamic: Vec<(usize, usize, String)>,
 }
 
 /// Traces `f` on `example_inputs`; captured tensors become constants (a captured module's
@@ -167,21 +158,25 @@ pub fn trace_with<'f>(
     opts: TraceOptions,
 ) -> Result<Traced<'f>> {
     let (graph, _) = record(&f, example_inputs, &opts)?;
-    let examples = match opts.dynamic.is_empty() {
-        true => Vec::new(),
-        false => example_inputs.to_vec(),
-    };
     Ok(Traced {
         f: Box::new(f),
         opts,
         graph,
         cache: RefCell::new(Vec::new()),
-        examples,
-        example_shapes: example_inputs.iter().map(|t| t.shape().to_vec()).collect(),
+        examples: example_inputs.to_vec(),
+        dynamic: Vec::new(),
     })
 }
 
-impl Traced<'_> {
+impl<'f> Traced<'f> {
+    /// Marks dim `dim` of input `input` as the symbol `symbol` (the same name on several
+    /// inputs is one size): [`Traced::symbolic`] then gives a graph for every size of it,
+    /// as `torch._dynamo.mark_dynamic` does for `torch.compile`.
+    pub fn dynamic(mut self, input: usize, dim: usize, symbol: &str) -> Traced<'f> {
+        self.dynamic.push((input, dim, symbol.to_string()));
+        self
+    }
+
     /// The graph traced from the example inputs.
     pub fn graph(&self) -> &Graph {
         &self.graph
@@ -233,24 +228,24 @@ impl Traced<'_> {
         f.bind_trailing(self.opts.params.iter().map(|(_, t)| t.clone()).collect())
     }
 
-    /// The graph for every size of the dims marked [`TraceOptions::dynamic`]: the function
+    /// The graph for every size of the dims marked [`Traced::dynamic`]: the function
     /// is traced again at three sample sizes of its symbols (inputs made from the example
     /// inputs' elements, repeated) and the graphs merged, each size that differs written as
     /// the expression of the symbols that gives it (`SymbolicModule::from_samples`). An error
     /// when no dim is marked, or when the function traces to graphs that differ in more than
     /// their sizes (control flow or values that depend on the sizes).
     pub fn symbolic(&self) -> Result<SymbolicModule> {
-        let dynamic = &self.opts.dynamic;
+        let dynamic = &self.dynamic;
         if dynamic.is_empty() {
-            bail!(Value, "no dim is marked dynamic (TraceOptions::dynamic)");
+            bail!(Value, "no dim is marked dynamic (Traced::dynamic)");
         }
         let mut symbols: Vec<String> = Vec::new();
         for (input, dim, sym) in dynamic {
-            let Some(t) = self.example_shapes.get(*input) else {
+            let Some(t) = self.examples.get(*input).map(Tensor::shape) else {
                 bail!(
                     Value,
                     "dynamic dim of input {input}, but there are {} inputs",
-                    self.example_shapes.len()
+                    self.examples.len()
                 );
             };
             if *dim >= t.len() {
@@ -312,7 +307,7 @@ impl Traced<'_> {
                 .enumerate()
                 .map(|(i, t)| {
                     let mut shape = t.shape().to_vec();
-                    for (input, dim, sym) in &self.opts.dynamic {
+                    for (input, dim, sym) in &self.dynamic {
                         if *input == i {
                             shape[*dim] = point[sym] as usize;
                         }
