@@ -8,6 +8,8 @@
 //! Run: `SMELT_TORCH_PYTHON=python3 cargo bench --bench bert`. With `-- --write FILE` it
 //! only writes the graph to FILE (for `smelt profile FILE`).
 
+#[path = "timing/encoder.rs"]
+mod encoder;
 #[path = "timing/peer.rs"]
 mod peer;
 #[allow(dead_code)] // shared with the other benches; this one needs only `median_ms`
@@ -16,77 +18,21 @@ mod timing;
 use peer::Peer;
 use smelt::exec::{CompileOptions, CompiledFn};
 use smelt::ir::parse_module;
-use smelt::{DType, Generator, Tensor};
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use timing::median_ms;
 
 const ROUNDS: usize = 3;
 const REPS: usize = 3;
 const B: usize = 32;
 const T: usize = 128;
-const D: usize = 384;
-const H: usize = 12;
-const F: usize = 1536;
-const L: usize = 6;
-
-/// The encoder as `.smelt` text: inputs `x` and each layer's weights, PyTorch's layouts.
-fn encoder_text() -> String {
-    let dh = D / H;
-    let mut params = format!("%x: f32[{B},{T},{D}]");
-    let mut body = String::new();
-    let mut h = "x".to_string();
-    for l in 0..L {
-        for (n, shape) in [
-            ("wq", format!("{D},{D}")),
-            ("bq", format!("{D}")),
-            ("wk", format!("{D},{D}")),
-            ("bk", format!("{D}")),
-            ("wv", format!("{D},{D}")),
-            ("bv", format!("{D}")),
-            ("wo", format!("{D},{D}")),
-            ("bo", format!("{D}")),
-            ("g1", format!("{D}")),
-            ("e1", format!("{D}")),
-            ("w1", format!("{F},{D}")),
-            ("b1", format!("{F}")),
-            ("w2", format!("{D},{F}")),
-            ("b2", format!("{D}")),
-            ("g2", format!("{D}")),
-            ("e2", format!("{D}")),
-        ] {
-            let _ = write!(params, ", %l{l}_{n}: f32[{shape}]");
-        }
-        let p = format!("l{l}_");
-        for x in ["q", "k", "v"] {
-            let _ = writeln!(
-                body,
-                "  %{p}{x} = linear(%{h}, %{p}w{x}, %{p}b{x})
-  %{p}{x}4 = reshape(%{p}{x}, shape=[{B}, {T}, {H}, {dh}])
-  %{p}{x}h = transpose(%{p}{x}4, dim0=1, dim1=2)"
-            );
-        }
-        let _ = writeln!(
-            body,
-            "  %{p}a = scaled_dot_product_attention(%{p}qh, %{p}kh, %{p}vh)
-  %{p}at = transpose(%{p}a, dim0=1, dim1=2)
-  %{p}ac = reshape(%{p}at, shape=[{B}, {T}, {D}])
-  %{p}o = linear(%{p}ac, %{p}wo, %{p}bo)
-  %{p}r1 = add(%{h}, %{p}o)
-  %{p}h1 = layer_norm(%{p}r1, %{p}g1, %{p}e1, normalized_shape=[{D}], eps=1e-12)
-  %{p}f = linear(%{p}h1, %{p}w1, %{p}b1)
-  %{p}fg = gelu(%{p}f)
-  %{p}f2 = linear(%{p}fg, %{p}w2, %{p}b2)
-  %{p}r2 = add(%{p}h1, %{p}f2)
-  %{p}y = layer_norm(%{p}r2, %{p}g2, %{p}e2, normalized_shape=[{D}], eps=1e-12)"
-        );
-        h = format!("{p}y");
-    }
-    format!("graph bert({params}) {{\n{body}  return %{h}\n}}\n")
-}
+const D: usize = encoder::MINILM.d;
+const H: usize = encoder::MINILM.h;
+const F: usize = encoder::MINILM.f;
+const L: usize = encoder::MINILM.l;
 
 fn main() {
-    let text = encoder_text();
+    let dims = &encoder::MINILM;
+    let text = encoder::encoder_text(&B.to_string(), &T.to_string(), dims);
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--write") {
         let written = match args.get(i + 1) {
@@ -101,21 +47,7 @@ fn main() {
     }
     let m = parse_module(&text, "bert").unwrap();
     let g = &m.graphs[0];
-    let mut rng = Generator::new(0);
-    // weights ~ N(0, 0.02) as BERT initialises them, norms' scales 1
-    let inputs: Vec<Tensor> = g
-        .inputs()
-        .iter()
-        .map(|&v| {
-            let node = g.node(v);
-            let t = Tensor::randn_with(&node.ty.shape, Some(DType::F32), &mut rng).unwrap();
-            match node.name.rsplit('_').next() {
-                Some("g1" | "g2") => t.mul_scalar(0.0).unwrap().add_scalar(1.0).unwrap(),
-                Some("x") => t,
-                _ => t.mul_scalar(0.02).unwrap(),
-            }
-        })
-        .collect();
+    let inputs = encoder::encoder_inputs(g, 0);
     let mut runs: Vec<(String, CompiledFn)> = Vec::new();
     for fuse in [true, false] {
         let f = CompiledFn::compile(g, &CompileOptions::default().fused(fuse)).unwrap();
