@@ -159,6 +159,7 @@ fn compiled_models_agree_with_the_interpreter_and_refuse_bad_arguments() {
                 let inputs = inputs_for(&g, seed);
                 let want = common::inputs::interpret(&g, &inputs);
                 let (got, codes) = run_driver(&m, &exe, &dir, &inputs);
+                assert_eq!(got.len(), want.len(), "{path}: outputs");
                 for (i, (a, b)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(a.dtype(), b.dtype());
                     assert_close(
@@ -197,6 +198,7 @@ fn compiled_models_match_the_jit_bit_for_bit() {
         let (got, _) = run_driver(&m, &exe, &dir, &inputs);
         let f = smelt::exec::CompiledFn::compile(&g, &Default::default()).unwrap();
         let want = f.call(&inputs).unwrap();
+        assert_eq!(got.len(), want.len(), "{path}: outputs");
         for (a, b) in got.iter().zip(&want) {
             common::assert_bits(a, b, path);
         }
@@ -238,6 +240,7 @@ graph empty_sum(%a: f32[3,0], %b: f32[0,4]) {
         let inputs = inputs_for(g, 3);
         let want = common::inputs::interpret(g, &inputs);
         let (got, _) = run_driver(&m, &exe, &dir, &inputs);
+        assert_eq!(got.len(), want.len(), "{}: outputs", g.name);
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
             let tol = match a.dtype() {
                 DType::BF16 | DType::F16 => Tol::allclose(1e-2, 1e-2),

@@ -14,8 +14,10 @@ fn t(data: &[f32], shape: &[usize]) -> Tensor {
 }
 
 fn close(a: &Tensor, b: &Tensor, tol: f64) {
-    assert_eq!(a.shape(), b.shape());
-    for (x, y) in a.to_f64_vec().iter().zip(b.to_f64_vec()) {
+    assert_eq!((a.dtype(), a.shape()), (b.dtype(), b.shape()));
+    let (x, y) = (a.try_to_f64_vec().unwrap(), b.try_to_f64_vec().unwrap());
+    assert_eq!(x.len(), y.len());
+    for (x, y) in x.iter().zip(&y) {
         assert!(
             (x - y).abs() <= tol * (1.0 + y.abs()),
             "{x} vs {y}\n{a}\n{b}"
@@ -37,6 +39,7 @@ fn check_everywhere(g: &Graph, inputs: &[Tensor], want: &[Tensor]) {
     let back = parse_module(&text, "traced.smelt").unwrap();
     assert!(back.entry() == g, "{text}");
     let interp = smelt::jit::run_graph(g, inputs).unwrap();
+    assert_eq!(interp.len(), want.len());
     for (a, b) in interp.iter().zip(want) {
         close(a, b, 1e-5);
     }

@@ -423,13 +423,9 @@ fn a_training_step_holds_less_and_computes_the_same_bits() {
         .map(|s| smelt::Tensor::randn_with(s, Some(DType::F32), &mut rng).unwrap())
         .collect();
     let (a, b) = (plain.call(&args).unwrap(), ordered.call(&args).unwrap());
-    assert_eq!(a.len(), 4);
+    assert_eq!((a.len(), b.len()), (4, 4));
     for (x, y) in a.iter().zip(&b) {
-        assert_eq!(
-            x.to_f64_vec(),
-            y.to_f64_vec(),
-            "the same kernels in another order"
-        );
+        common::assert_bits(x, y, "the same kernels in another order");
     }
 }
 
@@ -478,10 +474,8 @@ fn a_pointwise_result_is_written_over_its_dying_operand() {
         if i > 0 {
             assert_eq!(smelt::runtime::storage::allocation_count() - before, 0);
         }
-        let (a, b) = (got[0].to_f64_vec(), want[0].to_f64_vec());
-        for (x, y) in a.iter().zip(&b) {
-            assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
-        }
+        let tol = common::Tol::allclose(1e-4, 1e-4);
+        common::assert_close(&got[0], &want[0], tol, "reused buffers");
     }
 }
 
@@ -529,10 +523,9 @@ fn results_that_read_other_elements_or_live_operands_get_their_own_slot() {
             .collect();
         let want = smelt::runtime::interp::run_positional(&g, &args).unwrap();
         let got = f.call(&args).unwrap();
+        assert_eq!(got.len(), want.len(), "{why}: outputs");
         for (a, b) in got.iter().zip(&want) {
-            for (x, y) in a.to_f64_vec().iter().zip(&b.to_f64_vec()) {
-                assert!((x - y).abs() <= 1e-3 * (1.0 + y.abs()), "{why}: {x} vs {y}");
-            }
+            common::assert_close(a, b, common::Tol::allclose(1e-3, 1e-3), why);
         }
     }
 }

@@ -27,7 +27,16 @@ impl Tensor {
         copy::to_vec(&self.contiguous()?)
     }
 
-    /// The elements converted to f64 (exact for every dtype but large i64).
+    /// The elements converted to f64 (exact for every dtype but large i64), or the error
+    /// that kept them from being read (a tensor on a GPU that is gone).
+    pub fn try_to_f64_vec(&self) -> Result<Vec<f64>> {
+        crate::dispatch!(self.dtype(), T => self
+            .to_vec::<T>()
+            .map(|v| v.into_iter().map(Element::to_f64).collect()))
+    }
+
+    /// The elements converted to f64 (exact for every dtype but large i64); empty when they
+    /// cannot be read, which [`Tensor::try_to_f64_vec`] reports instead.
     pub fn to_f64_vec(&self) -> Vec<f64> {
         crate::dispatch!(self.dtype(), T => self
             .to_vec::<T>()
