@@ -643,10 +643,7 @@ proptest! {
         let di: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
         let f = x.flip(&di).unwrap();
         prop_assert_eq!(f.shape(), &shape[..]);
-        // (reading an empty tensor of a multi-byte dtype trips a storage alignment bug)
-        if !data.is_empty() {
-            prop_assert_eq!(f.to_f64_vec(), flip_ref(&data, &shape, &dims));
-        }
+        prop_assert_eq!(f.try_to_f64_vec().unwrap(), flip_ref(&data, &shape, &dims));
     }
 }
 

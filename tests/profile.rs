@@ -475,4 +475,28 @@ fn smelt_cpu_caps_the_strip_helpers_without_changing_results() {
     for j in [&native, &base, &avx2] {
         assert!(num(&j["max_abs_diff"], "max_abs_diff") < 1e-3, "{j}");
     }
+    // and the levels agree with each other, on the same inputs, closely
+    let x: Vec<f32> = (0..64 * 256)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 9.0)
+        .collect();
+    let x = smelt::Tensor::from_vec(x, &[64, 256]).unwrap();
+    smelt::runtime::npy::write_npy(d.join("x.npy"), &x).unwrap();
+    let outputs = |cap: &str| {
+        let out = d.join(format!("out-{cap}"));
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_smelt"));
+        c.args(["run", path.to_str().unwrap(), "--input", "x=x.npy", "--out"])
+            .arg(&out)
+            .current_dir(&d);
+        if cap != "native" {
+            c.env("SMELT_CPU", cap);
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        smelt::runtime::npy::read_npy(out.join("out0.npy")).unwrap()
+    };
+    let reference = outputs("baseline");
+    for cap in ["native", "avx2"] {
+        let got = outputs(cap);
+        common::assert_close(&got, &reference, common::Tol::rel(1e-5), cap);
+    }
 }
