@@ -4,9 +4,25 @@
 
 use smelt::runtime::cuda::{self, memory};
 
+/// Whether a GPU test may skip: not when `SMELT_REQUIRE_GPU=1` (the GPU machine's runs),
+/// where a missing device is a failure.
+fn skip_without_gpu(test: &str) -> bool {
+    if cuda::is_available() {
+        return false;
+    }
+    if std::env::var("SMELT_REQUIRE_GPU").as_deref() == Ok("1") {
+        panic!("{test}: SMELT_REQUIRE_GPU=1 but no CUDA device is here");
+    }
+    eprintln!("{test}: skipped, no CUDA device");
+    true
+}
+
 #[test]
 fn device_queries_never_panic_and_agree() {
     let available = cuda::is_available();
+    if std::env::var("SMELT_REQUIRE_GPU").as_deref() == Ok("1") {
+        assert!(available, "SMELT_REQUIRE_GPU=1 but no CUDA device is here");
+    }
     match cuda::device_count() {
         Ok(n) => {
             assert_eq!(available, n > 0);
@@ -53,8 +69,7 @@ fn the_environment_report_names_every_part() {
 
 #[test]
 fn device_memory_is_cached_and_counted() {
-    if !cuda::is_available() {
-        eprintln!("device_memory_is_cached_and_counted: skipped, no CUDA device");
+    if skip_without_gpu("device_memory_is_cached_and_counted") {
         return;
     }
     let before = memory::memory_allocated(0).unwrap();
