@@ -35,11 +35,14 @@ fn same_values(before: &Graph, after: &Graph, tol: Option<f64>, what: &str) {
         let want = run_graph(before, &ins).unwrap();
         let got = run_graph(after, &ins).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_eq!(got.len(), want.len(), "{what}: outputs");
+        // where a pass may round differently, the reference's own spread is allowed too
+        let spread =
+            tol.map(|_| common::inputs::spread(|x| run_graph(before, x).ok(), &ins, &want));
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
             let w = format!("{what}: output {i}");
-            match tol {
-                None => assert_bits(a, b, &w),
-                Some(t) => assert_close(a, b, t, &w),
+            match (tol, &spread) {
+                (Some(t), Some(s)) => common::close::assert_close_within(a, b, t, &s[i], &w),
+                _ => assert_bits(a, b, &w),
             }
         }
     }
@@ -145,10 +148,24 @@ fn count_ops(g: &Graph, pred: impl Fn(&Op) -> bool) -> usize {
         .count()
 }
 
-/// Decomposed composites round differently from their fused reference kernels; a
-/// layer_norm of nearly equal values (the std of rows that differ by a constant) divides
-/// those rounding differences by a tiny deviation, so they reach ~3e-5 there.
-const DECOMPOSE_TOL: f64 = 1e-4;
+/// Decomposed composites round differently from their fused reference kernels: beyond this,
+/// each element may differ by a few times the reference's spread (a layer_norm of nearly
+/// equal values divides rounding differences by a tiny deviation, reaching ~3e-5 there).
+const DECOMPOSE_TOL: f64 = 1e-5;
+
+/// The graph that once needed a tenfold wider tolerance (1e-4 for every dtype): decomposed,
+/// its outputs differ from the composites' by up to 5.4e-5, within 8 times their own
+/// spread (8.6e-5) under ulp-sized changes of the inputs.
+#[test]
+fn decompose_where_the_composite_is_ill_conditioned_stays_within_its_spread() {
+    let g = random_graph_from(&Recipe::PASSES, 1812132124942266429, 6);
+    same_values(
+        &g,
+        &decompose(&g).unwrap(),
+        Some(DECOMPOSE_TOL),
+        "decompose",
+    );
+}
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(40))]

@@ -267,3 +267,28 @@ where
         );
     }
 }
+
+/// How many times the reference's spread ([`crate::common::inputs::spread`]) an element may
+/// differ beyond `tol`: more than one rounding step can add up.
+pub const SPREAD_FACTOR: f64 = 8.0;
+
+/// [`assert_close`], each element also allowed [`SPREAD_FACTOR`] times its `spread`.
+#[track_caller]
+pub fn assert_close_within<G, W>(got: &G, want: &W, tol: impl Into<Tol>, spread: &[f64], what: &str)
+where
+    G: Values + ?Sized,
+    W: Values + ?Sized,
+{
+    let tol = tol.into();
+    let (g, w, shape) = matched(got, want, what);
+    assert_eq!(spread.len(), w.len(), "{what}: spread per element");
+    for (i, ((&a, &b), &s)) in g.iter().zip(&w).zip(spread).enumerate() {
+        let allowed = tol.allowed(b) + SPREAD_FACTOR * s;
+        let same = same_bits(a, b) || (a.is_nan() && b.is_nan()) || (a - b).abs() <= allowed;
+        assert!(
+            same,
+            "{what}: element {}: got {a:e}, expected {b:e} (allowed {allowed:e}: {tol} and {SPREAD_FACTOR} x the reference's spread {s:e})",
+            position(i, shape.as_deref()),
+        );
+    }
+}

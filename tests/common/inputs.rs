@@ -126,3 +126,51 @@ pub fn interpret(g: &smelt::ir::Graph, inputs: &[Tensor]) -> Vec<Tensor> {
         .collect();
     smelt::runtime::interp::run(g, &named).unwrap()
 }
+
+/// Per output and element: the largest change of `run`'s results (against `want`, its
+/// results on `inputs`) when every float input element moves by up to two ulps of its
+/// dtype, up or down (three draws; a draw `run` refuses is skipped). Rounding inside a
+/// program moves a result about as far, so a comparison may allow a few times this spread:
+/// a chain of `exp`s, or a layer_norm of nearly equal values, has a large one, and
+/// differences of that size between two correct programs are rounding, not a bug.
+pub fn spread(
+    run: impl Fn(&[Tensor]) -> Option<Vec<Tensor>>,
+    inputs: &[Tensor],
+    want: &[Tensor],
+) -> Vec<Vec<f64>> {
+    let want: Vec<Vec<f64>> = want.iter().map(|t| t.try_to_f64_vec().unwrap()).collect();
+    let mut spread: Vec<Vec<f64>> = want.iter().map(|w| vec![0.0; w.len()]).collect();
+    let mut r = StdRng::seed_from_u64(0x5eed);
+    for _ in 0..3 {
+        let moved: Vec<Tensor> = inputs
+            .iter()
+            .map(|t| {
+                let eps = match t.dtype() {
+                    DType::F64 => f64::EPSILON,
+                    DType::F32 => f32::EPSILON as f64,
+                    DType::F16 | DType::BF16 => 2f64.powi(-7),
+                    _ => return t.clone(),
+                };
+                let v: Vec<f64> = t
+                    .try_to_f64_vec()
+                    .unwrap()
+                    .iter()
+                    .map(|&x| x * (1.0 + r.random_range(-2i32..=2) as f64 * eps))
+                    .collect();
+                Tensor::from_vec(v, t.shape())
+                    .unwrap()
+                    .to_dtype(t.dtype())
+                    .unwrap()
+            })
+            .collect();
+        let Some(out) = run(&moved) else { continue };
+        for (i, o) in out.iter().enumerate().take(want.len()) {
+            let o = o.try_to_f64_vec().unwrap();
+            for (k, (x, w)) in o.iter().zip(&want[i]).enumerate() {
+                let d = (x - w).abs();
+                spread[i][k] = spread[i][k].max(if d.is_nan() { f64::INFINITY } else { d });
+            }
+        }
+    }
+    spread
+}
