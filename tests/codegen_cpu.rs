@@ -143,7 +143,7 @@ fn check_with(g: &Graph, ins: &[Tensor], tol: Tol) -> Schedule {
             assert_close(
                 a,
                 b,
-                tol,
+                tol.for_dtype(b.dtype()),
                 &format!("{} output {i} ({chunks} chunks)\n{s}", g.name),
             );
         }

@@ -56,7 +56,7 @@ fn check_on(g: &Graph, ins: &[Tensor], tol: f64) -> usize {
         assert_eq!(got.len(), want.len());
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
             let what = format!("{} output {i} {opts:?}\n{}", g.name, f.schedule());
-            assert_close(a, b, tol, &what);
+            assert_close(a, b, common::Tol::from(tol).for_dtype(b.dtype()), &what);
         }
         ran += 1;
     }

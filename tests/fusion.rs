@@ -22,6 +22,7 @@ fn check(g: &Graph, tol: f64) -> Schedule {
         let got = run(&s, &ins).unwrap_or_else(|e| panic!("run {}: {e}\n{s}", g.name));
         assert_eq!(got.len(), want.len());
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            let tol = common::Tol::from(tol).for_dtype(b.dtype());
             assert_close(a, b, tol, &format!("{} output {i}\n{s}", g.name));
         }
     }

@@ -4,6 +4,11 @@
 use smelt::{DType, Tensor};
 use std::fmt;
 
+/// The relative tolerance of f64 results ([`Tol::for_dtype`]): a few thousand ulps of f64,
+/// room for the rounding of reordered sums and transcendental chains, and 1e6 times below
+/// what computing in f32 would give.
+pub const F64_REL: f64 = 1e-12;
+
 /// How far a computed value may be from the expected one. Whatever the tolerance, a NaN is
 /// only close to a NaN (at the same position) and an infinity only to the same infinity.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -47,6 +52,15 @@ impl Tol {
     /// f32 values within `n` units in the last place, nothing else beyond equality.
     pub const fn ulps(n: u64) -> Tol {
         Tol::EXACT.or_ulps(n)
+    }
+
+    /// This tolerance for results of `dtype`, tightened to f64's precision for f64 results
+    /// (`F64_REL`): a path that computed an f64 graph in f32 fails it.
+    pub fn for_dtype(self, dtype: DType) -> Tol {
+        match dtype {
+            DType::F64 => Tol::rel(F64_REL),
+            _ => self,
+        }
     }
 
     /// This tolerance, or f32 values within `n` units in the last place.
