@@ -138,6 +138,17 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(6))]
+    /// The same at sizes the small graphs never reach: full vectors with a tail, threaded
+    /// kernels, GEMMs on panels (f64 results at f64's precision, as above).
+    #[test]
+    fn random_large_graphs_match_the_interpreter(seed in any::<u64>(), n in 1usize..8) {
+        let g = common::random_graph_from(&common::Recipe::LARGE, seed, n);
+        check_on(&g, &inputs_with(&g, seed, &INPUTS), 1e-4);
+    }
+}
+
 // ---- fusion modes -------------------------------------------------------------------------
 
 #[test]

@@ -120,6 +120,15 @@ impl Recipe {
         verify: false,
     };
 
+    /// [`Recipe::FUSER`]'s ops at real sizes: odd ones past a vector's width (17), the
+    /// compiled code's threading threshold and the GEMM's panels (257, every side of a
+    /// product at least 256 when both dims are), at most 2^18 elements a value.
+    pub const LARGE: Recipe = Recipe {
+        dims: [17, 64, 257],
+        keep: |t| t.ndim() <= 3 && t.numel() <= 1 << 18,
+        ..Recipe::FUSER
+    };
+
     /// The ops of [`Recipe::FUSER`] and more for the graph passes: leaves that need no input
     /// (`full`, `arange`, constants) as folding material, composites (softmax, log_softmax,
     /// logsumexp, layer_norm, gelu, silu, var, std), expands, and an op repeated on the same
