@@ -6,6 +6,7 @@
 pub mod access;
 pub mod element;
 pub mod hooks;
+pub mod limit;
 mod pages;
 pub mod storage;
 pub mod strided;

@@ -157,6 +157,7 @@ impl Storage {
             let ptr = NonNull::new(ALIGN as *mut u8).unwrap_or(NonNull::dangling());
             return Ok(Storage::from_parts(ptr, 0, Owner::Empty, dtype));
         }
+        super::limit::check(nbytes, LIVE.load(Ordering::Relaxed))?;
         let ptr = pages::alloc_zeroed(nbytes).ok_or_else(|| cpu_oom(nbytes))?;
         Ok(Storage::from_parts(ptr, nbytes, Owner::Block, dtype))
     }
