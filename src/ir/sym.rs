@@ -100,11 +100,13 @@ impl DimExpr {
             e.insert(sym.to_string(), v);
             self.eval(&e).ok()
         };
-        let (c, a) = (at(0)?, at(1)? - at(0)?);
-        if a == 0 || (target - c) % a != 0 {
+        let c = at(0)?;
+        let a = at(1)?.checked_sub(c)?;
+        let rest = target.checked_sub(c)?;
+        if rest.checked_rem(a) != Some(0) {
             return None;
         }
-        let v = (target - c) / a;
+        let v = rest.checked_div(a)?;
         (v >= 0 && at(v) == Some(target)).then_some(v)
     }
 
@@ -223,12 +225,19 @@ pub fn fit(symbols: &[String], points: &[Bindings], values: &[i64]) -> Option<Di
         let Some(ms) = points.iter().map(at).collect::<Option<Vec<i64>>>() else {
             continue;
         };
-        let (dm, dv) = (ms[1] - ms[0], values[1] - values[0]);
-        if dm == 0 || dv % dm != 0 || dv == 0 {
+        let (Some(dm), Some(dv)) = (ms[1].checked_sub(ms[0]), values[1].checked_sub(values[0]))
+        else {
+            continue;
+        };
+        if dv == 0 || dv.checked_rem(dm) != Some(0) {
             continue;
         }
-        let a = dv / dm;
-        let c = values[0] - a * ms[0];
+        let Some(a) = dv.checked_div(dm) else {
+            continue;
+        };
+        let Some(c) = a.checked_mul(ms[0]).and_then(|x| values[0].checked_sub(x)) else {
+            continue;
+        };
         if ms
             .iter()
             .zip(values)
@@ -345,5 +354,10 @@ mod tests {
         assert_eq!(fitted(&|b, s| b * s * s + 3), Some("B*S*S+3".into()));
         // a floor division is no affine function of a product
         assert_eq!(fitted(&|_, s| s / 2), None);
+        // extreme values are no expression, never an overflow
+        let extreme = [i64::MIN, -1, i64::MAX];
+        assert_eq!(fit(&syms, &points, &extreme), None);
+        let env: Bindings = [("B".to_string(), 1)].into();
+        assert_eq!(DimExpr::Sym("S".into()).solve("S", i64::MIN, &env), None);
     }
 }
