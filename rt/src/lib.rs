@@ -2,6 +2,8 @@
 //! it (no Cranelift, egg or petgraph).
 //!
 //! - [`scalar`] and [`vmath`]: the math helpers generated kernels call by name;
+//! - [`unary_f64`]: the f64 formulas of the unary ops compiled code calls, defined once for
+//!   eager kernels, the JIT and ahead-of-time models;
 //! - [`gemm`]: strided, batched matrix products ([`panels`]: their f32 path on AVX2);
 //! - [`hot`]: calls during which the thread pool's workers poll for work;
 //! - [`model`]: the entry point of ahead-of-time compiled models: it checks the CPU, lays
@@ -24,6 +26,7 @@ pub mod panels;
 pub mod ranges;
 pub mod scalar;
 pub mod tiles;
+pub mod unary_f64;
 pub mod vmath;
 
 pub use half;
@@ -108,4 +111,7 @@ pub fn helpers() -> Vec<(&'static str, *const u8, Sig)> {
             SoftmaxRow,
         ),
     ]
+    .into_iter()
+    .chain(unary_f64::symbols().into_iter().map(|(n, p)| (n, p, Unary)))
+    .collect()
 }

@@ -399,7 +399,7 @@ pub(super) fn check_imports(bytes: &[u8]) -> Result<()> {
             let name = sym.name().unwrap_or("");
             if sym.is_undefined() && !known.contains(&name) {
                 let why = if name.starts_with("smelt_unary_") {
-                    " (f64 math beyond + - * / and sqrt runs through the compiler's reference formulas, which compiled models do not carry yet: compile the model in f32)"
+                    " (the f64 formulas of the activations built from other ops, leaky_relu, elu, softplus, hardtanh, hardswish, mish and logsigmoid, are not in the run-time library yet: compile the model in f32)"
                 } else {
                     ""
                 };

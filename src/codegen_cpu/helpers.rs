@@ -10,11 +10,17 @@ use crate::ir::op::UnaryOp;
 
 pub use smelt_rt::Sig;
 
-/// Every helper: symbol name, address, signature.
+/// Every helper: symbol name, address, signature. A unary op whose formula the run-time
+/// library exports is called there (the same function an ahead-of-time model links); the
+/// others through [`UnaryOp::f64_helper`].
 pub fn symbols() -> Vec<(&'static str, *const u8, Sig)> {
     use Sig::*;
-    let unary = UnaryOp::ALL
+    let rt = smelt_rt::helpers();
+    let mut all: Vec<(&'static str, *const u8, Sig)> = UnaryOp::ALL
         .iter()
-        .map(|u| (u.helper_symbol(), u.f64_helper() as *const u8, Unary));
-    unary.chain(smelt_rt::helpers()).collect()
+        .filter(|u| !rt.iter().any(|(n, _, _)| *n == u.helper_symbol()))
+        .map(|u| (u.helper_symbol(), u.f64_helper() as *const u8, Unary))
+        .collect();
+    all.extend(rt);
+    all
 }

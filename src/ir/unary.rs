@@ -339,8 +339,9 @@ fn not_implemented(name: &str, d: DType) -> crate::Error {
     ))
 }
 
+use smelt_rt::unary_f64 as f64m;
 /// `sqrt(2 / pi)`, the constant of the tanh form of GELU.
-pub const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+pub use smelt_rt::unary_f64::SQRT_2_OVER_PI;
 
 /// `1 / sqrt(2 pi)`, the standard normal density at 0.
 pub use smelt_rt::consts::FRAC_1_SQRT_2PI;
@@ -379,16 +380,16 @@ impl UnaryOp {
         match self {
             Neg => -x,
             Abs => x.abs(),
-            Exp => x.exp(),
-            Log => x.ln(),
-            Log1p => x.ln_1p(),
-            Expm1 => x.exp_m1(),
+            Exp => f64m::smelt_unary_exp(x, 0.0, 0.0),
+            Log => f64m::smelt_unary_log(x, 0.0, 0.0),
+            Log1p => f64m::smelt_unary_log1p(x, 0.0, 0.0),
+            Expm1 => f64m::smelt_unary_expm1(x, 0.0, 0.0),
             Sqrt => x.sqrt(),
             Rsqrt => 1.0 / x.sqrt(),
-            Sin => x.sin(),
-            Cos => x.cos(),
-            Tanh => x.tanh(),
-            Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            Sin => f64m::smelt_unary_sin(x, 0.0, 0.0),
+            Cos => f64m::smelt_unary_cos(x, 0.0, 0.0),
+            Tanh => f64m::smelt_unary_tanh(x, 0.0, 0.0),
+            Sigmoid => f64m::sigmoid(x),
             // `max(x, 0)` in C++'s form: NaN stays NaN
             Relu => {
                 if x < 0.0 {
@@ -397,30 +398,10 @@ impl UnaryOp {
                     x
                 }
             }
-            Gelu { tanh: false } => {
-                0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2))
-            }
-            Gelu { tanh: true } => {
-                let inner = SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
-                0.5 * x * (1.0 + inner.tanh())
-            }
-            // Φ(x) + x·φ(x), Φ from erfc (no cancellation below 0); NaN at ±∞ as PyTorch's
-            GeluSlope { tanh: false } => {
-                0.5 * libm::erfc(-x * std::f64::consts::FRAC_1_SQRT_2)
-                    + x * (-0.5 * x * x).exp() * FRAC_1_SQRT_2PI
-            }
-            // σ + x·σ·(1-σ)·v' with σ = sigmoid(v), v = 2u: PyTorch's `(1 + tanh(u))/2 +
-            // x/2·(1 - tanh²(u))·u'`, with 1 - σ as sigmoid(-v) (no cancellation below 0)
-            GeluSlope { tanh: true } => {
-                let k = 2.0 * SQRT_2_OVER_PI;
-                let v = k * (x + 0.044715 * x * x * x);
-                let s = 1.0 / (1.0 + (-v).exp());
-                let r = 1.0 / (1.0 + v.exp());
-                let dv = k * (1.0 + 3.0 * 0.044715 * x * x);
-                s + x * s * r * dv
-            }
-            Silu => x * (1.0 / (1.0 + (-x).exp())),
-            Erf => libm::erf(x),
+            Gelu { tanh } => f64m::gelu(x, tanh),
+            GeluSlope { tanh } => f64m::gelu_slope(x, tanh),
+            Silu => f64m::silu(x),
+            Erf => f64m::erf(x),
             Floor => x.floor(),
             Ceil => x.ceil(),
             Round => x.round_ties_even(),
