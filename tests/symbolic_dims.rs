@@ -619,3 +619,44 @@ fn hostile_sizes_are_errors_not_crashes() {
         "%x: dim 0 is 2*S, and no size of S makes it 7"
     );
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+    /// Symbolic text with a few characters replaced, inserted or deleted: the reader returns
+    /// a module or an error, never panics; what it returns binds and reads at small sizes
+    /// without panicking either.
+    #[test]
+    fn mutated_symbolic_text_never_panics(
+        edits in proptest::collection::vec((0usize..400, 0usize..3, 0usize..24), 1..6)
+    ) {
+        let alphabet: Vec<char> = "BS(*)+-/0123456789,[]%=x ".chars().collect();
+        let mut text: Vec<char> = ENC.chars().collect();
+        for (pos, kind, c) in edits {
+            let pos = pos % (text.len() + 1);
+            let ch = alphabet[c % alphabet.len()];
+            match kind {
+                0 if pos < text.len() => text[pos] = ch,
+                1 => text.insert(pos, ch),
+                _ if pos < text.len() => {
+                    text.remove(pos);
+                }
+                _ => {}
+            }
+        }
+        let text: String = text.into_iter().collect();
+        if let Ok(m) = SymbolicModule::parse(&text, "m.smelt") {
+            let _ = m.print(None);
+            let g = m.sample().entry();
+            let shapes: Vec<(String, Vec<usize>)> = g
+                .inputs()
+                .iter()
+                .map(|&v| (g.node(v).name.clone(), g.node(v).ty.shape.iter().map(|d| d % 5).collect()))
+                .collect();
+            let given: Vec<(&str, &[usize])> =
+                shapes.iter().map(|(n, s)| (n.as_str(), s.as_slice())).collect();
+            if let Ok(b) = m.bind(None, &given) {
+                let _ = m.instantiate(&b);
+            }
+        }
+    }
+}
