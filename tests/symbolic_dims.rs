@@ -453,6 +453,18 @@ fn smelt_run_and_check_take_symbolic_graphs() {
     );
     assert!(!o.status.success());
     assert_eq!(stderr(&o).trim(), "error: S is 9 from %x but 4 from %w");
+    // dot draws them with their symbols too; a command without inputs says what it needs
+    let o = smelt_in(&dir, &["dot", "f.smelt"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("f32[B,S-1]"), "{}", stdout(&o));
+    let o = smelt_in(
+        &dir,
+        &["compile", "f.smelt", "--target", "cpu", "--out", "aot"],
+    );
+    assert_eq!(
+        stderr(&o).trim(),
+        "error: symbol B of graph f has no size: no input is given to size it (commands without inputs, and ahead-of-time objects, need fixed sizes)"
+    );
     // check prints the types with their symbols
     let o = smelt_in(&dir, &["check", "f.smelt"]);
     assert!(o.status.success(), "{}", stderr(&o));

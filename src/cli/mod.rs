@@ -223,8 +223,11 @@ fn evaluate(
 }
 
 fn dot(a: &DotArgs) -> Result<()> {
-    let module = load(&a.model)?;
-    let text = pick(&module, a.graph.as_deref())?.to_dot();
+    let text = match model::read_symbolic(&a.model)? {
+        // drawn with its sizes as the symbols give them
+        Some(m) => m.render(|module| Ok(pick(module, a.graph.as_deref())?.to_dot()))?,
+        None => pick(&load(&a.model)?, a.graph.as_deref())?.to_dot(),
+    };
     match &a.output {
         Some(path) => {
             std::fs::write(path, text).map_err(|e| Error::Io(format!("{}: {e}", path.display())))

@@ -339,12 +339,19 @@ impl SymbolicModule {
     /// `print_module` writes a concrete module, its sizes written as the symbols give them
     /// (`f32[B*S, 128]`, `view(%x, shape=[B*S, 128])`).
     pub fn print(&self, graph: Option<&str>) -> Result<String> {
-        let text = |m: &Module| -> Result<String> {
+        self.render(|m| {
             Ok(match graph {
                 Some(name) => super::print_graph(m.graph(name)?),
                 None => super::print_module(m),
             })
-        };
+        })
+    }
+
+    /// What `text` writes of the module (a `.smelt` text, a Graphviz drawing), its sizes
+    /// written as the symbols give them: `text` runs on the module at two sample sizes, and
+    /// each integer that differs between the two is replaced by its expression (`?` where
+    /// none is known).
+    pub fn render(&self, text: impl Fn(&Module) -> Result<String>) -> Result<String> {
         let texts = [text(&self.generic)?, text(&self.generic1)?];
         let merged = merge_sizes(&texts, |v| {
             let named = label(
@@ -446,11 +453,13 @@ impl SymbolicModule {
             needed.extend(self.used.get(&name).into_iter().flatten());
         }
         if let Some(s) = needed.into_iter().find(|s| !env.contains_key(*s)) {
-            bail!(
-                Shape,
-                "symbol {s} of graph {} has no size: no input given sizes it",
-                g.name
-            );
+            let what = match given.is_empty() {
+                true => {
+                    "no input is given to size it (commands without inputs, and ahead-of-time objects, need fixed sizes)"
+                }
+                false => "no input given sizes it",
+            };
+            bail!(Shape, "symbol {s} of graph {} has no size: {what}", g.name);
         }
         Ok(env)
     }
