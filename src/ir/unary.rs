@@ -340,8 +340,8 @@ fn not_implemented(name: &str, d: DType) -> crate::Error {
 }
 
 use smelt_rt::unary_f64 as f64m;
-/// `sqrt(2 / pi)`, the constant of the tanh form of GELU.
-pub use smelt_rt::unary_f64::SQRT_2_OVER_PI;
+/// `sqrt(2 / pi)`, the constant of the tanh form of GELU (the run-time library's).
+pub const SQRT_2_OVER_PI: f64 = smelt_rt::unary_f64::SQRT_2_OVER_PI;
 
 /// `1 / sqrt(2 pi)`, the standard normal density at 0.
 pub use smelt_rt::consts::FRAC_1_SQRT_2PI;
