@@ -392,7 +392,9 @@ fn cell(
             if kind == Kind::Rnn {
                 return Ok((acts[0].apply(cx, g)?, None));
             }
-            let c = c.expect("an LSTM carries a cell state");
+            let Some(c) = c else {
+                bail!(Value, "LSTM: the step has no cell state");
+            };
             let (mut i, mut o, mut f) = (gate(cx, g, 0)?, gate(cx, g, 1)?, gate(cx, g, 2)?);
             let cc = gate(cx, g, 3)?;
             if let Some([pi, _, pf]) = w.peep {
