@@ -195,6 +195,31 @@ pub fn sample_size(index: usize, ladder: usize, point: usize) -> i64 {
     }
 }
 
+/// The sizes of `symbols` at sample point `point` of ladder `ladder` ([`sample_size`] by
+/// each symbol's position).
+pub fn sample_point(symbols: &[String], ladder: usize, point: usize) -> Bindings {
+    symbols
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.clone(), sample_size(i, ladder, point)))
+        .collect()
+}
+
+/// `attempt` at each ladder of sample sizes in turn (large sizes first, then small ones for
+/// graphs whose sizes are capped): its first success, or the first ladder's error.
+pub fn on_some_ladder<T>(mut attempt: impl FnMut(usize) -> crate::Result<T>) -> crate::Result<T> {
+    let mut first_error = None;
+    for ladder in 0..SAMPLE_LADDERS {
+        match attempt(ladder) {
+            Ok(t) => return Ok(t),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    Err(first_error.unwrap_or_else(|| crate::Error::Value("no sample sizes".into())))
+}
+
 /// The expression `a*m + c` (`m` a product of one to three of `symbols`, `a` and `c`
 /// integers) that has value `values[i]` at sizes `points[i]` for every `i`, simplest `m`
 /// first; `None` when there is none. With three points or more, a fit is very unlikely to

@@ -265,16 +265,7 @@ impl<'f> Traced<'f> {
                 symbols.push(sym.clone());
             }
         }
-        let mut first_error = None;
-        for ladder in 0..crate::ir::sym::SAMPLE_LADDERS {
-            match self.symbolic_at(&symbols, ladder) {
-                Ok(m) => return Ok(m),
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        Err(first_error.unwrap_or_else(|| Error::Value("no sample sizes".into())))
+        crate::ir::sym::on_some_ladder(|ladder| self.symbolic_at(&symbols, ladder))
     }
 
     /// [`Traced::symbolic`] compiled for `device`, one variant per binding of its symbols,
@@ -290,14 +281,7 @@ impl<'f> Traced<'f> {
 
     fn symbolic_at(&self, symbols: &[String], ladder: usize) -> Result<SymbolicModule> {
         let points: Vec<Bindings> = (0..3)
-            .map(|p| {
-                let size = |i| crate::ir::sym::sample_size(i, ladder, p);
-                symbols
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| (s.clone(), size(i)))
-                    .collect()
-            })
+            .map(|p| crate::ir::sym::sample_point(symbols, ladder, p))
             .collect();
         let mut texts = Vec::new();
         for point in &points {

@@ -9,7 +9,7 @@
 
 use super::{Dim, Model, same_elements};
 use crate::ir::print_graph;
-use crate::ir::sym::{Bindings, SAMPLE_LADDERS, is_symbol_name, sample_size};
+use crate::ir::sym::{Bindings, is_symbol_name, on_some_ladder, sample_point};
 use crate::ir::text::SymbolicModule;
 use crate::{DType, Error, Result, Tensor, bail};
 
@@ -55,16 +55,7 @@ impl Model {
             bail!(Value, "the model's inputs have no named dims");
         }
         let names: Vec<String> = symbols.iter().map(|(_, s)| s.clone()).collect();
-        let mut first_error = None;
-        for ladder in 0..SAMPLE_LADDERS {
-            match self.import_at_samples(&inputs, &symbols, &names, ladder) {
-                Ok(done) => return Ok(done),
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        Err(first_error.unwrap_or_else(|| Error::Value("no sample sizes".into())))
+        on_some_ladder(|ladder| self.import_at_samples(&inputs, &symbols, &names, ladder))
     }
 
     fn import_at_samples(
@@ -74,15 +65,7 @@ impl Model {
         names: &[String],
         ladder: usize,
     ) -> Result<SymbolicImport> {
-        let points: Vec<Bindings> = (0..3)
-            .map(|p| {
-                names
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| (s.clone(), sample_size(i, ladder, p)))
-                    .collect()
-            })
-            .collect();
+        let points: Vec<Bindings> = (0..3).map(|p| sample_point(names, ladder, p)).collect();
         let mut texts = Vec::new();
         let mut first: Option<super::Imported> = None;
         for point in &points {

@@ -9,7 +9,7 @@
 use super::parser::parse_with;
 use crate::ir::graph::{Graph, Module};
 use crate::ir::op::TensorType;
-use crate::ir::sym::{Bindings, DimExpr, SAMPLE_LADDERS, describe, sample_size};
+use crate::ir::sym::{Bindings, DimExpr, describe, on_some_ladder, sample_point, sample_size};
 use crate::{Error, Result, bail};
 use std::collections::{BTreeSet, HashMap};
 
@@ -203,18 +203,7 @@ impl SymbolicModule {
     /// Reads and verifies `text` (`file` names it in messages) for every size of its
     /// symbols. A file without symbols reads as `parse_module` reads it.
     pub fn parse(text: &str, file: &str) -> Result<SymbolicModule> {
-        // large sample sizes first; small ones for a graph whose sizes are capped (a position
-        // table of 64 rows); the first ladder's error if neither holds
-        let mut first_error = None;
-        for ladder in 0..SAMPLE_LADDERS {
-            match Self::parse_at(text, file, ladder) {
-                Ok(m) => return Ok(m),
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        Err(first_error.unwrap_or_else(|| Error::Value("no sample sizes".into())))
+        on_some_ladder(|ladder| Self::parse_at(text, file, ladder))
     }
 
     fn parse_at(text: &str, file: &str, ladder: usize) -> Result<SymbolicModule> {
@@ -302,12 +291,7 @@ impl SymbolicModule {
             let g = f(self.generic.pick(graph)?)?;
             return SymbolicModule::parse(&super::print_graph(&g), &self.file);
         }
-        let third: Bindings = self
-            .symbols
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (s.clone(), sample_size(i, self.ladder, 2)))
-            .collect();
+        let third = sample_point(&self.symbols, self.ladder, 2);
         let points = [self.sizes[0].clone(), self.sizes[1].clone(), third];
         let texts = points
             .iter()
