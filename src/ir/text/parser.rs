@@ -516,10 +516,11 @@ impl Parser<'_> {
                 .unwrap_or_else(|| op_at.clone());
             self.err(&at, e.msg)
         })?;
+        let pointwise = op.is_pointwise();
         let v = g.add_op_named(op, &operands, &name).map_err(|e| {
             let types: Vec<&TensorType> = operands.iter().map(|&o| &g.node(o).ty).collect();
             let msg = match &self.syms {
-                Some(env) if env.verifying() => env.explain(&op_name, &types, &e),
+                Some(env) if env.verifying() => env.explain(&op_name, pointwise, &types, &e),
                 _ => format!("{op_name}: {e}"),
             };
             self.err(&op_at, msg)

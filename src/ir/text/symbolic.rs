@@ -114,10 +114,18 @@ impl SymEnv {
         format!("{}[{}]", t.dtype.name(), dims.join(", "))
     }
 
-    /// Why `op` on operands of `types` failed while verifying: two dims that broadcasting
-    /// needs equal and that may differ, or the shape rule's message at the sizes tried.
-    pub(super) fn explain(&self, op: &str, types: &[&TensorType], e: &Error) -> String {
-        let broadcasting = e.to_string().contains("must match the size of tensor");
+    /// Why `op` on operands of `types` failed while verifying: for a pointwise op whose
+    /// operands do not broadcast, two dims that broadcasting needs equal and that may differ;
+    /// otherwise the shape rule's message at the sizes tried.
+    pub(super) fn explain(
+        &self,
+        op: &str,
+        pointwise: bool,
+        types: &[&TensorType],
+        e: &Error,
+    ) -> String {
+        let shapes: Vec<&[usize]> = types.iter().map(|t| t.shape.as_slice()).collect();
+        let broadcasting = pointwise && crate::ir::shape::broadcast_all(&shapes).is_err();
         for (i, a) in types.iter().enumerate().filter(|_| broadcasting) {
             for b in &types[i + 1..] {
                 let n = a.shape.len().min(b.shape.len());
