@@ -46,17 +46,17 @@ fn pass_label(s: &str) -> std::result::Result<String, String> {
 
 /// Runs `smelt check`.
 pub fn check(a: &CheckArgs) -> Result<()> {
-    let symbolic = super::model::read_symbolic(&a.model)?;
-    let module = match &symbolic {
-        Some(m) if a.dump_after.is_none() && !a.fusion => {
+    let module = match super::model::read_smelt(&a.model)? {
+        Some(m) if m.is_symbolic() && a.dump_after.is_none() && !a.fusion => {
             print!("{}", m.print(a.graph.as_deref())?);
             return Ok(());
         }
         // the passes run at the sample sizes, which the output names
-        Some(m) => {
+        Some(m) if m.is_symbolic() => {
             println!("# at sample sizes {}", m.sample_sizes());
             m.sample().clone()
         }
+        Some(m) => m.into_sample(),
         None => super::load(&a.model)?,
     };
     let graphs: Vec<&Graph> = match &a.graph {

@@ -223,8 +223,9 @@ fn evaluate(
 }
 
 fn dot(a: &DotArgs) -> Result<()> {
-    let text = match model::read_symbolic(&a.model)? {
-        // drawn with its sizes as the symbols give them
+    let text = match model::read_smelt(&a.model)? {
+        // drawn with its sizes as the symbols give them (`render` of a module without
+        // symbols is its drawing)
         Some(m) => m.render(|module| Ok(pick(module, a.graph.as_deref())?.to_dot()))?,
         None => pick(&load(&a.model)?, a.graph.as_deref())?.to_dot(),
     };

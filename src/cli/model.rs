@@ -76,9 +76,7 @@ pub fn load_model_for(
             renames,
         });
     }
-    let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| Error::Io(format!("{name}: {e}")))?;
-    let symbolic = SymbolicModule::parse(&text, &name)?;
+    let symbolic = parse_smelt(path)?;
     let weights = match weights {
         Some(w) => crate::nn::state_dict::load_safetensors(w)?,
         None => Vec::new(),
@@ -91,7 +89,7 @@ pub fn load_model_for(
             .collect();
         symbolic.instantiate(&symbolic.bind(graph, &shapes)?)?
     } else {
-        symbolic.sample().clone()
+        symbolic.into_sample()
     };
     Ok(Loaded {
         module,
@@ -100,16 +98,19 @@ pub fn load_model_for(
     })
 }
 
-/// A `.smelt` file with symbolic dims, verified for every size; `None` for an ONNX file or
-/// one without symbols.
-pub fn read_symbolic(path: &Path) -> Result<Option<SymbolicModule>> {
-    if is_onnx(path) {
-        return Ok(None);
+/// A `.smelt` file, verified for every size of its symbols if it has any; `None` for an
+/// ONNX file.
+pub fn read_smelt(path: &Path) -> Result<Option<SymbolicModule>> {
+    match is_onnx(path) {
+        true => Ok(None),
+        false => parse_smelt(path).map(Some),
     }
+}
+
+fn parse_smelt(path: &Path) -> Result<SymbolicModule> {
     let name = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| Error::Io(format!("{name}: {e}")))?;
-    let m = SymbolicModule::parse(&text, &name)?;
-    Ok(m.is_symbolic().then_some(m))
+    SymbolicModule::parse(&text, &name)
 }
 
 impl Loaded {

@@ -196,7 +196,7 @@ pub struct SymbolicModule {
     /// Read with round 0's sizes (the module itself when it has no symbols).
     generic: Module,
     /// Read with round 1's sizes, and the sizes of both rounds.
-    generic1: Module,
+    generic1: Option<Module>,
     sizes: [Bindings; 2],
     /// The expressions the text writes.
     exprs: Vec<DimExpr>,
@@ -219,11 +219,11 @@ impl SymbolicModule {
         // a second read at other sizes: a relation between symbols that held in the first
         // by chance fails here
         let (generic1, env1) = match env.order.is_empty() {
-            true => (
-                generic.clone(),
-                SymEnv::new(Bindings::new(), Some((ladder, 1))),
-            ),
-            false => read(text, file, Bindings::new(), Some((ladder, 1)))?,
+            true => (None, SymEnv::new(Bindings::new(), Some((ladder, 1)))),
+            false => {
+                let (m, env1) = read(text, file, Bindings::new(), Some((ladder, 1)))?;
+                (Some(m), env1)
+            }
         };
         Ok(SymbolicModule {
             text: text.to_string(),
@@ -344,7 +344,10 @@ impl SymbolicModule {
     /// each integer that differs between the two is replaced by its expression (`?` where
     /// none is known).
     pub fn render(&self, text: impl Fn(&Module) -> Result<String>) -> Result<String> {
-        let texts = [text(&self.generic)?, text(&self.generic1)?];
+        let Some(generic1) = &self.generic1 else {
+            return text(&self.generic);
+        };
+        let texts = [text(&self.generic)?, text(generic1)?];
         let merged = merge_sizes(&texts, |v| {
             let named = label(
                 &self.symbols,
@@ -364,6 +367,11 @@ impl SymbolicModule {
             .map(|s| format!("{s} = {}", self.sizes[0][s]))
             .collect::<Vec<_>>()
             .join(", ")
+    }
+
+    /// [`SymbolicModule::sample`], taken: for a module without symbols, the module.
+    pub fn into_sample(self) -> Module {
+        self.generic
     }
 
     /// The dims of graph `graph`'s inputs as written, by input.
