@@ -10,8 +10,9 @@ use crate::ir::sym::Bindings;
 use crate::ir::text::SymbolicModule;
 use crate::runtime::{Device, Tensor};
 use crate::{Result, bail};
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::hash_map::Entry;
 
 /// A `.smelt` graph whose dims may be symbols, compiled per binding of its symbols.
 ///
@@ -37,7 +38,9 @@ pub struct SymbolicFn {
     inputs: Vec<String>,
     /// Tensors bound to the last inputs (a traced function's parameters).
     trailing: Vec<Tensor>,
-    variants: Mutex<HashMap<Bindings, Box<dyn Executable>>>,
+    /// One compiled variant per binding (an `Executable` stays on its thread, and so does
+    /// this).
+    variants: RefCell<HashMap<Bindings, Box<dyn Executable>>>,
 }
 
 impl SymbolicFn {
@@ -57,7 +60,7 @@ impl SymbolicFn {
             inputs,
             trailing: Vec::new(),
             module,
-            variants: Mutex::new(HashMap::new()),
+            variants: RefCell::new(HashMap::new()),
         })
     }
 
@@ -108,27 +111,21 @@ impl SymbolicFn {
                 &all
             }
         };
-        let mut variants = self
-            .variants
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if !variants.contains_key(&sizes) {
-            let module = self.module.instantiate(&sizes)?;
-            let g = module.pick(self.graph.as_deref())?;
-            variants.insert(sizes.clone(), compile(g, self.device, &self.opts)?);
-        }
-        match variants.get(&sizes) {
-            Some(f) => f.call_from_host(inputs),
-            None => bail!(Value, "no variant compiled for these sizes"),
-        }
+        let mut variants = self.variants.borrow_mut();
+        let f = match variants.entry(sizes) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                let module = self.module.instantiate(e.key())?;
+                let g = module.pick(self.graph.as_deref())?;
+                e.insert(compile(g, self.device, &self.opts)?)
+            }
+        };
+        f.call_from_host(inputs)
     }
 
     /// How many variants were compiled so far (one per binding called).
     pub fn compiles(&self) -> usize {
-        self.variants
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .len()
+        self.variants.borrow().len()
     }
 
     /// The module it runs.
