@@ -206,7 +206,8 @@ fn compiled_models_match_the_jit_bit_for_bit() {
 }
 
 /// f64 models with transcendentals (exp, log, tanh, sigmoid, silu, erf, both GELUs, softmax,
-/// log_softmax): the object links the run-time library's f64 formulas, the ones the JIT and
+/// log_softmax, and the activations built from them: mish, softplus, elu, leaky_relu,
+/// hardtanh, hardswish, logsigmoid): the object links the run-time library's f64 formulas, the ones the JIT and
 /// the eager kernels call, so the three agree bit for bit.
 #[test]
 fn f64_transcendentals_compile_ahead_of_time_and_match_the_jit() {
@@ -227,7 +228,18 @@ fn f64_transcendentals_compile_ahead_of_time_and_match_the_jit() {
   %k = log1p(%a)
   %l = mul(%e, %f)
   %m = add(%l, %g)
-  return %i, %j, %k, %m
+  %n = mish(%x)
+  %o = softplus(%y, beta=2.0, threshold=5.0)
+  %p = elu(%x, alpha=1.5)
+  %q = leaky_relu(%x, negative_slope=0.2)
+  %r = hardtanh(%x, min_val=-0.5, max_val=2.0)
+  %s = hardswish(%x)
+  %t = logsigmoid(%x)
+  %u = add(%n, %o)
+  %v = mul(%p, %q)
+  %w = sub(%r, %s)
+  %z = add(%t, %u)
+  return %i, %j, %k, %m, %v, %w, %z
 }
 ";
     let g = parse_module(text, "f64math.smelt")
@@ -242,7 +254,7 @@ fn f64_transcendentals_compile_ahead_of_time_and_match_the_jit() {
     let jit = smelt::exec::CompiledFn::compile(&g, &Default::default()).unwrap();
     let want = jit.call(&inputs).unwrap();
     let eager = common::inputs::interpret(&g, &inputs);
-    assert_eq!((got.len(), want.len()), (4, 4));
+    assert_eq!((got.len(), want.len()), (7, 7));
     for (i, ((a, b), e)) in got.iter().zip(&want).zip(&eager).enumerate() {
         common::assert_bits(a, b, &format!("AOT against the JIT, output {i}"));
         let tol = Tol::allclose(1e-12, 1e-12);
@@ -315,17 +327,17 @@ fn bad_names_targets_and_library_ops_are_clear_errors() {
         let e = smelt::aot::compile(&m.graphs[0], &AotOptions::default());
         assert!(e.is_err());
     }
-    // f64 activations built from other ops are not in the run-time library yet
-    let f64_mish = parse_module(
-        "graph e(%x: f64[4]) {\n  %y = mish(%x)\n  return %y\n}\n",
-        "e",
+    // a library op the run-time library lacks is named
+    let conv = parse_module(
+        "graph c(%x: f32[1,2,6,6], %w: f32[3,2,3,3]) {\n  %y = conv2d(%x, %w, none)\n  return %y\n}\n",
+        "c",
     )
     .unwrap();
-    let e = smelt::aot::compile(&f64_mish.graphs[0], &AotOptions::default())
+    let e = smelt::aot::compile(&conv.graphs[0], &AotOptions::default())
         .err()
         .unwrap()
         .to_string();
-    assert!(e.contains("smelt_unary_mish") && e.contains("f32"), "{e}");
+    assert!(e.contains("library op conv2d"), "{e}");
 }
 
 /// Code for x86-64-v3 needs no AVX-512; x86-64-v4 names it.

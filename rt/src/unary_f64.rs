@@ -57,13 +57,69 @@ pub fn gelu_slope(x: f64, tanh: bool) -> f64 {
     }
 }
 
+/// `leaky_relu`: `x` above 0, `x · slope` otherwise.
+#[inline(always)]
+pub fn leaky_relu(x: f64, slope: f64) -> f64 {
+    if x > 0.0 { x } else { x * slope }
+}
+
+/// `elu`: PyTorch's `x <= 0 ? alpha · expm1(x) : x`, NaN passing through.
+#[inline(always)]
+pub fn elu(x: f64, alpha: f64) -> f64 {
+    if x.is_nan() || x > 0.0 {
+        x
+    } else {
+        x.exp_m1() * alpha
+    }
+}
+
+/// `softplus`: `log1p(e^(βx)) / β`, or `x` where `βx` exceeds the threshold.
+#[inline(always)]
+pub fn softplus(x: f64, beta: f64, threshold: f64) -> f64 {
+    let bx = x * beta;
+    if bx > threshold {
+        x
+    } else {
+        bx.exp().ln_1p() / beta
+    }
+}
+
+/// `hardtanh`: `min(max(x, lo), hi)`, NaN passing through.
+#[inline(always)]
+pub fn hardtanh(x: f64, lo: f64, hi: f64) -> f64 {
+    let y = if lo > x { lo } else { x };
+    if y > hi { hi } else { y }
+}
+
+/// `hardswish`: `x · min(max(x + 3, 0), 6) / 6`.
+#[inline(always)]
+pub fn hardswish(x: f64) -> f64 {
+    let y = x + 3.0;
+    let y = if 0.0 > y { 0.0 } else { y };
+    let y = if y > 6.0 { 6.0 } else { y };
+    x * y / 6.0
+}
+
+/// `mish`: `x · tanh(softplus(x))`.
+#[inline(always)]
+pub fn mish(x: f64) -> f64 {
+    x * x.exp().ln_1p().tanh()
+}
+
+/// `logsigmoid`: `min(x, 0) - log1p(e^-|x|)`, with no overflow either way.
+#[inline(always)]
+pub fn logsigmoid(x: f64) -> f64 {
+    let low = if x > 0.0 { 0.0 } else { x };
+    low - (-x.abs()).exp().ln_1p()
+}
+
 macro_rules! helpers {
-    ($($symbol:ident: |$x:ident, $a0:ident| $body:expr;)*) => {
+    ($($symbol:ident: |$x:ident, $a0:ident, $a1:ident| $body:expr;)*) => {
         $(
             #[doc = concat!("The C helper `", stringify!($symbol), "(x, attr0, attr1)`.")]
             #[unsafe(no_mangle)]
-            pub extern "C" fn $symbol($x: f64, $a0: f64, _attr1: f64) -> f64 {
-                let _ = $a0;
+            pub extern "C" fn $symbol($x: f64, $a0: f64, $a1: f64) -> f64 {
+                let _ = ($a0, $a1);
                 $body
             }
         )*
@@ -76,18 +132,25 @@ macro_rules! helpers {
 }
 
 helpers! {
-    smelt_unary_exp: |x, _a| x.exp();
-    smelt_unary_log: |x, _a| x.ln();
-    smelt_unary_log1p: |x, _a| x.ln_1p();
-    smelt_unary_expm1: |x, _a| x.exp_m1();
-    smelt_unary_sin: |x, _a| x.sin();
-    smelt_unary_cos: |x, _a| x.cos();
-    smelt_unary_tanh: |x, _a| x.tanh();
-    smelt_unary_sigmoid: |x, _a| sigmoid(x);
-    smelt_unary_silu: |x, _a| silu(x);
-    smelt_unary_erf: |x, _a| erf(x);
-    smelt_unary_gelu: |x, a| gelu(x, a != 0.0);
-    smelt_unary_gelu_slope: |x, a| gelu_slope(x, a != 0.0);
+    smelt_unary_exp: |x, _a, _b| x.exp();
+    smelt_unary_log: |x, _a, _b| x.ln();
+    smelt_unary_log1p: |x, _a, _b| x.ln_1p();
+    smelt_unary_expm1: |x, _a, _b| x.exp_m1();
+    smelt_unary_sin: |x, _a, _b| x.sin();
+    smelt_unary_cos: |x, _a, _b| x.cos();
+    smelt_unary_tanh: |x, _a, _b| x.tanh();
+    smelt_unary_sigmoid: |x, _a, _b| sigmoid(x);
+    smelt_unary_silu: |x, _a, _b| silu(x);
+    smelt_unary_erf: |x, _a, _b| erf(x);
+    smelt_unary_gelu: |x, a, _b| gelu(x, a != 0.0);
+    smelt_unary_gelu_slope: |x, a, _b| gelu_slope(x, a != 0.0);
+    smelt_unary_leaky_relu: |x, a, _b| leaky_relu(x, a);
+    smelt_unary_elu: |x, a, _b| elu(x, a);
+    smelt_unary_softplus: |x, a, b| softplus(x, a, b);
+    smelt_unary_hardtanh: |x, a, b| hardtanh(x, a, b);
+    smelt_unary_hardswish: |x, _a, _b| hardswish(x);
+    smelt_unary_mish: |x, _a, _b| mish(x);
+    smelt_unary_logsigmoid: |x, _a, _b| logsigmoid(x);
 }
 
 #[cfg(test)]
@@ -106,6 +169,19 @@ mod tests {
         // d/dx gelu at 0 is Φ(0) = 1/2 in both forms
         assert_eq!(smelt_unary_gelu_slope(0.0, 0.0, 0.0), 0.5);
         assert_eq!(smelt_unary_gelu_slope(0.0, 1.0, 0.0), 0.5);
-        assert_eq!(symbols().len(), 12);
+        assert_eq!(symbols().len(), 19);
+        // known values: softplus(0) = ln 2, logsigmoid(0) = -ln 2, mish(0) = 0,
+        // hardswish(1) = 4/6, elu(-inf) = -alpha, hardtanh(5) = 1
+        assert_eq!(softplus(0.0, 1.0, 20.0), std::f64::consts::LN_2);
+        assert_eq!(logsigmoid(0.0), -std::f64::consts::LN_2);
+        assert_eq!(mish(0.0), 0.0);
+        assert_eq!(hardswish(1.0), 4.0 / 6.0);
+        assert_eq!(elu(f64::NEG_INFINITY, 1.5), -1.5);
+        assert_eq!(hardtanh(5.0, -1.0, 1.0), 1.0);
+        assert!(elu(f64::NAN, 1.0).is_nan() && hardtanh(f64::NAN, -1.0, 1.0).is_nan());
+        assert_eq!(leaky_relu(-2.0, 0.01), -0.02);
+        // far from 0, no overflow: logsigmoid(-800) = -800, softplus(800) = 800
+        assert_eq!(logsigmoid(-800.0), -800.0);
+        assert_eq!(softplus(800.0, 1.0, 20.0), 800.0);
     }
 }

@@ -398,14 +398,9 @@ pub(super) fn check_imports(bytes: &[u8]) -> Result<()> {
             };
             let name = sym.name().unwrap_or("");
             if sym.is_undefined() && !known.contains(&name) {
-                let why = if name.starts_with("smelt_unary_") {
-                    " (the f64 formulas of the activations built from other ops, leaky_relu, elu, softplus, hardtanh, hardswish, mish and logsigmoid, are not in the run-time library yet: compile the model in f32)"
-                } else {
-                    ""
-                };
                 bail!(
                     Unsupported,
-                    "aot: the model calls {name}, which the run-time library does not have{why}"
+                    "aot: the model calls {name}, which the run-time library does not have"
                 );
             }
         }

@@ -410,13 +410,13 @@ impl UnaryOp {
             Reciprocal => 1.0 / x,
             Square => x * x,
             LogicalNot | IsNan => f64::NAN,
-            LeakyRelu { .. }
-            | Elu { .. }
-            | Softplus { .. }
-            | Hardtanh { .. }
-            | Hardswish
-            | Mish
-            | LogSigmoid => self.composite(&mut Exact, x),
+            LeakyRelu { negative_slope } => f64m::leaky_relu(x, negative_slope.get()),
+            Elu { alpha } => f64m::elu(x, alpha.get()),
+            Softplus { beta, threshold } => f64m::softplus(x, beta.get(), threshold.get()),
+            Hardtanh { min_val, max_val } => f64m::hardtanh(x, min_val.get(), max_val.get()),
+            Hardswish => f64m::hardswish(x),
+            Mish => f64m::mish(x),
+            LogSigmoid => f64m::logsigmoid(x),
         }
     }
 
@@ -655,5 +655,58 @@ impl FloatMath for Exact {
     }
     fn tanh(&mut self, a: f64) -> f64 {
         a.tanh()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The f64 formulas of the composite activations live in `smelt_rt::unary_f64` (eager
+    /// kernels, the JIT's helpers and ahead-of-time models call them); the generic formula
+    /// the code generators expand must give the same bits in exact f64 math.
+    #[test]
+    fn composites_in_exact_math_are_the_run_time_formulas() {
+        use UnaryOp::*;
+        let ops = [
+            LeakyRelu {
+                negative_slope: Real(0.2),
+            },
+            Elu { alpha: Real(1.5) },
+            Softplus {
+                beta: Real(2.0),
+                threshold: Real(5.0),
+            },
+            Hardtanh {
+                min_val: Real(-0.5),
+                max_val: Real(2.0),
+            },
+            Hardswish,
+            Mish,
+            LogSigmoid,
+        ];
+        let mut xs: Vec<f64> = (-400..=400).map(|i| i as f64 * 0.0173).collect();
+        xs.extend([
+            0.0,
+            -0.0,
+            1e-300,
+            -1e-300,
+            700.0,
+            -745.0,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+        ]);
+        for op in ops {
+            for &x in &xs {
+                let a = op.eval_f64(x);
+                let b = op.composite(&mut Exact, x);
+                assert!(
+                    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                    "{} at {x}: {a} from smelt-rt, {b} from the generic formula",
+                    op.name()
+                );
+            }
+        }
     }
 }
