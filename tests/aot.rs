@@ -73,6 +73,16 @@ fn run_driver(
     dir: &Path,
     inputs: &[Tensor],
 ) -> (Vec<Tensor>, String) {
+    try_run_driver(m, exe, dir, inputs).unwrap_or_else(|e| panic!("{} failed: {e}", m.name))
+}
+
+/// [`run_driver`], or what the driver printed when the call failed.
+fn try_run_driver(
+    m: &smelt::aot::AotModel,
+    exe: &Path,
+    dir: &Path,
+    inputs: &[Tensor],
+) -> Result<(Vec<Tensor>, String), String> {
     let mut args = Vec::new();
     for (i, t) in inputs.iter().enumerate() {
         let p = dir.join(format!("in{i}.bin"));
@@ -84,19 +94,16 @@ fn run_driver(
         .collect();
     args.extend(outs.iter().cloned());
     let out = Command::new(exe).args(&args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{} failed: {}",
-        m.name,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
     let tensors = m
         .outputs
         .iter()
         .zip(&outs)
         .map(|(p, f)| Tensor::from_bytes(p.dtype, &p.shape, &std::fs::read(f).unwrap()).unwrap())
         .collect();
-    (tensors, String::from_utf8_lossy(&out.stdout).into_owned())
+    Ok((tensors, String::from_utf8_lossy(&out.stdout).into_owned()))
 }
 
 /// Every graph of a file, with whether its inputs are small enough to run here.
@@ -207,8 +214,8 @@ fn compiled_models_match_the_jit_bit_for_bit() {
 
 /// f64 models with transcendentals (exp, log, tanh, sigmoid, silu, erf, both GELUs, softmax,
 /// log_softmax, and the activations built from them: mish, softplus, elu, leaky_relu,
-/// hardtanh, hardswish, logsigmoid): the object links the run-time library's f64 formulas, the ones the JIT and
-/// the eager kernels call, so the three agree bit for bit.
+/// hardtanh, hardswish, logsigmoid): the object links the run-time library's f64 formulas,
+/// the ones the JIT and the eager kernels call, so the three agree bit for bit.
 #[test]
 fn f64_transcendentals_compile_ahead_of_time_and_match_the_jit() {
     if !have_cc("f64_transcendentals_compile_ahead_of_time_and_match_the_jit") {
@@ -259,6 +266,78 @@ fn f64_transcendentals_compile_ahead_of_time_and_match_the_jit() {
         common::assert_bits(a, b, &format!("AOT against the JIT, output {i}"));
         let tol = Tol::allclose(1e-12, 1e-12);
         assert_close(a, e, tol, &format!("AOT against eager, output {i}"));
+    }
+}
+
+/// The data-movement library ops (cat, stack, repeat, flip, embedding, index_select,
+/// gather) over transposed, sliced and broadcast views: copy steps of the run-time library
+/// that move the same bits as the JIT's kernels, and an index out of range is an error code.
+#[test]
+fn library_copies_match_the_jit_bit_for_bit() {
+    if !have_cc("library_copies_match_the_jit_bit_for_bit") {
+        return;
+    }
+    let text = r#"
+graph joins(%a: f32[3,5], %b: f32[5,2], %c: f64[2,1,4], %d: f32[5,3]) {
+  %bt = transpose(%b, dim0=0, dim1=1)
+  %x = cat(%a, %bt, %a, dim=0)
+  %n = narrow(%a, dim=1, start=1, length=3)
+  %y = cat(%n, %a, dim=-1)
+  %dt = transpose(%d, dim0=0, dim1=1)
+  %s = stack(%a, %dt, %a, dim=1)
+  %r = repeat(%c, repeats=[2, 1, 3, 2])
+  %f = flip(%bt, dims=[0, 1])
+  %g = neg(%f)
+  return %x, %y, %s, %r, %g
+}
+graph picks(%w: f32[11,6], %ids: i64[4,3], %j: i32[5], %x: f64[4,7], %k: i64[4,2]) {
+  %e = embedding(%ids, %w)
+  %wt = transpose(%w, dim0=0, dim1=1)
+  %s = index_select(%wt, %j, dim=1)
+  %t = index_select(%w, %j, dim=0)
+  %g = gather(%x, %k, dim=1)
+  %h = gather(%x, %k, dim=0)
+  %m = mul(%e, 2.0)
+  return %m, %s, %t, %g, %h
+}
+"#;
+    let module = parse_module(text, "copies").unwrap();
+    for g in &module.graphs {
+        let dir = temp_dir(&format!("copies-{}", g.name));
+        let m = smelt::aot::compile(g, &AotOptions::default()).unwrap();
+        let exe = link_driver(&m, &dir);
+        let mut inputs = inputs_for(g, 5);
+        if g.name == "picks" {
+            inputs[1] =
+                Tensor::from_vec(vec![0i64, 10, 3, 3, 7, 1, 0, 0, 9, 2, 5, 4], &[4, 3]).unwrap();
+            inputs[2] = Tensor::from_vec(vec![5i32, 0, 10, 2, 2], &[5]).unwrap();
+            inputs[4] = Tensor::from_vec(vec![3i64, 0, 1, 1, 3, 2, 0, 2], &[4, 2]).unwrap();
+        }
+        let (got, _) = run_driver(&m, &exe, &dir, &inputs);
+        let jit = smelt::exec::CompiledFn::compile(g, &Default::default()).unwrap();
+        let want = jit.call(&inputs).unwrap();
+        let eager = common::inputs::interpret(g, &inputs);
+        assert_eq!(
+            (got.len(), want.len()),
+            (eager.len(), eager.len()),
+            "{}",
+            g.name
+        );
+        for (i, ((a, b), e)) in got.iter().zip(&want).zip(&eager).enumerate() {
+            common::assert_bits(a, b, &format!("{} output {i}: AOT against the JIT", g.name));
+            common::assert_bits(a, e, &format!("{} output {i}: AOT against eager", g.name));
+        }
+        if g.name == "picks" {
+            for (input, bad) in [(1, 11i64), (1, -1), (4, 4)] {
+                let mut wrong = inputs.clone();
+                let t = &wrong[input];
+                let mut v: Vec<i64> = t.to_vec::<i64>().unwrap();
+                v[2] = bad;
+                wrong[input] = Tensor::from_vec(v, t.shape()).unwrap();
+                let e = try_run_driver(&m, &exe, &dir, &wrong).err().unwrap();
+                assert!(e.contains("outside the dim it indexes"), "{e}");
+            }
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 //! - [`scalar`] and [`vmath`]: the math helpers generated kernels call by name;
 //! - [`unary_f64`]: the f64 formulas of the unary ops compiled code calls, defined once for
 //!   eager kernels, the JIT and ahead-of-time models;
+//! - [`copy`]: strided and indexed copies, the data-movement library ops of compiled models;
 //! - [`gemm`]: strided, batched matrix products ([`panels`]: their f32 path on AVX2);
 //! - [`hot`]: calls during which the thread pool's workers poll for work;
 //! - [`model`]: the entry point of ahead-of-time compiled models: it checks the CPU, lays
@@ -17,6 +18,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod consts;
+pub mod copy;
 pub mod gemm;
 pub mod hot;
 mod lanes;

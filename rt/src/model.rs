@@ -28,8 +28,15 @@
 //!     (as two's complement), buffers a, b and out, the number of batches, then the
 //!     `[out, a, b]` element offsets of each batch; a bf16 product carries six more
 //!     words, the scratch byte offsets of the f32 copies of a, b and out, then their
-//!     lengths in elements.
+//!     lengths in elements;
+//!   - [`STEP_COPY`]: element bytes, rank, the destination's buffer and element offset, the
+//!     source's, the index kind ([`INDEX_NONE`], [`INDEX_I32`], [`INDEX_I64`]), then the
+//!     shape and the destination's and the source's strides (two's complement); an
+//!     indexed copy then gives the index's buffer and element offset, the number of
+//!     valid index values, the source stride of one index unit and the index's strides
+//!     ([`crate::copy`]).
 
+use crate::copy;
 use crate::gemm::{self, Product};
 use crate::ranges::Ranges;
 use half::{bf16, f16};
@@ -37,7 +44,7 @@ use half::{bf16, f16};
 /// First word of every plan.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SMELTAOT");
 /// The plan format this library reads.
-pub const FORMAT: u64 = 2;
+pub const FORMAT: u64 = 3;
 
 /// A buffer that is an input (the word after the kind: its index).
 pub const BUF_INPUT: u64 = 0;
@@ -50,6 +57,15 @@ pub const BUF_CONST: u64 = 2;
 pub const STEP_KERNEL: u64 = 0;
 /// A GEMM step.
 pub const STEP_GEMM: u64 = 1;
+/// A strided (or indexed) copy step.
+pub const STEP_COPY: u64 = 2;
+
+/// A copy without an index.
+pub const INDEX_NONE: u64 = 0;
+/// A copy through an `i32` index.
+pub const INDEX_I32: u64 = 1;
+/// A copy through an `i64` index.
+pub const INDEX_I64: u64 = 2;
 
 /// GEMM element types.
 pub const GEMM_F16: u64 = 0;
@@ -79,13 +95,16 @@ pub const ERR_OUT_OF_MEMORY: i32 = 7;
 
 /// The scratch buffer is not aligned to [`SCRATCH_ALIGN`] bytes.
 pub const ERR_SCRATCH_MISALIGNED: i32 = 8;
+/// An index input (of `embedding`, `index_select`, `gather`) holds a value outside the
+/// indexed dim.
+pub const ERR_INDEX_OUT_OF_RANGE: i32 = 9;
 
 /// The alignment a caller's scratch buffer needs (what `malloc` gives).
 pub const SCRATCH_ALIGN: usize = 16;
 
 /// Every error code with its name and message, for headers ([`error_message`] gives the
 /// same messages NUL-terminated).
-pub const ERRORS: [(i32, &str, &str); 9] = [
+pub const ERRORS: &[(i32, &str, &str)] = &[
     (OK, "OK", "success"),
     (
         ERR_NULL_POINTER,
@@ -123,6 +142,11 @@ pub const ERRORS: [(i32, &str, &str); 9] = [
         "ERR_SCRATCH_MISALIGNED",
         "the scratch buffer is not 16-byte aligned",
     ),
+    (
+        ERR_INDEX_OUT_OF_RANGE,
+        "ERR_INDEX_OUT_OF_RANGE",
+        "an index input holds a value outside the dim it indexes",
+    ),
 ];
 
 /// The message of an error code, NUL-terminated for C.
@@ -137,6 +161,7 @@ pub fn error_message(code: i32) -> &'static str {
         ERR_KERNEL => "a kernel reported an error\0",
         ERR_OUT_OF_MEMORY => "allocating the scratch buffer failed\0",
         ERR_SCRATCH_MISALIGNED => "the scratch buffer is not 16-byte aligned\0",
+        ERR_INDEX_OUT_OF_RANGE => "an index input holds a value outside the dim it indexes\0",
         _ => "unknown error code\0",
     }
 }
@@ -527,6 +552,14 @@ fn wants_threads(plan: &[u64]) -> Result<bool, i32> {
                 let copies = if dtype == GEMM_BF16 { 6 } else { 0 };
                 skip(&mut w, batches.saturating_mul(3).saturating_add(copies))?;
             }
+            STEP_COPY => {
+                let (_, rank) = (w.next()?, w.usize()?);
+                skip(&mut w, 4)?;
+                let indexed = w.next()? != INDEX_NONE;
+                let per_dim = if indexed { 4 } else { 3 };
+                let fixed = if indexed { 4 } else { 0 };
+                skip(&mut w, rank.saturating_mul(per_dim).saturating_add(fixed))?;
+            }
             _ => return Err(ERR_BAD_MODEL),
         }
     }
@@ -623,6 +656,8 @@ unsafe fn run_plan(
             // SAFETY: the buffers are laid out as the plan says (this fn's contract), which is
             // `gemm_step`'s contract; `scratch_len` is the scratch's true size.
             STEP_GEMM => unsafe { gemm_step(&mut w, &buf, scratch, scratch_len)? },
+            // SAFETY: as for the GEMM: the copy's views lie in its buffers as laid out.
+            STEP_COPY => unsafe { copy_step(&mut w, &buf)? },
             _ => return Err(ERR_BAD_MODEL),
         }
     }
@@ -701,6 +736,60 @@ unsafe fn copy_strided(src: *const u8, dst: *mut u8, size: usize, shape: &[usize
             idx[d] = 0;
         }
     }
+}
+
+/// Reads and runs one copy step.
+///
+/// # Safety
+/// The buffers are laid out as the plan says: every view of the step lies in its buffer
+/// for every index value in range.
+unsafe fn copy_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) -> Result<(), i32> {
+    let (size, rank) = (w.usize()?, w.usize()?);
+    let (dst, dst_off) = (buf(w.usize()?)?, w.isize()?);
+    let (src, src_off) = (buf(w.usize()?)?, w.isize()?);
+    let kind = w.next()?;
+    if rank > copy::MAX_RANK || !matches!(kind, INDEX_NONE | INDEX_I32 | INDEX_I64) {
+        return Err(ERR_BAD_MODEL);
+    }
+    let mut dims = [[0isize; copy::MAX_RANK]; 4];
+    let mut shape = [0usize; copy::MAX_RANK];
+    for d in shape.iter_mut().take(rank) {
+        *d = w.usize()?;
+    }
+    for part in dims.iter_mut().take(2) {
+        for s in part.iter_mut().take(rank) {
+            *s = w.isize()?;
+        }
+    }
+    let mut index = None;
+    if kind != INDEX_NONE {
+        let (ib, ioff) = (buf(w.usize()?)?, w.isize()?);
+        let (count, step) = (w.usize()?, w.isize()?);
+        for s in dims[2].iter_mut().take(rank) {
+            *s = w.isize()?;
+        }
+        let wide = kind == INDEX_I64;
+        let bytes = if wide { 8 } else { 4 };
+        index = Some((ib.wrapping_offset(ioff * bytes), wide, count, step));
+    }
+    let [d, s, i, _] = &dims;
+    let c = copy::Copy {
+        size,
+        shape: &shape[..rank],
+        dst: &d[..rank],
+        src: &s[..rank],
+        index: index.map(|(ptr, wide, size, step)| copy::Index {
+            ptr,
+            wide,
+            strides: &i[..rank],
+            size,
+            step,
+        }),
+    };
+    let at = |p: *mut u8, off: isize| p.wrapping_offset(off * size as isize);
+    // SAFETY: the views lie in their buffers (this fn's contract); a step never copies
+    // a buffer into itself.
+    unsafe { copy::run(&c, at(dst, dst_off), at(src, src_off)) }.map_err(|_| ERR_INDEX_OUT_OF_RANGE)
 }
 
 /// Reads and runs one GEMM step.
@@ -956,7 +1045,7 @@ mod tests {
             run(&outside, ins.as_ptr(), outs.as_ptr(), sp, 128),
             ERR_BAD_MODEL
         );
-        for (code, _, msg) in ERRORS {
+        for &(code, _, msg) in ERRORS {
             assert_eq!(error_message(code).trim_end_matches('\0'), msg);
         }
         assert_eq!(error_message(99), "unknown error code\0");

@@ -70,7 +70,7 @@ pub(super) fn header(m: &AotModel) -> String {
         h,
         "/* The results of {n}_run; {n}_error_string(code) describes each. */"
     );
-    for (code, name, msg) in smelt_rt::model::ERRORS {
+    for &(code, name, msg) in smelt_rt::model::ERRORS {
         let _ = writeln!(h, "#define {up}_{name} {code} /* {msg} */");
     }
     for (kind, ports) in [("INPUT", &m.inputs), ("OUTPUT", &m.outputs)] {

@@ -11,6 +11,7 @@
 //! the graph is reused instead of running the passes again.
 
 mod files;
+mod library;
 mod model_layout;
 
 use crate::codegen_cpu::jit::CodeModule;

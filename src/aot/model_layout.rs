@@ -6,6 +6,7 @@
 //! then the temporaries, placed by liveness: two temporaries share bytes only when no step
 //! from the first's definition to its last use overlaps the other's.
 
+use super::library;
 use crate::exec::cpu::step_buffers;
 use crate::ir::dtype::DType;
 use crate::ir::op::Op;
@@ -29,7 +30,7 @@ pub(super) struct Built {
     pub consts: Vec<u8>,
     /// Per buffer: where it lives, for the manifest.
     pub places: Vec<Place>,
-    /// Per step: its kernel index or "gemm", for the manifest.
+    /// Per step: its kernel index, "gemm" or the copies of a library op, for the manifest.
     pub steps: Vec<String>,
 }
 
@@ -154,6 +155,7 @@ pub(super) fn build(
     let mut copies: Vec<Option<[usize; 3]>> = vec![None; nsteps];
     for (i, step) in s.steps.iter().enumerate() {
         if let Step::Extern(e) = step
+            && e.op == Op::Matmul
             && s.buffers[e.out].dtype == DType::BF16
         {
             let lens = [
@@ -249,7 +251,9 @@ pub(super) fn build(
         w.extend(v.strides.iter().map(|&st| st as u64));
     }
 
-    // steps
+    // steps (a library op takes a copy step per operand, or none: the count is patched below)
+    let steps_word = 7;
+    let mut records = nsteps;
     let mut steps = Vec::with_capacity(nsteps);
     for (i, step) in s.steps.iter().enumerate() {
         match step {
@@ -273,6 +277,11 @@ pub(super) fn build(
                 w.extend(slots.iter().map(|&b| b as u64));
                 steps.push(format!("kernel {index}"));
             }
+            Step::Extern(e) if library::lowers(&e.op) => {
+                let n = library::copy_words(s, e, &mut w)?;
+                records = records - 1 + n;
+                steps.push(format!("{} ({n} copies)", e.op.name()));
+            }
             Step::Extern(e) => {
                 let c = copies[i].map(|c| c.map(|l| offsets[l]));
                 gemm_words(s, e, c, &mut w)?;
@@ -286,6 +295,7 @@ pub(super) fn build(
             }
         }
     }
+    w[steps_word] = records as u64;
     Ok(Built {
         words: w,
         scratch_bytes,
@@ -302,10 +312,17 @@ fn gemm_words(
     copies: Option<[usize; 3]>,
     w: &mut Vec<u64>,
 ) -> Result<()> {
+    if e.op.communicates() {
+        bail!(
+            Unsupported,
+            "aot: {} talks to the other processes of a distributed run, and an ahead-of-time model has no process group",
+            e.op.name()
+        );
+    }
     if e.op != Op::Matmul || e.args.len() != 2 {
         bail!(
             Unsupported,
-            "aot: the library op {} is not supported in compiled models yet (matmul is)",
+            "aot: the library op {} is not supported in compiled models yet (matmul and the copies cat, stack, repeat, flip, embedding, index_select and gather are)",
             e.op.name()
         );
     }

@@ -1,0 +1,274 @@
+//! Strided copies, optionally through an index tensor: the data-movement library ops of
+//! compiled models. `cat` and `stack` are one copy per operand into a slice of the result,
+//! `repeat` one copy from a view whose repeated dims have stride 0, `flip` one copy from a
+//! view with negative strides, and `embedding`, `index_select` and `gather` one indexed
+//! copy each. A copy moves element bits and computes nothing, so the result is the eager
+//! kernel's, bit for bit.
+
+/// The most dims a copy walks.
+pub const MAX_RANK: usize = 16;
+
+/// The index of an indexed copy: element `p` of the walk reads the source at
+/// `src(p) + step · index[index_at(p)]`, where the index value must lie in `0..size`.
+#[derive(Clone, Copy, Debug)]
+pub struct Index<'a> {
+    /// Element 0 of the index view.
+    pub ptr: *const u8,
+    /// Whether the index holds `i64` (else `i32`).
+    pub wide: bool,
+    /// The index view's strides over the walk, in elements.
+    pub strides: &'a [isize],
+    /// The number of valid index values (the indexed dim's size).
+    pub size: usize,
+    /// Source elements per index unit (the indexed dim's stride).
+    pub step: isize,
+}
+
+/// One copy: `dst[p] = src[p]` (or through [`Index`]) for every point `p` of `shape`.
+#[derive(Clone, Copy, Debug)]
+pub struct Copy<'a> {
+    /// Bytes per element.
+    pub size: usize,
+    /// The walk's sizes.
+    pub shape: &'a [usize],
+    /// The destination's strides, in elements.
+    pub dst: &'a [isize],
+    /// The source's strides, in elements.
+    pub src: &'a [isize],
+    /// The index, for an indexed copy.
+    pub index: Option<Index<'a>>,
+}
+
+/// An index value outside `0..size`, with the value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutOfRange(pub i64);
+
+/// Runs copy `c` from element 0 of `src` to element 0 of `dst`. Stops at the first index
+/// outside its range, having written the elements before it.
+///
+/// # Safety
+/// Every element the walk reaches is inside the memory behind `dst` (writable) and `src`
+/// (readable) for every index value in range, and the index view's elements are readable.
+/// `dst` does not overlap what `src` reads. The ranks agree and are at most [`MAX_RANK`].
+pub unsafe fn run(c: &Copy, dst: *mut u8, src: *const u8) -> Result<(), OutOfRange> {
+    let rank = c.shape.len();
+    if c.shape.contains(&0) {
+        return Ok(());
+    }
+    let (len, inner) = match rank {
+        0 => (1, [0isize; 3]),
+        _ => {
+            let d = rank - 1;
+            let i = c.index.map_or(0, |x| x.strides[d]);
+            (c.shape[d], [c.dst[d], c.src[d], i])
+        }
+    };
+    // a run whose elements are adjacent on both sides and read one index value: one memcpy
+    let whole = inner[0] == 1 && inner[1] == 1 && inner[2] == 0;
+    let outer = rank.saturating_sub(1);
+    let mut at = [0usize; MAX_RANK];
+    let (mut od, mut os, mut oi) = (0isize, 0isize, 0isize);
+    loop {
+        let base = match &c.index {
+            // SAFETY: the index element at offset `oi` is inside the index view (contract).
+            Some(ix) => unsafe { lookup(ix, oi) }?,
+            None => 0,
+        };
+        let d = dst.wrapping_offset(od * c.size as isize);
+        let s = src.wrapping_offset((os + base) * c.size as isize);
+        if whole {
+            // SAFETY: a run of `len` adjacent elements on both sides, inside both (contract).
+            unsafe { std::ptr::copy_nonoverlapping(s, d, len * c.size) };
+        } else {
+            for k in 0..len as isize {
+                let extra = match (&c.index, inner[2]) {
+                    (Some(ix), st) if st != 0 => {
+                        // SAFETY: as above, for point `k` of the run.
+                        unsafe { lookup(ix, oi + k * st) }? - base
+                    }
+                    _ => 0,
+                };
+                // SAFETY: point `k` of the run is inside both sides (contract).
+                unsafe {
+                    element(
+                        s.wrapping_offset((k * inner[1] + extra) * c.size as isize),
+                        d.wrapping_offset(k * inner[0] * c.size as isize),
+                        c.size,
+                    )
+                };
+            }
+        }
+        // the next run: an odometer over the outer dims
+        let mut dim = outer;
+        loop {
+            if dim == 0 {
+                return Ok(());
+            }
+            dim -= 1;
+            at[dim] += 1;
+            let i = c.index.map_or(0, |x| x.strides[dim]);
+            if at[dim] < c.shape[dim] {
+                od += c.dst[dim];
+                os += c.src[dim];
+                oi += i;
+                break;
+            }
+            let back = (c.shape[dim] - 1) as isize;
+            od -= back * c.dst[dim];
+            os -= back * c.src[dim];
+            oi -= back * i;
+            at[dim] = 0;
+        }
+    }
+}
+
+/// The source offset index element `at` selects, checked against the range.
+///
+/// # Safety
+/// The index element at offset `at` is readable.
+unsafe fn lookup(ix: &Index, at: isize) -> Result<isize, OutOfRange> {
+    // SAFETY: the caller's contract.
+    let v = unsafe {
+        if ix.wide {
+            (ix.ptr as *const i64).offset(at).read_unaligned()
+        } else {
+            i64::from((ix.ptr as *const i32).offset(at).read_unaligned())
+        }
+    };
+    if v < 0 || v as u64 >= ix.size as u64 {
+        return Err(OutOfRange(v));
+    }
+    Ok(v as isize * ix.step)
+}
+
+/// Copies one element of `size` bytes.
+///
+/// # Safety
+/// Both pointers address `size` valid bytes.
+unsafe fn element(src: *const u8, dst: *mut u8, size: usize) {
+    // SAFETY: the caller's contract; unaligned accesses, as buffers of mixed dtypes share
+    // the scratch only at aligned offsets but a view's offset may be anything.
+    unsafe {
+        match size {
+            1 => dst.write(src.read()),
+            2 => (dst as *mut u16).write_unaligned((src as *const u16).read_unaligned()),
+            4 => (dst as *mut u32).write_unaligned((src as *const u32).read_unaligned()),
+            8 => (dst as *mut u64).write_unaligned((src as *const u64).read_unaligned()),
+            _ => std::ptr::copy_nonoverlapping(src, dst, size),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The copy written as nested loops over a 2-D walk, for comparison.
+    fn naive(shape: [usize; 2], dst: [isize; 2], src: [isize; 2], base: isize) -> Vec<u32> {
+        let mut out = vec![0u32; 64];
+        for i in 0..shape[0] {
+            for j in 0..shape[1] {
+                let s = base + i as isize * src[0] + j as isize * src[1];
+                let d = i as isize * dst[0] + j as isize * dst[1];
+                out[d as usize] = s as u32;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn strided_copies_match_nested_loops() {
+        // element i holds i, so the naive copy writes offsets
+        let data: Vec<u32> = (0..64).collect();
+        for (shape, dst, src) in [
+            ([3, 4], [4, 1], [8, 1]),  // rows of a wider array
+            ([3, 4], [1, 3], [4, 1]),  // a transpose
+            ([2, 5], [5, 1], [0, 1]),  // a broadcast row
+            ([4, 3], [3, 1], [-3, 1]), // flipped rows (from the last)
+        ] {
+            let mut out = vec![0u32; 64];
+            let base = if src[0] < 0 { 9 } else { 0 };
+            let from = data.as_ptr().wrapping_add(base);
+            let c = Copy {
+                size: 4,
+                shape: &shape,
+                dst: &dst,
+                src: &src,
+                index: None,
+            };
+            // SAFETY: every offset of these walks is inside the 64-element arrays.
+            unsafe {
+                run(&c, out.as_mut_ptr().cast(), from.cast()).unwrap();
+            }
+            assert_eq!(
+                out,
+                naive(shape, dst, src, base as isize),
+                "{shape:?} {src:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn indexed_copies_pick_rows_and_refuse_bad_indices() {
+        // embedding: rows 2, 0, 2 of a [3, 4] table
+        let table: Vec<f32> = (0..12).map(|x| x as f32).collect();
+        let ids: Vec<i64> = vec![2, 0, 2];
+        let mut out = vec![0f32; 12];
+        let ix = Index {
+            ptr: ids.as_ptr().cast(),
+            wide: true,
+            strides: &[1, 0],
+            size: 3,
+            step: 4,
+        };
+        let c = Copy {
+            size: 4,
+            shape: &[3, 4],
+            dst: &[4, 1],
+            src: &[0, 1],
+            index: Some(ix),
+        };
+        // SAFETY: indices in 0..3 reach rows of the table; the output has 12 elements.
+        unsafe { run(&c, out.as_mut_ptr().cast(), table.as_ptr().cast()).unwrap() };
+        let want: Vec<f32> = [8, 9, 10, 11, 0, 1, 2, 3, 8, 9, 10, 11]
+            .map(|x| x as f32)
+            .to_vec();
+        assert_eq!(out, want);
+        // gather along the last dim: the index varies inside the run
+        let idx: Vec<i32> = vec![3, 0, 1, 1];
+        let g = Copy {
+            size: 4,
+            shape: &[2, 2],
+            dst: &[2, 1],
+            src: &[4, 0],
+            index: Some(Index {
+                ptr: idx.as_ptr().cast(),
+                wide: false,
+                strides: &[2, 1],
+                size: 4,
+                step: 1,
+            }),
+        };
+        let mut out = vec![0f32; 4];
+        // SAFETY: rows 0 and 1 of the table, columns in 0..4.
+        unsafe { run(&g, out.as_mut_ptr().cast(), table.as_ptr().cast()).unwrap() };
+        assert_eq!(out, vec![3.0, 0.0, 5.0, 5.0]);
+        for bad in [3i64, -1] {
+            let ids = [0i64, bad];
+            let ix = Index {
+                ptr: ids.as_ptr().cast(),
+                ..ix
+            };
+            let c = Copy {
+                shape: &[2, 4],
+                index: Some(ix),
+                ..c
+            };
+            let mut out = vec![0f32; 8];
+            // SAFETY: row 0 of the table fills 4 of the 8 elements; the bad index is refused
+            // before any read through it.
+            let r = unsafe { run(&c, out.as_mut_ptr().cast(), table.as_ptr().cast()) };
+            assert_eq!(r, Err(OutOfRange(bad)));
+        }
+    }
+}
