@@ -341,6 +341,54 @@ graph picks(%w: f32[11,6], %ids: i64[4,3], %j: i32[5], %x: f64[4,7], %k: i64[4,2
     }
 }
 
+/// Attention compiles as matmul and softmax (the run-time library has no fused kernel):
+/// with a causal mask, a bool mask with a fully masked row, and an additive mask.
+#[test]
+fn attention_compiles_ahead_of_time_as_products_and_softmax() {
+    if !have_cc("attention_compiles_ahead_of_time_as_products_and_softmax") {
+        return;
+    }
+    let text = r#"
+graph causal(%q: f32[2,3,5,8], %k: f32[2,3,7,8], %v: f32[2,3,7,4]) {
+  %y = scaled_dot_product_attention(%q, %k, %v, is_causal=true)
+  return %y
+}
+graph masked(%q: f64[3,5,8], %k: f64[3,6,8], %v: f64[3,6,8], %m: bool[5,6]) {
+  %y = scaled_dot_product_attention(%q, %k, %v, %m, scale=0.5)
+  return %y
+}
+graph additive(%q: f32[4,8], %k: f32[9,8], %v: f32[9,3], %m: f32[4,9]) {
+  %y = scaled_dot_product_attention(%q, %k, %v, %m)
+  %z = relu(%y)
+  return %z
+}
+"#;
+    let module = parse_module(text, "attention").unwrap();
+    for g in &module.graphs {
+        let dir = temp_dir(&format!("sdpa-{}", g.name));
+        let m = smelt::aot::compile(g, &AotOptions::default()).unwrap();
+        let exe = link_driver(&m, &dir);
+        let mut inputs = inputs_for(g, 9);
+        if g.name == "masked" {
+            // row 2 sees no key at all: zeros, as eagerly
+            let keep: Vec<bool> = (0..30).map(|i| i / 6 != 2 && i % 4 != 1).collect();
+            inputs[3] = Tensor::from_vec(keep, &[5, 6]).unwrap();
+        }
+        let (got, _) = run_driver(&m, &exe, &dir, &inputs);
+        let eager = common::inputs::interpret(g, &inputs);
+        let tol = match got[0].dtype() {
+            DType::F64 => Tol::allclose(1e-12, 1e-12),
+            _ => Tol::allclose(1e-5, 1e-5),
+        };
+        assert_close(
+            &got[0],
+            &eager[0],
+            tol,
+            &format!("{} against eager", g.name),
+        );
+    }
+}
+
 /// Batched and broadcast products, f64, and a bf16 product (computed in f32 as eagerly).
 #[test]
 fn products_of_every_float_dtype_and_batch_shape_agree() {

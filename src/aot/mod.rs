@@ -98,6 +98,8 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
             "aot: the name '{name}' is not a C identifier (letters, digits and _, not starting with a digit)"
         );
     }
+    // the run-time library has no fused attention: matmul and softmax instead
+    let g = &*crate::passes::decompose::expand_attentions(g)?;
     // the schedule the JIT's disk cache holds for this graph, if any: the same passes ran
     let jit = crate::exec::CompileOptions::default();
     let planned = match crate::exec::cpu::cached_plan(g, &jit) {

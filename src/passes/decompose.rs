@@ -120,42 +120,87 @@ pub fn decompose(g: &Graph) -> Result<Graph> {
 /// products and the softmax on their own device. A graph without one is returned as it is.
 pub fn expand_attention_grads(g: &Graph) -> Result<std::borrow::Cow<'_, Graph>> {
     use crate::passes::autodiff::{graph_builder::Emit, vjp::attention_primitives};
+    rebuild_where(
+        g,
+        |op| matches!(op, Op::AttentionGrad { .. }),
+        |b, name, op, args| {
+            let Op::AttentionGrad {
+                has_mask,
+                is_causal,
+                scale,
+            } = op
+            else {
+                return Ok(None);
+            };
+            let mut e = Emit { g: &mut b.g };
+            let grads = attention_primitives(
+                &mut e,
+                &args[1..],
+                *has_mask,
+                *is_causal,
+                scale.map(|s| s.get()),
+                args[0],
+                &[true, true, true, false],
+            )?;
+            let mut flat = Vec::with_capacity(3);
+            for gx in grads.into_iter().take(3) {
+                let gx = gx.ok_or_else(|| {
+                    crate::Error::Value(
+                        "scaled_dot_product_attention_backward: a gradient is missing".into(),
+                    )
+                })?;
+                flat.push(e.op(Op::Reshape { shape: vec![-1] }, &[gx])?);
+            }
+            b.g.add_op_named(Op::Cat { dim: 0 }, &flat, name).map(Some)
+        },
+    )
+}
+
+/// Every `scaled_dot_product_attention` of `g` written as matmul and softmax (the
+/// `[.., L, S]` probabilities materialised): for ahead-of-time models, whose run-time
+/// library has no fused attention kernel. A graph without one is returned as it is.
+pub fn expand_attentions(g: &Graph) -> Result<std::borrow::Cow<'_, Graph>> {
+    use crate::passes::autodiff::{graph_builder::Emit, vjp::attention_forward};
+    rebuild_where(
+        g,
+        |op| matches!(op, Op::Attention { .. }),
+        |b, name, op, args| {
+            let Op::Attention {
+                has_mask,
+                is_causal,
+                scale,
+            } = op
+            else {
+                return Ok(None);
+            };
+            let mut e = Emit { g: &mut b.g };
+            let y = attention_forward(&mut e, args, *has_mask, *is_causal, scale.map(|s| s.get()))?;
+            // the result keeps the node's name: outputs and dumps refer to it
+            b.g.add_op_named(Op::Contiguous, &[y], name).map(Some)
+        },
+    )
+}
+
+/// `g` rebuilt with `f` replacing the nodes whose op `pick` selects, or `g` itself when
+/// it has none.
+fn rebuild_where(
+    g: &Graph,
+    pick: impl Fn(&Op) -> bool,
+    mut f: impl FnMut(&mut Builder, &str, &Op, &[ValueId]) -> Result<Option<ValueId>>,
+) -> Result<std::borrow::Cow<'_, Graph>> {
     let has = g
         .topo_order()
         .into_iter()
-        .any(|v| matches!(g.node(v).op(), Some(Op::AttentionGrad { .. })));
+        .any(|v| g.node(v).op().is_some_and(&pick));
     if !has {
         return Ok(std::borrow::Cow::Borrowed(g));
     }
     rebuild(g, |b, name, op, args, _| {
-        let Op::AttentionGrad {
-            has_mask,
-            is_causal,
-            scale,
-        } = op
-        else {
-            return Ok(None);
-        };
-        let mut e = Emit { g: &mut b.g };
-        let grads = attention_primitives(
-            &mut e,
-            &args[1..],
-            *has_mask,
-            *is_causal,
-            scale.map(|s| s.get()),
-            args[0],
-            &[true, true, true, false],
-        )?;
-        let mut flat = Vec::with_capacity(3);
-        for gx in grads.into_iter().take(3) {
-            let gx = gx.ok_or_else(|| {
-                crate::Error::Value(
-                    "scaled_dot_product_attention_backward: a gradient is missing".into(),
-                )
-            })?;
-            flat.push(e.op(Op::Reshape { shape: vec![-1] }, &[gx])?);
+        if pick(op) {
+            f(b, name, op, args)
+        } else {
+            Ok(None)
         }
-        b.g.add_op_named(Op::Cat { dim: 0 }, &flat, name).map(Some)
     })
     .map(std::borrow::Cow::Owned)
 }

@@ -22,7 +22,7 @@ use pointwise::{binary, clamp, unary};
 use reduce::{reduce, var_std};
 use views::{cat, diagonal, repeat};
 
-pub(crate) use nn::attention_primitives;
+pub(crate) use nn::{attention_forward, attention_primitives};
 
 /// Per-operand gradients (`None`: no gradient flows to that operand).
 pub(crate) type Grads = Vec<Option<ValueId>>;

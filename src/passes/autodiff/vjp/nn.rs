@@ -1,8 +1,9 @@
 //! The gradients of the network layers: attention, layer and batch norm, convolution.
 
 use super::{Grads, sum_keep};
+use crate::ir::dtype::{DType, Scalar};
 use crate::ir::graph::ValueId;
-use crate::ir::op::{Op, ReduceOp, UnaryOp};
+use crate::ir::op::{BinaryOp, Op, ReduceOp, UnaryOp};
 use crate::passes::autodiff::graph_builder::Emit;
 use crate::{Result, bail};
 
@@ -63,22 +64,18 @@ fn split_packed(e: &mut Emit, packed: ValueId, like: &[ValueId]) -> Result<Vec<V
         .collect()
 }
 
-/// Attention's gradients written with matmul and softmax, the probabilities recomputed (the
-/// `[.., L, S]` matrix exists here, unlike in the forward): `dV = Pᵀ g`,
-/// `dS = P ∘ (g Vᵀ − rowsum(g Vᵀ ∘ P))`, `dQ = dS K · scale`, `dK = dSᵀ Q · scale`; an
-/// additive mask's gradient is `dS`, a bool one has none. Rows every key of which is masked
-/// out have zero probabilities, as in the forward. For an additive mask's gradient, and for
-/// backends without the fused op.
-pub(crate) fn attention_primitives(
+/// Attention's probabilities `softmax(q kᵀ · scale + mask)`: a bool mask and the causal
+/// mask (`j <= i`, from positions, so that it fuses) set the masked scores to -inf, and a
+/// row whose every key is masked out has zero probabilities, as the fused kernel gives.
+/// Returns them with the scale used (`1/√E` by default).
+fn attention_probs(
     e: &mut Emit,
     xs: &[ValueId],
     has_mask: bool,
     is_causal: bool,
     scale: Option<f64>,
-    g: ValueId,
-    needs: &[bool],
-) -> Result<Grads> {
-    let (q, k, v) = (xs[0], xs[1], xs[2]);
+) -> Result<(ValueId, f64)> {
+    let (q, k) = (xs[0], xs[1]);
     let qs = e.shape(q);
     let n = qs.len();
     let (l, s) = (qs[n - 2], e.shape(k)[n - 2]);
@@ -96,9 +93,11 @@ pub(crate) fn attention_primitives(
         };
     }
     if is_causal {
-        let ones = e.full(&[l, s], 1.0, crate::ir::dtype::DType::Bool)?;
-        let tril = e.op(Op::Tril { diagonal: 0 }, &[ones])?;
-        scores = e.op(Op::Where, &[tril, scores, neg_inf])?;
+        let rows = positions(e, l)?;
+        let rows = e.unsqueeze(rows, 1)?;
+        let cols = positions(e, s)?;
+        let keep = e.bin(BinaryOp::Le, cols, rows)?;
+        scores = e.op(Op::Where, &[keep, scores, neg_inf])?;
     }
     let mut p = e.op(Op::Softmax { dim: -1 }, &[scores])?;
     if has_mask {
@@ -107,6 +106,65 @@ pub(crate) fn attention_primitives(
         let z = e.scalar(0.0)?;
         p = e.op(Op::Where, &[nan, z, p])?;
     }
+    Ok((p, scale))
+}
+
+/// `arange(n)` as int64.
+fn positions(e: &mut Emit, n: usize) -> Result<ValueId> {
+    e.op(
+        Op::Arange {
+            start: Scalar::Int(0),
+            end: Scalar::Int(n as i64),
+            step: Scalar::Int(1),
+            dtype: Some(DType::I64),
+        },
+        &[],
+    )
+}
+
+/// Attention written with matmul and softmax, `P v` (the `[.., L, S]` probabilities
+/// materialised), for code without the fused kernel: half-precision operands compute in
+/// f32 and round once, as the fused kernel does.
+pub(crate) fn attention_forward(
+    e: &mut Emit,
+    xs: &[ValueId],
+    has_mask: bool,
+    is_causal: bool,
+    scale: Option<f64>,
+) -> Result<ValueId> {
+    let dtype = e.dtype(xs[0]);
+    let wide = matches!(dtype, DType::F16 | DType::BF16);
+    let mut args = xs.to_vec();
+    if wide {
+        for x in args.iter_mut().take(3) {
+            *x = e.cast(*x, DType::F32)?;
+        }
+        if has_mask && !e.dtype(args[3]).is_bool() {
+            args[3] = e.cast(args[3], DType::F32)?;
+        }
+    }
+    let (p, _) = attention_probs(e, &args, has_mask, is_causal, scale)?;
+    let out = e.op(Op::Matmul, &[p, args[2]])?;
+    e.cast(out, dtype)
+}
+
+/// Attention's gradients written with matmul and softmax, the probabilities recomputed (the
+/// `[.., L, S]` matrix exists here, unlike in the forward): `dV = Pᵀ g`,
+/// `dS = P ∘ (g Vᵀ − rowsum(g Vᵀ ∘ P))`, `dQ = dS K · scale`, `dK = dSᵀ Q · scale`; an
+/// additive mask's gradient is `dS`, a bool one has none. Rows every key of which is masked
+/// out have zero probabilities, as in the forward. For an additive mask's gradient, and for
+/// backends without the fused op.
+pub(crate) fn attention_primitives(
+    e: &mut Emit,
+    xs: &[ValueId],
+    has_mask: bool,
+    is_causal: bool,
+    scale: Option<f64>,
+    g: ValueId,
+    needs: &[bool],
+) -> Result<Grads> {
+    let (q, k, v) = (xs[0], xs[1], xs[2]);
+    let (p, scale) = attention_probs(e, xs, has_mask, is_causal, scale)?;
     let gv = if needs[2] {
         let pt = e.transpose_last(p)?;
         Some(e.op(Op::Matmul, &[pt, g])?)
