@@ -46,8 +46,6 @@ const GAPS: &[(&str, &str)] = &[
     ("scatter_add", "scatters run in the eager kernels"),
     ("index_add", "scatters run in the eager kernels"),
     ("cumsum", "scans run in the eager kernels"),
-    ("tril", "triangles run in the eager kernels"),
-    ("triu", "triangles run in the eager kernels"),
     ("dropout", "random masks run in the eager kernels"),
     ("matmul i64", "integer products run in the eager kernels"),
     ("cond", "control flow runs through CompiledFn"),

@@ -350,6 +350,8 @@ fn expand(b: &mut Builder, name: &str, op: &Op, args: &[ValueId]) -> Result<Opti
                 None => return Ok(None),
             }
         }
+        Op::Tril { diagonal } => triangle(b, name, x, *diagonal, true)?,
+        Op::Triu { diagonal } => triangle(b, name, x, *diagonal, false)?,
         Op::Linear { has_bias } => {
             let wt = b.op(name, Op::T, &[args[1]])?;
             let mm = b.op(name, Op::Matmul, &[x, wt])?;
@@ -362,6 +364,43 @@ fn expand(b: &mut Builder, name: &str, op: &Op, args: &[ValueId]) -> Result<Opti
         _ => return Ok(None),
     };
     Ok(Some(r))
+}
+
+/// `tril` (`lower`) or `triu` over the last two dims as `where(j - i <= k, x, 0)` (`>=`
+/// for `triu`), the positions from `arange`: a pointwise op that fuses with its
+/// neighbours, where the library call would be a pass over memory of its own.
+fn triangle(b: &mut Builder, name: &str, x: ValueId, k: i64, lower: bool) -> Result<ValueId> {
+    let ty = b.g.node(x).ty.clone();
+    let n = ty.shape.len();
+    let positions = |b: &mut Builder, len: usize| {
+        b.op(
+            name,
+            Op::Arange {
+                start: Scalar::Int(0),
+                end: Scalar::Int(len as i64),
+                step: Scalar::Int(1),
+                dtype: Some(DType::I64),
+            },
+            &[],
+        )
+    };
+    let rows = positions(b, ty.shape[n - 2])?;
+    let rows = b.op(name, Op::Unsqueeze { dim: 1 }, &[rows])?;
+    let cols = positions(b, ty.shape[n - 1])?;
+    let offset = b.binary(name, BinaryOp::Sub, cols, rows)?;
+    let k = b.scalar(Scalar::Int(k))?;
+    let side = if lower { BinaryOp::Le } else { BinaryOp::Ge };
+    let keep = b.binary(name, side, offset, k)?;
+    let zero = b.op(
+        name,
+        Op::Full {
+            size: vec![],
+            fill_value: Scalar::Int(0),
+            dtype: Some(ty.dtype),
+        },
+        &[],
+    )?;
+    b.op(name, Op::Where, &[keep, x, zero])
 }
 
 /// The gradient of a global average pool (a 1×1 output) as `expand(g) / (H·W)`: a view
