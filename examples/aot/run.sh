@@ -3,20 +3,39 @@
 # (libsmelt_rt.a) and the Rust example (whose build.rs compiles both models), compiles an
 # MLP block and an attention block with `smelt compile --target cpu`, links them into the C
 # program with the system C compiler, runs both programs and checks that they print the
-# same outputs (the same kernels on the same inputs).
+# same outputs (the same kernels on the same inputs). Then the GPT of examples/gpt: trained
+# briefly, exported, compiled, checked from C against the JIT's logits, and generating text
+# from C.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-target/aot-example}"
+# cargo's target directory, wherever CARGO_TARGET_DIR or a config puts it
+TARGET="$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
+OUT="${OUT:-$TARGET/aot-example}"
 # the test profile (the settings of dev): what `cargo test` built is reused
 cargo build --workspace --profile test
+SMELT="$TARGET/debug/smelt"
 mkdir -p "$OUT"
-target/debug/smelt compile examples/models/mlp_block.smelt --target cpu --out "$OUT" --name mlp
-target/debug/smelt compile examples/models/attention.smelt --target cpu --out "$OUT" --name attention
+"$SMELT" compile examples/models/mlp_block.smelt --target cpu --out "$OUT" --name mlp
+"$SMELT" compile examples/models/attention.smelt --target cpu --out "$OUT" --name attention
 cc -O2 -Wall -I "$OUT" examples/aot/c/main.c "$OUT/mlp.o" "$OUT/attention.o" \
   $(cat "$OUT/link-flags.txt") -o "$OUT/aot-c"
 echo "== C (examples/aot/c/main.c)"
 "$OUT/aot-c" | tee "$OUT/c.txt"
 echo "== Rust (examples/aot/rust)"
-target/debug/smelt-aot-example | tee "$OUT/rust.txt"
+"$TARGET/debug/smelt-aot-example" | tee "$OUT/rust.txt"
 grep -E '^(mlp y|attention out):' "$OUT/c.txt" | diff - "$OUT/rust.txt"
 echo "the C and Rust programs print the same outputs"
+
+echo "== the GPT (examples/gpt), compiled ahead of time and run from C (examples/aot/c/gpt.c)"
+# the example writes gpt.smelt, the held-out batch idx.npy and the JIT's logits out0.npy
+# to $TMPDIR/smelt-gpt
+mkdir -p "$OUT/gpt-run"
+TMPDIR="$(cd "$OUT/gpt-run" && pwd)" cargo run --profile test --example gpt -- --steps 400 |
+  tee "$OUT/gpt-train.txt"
+GPT="$OUT/gpt-run/smelt-gpt"
+"$SMELT" compile "$GPT/gpt.smelt" --target cpu --out "$OUT" --name gpt
+cc -O2 -Wall -I "$OUT" examples/aot/c/gpt.c "$OUT/gpt.o" $(cat "$OUT/link-flags.txt") -lm \
+  -o "$OUT/gpt-c"
+"$OUT/gpt-c" check "$GPT/idx.npy" "$GPT/out0.npy"
+echo "greedy:       $("$OUT/gpt-c" generate '12+34=')"
+echo "sampled, t=1: $("$OUT/gpt-c" generate '12+34=' 1.0 7)"
