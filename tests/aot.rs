@@ -575,3 +575,126 @@ fn the_c_example_prints_the_interpreters_values() {
         assert!(text.contains(&format!("{name} null scratch: 0")), "{text}");
     }
 }
+
+/// `smelt compile --target cpu --weights W --shared`: the parameters are compiled into the
+/// object as constants (the C interface keeps the other inputs), and `libNAME.so` holds the
+/// model and the run-time library, exporting only the model's entry points; a C program
+/// linked against it gets the interpreter's values.
+#[test]
+fn shared_libraries_with_bound_weights_run_through_the_c_interface() {
+    if !have_cc("shared_libraries_with_bound_weights_run_through_the_c_interface") {
+        return;
+    }
+    use object::{Object, ObjectSymbol};
+    use smelt::cli::compile::{CompileArgs, Target, run};
+    let dir = temp_dir("shared-lib");
+    let text = "graph block(%x: f32[4,8], %w: f32[16,8], %b: f32[16]) {\n  %h = linear(%x, %w, %b)\n  %y = gelu(%h)\n  return %y\n}\n";
+    let model = dir.join("block.smelt");
+    std::fs::write(&model, text).unwrap();
+    let g = parse_module(text, "block").unwrap().graphs.remove(0);
+    let all = inputs_for(&g, 11);
+    let weights = dir.join("block.safetensors");
+    let named = vec![
+        ("w".to_string(), all[1].clone()),
+        ("b".to_string(), all[2].clone()),
+    ];
+    smelt::nn::state_dict::save_safetensors(&weights, &named).unwrap();
+    let args = CompileArgs {
+        model,
+        target: Target::Cpu,
+        out: dir.clone(),
+        arch: "sm_90".into(),
+        graph: None,
+        fast_math: false,
+        name: Some("blk".into()),
+        cpu: "native".into(),
+        weights: Some(weights),
+        shared: true,
+    };
+    run(&args).unwrap();
+    let header = std::fs::read_to_string(dir.join("blk.h")).unwrap();
+    assert!(header.contains("#define BLK_NUM_INPUTS 1"), "{header}");
+    let scratch: usize = header
+        .lines()
+        .find_map(|l| l.strip_prefix("#define BLK_SCRATCH_BYTES "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // only the model's own symbols are exported
+    let so = std::fs::read(dir.join("libblk.so")).unwrap();
+    let file = object::File::parse(so.as_slice()).unwrap();
+    let exported: Vec<String> = file
+        .dynamic_symbols()
+        .filter(|s| s.is_definition() && s.is_global())
+        .map(|s| s.name().unwrap().to_string())
+        .collect();
+    assert!(exported.contains(&"blk_run".to_string()), "{exported:?}");
+    assert!(
+        exported.iter().all(|n| n.starts_with("blk_")),
+        "{exported:?}"
+    );
+    // the generic driver, linked against the shared library
+    let exe = dir.join("blk_driver");
+    let out = Command::new("cc")
+        .arg("-O1")
+        .args(["-DMODEL=blk", "-DNIN=1", "-DNOUT=1"])
+        .arg(format!("-DSCRATCH={scratch}"))
+        .arg(root().join("tests/aot_driver.c"))
+        .arg("-L")
+        .arg(&dir)
+        .arg("-lblk")
+        .arg(format!("-Wl,-rpath,{}", dir.display()))
+        .arg("-lpthread")
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let input = dir.join("x.bin");
+    std::fs::write(&input, all[0].to_bytes().unwrap()).unwrap();
+    let output = dir.join("y.bin");
+    let out = Command::new(&exe)
+        .arg(&input)
+        .arg(&output)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = Tensor::from_bytes(DType::F32, &[4, 16], &std::fs::read(&output).unwrap()).unwrap();
+    let want = common::inputs::interpret(&g, &all);
+    assert_close(&got, &want[0], Tol::allclose(1e-5, 1e-5), "libblk.so");
+}
+
+/// Weights that do not fit the graph are errors naming the parameter.
+#[test]
+fn weights_that_do_not_fit_are_named() {
+    let text =
+        "graph block(%x: f32[4,8], %w: f32[16,8]) {\n  %y = linear(%x, %w)\n  return %y\n}\n";
+    let g = parse_module(text, "block").unwrap().graphs.remove(0);
+    let wrong = vec![("w".to_string(), Tensor::zeros(&[8, 16], DType::F32))];
+    let e = smelt::passes::fold::bind_inputs(&g, &wrong)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("'w'") && e.contains("[16, 8]") && e.contains("[8, 16]"),
+        "{e}"
+    );
+    let stray = vec![("v".to_string(), Tensor::zeros(&[16, 8], DType::F32))];
+    let e = smelt::passes::fold::bind_inputs(&g, &stray)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("'v' is no input"), "{e}");
+    let right = vec![("w".to_string(), Tensor::zeros(&[16, 8], DType::F32))];
+    let bound = smelt::passes::fold::bind_inputs(&g, &right).unwrap();
+    assert_eq!(bound.inputs().len(), 1);
+}

@@ -3,7 +3,8 @@
 # (libsmelt_rt.a) and the Rust example (whose build.rs compiles both models), compiles an
 # MLP block and an attention block with `smelt compile --target cpu`, links them into the C
 # program with the system C compiler, runs both programs and checks that they print the
-# same outputs (the same kernels on the same inputs). Then the GPT of examples/gpt: trained
+# same outputs (the same kernels on the same inputs); links the MLP as a shared library and
+# runs it from Python with ctypes and NumPy. Then the GPT of examples/gpt: trained
 # briefly, exported, compiled, checked from C against the JIT's logits, and generating text
 # from C.
 set -euo pipefail
@@ -25,6 +26,19 @@ echo "== Rust (examples/aot/rust)"
 "$TARGET/debug/smelt-aot-example" | tee "$OUT/rust.txt"
 grep -E '^(mlp y|attention out):' "$OUT/c.txt" | diff - "$OUT/rust.txt"
 echo "the C and Rust programs print the same outputs"
+
+echo "== Python, ctypes and NumPy (examples/aot/python_ctypes.py) on libmlp.so"
+"$SMELT" compile examples/models/mlp_block.smelt --target cpu --out "$OUT/shared" --name mlp \
+  --shared
+PYTHON="${SMELT_PYTHON:-python3}"
+if "$PYTHON" -c "import numpy" 2> /dev/null; then
+  "$PYTHON" examples/aot/python_ctypes.py "$OUT/shared/libmlp.so" "$OUT/shared/manifest.json" |
+    tee "$OUT/python.txt"
+  grep -E '^mlp y:' "$OUT/c.txt" | diff - "$OUT/python.txt"
+  echo "the C and Python programs print the same outputs"
+else
+  echo "skipped: $PYTHON has no NumPy (set SMELT_PYTHON to a Python that has)"
+fi
 
 echo "== the GPT (examples/gpt), compiled ahead of time and run from C (examples/aot/c/gpt.c)"
 # the example writes gpt.smelt, the held-out batch idx.npy and the JIT's logits out0.npy

@@ -469,5 +469,40 @@ pub fn runtime_library() -> Result<PathBuf> {
 /// What a C compiler needs after the object to link a program: the run-time library and
 /// the system libraries Rust's standard library uses.
 pub fn link_flags(runtime: &Path) -> String {
-    format!("{} -lpthread -ldl -lm -lrt -lgcc_s -lc", runtime.display())
+    format!("{} {}", runtime.display(), SYSTEM_LIBS.join(" "))
+}
+
+/// The system libraries Rust's standard library uses, as linker flags.
+const SYSTEM_LIBS: [&str; 6] = ["-lpthread", "-ldl", "-lm", "-lrt", "-lgcc_s", "-lc"];
+
+/// Links `DIR/NAME.o` (written by [`AotModel::write`]) and the run-time library `runtime`
+/// into `DIR/libNAME.so` with the C compiler (`$CC`, else `cc`): one shared library that
+/// `dlopen`, Python's `ctypes` or any FFI loads, with the object's C interface. A version
+/// script keeps every symbol but the model's own (`NAME_*`) local, so two models, or a
+/// model and a program with its own copy of the run-time library, never clash.
+pub fn link_shared(m: &AotModel, dir: &Path, runtime: &Path) -> Result<PathBuf> {
+    let script = dir.join(format!("{}.map", m.name));
+    let text = format!("{{\n  global: {}_*;\n  local: *;\n}};\n", m.name);
+    write(&script, text.as_bytes())?;
+    let so = dir.join(format!("lib{}.so", m.name));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = std::process::Command::new(&cc)
+        .arg("-shared")
+        .arg("-o")
+        .arg(&so)
+        .arg(dir.join(format!("{}.o", m.name)))
+        .arg(runtime)
+        .arg(format!("-Wl,--version-script={}", script.display()))
+        .args(SYSTEM_LIBS)
+        .output()
+        .map_err(|e| Error::Io(format!("running the C compiler `{cc}`: {e}")))?;
+    if !out.status.success() {
+        bail!(
+            Io,
+            "linking {} with `{cc}`: {}",
+            so.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(so)
 }

@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 pub use crate::codegen_cpu::object::CpuTarget;
-pub use files::{link_flags, runtime_library};
+pub use files::{link_flags, link_shared, runtime_library};
 
 /// How to compile a model ahead of time.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -49,6 +49,16 @@ pub struct CompileArgs {
     /// The CPU the code is for (cpu): native, x86-64-v3 or x86-64-v4.
     #[arg(long, default_value = "native")]
     pub cpu: String,
+    /// A safetensors file of the graph's parameters (cpu): they are compiled into the
+    /// object's read-only data instead of being inputs. An ONNX model's initializers
+    /// always are.
+    #[arg(long, value_name = "FILE")]
+    pub weights: Option<PathBuf>,
+    /// Also link `libNAME.so` (cpu): the object and the run-time library as one shared
+    /// library that exports only the model's entry points (needs a C compiler as `cc`, or
+    /// `$CC`).
+    #[arg(long)]
+    pub shared: bool,
 }
 
 fn write(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -57,11 +67,20 @@ fn write(path: &Path, bytes: &[u8]) -> Result<()> {
 
 /// Runs `smelt compile`.
 pub fn run(a: &CompileArgs) -> Result<()> {
+    if a.target == Target::Cpu {
+        let loaded =
+            super::model::load_model_for(&a.model, a.weights.as_deref(), &[], a.graph.as_deref())?;
+        let g = pick(&loaded.module, a.graph.as_deref())?;
+        let bound = crate::passes::fold::bind_inputs(g, &loaded.weights)?;
+        return cpu(a, &bound);
+    }
+    if a.shared || a.weights.is_some() {
+        return Err(Error::Value(
+            "--shared and --weights are for --target cpu".into(),
+        ));
+    }
     let module = load(&a.model)?;
     let g = pick(&module, a.graph.as_deref())?;
-    if a.target == Target::Cpu {
-        return cpu(a, g);
-    }
     let expanded = crate::passes::decompose::expand_attention_grads(g)?;
     let g = &*expanded;
     let schedule = fuse::compile(g)?;
@@ -130,6 +149,10 @@ fn cpu(a: &CompileArgs, g: &crate::ir::graph::Graph) -> Result<()> {
         m.features.join(" "),
         a.out.display()
     );
+    if a.shared {
+        let so = crate::aot::link_shared(&m, &a.out, &dest)?;
+        println!("shared library: {}", so.display());
+    }
     Ok(())
 }
 

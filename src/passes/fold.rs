@@ -36,6 +36,52 @@ impl Default for FoldOptions {
     }
 }
 
+/// `g` with each input named in `values` replaced by a constant holding that value: a
+/// model's weights captured in its code (an ahead-of-time object keeps them in a read-only
+/// data section). The other inputs keep their order; a value whose name is no input, or
+/// whose dtype or shape differs from the input's, is an error.
+pub fn bind_inputs(g: &Graph, values: &[(String, Tensor)]) -> Result<Graph> {
+    let mut out = Graph::new(&g.name);
+    out.avoid_names_of(g);
+    let mut map = HashMap::new();
+    for (name, t) in values {
+        let found = g.inputs().iter().find(|&&v| g.node(v).name == *name);
+        let Some(&v) = found else {
+            return Err(Error::Value(format!(
+                "'{name}' is no input of graph {}",
+                g.name
+            )));
+        };
+        let ty = &g.node(v).ty;
+        if t.dtype() != ty.dtype || t.shape() != ty.shape.as_slice() {
+            return Err(Error::Shape(format!(
+                "'{name}' is {}{:?} in graph {}, and {}{:?} in the values bound",
+                ty.dtype,
+                ty.shape,
+                g.name,
+                t.dtype(),
+                t.shape()
+            )));
+        }
+    }
+    for &v in g.inputs() {
+        let n = g.node(v);
+        let nv = match values.iter().find(|(name, _)| *name == n.name) {
+            Some((_, t)) => out.add_op_named(Op::Constant(literal(t)?), &[], &n.name)?,
+            None => out.add_input(&n.name, n.ty.clone())?,
+        };
+        map.insert(v, nv);
+    }
+    for v in g.topo_order() {
+        if matches!(g.node(v).kind, NodeKind::Op(_)) {
+            let args: Vec<ValueId> = g.operands(v).iter().map(|o| map[o]).collect();
+            map.insert(v, copy_op(&mut out, g, v, &args)?);
+        }
+    }
+    out.set_outputs(g.outputs().iter().map(|o| map[o]).collect());
+    Ok(out)
+}
+
 /// Folds with the default limits.
 pub fn fold(g: &Graph) -> Result<Graph> {
     fold_with(g, &FoldOptions::default())
