@@ -1,64 +1,17 @@
 //! Parity of ahead-of-time models with the JIT, op by op: every op name of the text format
 //! (`smelt::ir::attrs::op_names`, and the control ops) has a one-op graph here, in the
 //! dtypes the JIT compiles it for; each graph that the JIT compiles must compile ahead of
-//! time too. `GAPS` lists the ops AOT refuses today with the reason, checked both ways: an
+//! time too. `GAPS` (tests/common/aot_gaps.rs) lists the ops AOT refuses today with the reason, checked both ways: an
 //! op refused and not listed fails, and so does a listed op that compiles (take it off the
 //! list), so the list only shrinks. `EXCLUDED` holds the ops that stay out by design.
 //! Only compiling is checked here; tests/aot.rs runs the objects.
 
+mod common;
+
+use common::aot_gaps::{EXCLUDED, GAPS};
 use smelt::aot::AotOptions;
 use smelt::ir::text::parse_module;
 use std::collections::{BTreeMap, BTreeSet};
-
-/// Ops (by name, with a dtype where only some dtypes are refused) that the JIT compiles and
-/// AOT refuses, and why.
-const GAPS: &[(&str, &str)] = &[
-    (
-        "conv1d",
-        "convolutions run in the eager kernels, not in smelt-rt",
-    ),
-    (
-        "conv2d",
-        "convolutions run in the eager kernels, not in smelt-rt",
-    ),
-    (
-        "convolution_backward_input",
-        "convolutions run in the eager kernels",
-    ),
-    (
-        "convolution_backward_weight",
-        "convolutions run in the eager kernels",
-    ),
-    ("max_pool2d", "pooling runs in the eager kernels"),
-    ("max_pool2d_backward", "pooling runs in the eager kernels"),
-    ("avg_pool2d", "pooling runs in the eager kernels"),
-    ("avg_pool2d_backward", "pooling runs in the eager kernels"),
-    ("adaptive_avg_pool2d", "pooling runs in the eager kernels"),
-    (
-        "adaptive_avg_pool2d_backward",
-        "pooling runs in the eager kernels",
-    ),
-    (
-        "scaled_dot_product_attention_backward",
-        "the fused gradient kernel is eager only",
-    ),
-    ("scatter", "scatters run in the eager kernels"),
-    ("scatter_add", "scatters run in the eager kernels"),
-    ("index_add", "scatters run in the eager kernels"),
-    ("cumsum", "scans run in the eager kernels"),
-    ("dropout", "random masks run in the eager kernels"),
-    ("matmul i64", "integer products run in the eager kernels"),
-    ("cond", "control flow runs through CompiledFn"),
-    ("while_loop", "control flow runs through CompiledFn"),
-    ("fori_loop", "control flow runs through CompiledFn"),
-    ("scan", "control flow runs through CompiledFn"),
-];
-
-/// Ops that stay out of ahead-of-time models by design, and why.
-const EXCLUDED: &[(&str, &str)] = &[(
-    "all_reduce",
-    "a collective needs the process group a JIT run joins; an object has none",
-)];
 
 /// One-op graphs of the ops outside the unary, binary and reduction families, keyed by
 /// op name (the key may add a dtype: `matmul i64`).

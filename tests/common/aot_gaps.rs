@@ -1,0 +1,53 @@
+//! What ahead-of-time objects do not compile yet, shared by tests/aot_ops.rs (which checks
+//! the list both ways, op by op) and tests/aot.rs (whose models may be refused only for an
+//! op listed here).
+
+/// Ops (by name, with a dtype where only some dtypes are refused) that the JIT compiles and
+/// AOT refuses, and why.
+pub const GAPS: &[(&str, &str)] = &[
+    (
+        "conv1d",
+        "convolutions run in the eager kernels, not in smelt-rt",
+    ),
+    (
+        "conv2d",
+        "convolutions run in the eager kernels, not in smelt-rt",
+    ),
+    (
+        "convolution_backward_input",
+        "convolutions run in the eager kernels",
+    ),
+    (
+        "convolution_backward_weight",
+        "convolutions run in the eager kernels",
+    ),
+    ("max_pool2d", "pooling runs in the eager kernels"),
+    ("max_pool2d_backward", "pooling runs in the eager kernels"),
+    ("avg_pool2d", "pooling runs in the eager kernels"),
+    ("avg_pool2d_backward", "pooling runs in the eager kernels"),
+    ("adaptive_avg_pool2d", "pooling runs in the eager kernels"),
+    (
+        "adaptive_avg_pool2d_backward",
+        "pooling runs in the eager kernels",
+    ),
+    (
+        "scaled_dot_product_attention_backward",
+        "the fused gradient kernel is eager only",
+    ),
+    ("scatter", "scatters run in the eager kernels"),
+    ("scatter_add", "scatters run in the eager kernels"),
+    ("index_add", "scatters run in the eager kernels"),
+    ("cumsum", "scans run in the eager kernels"),
+    ("dropout", "random masks run in the eager kernels"),
+    ("matmul i64", "integer products run in the eager kernels"),
+    ("cond", "control flow runs through CompiledFn"),
+    ("while_loop", "control flow runs through CompiledFn"),
+    ("fori_loop", "control flow runs through CompiledFn"),
+    ("scan", "control flow runs through CompiledFn"),
+];
+
+/// Ops that stay out of ahead-of-time models by design, and why.
+pub const EXCLUDED: &[(&str, &str)] = &[(
+    "all_reduce",
+    "a collective needs the process group a JIT run joins; an object has none",
+)];
