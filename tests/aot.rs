@@ -426,7 +426,8 @@ graph additive(%q: f32[4,8], %k: f32[9,8], %v: f32[9,3], %m: f32[4,9]) {
     }
 }
 
-/// Batched and broadcast products, f64, and a bf16 product (computed in f32 as eagerly).
+/// Batched and broadcast products, f64, a bf16 product (computed in f32 as eagerly), and
+/// integer products (wrapping i64 sums, the same bits as eagerly).
 #[test]
 fn products_of_every_float_dtype_and_batch_shape_agree() {
     if !have_cc("products_of_every_float_dtype_and_batch_shape_agree") {
@@ -452,6 +453,15 @@ graph empty_sum(%a: f32[3,0], %b: f32[0,4]) {
   %y = matmul(%a, %b)
   return %y
 }
+graph ints(%a: i64[2,3,5], %b: i64[5,4], %c: i32[4,7], %d: i32[3,7,2], %e: u8[6,9], %f: u8[9,3]) {
+  %bt = transpose(%b, dim0=0, dim1=1)
+  %y = matmul(%a, %b)
+  %z = matmul(%c, %d)
+  %w = matmul(%e, %f)
+  %at = transpose(%a, dim0=1, dim1=2)
+  %v = matmul(%bt, %at)
+  return %y, %z, %w, %v
+}
 "#;
     let module = parse_module(text, "products").unwrap();
     for g in &module.graphs {
@@ -463,11 +473,17 @@ graph empty_sum(%a: f32[3,0], %b: f32[0,4]) {
         let (got, _) = run_driver(&m, &exe, &dir, &inputs);
         assert_eq!(got.len(), want.len(), "{}: outputs", g.name);
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            let what = format!("{} output {i}", g.name);
             let tol = match a.dtype() {
+                // integer products wrap exactly: the same bits as eagerly
+                d if !d.is_float() => {
+                    common::assert_bits(a, b, &what);
+                    continue;
+                }
                 DType::BF16 | DType::F16 => Tol::allclose(1e-2, 1e-2),
                 _ => Tol::allclose(1e-5, 1e-5),
             };
-            assert_close(a, b, tol, &format!("{} output {i}", g.name));
+            assert_close(a, b, tol, &what);
         }
     }
 }

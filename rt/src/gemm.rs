@@ -239,6 +239,75 @@ pub fn splits(macs: usize, count: usize) -> bool {
     macs.saturating_mul(count) >= PAR_FLOPS
 }
 
+/// Element types of integer products: each product is a wrapping sum of i64 products,
+/// converted back with C cast semantics (narrower integers wrap).
+pub trait IntElem: Copy + Send + Sync + 'static {
+    /// The value as i64.
+    fn to_i64(self) -> i64;
+    /// `v` with C cast semantics.
+    fn from_i64(v: i64) -> Self;
+}
+
+macro_rules! int_elem {
+    ($($t:ty),*) => {$(
+        impl IntElem for $t {
+            #[inline(always)]
+            fn to_i64(self) -> i64 {
+                self as i64
+            }
+            #[inline(always)]
+            fn from_i64(v: i64) -> Self {
+                v as $t
+            }
+        }
+    )*};
+}
+int_elem!(u8, i8, i16, i32, i64);
+
+/// Integer products, one per batch as [`batches`]: `out = a·b`, or `out += a·b` when
+/// `accumulate`, every element a wrapping i64 sum. Integer sums wrap exactly, so any order
+/// of the terms gives the same bits: rows split over at most `threads` threads when the
+/// batch has [`PAR_FLOPS`] multiply-adds.
+///
+/// # Safety
+/// As [`batches`].
+pub unsafe fn int_batches<T: IntElem>(
+    p: &Product,
+    (a, b, out): (*const T, *const T, *mut T),
+    offs: &[[usize; 3]],
+    accumulate: bool,
+    threads: usize,
+) {
+    let (m, k, n) = (p.m, p.k, p.n);
+    let ((ars, acs), (brs, bcs)) = (p.a, p.b);
+    let (pa, pb, po) = (Ptr(a as *mut T), Ptr(b as *mut T), Ptr(out));
+    let rows = offs.len() * m;
+    // SAFETY: `r < offs.len()·m`, so `offs[r / m]` is a batch and `r % m` one of its rows;
+    // every element read (l < k, j < n) and written is inside the batch's operands and
+    // block (this fn's contract), and each output row is written by one call only.
+    let row = |r: usize| unsafe {
+        let [o, ao, bo] = offs[r / m];
+        let i = (r % m) as isize;
+        for j in 0..n {
+            let mut s = 0i64;
+            for l in 0..k as isize {
+                let x = *pa.get().offset(ao as isize + i * ars + l * acs);
+                let y = *pb.get().offset(bo as isize + l * brs + j as isize * bcs);
+                s = s.wrapping_add(x.to_i64().wrapping_mul(y.to_i64()));
+            }
+            let d = po.get().add(o + r % m * n + j);
+            let before = if accumulate { (*d).to_i64() } else { 0 };
+            *d = T::from_i64(before.wrapping_add(s));
+        }
+    };
+    if threads > 1 && splits(m.saturating_mul(n).saturating_mul(k), offs.len()) {
+        use rayon::prelude::*;
+        (0..rows).into_par_iter().for_each(row);
+    } else {
+        (0..rows).for_each(row);
+    }
+}
+
 /// Runs one product per batch, `[out, a, b]` element offsets each: `out = a·b`, or with
 /// `beta = Some(β)`, `out += β·(a·b)` (`out` holding the value to update). Threads (at most
 /// `threads`): inside a large product, across small ones.

@@ -75,6 +75,16 @@ pub const GEMM_F32: u64 = 1;
 pub const GEMM_F64: u64 = 2;
 /// bf16 products, computed in f32 as the eager kernel does.
 pub const GEMM_BF16: u64 = 3;
+/// u8 products ([`gemm::int_batches`]: wrapping i64 sums).
+pub const GEMM_U8: u64 = 4;
+/// i8 products.
+pub const GEMM_I8: u64 = 5;
+/// i16 products.
+pub const GEMM_I16: u64 = 6;
+/// i32 products.
+pub const GEMM_I32: u64 = 7;
+/// i64 products.
+pub const GEMM_I64: u64 = 8;
 
 /// Success.
 pub const OK: i32 = 0;
@@ -792,6 +802,20 @@ unsafe fn copy_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) 
     unsafe { copy::run(&c, at(dst, dst_off), at(src, src_off)) }.map_err(|_| ERR_INDEX_OUT_OF_RANGE)
 }
 
+/// An integer product of a GEMM step, written (not accumulated).
+///
+/// # Safety
+/// As [`gemm::int_batches`].
+unsafe fn int<T: gemm::IntElem>(
+    p: &Product,
+    (a, b, out): (*mut u8, *mut u8, *mut u8),
+    offs: &[[usize; 3]],
+    threads: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { gemm::int_batches::<T>(p, (a as _, b as _, out as _), offs, false, threads) }
+}
+
 /// Reads and runs one GEMM step.
 ///
 /// # Safety
@@ -873,6 +897,11 @@ unsafe fn gemm_step(
                 GEMM_F64 => {
                     gemm::batches::<f64>(&p, (xa as _, xb as _, xo as _), offs, None, threads)
                 }
+                GEMM_U8 => int::<u8>(&p, (xa, xb, xo), offs, threads),
+                GEMM_I8 => int::<i8>(&p, (xa, xb, xo), offs, threads),
+                GEMM_I16 => int::<i16>(&p, (xa, xb, xo), offs, threads),
+                GEMM_I32 => int::<i32>(&p, (xa, xb, xo), offs, threads),
+                GEMM_I64 => int::<i64>(&p, (xa, xb, xo), offs, threads),
                 _ => return Err(ERR_BAD_MODEL),
             }
         }

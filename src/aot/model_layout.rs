@@ -333,10 +333,12 @@ fn gemm_words(
         DType::F32 => rt::GEMM_F32,
         DType::F64 => rt::GEMM_F64,
         DType::BF16 => rt::GEMM_BF16,
-        d => bail!(
-            Unsupported,
-            "aot: matmul of {d} is not supported (float dtypes are)"
-        ),
+        DType::U8 => rt::GEMM_U8,
+        DType::I8 => rt::GEMM_I8,
+        DType::I16 => rt::GEMM_I16,
+        DType::I32 => rt::GEMM_I32,
+        DType::I64 => rt::GEMM_I64,
+        d => bail!(Unsupported, "aot: matmul of {d} is not supported"),
     };
     for a in &e.args {
         if s.buffers[a.buffer].dtype != dtype {

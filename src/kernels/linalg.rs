@@ -9,12 +9,10 @@ use crate::ir::shape::numel;
 use crate::kernels::copy::{cast_new, copy_into};
 use crate::tensor::Tensor;
 use crate::tensor::access;
-use crate::tensor::element::Element;
-use crate::tensor::strided::SendPtr;
-use crate::{Result, bail, dispatch};
+use crate::{Result, bail};
 use half::f16;
 
-use smelt_rt::gemm::{Batched, Operand, PAR_FLOPS, PlanError, Product};
+use smelt_rt::gemm::{Batched, Operand, PlanError, Product};
 
 /// The shared plan of `a · b` (batch broadcast, folding, per-matrix offsets).
 fn plan(a: &Tensor, b: &Tensor) -> Result<Batched> {
@@ -96,8 +94,16 @@ fn product(a: &Tensor, b: &Tensor, bias: Option<&Tensor>, ty: &TensorType) -> Re
             DType::F16 => gemm_batches::<f16>(&p, &offs, ptrs, accumulate),
             DType::F32 => gemm_batches::<f32>(&p, &offs, ptrs, accumulate),
             DType::F64 => gemm_batches::<f64>(&p, &offs, ptrs, accumulate),
-            d if d.is_bool() => bail!(DType, "\"addmm_impl_cpu_\" not implemented for 'Bool'"),
-            d => dispatch!(d, T => int_batches::<T>(&p, &offs, ptrs)),
+            DType::U8 => int_batches::<u8>(&p, &offs, ptrs, accumulate),
+            DType::I8 => int_batches::<i8>(&p, &offs, ptrs, accumulate),
+            DType::I16 => int_batches::<i16>(&p, &offs, ptrs, accumulate),
+            DType::I32 => int_batches::<i32>(&p, &offs, ptrs, accumulate),
+            DType::I64 => int_batches::<i64>(&p, &offs, ptrs, accumulate),
+            d => bail!(
+                DType,
+                "\"addmm_impl_cpu_\" not implemented for '{}'",
+                d.scalar_name()
+            ),
         }
     }
     drop(acc);
@@ -121,49 +127,19 @@ unsafe fn gemm_batches<T: smelt_rt::gemm::GemmElem>(
     unsafe { smelt_rt::gemm::batches(product, ptrs, offs, beta, threads) }
 }
 
-/// Integer product: wrapping i64 sums added to the (zero or bias) output.
+/// Integer product on the run-time library's loop (the one AOT objects run): wrapping i64
+/// sums added to the output when `accumulate` (a bias set first), else written.
 ///
 /// # Safety
 /// As for `gemm_batches`.
-unsafe fn int_batches<T: Element>(
+unsafe fn int_batches<T: smelt_rt::gemm::IntElem>(
     p: &Product,
     offs: &[[usize; 3]],
     (pa, pb, po): (*const u8, *const u8, *mut u8),
+    accumulate: bool,
 ) {
-    let (m, k, n) = (p.m, p.k, p.n);
-    let ((ars, acs), (brs, bcs)) = (p.a, p.b);
-    let (pa, pb, po) = (
-        SendPtr(pa as *mut T),
-        SendPtr(pb as *mut T),
-        SendPtr(po as *mut T),
-    );
-    let rows = offs.len() * m;
-    // SAFETY: `r < offs.len()·m`, so `offs[r / m]` is a batch and `i = r % m` one of its
-    // rows; every element read, a + i·ars + l·acs and b + l·brs + j·bcs (l < k, j < n), and
-    // updated, o + i·n + j, is inside the batch's operands (`gemm_batches`' contract, which
-    // is this fn's); the batches' outputs are distinct blocks of the fresh output, so each
-    // output row is updated by one call of `row` only.
-    let row = |r: usize| unsafe {
-        let [o, a, b] = offs[r / m];
-        let i = r % m;
-        for j in 0..n {
-            let mut s = 0i64;
-            for l in 0..k {
-                let x = *pa
-                    .get()
-                    .offset(a as isize + i as isize * ars + l as isize * acs);
-                let y = *pb
-                    .get()
-                    .offset(b as isize + l as isize * brs + j as isize * bcs);
-                s = s.wrapping_add(x.to_i64().wrapping_mul(y.to_i64()));
-            }
-            let d = po.get().add(o + i * n + j);
-            *d = T::from_i64((*d).to_i64().wrapping_add(s));
-        }
-    };
-    if numel(&[rows, n, k]) >= PAR_FLOPS {
-        crate::tensor::threads::par_for(rows, &row);
-    } else {
-        (0..rows).for_each(row);
-    }
+    let ptrs = (pa as *const T, pb as *const T, po as *mut T);
+    let threads = crate::tensor::threads::available();
+    // SAFETY: as the caller promises.
+    unsafe { smelt_rt::gemm::int_batches(p, ptrs, offs, accumulate, threads) }
 }

@@ -39,7 +39,6 @@ pub const GAPS: &[(&str, &str)] = &[
     ("index_add", "scatters run in the eager kernels"),
     ("cumsum", "scans run in the eager kernels"),
     ("dropout", "random masks run in the eager kernels"),
-    ("matmul i64", "integer products run in the eager kernels"),
     ("cond", "control flow runs through CompiledFn"),
     ("while_loop", "control flow runs through CompiledFn"),
     ("fori_loop", "control flow runs through CompiledFn"),
