@@ -54,6 +54,27 @@ fn cached_code_gives_the_jits_bits_fused_and_unfused() {
     }
 }
 
+/// Graphs that differ only in a constant's elements (the key holds a hash of each
+/// constant's bytes, not its text) get entries of their own: each runs with its constant.
+#[test]
+fn graphs_differing_only_in_a_constant_do_not_share_an_entry() {
+    let dir = temp_dir("constants");
+    let at = CompileOptions::default().disk_cache(DiskCache::At(dir.clone()));
+    let x = smelt::Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3]).unwrap();
+    for (c, want) in [("0.5", [1.5f32, 2.5, 3.5]), ("-0.5", [0.5, 1.5, 2.5])] {
+        let text = format!(
+            "graph g(%x: f32[3]) {{\n  %c: f32[3] = constant(dtype=f32, shape=[3], data=[{c}, {c}, {c}])\n  %y = add(%x, %c)\n  return %y\n}}\n"
+        );
+        let g = parse_module(&text, "g").unwrap().graphs.remove(0);
+        let f = CompiledFn::compile(&g, &at).unwrap();
+        assert_eq!(f.code_origin(), CodeOrigin::Compiled, "constant {c}");
+        let again = CompiledFn::compile(&g, &at).unwrap();
+        assert_eq!(again.code_origin(), CodeOrigin::Disk, "constant {c}");
+        let y = again.call(std::slice::from_ref(&x)).unwrap();
+        assert_eq!(y[0].to_vec::<f32>().unwrap(), want.to_vec(), "constant {c}");
+    }
+}
+
 #[test]
 fn damaged_entries_are_compiled_afresh() {
     let dir = temp_dir("damaged");

@@ -8,6 +8,7 @@ mod symbolic;
 use super::op::TensorType;
 
 pub use parser::parse_module;
+pub(crate) use printer::print_graph_digest;
 pub use printer::{print_graph, print_module};
 pub use symbolic::SymbolicModule;
 

@@ -4,23 +4,38 @@
 use super::fmt_type;
 use crate::ir::control::{Control, ControlKind};
 use crate::ir::graph::{Graph, Module, NodeKind, ValueId};
-use crate::ir::op::Op;
+use crate::ir::op::{Literal, Op};
 use std::fmt::Write;
 
 /// The text of one graph, followed by the bodies its control ops call (transitively), so
 /// that the text parses back on its own.
 pub fn print_graph(g: &Graph) -> String {
-    let mut parts = vec![print_one(g)];
+    print_graph_with(g, None)
+}
+
+/// How a `constant`'s elements are written: in full, or (for a key that names the graph,
+/// not text to read back) as what `digest` makes of the literal.
+type Digest<'a> = Option<&'a dyn Fn(&Literal) -> String>;
+
+/// [`print_graph`], every constant's `data=[..]` replaced by `digest=` what `digest` makes
+/// of it: a key for a graph whose constants are large (a traced model's weights), where
+/// writing every element out in decimal costs seconds per 100 MB. Not text to parse.
+pub(crate) fn print_graph_digest(g: &Graph, digest: &dyn Fn(&Literal) -> String) -> String {
+    print_graph_with(g, Some(digest))
+}
+
+fn print_graph_with(g: &Graph, digest: Digest) -> String {
+    let mut parts = vec![print_one(g, digest)];
     for b in Control::bodies_of(g) {
         if b.name != g.name {
-            parts.push(print_one(&b));
+            parts.push(print_one(&b, digest));
         }
     }
     parts.join("\n")
 }
 
 /// The text of one graph alone.
-fn print_one(g: &Graph) -> String {
+fn print_one(g: &Graph, digest: Digest) -> String {
     let mut s = String::new();
     let params: Vec<String> = g
         .inputs()
@@ -49,13 +64,17 @@ fn print_one(g: &Graph) -> String {
             );
             continue;
         }
+        let args = match (op, digest) {
+            (Op::Constant(lit), Some(d)) => vec![format!("digest={}", d(lit))],
+            _ => call_args(g, v, op),
+        };
         let _ = writeln!(
             s,
             "  %{}: {} = {}({})",
             n.name,
             fmt_type(&n.ty),
             op.name(),
-            call_args(g, v, op).join(", ")
+            args.join(", ")
         );
     }
     let outs: Vec<String> = g.outputs().iter().map(|&v| operand(g, v)).collect();
@@ -67,13 +86,13 @@ fn print_one(g: &Graph) -> String {
 /// The text of a module: its graphs separated by blank lines (and any body a graph calls
 /// that the module does not hold, after them).
 pub fn print_module(m: &Module) -> String {
-    let mut parts: Vec<String> = m.graphs.iter().map(print_one).collect();
+    let mut parts: Vec<String> = m.graphs.iter().map(|g| print_one(g, None)).collect();
     let mut extra: Vec<String> = Vec::new();
     for g in &m.graphs {
         for b in Control::bodies_of(g) {
             if m.get(&b.name).is_none() && !extra.contains(&b.name) {
                 extra.push(b.name.clone());
-                parts.push(print_one(&b));
+                parts.push(print_one(&b, None));
             }
         }
     }
