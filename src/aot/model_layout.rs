@@ -12,7 +12,6 @@ use crate::ir::dtype::DType;
 use crate::ir::op::Op;
 use crate::ir::shape::numel;
 use crate::kernel::{BufferKind, ExternCall, Kernel, Schedule, Step, View};
-use crate::runtime::apply;
 use crate::{Result, bail};
 use smelt_rt::gemm as rt_gemm;
 use smelt_rt::model as rt;
@@ -210,8 +209,8 @@ pub(super) fn build(
                 ),
             },
             BufferKind::Constant(lit) => {
-                let t = apply(Op::Constant(lit.clone()), &[])?;
-                let data = t.to_bytes()?;
+                // a literal holds its elements as the buffer does: row-major, little-endian
+                let data = lit.bytes.as_slice();
                 if data.len() != bytes {
                     bail!(
                         Value,
@@ -221,7 +220,7 @@ pub(super) fn build(
                 }
                 consts.resize(align(consts.len(), ALIGN), 0);
                 let at = consts.len();
-                consts.extend_from_slice(&data);
+                consts.extend_from_slice(data);
                 Place::Const(at)
             }
             BufferKind::Temp => match life_of[b] {

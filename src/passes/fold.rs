@@ -258,26 +258,7 @@ fn reduce_uniform(g: &Graph, v: ValueId, uniform: &HashMap<ValueId, Tensor>) -> 
 
 /// The tensor's elements as a literal (row-major, little-endian bytes).
 pub(crate) fn literal(t: &Tensor) -> Result<Literal> {
-    macro_rules! le {
-        ($T:ty) => {
-            t.to_vec::<$T>()?
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect::<Vec<u8>>()
-        };
-    }
-    let bytes = match t.dtype() {
-        DType::Bool => t.to_vec::<bool>()?.into_iter().map(u8::from).collect(),
-        DType::U8 => le!(u8),
-        DType::I8 => le!(i8),
-        DType::I16 => le!(i16),
-        DType::I32 => le!(i32),
-        DType::I64 => le!(i64),
-        DType::F16 => le!(half::f16),
-        DType::BF16 => le!(half::bf16),
-        DType::F32 => le!(f32),
-        DType::F64 => le!(f64),
-    };
+    let bytes = t.to_bytes()?;
     Ok(Literal {
         dtype: t.dtype(),
         shape: t.shape().to_vec(),
