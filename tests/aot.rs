@@ -170,6 +170,8 @@ fn every_model_of_the_repository_compiles() {
                     assert_eq!(m.inputs.len(), g.inputs().len());
                     assert!(m.header().contains(&format!("int {}_run(", g.name)));
                     assert!(m.manifest.contains("\"scratch_bytes\""));
+                    let size = format!("\"object_bytes\":{}", m.object.len());
+                    assert!(m.manifest.contains(&size), "{rel}: {size}");
                     compiled += 1;
                 }
                 Err(e) => {

@@ -371,6 +371,8 @@ pub(super) fn manifest(
         "outputs": ports_json(&m.outputs),
         "scratch_bytes": m.scratch_bytes,
         "constant_bytes": built.consts.len(),
+        // the object is the constants, the plan and the code (with ELF's tables)
+        "object_bytes": m.object.len(),
         "kernels": kernel_list,
         "steps": built.steps,
         "buffers": buffers,
