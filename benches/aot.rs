@@ -1,7 +1,9 @@
 //! Ahead-of-time compiled models and the JIT's disk cache, measured in one run:
 //!
 //! 1. **AOT against JIT**: the same model (same kernels) called from a C program linking its
-//!    object and from `CompiledFn::call`, median ns per call, rounds alternating;
+//!    object and from `CompiledFn::call`, median ns per call, rounds alternating: two blocks
+//!    of `examples/models`, a wide MLP, and the GPT of `examples/gpt` (random weights,
+//!    traced with its weights as constants, batch 2 × 32 tokens);
 //! 2. **a C program's first call**: the wall time of a process that links the MLP block of
 //!    `examples/models`, starts, makes one call and exits (no compilation at run time);
 //! 3. **compilation with the disk cache warm**: `CompiledFn::compile_time` of the first
@@ -10,6 +12,9 @@
 //!
 //! Needs a C compiler (`cc`). Run: `cargo bench --bench aot`; the AVX2 path:
 //! `SMELT_CPU=avx2 SMELT_AOT_CPU=x86-64-v3 cargo bench --bench aot`.
+
+#[path = "../examples/common/gpt_model.rs"]
+mod gpt_model;
 
 use smelt::aot::{AotOptions, CpuTarget};
 use smelt::exec::{CompileOptions, CompiledFn};
@@ -56,6 +61,26 @@ const MLP: &str = "graph mlp(%x: f32[64,256], %w1: f32[1024,256], %b1: f32[1024]
   return %y
 }
 ";
+
+/// The GPT of `examples/gpt` with its random initial weights, traced for inference (the
+/// weights captured as constants) on a batch of 2 × 32 tokens, as `.smelt` text.
+fn gpt_text() -> String {
+    smelt::manual_seed(0);
+    let model = gpt_model::Gpt::new().unwrap();
+    let x = Tensor::zeros(&[2, gpt_model::CTX], DType::I64);
+    let traced = {
+        let _off = smelt::autograd::no_grad();
+        smelt::jit::trace(
+            |xs| {
+                use smelt::nn::Module;
+                Ok(vec![model.forward(&xs[0])?])
+            },
+            std::slice::from_ref(&x),
+        )
+        .unwrap()
+    };
+    smelt::ir::print_graph(traced.graph())
+}
 
 /// The instruction set of the AOT objects: `SMELT_AOT_CPU` (`x86-64-v3` with `SMELT_CPU=avx2`
 /// measures the AVX2 path), else the machine's own.
@@ -143,6 +168,7 @@ fn main() {
         (example("mlp_block.smelt"), "mlp_block", 20000),
         (example("attention.smelt"), "attention", 20000),
         (MLP.to_string(), "mlp_64x256x1024", 200),
+        (gpt_text(), "gpt", 200),
     ] {
         let text = &text[..];
         let g = parse_module(text, name).unwrap().graphs.remove(0);
@@ -163,14 +189,37 @@ fn main() {
             .map(|&v| {
                 let ty = &g.node(v).ty;
                 let n: usize = ty.shape.iter().product();
-                let x: Vec<f32> = (0..n).map(|j| 1.0 / (1 + j % 7) as f32).collect();
-                assert_eq!(ty.dtype, DType::F32);
-                Tensor::from_vec(x, &ty.shape).unwrap()
+                match ty.dtype {
+                    DType::F32 => {
+                        let x: Vec<f32> = (0..n).map(|j| 1.0 / (1 + j % 7) as f32).collect();
+                        Tensor::from_vec(x, &ty.shape).unwrap()
+                    }
+                    // token ids
+                    DType::I64 => {
+                        let vocab = gpt_model::VOCAB.len();
+                        let x: Vec<i64> = (0..n).map(|j| ((j * 5) % vocab) as i64).collect();
+                        Tensor::from_vec(x, &ty.shape).unwrap()
+                    }
+                    d => panic!("{name}: no inputs of {d} here"),
+                }
+            })
+            .collect();
+        let files: Vec<PathBuf> = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let p = dir.join(format!("{name}_in{i}.bin"));
+                std::fs::write(&p, t.to_bytes().unwrap()).unwrap();
+                p
             })
             .collect();
         let (mut aot, mut jit) = (Vec::new(), Vec::new());
         for _ in 0..ROUNDS {
-            let out = Command::new(&exe).arg(calls.to_string()).output().unwrap();
+            let out = Command::new(&exe)
+                .arg(calls.to_string())
+                .args(&files)
+                .output()
+                .unwrap();
             aot.push(
                 String::from_utf8_lossy(&out.stdout)
                     .trim()

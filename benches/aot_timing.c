@@ -1,7 +1,9 @@
 /* Times one ahead-of-time compiled model for benches/aot.rs. Built with -DMODEL=name
- * -DNIN=inputs -DNOUT=outputs -DSCRATCH=bytes; `timing N` runs it N times on inputs of
- * ones with one scratch buffer and prints the median nanoseconds of a call; with no
- * argument it makes one call and exits (the bench times the whole process). */
+ * -DNIN=inputs -DNOUT=outputs -DSCRATCH=bytes; `timing N [IN0.bin ...]` runs it N times
+ * with one scratch buffer and prints the median nanoseconds of a call, on the inputs' raw
+ * bytes read from the files (the bench writes them) or, without files, on f32 inputs
+ * 1/(1 + j mod 7); with no argument it makes one call and exits (the bench times the whole
+ * process). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -22,9 +24,15 @@ int main(int argc, char **argv) {
     const void *ins[NIN + 1];
     void *outs[NOUT + 1];
     for (int i = 0; i < NIN; i++) {
-        size_t n = CAT(MODEL, _input_bytes)[i] / sizeof(float);
-        float *x = malloc(n * sizeof(float) + 1);
-        for (size_t j = 0; j < n; j++) x[j] = 1.0f / (float)(1 + j % 7);
+        size_t bytes = CAT(MODEL, _input_bytes)[i];
+        float *x = malloc(bytes + 1);
+        if (argc > 2 + i) {
+            FILE *f = fopen(argv[2 + i], "rb");
+            if (!f || fread(x, 1, bytes, f) != bytes) return 2;
+            fclose(f);
+        } else {
+            for (size_t j = 0; j < bytes / sizeof(float); j++) x[j] = 1.0f / (float)(1 + j % 7);
+        }
         ins[i] = x;
     }
     for (int i = 0; i < NOUT; i++) outs[i] = malloc(CAT(MODEL, _output_bytes)[i] + 1);
