@@ -66,6 +66,15 @@ fn link_driver(m: &smelt::aot::AotModel, dir: &Path) -> PathBuf {
     exe
 }
 
+/// Compiles `g` with the default options into a fresh folder named by `tag` and links the
+/// generic driver against it: the model, the driver and the folder.
+fn built(g: &smelt::ir::Graph, tag: &str) -> (smelt::aot::AotModel, PathBuf, PathBuf) {
+    let dir = temp_dir(tag);
+    let m = smelt::aot::compile(g, &AotOptions::default()).unwrap();
+    let exe = link_driver(&m, &dir);
+    (m, exe, dir)
+}
+
 /// Runs a linked driver on `inputs`; returns the outputs and the printed codes.
 fn run_driver(
     m: &smelt::aot::AotModel,
@@ -198,9 +207,7 @@ fn compiled_models_agree_with_the_interpreter_and_refuse_bad_arguments() {
             if !small {
                 continue;
             }
-            let dir = temp_dir(&g.name);
-            let m = smelt::aot::compile(&g, &AotOptions::default()).unwrap();
-            let exe = link_driver(&m, &dir);
+            let (m, exe, dir) = built(&g, &g.name);
             for seed in [1, 2] {
                 let inputs = inputs_for(&g, seed);
                 let want = common::inputs::interpret(&g, &inputs);
@@ -237,9 +244,7 @@ fn compiled_models_match_the_jit_bit_for_bit() {
         "examples/models/residual.smelt",
     ] {
         let g = module(path).graphs.remove(0);
-        let dir = temp_dir(&format!("jit-{}", g.name));
-        let m = smelt::aot::compile(&g, &AotOptions::default()).unwrap();
-        let exe = link_driver(&m, &dir);
+        let (m, exe, dir) = built(&g, &format!("jit-{}", g.name));
         let inputs = inputs_for(&g, 7);
         let (got, _) = run_driver(&m, &exe, &dir, &inputs);
         let f = smelt::exec::CompiledFn::compile(&g, &Default::default()).unwrap();
@@ -292,9 +297,7 @@ fn f64_transcendentals_compile_ahead_of_time_and_match_the_jit() {
         .unwrap()
         .graphs
         .remove(0);
-    let dir = temp_dir("f64math");
-    let m = smelt::aot::compile(&g, &AotOptions::default()).unwrap();
-    let exe = link_driver(&m, &dir);
+    let (m, exe, dir) = built(&g, "f64math");
     let inputs = inputs_for(&g, 3);
     let (got, _) = run_driver(&m, &exe, &dir, &inputs);
     let jit = smelt::exec::CompiledFn::compile(&g, &Default::default()).unwrap();
@@ -342,9 +345,7 @@ graph picks(%w: f32[11,6], %ids: i64[4,3], %j: i32[5], %x: f64[4,7], %k: i64[4,2
 "#;
     let module = parse_module(text, "copies").unwrap();
     for g in &module.graphs {
-        let dir = temp_dir(&format!("copies-{}", g.name));
-        let m = smelt::aot::compile(g, &AotOptions::default()).unwrap();
-        let exe = link_driver(&m, &dir);
+        let (m, exe, dir) = built(g, &format!("copies-{}", g.name));
         let mut inputs = inputs_for(g, 5);
         if g.name == "picks" {
             inputs[1] =
@@ -404,9 +405,7 @@ graph additive(%q: f32[4,8], %k: f32[9,8], %v: f32[9,3], %m: f32[4,9]) {
 "#;
     let module = parse_module(text, "attention").unwrap();
     for g in &module.graphs {
-        let dir = temp_dir(&format!("sdpa-{}", g.name));
-        let m = smelt::aot::compile(g, &AotOptions::default()).unwrap();
-        let exe = link_driver(&m, &dir);
+        let (m, exe, dir) = built(g, &format!("sdpa-{}", g.name));
         let mut inputs = inputs_for(g, 9);
         if g.name == "masked" {
             // row 2 sees no key at all: zeros, as eagerly
@@ -467,9 +466,7 @@ graph ints(%a: i64[2,3,5], %b: i64[5,4], %c: i32[4,7], %d: i32[3,7,2], %e: u8[6,
 "#;
     let module = parse_module(text, "products").unwrap();
     for g in &module.graphs {
-        let dir = temp_dir(&g.name);
-        let m = smelt::aot::compile(g, &AotOptions::default()).unwrap();
-        let exe = link_driver(&m, &dir);
+        let (m, exe, dir) = built(g, &g.name);
         let inputs = inputs_for(g, 3);
         let want = common::inputs::interpret(g, &inputs);
         let (got, _) = run_driver(&m, &exe, &dir, &inputs);

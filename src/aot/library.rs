@@ -139,7 +139,7 @@ fn copies(s: &Schedule, e: &ExternCall, shape: &[usize], dst: Side) -> Result<Ve
                 })
                 .collect()
         }
-        Op::Repeat { repeats } => vec![repeat(&a[0], repeats, shape, dst)],
+        Op::Repeat { repeats } => vec![repeat(&a[0], repeats, shape, dst)?],
         Op::Flip { dims } => {
             let mut src = Side::of(&a[0]);
             for &d in dims {
@@ -210,8 +210,15 @@ fn copies(s: &Schedule, e: &ExternCall, shape: &[usize], dst: Side) -> Result<Ve
 
 /// `repeat`: the result viewed as `[r0, x0, r1, x1, ...]` (pairs with a 1 dropped) read from
 /// the operand with stride 0 along each `r`.
-fn repeat(x: &View, repeats: &[usize], shape: &[usize], dst: Side) -> CopyStep {
-    let lead = repeats.len() - x.shape.len();
+fn repeat(x: &View, repeats: &[usize], shape: &[usize], dst: Side) -> Result<CopyStep> {
+    let Some(lead) = repeats.len().checked_sub(x.shape.len()) else {
+        bail!(
+            Shape,
+            "aot: repeat of a {}-d operand with {} repeats",
+            x.shape.len(),
+            repeats.len()
+        );
+    };
     let (mut walk, mut ds, mut ss) = (Vec::new(), Vec::new(), Vec::new());
     for (j, &r) in repeats.iter().enumerate() {
         let (n, xs) = match j.checked_sub(lead) {
@@ -231,7 +238,7 @@ fn repeat(x: &View, repeats: &[usize], shape: &[usize], dst: Side) -> CopyStep {
             ss.push(xs);
         }
     }
-    CopyStep {
+    Ok(CopyStep {
         shape: walk,
         dst: Side { strides: ds, ..dst },
         src: Side {
@@ -240,7 +247,7 @@ fn repeat(x: &View, repeats: &[usize], shape: &[usize], dst: Side) -> CopyStep {
             strides: ss,
         },
         index: None,
-    }
+    })
 }
 
 /// Takes dim `d` out of `src`'s walk (stride 0); returns its size and stride (1 and 0 for
