@@ -1,7 +1,8 @@
 //! Ahead-of-time compiled models and the JIT's disk cache, measured in one run:
 //!
 //! 1. **AOT against JIT**: the same model (same kernels) called from a C program linking its
-//!    object and from `CompiledFn::call`, median ns per call, rounds alternating: two blocks
+//!    object and from `CompiledFn::call` in a Rust process of its own (so that neither side
+//!    runs beside the other's thread pool), median ns per call, rounds alternating: two blocks
 //!    of `examples/models`, a wide MLP, and the GPT of `examples/gpt` (random weights,
 //!    traced with its weights as constants, batch 2 × 32 tokens);
 //! 2. **a C program's first call**: the wall time of a process that links the MLP block of
@@ -140,10 +141,42 @@ fn fresh_compile(file: &Path, cache: &str) -> (f64, String) {
     (t.parse().unwrap(), origin.to_string())
 }
 
+/// In a child process: compiles `args[0]`'s graph, reads its inputs' bytes from the files
+/// `args[2..]`, makes `args[1]` calls after a tenth as many to warm up, and prints the
+/// median ns per call.
+fn jit_child(args: &[String]) {
+    let text = std::fs::read_to_string(&args[0]).unwrap();
+    let g = parse_module(&text, &args[0]).unwrap().graphs.remove(0);
+    let calls: usize = args[1].parse().unwrap();
+    let inputs: Vec<Tensor> = g
+        .inputs()
+        .iter()
+        .zip(&args[2..])
+        .map(|(&v, file)| {
+            let ty = &g.node(v).ty;
+            Tensor::from_bytes(ty.dtype, &ty.shape, &std::fs::read(file).unwrap()).unwrap()
+        })
+        .collect();
+    let f = CompiledFn::compile(&g, &CompileOptions::default()).unwrap();
+    for _ in 0..calls / 10 {
+        std::hint::black_box(f.call(&inputs).unwrap());
+    }
+    let mut t = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let t0 = Instant::now();
+        std::hint::black_box(f.call(&inputs).unwrap());
+        t.push(t0.elapsed().as_nanos() as f64);
+    }
+    println!("{}", median_range(t).0);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--child") {
         return child(&args[i + 1]);
+    }
+    if let Some(i) = args.iter().position(|a| a == "--jit-child") {
+        return jit_child(&args[i + 1..]);
     }
     let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target/aot-bench"));
     let _ = std::fs::remove_dir_all(&dir);
@@ -182,7 +215,8 @@ fn main() {
         )
         .unwrap();
         let exe = link(&m, &dir);
-        let f = CompiledFn::compile(&g, &CompileOptions::default()).unwrap();
+        let model = dir.join(format!("{name}.smelt"));
+        std::fs::write(&model, text).unwrap();
         let inputs: Vec<Tensor> = g
             .inputs()
             .iter()
@@ -213,26 +247,25 @@ fn main() {
                 p
             })
             .collect();
+        let median_of = |cmd: &mut Command| -> f64 {
+            let out = cmd.output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            text.trim().parse().unwrap_or_else(|_| {
+                panic!("{name}: {text} {}", String::from_utf8_lossy(&out.stderr))
+            })
+        };
         let (mut aot, mut jit) = (Vec::new(), Vec::new());
         for _ in 0..ROUNDS {
-            let out = Command::new(&exe)
-                .arg(calls.to_string())
-                .args(&files)
-                .output()
-                .unwrap();
-            aot.push(
-                String::from_utf8_lossy(&out.stdout)
-                    .trim()
-                    .parse::<f64>()
-                    .unwrap(),
-            );
-            let mut t = Vec::with_capacity(calls);
-            for _ in 0..calls {
-                let t0 = Instant::now();
-                std::hint::black_box(f.call(&inputs).unwrap());
-                t.push(t0.elapsed().as_nanos() as f64);
-            }
-            jit.push(median_range(t).0);
+            aot.push(median_of(
+                Command::new(&exe).arg(calls.to_string()).args(&files),
+            ));
+            jit.push(median_of(
+                Command::new(std::env::current_exe().unwrap())
+                    .arg("--jit-child")
+                    .arg(&model)
+                    .arg(calls.to_string())
+                    .args(&files),
+            ));
         }
         let ratio: Vec<f64> = aot.iter().zip(&jit).map(|(a, j)| a / j).collect();
         println!(
