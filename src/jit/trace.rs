@@ -30,10 +30,9 @@
 
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::graph::{Graph, ValueId};
-use crate::ir::op::{Literal, Op, TensorType};
+use crate::ir::op::{Op, TensorType};
 use crate::ir::sym::Bindings;
 use crate::ir::text::{SymbolicModule, fmt_type};
-use crate::runtime::access;
 use crate::runtime::tensor::Tensor;
 use crate::{Error, Result, bail};
 use std::cell::RefCell;
@@ -436,24 +435,6 @@ fn scalar_value(t: &Tensor) -> Result<Scalar> {
     })
 }
 
-/// The tensor's elements as a literal (row-major bytes).
-fn literal(t: &Tensor) -> Result<Literal> {
-    let c = t.contiguous()?;
-    let n = c.numel() * c.element_size();
-    let bytes = if n == 0 {
-        Vec::new()
-    } else {
-        let acc = access::lock(&[&c], &[]);
-        // SAFETY: `c` is contiguous: its n bytes follow its first element; read lock held.
-        unsafe { std::slice::from_raw_parts(acc.read::<u8>(0), n) }.to_vec()
-    };
-    Ok(Literal {
-        dtype: c.dtype(),
-        shape: c.shape().to_vec(),
-        bytes: Arc::new(bytes),
-    })
-}
-
 struct Recorder {
     graph: Graph,
     values: HashMap<usize, ValueId>,
@@ -534,7 +515,8 @@ impl Recorder {
             let name = format!("capture{}", self.captures.len() - 1);
             self.graph.add_input(&name, t.ttype())?
         } else {
-            self.graph.add_op(Op::Constant(literal(t)?), &[])?
+            self.graph
+                .add_op(Op::Constant(crate::runtime::literal(t)?), &[])?
         };
         self.bind(t, v);
         Ok(v)

@@ -13,12 +13,11 @@ use super::proto::{AttributeProto, GraphProto, NodeProto, attribute_type};
 use super::tensor::{dtype_of, to_tensor};
 use crate::ir::attrs::Attr;
 use crate::ir::graph::{Graph, ValueId, is_valid_name};
-use crate::ir::op::{Literal, Op, TensorType};
+use crate::ir::op::{Op, TensorType};
 use crate::runtime::interp;
 use crate::{DType, Error, Result, Scalar, Tensor, bail};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::sync::Arc;
 
 /// Known tensors of at most this many elements used by graph ops are inlined as constants;
 /// larger ones become parameters.
@@ -166,7 +165,9 @@ impl Importer {
             return Ok(id);
         }
         if self.inline_all || t.numel() <= INLINE_MAX {
-            return self.g.add_op(Op::Constant(literal(t)?), &[]);
+            return self
+                .g
+                .add_op(Op::Constant(crate::runtime::literal(t)?), &[]);
         }
         let gname = self.fresh(name);
         let id = self.g.add_input(&gname, t.ttype())?;
@@ -459,15 +460,6 @@ impl Val {
     }
 }
 
-/// A tensor as an inline constant.
-pub(super) fn literal(t: &Tensor) -> Result<Literal> {
-    Ok(Literal {
-        dtype: t.dtype(),
-        shape: t.shape().to_vec(),
-        bytes: Arc::new(t.to_bytes()?),
-    })
-}
-
 /// `name` with every character the text format cannot spell replaced by `_`.
 pub fn sanitize(name: &str) -> String {
     let s: String = name
@@ -638,7 +630,9 @@ impl Cx<'_> {
     /// A 0-d constant `value` of dtype `dtype`.
     pub fn scalar(&mut self, value: f64, dtype: DType) -> Result<ValueId> {
         let t = Tensor::scalar(value).to_dtype(dtype)?;
-        self.imp.g.add_op(Op::Constant(literal(&t)?), &[])
+        self.imp
+            .g
+            .add_op(Op::Constant(crate::runtime::literal(&t)?), &[])
     }
 
     /// A constant tensor (inline when small, a parameter otherwise).

@@ -16,12 +16,12 @@
 use super::simplify::{copy_op, start_copy};
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::graph::{Graph, NodeKind, ValueId};
-use crate::ir::op::{Literal, Op, ReduceOp};
+use crate::ir::op::{Op, ReduceOp};
 use crate::ir::shape::reduction_dims;
+use crate::runtime::literal;
 use crate::runtime::tensor::{Tensor, apply};
 use crate::{Error, Result};
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 
 /// Limits of constant folding.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -254,14 +254,4 @@ fn reduce_uniform(g: &Graph, v: ValueId, uniform: &HashMap<ValueId, Tensor>) -> 
         fill_value,
         dtype: Some(dtype),
     }))
-}
-
-/// The tensor's elements as a literal (row-major, little-endian bytes).
-pub(crate) fn literal(t: &Tensor) -> Result<Literal> {
-    let bytes = t.to_bytes()?;
-    Ok(Literal {
-        dtype: t.dtype(),
-        shape: t.shape().to_vec(),
-        bytes: Arc::new(bytes),
-    })
 }

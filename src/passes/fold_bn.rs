@@ -25,7 +25,7 @@ fn constant(g: &Graph, v: ValueId) -> Option<Vec<f64>> {
 
 /// `values` as a literal of `dtype` and `shape`.
 fn literal(values: Vec<f64>, shape: &[usize], dtype: DType) -> Result<Literal> {
-    super::fold::literal(&Tensor::from_vec(values, shape)?.to_dtype(dtype)?)
+    crate::runtime::literal(&Tensor::from_vec(values, shape)?.to_dtype(dtype)?)
 }
 
 /// The folded convolution for batch norm `v`, or `None` when the pattern does not apply.

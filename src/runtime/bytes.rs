@@ -1,8 +1,20 @@
 //! A tensor's elements as little-endian bytes and back: what safetensors files and
 //! ahead-of-time compiled models hold.
 
+use crate::device::Device;
+use crate::ir::op::Literal;
 use crate::runtime::Tensor;
 use crate::{DType, Result, bail};
+
+/// A tensor's elements as an inline constant of a graph (traces, ONNX initializers, weights
+/// bound at compile time).
+pub(crate) fn literal(t: &Tensor) -> Result<Literal> {
+    Ok(Literal {
+        dtype: t.dtype(),
+        shape: t.shape().to_vec(),
+        bytes: std::sync::Arc::new(t.to_bytes()?),
+    })
+}
 
 impl Tensor {
     /// The little-endian bytes of a tensor's elements in row-major order.
@@ -10,6 +22,17 @@ impl Tensor {
         let t = self;
         if t.numel() == 0 {
             return Ok(Vec::new());
+        }
+        if t.device() == Device::Cpu {
+            // a host storage holds its elements as these bytes (a bool is the byte 0 or 1,
+            // the machine little-endian): one copy of a contiguous view
+            let c = t.contiguous()?;
+            let n = c.numel() * c.element_size();
+            let acc = crate::runtime::access::lock(&[&c], &[]);
+            // SAFETY: `c` is contiguous, so its n bytes follow its first element; the read
+            // lock is held while they are copied.
+            let bytes = unsafe { std::slice::from_raw_parts(acc.read::<u8>(0), n) }.to_vec();
+            return Ok(bytes);
         }
         Ok(match t.dtype() {
             DType::Bool => t.to_vec::<bool>()?.into_iter().map(u8::from).collect(),

@@ -5,6 +5,7 @@
 
 mod apply;
 mod bytes;
+pub(crate) use bytes::literal;
 pub mod control;
 pub mod cuda;
 mod display;
