@@ -68,11 +68,13 @@ pub unsafe fn run(c: &Copy, dst: *mut u8, src: *const u8) -> Result<(), OutOfRan
     let outer = rank.saturating_sub(1);
     let mut at = [0usize; MAX_RANK];
     let (mut od, mut os, mut oi) = (0isize, 0isize, 0isize);
+    // an index that varies along the run is read per element, one that does not per run
+    let per_element = c.index.filter(|_| inner[2] != 0);
     loop {
-        let base = match &c.index {
+        let base = match (&c.index, per_element) {
             // SAFETY: the index element at offset `oi` is inside the index view (contract).
-            Some(ix) => unsafe { lookup(ix, oi) }?,
-            None => 0,
+            (Some(ix), None) => unsafe { lookup(ix, oi) }?,
+            _ => 0,
         };
         let d = dst.wrapping_offset(od * c.size as isize);
         let s = src.wrapping_offset((os + base) * c.size as isize);
@@ -81,17 +83,15 @@ pub unsafe fn run(c: &Copy, dst: *mut u8, src: *const u8) -> Result<(), OutOfRan
             unsafe { std::ptr::copy_nonoverlapping(s, d, len * c.size) };
         } else {
             for k in 0..len as isize {
-                let extra = match (&c.index, inner[2]) {
-                    (Some(ix), st) if st != 0 => {
-                        // SAFETY: as above, for point `k` of the run.
-                        unsafe { lookup(ix, oi + k * st) }? - base
-                    }
-                    _ => 0,
+                let picked = match &per_element {
+                    // SAFETY: as above, for point `k` of the run.
+                    Some(ix) => unsafe { lookup(ix, oi + k * inner[2]) }?,
+                    None => 0,
                 };
                 // SAFETY: point `k` of the run is inside both sides (contract).
                 unsafe {
                     element(
-                        s.wrapping_offset((k * inner[1] + extra) * c.size as isize),
+                        s.wrapping_offset((k * inner[1] + picked) * c.size as isize),
                         d.wrapping_offset(k * inner[0] * c.size as isize),
                         c.size,
                     )

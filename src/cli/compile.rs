@@ -71,8 +71,10 @@ pub fn run(a: &CompileArgs) -> Result<()> {
         let loaded =
             super::model::load_model_for(&a.model, a.weights.as_deref(), &[], a.graph.as_deref())?;
         let g = pick(&loaded.module, a.graph.as_deref())?;
-        let bound = crate::passes::fold::bind_inputs(g, &loaded.weights)?;
-        return cpu(a, &bound);
+        if loaded.weights.is_empty() {
+            return cpu(a, g);
+        }
+        return cpu(a, &crate::passes::fold::bind_inputs(g, &loaded.weights)?);
     }
     if a.shared || a.weights.is_some() {
         return Err(Error::Value(
