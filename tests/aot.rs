@@ -40,6 +40,17 @@ fn module(path: &str) -> smelt::ir::graph::Module {
     parse_module(&text, path).unwrap()
 }
 
+/// Runs `cmd` to success (a failure panics with its stderr, under `what`); its stdout.
+fn succeed(cmd: &mut Command, what: &str) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Links the generic driver against model `m` written to `dir`; returns the executable.
 fn link_driver(m: &smelt::aot::AotModel, dir: &Path) -> PathBuf {
     m.write(dir).unwrap();
@@ -56,13 +67,7 @@ fn link_driver(m: &smelt::aot::AotModel, dir: &Path) -> PathBuf {
         .args(smelt::aot::link_flags(&rt).split_whitespace())
         .arg("-o")
         .arg(&exe);
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "linking {}: {}",
-        m.name,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeed(&mut cmd, &format!("linking {}", m.name));
     exe
 }
 
@@ -569,25 +574,19 @@ fn the_c_example_prints_the_interpreters_values() {
     }
     let rt = smelt::aot::runtime_library().unwrap();
     let exe = dir.join("example");
-    let out = Command::new("cc")
-        .arg("-O1")
-        .arg("-I")
-        .arg(&dir)
-        .arg(root().join("examples/aot/c/main.c"))
-        .args(&objects)
-        .args(smelt::aot::link_flags(&rt).split_whitespace())
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeed(
+        Command::new("cc")
+            .arg("-O1")
+            .arg("-I")
+            .arg(&dir)
+            .arg(root().join("examples/aot/c/main.c"))
+            .args(&objects)
+            .args(smelt::aot::link_flags(&rt).split_whitespace())
+            .arg("-o")
+            .arg(&exe),
+        "linking the C example",
     );
-    let out = Command::new(&exe).output().unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let text = succeed(&mut Command::new(&exe), "the C example");
     for (name, g) in &graphs {
         // input j holds ((7 i + 3 j) mod 17 - 8) / 8 at element i
         let inputs: Vec<Tensor> = g
@@ -688,37 +687,27 @@ fn shared_libraries_with_bound_weights_run_through_the_c_interface() {
     );
     // the generic driver, linked against the shared library
     let exe = dir.join("blk_driver");
-    let out = Command::new("cc")
-        .arg("-O1")
-        .args(["-DMODEL=blk", "-DNIN=1", "-DNOUT=1"])
-        .arg(format!("-DSCRATCH={scratch}"))
-        .arg(root().join("tests/aot_driver.c"))
-        .arg("-L")
-        .arg(&dir)
-        .arg("-lblk")
-        .arg(format!("-Wl,-rpath,{}", dir.display()))
-        .arg("-lpthread")
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeed(
+        Command::new("cc")
+            .arg("-O1")
+            .args(["-DMODEL=blk", "-DNIN=1", "-DNOUT=1"])
+            .arg(format!("-DSCRATCH={scratch}"))
+            .arg(root().join("tests/aot_driver.c"))
+            .arg("-L")
+            .arg(&dir)
+            .arg("-lblk")
+            .arg(format!("-Wl,-rpath,{}", dir.display()))
+            .arg("-lpthread")
+            .arg("-o")
+            .arg(&exe),
+        "linking against libblk.so",
     );
     let input = dir.join("x.bin");
     std::fs::write(&input, all[0].to_bytes().unwrap()).unwrap();
     let output = dir.join("y.bin");
-    let out = Command::new(&exe)
-        .arg(&input)
-        .arg(&output)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeed(
+        Command::new(&exe).arg(&input).arg(&output),
+        "the driver on libblk.so",
     );
     let got = Tensor::from_bytes(DType::F32, &[4, 16], &std::fs::read(&output).unwrap()).unwrap();
     let want = common::inputs::interpret(&g, &all);
