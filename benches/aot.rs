@@ -69,18 +69,7 @@ fn gpt_text() -> String {
     smelt::manual_seed(0);
     let model = gpt_model::Gpt::new().unwrap();
     let x = Tensor::zeros(&[2, gpt_model::CTX], DType::I64);
-    let traced = {
-        let _off = smelt::autograd::no_grad();
-        smelt::jit::trace(
-            |xs| {
-                use smelt::nn::Module;
-                Ok(vec![model.forward(&xs[0])?])
-            },
-            std::slice::from_ref(&x),
-        )
-        .unwrap()
-    };
-    smelt::ir::print_graph(traced.graph())
+    smelt::ir::print_graph(&gpt_model::inference_graph(&model, &x).unwrap())
 }
 
 /// The instruction set of the AOT objects: `SMELT_AOT_CPU` (`x86-64-v3` with `SMELT_CPU=avx2`

@@ -31,7 +31,9 @@ use std::time::Instant;
 
 #[path = "common/gpt_model.rs"]
 mod gpt_model;
-use gpt_model::{BATCH, CTX, Gpt, HEADS, LAYERS, VOCAB, WIDTH, batch, loss, problem, token};
+use gpt_model::{
+    BATCH, CTX, Gpt, HEADS, LAYERS, VOCAB, WIDTH, batch, inference_graph, loss, problem, token,
+};
 
 const EAGER_STEPS: usize = 20;
 const STEPS: usize = 1500;
@@ -177,22 +179,13 @@ fn main() -> Result<()> {
     let weights = out_dir.join("gpt.safetensors");
     smelt::nn::state_dict::save(&model, &weights)?;
     let x = batch(&mut eval_rng)?.0.narrow(0, 0, 2)?;
-    let traced = {
-        let _off = no_grad();
-        smelt::jit::trace(
-            |xs| Ok(vec![model.forward(&xs[0])?]),
-            std::slice::from_ref(&x),
-        )?
-    };
+    let graph = inference_graph(&model, &x)?;
     let graph_path = out_dir.join("gpt.smelt");
-    std::fs::write(&graph_path, smelt::ir::print_graph(traced.graph()))
+    std::fs::write(&graph_path, smelt::ir::print_graph(&graph))
         .map_err(|e| smelt::Error::Io(e.to_string()))?;
     let input_path = out_dir.join("idx.npy");
     smelt::runtime::npy::write_npy(&input_path, &x)?;
-    let input_name = {
-        let g = traced.graph();
-        g.node(g.inputs()[0]).name.clone()
-    };
+    let input_name = graph.node(graph.inputs()[0]).name.clone();
     smelt::cli::run(&smelt::cli::RunArgs {
         model: graph_path.clone(),
         inputs: vec![(input_name, input_path)],
