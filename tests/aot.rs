@@ -411,6 +411,9 @@ graph additive(%q: f32[4,8], %k: f32[9,8], %v: f32[9,3], %m: f32[4,9]) {
     let module = parse_module(text, "attention").unwrap();
     for g in &module.graphs {
         let (m, exe, dir) = built(g, &format!("sdpa-{}", g.name));
+        // the header names the outputs as the graph does, rewritten or not
+        let out = &g.node(g.outputs()[0]).name;
+        assert_eq!(&m.outputs[0].name, out, "{}", g.name);
         let mut inputs = inputs_for(g, 9);
         if g.name == "masked" {
             // row 2 sees no key at all: zeros, as eagerly

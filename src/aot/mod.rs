@@ -99,6 +99,8 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
         );
     }
     // the run-time library has no fused attention: matmul and softmax instead
+    // (the ports keep the names of the caller's graph: `given`)
+    let given = g;
     let g = &*crate::passes::decompose::expand_attentions(g)?;
     // the schedule the JIT's disk cache holds for this graph, if any: the same passes ran
     let jit = crate::exec::CompileOptions::default();
@@ -178,12 +180,12 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
         ],
     )?;
     let inputs = ports(
-        g,
+        given,
         &s,
-        g.inputs(),
+        given.inputs(),
         &s.inputs.iter().map(|&b| whole(&s, b)).collect::<Vec<_>>(),
     );
-    let outputs = ports(g, &s, g.outputs(), &s.outputs);
+    let outputs = ports(given, &s, given.outputs(), &s.outputs);
     let sizes = |ps: &[Port]| -> Vec<u8> {
         ps.iter()
             .flat_map(|p| (p.bytes() as u64).to_le_bytes())

@@ -164,7 +164,7 @@ pub fn expand_attentions(g: &Graph) -> Result<std::borrow::Cow<'_, Graph>> {
     rebuild_where(
         g,
         |op| matches!(op, Op::Attention { .. }),
-        |b, name, op, args| {
+        |b, _, op, args| {
             let Op::Attention {
                 has_mask,
                 is_causal,
@@ -174,9 +174,7 @@ pub fn expand_attentions(g: &Graph) -> Result<std::borrow::Cow<'_, Graph>> {
                 return Ok(None);
             };
             let mut e = Emit { g: &mut b.g };
-            let y = attention_forward(&mut e, args, *has_mask, *is_causal, scale.map(|s| s.get()))?;
-            // the result keeps the node's name: outputs and dumps refer to it
-            b.g.add_op_named(Op::Contiguous, &[y], name).map(Some)
+            attention_forward(&mut e, args, *has_mask, *is_causal, scale.map(|s| s.get())).map(Some)
         },
     )
 }
