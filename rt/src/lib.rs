@@ -5,6 +5,8 @@
 //! - [`unary_f64`]: the f64 formulas of the unary ops compiled code calls, defined once for
 //!   eager kernels, the JIT and ahead-of-time models;
 //! - [`copy`]: strided and indexed copies, the data-movement library ops of compiled models;
+//! - [`conv`]: convolutions and their gradients, for eager tensors and compiled models alike;
+//! - [`threads`]: how many threads a library kernel may take, and how it enters rayon;
 //! - [`gemm`]: strided, batched matrix products ([`panels`]: their f32 path on AVX2);
 //! - [`hot`]: calls during which the thread pool's workers poll for work;
 //! - [`model`]: the entry point of ahead-of-time compiled models: it checks the CPU, lays
@@ -18,6 +20,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod consts;
+pub mod conv;
 pub mod copy;
 pub mod gemm;
 pub mod hot;
@@ -27,6 +30,7 @@ pub mod model;
 pub mod panels;
 pub mod ranges;
 pub mod scalar;
+pub mod threads;
 pub mod tiles;
 pub mod unary_f64;
 pub mod vmath;

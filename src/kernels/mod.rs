@@ -37,12 +37,6 @@ pub(super) fn f32s_mut<A: 'static>(s: &mut [A]) -> Option<&mut [f32]> {
         .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<f32>(), s.len()) })
 }
 
-/// `v` as a vector of `A`, when `A` is f32 (the way back from [`f32s`]).
-pub(super) fn cast_vec<A: 'static>(v: Vec<f32>) -> Option<Vec<A>> {
-    let any: Box<dyn std::any::Any> = Box::new(v);
-    any.downcast::<Vec<A>>().ok().map(|b| *b)
-}
-
 /// Refuses results whose bytes do not fit an allocation (rather than aborting in it). Views
 /// allocate nothing and are exempt: an expanded view may describe more than memory holds.
 pub(crate) fn check_size(t: &TensorType) -> Result<()> {

@@ -1,15 +1,9 @@
-//! How many threads a kernel may split its work across.
-//!
-//! Kernels ask [`available`] rather than rayon directly, so that a caller can keep a whole
-//! computation on its own thread with [`serial`]: handing work to even a one-thread pool costs
-//! a cross-thread wake-up (tens of µs here), more than a small kernel takes.
+//! How eager kernels use threads: how many they may take and how they enter rayon
+//! (`smelt_rt::threads`, shared with the library kernels of compiled models), the size below
+//! which an eager kernel stays on its thread, and compiled calls' polling pools ([`hot`]).
 
 use super::storage::{add_allocations, allocation_count};
-use std::cell::Cell;
-
-thread_local! {
-    static SERIAL: Cell<bool> = const { Cell::new(false) };
-}
+pub use smelt_rt::threads::{available, par_each, par_for, serial};
 
 /// [`eager_par_min`] out of a compiled call: high enough that a kernel split over the pool
 /// pays for waking its sleeping workers, low enough that the activations of a small
@@ -26,48 +20,7 @@ pub fn eager_par_min() -> usize {
     smelt_rt::hot::par_min(EAGER_PAR_MIN)
 }
 
-/// The threads a kernel started on this thread may use: 1 inside [`serial`], else the size
-/// of the current rayon pool.
-pub fn available() -> usize {
-    if SERIAL.with(Cell::get) {
-        1
-    } else {
-        rayon::current_num_threads()
-    }
-}
-
-/// Runs `f(i)` for every `i` in `0..count` across the current rayon pool.
-///
-/// The one place eager kernels enter rayon: `f` is a trait object, so rayon's splitting and
-/// job machinery is compiled once here, not again for every kernel closure and element type
-/// (it was a third of the library's generated code). `f` runs once per chunk of work, so
-/// the indirect call costs nothing measurable.
-pub fn par_for(count: usize, f: &(dyn Fn(usize) + Sync)) {
-    use rayon::prelude::*;
-    (0..count).into_par_iter().for_each(f);
-}
-
 pub use smelt_rt::ranges::Ranges;
-
-/// Runs `f(c, lo, hi)` for every range `c` of `r` across the current rayon pool.
-pub fn par_each(r: &Ranges, f: &(dyn Fn(usize, usize, usize) + Sync)) {
-    par_for(r.count(), &|c| {
-        let (lo, hi) = r.get(c);
-        f(c, lo, hi)
-    });
-}
-
-/// Runs `f` so that every kernel it starts on this thread runs on this thread.
-pub fn serial<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            SERIAL.with(|s| s.set(self.0));
-        }
-    }
-    let _restore = Restore(SERIAL.with(|s| s.replace(true)));
-    f()
-}
 
 /// Runs `f` on a worker of `pool` (rayon's global pool for `None`) while the pool's other
 /// workers poll for work instead of sleeping (`smelt_rt::hot`), and returns its result: how
@@ -75,7 +28,7 @@ pub fn serial<R>(f: impl FnOnce() -> R) -> R {
 /// storages `f` allocates count as this thread's. Under [`serial`], or where the call would
 /// not move (`smelt_rt::hot::moves`: a nested call, a pool of one thread), `f` just runs.
 pub fn hot<R: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R + Send) -> R {
-    if SERIAL.with(Cell::get) || !smelt_rt::hot::moves(pool) {
+    if smelt_rt::threads::is_serial() || !smelt_rt::hot::moves(pool) {
         return f();
     }
     let nesting = crate::profiler::Nesting::here();

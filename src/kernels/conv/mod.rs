@@ -1,59 +1,32 @@
 //! Convolution (1-d and 2-d, grouped, strided, dilated, asymmetrically padded) and its two
-//! gradients, as GEMMs over tiles of output pixels through the `gemm` crate.
-//!
-//! Forward, per image, group and tile of output pixels: the tile's patches are gathered
-//! into a small column buffer (about half an L2) and multiplied by the group's weights.
-//! In NCHW the buffer is `col[Cin_g·kH·kW, pixels]` and the product `W[Cout_g, ·] · col`
-//! writes rows of output channels; in NHWC (channels_last inputs) the buffer is
-//! `col[pixels, kH·kW·Cin_g]`, whose rows are runs of contiguous channels, and the product
-//! `col · Wᵀ` writes rows of output pixels. A 1×1, stride-1, unpadded convolution reads
-//! the input directly, and a depthwise convolution (one input and one output channel per
-//! group) runs a direct loop instead of one-channel GEMMs. Tasks (image, group, tile) run
-//! in parallel, each GEMM on its own thread. Results are written straight into the output
-//! tensor's (possibly recycled) buffer when it has the compute dtype.
-//!
-//! The input gradient is the transposed convolution: `Wᵀ · gy` into a column buffer, then a
-//! scatter-add of its patches into the image (per image, so no two threads write the same
-//! elements; a batch too small to keep the threads busy runs one image at a time with a
-//! parallel GEMM and a scatter split over channels). The weight gradient sums
-//! `gy · colᵀ` over images and tiles, one partial sum per thread, added at the end.
-//!
-//! f32 with one group skips the column buffers where the channel counts fit register tiles
-//! (`direct`, both layouts): at the channel counts of small networks the gather, the
-//! scatter and the GEMMs' packing cost as much as the products (BENCHMARKS.md).
+//! gradients on tensors: the shapes checked, the operands made dense in the compute dtype
+//! and the order the kernels read, then the kernels of `smelt_rt::conv` (shared with
+//! compiled models), and the result presented in its layout.
 //!
 //! f64 computes in f64; f32 in f32; f16 and bf16 in f32, with one rounding of the result.
 //! A 1-d convolution is the 2-d one with a height of 1.
 
 use super::copy;
-use super::{cast_vec, f32s, f32s_mut};
 use crate::ir::dtype::DType;
 use crate::ir::op::TensorType;
 use crate::layout::Layout;
 use crate::tensor::Tensor;
 use crate::tensor::access;
 use crate::tensor::element::Element;
-use crate::tensor::strided::SendPtr;
-use crate::tensor::threads::{self, Ranges};
 use crate::{Result, bail};
-use gemm::Parallelism;
+pub(crate) use smelt_rt::conv::{Dims, run_chunks, valid_range};
 
-mod depthwise;
-mod direct;
 mod forward;
 mod input_grad;
 #[cfg(test)]
 mod tests;
 mod weight_grad;
+mod weights;
 
 pub use crate::ir::conv::ConvGeometry;
 pub use forward::{Epilogue, forward, forward_then};
 pub use input_grad::backward_input;
 pub use weight_grad::backward_weight;
-// What the parts share with each other, `direct` and the tests.
-use depthwise::*;
-use forward::*;
-use weight_grad::*;
 
 /// Whether a tensor of `shape` with `strides` is dense in channels_last (NHWC) order, as
 /// PyTorch's `is_contiguous(memory_format=torch.channels_last)`: 4-d, strides
@@ -104,15 +77,7 @@ fn strides_like_nhwc(shape: &[usize], strides: &[usize]) -> bool {
 }
 
 /// The float types the kernels compute in.
-pub(crate) trait Acc:
-    Element
-    + Default
-    + std::ops::Add<Output = Self>
-    + std::ops::Mul<Output = Self>
-    + std::ops::Div<Output = Self>
-    + std::ops::AddAssign
-{
-}
+pub(crate) trait Acc: Element + smelt_rt::conv::Real {}
 impl Acc for f32 {}
 impl Acc for f64 {}
 
@@ -265,180 +230,15 @@ pub(crate) fn dense_strides(nhwc: bool, c: usize, h: usize, w: usize) -> [usize;
     }
 }
 
-/// Runs `f(chunk, lo, hi)` for `0..count` cut into at most `chunks` contiguous ranges,
-/// across the available threads (on this thread alone when only one is available).
-pub(crate) fn run_chunks(count: usize, chunks: usize, f: &(dyn Fn(usize, usize, usize) + Sync)) {
-    if count == 0 {
-        return;
-    }
-    let r = Ranges::new(count, chunks, 1);
-    if threads::available() <= 1 || r.count() == 1 {
-        for c in 0..r.count() {
-            let (lo, hi) = r.get(c);
-            f(c, lo, hi);
-        }
-    } else {
-        threads::par_each(&r, f);
-    }
-}
-
-/// Runs `f(task, scratch)` for every task in `0..count`, in runs of consecutive tasks
-/// spread over the threads; each run reuses one zeroed scratch buffer of `scratch` elements.
-fn par_tasks<A: Acc>(count: usize, scratch: usize, f: &(dyn Fn(usize, &mut [A]) + Sync)) {
-    let chunks = threads::available().saturating_mul(8);
-    run_chunks(count, chunks, &|_, lo, hi| {
-        let mut buf = vec![A::zero(); scratch];
-        for t in lo..hi {
-            f(t, &mut buf);
-        }
-    });
-}
-
-/// `dst[m×n] = lhs[m×k] · rhs[k×n]` (`+=` when `accumulate`), every operand given by its
-/// first element and its (row, column) strides.
-///
-/// # Safety
-/// Every operand's elements lie inside its allocation, and nothing else accesses `dst`'s.
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_at<A: Acc>(
-    (m, n, k): (usize, usize, usize),
-    dst: *mut A,
-    (drs, dcs): (usize, usize),
-    accumulate: bool,
-    lhs: *const A,
-    (lrs, lcs): (usize, usize),
-    rhs: *const A,
-    (rrs, rcs): (usize, usize),
-    par: Parallelism,
-) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    // SAFETY: as the caller promises.
-    unsafe {
-        if k == 0 {
-            if !accumulate {
-                for r in 0..m {
-                    for c in 0..n {
-                        *dst.add(r * drs + c * dcs) = A::zero();
-                    }
-                }
-            }
-            return;
-        }
-        let one = A::from_f64(1.0);
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst,
-            dcs as isize,
-            drs as isize,
-            accumulate,
-            lhs,
-            lcs as isize,
-            lrs as isize,
-            rhs,
-            rcs as isize,
-            rrs as isize,
-            one,
-            one,
-            false,
-            false,
-            false,
-            par,
-        )
-    }
-}
-
-/// The problem, every tensor read as 4-d (a 1-d convolution has a height of 1).
-#[derive(Clone, Copy, Debug)]
-struct Dims {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
-    co: usize,
-    oh: usize,
-    ow: usize,
-    kh: usize,
-    kw: usize,
-    sh: usize,
-    sw: usize,
-    ph: usize,
-    pw: usize,
-    dh: usize,
-    dw: usize,
-    g: usize,
-}
-
-impl Dims {
-    fn cig(&self) -> usize {
-        self.c / self.g
-    }
-    fn cog(&self) -> usize {
-        self.co / self.g
-    }
-    /// The length of a patch of one group: `Cin_g · kH · kW`.
-    fn kk(&self) -> usize {
-        self.cig() * self.kh * self.kw
-    }
-    fn ipix(&self) -> usize {
-        self.h * self.w
-    }
-    fn opix(&self) -> usize {
-        self.oh * self.ow
-    }
-    /// One input and one output channel per group.
-    fn depthwise(&self) -> bool {
-        self.cig() == 1 && self.cog() == 1
-    }
-    /// A 1×1, stride-1, unpadded convolution: the input is its own column matrix.
-    fn pointwise(&self) -> bool {
-        self.kh == 1
-            && self.kw == 1
-            && self.sh == 1
-            && self.sw == 1
-            && self.ph == 0
-            && self.pw == 0
-            && self.oh == self.h
-            && self.ow == self.w
-    }
-    /// The input row of output row `oh` at kernel row `i`, when inside the input.
-    fn in_row(&self, oh: usize, i: usize) -> Option<usize> {
-        let ih = (oh * self.sh + i * self.dh) as isize - self.ph as isize;
-        (ih >= 0 && (ih as usize) < self.h).then_some(ih as usize)
-    }
-    /// The input column of output column 0 at kernel column `j` (may be negative).
-    fn col_off(&self, j: usize) -> isize {
-        (j * self.dw) as isize - self.pw as isize
-    }
-    /// The output columns in `o0..o1` whose input column at kernel column `j` is inside.
-    fn cols(&self, o0: usize, o1: usize, j: usize) -> (usize, usize) {
-        valid_range(o0, o1, self.sw, self.col_off(j), self.w)
-    }
-}
-
-/// The `o` in `o0..o1` for which `o·s + off` lies in `0..n`, as a range `lo..hi`.
-pub(crate) fn valid_range(o0: usize, o1: usize, s: usize, off: isize, n: usize) -> (usize, usize) {
-    let lo = if off >= 0 {
-        0
-    } else {
-        (off.unsigned_abs()).div_ceil(s)
-    };
-    let lim = n as isize - off;
-    let hi = if lim <= 0 {
-        0
-    } else {
-        (lim as usize).div_ceil(s)
-    };
-    let lo = lo.clamp(o0, o1);
-    (lo, hi.clamp(lo, o1))
-}
-
 /// Checks the shapes of input `x`, weight `w` and output `y` against `geo` and gives the
 /// problem as 4-d.
-fn plan(op: &str, x: &[usize], w: &[usize], y: &[usize], geo: &ConvGeometry) -> Result<Dims> {
+pub(crate) fn plan(
+    op: &str,
+    x: &[usize],
+    w: &[usize],
+    y: &[usize],
+    geo: &ConvGeometry,
+) -> Result<Dims> {
     let r = x.len();
     if !(r == 3 || r == 4) || w.len() != r || y.len() != r {
         bail!(
@@ -519,13 +319,4 @@ fn plan(op: &str, x: &[usize], w: &[usize], y: &[usize], geo: &ConvGeometry) -> 
         dw,
         g,
     })
-}
-
-/// Output pixels per tile: as many as keep a tile's column buffer (`kk` values per pixel)
-/// within half of a 1 MiB L2, but at least 128, so that the GEMMs stay wide enough to
-/// run at speed when patches are long.
-fn tile_len<A>(kk: usize, pixels: usize) -> usize {
-    const COL_BYTES: usize = 512 << 10;
-    let t = (COL_BYTES / (kk.max(1) * size_of::<A>())).max(128);
-    t.min(pixels).max(1)
 }

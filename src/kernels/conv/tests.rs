@@ -1,6 +1,7 @@
 use super::*;
 use crate::kernels::copy::F64s;
 use crate::tensor::threads;
+use smelt_rt::conv::{applies, applies_to_input, tile_len};
 
 /// Builds an input tensor of a shape and dtype from values in NCHW order.
 type Make<'a> = dyn Fn(&[f64], &[usize], DType) -> Tensor + 'a;
@@ -409,8 +410,8 @@ fn direct_products_match_the_reference() {
         k.h += r.below(12);
         k.w += r.below(20);
         let d = plan("t", &k.x_shape(), &k.w_shape(), &k.y_shape(), &k.geo()).unwrap();
-        assert_eq!(direct::applies(&d), k.co.is_multiple_of(8), "{k:?}");
-        input_direct += usize::from(direct::applies_to_input(&d));
+        assert_eq!(applies(&d), k.co.is_multiple_of(8), "{k:?}");
+        input_direct += usize::from(applies_to_input(&d));
         // NCHW tensors are reordered on the way in and out
         check(&k, DType::F32, &mut r, &tensor);
         check(&k, DType::F32, &mut r, &|v, s, d| {

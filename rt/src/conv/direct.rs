@@ -16,19 +16,18 @@
 //! NCHW results leave a row at a time through a buffer.
 
 use super::Dims;
-use crate::tensor::strided::SendPtr;
-use crate::tensor::threads;
-use smelt_rt::tiles::{self, Operands, Span, Start};
+use crate::threads::{self, SendPtr};
+use crate::tiles::{self, Operands, Span, Start};
 use std::cell::RefCell;
 
 /// Whether the forward and the weight gradient of `d` run here: one group, output
 /// channels the tiles take.
-pub(super) fn applies(d: &Dims) -> bool {
+pub fn applies(d: &Dims) -> bool {
     d.g == 1 && tiles::supports(d.co)
 }
 
 /// Whether the input gradient of `d` runs here: one group, input channels the tiles take.
-pub(super) fn applies_to_input(d: &Dims) -> bool {
+pub fn applies_to_input(d: &Dims) -> bool {
     d.g == 1 && tiles::supports(d.c)
 }
 
@@ -144,69 +143,10 @@ fn weight_at(
     }
 }
 
-/// Reordered forward weights of recent calls, kept with the tensor they came from: a model
-/// called again with the same weights (inference, or a frozen layer) skips the reorder. An
-/// entry is used only while its source is the same view of the same storage at the same
-/// version (every in-place write bumps it); the cache holds the sources, so their storage
-/// cannot be freed and reused meanwhile.
-static PREPARED: std::sync::Mutex<Vec<Prepared>> = std::sync::Mutex::new(Vec::new());
-
-/// The bytes of reordered weights [`PREPARED`] keeps at most (the oldest go first).
-const PREPARED_MAX_BYTES: usize = 256 << 20;
-
-struct Prepared {
-    source: crate::Tensor,
-    version: u64,
-    nhwc: bool,
-    wt: std::sync::Arc<Vec<f32>>,
-}
-
-/// The forward weights of `w` (an f32 `[Cout, Cin, kH, kW]` tensor) as [`forward`] reads
-/// them, `[kH·kW·Cin, Cout]`, from the cache when `w` has not changed since.
-pub(super) fn prepared(
-    w: &crate::Tensor,
-    nhwc: bool,
-    d: &Dims,
-) -> crate::Result<std::sync::Arc<Vec<f32>>> {
-    let same = |p: &Prepared| {
-        p.nhwc == nhwc
-            && p.source.shares_storage(w)
-            && p.source.layout() == w.layout()
-            && p.version == w.version()
-    };
-    let mut cache = PREPARED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(i) = cache.iter().position(same) {
-        // most recently used last
-        let p = cache.remove(i);
-        let wt = p.wt.clone();
-        cache.push(p);
-        return Ok(wt);
-    }
-    drop(cache);
-    let version = w.version();
-    let dense = super::dense::<f32>(w, nhwc)?;
-    let wt = super::with_elements::<f32, _>(&dense, |wv| {
-        taps_by_channel(wv, nhwc, (d.kh * d.kw, d.c, d.co))
-    });
-    let wt = std::sync::Arc::new(wt);
-    let mut cache = PREPARED.lock().unwrap_or_else(|p| p.into_inner());
-    cache.push(Prepared {
-        source: w.clone(),
-        version,
-        nhwc,
-        wt: wt.clone(),
-    });
-    let mut bytes: usize = cache.iter().map(|p| p.wt.len() * 4).sum();
-    while bytes > PREPARED_MAX_BYTES && cache.len() > 1 {
-        bytes -= cache.remove(0).wt.len() * 4;
-    }
-    Ok(wt)
-}
-
 /// The taps' weights as rows of output channels, `[kH·kW·Cin, Cout]`: a transpose, done in
 /// blocks (a row of the result gathers one element from every output channel's weights, so
 /// row by row every read would miss the cache) and in parallel.
-fn taps_by_channel(w: &[f32], nhwc: bool, (taps, c, co): (usize, usize, usize)) -> Vec<f32> {
+pub fn taps_by_channel(w: &[f32], nhwc: bool, (taps, c, co): (usize, usize, usize)) -> Vec<f32> {
     use rayon::prelude::*;
     const B: usize = 64;
     let mut wt = vec![0.0f32; taps * c * co];

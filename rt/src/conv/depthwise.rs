@@ -4,15 +4,15 @@
 use super::*;
 
 /// `dst[k] += a · x[k]`.
-pub(super) fn axpy<A: Acc>(dst: &mut [A], a: A, x: &[A]) {
+pub(super) fn axpy<A: Real>(dst: &mut [A], a: A, x: &[A]) {
     for (o, &v) in dst.iter_mut().zip(x) {
         *o += a * v;
     }
 }
 
 /// `Σ a[k] · b[k]`, in eight interleaved partial sums (so it vectorises).
-pub(super) fn dot<A: Acc>(a: &[A], b: &[A]) -> A {
-    let mut part = [A::zero(); 8];
+pub(super) fn dot<A: Real>(a: &[A], b: &[A]) -> A {
+    let mut part = [A::ZERO; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let (ra, rb) = (ca.remainder(), cb.remainder());
     for (u, v) in ca.zip(cb) {
@@ -20,7 +20,7 @@ pub(super) fn dot<A: Acc>(a: &[A], b: &[A]) -> A {
             part[k] += u[k] * v[k];
         }
     }
-    let mut s = A::zero();
+    let mut s = A::ZERO;
     for (&u, &v) in ra.iter().zip(rb) {
         s += u * v;
     }
@@ -29,7 +29,7 @@ pub(super) fn dot<A: Acc>(a: &[A], b: &[A]) -> A {
 
 /// Depthwise forward in NCHW by direct loops, per (image, channel) plane: each tap adds a
 /// weighted run of an input row to a run of an output row. `w` is `[C, kH·kW]`.
-pub(super) fn depthwise_forward<A: Acc>(
+pub(super) fn depthwise_forward<A: Real>(
     x: &[A],
     w: &[A],
     bias: Option<&[A]>,
@@ -42,7 +42,7 @@ pub(super) fn depthwise_forward<A: Acc>(
         let ci = t % d.c;
         // SAFETY: plane t of y is this task's alone.
         let yplane = unsafe { std::slice::from_raw_parts_mut(yp.get().add(t * opix), opix) };
-        yplane.fill(bias.map_or(A::zero(), |b| b[ci]));
+        yplane.fill(bias.map_or(A::ZERO, |b| b[ci]));
         let xplane = &x[t * ipix..(t + 1) * ipix];
         for oh in 0..d.oh {
             let yrow = &mut yplane[oh * d.ow..(oh + 1) * d.ow];
@@ -72,8 +72,8 @@ pub(super) fn depthwise_forward<A: Acc>(
 }
 
 /// Depthwise weights `[C, kH·kW]` as `[kH·kW, C]`: a tap's weights contiguous over channels.
-pub(super) fn taps_by_channel<A: Acc>(w: &[A], c: usize, kp: usize) -> Vec<A> {
-    let mut t = vec![A::zero(); kp * c];
+pub(super) fn taps_by_channel<A: Real>(w: &[A], c: usize, kp: usize) -> Vec<A> {
+    let mut t = vec![A::ZERO; kp * c];
     for ci in 0..c {
         for q in 0..kp {
             t[q * c + ci] = w[ci * kp + q];
@@ -83,7 +83,7 @@ pub(super) fn taps_by_channel<A: Acc>(w: &[A], c: usize, kp: usize) -> Vec<A> {
 }
 
 /// `dst[k] += a[k] · b[k]`.
-pub(super) fn mul_add<A: Acc>(dst: &mut [A], a: &[A], b: &[A]) {
+pub(super) fn mul_add<A: Real>(dst: &mut [A], a: &[A], b: &[A]) {
     for ((o, &u), &v) in dst.iter_mut().zip(a).zip(b) {
         *o += u * v;
     }
@@ -91,7 +91,7 @@ pub(super) fn mul_add<A: Acc>(dst: &mut [A], a: &[A], b: &[A]) {
 
 /// Depthwise forward in NHWC, per (image, output row), the channels of a pixel together;
 /// `w` is `[C, kH·kW]`, `y` dense NHWC.
-pub(super) fn depthwise_forward_nhwc<A: Acc>(
+pub(super) fn depthwise_forward_nhwc<A: Real>(
     x: &[A],
     w: &[A],
     bias: Option<&[A]>,
@@ -108,7 +108,7 @@ pub(super) fn depthwise_forward_nhwc<A: Acc>(
         let row = unsafe { std::slice::from_raw_parts_mut(yp.get().add(t * row_len), row_len) };
         match bias {
             Some(b) => row.chunks_mut(c).for_each(|px| px.copy_from_slice(b)),
-            None => row.fill(A::zero()),
+            None => row.fill(A::ZERO),
         }
         let xi = &x[ni * image..(ni + 1) * image];
         for i in 0..d.kh {
@@ -130,7 +130,7 @@ pub(super) fn depthwise_forward_nhwc<A: Acc>(
 
 /// Depthwise input gradient in NHWC, per (image, input row): each input row gathers the
 /// output rows whose windows reach it, the channels of a pixel together; `dx` is zeroed.
-pub(super) fn depthwise_backward_input_nhwc<A: Acc>(gy: &[A], w: &[A], d: &Dims, dx: &mut [A]) {
+pub(super) fn depthwise_backward_input_nhwc<A: Real>(gy: &[A], w: &[A], d: &Dims, dx: &mut [A]) {
     let c = d.c;
     let wt = taps_by_channel(w, c, d.kh * d.kw);
     let (row_len, image) = (d.w * c, d.opix() * c);
@@ -162,12 +162,12 @@ pub(super) fn depthwise_backward_input_nhwc<A: Acc>(gy: &[A], w: &[A], d: &Dims,
 
 /// Depthwise weight gradient in NHWC as `[C, kH·kW]`: per chunk of (image, output row)
 /// a partial sum `[kH·kW, C]`, the channels of a pixel together; the partials added.
-pub(super) fn depthwise_backward_weight_nhwc<A: Acc>(gy: &[A], x: &[A], d: &Dims) -> Vec<A> {
+pub(super) fn depthwise_backward_weight_nhwc<A: Real>(gy: &[A], x: &[A], d: &Dims) -> Vec<A> {
     let (c, kp) = (d.c, d.kh * d.kw);
     let rows = d.n * d.oh;
-    let chunks = threads::available().min(rows).max(1);
+    let chunks = crate::threads::available().min(rows).max(1);
     let size = kp * c;
-    let mut parts = vec![A::zero(); chunks * size];
+    let mut parts = vec![A::ZERO; chunks * size];
     let pp = SendPtr(parts.as_mut_ptr());
     let (ximage, gimage) = (d.ipix() * c, d.opix() * c);
     run_chunks(rows, chunks, &|ch, lo, hi| {
@@ -194,7 +194,7 @@ pub(super) fn depthwise_backward_weight_nhwc<A: Acc>(gy: &[A], x: &[A], d: &Dims
         }
     });
     add_parts(&mut parts, size);
-    let mut dw = vec![A::zero(); size];
+    let mut dw = vec![A::ZERO; size];
     for q in 0..kp {
         for ci in 0..c {
             dw[ci * kp + q] = parts[q * c + ci];
@@ -205,7 +205,7 @@ pub(super) fn depthwise_backward_weight_nhwc<A: Acc>(gy: &[A], x: &[A], d: &Dims
 
 /// Depthwise input gradient in NCHW by direct loops, per (image, channel) plane: each tap
 /// adds a weighted run of a gradient row to a run of an input row. `dx` is zeroed.
-pub(super) fn depthwise_backward_input<A: Acc>(gy: &[A], w: &[A], d: &Dims, dx: &mut [A]) {
+pub(super) fn depthwise_backward_input<A: Real>(gy: &[A], w: &[A], d: &Dims, dx: &mut [A]) {
     let (ipix, opix) = (d.ipix(), d.opix());
     let dxp = SendPtr(dx.as_mut_ptr());
     par_tasks::<A>(d.n * d.c, 0, &|t, _| {
@@ -242,9 +242,9 @@ pub(super) fn depthwise_backward_input<A: Acc>(gy: &[A], w: &[A], d: &Dims, dx: 
 
 /// Depthwise weight gradient in NCHW by direct loops as `[C, kH·kW]`, one task per
 /// channel over all images: each tap sums products of a gradient row and an input row.
-pub(super) fn depthwise_backward_weight<A: Acc>(gy: &[A], x: &[A], d: &Dims) -> Vec<A> {
+pub(super) fn depthwise_backward_weight<A: Real>(gy: &[A], x: &[A], d: &Dims) -> Vec<A> {
     let (kp, ipix, opix) = (d.kh * d.kw, d.ipix(), d.opix());
-    let mut dw = vec![A::zero(); d.c * kp];
+    let mut dw = vec![A::ZERO; d.c * kp];
     let dwp = SendPtr(dw.as_mut_ptr());
     par_tasks::<A>(d.c, 0, &|ci, _| {
         // SAFETY: channel ci's taps are this task's alone.
@@ -268,7 +268,7 @@ pub(super) fn depthwise_backward_weight<A: Acc>(gy: &[A], x: &[A], d: &Dims) -> 
                         taps[i * d.kw + j] += if d.sw == 1 {
                             dot(&grow[lo..hi], &xrow[s0..s0 + (hi - lo)])
                         } else {
-                            let mut sum = A::zero();
+                            let mut sum = A::ZERO;
                             for (k, &g) in grow[lo..hi].iter().enumerate() {
                                 sum += g * xrow[s0 + k * d.sw];
                             }
