@@ -230,6 +230,14 @@ fn structural() -> Vec<(&'static str, &'static str)> {
             "(%x: f32[1,2,6,6], %w: f32[3,2,3,3], %b: f32[3]) {\n  %y = conv2d(%x, %w, %b, padding=[1, 1])\n  return %y\n}",
         ),
         (
+            "conv2d f16",
+            "(%x: f16[1,2,6,6], %w: f16[3,2,3,3]) {\n  %y = conv2d(%x, %w, none)\n  return %y\n}",
+        ),
+        (
+            "conv2d bf16",
+            "(%x: bf16[1,2,6,6], %w: bf16[3,2,3,3]) {\n  %y = conv2d(%x, %w, none)\n  return %y\n}",
+        ),
+        (
             "convolution_backward_input",
             "(%g: f32[1,3,4,4], %w: f32[3,2,3,3]) {\n  %y = convolution_backward_input(%g, %w, input_size=[1, 2, 6, 6])\n  return %y\n}",
         ),

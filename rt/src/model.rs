@@ -8,9 +8,10 @@
 //! order, and copies the outputs (strided views of buffers) into the caller's contiguous
 //! output arrays.
 //!
-//! Nothing here allocates when the caller passes a scratch buffer: the buffer-pointer table
-//! and every kernel's slot table have places in the scratch. (The thread pool and the GEMM
-//! library set up per-thread state the first time a thread uses them.)
+//! The plan itself allocates nothing when the caller passes a scratch buffer: the
+//! buffer-pointer table and every kernel's slot table have places in the scratch. (The thread
+//! pool and the GEMM library set up per-thread state the first time a thread uses them, and
+//! a convolution takes its column buffers from the heap, as the JIT's does.)
 //!
 //! # The plan
 //! Words, in order:
@@ -34,7 +35,12 @@
 //!     shape and the destination's and the source's strides (two's complement); an
 //!     indexed copy then gives the index's buffer and element offset, the number of
 //!     valid index values, the source stride of one index unit and the index's strides
-//!     ([`crate::copy`]).
+//!     ([`crate::copy`]);
+//!   - [`STEP_CONV`]: dtype ([`CONV_F32`], [`CONV_F64`]), layout (0: NCHW, 1: NHWC), the 16
+//!     sizes of [`crate::conv::Dims`] (n, c, h, w, co, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw,
+//!     g), then the buffer and element offset of the input, of the weights (in the order
+//!     [`crate::conv::weight_order`] names) and of the bias ([`NO_BUFFER`] when none), and
+//!     the output's buffer ([`crate::conv::forward`]).
 
 use crate::copy;
 use crate::gemm::{self, Product};
@@ -59,6 +65,14 @@ pub const STEP_KERNEL: u64 = 0;
 pub const STEP_GEMM: u64 = 1;
 /// A strided (or indexed) copy step.
 pub const STEP_COPY: u64 = 2;
+/// Step tag: a convolution.
+pub const STEP_CONV: u64 = 3;
+/// A convolution of f32.
+pub const CONV_F32: u64 = 0;
+/// A convolution of f64.
+pub const CONV_F64: u64 = 1;
+/// No buffer (a convolution without bias).
+pub const NO_BUFFER: u64 = u64::MAX;
 
 /// A copy without an index.
 pub const INDEX_NONE: u64 = 0;
@@ -570,6 +584,15 @@ fn wants_threads(plan: &[u64]) -> Result<bool, i32> {
                 let fixed = if indexed { 4 } else { 0 };
                 skip(&mut w, rank.saturating_mul(per_dim).saturating_add(fixed))?;
             }
+            STEP_CONV => {
+                skip(&mut w, 2)?;
+                let d = conv_dims(&mut w)?;
+                let [_, _, out] = d.lens();
+                if out.saturating_mul(d.kk()) >= crate::hot::par_min_elems() {
+                    return Ok(true);
+                }
+                skip(&mut w, 7)?;
+            }
             _ => return Err(ERR_BAD_MODEL),
         }
     }
@@ -668,6 +691,8 @@ unsafe fn run_plan(
             STEP_GEMM => unsafe { gemm_step(&mut w, &buf, scratch, scratch_len)? },
             // SAFETY: as for the GEMM: the copy's views lie in its buffers as laid out.
             STEP_COPY => unsafe { copy_step(&mut w, &buf)? },
+            // SAFETY: as for the GEMM: the operands lie in their buffers as laid out.
+            STEP_CONV => unsafe { conv_step(&mut w, &buf)? },
             _ => return Err(ERR_BAD_MODEL),
         }
     }
@@ -800,6 +825,98 @@ unsafe fn copy_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) 
     // SAFETY: the views lie in their buffers (this fn's contract); a step never copies
     // a buffer into itself.
     unsafe { copy::run(&c, at(dst, dst_off), at(src, src_off)) }.map_err(|_| ERR_INDEX_OUT_OF_RANGE)
+}
+
+/// The sizes of a convolution step.
+fn conv_dims(w: &mut Words) -> Result<crate::conv::Dims, i32> {
+    let mut v = [0usize; 16];
+    for x in &mut v {
+        *x = w.usize()?;
+    }
+    let [n, c, h, wd, co, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, g] = v;
+    let d = crate::conv::Dims {
+        n,
+        c,
+        h,
+        w: wd,
+        co,
+        oh,
+        ow,
+        kh,
+        kw,
+        sh,
+        sw,
+        ph,
+        pw,
+        dh,
+        dw,
+        g,
+    };
+    if d.consistent() {
+        Ok(d)
+    } else {
+        Err(ERR_BAD_MODEL)
+    }
+}
+
+/// Runs a convolution step.
+///
+/// # Safety
+/// The operands lie in their buffers as the sizes say, and the output overlaps no operand.
+unsafe fn conv_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) -> Result<(), i32> {
+    let (dtype, layout) = (w.next()?, w.next()?);
+    let d = conv_dims(w)?;
+    let (x, xo) = (buf(w.usize()?)?, w.usize()?);
+    let (wt, wo) = (buf(w.usize()?)?, w.usize()?);
+    let (bias, bo) = (w.next()?, w.usize()?);
+    let y = buf(w.usize()?)?;
+    let bias = match bias {
+        NO_BUFFER => None,
+        b => Some(buf(usize::try_from(b).map_err(|_| ERR_BAD_MODEL)?)?),
+    };
+    let nhwc = match layout {
+        0 => false,
+        1 => true,
+        _ => return Err(ERR_BAD_MODEL),
+    };
+    let [xn, wn, yn] = d.lens();
+    /// # Safety
+    /// As `conv_step`'s, for element type `A`.
+    unsafe fn run<A: crate::conv::Real>(
+        d: &crate::conv::Dims,
+        nhwc: bool,
+        (x, w, b, y): (*mut u8, *mut u8, Option<*mut u8>, *mut u8),
+        (xn, wn, yn): (usize, usize, usize),
+    ) {
+        // SAFETY: the caller's contract: each operand holds its elements, the output no
+        // operand's.
+        unsafe {
+            let s = |p: *mut u8, n| std::slice::from_raw_parts(p as *const A, n);
+            let y = std::slice::from_raw_parts_mut(y as *mut A, yn);
+            let bias = b.map(|b| s(b, d.co));
+            crate::conv::forward((s(x, xn), s(w, wn), bias), d, nhwc, y, None);
+        }
+    }
+    let at = |p: *mut u8, off: usize, size: usize| p.wrapping_add(off.wrapping_mul(size));
+    // SAFETY: this fn's contract.
+    unsafe {
+        match dtype {
+            CONV_F32 => run::<f32>(
+                &d,
+                nhwc,
+                (at(x, xo, 4), at(wt, wo, 4), bias.map(|b| at(b, bo, 4)), y),
+                (xn, wn, yn),
+            ),
+            CONV_F64 => run::<f64>(
+                &d,
+                nhwc,
+                (at(x, xo, 8), at(wt, wo, 8), bias.map(|b| at(b, bo, 8)), y),
+                (xn, wn, yn),
+            ),
+            _ => return Err(ERR_BAD_MODEL),
+        }
+    }
+    Ok(())
 }
 
 /// An integer product of a GEMM step, written (not accumulated).

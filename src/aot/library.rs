@@ -1,7 +1,8 @@
 //! The data-movement library ops of a compiled model as the plan's copy steps
 //! ([`smelt_rt::copy`]): `cat` and `stack` copy each operand into its slice of the result,
 //! `repeat` copies from a view whose repeated dims have stride 0, `flip` from a view with
-//! negative strides, and `embedding`, `index_select` and `gather` copy through their index.
+//! negative strides, `embedding`, `index_select` and `gather` copy through their index, and
+//! `contiguous` (which `super::conv` adds to put operands in a kernel's order) copies a view.
 
 use crate::ir::dtype::DType;
 use crate::ir::op::Op;
@@ -56,6 +57,7 @@ pub(super) fn lowers(op: &Op) -> bool {
             | Op::IndexSelect { .. }
             | Op::Gather { .. }
             | Op::Embedding
+            | Op::Contiguous
     )
 }
 
@@ -140,6 +142,12 @@ fn copies(s: &Schedule, e: &ExternCall, shape: &[usize], dst: Side) -> Result<Ve
                 .collect()
         }
         Op::Repeat { repeats } => vec![repeat(&a[0], repeats, shape, dst)?],
+        Op::Contiguous => vec![CopyStep {
+            shape: a[0].shape.clone(),
+            dst,
+            src: Side::of(&a[0]),
+            index: None,
+        }],
         Op::Flip { dims } => {
             let mut src = Side::of(&a[0]);
             for &d in dims {

@@ -29,7 +29,8 @@ pub(super) struct Built {
     pub consts: Vec<u8>,
     /// Per buffer: where it lives, for the manifest.
     pub places: Vec<Place>,
-    /// Per step: its kernel index, "gemm" or the copies of a library op, for the manifest.
+    /// Per step: its kernel index, "gemm", the op of a convolution or the copies of a library
+    /// op, for the manifest.
     pub steps: Vec<String>,
 }
 
@@ -103,6 +104,7 @@ pub(super) struct KernelCode {
 /// Builds the plan of `s`; `kernel` defines (or finds) the code of a kernel step.
 pub(super) fn build(
     s: &Schedule,
+    convs: &[Option<super::conv::ConvStep>],
     features: u64,
     kernel: &mut dyn FnMut(&Kernel) -> Result<KernelCode>,
 ) -> Result<Built> {
@@ -276,6 +278,12 @@ pub(super) fn build(
                 w.extend(slots.iter().map(|&b| b as u64));
                 steps.push(format!("kernel {index}"));
             }
+            Step::Extern(e) if convs.get(i).is_some_and(Option::is_some) => {
+                if let Some(Some(c)) = convs.get(i) {
+                    super::conv::conv_words(s, e, c, &mut w);
+                }
+                steps.push(e.op.name().to_string());
+            }
             Step::Extern(e) if library::lowers(&e.op) => {
                 let n = library::copy_words(s, e, &mut w)?;
                 records = records - 1 + n;
@@ -321,7 +329,7 @@ fn gemm_words(
     if e.op != Op::Matmul || e.args.len() != 2 {
         bail!(
             Unsupported,
-            "aot: the library op {} is not supported in compiled models yet (matmul and the copies cat, stack, repeat, flip, embedding, index_select and gather are)",
+            "aot: the library op {} is not supported in compiled models yet (matmul, conv1d, conv2d and the copies cat, stack, repeat, flip, embedding, index_select and gather are)",
             e.op.name()
         );
     }

@@ -53,8 +53,13 @@ pub fn is_channels_last(shape: &[usize], strides: &[usize]) -> bool {
 /// `suggest_memory_format`: `[N, C, 1, 1]` with strides `[C, 1, C, C]` is, with
 /// `[C, 1, 1, 1]` it is not.
 pub(crate) fn prefers_nhwc(t: &Tensor) -> bool {
-    let (sh, st) = (t.shape(), t.strides());
-    t.dim() == 4 && is_channels_last(sh, st) && (!t.is_contiguous() || strides_like_nhwc(sh, st))
+    prefers_nhwc_layout(t.layout())
+}
+
+/// [`prefers_nhwc`] of a tensor laid out as `l`.
+pub(crate) fn prefers_nhwc_layout(l: &Layout) -> bool {
+    let (sh, st) = (l.shape.as_slice(), l.strides.as_slice());
+    sh.len() == 4 && is_channels_last(sh, st) && (!l.is_contiguous() || strides_like_nhwc(sh, st))
 }
 
 /// PyTorch's `is_channels_last_strides_2d`: the strides, read in the order C, W, H, N,
