@@ -5,7 +5,8 @@
 //! - [`unary_f64`]: the f64 formulas of the unary ops compiled code calls, defined once for
 //!   eager kernels, the JIT and ahead-of-time models;
 //! - [`copy`]: strided and indexed copies, the data-movement library ops of compiled models;
-//! - [`conv`]: convolutions and their gradients, for eager tensors and compiled models alike;
+//! - [`conv`] and [`pool`]: convolutions, pooling and their gradients, for eager tensors and
+//!   compiled models alike;
 //! - [`threads`]: how many threads a library kernel may take, and how it enters rayon;
 //! - [`gemm`]: strided, batched matrix products ([`panels`]: their f32 path on AVX2);
 //! - [`hot`]: calls during which the thread pool's workers poll for work;
@@ -28,6 +29,7 @@ mod lanes;
 pub mod libcalls;
 pub mod model;
 pub mod panels;
+pub mod pool;
 pub mod ranges;
 pub mod scalar;
 pub mod threads;

@@ -53,14 +53,22 @@ pub trait Real:
     const ZERO: Self;
     /// One.
     const ONE: Self;
+    /// `v` rounded to this type.
+    fn of_f64(v: f64) -> Self;
 }
 impl Real for f32 {
     const ZERO: f32 = 0.0;
     const ONE: f32 = 1.0;
+    fn of_f64(v: f64) -> f32 {
+        v as f32
+    }
 }
 impl Real for f64 {
     const ZERO: f64 = 0.0;
     const ONE: f64 = 1.0;
+    fn of_f64(v: f64) -> f64 {
+        v
+    }
 }
 
 /// `s` as f32 elements, when `A` is f32.

@@ -14,7 +14,7 @@ use crate::tensor::Tensor;
 use crate::tensor::access;
 use crate::tensor::element::Element;
 use crate::{Result, bail};
-pub(crate) use smelt_rt::conv::{Dims, run_chunks, valid_range};
+pub(crate) use smelt_rt::conv::Dims;
 
 mod forward;
 mod input_grad;
@@ -224,15 +224,6 @@ pub(crate) fn produce<A: Element>(
         f(buf);
     }
     Ok(present(t, nhwc, &out.shape))
-}
-
-/// The strides of a dense `[n, c, h, w]` buffer in NCHW or NHWC order.
-pub(crate) fn dense_strides(nhwc: bool, c: usize, h: usize, w: usize) -> [usize; 4] {
-    if nhwc {
-        [h * w * c, 1, w * c, c]
-    } else {
-        [c * h * w, h * w, w, 1]
-    }
 }
 
 /// Checks the shapes of input `x`, weight `w` and output `y` against `geo` and gives the

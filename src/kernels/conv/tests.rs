@@ -1,7 +1,7 @@
 use super::*;
 use crate::kernels::copy::F64s;
 use crate::tensor::threads;
-use smelt_rt::conv::{applies, applies_to_input, tile_len};
+use smelt_rt::conv::{applies, applies_to_input, tile_len, valid_range};
 
 /// Builds an input tensor of a shape and dtype from values in NCHW order.
 type Make<'a> = dyn Fn(&[f64], &[usize], DType) -> Tensor + 'a;

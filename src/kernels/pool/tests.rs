@@ -2,6 +2,7 @@ use super::*;
 use crate::kernels::conv::channels_last_view;
 use crate::kernels::copy;
 use crate::kernels::copy::F64s;
+use crate::tensor::threads;
 
 /// Deterministic values (xorshift).
 struct Rng(u64);
