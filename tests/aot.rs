@@ -465,6 +465,53 @@ graph wide(%x: f64[3,4,13], %w: f64[5,4,3], %b: f64[5], %x2: f64[1,6,7,7], %w2: 
     }
 }
 
+/// Pooling runs the JIT's kernels (`smelt_rt::pool`): max pooling in every dtype it takes,
+/// average pooling with and without the padding counted, adaptive average pooling; NCHW,
+/// channels_last and sliced inputs; results bit for bit the JIT's and eager's.
+#[test]
+fn pooling_matches_the_jit_bit_for_bit() {
+    if !have_cc("pooling_matches_the_jit_bit_for_bit") {
+        return;
+    }
+    let text = r#"
+graph pools(%x: f32[2,5,9,11], %xl: f32[2,9,11,6]) {
+  %m = max_pool2d(%x, kernel_size=[3, 3], stride=[2, 2], padding=[1, 1])
+  %a = avg_pool2d(%x, kernel_size=[3, 2], stride=[2, 1], padding=[1, 1])
+  %e = avg_pool2d(%x, kernel_size=[3, 3], stride=[2, 2], padding=[1, 1], count_include_pad=false)
+  %g = adaptive_avg_pool2d(%x, output_size=[4, 3])
+  %cl = permute(%xl, dims=[0, 3, 1, 2])
+  %n = max_pool2d(%cl, kernel_size=[2, 3], dilation=[2, 1])
+  %r = relu(%n)
+  %q = adaptive_avg_pool2d(%cl, output_size=[1, 1])
+  %xs = narrow(%x, dim=2, start=1, length=7)
+  %s = max_pool2d(%xs, kernel_size=[2, 2])
+  return %m, %a, %e, %g, %r, %q, %s
+}
+graph wide(%x: f64[1,3,8,8], %i: i32[2,3,6,7], %h: bf16[1,2,5,5]) {
+  %a = avg_pool2d(%x, kernel_size=[2, 2])
+  %g = adaptive_avg_pool2d(%x, output_size=[3, 5])
+  %m = max_pool2d(%i, kernel_size=[3, 2], stride=[1, 2])
+  %b = max_pool2d(%h, kernel_size=[2, 2], stride=[1, 1])
+  return %a, %g, %m, %b
+}
+"#;
+    let module = parse_module(text, "pools").unwrap();
+    for g in &module.graphs {
+        let (m, exe, dir) = built(g, &format!("pools-{}", g.name));
+        let inputs = inputs_for(g, 9);
+        let (got, _) = run_driver(&m, &exe, &dir, &inputs);
+        let jit = smelt::exec::CompiledFn::compile(g, &Default::default()).unwrap();
+        let want = jit.call(&inputs).unwrap();
+        let eager = common::inputs::interpret(g, &inputs);
+        assert_eq!((got.len(), want.len()), (eager.len(), eager.len()));
+        for (i, ((a, b), e)) in got.iter().zip(&want).zip(&eager).enumerate() {
+            let what = format!("{} output {i}", g.name);
+            common::assert_bits(a, b, &format!("{what}: AOT against the JIT"));
+            common::assert_bits(a, e, &format!("{what}: AOT against eager"));
+        }
+    }
+}
+
 /// Attention compiles as matmul and softmax (the run-time library has no fused kernel):
 /// with a causal mask, a bool mask with a fully masked row, and an additive mask.
 #[test]

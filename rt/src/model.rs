@@ -40,7 +40,12 @@
 //!     sizes of [`crate::conv::Dims`] (n, c, h, w, co, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw,
 //!     g), then the buffer and element offset of the input, of the weights (in the order
 //!     [`crate::conv::weight_order`] names) and of the bias ([`NO_BUFFER`] when none), and
-//!     the output's buffer ([`crate::conv::forward`]).
+//!     the output's buffer ([`crate::conv::forward`]);
+//!   - [`STEP_POOL`]: kind ([`POOL_MAX`], [`POOL_AVG`], [`POOL_ADAPTIVE_AVG`]), element type
+//!     ([`POOL_F32`]..), layout (0: NCHW, 1: NHWC), the sizes n, c, h, w, oh, ow, the window
+//!     (kernel, stride, padding and dilation, each along height then width), whether an
+//!     average counts padding, then the input's buffer and element offset and the output's
+//!     buffer ([`crate::pool`]).
 
 use crate::copy;
 use crate::gemm::{self, Product};
@@ -71,6 +76,32 @@ pub const STEP_CONV: u64 = 3;
 pub const CONV_F32: u64 = 0;
 /// A convolution of f64.
 pub const CONV_F64: u64 = 1;
+/// Step tag: a pooling.
+pub const STEP_POOL: u64 = 4;
+/// Max pooling.
+pub const POOL_MAX: u64 = 0;
+/// Average pooling.
+pub const POOL_AVG: u64 = 1;
+/// Adaptive average pooling.
+pub const POOL_ADAPTIVE_AVG: u64 = 2;
+/// Pooling of f32.
+pub const POOL_F32: u64 = 0;
+/// Pooling of f64.
+pub const POOL_F64: u64 = 1;
+/// Max pooling of f16.
+pub const POOL_F16: u64 = 2;
+/// Max pooling of bf16.
+pub const POOL_BF16: u64 = 3;
+/// Max pooling of u8.
+pub const POOL_U8: u64 = 4;
+/// Max pooling of i8.
+pub const POOL_I8: u64 = 5;
+/// Max pooling of i16.
+pub const POOL_I16: u64 = 6;
+/// Max pooling of i32.
+pub const POOL_I32: u64 = 7;
+/// Max pooling of i64.
+pub const POOL_I64: u64 = 8;
 /// No buffer (a convolution without bias).
 pub const NO_BUFFER: u64 = u64::MAX;
 
@@ -593,6 +624,16 @@ fn wants_threads(plan: &[u64]) -> Result<bool, i32> {
                 }
                 skip(&mut w, 7)?;
             }
+            STEP_POOL => {
+                skip(&mut w, 3)?;
+                let (p, g) = pool_sizes(&mut w)?;
+                let [x, y] = p.lens();
+                if x.max(y.saturating_mul(g.kernel[0] * g.kernel[1])) >= crate::hot::par_min_elems()
+                {
+                    return Ok(true);
+                }
+                skip(&mut w, 4)?;
+            }
             _ => return Err(ERR_BAD_MODEL),
         }
     }
@@ -693,6 +734,8 @@ unsafe fn run_plan(
             STEP_COPY => unsafe { copy_step(&mut w, &buf)? },
             // SAFETY: as for the GEMM: the operands lie in their buffers as laid out.
             STEP_CONV => unsafe { conv_step(&mut w, &buf)? },
+            // SAFETY: as for the GEMM: the operands lie in their buffers as laid out.
+            STEP_POOL => unsafe { pool_step(&mut w, &buf)? },
             _ => return Err(ERR_BAD_MODEL),
         }
     }
@@ -917,6 +960,116 @@ unsafe fn conv_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) 
         }
     }
     Ok(())
+}
+
+/// The sizes and window of a pooling step (the layout word already read).
+fn pool_sizes(w: &mut Words) -> Result<(crate::pool::Plan, crate::pool::Geometry), i32> {
+    let mut v = [0usize; 14];
+    for x in &mut v {
+        *x = w.usize()?;
+    }
+    let [n, c, h, wd, oh, ow, k0, k1, s0, s1, p0, p1, d0, d1] = v;
+    let p = crate::pool::Plan {
+        n,
+        c,
+        h,
+        w: wd,
+        oh,
+        ow,
+        nhwc: false,
+    };
+    let g = crate::pool::Geometry {
+        kernel: [k0, k1],
+        stride: [s0, s1],
+        padding: [p0, p1],
+        dilation: [d0, d1],
+    };
+    match p.consistent() && g.consistent() {
+        true => Ok((p, g)),
+        false => Err(ERR_BAD_MODEL),
+    }
+}
+
+/// Runs a pooling step.
+///
+/// # Safety
+/// The input and the output lie in their buffers as the sizes say, and do not overlap.
+unsafe fn pool_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) -> Result<(), i32> {
+    use crate::pool;
+    let (kind, dtype, layout) = (w.next()?, w.next()?, w.next()?);
+    let (mut p, g) = pool_sizes(w)?;
+    p.nhwc = match layout {
+        0 => false,
+        1 => true,
+        _ => return Err(ERR_BAD_MODEL),
+    };
+    let include_pad = w.next()? != 0;
+    let (x, xo) = (buf(w.usize()?)?, w.usize()?);
+    let y = buf(w.usize()?)?;
+    let [xn, yn] = p.lens();
+    /// The input (from element `xo`) and the output as slices of `T`.
+    ///
+    /// # Safety
+    /// As `pool_step`'s, for element type `T`.
+    unsafe fn slices<'a, T>(
+        x: *mut u8,
+        xo: usize,
+        y: *mut u8,
+        (xn, yn): (usize, usize),
+    ) -> (&'a [T], &'a mut [T]) {
+        let x = (x as *const T).wrapping_add(xo);
+        // SAFETY: the caller's contract.
+        unsafe {
+            (
+                std::slice::from_raw_parts(x, xn),
+                std::slice::from_raw_parts_mut(y as *mut T, yn),
+            )
+        }
+    }
+    /// Runs the average kinds on `A`.
+    ///
+    /// # Safety
+    /// As `pool_step`'s, for element type `A`.
+    unsafe fn average<A: pool::Real>(
+        kind: u64,
+        (x, xo, y): (*mut u8, usize, *mut u8),
+        p: &pool::Plan,
+        g: &pool::Geometry,
+        include_pad: bool,
+    ) -> Result<(), i32> {
+        // SAFETY: the caller's contract.
+        let (xs, ys) = unsafe { slices::<A>(x, xo, y, (p.lens()[0], p.lens()[1])) };
+        match kind {
+            POOL_AVG => pool::avg_forward(xs, p, g, include_pad, ys),
+            POOL_ADAPTIVE_AVG => pool::adaptive_avg_forward(xs, p, ys),
+            _ => return Err(ERR_BAD_MODEL),
+        }
+        Ok(())
+    }
+    macro_rules! max {
+        ($t:ty) => {{
+            // SAFETY: this fn's contract.
+            let (xs, ys) = unsafe { slices::<$t>(x, xo, y, (xn, yn)) };
+            pool::max_forward(xs, &p, &g, ys);
+            Ok(())
+        }};
+    }
+    match (kind, dtype) {
+        (POOL_MAX, POOL_F32) => max!(f32),
+        (POOL_MAX, POOL_F64) => max!(f64),
+        (POOL_MAX, POOL_F16) => max!(f16),
+        (POOL_MAX, POOL_BF16) => max!(bf16),
+        (POOL_MAX, POOL_U8) => max!(u8),
+        (POOL_MAX, POOL_I8) => max!(i8),
+        (POOL_MAX, POOL_I16) => max!(i16),
+        (POOL_MAX, POOL_I32) => max!(i32),
+        (POOL_MAX, POOL_I64) => max!(i64),
+        // SAFETY: this fn's contract.
+        (_, POOL_F32) => unsafe { average::<f32>(kind, (x, xo, y), &p, &g, include_pad) },
+        // SAFETY: this fn's contract.
+        (_, POOL_F64) => unsafe { average::<f64>(kind, (x, xo, y), &p, &g, include_pad) },
+        _ => Err(ERR_BAD_MODEL),
+    }
 }
 
 /// An integer product of a GEMM step, written (not accumulated).

@@ -10,10 +10,10 @@
 //! for the JIT's disk cache (`exec::cpu`'s entries), and a schedule that cache holds for
 //! the graph is reused instead of running the passes again.
 
-mod conv;
 mod files;
 mod library;
 mod model_layout;
+mod windows;
 
 use crate::codegen_cpu::jit::CodeModule;
 use crate::codegen_cpu::lower::{CodegenOptions, cache_key, define_kernel, localize};
@@ -111,7 +111,7 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
     };
     let mut s = planned.schedule;
     s.validate()?;
-    let convs = conv::prepare(&mut s)?;
+    let windows = windows::prepare(&mut s)?;
     let mut obj = ObjectCode::new(&name, opts.cpu)?;
     let features = feature_mask(obj.isa());
 
@@ -120,7 +120,7 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
     let mut index: HashMap<String, (usize, bool, usize)> = HashMap::new();
     let mut funcs = Vec::new();
     let mut kernel_names = Vec::new();
-    let built = model_layout::build(&s, &convs, features, &mut |k| {
+    let built = model_layout::build(&s, &windows, features, &mut |k| {
         let (local, bufs, slots) = localize(k, &s.buffers)?;
         let key = cache_key(&local, &bufs, &cg);
         let code = |(index, streams, block)| model_layout::KernelCode {

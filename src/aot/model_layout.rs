@@ -104,7 +104,7 @@ pub(super) struct KernelCode {
 /// Builds the plan of `s`; `kernel` defines (or finds) the code of a kernel step.
 pub(super) fn build(
     s: &Schedule,
-    convs: &[Option<super::conv::ConvStep>],
+    windows: &[Option<super::windows::WindowStep>],
     features: u64,
     kernel: &mut dyn FnMut(&Kernel) -> Result<KernelCode>,
 ) -> Result<Built> {
@@ -278,9 +278,9 @@ pub(super) fn build(
                 w.extend(slots.iter().map(|&b| b as u64));
                 steps.push(format!("kernel {index}"));
             }
-            Step::Extern(e) if convs.get(i).is_some_and(Option::is_some) => {
-                if let Some(Some(c)) = convs.get(i) {
-                    super::conv::conv_words(s, e, c, &mut w);
+            Step::Extern(e) if windows.get(i).is_some_and(Option::is_some) => {
+                if let Some(Some(c)) = windows.get(i) {
+                    super::windows::window_words(s, e, c, &mut w);
                 }
                 steps.push(e.op.name().to_string());
             }
@@ -329,7 +329,7 @@ fn gemm_words(
     if e.op != Op::Matmul || e.args.len() != 2 {
         bail!(
             Unsupported,
-            "aot: the library op {} is not supported in compiled models yet (matmul, conv1d, conv2d and the copies cat, stack, repeat, flip, embedding, index_select and gather are)",
+            "aot: the library op {} is not supported in compiled models yet (matmul, conv1d, conv2d, max_pool2d, avg_pool2d, adaptive_avg_pool2d and the copies cat, stack, repeat, flip, embedding, index_select and gather are)",
             e.op.name()
         );
     }

@@ -21,14 +21,17 @@ pub const GAPS: &[(&str, &str)] = &[
         "convolution_backward_weight",
         "the gradients of convolutions have no plan step yet",
     ),
-    ("max_pool2d", "pooling runs in the eager kernels"),
-    ("max_pool2d_backward", "pooling runs in the eager kernels"),
-    ("avg_pool2d", "pooling runs in the eager kernels"),
-    ("avg_pool2d_backward", "pooling runs in the eager kernels"),
-    ("adaptive_avg_pool2d", "pooling runs in the eager kernels"),
+    (
+        "max_pool2d_backward",
+        "the gradients of pooling have no plan step yet",
+    ),
+    (
+        "avg_pool2d_backward",
+        "the gradients of pooling have no plan step yet",
+    ),
     (
         "adaptive_avg_pool2d_backward",
-        "pooling runs in the eager kernels",
+        "the gradients of pooling have no plan step yet",
     ),
     (
         "scaled_dot_product_attention_backward",
