@@ -20,6 +20,8 @@ use smelt::nn::Module;
 use smelt::optim::{AdamConfig, AdamW, Optimizer};
 use smelt::profiler;
 
+#[path = "common/args.rs"]
+mod args;
 #[path = "common/profiling.rs"]
 mod profiling;
 #[path = "common/progress.rs"]
@@ -76,21 +78,9 @@ fn accuracy(model: &Gpt, n: usize, g: &mut Generator) -> Result<f64> {
     Ok(right as f64 / n as f64)
 }
 
-/// The number given with `--steps N` (compiled steps), else `STEPS`.
-fn steps_arg() -> Result<usize> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == "--steps") {
-        None => Ok(STEPS),
-        Some(i) => args
-            .get(i + 1)
-            .and_then(|n| n.parse().ok())
-            .ok_or_else(|| smelt::Error::Value("--steps needs a number".into())),
-    }
-}
-
 fn main() -> Result<()> {
     let profile_to = profiling::profile_dir()?;
-    let steps_total = steps_arg()?;
+    let steps_total = args::steps_arg(STEPS)?;
     let out_dir = std::env::temp_dir().join("smelt-gpt");
     std::fs::create_dir_all(&out_dir).map_err(|e| smelt::Error::Io(e.to_string()))?;
     smelt::manual_seed(0);

@@ -6,6 +6,12 @@ ctypes only (no smelt package):
 
 Input j holds ((7 i + 3 j) mod 17 - 8) / 8 at element i, as in examples/aot/c/main.c, so
 both print the same outputs. The manifest gives every input's and output's dtype and shape.
+
+    python examples/aot/python_ctypes.py LIB MANIFEST INPUT.npy... --expect OUTPUT.npy [--tol T]
+
+runs the model on inputs read from .npy files instead and checks its first output against
+OUTPUT.npy (the JIT's, from `smelt run`): it prints the largest difference and fails above
+T (1e-5 unless given).
 """
 
 import ctypes
@@ -82,13 +88,29 @@ def example_input(port, j):
 
 
 def main():
-    if len(sys.argv) != 3:
+    args = sys.argv[1:]
+    if len(args) < 2:
         sys.exit(__doc__)
-    model = Model(sys.argv[1], sys.argv[2])
+    model = Model(args[0], args[1])
     name = model.manifest["name"]
-    inputs = [example_input(p, j) for j, p in enumerate(model.manifest["inputs"])]
-    for port, y in zip(model.manifest["outputs"], model(*inputs)):
-        print(f"{name} {port['name']}: " + " ".join(f"{v:.6f}" for v in y.ravel()))
+    if len(args) == 2:
+        inputs = [example_input(p, j) for j, p in enumerate(model.manifest["inputs"])]
+        for port, y in zip(model.manifest["outputs"], model(*inputs)):
+            print(f"{name} {port['name']}: " + " ".join(f"{v:.6f}" for v in y.ravel()))
+        return
+    tol = 1e-5
+    if len(args) > 2 and args[-2] == "--tol":
+        tol = float(args[-1])
+        args = args[:-2]
+    if len(args) < 5 or args[-2] != "--expect":
+        sys.exit(__doc__)
+    got = model(*[np.load(f) for f in args[2:-2]])[0]
+    want = np.load(args[-1])
+    worst = float(np.max(np.abs(got.astype(np.float64) - want))) if got.size else 0.0
+    equal = int(np.sum(got == want))
+    print(f"{name} from Python: {equal} of {got.size} outputs equal the JIT's, largest difference {worst:.2e}")
+    if not worst <= tol:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

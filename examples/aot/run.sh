@@ -5,8 +5,9 @@
 # program with the system C compiler, runs both programs and checks that they print the
 # same outputs (the same kernels on the same inputs); links the MLP as a shared library and
 # runs it from Python with ctypes and NumPy. Then the GPT of examples/gpt: trained
-# briefly, exported, compiled, checked from C against the JIT's logits, and generating text
-# from C.
+# briefly, exported, compiled, checked from C and from Python against the JIT's logits, and
+# generating text from C. Then the ResNet of examples/resnet: trained briefly, exported, compiled, and
+# classifying held-out images from C and from Python, checked against the JIT's logits.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # cargo's target directory, wherever CARGO_TARGET_DIR or a config puts it
@@ -53,3 +54,31 @@ cc -O2 -Wall -I "$OUT" examples/aot/c/gpt.c "$OUT/gpt.o" $(cat "$OUT/link-flags.
 "$OUT/gpt-c" check "$GPT/idx.npy" "$GPT/out0.npy"
 echo "greedy:       $("$OUT/gpt-c" generate '12+34=')"
 echo "sampled, t=1: $("$OUT/gpt-c" generate '12+34=' 1.0 7)"
+if "$PYTHON" -c "import numpy" 2> /dev/null; then
+  # attention compiles as products and a softmax: within rounding of the JIT's fused kernel
+  "$SMELT" compile "$GPT/gpt.smelt" --target cpu --out "$OUT/gpt-shared" --name gpt --shared
+  "$PYTHON" examples/aot/python_ctypes.py "$OUT/gpt-shared/libgpt.so" \
+    "$OUT/gpt-shared/manifest.json" "$GPT/idx.npy" --expect "$GPT/out0.npy" --tol 1e-4
+else
+  echo "skipped the GPT from Python: $PYTHON has no NumPy"
+fi
+
+echo "== the ResNet (examples/resnet), compiled ahead of time and run from C (examples/aot/c/resnet.c)"
+# the example writes resnet.smelt, images.npy, labels.npy and the JIT's logits out0.npy to
+# $TMPDIR/smelt-resnet
+mkdir -p "$OUT/resnet-run"
+TMPDIR="$(cd "$OUT/resnet-run" && pwd)" cargo run --profile test --example resnet -- --steps 40 |
+  tee "$OUT/resnet-train.txt"
+RESNET="$OUT/resnet-run/smelt-resnet"
+"$SMELT" compile "$RESNET/resnet.smelt" --target cpu --out "$OUT" --name resnet
+cc -O2 -Wall -I "$OUT" examples/aot/c/resnet.c "$OUT/resnet.o" $(cat "$OUT/link-flags.txt") -lm \
+  -o "$OUT/resnet-c"
+"$OUT/resnet-c" "$RESNET/images.npy" "$RESNET/labels.npy" "$RESNET/out0.npy"
+if "$PYTHON" -c "import numpy" 2> /dev/null; then
+  "$SMELT" compile "$RESNET/resnet.smelt" --target cpu --out "$OUT/resnet-shared" --name resnet \
+    --shared
+  "$PYTHON" examples/aot/python_ctypes.py "$OUT/resnet-shared/libresnet.so" \
+    "$OUT/resnet-shared/manifest.json" "$RESNET/images.npy" --expect "$RESNET/out0.npy"
+else
+  echo "skipped the ResNet from Python: $PYTHON has no NumPy"
+fi

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "gpt.h"
+#include "npy.h"
 
 static const char VOCAB[] = "0123456789+=;";
 #define VOCAB_SIZE 13
@@ -25,25 +26,6 @@ static const char VOCAB[] = "0123456789+=;";
 static const size_t IN_SHAPE[] = GPT_INPUT_X0_SHAPE;
 #define BATCH (IN_SHAPE[0])
 #define CTX (IN_SHAPE[1])
-
-/* The data of a version-1 .npy file of `want` bytes, or NULL. */
-static void *read_npy(const char *path, size_t want) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    unsigned char head[10];
-    void *data = NULL;
-    if (fread(head, 1, 10, f) == 10 && memcmp(head, "\x93NUMPY", 6) == 0 && head[6] == 1) {
-        size_t header = head[8] | (size_t)head[9] << 8;
-        data = malloc(want);
-        if (fseek(f, (long)(10 + header), SEEK_SET) != 0 || fread(data, 1, want, f) != want ||
-            fgetc(f) != EOF) {
-            free(data);
-            data = NULL;
-        }
-    }
-    fclose(f);
-    return data;
-}
 
 static int run(const int64_t *tokens, float *logits, void *scratch) {
     const void *ins[] = {tokens};
