@@ -512,6 +512,75 @@ graph wide(%x: f64[1,3,8,8], %i: i32[2,3,6,7], %h: bf16[1,2,5,5]) {
     }
 }
 
+/// The gradients of convolutions and pooling compile too, on the JIT's kernels: a small
+/// CNN's gradient graph (NCHW and channels_last) and the gradient ops themselves in f64,
+/// with the JIT's bits.
+#[test]
+fn cnn_gradients_match_the_jit_bit_for_bit() {
+    if !have_cc("cnn_gradients_match_the_jit_bit_for_bit") {
+        return;
+    }
+    let text = r#"
+graph cnn(%x: f32[2,3,10,9], %w1: f32[8,3,3,3], %b1: f32[8], %w2: f32[6,4,3,3], %wd: f32[6,1,3,3], %xl: f32[2,10,9,3]) {
+  %c = conv2d(%x, %w1, %b1, padding=1)
+  %r = relu(%c)
+  %m = max_pool2d(%r, kernel_size=[2, 2], padding=[1, 0])
+  %d = conv2d(%m, %w2, none, stride=2, padding=1, groups=2)
+  %e = conv2d(%d, %wd, none, padding=1, groups=6)
+  %a = avg_pool2d(%e, kernel_size=[2, 2], padding=[1, 1], count_include_pad=false)
+  %g = adaptive_avg_pool2d(%a, output_size=[1, 2])
+  %cl = permute(%xl, dims=[0, 3, 1, 2])
+  %k = conv2d(%cl, %w1, none, padding=1)
+  %p = max_pool2d(%k, kernel_size=[3, 3], stride=2)
+  %q = adaptive_avg_pool2d(%p, output_size=[1, 1])
+  %s = sum(%g)
+  %t = sum(%q)
+  %y = add(%s, %t)
+  return %y
+}
+graph ops(%gy: f64[2,4,4,4], %w: f64[4,3,3,3], %x: f64[2,3,6,6], %gp: f64[2,3,3,3]) {
+  %dx = convolution_backward_input(%gy, %w, input_size=[2, 3, 6, 6])
+  %dw = convolution_backward_weight(%gy, %x, weight_size=[4, 3, 3, 3])
+  %mx = max_pool2d_backward(%gp, %x, kernel_size=[2, 2])
+  %av = avg_pool2d_backward(%gp, kernel_size=[2, 2], input_size=[2, 3, 6, 6])
+  %ad = adaptive_avg_pool2d_backward(%gp, input_size=[2, 3, 6, 6])
+  return %dx, %dw, %mx, %av, %ad
+}
+"#;
+    let module = parse_module(text, "grads").unwrap();
+    for g in &module.graphs {
+        let g = match g.name.as_str() {
+            "cnn" => {
+                smelt::passes::autodiff::autodiff(g, &["x", "w1", "b1", "w2", "wd", "xl"]).unwrap()
+            }
+            _ => g.clone(),
+        };
+        let (m, exe, dir) = built(&g, &format!("grads-{}", g.name));
+        // (the averages' gradients of the CNN fuse into kernels; `ops` has them as steps)
+        let steps: &[&str] = match g.name.as_str() {
+            "cnn" => &["convolution_backward_input", "max_pool2d_backward"],
+            _ => &[
+                "convolution_backward_weight",
+                "adaptive_avg_pool2d_backward",
+            ],
+        };
+        for op in steps {
+            assert!(m.manifest.contains(op), "{}: no {op} step", g.name);
+        }
+        let inputs = inputs_for(&g, 11);
+        let (got, _) = run_driver(&m, &exe, &dir, &inputs);
+        let jit = smelt::exec::CompiledFn::compile(&g, &Default::default()).unwrap();
+        let want = jit.call(&inputs).unwrap();
+        let eager = common::inputs::interpret(&g, &inputs);
+        assert_eq!((got.len(), want.len()), (eager.len(), eager.len()));
+        for (i, ((a, b), e)) in got.iter().zip(&want).zip(&eager).enumerate() {
+            let what = format!("{} output {i}", g.name);
+            common::assert_bits(a, b, &format!("{what}: AOT against the JIT"));
+            common::assert_close(a, e, 1e-5, &format!("{what}: AOT against eager"));
+        }
+    }
+}
+
 /// Attention compiles as matmul and softmax (the run-time library has no fused kernel):
 /// with a causal mask, a bool mask with a fully masked row, and an additive mask.
 #[test]

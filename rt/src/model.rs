@@ -36,16 +36,20 @@
 //!     indexed copy then gives the index's buffer and element offset, the number of
 //!     valid index values, the source stride of one index unit and the index's strides
 //!     ([`crate::copy`]);
-//!   - [`STEP_CONV`]: dtype ([`CONV_F32`], [`CONV_F64`]), layout (0: NCHW, 1: NHWC), the 16
-//!     sizes of [`crate::conv::Dims`] (n, c, h, w, co, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw,
-//!     g), then the buffer and element offset of the input, of the weights (in the order
-//!     [`crate::conv::weight_order`] names) and of the bias ([`NO_BUFFER`] when none), and
-//!     the output's buffer ([`crate::conv::forward`]);
-//!   - [`STEP_POOL`]: kind ([`POOL_MAX`], [`POOL_AVG`], [`POOL_ADAPTIVE_AVG`]), element type
+//!   - [`STEP_CONV`]: kind ([`CONV_FORWARD`], [`CONV_INPUT_GRAD`], [`CONV_WEIGHT_GRAD`]),
+//!     dtype ([`FLOAT_F32`], [`FLOAT_F64`]), layout (0: NCHW, 1: NHWC), the 16 sizes of
+//!     [`crate::conv::Dims`] (n, c, h, w, co, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, g), the
+//!     buffer and element offset of three operands ([`NO_BUFFER`] for none: the input, the
+//!     weights in the order [`crate::conv::weight_order`] names and the bias; the output's
+//!     gradient and the weights; the output's gradient and the input), then the result's
+//!     buffer ([`crate::conv`]);
+//!   - [`STEP_POOL`]: kind ([`POOL_MAX`]..), dtype of the result ([`FLOAT_F32`],
+//!     [`FLOAT_F64`]; unused by max pooling), the element type of a max pooling's input
 //!     ([`POOL_F32`]..), layout (0: NCHW, 1: NHWC), the sizes n, c, h, w, oh, ow, the window
 //!     (kernel, stride, padding and dilation, each along height then width), whether an
-//!     average counts padding, then the input's buffer and element offset and the output's
-//!     buffer ([`crate::pool`]).
+//!     average counts padding, the buffer and element offset of two operands (the input, or
+//!     the output's gradient and, for max pooling, the input), then the result's buffer
+//!     ([`crate::pool`]).
 
 use crate::copy;
 use crate::gemm::{self, Product};
@@ -70,37 +74,49 @@ pub const STEP_KERNEL: u64 = 0;
 pub const STEP_GEMM: u64 = 1;
 /// A strided (or indexed) copy step.
 pub const STEP_COPY: u64 = 2;
-/// Step tag: a convolution.
+/// Step tag: a convolution or one of its gradients.
 pub const STEP_CONV: u64 = 3;
-/// A convolution of f32.
-pub const CONV_F32: u64 = 0;
-/// A convolution of f64.
-pub const CONV_F64: u64 = 1;
-/// Step tag: a pooling.
+/// Step tag: a pooling or one of its gradients.
 pub const STEP_POOL: u64 = 4;
+/// A convolution.
+pub const CONV_FORWARD: u64 = 0;
+/// The gradient of a convolution for its input.
+pub const CONV_INPUT_GRAD: u64 = 1;
+/// The gradient of a convolution for its weights.
+pub const CONV_WEIGHT_GRAD: u64 = 2;
 /// Max pooling.
 pub const POOL_MAX: u64 = 0;
 /// Average pooling.
 pub const POOL_AVG: u64 = 1;
 /// Adaptive average pooling.
 pub const POOL_ADAPTIVE_AVG: u64 = 2;
-/// Pooling of f32.
+/// The gradient of max pooling.
+pub const POOL_MAX_GRAD: u64 = 3;
+/// The gradient of average pooling.
+pub const POOL_AVG_GRAD: u64 = 4;
+/// The gradient of adaptive average pooling.
+pub const POOL_ADAPTIVE_AVG_GRAD: u64 = 5;
+/// A convolution or pooling computing in f32.
+pub const FLOAT_F32: u64 = 0;
+/// A convolution or pooling computing in f64.
+pub const FLOAT_F64: u64 = 1;
+/// A max pooling's input of f32.
 pub const POOL_F32: u64 = 0;
-/// Pooling of f64.
+/// A max pooling's input of f64.
 pub const POOL_F64: u64 = 1;
-/// Max pooling of f16.
+/// A max pooling's input of f16.
 pub const POOL_F16: u64 = 2;
-/// Max pooling of bf16.
+/// A max pooling's input of bf16.
 pub const POOL_BF16: u64 = 3;
-/// Max pooling of u8.
+/// A max pooling's input of u8.
 pub const POOL_U8: u64 = 4;
-/// Max pooling of i8.
+/// A max pooling's input of i8.
 pub const POOL_I8: u64 = 5;
-/// Max pooling of i16.
+/// A max pooling's input of i16.
 pub const POOL_I16: u64 = 6;
-/// Max pooling of i32.
+/// A max pooling's input of i32.
 pub const POOL_I32: u64 = 7;
-/// Max pooling of i64.
+/// A max pooling's input of i64.
 pub const POOL_I64: u64 = 8;
 /// No buffer (a convolution without bias).
 pub const NO_BUFFER: u64 = u64::MAX;
@@ -616,7 +632,7 @@ fn wants_threads(plan: &[u64]) -> Result<bool, i32> {
                 skip(&mut w, rank.saturating_mul(per_dim).saturating_add(fixed))?;
             }
             STEP_CONV => {
-                skip(&mut w, 2)?;
+                skip(&mut w, 3)?;
                 let d = conv_dims(&mut w)?;
                 let [_, _, out] = d.lens();
                 if out.saturating_mul(d.kk()) >= crate::hot::par_min_elems() {
@@ -625,14 +641,14 @@ fn wants_threads(plan: &[u64]) -> Result<bool, i32> {
                 skip(&mut w, 7)?;
             }
             STEP_POOL => {
-                skip(&mut w, 3)?;
+                skip(&mut w, 4)?;
                 let (p, g) = pool_sizes(&mut w)?;
                 let [x, y] = p.lens();
-                if x.max(y.saturating_mul(g.kernel[0] * g.kernel[1])) >= crate::hot::par_min_elems()
-                {
+                let visits = y.saturating_mul(g.kernel[0] * g.kernel[1]);
+                if x.max(visits) >= crate::hot::par_min_elems() {
                     return Ok(true);
                 }
-                skip(&mut w, 4)?;
+                skip(&mut w, 6)?;
             }
             _ => return Err(ERR_BAD_MODEL),
         }
@@ -902,65 +918,102 @@ fn conv_dims(w: &mut Words) -> Result<crate::conv::Dims, i32> {
     }
 }
 
+/// A step's operand: its buffer and element offset, or none.
+fn operand(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) -> Result<Operand, i32> {
+    let (b, off) = (w.next()?, w.usize()?);
+    if b == NO_BUFFER {
+        return Ok(None);
+    }
+    Ok(Some((
+        buf(usize::try_from(b).map_err(|_| ERR_BAD_MODEL)?)?,
+        off,
+    )))
+}
+
+/// The layout word of a step: whether its buffers are NHWC.
+fn nhwc_of(layout: u64) -> Result<bool, i32> {
+    match layout {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(ERR_BAD_MODEL),
+    }
+}
+
+/// `n` elements of `T` from element `off` of `p`, or an empty slice for none.
+///
+/// # Safety
+/// `p + off` holds `n` elements of `T`, aligned, that nothing writes meanwhile.
+unsafe fn elems<'a, T>(p: Operand, n: usize) -> &'a [T] {
+    match p {
+        // SAFETY: as the caller promises.
+        Some((p, off)) => unsafe {
+            std::slice::from_raw_parts((p as *const T).wrapping_add(off), n)
+        },
+        None => &[],
+    }
+}
+
 /// Runs a convolution step.
 ///
 /// # Safety
-/// The operands lie in their buffers as the sizes say, and the output overlaps no operand.
+/// The operands lie in their buffers as the sizes say, and the result overlaps none.
 unsafe fn conv_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) -> Result<(), i32> {
-    let (dtype, layout) = (w.next()?, w.next()?);
+    let (kind, dtype, nhwc) = (w.next()?, w.next()?, nhwc_of(w.next()?)?);
     let d = conv_dims(w)?;
-    let (x, xo) = (buf(w.usize()?)?, w.usize()?);
-    let (wt, wo) = (buf(w.usize()?)?, w.usize()?);
-    let (bias, bo) = (w.next()?, w.usize()?);
-    let y = buf(w.usize()?)?;
-    let bias = match bias {
-        NO_BUFFER => None,
-        b => Some(buf(usize::try_from(b).map_err(|_| ERR_BAD_MODEL)?)?),
-    };
-    let nhwc = match layout {
-        0 => false,
-        1 => true,
-        _ => return Err(ERR_BAD_MODEL),
-    };
-    let [xn, wn, yn] = d.lens();
+    let (a, b, c) = (operand(w, buf)?, operand(w, buf)?, operand(w, buf)?);
+    let out = buf(w.usize()?)?;
+    /// The step on `A`.
+    ///
     /// # Safety
     /// As `conv_step`'s, for element type `A`.
     unsafe fn run<A: crate::conv::Real>(
+        kind: u64,
         d: &crate::conv::Dims,
         nhwc: bool,
-        (x, w, b, y): (*mut u8, *mut u8, Option<*mut u8>, *mut u8),
-        (xn, wn, yn): (usize, usize, usize),
-    ) {
-        // SAFETY: the caller's contract: each operand holds its elements, the output no
+        (a, b, c): OperandsOf,
+        out: *mut u8,
+    ) -> Result<(), i32> {
+        use crate::conv;
+        let [xn, wn, yn] = d.lens();
+        if a.is_none() || b.is_none() {
+            return Err(ERR_BAD_MODEL);
+        }
+        // SAFETY: the caller's contract: each operand holds its elements, the result no
         // operand's.
         unsafe {
-            let s = |p: *mut u8, n| std::slice::from_raw_parts(p as *const A, n);
-            let y = std::slice::from_raw_parts_mut(y as *mut A, yn);
-            let bias = b.map(|b| s(b, d.co));
-            crate::conv::forward((s(x, xn), s(w, wn), bias), d, nhwc, y, None);
+            let at = |n| std::slice::from_raw_parts_mut(out as *mut A, n);
+            match kind {
+                CONV_FORWARD => {
+                    let bias = c.map(|_| elems::<A>(c, d.co));
+                    conv::forward((elems(a, xn), elems(b, wn), bias), d, nhwc, at(yn), None);
+                }
+                CONV_INPUT_GRAD => {
+                    conv::backward_input(elems(a, yn), elems(b, wn), d, nhwc, at(xn))
+                }
+                CONV_WEIGHT_GRAD => {
+                    let dw = conv::backward_weight(elems::<A>(a, yn), elems(b, xn), d, nhwc);
+                    at(wn).copy_from_slice(&dw);
+                }
+                _ => return Err(ERR_BAD_MODEL),
+            }
         }
+        Ok(())
     }
-    let at = |p: *mut u8, off: usize, size: usize| p.wrapping_add(off.wrapping_mul(size));
     // SAFETY: this fn's contract.
     unsafe {
         match dtype {
-            CONV_F32 => run::<f32>(
-                &d,
-                nhwc,
-                (at(x, xo, 4), at(wt, wo, 4), bias.map(|b| at(b, bo, 4)), y),
-                (xn, wn, yn),
-            ),
-            CONV_F64 => run::<f64>(
-                &d,
-                nhwc,
-                (at(x, xo, 8), at(wt, wo, 8), bias.map(|b| at(b, bo, 8)), y),
-                (xn, wn, yn),
-            ),
-            _ => return Err(ERR_BAD_MODEL),
+            FLOAT_F32 => run::<f32>(kind, &d, nhwc, (a, b, c), out),
+            FLOAT_F64 => run::<f64>(kind, &d, nhwc, (a, b, c), out),
+            _ => Err(ERR_BAD_MODEL),
         }
     }
-    Ok(())
 }
+
+/// An operand of a step: a buffer and an element offset, or none.
+type Operand = Option<(*mut u8, usize)>;
+
+/// Up to three operands of a step.
+type OperandsOf = (Operand, Operand, Operand);
 
 /// The sizes and window of a pooling step (the layout word already read).
 fn pool_sizes(w: &mut Words) -> Result<(crate::pool::Plan, crate::pool::Geometry), i32> {
@@ -993,81 +1046,97 @@ fn pool_sizes(w: &mut Words) -> Result<(crate::pool::Plan, crate::pool::Geometry
 /// Runs a pooling step.
 ///
 /// # Safety
-/// The input and the output lie in their buffers as the sizes say, and do not overlap.
+/// The operands lie in their buffers as the sizes say, and the result overlaps none.
 unsafe fn pool_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) -> Result<(), i32> {
     use crate::pool;
-    let (kind, dtype, layout) = (w.next()?, w.next()?, w.next()?);
+    let (kind, dtype, x_dtype) = (w.next()?, w.next()?, w.next()?);
+    let nhwc = nhwc_of(w.next()?)?;
     let (mut p, g) = pool_sizes(w)?;
-    p.nhwc = match layout {
-        0 => false,
-        1 => true,
-        _ => return Err(ERR_BAD_MODEL),
-    };
+    p.nhwc = nhwc;
     let include_pad = w.next()? != 0;
-    let (x, xo) = (buf(w.usize()?)?, w.usize()?);
-    let y = buf(w.usize()?)?;
-    let [xn, yn] = p.lens();
-    /// The input (from element `xo`) and the output as slices of `T`.
-    ///
-    /// # Safety
-    /// As `pool_step`'s, for element type `T`.
-    unsafe fn slices<'a, T>(
-        x: *mut u8,
-        xo: usize,
-        y: *mut u8,
-        (xn, yn): (usize, usize),
-    ) -> (&'a [T], &'a mut [T]) {
-        let x = (x as *const T).wrapping_add(xo);
-        // SAFETY: the caller's contract.
-        unsafe {
-            (
-                std::slice::from_raw_parts(x, xn),
-                std::slice::from_raw_parts_mut(y as *mut T, yn),
-            )
-        }
+    let (a, b) = (operand(w, buf)?, operand(w, buf)?);
+    let out = buf(w.usize()?)?;
+    if a.is_none() || (kind == POOL_MAX_GRAD && b.is_none()) {
+        return Err(ERR_BAD_MODEL);
     }
-    /// Runs the average kinds on `A`.
+    /// The kinds that read and write `A` only.
     ///
     /// # Safety
     /// As `pool_step`'s, for element type `A`.
-    unsafe fn average<A: pool::Real>(
+    unsafe fn floats<A: pool::Real>(
         kind: u64,
-        (x, xo, y): (*mut u8, usize, *mut u8),
-        p: &pool::Plan,
-        g: &pool::Geometry,
-        include_pad: bool,
+        a: Operand,
+        out: *mut u8,
+        (p, g, include_pad): (&pool::Plan, &pool::Geometry, bool),
     ) -> Result<(), i32> {
+        let [xn, yn] = p.lens();
         // SAFETY: the caller's contract.
-        let (xs, ys) = unsafe { slices::<A>(x, xo, y, (p.lens()[0], p.lens()[1])) };
-        match kind {
-            POOL_AVG => pool::avg_forward(xs, p, g, include_pad, ys),
-            POOL_ADAPTIVE_AVG => pool::adaptive_avg_forward(xs, p, ys),
-            _ => return Err(ERR_BAD_MODEL),
+        unsafe {
+            let at = |n| std::slice::from_raw_parts_mut(out as *mut A, n);
+            match kind {
+                POOL_AVG => pool::avg_forward(elems(a, xn), p, g, include_pad, at(yn)),
+                POOL_ADAPTIVE_AVG => pool::adaptive_avg_forward(elems(a, xn), p, at(yn)),
+                POOL_AVG_GRAD => pool::avg_backward(elems(a, yn), p, g, include_pad, at(xn)),
+                POOL_ADAPTIVE_AVG_GRAD => pool::adaptive_avg_backward(elems(a, yn), p, at(xn)),
+                _ => return Err(ERR_BAD_MODEL),
+            }
         }
         Ok(())
     }
-    macro_rules! max {
-        ($t:ty) => {{
+    /// Max pooling of an input of `T`, its gradient in `A`.
+    ///
+    /// # Safety
+    /// As `pool_step`'s, for element types `T` and `A`.
+    unsafe fn max<T: pool::Elem, A: pool::Real>(
+        kind: u64,
+        (a, b): (Operand, Operand),
+        out: *mut u8,
+        (p, g): (&pool::Plan, &pool::Geometry),
+    ) -> Result<(), i32> {
+        let [xn, yn] = p.lens();
+        // SAFETY: the caller's contract.
+        unsafe {
+            match kind {
+                POOL_MAX => {
+                    let y = std::slice::from_raw_parts_mut(out as *mut T, yn);
+                    pool::max_forward(elems::<T>(a, xn), p, g, y);
+                }
+                POOL_MAX_GRAD => {
+                    let dx = std::slice::from_raw_parts_mut(out as *mut A, xn);
+                    pool::max_backward(elems::<A>(a, yn), elems::<T>(b, xn), p, g, dx);
+                }
+                _ => return Err(ERR_BAD_MODEL),
+            }
+        }
+        Ok(())
+    }
+    macro_rules! max_of {
+        ($a:ty) => {
             // SAFETY: this fn's contract.
-            let (xs, ys) = unsafe { slices::<$t>(x, xo, y, (xn, yn)) };
-            pool::max_forward(xs, &p, &g, ys);
-            Ok(())
-        }};
+            unsafe {
+                let (ops, pg) = ((a, b), (&p, &g));
+                match x_dtype {
+                    POOL_F32 => max::<f32, $a>(kind, ops, out, pg),
+                    POOL_F64 => max::<f64, $a>(kind, ops, out, pg),
+                    POOL_F16 => max::<f16, $a>(kind, ops, out, pg),
+                    POOL_BF16 => max::<bf16, $a>(kind, ops, out, pg),
+                    POOL_U8 => max::<u8, $a>(kind, ops, out, pg),
+                    POOL_I8 => max::<i8, $a>(kind, ops, out, pg),
+                    POOL_I16 => max::<i16, $a>(kind, ops, out, pg),
+                    POOL_I32 => max::<i32, $a>(kind, ops, out, pg),
+                    POOL_I64 => max::<i64, $a>(kind, ops, out, pg),
+                    _ => Err(ERR_BAD_MODEL),
+                }
+            }
+        };
     }
     match (kind, dtype) {
-        (POOL_MAX, POOL_F32) => max!(f32),
-        (POOL_MAX, POOL_F64) => max!(f64),
-        (POOL_MAX, POOL_F16) => max!(f16),
-        (POOL_MAX, POOL_BF16) => max!(bf16),
-        (POOL_MAX, POOL_U8) => max!(u8),
-        (POOL_MAX, POOL_I8) => max!(i8),
-        (POOL_MAX, POOL_I16) => max!(i16),
-        (POOL_MAX, POOL_I32) => max!(i32),
-        (POOL_MAX, POOL_I64) => max!(i64),
+        (POOL_MAX | POOL_MAX_GRAD, FLOAT_F64) => max_of!(f64),
+        (POOL_MAX | POOL_MAX_GRAD, _) => max_of!(f32),
         // SAFETY: this fn's contract.
-        (_, POOL_F32) => unsafe { average::<f32>(kind, (x, xo, y), &p, &g, include_pad) },
+        (_, FLOAT_F32) => unsafe { floats::<f32>(kind, a, out, (&p, &g, include_pad)) },
         // SAFETY: this fn's contract.
-        (_, POOL_F64) => unsafe { average::<f64>(kind, (x, xo, y), &p, &g, include_pad) },
+        (_, FLOAT_F64) => unsafe { floats::<f64>(kind, a, out, (&p, &g, include_pad)) },
         _ => Err(ERR_BAD_MODEL),
     }
 }

@@ -26,19 +26,21 @@ use std::sync::Arc;
 /// A convolution or pooling step as [`prepare`] laid it out.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum WindowStep {
-    /// A convolution.
+    /// A convolution or one of its gradients.
     Conv {
+        /// Which ([`rt::CONV_FORWARD`]..).
+        kind: u64,
         /// Its sizes.
         dims: Dims,
         /// Whether it runs in NHWC.
         nhwc: bool,
     },
-    /// A pooling.
+    /// A pooling or one of its gradients.
     Pool {
         /// Which ([`rt::POOL_MAX`]..).
         kind: u64,
-        /// Its element type ([`rt::POOL_F32`]..).
-        dtype: u64,
+        /// The element type of the input of a max pooling ([`rt::POOL_F32`]..).
+        x_dtype: u64,
         /// Its sizes and layout.
         plan: Plan,
         /// Its window.
@@ -46,6 +48,14 @@ pub(super) enum WindowStep {
         /// Whether padded zeros count in an average's divisor.
         count_include_pad: bool,
     },
+}
+
+/// A window op found in a schedule: its step, the order each operand must lie in and the
+/// order of its result.
+struct Found {
+    step: WindowStep,
+    orders: Vec<Vec<usize>>,
+    out_order: Vec<usize>,
 }
 
 /// Conforms the operands of every convolution and pooling of `s` to its kernel's orders
@@ -59,13 +69,13 @@ pub(super) fn prepare(s: &mut Schedule) -> Result<Vec<Option<WindowStep>>> {
             found.push(None);
             continue;
         };
-        let Some((window, orders, nhwc)) = problem(s, &e)? else {
+        let Some(f) = problem(s, &e)? else {
             steps.push(Step::Extern(e));
             found.push(None);
             continue;
         };
         let mut before = Vec::new();
-        for (a, order) in e.args.iter_mut().zip(&orders) {
+        for (a, order) in e.args.iter_mut().zip(&f.orders) {
             *a = conform(s, a, order, &mut before);
         }
         for c in before {
@@ -74,17 +84,21 @@ pub(super) fn prepare(s: &mut Schedule) -> Result<Vec<Option<WindowStep>>> {
         }
         // the result: straight into its buffer when that has the kernel's order
         let out = s.buffers[e.out].clone();
-        let order = layout_order(out.shape.len(), nhwc);
-        let want = strides_for(&out.shape, &order);
+        let want = strides_for(&out.shape, &f.out_order);
         if dense_as(&out.shape, &out.strides(), &want) {
             steps.push(Step::Extern(e));
-            found.push(Some(window));
+            found.push(Some(f.step));
             continue;
         }
-        let y = add_buffer(s, &out, permuted(&out.shape, &order), BufferKind::Temp);
+        let y = add_buffer(
+            s,
+            &out,
+            permuted(&out.shape, &f.out_order),
+            BufferKind::Temp,
+        );
         let final_out = std::mem::replace(&mut e.out, y);
         steps.push(Step::Extern(e));
-        found.push(Some(window));
+        found.push(Some(f.step));
         steps.push(Step::Extern(ExternCall {
             op: Op::Contiguous,
             args: vec![View {
@@ -102,72 +116,92 @@ pub(super) fn prepare(s: &mut Schedule) -> Result<Vec<Option<WindowStep>>> {
     Ok(found)
 }
 
-/// A window op found in a schedule: its step, the order each operand must lie in, and
-/// whether it runs in NHWC.
-type Found = (WindowStep, Vec<Vec<usize>>, bool);
+/// Whether the tensor `v` views would take the NHWC kernels, as the JIT decides.
+fn prefers_nhwc_view(v: &View) -> bool {
+    prefers_nhwc_layout(&Layout {
+        shape: v.shape.clone(),
+        strides: v.strides.clone(),
+        offset: v.offset,
+    })
+}
 
 /// `e`'s window op; `None` for any other op.
 fn problem(s: &Schedule, e: &ExternCall) -> Result<Option<Found>> {
     let out = &s.buffers[e.out];
     let dtype = out.dtype;
-    let floats = |op: &str| -> Result<()> {
-        if !matches!(dtype, DType::F32 | DType::F64) {
-            bail!(
-                Unsupported,
-                "aot: the library op {op} is not compiled for {dtype} yet (f32 and f64 are)"
-            );
-        }
-        Ok(())
-    };
     let name = e.op.name();
-    let same_dtypes = || {
-        if e.args.is_empty() || e.args.iter().any(|a| s.buffers[a.buffer].dtype != dtype) {
-            bail!(DType, "aot: {name} operands of different dtypes");
+    let refuse = |d: DType| -> crate::Error {
+        crate::Error::Unsupported(format!(
+            "aot: the library op {name} is not compiled for {d} yet (f32 and f64 are)"
+        ))
+    };
+    let floats = |d: DType| matches!(d, DType::F32 | DType::F64);
+    // every operand in the result's dtype (a max pooling's input aside), a float one
+    // unless `any`
+    let dtypes = |skip: Option<usize>, any: bool| -> Result<()> {
+        if !any && !floats(dtype) {
+            return Err(refuse(dtype));
+        }
+        if e.args.is_empty() {
+            bail!(Value, "aot: {name} without operands");
+        }
+        for (i, a) in e.args.iter().enumerate() {
+            let d = s.buffers[a.buffer].dtype;
+            if Some(i) != skip && d != dtype {
+                if floats(dtype) && !floats(d) {
+                    return Err(refuse(d));
+                }
+                bail!(DType, "aot: {name} operands of different dtypes");
+            }
         }
         Ok(())
     };
-    let batched = |spatial: usize| {
-        if e.args[0].shape.len() != spatial + 2 || out.shape.len() != spatial + 2 {
+    let rank_of = |v: &View, spatial: usize| {
+        if v.shape.len() != spatial + 2 || out.shape.len() != spatial + 2 {
             bail!(
                 Unsupported,
                 "aot: an unbatched {name} is not compiled ahead of time yet"
             );
         }
-        Ok(())
+        Ok(spatial + 2)
     };
-    let x = e.args.first();
-    let nhwc = x.is_some_and(|x| {
-        prefers_nhwc_layout(&Layout {
-            shape: x.shape.clone(),
-            strides: x.strides.clone(),
-            offset: x.offset,
-        })
-    });
-    let pool = |kind: u64, geo: Geometry, count_include_pad: bool, code: u64| {
-        let x = &e.args[0];
-        let plan = pool_plan(name, &x.shape, &out.shape, nhwc)?;
-        let step = WindowStep::Pool {
-            kind,
-            dtype: code,
-            plan,
-            geo,
-            count_include_pad,
-        };
-        Ok::<_, crate::Error>(Some((step, vec![layout_order(4, nhwc)], nhwc)))
+    let conv = |kind: u64, dims: Dims, nhwc: bool, orders, out_order| {
+        Ok(Some(Found {
+            step: WindowStep::Conv { kind, dims, nhwc },
+            orders,
+            out_order,
+        }))
     };
-    let float_code = || match dtype {
-        DType::F64 => rt::POOL_F64,
-        _ => rt::POOL_F32,
+    // a pooling whose operands and result all lie in the order `nhwc` names
+    let pool = |kind: u64, x_dtype: u64, plan: Plan, geo: Geometry, cip: bool| {
+        let order = layout_order(4, plan.nhwc);
+        Ok(Some(Found {
+            step: WindowStep::Pool {
+                kind,
+                x_dtype,
+                plan,
+                geo,
+                count_include_pad: cip,
+            },
+            orders: vec![order.clone(); e.args.len()],
+            out_order: order,
+        }))
     };
+    let no_window = Geometry {
+        kernel: [1, 1],
+        stride: [1, 1],
+        padding: [0, 0],
+        dilation: [1, 1],
+    };
+    let f64_code = |d: DType| element_code(d).unwrap_or(rt::POOL_F32);
     match &e.op {
-        Op::Conv { conv, .. } => {
-            floats(name)?;
-            same_dtypes()?;
-            batched(conv.spatial())?;
+        Op::Conv { conv: attrs, .. } => {
+            dtypes(None, false)?;
             let (x, w) = (&e.args[0], &e.args[1]);
-            let geo = conv.geometry(w.shape.get(2..).unwrap_or(&[]))?;
+            let rank = rank_of(x, attrs.spatial())?;
+            let geo = attrs.geometry(w.shape.get(2..).unwrap_or(&[]))?;
             let dims = conv_plan(name, &x.shape, &w.shape, &out.shape, &geo)?;
-            let rank = x.shape.len();
+            let nhwc = prefers_nhwc_view(x);
             let w_order = match weight_order(&dims, nhwc, dtype == DType::F32) {
                 WeightOrder::Nchw => layout_order(rank, false),
                 WeightOrder::Nhwc => layout_order(rank, true),
@@ -175,46 +209,136 @@ fn problem(s: &Schedule, e: &ExternCall) -> Result<Option<Found>> {
                 WeightOrder::Taps if rank == 4 => vec![2, 3, 1, 0],
                 WeightOrder::Taps => vec![2, 1, 0],
             };
-            let orders = vec![layout_order(rank, nhwc), w_order, vec![0]];
-            Ok(Some((WindowStep::Conv { dims, nhwc }, orders, nhwc)))
+            let x_order = layout_order(rank, nhwc);
+            let orders = vec![x_order.clone(), w_order, vec![0]];
+            conv(rt::CONV_FORWARD, dims, nhwc, orders, x_order)
+        }
+        Op::ConvInputGrad { conv: attrs, .. } => {
+            dtypes(None, false)?;
+            let (gy, w) = (&e.args[0], &e.args[1]);
+            let rank = rank_of(gy, attrs.spatial())?;
+            let geo = attrs.geometry(w.shape.get(2..).unwrap_or(&[]))?;
+            let dims = conv_plan(name, &out.shape, &w.shape, &gy.shape, &geo)?;
+            let nhwc = prefers_nhwc_view(gy);
+            let order = layout_order(rank, nhwc);
+            let w_order = layout_order(rank, nhwc && !dims.depthwise());
+            conv(
+                rt::CONV_INPUT_GRAD,
+                dims,
+                nhwc,
+                vec![order.clone(), w_order],
+                order,
+            )
+        }
+        Op::ConvWeightGrad {
+            conv: attrs,
+            weight_size,
+        } => {
+            dtypes(None, false)?;
+            let (gy, x) = (&e.args[0], &e.args[1]);
+            let rank = rank_of(x, attrs.spatial())?;
+            let geo = attrs.geometry(weight_size.get(2..).unwrap_or(&[]))?;
+            let dims = conv_plan(name, &x.shape, &out.shape, &gy.shape, &geo)?;
+            let nhwc = prefers_nhwc_view(x);
+            let order = layout_order(rank, nhwc);
+            let orders = vec![order.clone(), order];
+            conv(
+                rt::CONV_WEIGHT_GRAD,
+                dims,
+                nhwc,
+                orders,
+                layout_order(rank, false),
+            )
         }
         Op::MaxPool2d { pool: attrs } => {
-            same_dtypes()?;
-            batched(2)?;
+            dtypes(None, true)?;
+            rank_of(&e.args[0], 2)?;
             let Some(code) = element_code(dtype) else {
                 bail!(
                     Unsupported,
                     "aot: the library op {name} is not compiled for {dtype}"
                 );
             };
+            let x = &e.args[0];
+            let plan = pool_plan(name, &x.shape, &out.shape, prefers_nhwc_view(x))?;
             pool(
                 rt::POOL_MAX,
+                code,
+                plan,
                 geometry(name, &attrs.geometry()?)?,
                 false,
-                code,
             )
+        }
+        Op::MaxPool2dGrad { pool: attrs } => {
+            // the gradient in the result's (float) dtype; the input in any
+            dtypes(Some(1), false)?;
+            let (gy, x) = (&e.args[0], &e.args[1]);
+            rank_of(x, 2)?;
+            let xd = s.buffers[x.buffer].dtype;
+            let Some(code) = element_code(xd) else {
+                bail!(
+                    Unsupported,
+                    "aot: the library op {name} is not compiled for {xd}"
+                );
+            };
+            let plan = pool_plan(name, &x.shape, &gy.shape, prefers_nhwc_view(x))?;
+            let geo = geometry(name, &attrs.geometry()?)?;
+            pool(rt::POOL_MAX_GRAD, code, plan, geo, false)
         }
         Op::AvgPool2d {
             pool: attrs,
             count_include_pad,
         } => {
-            floats(name)?;
-            same_dtypes()?;
-            batched(2)?;
+            dtypes(None, false)?;
+            let x = &e.args[0];
+            rank_of(x, 2)?;
+            let plan = pool_plan(name, &x.shape, &out.shape, prefers_nhwc_view(x))?;
             let geo = geometry(name, &attrs.geometry()?)?;
-            pool(rt::POOL_AVG, geo, *count_include_pad, float_code())
+            pool(rt::POOL_AVG, f64_code(dtype), plan, geo, *count_include_pad)
+        }
+        Op::AvgPool2dGrad {
+            pool: attrs,
+            count_include_pad,
+            ..
+        } => {
+            dtypes(None, false)?;
+            let gy = &e.args[0];
+            rank_of(gy, 2)?;
+            let plan = pool_plan(name, &out.shape, &gy.shape, prefers_nhwc_view(gy))?;
+            let geo = geometry(name, &attrs.geometry()?)?;
+            pool(
+                rt::POOL_AVG_GRAD,
+                f64_code(dtype),
+                plan,
+                geo,
+                *count_include_pad,
+            )
         }
         Op::AdaptiveAvgPool2d { .. } => {
-            floats(name)?;
-            same_dtypes()?;
-            batched(2)?;
-            let geo = Geometry {
-                kernel: [1, 1],
-                stride: [1, 1],
-                padding: [0, 0],
-                dilation: [1, 1],
-            };
-            pool(rt::POOL_ADAPTIVE_AVG, geo, false, float_code())
+            dtypes(None, false)?;
+            let x = &e.args[0];
+            rank_of(x, 2)?;
+            let plan = pool_plan(name, &x.shape, &out.shape, prefers_nhwc_view(x))?;
+            pool(
+                rt::POOL_ADAPTIVE_AVG,
+                f64_code(dtype),
+                plan,
+                no_window,
+                false,
+            )
+        }
+        Op::AdaptiveAvgPool2dGrad { .. } => {
+            dtypes(None, false)?;
+            let gy = &e.args[0];
+            rank_of(gy, 2)?;
+            let plan = pool_plan(name, &out.shape, &gy.shape, prefers_nhwc_view(gy))?;
+            pool(
+                rt::POOL_ADAPTIVE_AVG_GRAD,
+                f64_code(dtype),
+                plan,
+                no_window,
+                false,
+            )
         }
         _ => Ok(None),
     }
@@ -360,13 +484,21 @@ fn reordered(lit: &Literal, src: &View) -> Vec<u8> {
 
 /// Appends the words of the window step `c` of `e`, whose operands [`prepare`] conformed.
 pub(super) fn window_words(s: &Schedule, e: &ExternCall, c: &WindowStep, w: &mut Vec<u64>) {
+    let dtype = match s.buffers[e.out].dtype {
+        DType::F64 => rt::FLOAT_F64,
+        _ => rt::FLOAT_F32,
+    };
+    let operand = |i: usize| match e.args.get(i) {
+        Some(v) => [v.buffer as u64, v.offset as u64],
+        None => [rt::NO_BUFFER, 0],
+    };
     match c {
-        WindowStep::Conv { dims: d, nhwc } => {
-            let dtype = match s.buffers[e.out].dtype {
-                DType::F64 => rt::CONV_F64,
-                _ => rt::CONV_F32,
-            };
-            w.extend([rt::STEP_CONV, dtype, u64::from(*nhwc)]);
+        WindowStep::Conv {
+            kind,
+            dims: d,
+            nhwc,
+        } => {
+            w.extend([rt::STEP_CONV, *kind, dtype, u64::from(*nhwc)]);
             w.extend(
                 [
                     d.n, d.c, d.h, d.w, d.co, d.oh, d.ow, d.kh, d.kw, d.sh, d.sw, d.ph, d.pw, d.dh,
@@ -374,22 +506,16 @@ pub(super) fn window_words(s: &Schedule, e: &ExternCall, c: &WindowStep, w: &mut
                 ]
                 .map(|x| x as u64),
             );
-            for a in &e.args[..2] {
-                w.extend([a.buffer as u64, a.offset as u64]);
-            }
-            match e.args.get(2) {
-                Some(b) => w.extend([b.buffer as u64, b.offset as u64]),
-                None => w.extend([rt::NO_BUFFER, 0]),
-            }
+            (0..3).for_each(|i| w.extend(operand(i)));
         }
         WindowStep::Pool {
             kind,
-            dtype,
+            x_dtype,
             plan: p,
             geo: g,
             count_include_pad,
         } => {
-            w.extend([rt::STEP_POOL, *kind, *dtype, u64::from(p.nhwc)]);
+            w.extend([rt::STEP_POOL, *kind, dtype, *x_dtype, u64::from(p.nhwc)]);
             w.extend([p.n, p.c, p.h, p.w, p.oh, p.ow].map(|x| x as u64));
             w.extend(
                 [g.kernel, g.stride, g.padding, g.dilation]
@@ -398,7 +524,7 @@ pub(super) fn window_words(s: &Schedule, e: &ExternCall, c: &WindowStep, w: &mut
                     .map(|&x| x as u64),
             );
             w.push(u64::from(*count_include_pad));
-            w.extend([e.args[0].buffer as u64, e.args[0].offset as u64]);
+            (0..2).for_each(|i| w.extend(operand(i)));
         }
     }
     w.push(e.out as u64);

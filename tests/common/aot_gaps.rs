@@ -14,26 +14,6 @@ pub const GAPS: &[(&str, &str)] = &[
         "half-precision convolutions compute in f32: the conv step has no f32 copies yet",
     ),
     (
-        "convolution_backward_input",
-        "the gradients of convolutions have no plan step yet",
-    ),
-    (
-        "convolution_backward_weight",
-        "the gradients of convolutions have no plan step yet",
-    ),
-    (
-        "max_pool2d_backward",
-        "the gradients of pooling have no plan step yet",
-    ),
-    (
-        "avg_pool2d_backward",
-        "the gradients of pooling have no plan step yet",
-    ),
-    (
-        "adaptive_avg_pool2d_backward",
-        "the gradients of pooling have no plan step yet",
-    ),
-    (
         "scaled_dot_product_attention_backward",
         "the fused gradient kernel is eager only",
     ),
