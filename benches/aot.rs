@@ -3,10 +3,12 @@
 //! 1. **AOT against JIT**: the same model (same kernels) called from a C program linking its
 //!    object and from `CompiledFn::call` in a Rust process of its own (so that neither side
 //!    runs beside the other's thread pool), median ns per call, rounds alternating: two blocks
-//!    of `examples/models`, a wide MLP, and the GPT of `examples/gpt` (random weights,
-//!    traced with its weights as constants, batch 2 × 32 tokens);
+//!    of `examples/models`, a wide MLP, the GPT of `examples/gpt` (random weights, traced
+//!    with its weights as constants, batch 2 × 32 tokens) and the ResNet of
+//!    `examples/resnet` (random weights, evaluation mode, batches of 1 and 32 images);
 //! 2. **a C program's first call**: the wall time of a process that links the MLP block of
-//!    `examples/models`, starts, makes one call and exits (no compilation at run time);
+//!    `examples/models` (and one that links the ResNet at batch 1), starts, makes one call
+//!    and exits (no compilation at run time);
 //! 3. **compilation with the disk cache warm**: `CompiledFn::compile_time` of the first
 //!    compile in fresh processes, cache off (passes + Cranelift) against warm (loaded), for a
 //!    4-op and a 100-op graph.
@@ -16,6 +18,8 @@
 
 #[path = "../examples/common/gpt_model.rs"]
 mod gpt_model;
+#[path = "../examples/common/resnet_model.rs"]
+mod resnet_model;
 
 use smelt::aot::{AotOptions, CpuTarget};
 use smelt::exec::{CompileOptions, CompiledFn};
@@ -70,6 +74,18 @@ fn gpt_text() -> String {
     let model = gpt_model::Gpt::new().unwrap();
     let x = Tensor::zeros(&[2, gpt_model::CTX], DType::I64);
     smelt::ir::print_graph(&gpt_model::inference_graph(&model, &x).unwrap())
+}
+
+/// The ResNet of `examples/resnet` with its random initial weights in evaluation mode,
+/// traced for inference on `batch` images, as `.smelt` text.
+fn resnet_text(batch: usize) -> String {
+    use smelt::nn::Module;
+    smelt::manual_seed(0);
+    let mut model = resnet_model::ResNet::new().unwrap();
+    model.eval();
+    let s = resnet_model::SIZE;
+    let x = Tensor::zeros(&[batch, 1, s, s], DType::F32);
+    smelt::ir::print_graph(&resnet_model::inference_graph(&model, &x).unwrap())
 }
 
 /// The instruction set of the AOT objects: `SMELT_AOT_CPU` (`x86-64-v3` with `SMELT_CPU=avx2`
@@ -191,6 +207,8 @@ fn main() {
         (example("attention.smelt"), "attention", 20000),
         (MLP.to_string(), "mlp_64x256x1024", 200),
         (gpt_text(), "gpt", 200),
+        (resnet_text(1), "resnet_b1", 2000),
+        (resnet_text(32), "resnet_b32", 200),
     ] {
         let text = &text[..];
         let g = parse_module(text, name).unwrap().graphs.remove(0);
@@ -263,7 +281,7 @@ fn main() {
             fmt(jit, "ns"),
             fmt(ratio.iter().map(|r| r * 100.0).collect(), "%")
         );
-        if name == "mlp_block" {
+        if name == "mlp_block" || name == "resnet_b1" {
             let mut wall = Vec::new();
             for _ in 0..ROUNDS * 3 {
                 let t0 = Instant::now();
@@ -273,7 +291,7 @@ fn main() {
             }
             let size = std::fs::metadata(&exe).unwrap().len();
             println!(
-                "  2. a C program linking it ({:.1} MB, no compiler): start + first call + exit {}",
+                "  2. a C program linking {name} ({:.1} MB, no compiler): start + first call + exit {}",
                 size as f64 / 1e6,
                 fmt(wall, "ms")
             );

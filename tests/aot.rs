@@ -388,7 +388,8 @@ graph picks(%w: f32[11,6], %ids: i64[4,3], %j: i32[5], %x: f64[4,7], %k: i64[4,2
 }
 
 /// Convolutions run the JIT's kernels (`smelt_rt::conv`), so objects give the JIT's bits:
-/// the register tiles, the column GEMMs (groups, strides, dilation), depthwise, 1-d and f64,
+/// the register tiles, the column GEMMs (groups, strides, dilation), depthwise, 1-d, f64 and
+/// the halves (computed in f32, rounded once),
 /// NCHW and channels_last inputs, sliced inputs and transposed weights copied at run time,
 /// and weights bound as constants (reordered when the object is built).
 #[test]
@@ -410,6 +411,13 @@ graph convs(%x: f32[2,8,9,11], %w: f32[16,8,3,3], %b: f32[16], %w2: f32[6,4,3,2]
   %wp = permute(%wt, dims=[3, 2, 0, 1])
   %t = conv2d(%x, %wp, none, padding=[2, 0], dilation=[2, 1])
   return %r, %z, %d, %s, %n, %g, %t
+}
+graph halves(%x: f16[2,4,7,7], %w: f16[8,4,3,3], %b: f16[8], %y: bf16[1,3,6,6], %v: bf16[6,1,3,3]) {
+  %c = conv2d(%x, %w, %b, padding=1)
+  %a = avg_pool2d(%c, kernel_size=[2, 2])
+  %d = conv2d(%y, %v, none, groups=3)
+  %g = adaptive_avg_pool2d(%d, output_size=[2, 2])
+  return %c, %a, %g
 }
 graph wide(%x: f64[3,4,13], %w: f64[5,4,3], %b: f64[5], %x2: f64[1,6,7,7], %w2: f64[9,2,1,1]) {
   %y = conv1d(%x, %w, %b, padding=2, stride=2)
@@ -514,7 +522,7 @@ graph wide(%x: f64[1,3,8,8], %i: i32[2,3,6,7], %h: bf16[1,2,5,5]) {
 
 /// The gradients of convolutions and pooling compile too, on the JIT's kernels: a small
 /// CNN's gradient graph (NCHW and channels_last) and the gradient ops themselves in f64,
-/// with the JIT's bits.
+/// f16 and bf16, with the JIT's bits.
 #[test]
 fn cnn_gradients_match_the_jit_bit_for_bit() {
     if !have_cc("cnn_gradients_match_the_jit_bit_for_bit") {
@@ -538,13 +546,16 @@ graph cnn(%x: f32[2,3,10,9], %w1: f32[8,3,3,3], %b1: f32[8], %w2: f32[6,4,3,3], 
   %y = add(%s, %t)
   return %y
 }
-graph ops(%gy: f64[2,4,4,4], %w: f64[4,3,3,3], %x: f64[2,3,6,6], %gp: f64[2,3,3,3]) {
+graph ops(%gy: f64[2,4,4,4], %w: f64[4,3,3,3], %x: f64[2,3,6,6], %gp: f64[2,3,3,3], %gh: f16[2,3,3,3], %xh: f16[2,3,6,6], %gb: bf16[2,3,3,3], %gc: bf16[2,4,4,4], %wb: bf16[4,3,3,3]) {
   %dx = convolution_backward_input(%gy, %w, input_size=[2, 3, 6, 6])
   %dw = convolution_backward_weight(%gy, %x, weight_size=[4, 3, 3, 3])
   %mx = max_pool2d_backward(%gp, %x, kernel_size=[2, 2])
   %av = avg_pool2d_backward(%gp, kernel_size=[2, 2], input_size=[2, 3, 6, 6])
   %ad = adaptive_avg_pool2d_backward(%gp, input_size=[2, 3, 6, 6])
-  return %dx, %dw, %mx, %av, %ad
+  %mh = max_pool2d_backward(%gh, %xh, kernel_size=[2, 2])
+  %ab = avg_pool2d_backward(%gb, kernel_size=[2, 2], input_size=[2, 3, 6, 6])
+  %cb = convolution_backward_input(%gc, %wb, input_size=[2, 3, 6, 6])
+  return %dx, %dw, %mx, %av, %ad, %mh, %ab, %cb
 }
 "#;
     let module = parse_module(text, "grads").unwrap();
@@ -720,20 +731,6 @@ fn bad_names_targets_and_library_ops_are_clear_errors() {
         .unwrap()
         .to_string();
     assert!(e.contains("library op cumsum"), "{e}");
-    // and so is a convolution in a dtype the conv step lacks
-    let half = parse_module(
-        "graph c(%x: f16[1,2,6,6], %w: f16[3,2,3,3]) {\n  %y = conv2d(%x, %w, none)\n  return %y\n}\n",
-        "c",
-    )
-    .unwrap();
-    let e = smelt::aot::compile(&half.graphs[0], &AotOptions::default())
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        e.contains("library op conv2d is not compiled for f16"),
-        "{e}"
-    );
 }
 
 /// Code for x86-64-v3 needs no AVX-512; x86-64-v4 names it.

@@ -37,14 +37,14 @@
 //!     valid index values, the source stride of one index unit and the index's strides
 //!     ([`crate::copy`]);
 //!   - [`STEP_CONV`]: kind ([`CONV_FORWARD`], [`CONV_INPUT_GRAD`], [`CONV_WEIGHT_GRAD`]),
-//!     dtype ([`FLOAT_F32`], [`FLOAT_F64`]), layout (0: NCHW, 1: NHWC), the 16 sizes of
+//!     dtype ([`FLOAT_F32`], [`FLOAT_F64`], [`FLOAT_F16`], [`FLOAT_BF16`]), layout (0: NCHW, 1: NHWC), the 16 sizes of
 //!     [`crate::conv::Dims`] (n, c, h, w, co, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, g), the
 //!     buffer and element offset of three operands ([`NO_BUFFER`] for none: the input, the
 //!     weights in the order [`crate::conv::weight_order`] names and the bias; the output's
 //!     gradient and the weights; the output's gradient and the input), then the result's
 //!     buffer ([`crate::conv`]);
-//!   - [`STEP_POOL`]: kind ([`POOL_MAX`]..), dtype of the result ([`FLOAT_F32`],
-//!     [`FLOAT_F64`]; unused by max pooling), the element type of a max pooling's input
+//!   - [`STEP_POOL`]: kind ([`POOL_MAX`]..), dtype of the result ([`FLOAT_F32`]..; unused
+//!     by max pooling), the element type of a max pooling's input
 //!     ([`POOL_F32`]..), layout (0: NCHW, 1: NHWC), the sizes n, c, h, w, oh, ow, the window
 //!     (kernel, stride, padding and dilation, each along height then width), whether an
 //!     average counts padding, the buffer and element offset of two operands (the input, or
@@ -100,6 +100,10 @@ pub const POOL_ADAPTIVE_AVG_GRAD: u64 = 5;
 pub const FLOAT_F32: u64 = 0;
 /// A convolution or pooling computing in f64.
 pub const FLOAT_F64: u64 = 1;
+/// A convolution or pooling of f16, computing in f32 (rounded once, as eager).
+pub const FLOAT_F16: u64 = 2;
+/// A convolution or pooling of bf16, computing in f32 (rounded once, as eager).
+pub const FLOAT_BF16: u64 = 3;
 /// A max pooling's input of f32.
 pub const POOL_F32: u64 = 0;
 /// A max pooling's input of f64.
@@ -999,11 +1003,25 @@ unsafe fn conv_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) 
         }
         Ok(())
     }
+    // element counts of the operands and of the result
+    let [xn, wn, yn] = d.lens();
+    let (ins, out_n) = match kind {
+        CONV_FORWARD => ([xn, wn, d.co], yn),
+        CONV_INPUT_GRAD => ([yn, wn, 0], xn),
+        _ => ([yn, xn, 0], wn),
+    };
+    let ins = [(a, ins[0]), (b, ins[1]), (c, ins[2])];
+    let f32_run = |[a, b, c]: [Operand; 3], out: *mut u8| {
+        // SAFETY: this fn's contract, on the f32 copies `in_f32` made.
+        unsafe { run::<f32>(kind, &d, nhwc, (a, b, c), out) }
+    };
     // SAFETY: this fn's contract.
     unsafe {
         match dtype {
             FLOAT_F32 => run::<f32>(kind, &d, nhwc, (a, b, c), out),
             FLOAT_F64 => run::<f64>(kind, &d, nhwc, (a, b, c), out),
+            FLOAT_F16 => in_f32::<f16>(ins, (out, out_n), f32_run),
+            FLOAT_BF16 => in_f32::<bf16>(ins, (out, out_n), f32_run),
             _ => Err(ERR_BAD_MODEL),
         }
     }
@@ -1014,6 +1032,56 @@ type Operand = Option<(*mut u8, usize)>;
 
 /// Up to three operands of a step.
 type OperandsOf = (Operand, Operand, Operand);
+
+/// A half-precision element: convolutions and averages compute it in f32, rounded once.
+trait Half: Copy + 'static {
+    fn widen(self) -> f32;
+    fn narrow(v: f32) -> Self;
+}
+impl Half for f16 {
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    fn narrow(v: f32) -> f16 {
+        f16::from_f32(v)
+    }
+}
+impl Half for bf16 {
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    fn narrow(v: f32) -> bf16 {
+        bf16::from_f32(v)
+    }
+}
+
+/// Runs `f` on f32 copies of the half-precision operands `ins` (each with its element
+/// count), then rounds its f32 result of `n` elements into `out`, as the eager kernels do.
+///
+/// # Safety
+/// Each operand holds its count of `H` elements, and `out` holds `n`.
+unsafe fn in_f32<H: Half>(
+    ins: [(Operand, usize); 3],
+    (out, n): (*mut u8, usize),
+    f: impl FnOnce([Operand; 3], *mut u8) -> Result<(), i32>,
+) -> Result<(), i32> {
+    let wide = ins.map(|(p, len)| {
+        // SAFETY: as the caller promises.
+        let src = unsafe { elems::<H>(p, len) };
+        p.map(|_| src.iter().map(|h| h.widen()).collect::<Vec<f32>>())
+    });
+    let ops = wide
+        .each_ref()
+        .map(|w| w.as_ref().map(|v| (v.as_ptr() as *mut u8, 0)));
+    let mut y = vec![0.0f32; n];
+    f(ops, y.as_mut_ptr() as *mut u8)?;
+    // SAFETY: as the caller promises.
+    let dst = unsafe { std::slice::from_raw_parts_mut(out as *mut H, n) };
+    for (d, &v) in dst.iter_mut().zip(&y) {
+        *d = H::narrow(v);
+    }
+    Ok(())
+}
 
 /// The sizes and window of a pooling step (the layout word already read).
 fn pool_sizes(w: &mut Words) -> Result<(crate::pool::Plan, crate::pool::Geometry), i32> {
@@ -1127,6 +1195,38 @@ unsafe fn pool_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) 
                     POOL_I64 => max::<i64, $a>(kind, ops, out, pg),
                     _ => Err(ERR_BAD_MODEL),
                 }
+            }
+        };
+    }
+    let [xn, yn] = p.lens();
+    // the gradient of max pooling in f16 or bf16: computed in f32 and rounded once, as the
+    // averages and their gradients (`floats`), whose operand and result counts these are
+    let (a_n, out_n) = match kind {
+        POOL_MAX_GRAD | POOL_AVG_GRAD | POOL_ADAPTIVE_AVG_GRAD => (yn, xn),
+        _ => (xn, yn),
+    };
+    let halves = kind != POOL_MAX && matches!(dtype, FLOAT_F16 | FLOAT_BF16);
+    if halves {
+        let run = |[a, _, _]: [Operand; 3], out: *mut u8| match kind {
+            POOL_MAX_GRAD => {
+                let (ops, pg) = ((a, b), (&p, &g));
+                // SAFETY: this fn's contract, on the f32 copies `in_f32` made.
+                unsafe {
+                    match x_dtype {
+                        POOL_F16 => max::<f16, f32>(kind, ops, out, pg),
+                        _ => max::<bf16, f32>(kind, ops, out, pg),
+                    }
+                }
+            }
+            // SAFETY: as above.
+            _ => unsafe { floats::<f32>(kind, a, out, (&p, &g, include_pad)) },
+        };
+        let ins = [(a, a_n), (None, 0), (None, 0)];
+        // SAFETY: this fn's contract.
+        return unsafe {
+            match dtype {
+                FLOAT_F16 => in_f32::<f16>(ins, (out, out_n), run),
+                _ => in_f32::<bf16>(ins, (out, out_n), run),
             }
         };
     }

@@ -132,10 +132,10 @@ fn problem(s: &Schedule, e: &ExternCall) -> Result<Option<Found>> {
     let name = e.op.name();
     let refuse = |d: DType| -> crate::Error {
         crate::Error::Unsupported(format!(
-            "aot: the library op {name} is not compiled for {d} yet (f32 and f64 are)"
+            "aot: the library op {name} takes floating-point operands, not {d}"
         ))
     };
-    let floats = |d: DType| matches!(d, DType::F32 | DType::F64);
+    let floats = |d: DType| d.is_float();
     // every operand in the result's dtype (a max pooling's input aside), a float one
     // unless `any`
     let dtypes = |skip: Option<usize>, any: bool| -> Result<()> {
@@ -193,7 +193,8 @@ fn problem(s: &Schedule, e: &ExternCall) -> Result<Option<Found>> {
         padding: [0, 0],
         dilation: [1, 1],
     };
-    let f64_code = |d: DType| element_code(d).unwrap_or(rt::POOL_F32);
+    // (the averages ignore it: their input has the result's dtype)
+    let own_code = |d: DType| element_code(d).unwrap_or(rt::POOL_F32);
     match &e.op {
         Op::Conv { conv: attrs, .. } => {
             dtypes(None, false)?;
@@ -202,7 +203,8 @@ fn problem(s: &Schedule, e: &ExternCall) -> Result<Option<Found>> {
             let geo = attrs.geometry(w.shape.get(2..).unwrap_or(&[]))?;
             let dims = conv_plan(name, &x.shape, &w.shape, &out.shape, &geo)?;
             let nhwc = prefers_nhwc_view(x);
-            let w_order = match weight_order(&dims, nhwc, dtype == DType::F32) {
+            // the halves compute in f32, and take the f32 kernels' orders
+            let w_order = match weight_order(&dims, nhwc, dtype != DType::F64) {
                 WeightOrder::Nchw => layout_order(rank, false),
                 WeightOrder::Nhwc => layout_order(rank, true),
                 // [kH, kW, Cin, Cout], or [kW, Cin, Cout] for a 1-d convolution
@@ -294,7 +296,7 @@ fn problem(s: &Schedule, e: &ExternCall) -> Result<Option<Found>> {
             rank_of(x, 2)?;
             let plan = pool_plan(name, &x.shape, &out.shape, prefers_nhwc_view(x))?;
             let geo = geometry(name, &attrs.geometry()?)?;
-            pool(rt::POOL_AVG, f64_code(dtype), plan, geo, *count_include_pad)
+            pool(rt::POOL_AVG, own_code(dtype), plan, geo, *count_include_pad)
         }
         Op::AvgPool2dGrad {
             pool: attrs,
@@ -308,7 +310,7 @@ fn problem(s: &Schedule, e: &ExternCall) -> Result<Option<Found>> {
             let geo = geometry(name, &attrs.geometry()?)?;
             pool(
                 rt::POOL_AVG_GRAD,
-                f64_code(dtype),
+                own_code(dtype),
                 plan,
                 geo,
                 *count_include_pad,
@@ -321,7 +323,7 @@ fn problem(s: &Schedule, e: &ExternCall) -> Result<Option<Found>> {
             let plan = pool_plan(name, &x.shape, &out.shape, prefers_nhwc_view(x))?;
             pool(
                 rt::POOL_ADAPTIVE_AVG,
-                f64_code(dtype),
+                own_code(dtype),
                 plan,
                 no_window,
                 false,
@@ -334,7 +336,7 @@ fn problem(s: &Schedule, e: &ExternCall) -> Result<Option<Found>> {
             let plan = pool_plan(name, &out.shape, &gy.shape, prefers_nhwc_view(gy))?;
             pool(
                 rt::POOL_ADAPTIVE_AVG_GRAD,
-                f64_code(dtype),
+                own_code(dtype),
                 plan,
                 no_window,
                 false,
@@ -486,6 +488,8 @@ fn reordered(lit: &Literal, src: &View) -> Vec<u8> {
 pub(super) fn window_words(s: &Schedule, e: &ExternCall, c: &WindowStep, w: &mut Vec<u64>) {
     let dtype = match s.buffers[e.out].dtype {
         DType::F64 => rt::FLOAT_F64,
+        DType::F16 => rt::FLOAT_F16,
+        DType::BF16 => rt::FLOAT_BF16,
         _ => rt::FLOAT_F32,
     };
     let operand = |i: usize| match e.args.get(i) {

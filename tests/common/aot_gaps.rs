@@ -6,14 +6,6 @@
 /// AOT refuses, and why.
 pub const GAPS: &[(&str, &str)] = &[
     (
-        "conv2d f16",
-        "half-precision convolutions compute in f32: the conv step has no f32 copies yet",
-    ),
-    (
-        "conv2d bf16",
-        "half-precision convolutions compute in f32: the conv step has no f32 copies yet",
-    ),
-    (
         "scaled_dot_product_attention_backward",
         "the fused gradient kernel is eager only",
     ),
