@@ -8,7 +8,22 @@ use crate::tensor::threads::Ranges;
 /// `threads::eager_par_min`).
 pub const PAR_THRESHOLD: usize = 1 << 15;
 
-pub use smelt_rt::threads::SendPtr;
+/// A raw pointer that may cross threads: kernels guarantee disjoint writes.
+#[derive(Clone, Copy, Debug)]
+pub struct SendPtr<T>(pub *mut T);
+// SAFETY: only used by kernels whose parallel chunks touch disjoint elements.
+unsafe impl<T> Send for SendPtr<T> {}
+// SAFETY: as for `Send`: a shared `SendPtr` only yields a copy of the pointer (`get`);
+// the kernels that share one write disjoint elements through it.
+unsafe impl<T> Sync for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    /// The pointer. A method, so closures capture the whole `SendPtr` and not its field.
+    #[inline(always)]
+    pub fn get(self) -> *mut T {
+        self.0
+    }
+}
 
 /// A joint walk over `shape` for K operands with the given element strides.
 #[derive(Clone, Debug)]

@@ -3,7 +3,6 @@
 //! which an eager kernel stays on its thread, and compiled calls' polling pools ([`hot`]).
 
 use super::storage::{add_allocations, allocation_count};
-pub use smelt_rt::threads::{available, par_each, par_for, serial};
 
 /// [`eager_par_min`] out of a compiled call: high enough that a kernel split over the pool
 /// pays for waking its sleeping workers, low enough that the activations of a small
@@ -21,6 +20,28 @@ pub fn eager_par_min() -> usize {
 }
 
 pub use smelt_rt::ranges::Ranges;
+
+/// The threads a kernel started on this thread may use: 1 inside [`serial`], else the size
+/// of the current rayon pool ([`smelt_rt::threads::available`]).
+pub fn available() -> usize {
+    smelt_rt::threads::available()
+}
+
+/// Runs `f(i)` for every `i` in `0..count` across the current rayon pool.
+pub fn par_for(count: usize, f: &(dyn Fn(usize) + Sync)) {
+    smelt_rt::threads::par_for(count, f)
+}
+
+/// Runs `f(c, lo, hi)` for every range `c` of `r` across the current rayon pool.
+pub fn par_each(r: &Ranges, f: &(dyn Fn(usize, usize, usize) + Sync)) {
+    smelt_rt::threads::par_each(r, f)
+}
+
+/// Runs `f` so that every kernel it starts on this thread runs on this thread (library
+/// kernels of `smelt_rt` included).
+pub fn serial<R>(f: impl FnOnce() -> R) -> R {
+    smelt_rt::threads::serial(f)
+}
 
 /// Runs `f` on a worker of `pool` (rayon's global pool for `None`) while the pool's other
 /// workers poll for work instead of sleeping (`smelt_rt::hot`), and returns its result: how
