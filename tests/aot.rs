@@ -520,6 +520,55 @@ graph wide(%x: f64[1,3,8,8], %i: i32[2,3,6,7], %h: bf16[1,2,5,5]) {
     }
 }
 
+/// `scatter`, `scatter_add` and `index_add` run as a copy of the operand and a scatter
+/// through the index, in the eager kernels' order and arithmetic: duplicate indices (the
+/// last write wins, sums accumulate), transposed and sliced sources, integer, half and bool
+/// sums, the JIT's bits; an index out of range is an error code.
+#[test]
+fn scatters_match_the_jit_bit_for_bit() {
+    if !have_cc("scatters_match_the_jit_bit_for_bit") {
+        return;
+    }
+    let text = r#"
+graph scatters(%x: f32[5,4], %i: i64[3,4], %s: f32[4,3], %xd: f64[2,6,3], %j: i32[4], %t: f64[2,4,3], %xh: bf16[5,4], %sh: bf16[3,4], %xi: i32[6,2], %k: i64[5], %ti: i32[5,2], %xb: bool[6,2], %tb: bool[5,2]) {
+  %st = transpose(%s, dim0=0, dim1=1)
+  %a = scatter(%x, %i, %st, dim=0)
+  %b = scatter_add(%x, %i, %st, dim=0)
+  %n = narrow(%t, dim=2, start=0, length=3)
+  %c = index_add(%xd, %j, %n, dim=1)
+  %h = scatter_add(%xh, %i, %sh, dim=0)
+  %m = index_add(%xi, %k, %ti, dim=0)
+  %o = index_add(%xb, %k, %tb, dim=0)
+  return %a, %b, %c, %h, %m, %o
+}
+"#;
+    let g = &parse_module(text, "scatters").unwrap().graphs[0];
+    let (m, exe, dir) = built(g, "scatters");
+    let mut inputs = inputs_for(g, 13);
+    // duplicates along the scattered dims
+    let i: Vec<i64> = vec![0, 4, 2, 2, 4, 4, 0, 1, 0, 3, 2, 2];
+    inputs[1] = Tensor::from_vec(i, &[3, 4]).unwrap();
+    inputs[4] = Tensor::from_vec(vec![5i32, 0, 5, 3], &[4]).unwrap();
+    inputs[9] = Tensor::from_vec(vec![1i64, 5, 1, 0, 1], &[5]).unwrap();
+    let (got, _) = run_driver(&m, &exe, &dir, &inputs);
+    let jit = smelt::exec::CompiledFn::compile(g, &Default::default()).unwrap();
+    let want = jit.call(&inputs).unwrap();
+    let eager = common::inputs::interpret(g, &inputs);
+    assert_eq!((got.len(), want.len()), (eager.len(), eager.len()));
+    for (i, ((a, b), e)) in got.iter().zip(&want).zip(&eager).enumerate() {
+        common::assert_bits(a, b, &format!("output {i}: AOT against the JIT"));
+        common::assert_bits(a, e, &format!("output {i}: AOT against eager"));
+    }
+    for (input, bad) in [(1, 5i64), (9, -1)] {
+        let mut wrong = inputs.clone();
+        let mut v: Vec<i64> = wrong[input].to_vec::<i64>().unwrap();
+        v[1] = bad;
+        wrong[input] = Tensor::from_vec(v, inputs[input].shape()).unwrap();
+        let e = try_run_driver(&m, &exe, &dir, &wrong).err().unwrap();
+        assert!(e.contains("outside the dim it indexes"), "{e}");
+    }
+}
+
 /// The gradients of convolutions and pooling compile too, on the JIT's kernels: a small
 /// CNN's gradient graph (NCHW and channels_last) and the gradient ops themselves in f64,
 /// f16 and bf16, with the JIT's bits.

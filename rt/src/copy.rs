@@ -3,7 +3,9 @@
 //! `repeat` one copy from a view whose repeated dims have stride 0, `flip` one copy from a
 //! view with negative strides, and `embedding`, `index_select` and `gather` one indexed
 //! copy each. A copy moves element bits and computes nothing, so the result is the eager
-//! kernel's, bit for bit.
+//! kernel's, bit for bit. [`scatter`] runs the index on the destination instead, writing or
+//! adding (with the eager kernels' arithmetic: [`Add`]) in the walk's row-major order:
+//! `scatter`, `scatter_add` and `index_add`.
 
 /// The most dims a copy walks.
 pub const MAX_RANK: usize = 16;
@@ -51,6 +53,65 @@ pub struct OutOfRange(pub i64);
 /// (readable) for every index value in range, and the index view's elements are readable.
 /// `dst` does not overlap what `src` reads. The ranks agree and are at most [`MAX_RANK`].
 pub unsafe fn run(c: &Copy, dst: *mut u8, src: *const u8) -> Result<(), OutOfRange> {
+    // SAFETY: the caller's contract.
+    unsafe { walk(c, Target::Source, dst, src) }
+}
+
+/// How a scattered element meets the destination's: the eager kernels' `a + b` (floats in
+/// f64, rounded to the dtype; integers wrapping in i64; bool: or), per element type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Add {
+    /// f16.
+    F16,
+    /// bf16.
+    BF16,
+    /// f32.
+    F32,
+    /// f64.
+    F64,
+    /// u8.
+    U8,
+    /// i8.
+    I8,
+    /// i16.
+    I16,
+    /// i32.
+    I32,
+    /// i64.
+    I64,
+    /// bool.
+    Bool,
+}
+
+/// Runs copy `c` with its index on the destination: point `p` of the walk writes (or, with
+/// `add`, adds into) `dst(p) + step · index[index_at(p)]`, in the walk's row-major order, so
+/// the last of duplicate positions wins a plain scatter. Stops at the first index outside
+/// its range, having written the elements before it.
+///
+/// # Safety
+/// As [`run`], the index now choosing destination elements; `c` has an index.
+pub unsafe fn scatter(
+    c: &Copy,
+    add: Option<Add>,
+    dst: *mut u8,
+    src: *const u8,
+) -> Result<(), OutOfRange> {
+    // SAFETY: the caller's contract.
+    unsafe { walk(c, Target::Destination(add), dst, src) }
+}
+
+/// Which side a copy's index moves, and whether a scatter adds.
+#[derive(Clone, Copy)]
+enum Target {
+    Source,
+    Destination(Option<Add>),
+}
+
+/// [`run`] and [`scatter`].
+///
+/// # Safety
+/// As theirs.
+unsafe fn walk(c: &Copy, target: Target, dst: *mut u8, src: *const u8) -> Result<(), OutOfRange> {
     let rank = c.shape.len();
     if c.shape.contains(&0) {
         return Ok(());
@@ -64,7 +125,12 @@ pub unsafe fn run(c: &Copy, dst: *mut u8, src: *const u8) -> Result<(), OutOfRan
         }
     };
     // a run whose elements are adjacent on both sides and read one index value: one memcpy
-    let whole = inner[0] == 1 && inner[1] == 1 && inner[2] == 0;
+    let add = match target {
+        Target::Destination(add) => add,
+        Target::Source => None,
+    };
+    let on_dst = matches!(target, Target::Destination(_));
+    let whole = inner[0] == 1 && inner[1] == 1 && inner[2] == 0 && add.is_none();
     let outer = rank.saturating_sub(1);
     let mut at = [0usize; MAX_RANK];
     let (mut od, mut os, mut oi) = (0isize, 0isize, 0isize);
@@ -76,8 +142,9 @@ pub unsafe fn run(c: &Copy, dst: *mut u8, src: *const u8) -> Result<(), OutOfRan
             (Some(ix), None) => unsafe { lookup(ix, oi) }?,
             _ => 0,
         };
-        let d = dst.wrapping_offset(od * c.size as isize);
-        let s = src.wrapping_offset((os + base) * c.size as isize);
+        let (bd, bs) = if on_dst { (base, 0) } else { (0, base) };
+        let d = dst.wrapping_offset((od + bd) * c.size as isize);
+        let s = src.wrapping_offset((os + bs) * c.size as isize);
         if whole {
             // SAFETY: a run of `len` adjacent elements on both sides, inside both (contract).
             unsafe { std::ptr::copy_nonoverlapping(s, d, len * c.size) };
@@ -88,13 +155,15 @@ pub unsafe fn run(c: &Copy, dst: *mut u8, src: *const u8) -> Result<(), OutOfRan
                     Some(ix) => unsafe { lookup(ix, oi + k * inner[2]) }?,
                     None => 0,
                 };
+                let (pd, ps) = if on_dst { (picked, 0) } else { (0, picked) };
+                let from = s.wrapping_offset((k * inner[1] + ps) * c.size as isize);
+                let to = d.wrapping_offset((k * inner[0] + pd) * c.size as isize);
                 // SAFETY: point `k` of the run is inside both sides (contract).
                 unsafe {
-                    element(
-                        s.wrapping_offset((k * inner[1] + picked) * c.size as isize),
-                        d.wrapping_offset(k * inner[0] * c.size as isize),
-                        c.size,
-                    )
+                    match add {
+                        Some(a) => accumulate(a, from, to),
+                        None => element(from, to, c.size),
+                    }
                 };
             }
         }
@@ -139,6 +208,47 @@ unsafe fn lookup(ix: &Index, at: isize) -> Result<isize, OutOfRange> {
         return Err(OutOfRange(v));
     }
     Ok(v as isize * ix.step)
+}
+
+/// `*dst = *dst + *src` for elements of `a`'s type, as the eager kernels add.
+///
+/// # Safety
+/// Both pointers address an element of `a`'s type.
+unsafe fn accumulate(a: Add, src: *const u8, dst: *mut u8) {
+    use half::{bf16, f16};
+    macro_rules! float {
+        ($t:ty, $to:expr, $from:expr) => {{
+            let (x, y) = (
+                (dst as *mut $t).read_unaligned(),
+                (src as *const $t).read_unaligned(),
+            );
+            (dst as *mut $t).write_unaligned($from($to(x) + $to(y)))
+        }};
+    }
+    macro_rules! int {
+        ($t:ty) => {{
+            let (x, y) = (
+                (dst as *mut $t).read_unaligned(),
+                (src as *const $t).read_unaligned(),
+            );
+            (dst as *mut $t).write_unaligned((x as i64).wrapping_add(y as i64) as $t)
+        }};
+    }
+    // SAFETY: the caller's contract; unaligned, as in `element`.
+    unsafe {
+        match a {
+            Add::F16 => float!(f16, f16::to_f64, f16::from_f64),
+            Add::BF16 => float!(bf16, bf16::to_f64, bf16::from_f64),
+            Add::F32 => float!(f32, f64::from, |v: f64| v as f32),
+            Add::F64 => float!(f64, |v: f64| v, |v: f64| v),
+            Add::U8 => int!(u8),
+            Add::I8 => int!(i8),
+            Add::I16 => int!(i16),
+            Add::I32 => int!(i32),
+            Add::I64 => int!(i64),
+            Add::Bool => dst.write(u8::from(dst.read() != 0 || src.read() != 0)),
+        }
+    }
 }
 
 /// Copies one element of `size` bytes.

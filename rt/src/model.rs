@@ -36,6 +36,9 @@
 //!     indexed copy then gives the index's buffer and element offset, the number of
 //!     valid index values, the source stride of one index unit and the index's strides
 //!     ([`crate::copy`]);
+//!   - [`STEP_SCATTER`]: as [`STEP_COPY`] with an index (which then picks destination
+//!     elements), plus, after the index kind, the accumulation ([`SCATTER_ADD_F16`].., or 0
+//!     to write) ([`crate::copy::scatter`]);
 //!   - [`STEP_CONV`]: kind ([`CONV_FORWARD`], [`CONV_INPUT_GRAD`], [`CONV_WEIGHT_GRAD`]),
 //!     dtype ([`FLOAT_F32`], [`FLOAT_F64`], [`FLOAT_F16`], [`FLOAT_BF16`]), layout (0: NCHW, 1: NHWC), the 16 sizes of
 //!     [`crate::conv::Dims`] (n, c, h, w, co, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, g), the
@@ -74,6 +77,11 @@ pub const STEP_KERNEL: u64 = 0;
 pub const STEP_GEMM: u64 = 1;
 /// A strided (or indexed) copy step.
 pub const STEP_COPY: u64 = 2;
+/// Step tag: a copy whose index picks destination elements, written or added into.
+pub const STEP_SCATTER: u64 = 5;
+/// The first accumulation word of a scatter step (f16); then bf16, f32, f64, u8, i8, i16,
+/// i32, i64 and bool follow in order ([`crate::copy::Add`]); 0 writes instead.
+pub const SCATTER_ADD_F16: u64 = 1;
 /// Step tag: a convolution or one of its gradients.
 pub const STEP_CONV: u64 = 3;
 /// Step tag: a pooling or one of its gradients.
@@ -627,10 +635,13 @@ fn wants_threads(plan: &[u64]) -> Result<bool, i32> {
                 let copies = if dtype == GEMM_BF16 { 6 } else { 0 };
                 skip(&mut w, batches.saturating_mul(3).saturating_add(copies))?;
             }
-            STEP_COPY => {
+            tag @ (STEP_COPY | STEP_SCATTER) => {
                 let (_, rank) = (w.next()?, w.usize()?);
                 skip(&mut w, 4)?;
                 let indexed = w.next()? != INDEX_NONE;
+                if tag == STEP_SCATTER {
+                    skip(&mut w, 1)?;
+                }
                 let per_dim = if indexed { 4 } else { 3 };
                 let fixed = if indexed { 4 } else { 0 };
                 skip(&mut w, rank.saturating_mul(per_dim).saturating_add(fixed))?;
@@ -751,7 +762,9 @@ unsafe fn run_plan(
             // `gemm_step`'s contract; `scratch_len` is the scratch's true size.
             STEP_GEMM => unsafe { gemm_step(&mut w, &buf, scratch, scratch_len)? },
             // SAFETY: as for the GEMM: the copy's views lie in its buffers as laid out.
-            STEP_COPY => unsafe { copy_step(&mut w, &buf)? },
+            STEP_COPY => unsafe { copy_step(&mut w, &buf, false)? },
+            // SAFETY: as for a copy.
+            STEP_SCATTER => unsafe { copy_step(&mut w, &buf, true)? },
             // SAFETY: as for the GEMM: the operands lie in their buffers as laid out.
             STEP_CONV => unsafe { conv_step(&mut w, &buf)? },
             // SAFETY: as for the GEMM: the operands lie in their buffers as laid out.
@@ -841,12 +854,23 @@ unsafe fn copy_strided(src: *const u8, dst: *mut u8, size: usize, shape: &[usize
 /// # Safety
 /// The buffers are laid out as the plan says: every view of the step lies in its buffer
 /// for every index value in range.
-unsafe fn copy_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) -> Result<(), i32> {
+unsafe fn copy_step(
+    w: &mut Words,
+    buf: &dyn Fn(usize) -> Result<*mut u8, i32>,
+    scatter: bool,
+) -> Result<(), i32> {
     let (size, rank) = (w.usize()?, w.usize()?);
     let (dst, dst_off) = (buf(w.usize()?)?, w.isize()?);
     let (src, src_off) = (buf(w.usize()?)?, w.isize()?);
     let kind = w.next()?;
-    if rank > copy::MAX_RANK || !matches!(kind, INDEX_NONE | INDEX_I32 | INDEX_I64) {
+    let add = match scatter {
+        true => add_of(w.next()?)?,
+        false => None,
+    };
+    if rank > copy::MAX_RANK
+        || !matches!(kind, INDEX_NONE | INDEX_I32 | INDEX_I64)
+        || (scatter && kind == INDEX_NONE)
+    {
         return Err(ERR_BAD_MODEL);
     }
     let mut dims = [[0isize; copy::MAX_RANK]; 4];
@@ -885,9 +909,30 @@ unsafe fn copy_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) 
         }),
     };
     let at = |p: *mut u8, off: isize| p.wrapping_offset(off * size as isize);
+    let (d, s) = (at(dst, dst_off), at(src, src_off));
     // SAFETY: the views lie in their buffers (this fn's contract); a step never copies
     // a buffer into itself.
-    unsafe { copy::run(&c, at(dst, dst_off), at(src, src_off)) }.map_err(|_| ERR_INDEX_OUT_OF_RANGE)
+    let r = unsafe {
+        match scatter {
+            true => copy::scatter(&c, add, d, s),
+            false => copy::run(&c, d, s),
+        }
+    };
+    r.map_err(|_| ERR_INDEX_OUT_OF_RANGE)
+}
+
+/// The accumulation word of a scatter step: 0 for none, else [`SCATTER_ADD_F16`]..
+fn add_of(word: u64) -> Result<Option<copy::Add>, i32> {
+    use copy::Add::*;
+    const ADDS: [copy::Add; 10] = [F16, BF16, F32, F64, U8, I8, I16, I32, I64, Bool];
+    match word {
+        0 => Ok(None),
+        w => ADDS
+            .get(usize::try_from(w - 1).map_err(|_| ERR_BAD_MODEL)?)
+            .copied()
+            .map(Some)
+            .ok_or(ERR_BAD_MODEL),
+    }
 }
 
 /// The sizes of a convolution step.

@@ -1,8 +1,10 @@
 //! The data-movement library ops of a compiled model as the plan's copy steps
 //! ([`smelt_rt::copy`]): `cat` and `stack` copy each operand into its slice of the result,
 //! `repeat` copies from a view whose repeated dims have stride 0, `flip` from a view with
-//! negative strides, `embedding`, `index_select` and `gather` copy through their index, and
-//! `contiguous` (which `super::conv` adds to put operands in a kernel's order) copies a view.
+//! negative strides, `embedding`, `index_select` and `gather` copy through their index,
+//! `contiguous` (which `super::windows` adds to put operands in a kernel's order) copies a
+//! view, and `scatter`, `scatter_add` and `index_add` copy the operand, then write or add
+//! the source through their index ([`smelt_rt::copy::scatter`]).
 
 use crate::ir::dtype::DType;
 use crate::ir::op::Op;
@@ -44,6 +46,9 @@ struct CopyStep {
     dst: Side,
     src: Side,
     index: Option<Indexed>,
+    /// A scatter (the index picks destination elements) and its accumulation word
+    /// ([`rt::SCATTER_ADD_F16`].., 0 to write); `None` for a copy.
+    into: Option<u64>,
 }
 
 /// Whether the copy steps express `op`.
@@ -58,6 +63,9 @@ pub(super) fn lowers(op: &Op) -> bool {
             | Op::Gather { .. }
             | Op::Embedding
             | Op::Contiguous
+            | Op::Scatter { .. }
+            | Op::ScatterAdd { .. }
+            | Op::IndexAdd { .. }
     )
 }
 
@@ -85,9 +93,14 @@ pub(super) fn copy_words(s: &Schedule, e: &ExternCall, w: &mut Vec<u64>) -> Resu
             Some(i) if i.wide => rt::INDEX_I64,
             Some(_) => rt::INDEX_I32,
         };
-        w.extend([rt::STEP_COPY, size, c.shape.len() as u64]);
+        let tag = match c.into {
+            Some(_) => rt::STEP_SCATTER,
+            None => rt::STEP_COPY,
+        };
+        w.extend([tag, size, c.shape.len() as u64]);
         w.extend([c.dst.buffer as u64, c.dst.offset as u64]);
         w.extend([c.src.buffer as u64, c.src.offset as u64, kind]);
+        w.extend(c.into);
         w.extend(c.shape.iter().map(|&d| d as u64));
         w.extend(c.dst.strides.iter().map(|&x| x as u64));
         w.extend(c.src.strides.iter().map(|&x| x as u64));
@@ -118,6 +131,7 @@ fn copies(s: &Schedule, e: &ExternCall, shape: &[usize], dst: Side) -> Result<Ve
                     },
                     src: Side::of(v),
                     index: None,
+                    into: None,
                 });
                 at += v.shape[d] as isize;
             }
@@ -138,6 +152,7 @@ fn copies(s: &Schedule, e: &ExternCall, shape: &[usize], dst: Side) -> Result<Ve
                     },
                     src: Side::of(v),
                     index: None,
+                    into: None,
                 })
                 .collect()
         }
@@ -147,6 +162,7 @@ fn copies(s: &Schedule, e: &ExternCall, shape: &[usize], dst: Side) -> Result<Ve
             dst,
             src: Side::of(&a[0]),
             index: None,
+            into: None,
         }],
         Op::Flip { dims } => {
             let mut src = Side::of(&a[0]);
@@ -162,6 +178,7 @@ fn copies(s: &Schedule, e: &ExternCall, shape: &[usize], dst: Side) -> Result<Ve
                 dst,
                 src,
                 index: None,
+                into: None,
             }]
         }
         Op::IndexSelect { dim } => {
@@ -178,6 +195,7 @@ fn copies(s: &Schedule, e: &ExternCall, shape: &[usize], dst: Side) -> Result<Ve
                 dst,
                 src,
                 index: Some(index_of(s, idx, istr, size, step)?),
+                into: None,
             }]
         }
         Op::Gather { dim } => {
@@ -191,6 +209,7 @@ fn copies(s: &Schedule, e: &ExternCall, shape: &[usize], dst: Side) -> Result<Ve
                 dst,
                 src,
                 index: Some(index_of(s, idx, istr, size, step)?),
+                into: None,
             }]
         }
         Op::Embedding => {
@@ -206,7 +225,56 @@ fn copies(s: &Schedule, e: &ExternCall, shape: &[usize], dst: Side) -> Result<Ve
                 dst,
                 src,
                 index: Some(index_of(s, idx, istr, size, step)?),
+                into: None,
             }]
+        }
+        Op::Scatter { dim } | Op::ScatterAdd { dim } | Op::IndexAdd { dim } => {
+            let (x, idx, src) = (&a[0], &a[1], &a[2]);
+            if x.shape.is_empty() {
+                bail!(
+                    Unsupported,
+                    "aot: {} into a 0-d tensor is not compiled ahead of time yet",
+                    e.op.name()
+                );
+            }
+            let d = wrap_dim(*dim, x.shape.len())?;
+            // the result starts as a copy of x
+            let mut steps = vec![CopyStep {
+                shape: x.shape.clone(),
+                dst: dst.clone(),
+                src: Side::of(x),
+                index: None,
+                into: None,
+            }];
+            let mut into = dst.clone();
+            let (size, step) = indexed_dim(&mut into, &x.shape, d);
+            let add = match e.op {
+                Op::Scatter { .. } => 0,
+                _ => add_word(s.buffers[e.out].dtype),
+            };
+            // scatter walks the index (reading src at the same points), index_add walks
+            // src (its index runs along `dim` only)
+            let (walk, istr) = match e.op {
+                Op::IndexAdd { .. } => {
+                    let mut istr = vec![0; src.shape.len()];
+                    if let (Some(s), Some(i)) = (istr.get_mut(d), idx.strides.first()) {
+                        *s = *i as isize;
+                    }
+                    (src.shape.clone(), istr)
+                }
+                _ => (idx.shape.clone(), Side::of(idx).strides),
+            };
+            let mut from = Side::of(src);
+            from.strides.truncate(walk.len());
+            into.strides.truncate(walk.len());
+            steps.push(CopyStep {
+                shape: walk,
+                dst: into,
+                src: from,
+                index: Some(index_of(s, idx, istr, size, step)?),
+                into: Some(add),
+            });
+            steps
         }
         op => bail!(
             Unsupported,
@@ -214,6 +282,27 @@ fn copies(s: &Schedule, e: &ExternCall, shape: &[usize], dst: Side) -> Result<Ve
             op.name()
         ),
     })
+}
+
+/// The accumulation word of a scatter that adds elements of `d`.
+fn add_word(d: DType) -> u64 {
+    let order = [
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+        DType::U8,
+        DType::I8,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::Bool,
+    ];
+    let at = order
+        .iter()
+        .position(|&x| x == d)
+        .unwrap_or(order.len() - 1);
+    rt::SCATTER_ADD_F16 + at as u64
 }
 
 /// `repeat`: the result viewed as `[r0, x0, r1, x1, ...]` (pairs with a 1 dropped) read from
@@ -255,6 +344,7 @@ fn repeat(x: &View, repeats: &[usize], shape: &[usize], dst: Side) -> Result<Cop
             strides: ss,
         },
         index: None,
+        into: None,
     })
 }
 
