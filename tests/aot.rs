@@ -120,6 +120,47 @@ fn try_run_driver(
     Ok((tensors, String::from_utf8_lossy(&out.stdout).into_owned()))
 }
 
+/// How an object's outputs must agree with eager's.
+#[derive(Clone, Copy)]
+enum Eager {
+    /// Bit for bit.
+    Bits,
+    /// Within this tolerance.
+    Within(f64),
+}
+
+/// Runs `object` (the model, its linked driver and its folder) on `given`, and checks its
+/// outputs against the JIT's on `inputs` (the graph `g`'s, of which `given` may bind some)
+/// bit for bit, and against eager as `eager` says.
+fn matches_jit(
+    g: &smelt::ir::Graph,
+    inputs: &[Tensor],
+    (m, exe, dir): (&smelt::aot::AotModel, &Path, &Path),
+    given: &[Tensor],
+    eager: Eager,
+    what: &str,
+) {
+    let (got, _) = run_driver(m, exe, dir, given);
+    let jit = smelt::exec::CompiledFn::compile(g, &Default::default()).unwrap();
+    let want = jit.call(inputs).unwrap();
+    let reference = common::inputs::interpret(g, inputs);
+    assert_eq!(
+        (got.len(), want.len()),
+        (reference.len(), reference.len()),
+        "{what}"
+    );
+    for (i, ((a, b), e)) in got.iter().zip(&want).zip(&reference).enumerate() {
+        let what = format!("{what} output {i}");
+        common::assert_bits(a, b, &format!("{what}: AOT against the JIT"));
+        match eager {
+            Eager::Bits => common::assert_bits(a, e, &format!("{what}: AOT against eager")),
+            Eager::Within(tol) => {
+                common::assert_close(a, e, tol, &format!("{what}: AOT against eager"))
+            }
+        }
+    }
+}
+
 /// Every graph of a file, with whether its inputs are small enough to run here.
 fn graphs_of(path: &str) -> Vec<(smelt::ir::Graph, bool)> {
     module(path)
@@ -359,20 +400,7 @@ graph picks(%w: f32[11,6], %ids: i64[4,3], %j: i32[5], %x: f64[4,7], %k: i64[4,2
             inputs[2] = Tensor::from_vec(vec![5i32, 0, 10, 2, 2], &[5]).unwrap();
             inputs[4] = Tensor::from_vec(vec![3i64, 0, 1, 1, 3, 2, 0, 2], &[4, 2]).unwrap();
         }
-        let (got, _) = run_driver(&m, &exe, &dir, &inputs);
-        let jit = smelt::exec::CompiledFn::compile(g, &Default::default()).unwrap();
-        let want = jit.call(&inputs).unwrap();
-        let eager = common::inputs::interpret(g, &inputs);
-        assert_eq!(
-            (got.len(), want.len()),
-            (eager.len(), eager.len()),
-            "{}",
-            g.name
-        );
-        for (i, ((a, b), e)) in got.iter().zip(&want).zip(&eager).enumerate() {
-            common::assert_bits(a, b, &format!("{} output {i}: AOT against the JIT", g.name));
-            common::assert_bits(a, e, &format!("{} output {i}: AOT against eager", g.name));
-        }
+        matches_jit(g, &inputs, (&m, &exe, &dir), &inputs, Eager::Bits, &g.name);
         if g.name == "picks" {
             for (input, bad) in [(1, 11i64), (1, -1), (4, 4)] {
                 let mut wrong = inputs.clone();
@@ -429,9 +457,6 @@ graph wide(%x: f64[3,4,13], %w: f64[5,4,3], %b: f64[5], %x2: f64[1,6,7,7], %w2: 
     let module = parse_module(text, "convs").unwrap();
     for g in &module.graphs {
         let inputs = inputs_for(g, 7);
-        let jit = smelt::exec::CompiledFn::compile(g, &Default::default()).unwrap();
-        let want = jit.call(&inputs).unwrap();
-        let eager = common::inputs::interpret(g, &inputs);
         // the weights as inputs, then bound as constants (all inputs but the first)
         let names: Vec<String> = g.inputs().iter().map(|&v| g.node(v).name.clone()).collect();
         let bound: Vec<(String, Tensor)> = names[1..]
@@ -462,13 +487,8 @@ graph wide(%x: f64[3,4,13], %w: f64[5,4,3], %b: f64[5], %x2: f64[1,6,7,7], %w2: 
                 ),
             }
             assert!(g.name != "convs" || copied >= 2, "{}", m.manifest);
-            let (got, _) = run_driver(&m, &exe, &dir, &given);
-            assert_eq!((got.len(), want.len()), (eager.len(), eager.len()));
-            for (i, ((a, b), e)) in got.iter().zip(&want).zip(&eager).enumerate() {
-                let what = format!("{} ({tag}) output {i}", g.name);
-                common::assert_bits(a, b, &format!("{what}: AOT against the JIT"));
-                common::assert_bits(a, e, &format!("{what}: AOT against eager"));
-            }
+            let what = format!("{} ({tag})", g.name);
+            matches_jit(g, &inputs, (&m, &exe, &dir), &given, Eager::Bits, &what);
         }
     }
 }
@@ -507,16 +527,7 @@ graph wide(%x: f64[1,3,8,8], %i: i32[2,3,6,7], %h: bf16[1,2,5,5]) {
     for g in &module.graphs {
         let (m, exe, dir) = built(g, &format!("pools-{}", g.name));
         let inputs = inputs_for(g, 9);
-        let (got, _) = run_driver(&m, &exe, &dir, &inputs);
-        let jit = smelt::exec::CompiledFn::compile(g, &Default::default()).unwrap();
-        let want = jit.call(&inputs).unwrap();
-        let eager = common::inputs::interpret(g, &inputs);
-        assert_eq!((got.len(), want.len()), (eager.len(), eager.len()));
-        for (i, ((a, b), e)) in got.iter().zip(&want).zip(&eager).enumerate() {
-            let what = format!("{} output {i}", g.name);
-            common::assert_bits(a, b, &format!("{what}: AOT against the JIT"));
-            common::assert_bits(a, e, &format!("{what}: AOT against eager"));
-        }
+        matches_jit(g, &inputs, (&m, &exe, &dir), &inputs, Eager::Bits, &g.name);
     }
 }
 
@@ -550,15 +561,14 @@ graph scatters(%x: f32[5,4], %i: i64[3,4], %s: f32[4,3], %xd: f64[2,6,3], %j: i3
     inputs[1] = Tensor::from_vec(i, &[3, 4]).unwrap();
     inputs[4] = Tensor::from_vec(vec![5i32, 0, 5, 3], &[4]).unwrap();
     inputs[9] = Tensor::from_vec(vec![1i64, 5, 1, 0, 1], &[5]).unwrap();
-    let (got, _) = run_driver(&m, &exe, &dir, &inputs);
-    let jit = smelt::exec::CompiledFn::compile(g, &Default::default()).unwrap();
-    let want = jit.call(&inputs).unwrap();
-    let eager = common::inputs::interpret(g, &inputs);
-    assert_eq!((got.len(), want.len()), (eager.len(), eager.len()));
-    for (i, ((a, b), e)) in got.iter().zip(&want).zip(&eager).enumerate() {
-        common::assert_bits(a, b, &format!("output {i}: AOT against the JIT"));
-        common::assert_bits(a, e, &format!("output {i}: AOT against eager"));
-    }
+    matches_jit(
+        g,
+        &inputs,
+        (&m, &exe, &dir),
+        &inputs,
+        Eager::Bits,
+        "scatters",
+    );
     for (input, bad) in [(1, 5i64), (9, -1)] {
         let mut wrong = inputs.clone();
         let mut v: Vec<i64> = wrong[input].to_vec::<i64>().unwrap();
@@ -628,16 +638,8 @@ graph ops(%gy: f64[2,4,4,4], %w: f64[4,3,3,3], %x: f64[2,3,6,6], %gp: f64[2,3,3,
             assert!(m.manifest.contains(op), "{}: no {op} step", g.name);
         }
         let inputs = inputs_for(&g, 11);
-        let (got, _) = run_driver(&m, &exe, &dir, &inputs);
-        let jit = smelt::exec::CompiledFn::compile(&g, &Default::default()).unwrap();
-        let want = jit.call(&inputs).unwrap();
-        let eager = common::inputs::interpret(&g, &inputs);
-        assert_eq!((got.len(), want.len()), (eager.len(), eager.len()));
-        for (i, ((a, b), e)) in got.iter().zip(&want).zip(&eager).enumerate() {
-            let what = format!("{} output {i}", g.name);
-            common::assert_bits(a, b, &format!("{what}: AOT against the JIT"));
-            common::assert_close(a, e, 1e-5, &format!("{what}: AOT against eager"));
-        }
+        let eager = Eager::Within(1e-5);
+        matches_jit(&g, &inputs, (&m, &exe, &dir), &inputs, eager, &g.name);
     }
 }
 
