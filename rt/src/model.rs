@@ -941,25 +941,7 @@ fn conv_dims(w: &mut Words) -> Result<crate::conv::Dims, i32> {
     for x in &mut v {
         *x = w.usize()?;
     }
-    let [n, c, h, wd, co, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, g] = v;
-    let d = crate::conv::Dims {
-        n,
-        c,
-        h,
-        w: wd,
-        co,
-        oh,
-        ow,
-        kh,
-        kw,
-        sh,
-        sw,
-        ph,
-        pw,
-        dh,
-        dw,
-        g,
-    };
+    let d = crate::conv::Dims::from_array(v);
     if d.consistent() {
         Ok(d)
     } else {

@@ -503,13 +503,7 @@ pub(super) fn window_words(s: &Schedule, e: &ExternCall, c: &WindowStep, w: &mut
             nhwc,
         } => {
             w.extend([rt::STEP_CONV, *kind, dtype, u64::from(*nhwc)]);
-            w.extend(
-                [
-                    d.n, d.c, d.h, d.w, d.co, d.oh, d.ow, d.kh, d.kw, d.sh, d.sw, d.ph, d.pw, d.dh,
-                    d.dw, d.g,
-                ]
-                .map(|x| x as u64),
-            );
+            w.extend(d.to_array().map(|x| x as u64));
             (0..3).for_each(|i| w.extend(operand(i)));
         }
         WindowStep::Pool {

@@ -129,6 +129,37 @@ pub struct Dims {
 }
 
 impl Dims {
+    /// The sizes in the order n, c, h, w, co, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, g (a
+    /// plan's conv step holds them so).
+    pub fn to_array(&self) -> [usize; 16] {
+        let d = self;
+        [
+            d.n, d.c, d.h, d.w, d.co, d.oh, d.ow, d.kh, d.kw, d.sh, d.sw, d.ph, d.pw, d.dh, d.dw,
+            d.g,
+        ]
+    }
+    /// The sizes from [`Dims::to_array`]'s order.
+    pub fn from_array(a: [usize; 16]) -> Dims {
+        let [n, c, h, w, co, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, g] = a;
+        Dims {
+            n,
+            c,
+            h,
+            w,
+            co,
+            oh,
+            ow,
+            kh,
+            kw,
+            sh,
+            sw,
+            ph,
+            pw,
+            dh,
+            dw,
+            g,
+        }
+    }
     /// Input channels per group.
     pub fn cig(&self) -> usize {
         self.c / self.g

@@ -297,22 +297,7 @@ pub(crate) fn plan(
         bail!(Shape, "{op}: output shape {y:?} does not match input {x:?}");
     }
     let [(h, kh, sh, ph, dh, oh), (wd, kw, sw, pw, dw, ow)] = sizes;
-    Ok(Dims {
-        n,
-        c,
-        h,
-        w: wd,
-        co,
-        oh,
-        ow,
-        kh,
-        kw,
-        sh,
-        sw,
-        ph,
-        pw,
-        dh,
-        dw,
-        g,
-    })
+    Ok(Dims::from_array([
+        n, c, h, wd, co, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, g,
+    ]))
 }
