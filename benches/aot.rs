@@ -16,6 +16,8 @@
 //! Needs a C compiler (`cc`). Run: `cargo bench --bench aot`; the AVX2 path:
 //! `SMELT_CPU=avx2 SMELT_AOT_CPU=x86-64-v3 cargo bench --bench aot`.
 
+#[path = "../examples/common/export.rs"]
+mod export;
 #[path = "../examples/common/gpt_model.rs"]
 mod gpt_model;
 #[path = "../examples/common/resnet_model.rs"]
@@ -73,7 +75,7 @@ fn gpt_text() -> String {
     smelt::manual_seed(0);
     let model = gpt_model::Gpt::new().unwrap();
     let x = Tensor::zeros(&[2, gpt_model::CTX], DType::I64);
-    smelt::ir::print_graph(&gpt_model::inference_graph(&model, &x).unwrap())
+    smelt::ir::print_graph(&export::inference_graph(&model, &x).unwrap())
 }
 
 /// The ResNet of `examples/resnet` with its random initial weights in evaluation mode,
@@ -85,7 +87,7 @@ fn resnet_text(batch: usize) -> String {
     model.eval();
     let s = resnet_model::SIZE;
     let x = Tensor::zeros(&[batch, 1, s, s], DType::F32);
-    smelt::ir::print_graph(&resnet_model::inference_graph(&model, &x).unwrap())
+    smelt::ir::print_graph(&export::inference_graph(&model, &x).unwrap())
 }
 
 /// The instruction set of the AOT objects: `SMELT_AOT_CPU` (`x86-64-v3` with `SMELT_CPU=avx2`

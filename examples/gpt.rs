@@ -22,6 +22,8 @@ use smelt::profiler;
 
 #[path = "common/args.rs"]
 mod args;
+#[path = "common/export.rs"]
+mod export;
 #[path = "common/profiling.rs"]
 mod profiling;
 #[path = "common/progress.rs"]
@@ -33,9 +35,7 @@ use std::time::Instant;
 
 #[path = "common/gpt_model.rs"]
 mod gpt_model;
-use gpt_model::{
-    BATCH, CTX, Gpt, HEADS, LAYERS, VOCAB, WIDTH, batch, inference_graph, loss, problem, token,
-};
+use gpt_model::{BATCH, CTX, Gpt, HEADS, LAYERS, VOCAB, WIDTH, batch, loss, problem, token};
 
 const EAGER_STEPS: usize = 20;
 const STEPS: usize = 1500;
@@ -169,24 +169,8 @@ fn main() -> Result<()> {
     let weights = out_dir.join("gpt.safetensors");
     smelt::nn::state_dict::save(&model, &weights)?;
     let x = batch(&mut eval_rng)?.0.narrow(0, 0, 2)?;
-    let graph = inference_graph(&model, &x)?;
-    let graph_path = out_dir.join("gpt.smelt");
-    std::fs::write(&graph_path, smelt::ir::print_graph(&graph))
-        .map_err(|e| smelt::Error::Io(e.to_string()))?;
-    let input_path = out_dir.join("idx.npy");
-    smelt::runtime::npy::write_npy(&input_path, &x)?;
-    let input_name = graph.node(graph.inputs()[0]).name.clone();
-    smelt::cli::run(&smelt::cli::RunArgs {
-        model: graph_path.clone(),
-        inputs: vec![(input_name, input_path)],
-        out: out_dir.clone(),
-        backend: smelt::cli::Backend::Cpu,
-        no_fuse: false,
-        graph: None,
-        weights: None,
-        repeat: 0,
-    })?;
-    let from_cli = smelt::runtime::npy::read_npy(out_dir.join("out0.npy"))?;
+    let graph = export::inference_graph(&model, &x)?;
+    let (from_cli, graph_path) = export::run_exported(&out_dir, "gpt", &graph, (&x, "idx.npy"))?;
     let eager_logits = {
         let _off = no_grad();
         model.forward(&x)?

@@ -29,13 +29,15 @@ use std::time::Instant;
 
 #[path = "common/args.rs"]
 mod args;
+#[path = "common/export.rs"]
+mod export;
 #[path = "common/progress.rs"]
 mod progress;
 use progress::progress;
 
 #[path = "common/resnet_model.rs"]
 mod resnet_model;
-use resnet_model::{BATCH, ResNet, images, inference_graph, loss};
+use resnet_model::{BATCH, ResNet, images, loss};
 
 const STEPS: usize = 250;
 const TARGET: f64 = 0.95;
@@ -151,32 +153,13 @@ fn main() -> Result<()> {
 /// their labels and the JIT's logits (`smelt run`, checked against the model's) to
 /// `$TMPDIR/smelt-resnet`.
 fn export(model: &mut ResNet, test_x: &Tensor, test_y: &Tensor) -> Result<()> {
-    use smelt::runtime::npy::{read_npy, write_npy};
     let dir = std::env::temp_dir().join("smelt-resnet");
-    std::fs::create_dir_all(&dir).map_err(|e| smelt::Error::Io(e.to_string()))?;
     model.eval();
     let x = test_x.narrow(0, 0, 200)?.contiguous()?;
-    let graph = inference_graph(model, &x)?;
-    let graph_path = dir.join("resnet.smelt");
-    std::fs::write(&graph_path, smelt::ir::print_graph(&graph))
-        .map_err(|e| smelt::Error::Io(e.to_string()))?;
-    let images = dir.join("images.npy");
-    write_npy(&images, &x)?;
-    write_npy(
-        dir.join("labels.npy"),
-        &test_y.narrow(0, 0, 200)?.contiguous()?,
-    )?;
-    smelt::cli::run(&smelt::cli::RunArgs {
-        model: graph_path.clone(),
-        inputs: vec![(graph.node(graph.inputs()[0]).name.clone(), images)],
-        out: dir.clone(),
-        backend: smelt::cli::Backend::Cpu,
-        no_fuse: false,
-        graph: None,
-        weights: None,
-        repeat: 0,
-    })?;
-    let jit = read_npy(dir.join("out0.npy"))?;
+    let graph = export::inference_graph(model, &x)?;
+    let (jit, graph_path) = export::run_exported(&dir, "resnet", &graph, (&x, "images.npy"))?;
+    let labels = test_y.narrow(0, 0, 200)?.contiguous()?;
+    smelt::runtime::npy::write_npy(dir.join("labels.npy"), &labels)?;
     let eager = {
         let _off = no_grad();
         model.forward(&x)?

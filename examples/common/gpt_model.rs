@@ -142,17 +142,6 @@ impl Module for Gpt {
     }
 }
 
-/// `model`'s inference graph, traced without gradients on the token ids `x` (its weights
-/// captured as constants): what `examples/gpt` exports and the AOT bench compiles.
-pub fn inference_graph(model: &Gpt, x: &Tensor) -> Result<smelt::ir::Graph> {
-    let _off = smelt::autograd::no_grad();
-    let traced = smelt::jit::trace(
-        |xs| Ok(vec![model.forward(&xs[0])?]),
-        std::slice::from_ref(x),
-    )?;
-    Ok(traced.graph().clone())
-}
-
 pub fn loss(model: &Gpt, x: &Tensor, y: &Tensor) -> Result<Tensor> {
     let logits = model.forward(x)?;
     let n = (BATCH * CTX) as i64;

@@ -213,18 +213,6 @@ impl Module for ResNet {
     }
 }
 
-/// The graph of the model's forward pass on a batch shaped like `x`, its parameters and
-/// running statistics captured as constants: what `smelt run` and `smelt compile` take.
-/// The model should be in evaluation mode.
-pub fn inference_graph(model: &ResNet, x: &Tensor) -> Result<smelt::ir::Graph> {
-    let _off = smelt::autograd::no_grad();
-    let traced = smelt::jit::trace(
-        |xs| Ok(vec![model.forward(&xs[0])?]),
-        std::slice::from_ref(x),
-    )?;
-    Ok(traced.graph().clone())
-}
-
 /// Cross-entropy of the model on a batch.
 pub fn loss(model: &ResNet, x: &Tensor, y: &Tensor) -> Result<Tensor> {
     nn::functional::cross_entropy(&model.forward(x)?, y)
