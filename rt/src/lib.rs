@@ -5,6 +5,7 @@
 //! - [`unary_f64`]: the f64 formulas of the unary ops compiled code calls, defined once for
 //!   eager kernels, the JIT and ahead-of-time models;
 //! - [`copy`]: strided and indexed copies, the data-movement library ops of compiled models;
+//! - [`scan`]: running sums (`cumsum`);
 //! - [`conv`] and [`pool`]: convolutions, pooling and their gradients, for eager tensors and
 //!   compiled models alike;
 //! - [`threads`]: how many threads a library kernel may take, and how it enters rayon;
@@ -32,6 +33,7 @@ pub mod panels;
 pub mod pool;
 pub mod ranges;
 pub mod scalar;
+pub mod scan;
 pub mod threads;
 pub mod tiles;
 pub mod unary_f64;

@@ -39,6 +39,9 @@
 //!   - [`STEP_SCATTER`]: as [`STEP_COPY`] with an index (which then picks destination
 //!     elements), plus, after the index kind, the accumulation ([`SCATTER_ADD_F16`].., or 0
 //!     to write) ([`crate::copy::scatter`]);
+//!   - [`STEP_SCAN`]: the element kind (the position in [`crate::scan::Sum::ALL`]), rank,
+//!     the summed dim, the destination's buffer and element offset, the source's, then the
+//!     shape and the destination's and the source's strides ([`crate::scan::cumsum`]);
 //!   - [`STEP_CONV`]: kind ([`CONV_FORWARD`], [`CONV_INPUT_GRAD`], [`CONV_WEIGHT_GRAD`]),
 //!     dtype ([`FLOAT_F32`], [`FLOAT_F64`], [`FLOAT_F16`], [`FLOAT_BF16`]), layout (0: NCHW, 1: NHWC), the 16 sizes of
 //!     [`crate::conv::Dims`] (n, c, h, w, co, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, g), the
@@ -82,6 +85,8 @@ pub const STEP_SCATTER: u64 = 5;
 /// The first accumulation word of a scatter step (f16); then bf16, f32, f64, u8, i8, i16,
 /// i32, i64 and bool follow in order ([`crate::copy::Add`]); 0 writes instead.
 pub const SCATTER_ADD_F16: u64 = 1;
+/// Step tag: a running sum along one dim.
+pub const STEP_SCAN: u64 = 6;
 /// Step tag: a convolution or one of its gradients.
 pub const STEP_CONV: u64 = 3;
 /// Step tag: a pooling or one of its gradients.
@@ -646,6 +651,10 @@ fn wants_threads(plan: &[u64]) -> Result<bool, i32> {
                 let fixed = if indexed { 4 } else { 0 };
                 skip(&mut w, rank.saturating_mul(per_dim).saturating_add(fixed))?;
             }
+            STEP_SCAN => {
+                let (_, rank) = (w.next()?, w.usize()?);
+                skip(&mut w, rank.saturating_mul(3).saturating_add(5))?;
+            }
             STEP_CONV => {
                 skip(&mut w, 3)?;
                 let d = conv_dims(&mut w)?;
@@ -765,6 +774,8 @@ unsafe fn run_plan(
             STEP_COPY => unsafe { copy_step(&mut w, &buf, false)? },
             // SAFETY: as for a copy.
             STEP_SCATTER => unsafe { copy_step(&mut w, &buf, true)? },
+            // SAFETY: as for a copy: the walks lie in their buffers as laid out.
+            STEP_SCAN => unsafe { scan_step(&mut w, &buf)? },
             // SAFETY: as for the GEMM: the operands lie in their buffers as laid out.
             STEP_CONV => unsafe { conv_step(&mut w, &buf)? },
             // SAFETY: as for the GEMM: the operands lie in their buffers as laid out.
@@ -919,6 +930,55 @@ unsafe fn copy_step(
         }
     };
     r.map_err(|_| ERR_INDEX_OUT_OF_RANGE)
+}
+
+/// Runs a scan step.
+///
+/// # Safety
+/// The walks lie in their buffers as the plan says, and do not overlap.
+unsafe fn scan_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) -> Result<(), i32> {
+    let kind = w.usize()?;
+    let (rank, dim) = (w.usize()?, w.usize()?);
+    let (dst, dst_off) = (buf(w.usize()?)?, w.isize()?);
+    let (src, src_off) = (buf(w.usize()?)?, w.isize()?);
+    let kind = *crate::scan::Sum::ALL.get(kind).ok_or(ERR_BAD_MODEL)?;
+    if rank > copy::MAX_RANK || (rank > 0 && dim >= rank) {
+        return Err(ERR_BAD_MODEL);
+    }
+    let mut shape = [0usize; copy::MAX_RANK];
+    let mut strides = [[0isize; copy::MAX_RANK]; 2];
+    for d in shape.iter_mut().take(rank) {
+        *d = w.usize()?;
+    }
+    for part in &mut strides {
+        for s in part.iter_mut().take(rank) {
+            *s = w.isize()?;
+        }
+    }
+    use crate::scan::Sum;
+    let (in_size, out_size) = match kind {
+        Sum::F16 | Sum::BF16 => (2, 2),
+        Sum::F32 => (4, 4),
+        Sum::F64 => (8, 8),
+        Sum::U8 | Sum::I8 | Sum::Bool => (1, 8),
+        Sum::I16 => (2, 8),
+        Sum::I32 => (4, 8),
+        Sum::I64 => (8, 8),
+    };
+    let (y, x) = (
+        dst.wrapping_offset(dst_off * out_size),
+        src.wrapping_offset(src_off * in_size),
+    );
+    // SAFETY: this fn's contract.
+    unsafe {
+        crate::scan::cumsum(
+            kind,
+            (&shape[..rank], dim),
+            (y, &strides[0][..rank]),
+            (x, &strides[1][..rank]),
+        )
+    };
+    Ok(())
 }
 
 /// The accumulation word of a scatter step: 0 for none, else [`SCATTER_ADD_F16`]..

@@ -284,6 +284,35 @@ fn copies(s: &Schedule, e: &ExternCall, shape: &[usize], dst: Side) -> Result<Ve
     })
 }
 
+/// Appends the words of `e`, a `cumsum`, as a scan step.
+pub(super) fn scan_words(s: &Schedule, e: &ExternCall, w: &mut Vec<u64>) -> Result<()> {
+    let Op::Cumsum { dim } = &e.op else {
+        bail!(Value, "aot: {} is not a running sum", e.op.name());
+    };
+    let x = &e.args[0];
+    let out = &s.buffers[e.out];
+    if x.shape.len() > MAX_RANK {
+        bail!(Unsupported, "aot: cumsum over more than {MAX_RANK} dims");
+    }
+    let dim = match x.shape.len() {
+        0 => 0,
+        n => wrap_dim(*dim, n)?,
+    };
+    let kind = crate::kernels::reduce::sum_kind(s.buffers[x.buffer].dtype);
+    let code = smelt_rt::scan::Sum::ALL.iter().position(|&k| k == kind);
+    w.extend([
+        rt::STEP_SCAN,
+        code.unwrap_or(0) as u64,
+        x.shape.len() as u64,
+        dim as u64,
+    ]);
+    w.extend([e.out as u64, 0, x.buffer as u64, x.offset as u64]);
+    w.extend(x.shape.iter().map(|&d| d as u64));
+    w.extend(out.strides().iter().map(|&st| st as u64));
+    w.extend(x.strides.iter().map(|&st| st as u64));
+    Ok(())
+}
+
 /// The accumulation word of a scatter that adds elements of `d`.
 fn add_word(d: DType) -> u64 {
     let order = [

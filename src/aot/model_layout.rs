@@ -284,6 +284,10 @@ pub(super) fn build(
                 }
                 steps.push(e.op.name().to_string());
             }
+            Step::Extern(e) if matches!(e.op, Op::Cumsum { .. }) => {
+                library::scan_words(s, e, &mut w)?;
+                steps.push("cumsum".into());
+            }
             Step::Extern(e) if library::lowers(&e.op) => {
                 let n = library::copy_words(s, e, &mut w)?;
                 records = records - 1 + n;
@@ -329,7 +333,7 @@ fn gemm_words(
     if e.op != Op::Matmul || e.args.len() != 2 {
         bail!(
             Unsupported,
-            "aot: the library op {} is not supported in compiled models yet (matmul, conv1d, conv2d, max_pool2d, avg_pool2d, adaptive_avg_pool2d and the copies cat, stack, repeat, flip, embedding, index_select and gather are)",
+            "aot: the library op {} is not supported in compiled models yet (matmul, conv1d, conv2d, the poolings, cumsum, the scatters and the copies cat, stack, repeat, flip, embedding, index_select and gather are)",
             e.op.name()
         );
     }

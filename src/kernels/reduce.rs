@@ -706,18 +706,48 @@ fn layer_norm_row(v: &mut [f64], eps: f64, w: Option<&[f64]>, b: Option<&[f64]>)
     }
 }
 
-fn cumsum(x: &Tensor, d: Vec<usize>, ty: &TensorType) -> Result<Tensor> {
-    if ty.dtype.is_float() {
-        dispatch_float!(x.dtype(), T => rows::<T, T, f64>(x, &d, ty, T::to_f64, T::from_f64, |v| {
-            let mut s = 0.0;
-            v.iter_mut().for_each(|x| { s += *x; *x = s; });
-        }), else bail!(DType, "cumsum: unexpected dtype {}", x.dtype()))
-    } else {
-        dispatch!(x.dtype(), T => rows::<T, i64, i64>(x, &d, ty, T::to_i64, |v| v, |v| {
-            let mut s = 0i64;
-            v.iter_mut().for_each(|x| { s = s.wrapping_add(*x); *x = s; });
-        }))
+/// The kind `smelt_rt::scan` sums elements of `d` as.
+pub(crate) fn sum_kind(d: DType) -> smelt_rt::scan::Sum {
+    use smelt_rt::scan::Sum;
+    match d {
+        DType::F16 => Sum::F16,
+        DType::BF16 => Sum::BF16,
+        DType::F32 => Sum::F32,
+        DType::F64 => Sum::F64,
+        DType::U8 => Sum::U8,
+        DType::I8 => Sum::I8,
+        DType::I16 => Sum::I16,
+        DType::I32 => Sum::I32,
+        DType::I64 => Sum::I64,
+        DType::Bool => Sum::Bool,
     }
+}
+
+/// `cumsum` along `d` (none for a 0-d `x`) by `smelt_rt::scan`, which compiled models run.
+fn cumsum(x: &Tensor, d: Vec<usize>, ty: &TensorType) -> Result<Tensor> {
+    let float = x.dtype().is_float();
+    if ty.dtype != if float { x.dtype() } else { DType::I64 } || ty.shape != x.shape() {
+        bail!(DType, "cumsum: unexpected result {ty:?} for {}", x.dtype());
+    }
+    let out = Tensor::alloc(ty.dtype, &ty.shape)?;
+    let xs: Vec<isize> = x.strides().iter().map(|&s| s as isize).collect();
+    let ys: Vec<isize> = contiguous_strides(&ty.shape)
+        .iter()
+        .map(|&s| s as isize)
+        .collect();
+    let acc = access::lock(&[x], &[&out]);
+    // SAFETY: the walks are x's layout and out's (new, contiguous) over x's shape, under the
+    // locks; out's dtype is the kind's result type (checked above).
+    unsafe {
+        smelt_rt::scan::cumsum(
+            sum_kind(x.dtype()),
+            (x.shape(), d.first().copied().unwrap_or(0)),
+            (acc.write::<u8>(0), &ys),
+            (acc.read::<u8>(0), &xs),
+        )
+    };
+    drop(acc);
+    Ok(out)
 }
 
 /// Entry point for the reduction family; `out` is the type the shape rule inferred.
