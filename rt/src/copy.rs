@@ -4,8 +4,11 @@
 //! view with negative strides, and `embedding`, `index_select` and `gather` one indexed
 //! copy each. A copy moves element bits and computes nothing, so the result is the eager
 //! kernel's, bit for bit. [`scatter`] runs the index on the destination instead, writing or
-//! adding (with the eager kernels' arithmetic: [`Add`]) in the walk's row-major order:
+//! adding (with the eager kernels' arithmetic: floats in f64 rounded to their type, integers
+//! wrapping in i64, bool or) in the walk's row-major order:
 //! `scatter`, `scatter_add` and `index_add`.
+
+use crate::ElemType;
 
 /// The most dims a copy walks.
 pub const MAX_RANK: usize = 16;
@@ -57,34 +60,8 @@ pub unsafe fn run(c: &Copy, dst: *mut u8, src: *const u8) -> Result<(), OutOfRan
     unsafe { walk(c, Target::Source, dst, src) }
 }
 
-/// How a scattered element meets the destination's: the eager kernels' `a + b` (floats in
-/// f64, rounded to the dtype; integers wrapping in i64; bool: or), per element type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Add {
-    /// f16.
-    F16,
-    /// bf16.
-    BF16,
-    /// f32.
-    F32,
-    /// f64.
-    F64,
-    /// u8.
-    U8,
-    /// i8.
-    I8,
-    /// i16.
-    I16,
-    /// i32.
-    I32,
-    /// i64.
-    I64,
-    /// bool.
-    Bool,
-}
-
 /// Runs copy `c` with its index on the destination: point `p` of the walk writes (or, with
-/// `add`, adds into) `dst(p) + step · index[index_at(p)]`, in the walk's row-major order, so
+/// `add`, the elements' type, adds into, as the eager kernels add) `dst(p) + step · index[index_at(p)]`, in the walk's row-major order, so
 /// the last of duplicate positions wins a plain scatter. Stops at the first index outside
 /// its range, having written the elements before it.
 ///
@@ -92,7 +69,7 @@ pub enum Add {
 /// As [`run`], the index now choosing destination elements; `c` has an index.
 pub unsafe fn scatter(
     c: &Copy,
-    add: Option<Add>,
+    add: Option<ElemType>,
     dst: *mut u8,
     src: *const u8,
 ) -> Result<(), OutOfRange> {
@@ -104,7 +81,7 @@ pub unsafe fn scatter(
 #[derive(Clone, Copy)]
 enum Target {
     Source,
-    Destination(Option<Add>),
+    Destination(Option<ElemType>),
 }
 
 /// [`run`] and [`scatter`].
@@ -214,7 +191,7 @@ unsafe fn lookup(ix: &Index, at: isize) -> Result<isize, OutOfRange> {
 ///
 /// # Safety
 /// Both pointers address an element of `a`'s type.
-unsafe fn accumulate(a: Add, src: *const u8, dst: *mut u8) {
+unsafe fn accumulate(a: ElemType, src: *const u8, dst: *mut u8) {
     use half::{bf16, f16};
     macro_rules! float {
         ($t:ty, $to:expr, $from:expr) => {{
@@ -237,16 +214,16 @@ unsafe fn accumulate(a: Add, src: *const u8, dst: *mut u8) {
     // SAFETY: the caller's contract; unaligned, as in `element`.
     unsafe {
         match a {
-            Add::F16 => float!(f16, f16::to_f64, f16::from_f64),
-            Add::BF16 => float!(bf16, bf16::to_f64, bf16::from_f64),
-            Add::F32 => float!(f32, f64::from, |v: f64| v as f32),
-            Add::F64 => float!(f64, |v: f64| v, |v: f64| v),
-            Add::U8 => int!(u8),
-            Add::I8 => int!(i8),
-            Add::I16 => int!(i16),
-            Add::I32 => int!(i32),
-            Add::I64 => int!(i64),
-            Add::Bool => dst.write(u8::from(dst.read() != 0 || src.read() != 0)),
+            ElemType::F16 => float!(f16, f16::to_f64, f16::from_f64),
+            ElemType::BF16 => float!(bf16, bf16::to_f64, bf16::from_f64),
+            ElemType::F32 => float!(f32, f64::from, |v: f64| v as f32),
+            ElemType::F64 => float!(f64, |v: f64| v, |v: f64| v),
+            ElemType::U8 => int!(u8),
+            ElemType::I8 => int!(i8),
+            ElemType::I16 => int!(i16),
+            ElemType::I32 => int!(i32),
+            ElemType::I64 => int!(i64),
+            ElemType::Bool => dst.write(u8::from(dst.read() != 0 || src.read() != 0)),
         }
     }
 }

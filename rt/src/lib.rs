@@ -41,6 +41,58 @@ pub mod vmath;
 
 pub use half;
 
+/// The element types of tensors, for the library routines that take any of them (scatters
+/// that add, running sums): in this order, their position is their code in a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ElemType {
+    /// f16.
+    F16,
+    /// bf16.
+    BF16,
+    /// f32.
+    F32,
+    /// f64.
+    F64,
+    /// u8.
+    U8,
+    /// i8.
+    I8,
+    /// i16.
+    I16,
+    /// i32.
+    I32,
+    /// i64.
+    I64,
+    /// bool.
+    Bool,
+}
+
+impl ElemType {
+    /// Every element type, in the order of their codes.
+    pub const ALL: [ElemType; 10] = [
+        ElemType::F16,
+        ElemType::BF16,
+        ElemType::F32,
+        ElemType::F64,
+        ElemType::U8,
+        ElemType::I8,
+        ElemType::I16,
+        ElemType::I32,
+        ElemType::I64,
+        ElemType::Bool,
+    ];
+
+    /// Its code: its position in [`ElemType::ALL`].
+    pub fn code(self) -> u64 {
+        ElemType::ALL.iter().position(|&e| e == self).unwrap_or(0) as u64
+    }
+
+    /// The element type of `code`, if any.
+    pub fn of_code(code: u64) -> Option<ElemType> {
+        ElemType::ALL.get(usize::try_from(code).ok()?).copied()
+    }
+}
+
 /// The C signature of a helper, for a code generator that imports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sig {

@@ -39,7 +39,7 @@
 //!   - [`STEP_SCATTER`]: as [`STEP_COPY`] with an index (which then picks destination
 //!     elements), plus, after the index kind, the accumulation ([`SCATTER_ADD_F16`].., or 0
 //!     to write) ([`crate::copy::scatter`]);
-//!   - [`STEP_SCAN`]: the element kind (the position in [`crate::scan::Sum::ALL`]), rank,
+//!   - [`STEP_SCAN`]: the element type ([`crate::ElemType`]'s code), rank,
 //!     the summed dim, the destination's buffer and element offset, the source's, then the
 //!     shape and the destination's and the source's strides ([`crate::scan::cumsum`]);
 //!   - [`STEP_CONV`]: kind ([`CONV_FORWARD`], [`CONV_INPUT_GRAD`], [`CONV_WEIGHT_GRAD`]),
@@ -83,7 +83,8 @@ pub const STEP_COPY: u64 = 2;
 /// Step tag: a copy whose index picks destination elements, written or added into.
 pub const STEP_SCATTER: u64 = 5;
 /// The first accumulation word of a scatter step (f16); then bf16, f32, f64, u8, i8, i16,
-/// i32, i64 and bool follow in order ([`crate::copy::Add`]); 0 writes instead.
+/// i32, i64 and bool follow in order (one more than the [`crate::ElemType`] code); 0 writes
+/// instead.
 pub const SCATTER_ADD_F16: u64 = 1;
 /// Step tag: a running sum along one dim.
 pub const STEP_SCAN: u64 = 6;
@@ -937,11 +938,11 @@ unsafe fn copy_step(
 /// # Safety
 /// The walks lie in their buffers as the plan says, and do not overlap.
 unsafe fn scan_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) -> Result<(), i32> {
-    let kind = w.usize()?;
+    let kind = w.next()?;
     let (rank, dim) = (w.usize()?, w.usize()?);
     let (dst, dst_off) = (buf(w.usize()?)?, w.isize()?);
     let (src, src_off) = (buf(w.usize()?)?, w.isize()?);
-    let kind = *crate::scan::Sum::ALL.get(kind).ok_or(ERR_BAD_MODEL)?;
+    let kind = crate::ElemType::of_code(kind).ok_or(ERR_BAD_MODEL)?;
     if rank > copy::MAX_RANK || (rank > 0 && dim >= rank) {
         return Err(ERR_BAD_MODEL);
     }
@@ -955,15 +956,15 @@ unsafe fn scan_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) 
             *s = w.isize()?;
         }
     }
-    use crate::scan::Sum;
+    use crate::ElemType as E;
     let (in_size, out_size) = match kind {
-        Sum::F16 | Sum::BF16 => (2, 2),
-        Sum::F32 => (4, 4),
-        Sum::F64 => (8, 8),
-        Sum::U8 | Sum::I8 | Sum::Bool => (1, 8),
-        Sum::I16 => (2, 8),
-        Sum::I32 => (4, 8),
-        Sum::I64 => (8, 8),
+        E::F16 | E::BF16 => (2, 2),
+        E::F32 => (4, 4),
+        E::F64 => (8, 8),
+        E::U8 | E::I8 | E::Bool => (1, 8),
+        E::I16 => (2, 8),
+        E::I32 => (4, 8),
+        E::I64 => (8, 8),
     };
     let (y, x) = (
         dst.wrapping_offset(dst_off * out_size),
@@ -982,14 +983,10 @@ unsafe fn scan_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) 
 }
 
 /// The accumulation word of a scatter step: 0 for none, else [`SCATTER_ADD_F16`]..
-fn add_of(word: u64) -> Result<Option<copy::Add>, i32> {
-    use copy::Add::*;
-    const ADDS: [copy::Add; 10] = [F16, BF16, F32, F64, U8, I8, I16, I32, I64, Bool];
+fn add_of(word: u64) -> Result<Option<crate::ElemType>, i32> {
     match word {
         0 => Ok(None),
-        w => ADDS
-            .get(usize::try_from(w - 1).map_err(|_| ERR_BAD_MODEL)?)
-            .copied()
+        w => crate::ElemType::of_code(w - 1)
             .map(Some)
             .ok_or(ERR_BAD_MODEL),
     }

@@ -2,74 +2,34 @@
 //! in f64 and rounded to their dtype at every element, integers and bool summed wrapping in
 //! i64 (the result is i64, as PyTorch's).
 
+use crate::ElemType;
 use crate::threads::{SendPtr, run_chunks};
 use half::{bf16, f16};
-
-/// The element type summed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sum {
-    /// f16 (result f16).
-    F16,
-    /// bf16 (result bf16).
-    BF16,
-    /// f32 (result f32).
-    F32,
-    /// f64 (result f64).
-    F64,
-    /// u8 (result i64).
-    U8,
-    /// i8 (result i64).
-    I8,
-    /// i16 (result i64).
-    I16,
-    /// i32 (result i64).
-    I32,
-    /// i64 (result i64).
-    I64,
-    /// bool (result i64).
-    Bool,
-}
-
-impl Sum {
-    /// Every kind, in the order of their plan codes.
-    pub const ALL: [Sum; 10] = [
-        Sum::F16,
-        Sum::BF16,
-        Sum::F32,
-        Sum::F64,
-        Sum::U8,
-        Sum::I8,
-        Sum::I16,
-        Sum::I32,
-        Sum::I64,
-        Sum::Bool,
-    ];
-}
 
 /// Element `at` of `p` as f64 (floats) or i64 bits (the rest), as the kind reads it.
 ///
 /// # Safety
 /// `p + at` holds an element of `k`'s type.
-unsafe fn load(k: Sum, p: *const u8, at: isize) -> (f64, i64) {
+unsafe fn load(k: ElemType, p: *const u8, at: isize) -> (f64, i64) {
     // SAFETY: the caller's contract; unaligned, as views may start anywhere.
     unsafe {
         match k {
-            Sum::F16 => ((p as *const f16).offset(at).read_unaligned().to_f64(), 0),
-            Sum::BF16 => ((p as *const bf16).offset(at).read_unaligned().to_f64(), 0),
-            Sum::F32 => (f64::from((p as *const f32).offset(at).read_unaligned()), 0),
-            Sum::F64 => ((p as *const f64).offset(at).read_unaligned(), 0),
-            Sum::U8 => (0.0, i64::from(p.offset(at).read())),
-            Sum::I8 => (0.0, i64::from((p as *const i8).offset(at).read())),
-            Sum::I16 => (
+            ElemType::F16 => ((p as *const f16).offset(at).read_unaligned().to_f64(), 0),
+            ElemType::BF16 => ((p as *const bf16).offset(at).read_unaligned().to_f64(), 0),
+            ElemType::F32 => (f64::from((p as *const f32).offset(at).read_unaligned()), 0),
+            ElemType::F64 => ((p as *const f64).offset(at).read_unaligned(), 0),
+            ElemType::U8 => (0.0, i64::from(p.offset(at).read())),
+            ElemType::I8 => (0.0, i64::from((p as *const i8).offset(at).read())),
+            ElemType::I16 => (
                 0.0,
                 i64::from((p as *const i16).offset(at).read_unaligned()),
             ),
-            Sum::I32 => (
+            ElemType::I32 => (
                 0.0,
                 i64::from((p as *const i32).offset(at).read_unaligned()),
             ),
-            Sum::I64 => (0.0, (p as *const i64).offset(at).read_unaligned()),
-            Sum::Bool => (0.0, i64::from(p.offset(at).read() != 0)),
+            ElemType::I64 => (0.0, (p as *const i64).offset(at).read_unaligned()),
+            ElemType::Bool => (0.0, i64::from(p.offset(at).read() != 0)),
         }
     }
 }
@@ -78,16 +38,16 @@ unsafe fn load(k: Sum, p: *const u8, at: isize) -> (f64, i64) {
 ///
 /// # Safety
 /// `p + at` holds an element of the result type.
-unsafe fn store(k: Sum, p: *mut u8, at: isize, (f, i): (f64, i64)) {
+unsafe fn store(k: ElemType, p: *mut u8, at: isize, (f, i): (f64, i64)) {
     // SAFETY: the caller's contract.
     unsafe {
         match k {
-            Sum::F16 => (p as *mut f16).offset(at).write_unaligned(f16::from_f64(f)),
-            Sum::BF16 => (p as *mut bf16)
+            ElemType::F16 => (p as *mut f16).offset(at).write_unaligned(f16::from_f64(f)),
+            ElemType::BF16 => (p as *mut bf16)
                 .offset(at)
                 .write_unaligned(bf16::from_f64(f)),
-            Sum::F32 => (p as *mut f32).offset(at).write_unaligned(f as f32),
-            Sum::F64 => (p as *mut f64).offset(at).write_unaligned(f),
+            ElemType::F32 => (p as *mut f32).offset(at).write_unaligned(f as f32),
+            ElemType::F64 => (p as *mut f64).offset(at).write_unaligned(f),
             _ => (p as *mut i64).offset(at).write_unaligned(i),
         }
     }
@@ -104,7 +64,7 @@ const PAR_ELEMS: usize = 1 << 16;
 /// of its result type), `y`'s elements are distinct and overlap none of `x`'s, `dim` is a
 /// dim of `shape` (or 0 for rank 0), and the stride slices have `shape`'s length.
 pub unsafe fn cumsum(
-    k: Sum,
+    k: ElemType,
     (shape, dim): (&[usize], usize),
     (y, ys): (*mut u8, &[isize]),
     (x, xs): (*const u8, &[isize]),

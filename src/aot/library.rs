@@ -298,14 +298,8 @@ pub(super) fn scan_words(s: &Schedule, e: &ExternCall, w: &mut Vec<u64>) -> Resu
         0 => 0,
         n => wrap_dim(*dim, n)?,
     };
-    let kind = crate::kernels::reduce::sum_kind(s.buffers[x.buffer].dtype);
-    let code = smelt_rt::scan::Sum::ALL.iter().position(|&k| k == kind);
-    w.extend([
-        rt::STEP_SCAN,
-        code.unwrap_or(0) as u64,
-        x.shape.len() as u64,
-        dim as u64,
-    ]);
+    let code = crate::kernels::reduce::elem_type(s.buffers[x.buffer].dtype).code();
+    w.extend([rt::STEP_SCAN, code, x.shape.len() as u64, dim as u64]);
     w.extend([e.out as u64, 0, x.buffer as u64, x.offset as u64]);
     w.extend(x.shape.iter().map(|&d| d as u64));
     w.extend(out.strides().iter().map(|&st| st as u64));
@@ -315,23 +309,7 @@ pub(super) fn scan_words(s: &Schedule, e: &ExternCall, w: &mut Vec<u64>) -> Resu
 
 /// The accumulation word of a scatter that adds elements of `d`.
 fn add_word(d: DType) -> u64 {
-    let order = [
-        DType::F16,
-        DType::BF16,
-        DType::F32,
-        DType::F64,
-        DType::U8,
-        DType::I8,
-        DType::I16,
-        DType::I32,
-        DType::I64,
-        DType::Bool,
-    ];
-    let at = order
-        .iter()
-        .position(|&x| x == d)
-        .unwrap_or(order.len() - 1);
-    rt::SCATTER_ADD_F16 + at as u64
+    rt::SCATTER_ADD_F16 + crate::kernels::reduce::elem_type(d).code()
 }
 
 /// `repeat`: the result viewed as `[r0, x0, r1, x1, ...]` (pairs with a 1 dropped) read from

@@ -706,20 +706,20 @@ fn layer_norm_row(v: &mut [f64], eps: f64, w: Option<&[f64]>, b: Option<&[f64]>)
     }
 }
 
-/// The kind `smelt_rt::scan` sums elements of `d` as.
-pub(crate) fn sum_kind(d: DType) -> smelt_rt::scan::Sum {
-    use smelt_rt::scan::Sum;
+/// `d` as the run-time library names element types.
+pub(crate) fn elem_type(d: DType) -> smelt_rt::ElemType {
+    use smelt_rt::ElemType as E;
     match d {
-        DType::F16 => Sum::F16,
-        DType::BF16 => Sum::BF16,
-        DType::F32 => Sum::F32,
-        DType::F64 => Sum::F64,
-        DType::U8 => Sum::U8,
-        DType::I8 => Sum::I8,
-        DType::I16 => Sum::I16,
-        DType::I32 => Sum::I32,
-        DType::I64 => Sum::I64,
-        DType::Bool => Sum::Bool,
+        DType::F16 => E::F16,
+        DType::BF16 => E::BF16,
+        DType::F32 => E::F32,
+        DType::F64 => E::F64,
+        DType::U8 => E::U8,
+        DType::I8 => E::I8,
+        DType::I16 => E::I16,
+        DType::I32 => E::I32,
+        DType::I64 => E::I64,
+        DType::Bool => E::Bool,
     }
 }
 
@@ -740,7 +740,7 @@ fn cumsum(x: &Tensor, d: Vec<usize>, ty: &TensorType) -> Result<Tensor> {
     // locks; out's dtype is the kind's result type (checked above).
     unsafe {
         smelt_rt::scan::cumsum(
-            sum_kind(x.dtype()),
+            elem_type(x.dtype()),
             (x.shape(), d.first().copied().unwrap_or(0)),
             (acc.write::<u8>(0), &ys),
             (acc.read::<u8>(0), &xs),
