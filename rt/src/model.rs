@@ -1298,7 +1298,9 @@ unsafe fn pool_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) 
                 unsafe {
                     match x_dtype {
                         POOL_F16 => max::<f16, f32>(kind, ops, out, pg),
-                        _ => max::<bf16, f32>(kind, ops, out, pg),
+                        POOL_BF16 => max::<bf16, f32>(kind, ops, out, pg),
+                        // the input has the gradient's half dtype
+                        _ => Err(ERR_BAD_MODEL),
                     }
                 }
             }
