@@ -190,7 +190,11 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
     std::fs::create_dir_all(&a.out).map_err(|e| Error::Io(format!("{}: {e}", a.out.display())))?;
     for (i, t) in outputs.iter().enumerate() {
-        npy::write_npy(a.out.join(format!("out{i}.npy")), t)?;
+        let path = a.out.join(format!("out{i}.npy"));
+        match loaded.output_types.get(i) {
+            Some(&elem_type) => crate::onnx::write_output(path, t, elem_type)?,
+            None => npy::write_npy(path, t)?,
+        }
     }
     Ok(())
 }

@@ -18,6 +18,8 @@ pub struct Loaded {
     /// (name users give, graph input name) where they differ (ONNX names with characters
     /// the text format cannot spell).
     renames: Vec<(String, String)>,
+    /// The ONNX element type of each output (empty for a `.smelt` file).
+    pub(crate) output_types: Vec<i32>,
 }
 
 /// Whether `path` names an ONNX file.
@@ -74,6 +76,7 @@ pub fn load_model_for(
             },
             weights: imported.weights,
             renames,
+            output_types: model.output_elem_types(),
         });
     }
     let symbolic = parse_smelt(path)?;
@@ -95,6 +98,7 @@ pub fn load_model_for(
         module,
         weights,
         renames: Vec::new(),
+        output_types: Vec::new(),
     })
 }
 

@@ -82,6 +82,9 @@ pub(super) struct Importer {
     computed: std::cell::RefCell<HashMap<String, Tensor>>,
     /// The ONNX name of each graph input made for a model input, by graph name.
     onnx_names: HashMap<String, String>,
+    /// ONNX element types smelt holds in a wider dtype (`elem::held`), by ONNX value name;
+    /// every other value's type is its dtype's.
+    pub(super) elem_types: HashMap<String, i32>,
 }
 
 impl Importer {
@@ -100,6 +103,52 @@ impl Importer {
             specialized: Default::default(),
             computed: Default::default(),
             onnx_names: HashMap::new(),
+            elem_types: HashMap::new(),
+        }
+    }
+
+    /// Records ONNX value `name`'s element type where smelt holds it in a wider dtype.
+    pub(super) fn set_elem_type(&mut self, name: &str, elem_type: i32) {
+        if super::elem::held(elem_type).is_some() {
+            self.elem_types.insert(name.to_string(), elem_type);
+        }
+    }
+
+    /// The ONNX element type of value `name`.
+    pub(super) fn elem_type(&self, name: &str) -> Result<i32> {
+        if let Some(&t) = self.elem_types.get(name) {
+            return Ok(t);
+        }
+        let v = self.get(name)?;
+        let dtype = match (&v.known, v.id) {
+            (Some(t), _) => t.dtype(),
+            (None, Some(id)) => self.g.node(id).ty.dtype,
+            (None, None) => return Err(undefined(name)),
+        };
+        Ok(super::tensor::elem_type_of(dtype))
+    }
+
+    /// The element type of `node`'s first output where it is one smelt holds in a wider
+    /// dtype: set by a cast, or kept from the first input by ops that move elements.
+    fn output_elem_type(&self, node: &NodeProto) -> Option<i32> {
+        let first = node.input.first().filter(|n| !n.is_empty());
+        match node.op_type.as_str() {
+            "Cast" => node
+                .attribute
+                .iter()
+                .find(|a| a.name == "to")
+                .map(|a| a.i as i32),
+            "CastLike" => self.elem_types.get(node.input.get(1)?).copied(),
+            "Constant" => node
+                .attribute
+                .iter()
+                .find(|a| a.name == "value")
+                .and_then(|a| a.t.as_ref())
+                .map(|t| t.data_type),
+            "Identity" | "Reshape" | "Squeeze" | "Unsqueeze" | "Flatten" | "Transpose"
+            | "Expand" | "Tile" | "Slice" | "Gather" | "Concat" | "Add" | "Sub" | "Mul" | "Div"
+            | "Mod" | "Max" | "Min" | "BitShift" => self.elem_types.get(first?).copied(),
+            _ => None,
         }
     }
 
@@ -355,6 +404,9 @@ impl Importer {
             self.check_size(&v)?;
             self.bind(name, v);
         }
+        if let (Some(t), Some(out)) = (self.output_elem_type(node), node.output.first()) {
+            self.set_elem_type(out, t);
+        }
         Ok(())
     }
 
@@ -404,6 +456,9 @@ impl Importer {
             let v = self.vals[name].clone_known();
             in_elems += v.known.as_ref().map_or(0, Tensor::numel);
             scratch.bind(name, v);
+            if let Some(&t) = self.elem_types.get(name) {
+                scratch.elem_types.insert(name.clone(), t);
+            }
         }
         let outs = lower(&mut Cx {
             imp: &mut scratch,
@@ -544,6 +599,14 @@ impl Cx<'_> {
     pub fn all(&mut self) -> Result<Vec<ValueId>> {
         let present: Vec<usize> = (0..self.n_inputs()).filter(|&i| self.has(i)).collect();
         present.into_iter().map(|i| self.x(i)).collect()
+    }
+
+    /// Input `i`'s ONNX element type.
+    pub fn elem_type(&self, i: usize) -> Result<i32> {
+        if !self.has(i) {
+            bail!(Value, "input {i} is required");
+        }
+        self.imp.elem_type(&self.node.input[i])
     }
 
     /// Input `i`'s elements when known at import.

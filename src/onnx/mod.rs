@@ -20,6 +20,7 @@
 //! opset; nodes whose inputs are all known at import (shape arithmetic) are evaluated there.
 //! The protobuf messages are declared in [`proto`] and decoded by prost.
 
+mod elem;
 mod export;
 mod import;
 mod ops;
@@ -181,6 +182,16 @@ pub fn from_bytes(bytes: &[u8], dir: Option<&Path>) -> Result<Model> {
     })
 }
 
+/// Writes output `t` as a `.npy` file in ONNX element type `elem_type`: a type smelt holds in
+/// a wider dtype is written in its own where NumPy has it (uint16, uint32, uint64), the
+/// sub-byte integers as int8/uint8 and the float8/float4 formats as float32 (exact).
+pub fn write_output(path: impl AsRef<Path>, t: &Tensor, elem_type: i32) -> Result<()> {
+    match elem::held(elem_type) {
+        Some(elem::Held::Unsigned(bits)) => crate::runtime::npy::write_npy_unsigned(path, t, bits),
+        _ => crate::runtime::npy::write_npy(path, t),
+    }
+}
+
 /// Reads a file holding one serialized `TensorProto` (the ONNX test suite's `.pb` data).
 pub fn read_tensor(path: impl AsRef<Path>) -> Result<Tensor> {
     let path = path.as_ref();
@@ -251,6 +262,21 @@ impl Model {
             .collect()
     }
 
+    /// The ONNX element type of each graph output, in order (0 where the model leaves it
+    /// undeclared). [`write_output`] writes an output in it.
+    pub fn output_elem_types(&self) -> Vec<i32> {
+        self.graph_proto()
+            .output
+            .iter()
+            .map(|o| {
+                o.r#type
+                    .as_ref()
+                    .and_then(|t| t.tensor_type.as_ref())
+                    .map_or(0, |tt| tt.elem_type)
+            })
+            .collect()
+    }
+
     /// The graph for inputs of the given shapes (by ONNX input name). An input left out takes
     /// its declared shape, each named or unknown dim being 1.
     pub fn import(&self, shapes: &[(&str, &[usize])]) -> Result<Imported> {
@@ -311,6 +337,14 @@ impl Model {
         for (name, t) in &self.initializers {
             if !inputs.iter().any(|(o, _)| o == name) {
                 imp.bind(name, import::Val::known(t.clone()));
+            }
+        }
+        for t in &graph.initializer {
+            imp.set_elem_type(&t.name, t.data_type);
+        }
+        for i in &graph.input {
+            if let Some(tt) = i.r#type.as_ref().and_then(|t| t.tensor_type.as_ref()) {
+                imp.set_elem_type(&i.name, tt.elem_type);
             }
         }
         imp.nodes(graph)?;

@@ -2,12 +2,18 @@
 //! checked against the bytes it actually holds before anything is allocated, so a hostile
 //! file cannot make smelt reserve what it announces.
 
+use super::elem::{self, Decoded};
 use super::proto::{StringStringEntryProto, TensorProto, data_type};
 use crate::{DType, Error, Result, Tensor, bail};
 use std::path::{Path, PathBuf};
 
-/// The smelt dtype of an ONNX element type.
+/// The smelt dtype of an ONNX element type: the wider dtype that holds it for the types
+/// smelt lacks (uint16 in i32, uint32 and uint64 in i64, int4/int2 in i8, uint4/uint2 in u8,
+/// float8 and float4 in f32).
 pub fn dtype_of(elem_type: i32) -> Result<DType> {
+    if let Some(h) = elem::held(elem_type) {
+        return Ok(h.dtype());
+    }
     Ok(match elem_type {
         data_type::FLOAT => DType::F32,
         data_type::UINT8 => DType::U8,
@@ -100,6 +106,22 @@ pub fn to_tensor(t: &TensorProto, dir: Option<&Path>) -> Result<Tensor> {
     };
     let dtype = dtype_of(t.data_type).map_err(|e| Error::DType(format!("{what}: {e}")))?;
     let (shape, n) = checked_sizes(&t.dims, dtype.size(), &what)?;
+    if let Some(h) = elem::held(t.data_type) {
+        let decoded = if t.data_location == 1 {
+            let want = (n * h.file_bits() as usize).div_ceil(8);
+            let bytes = read_external(&t.external_data, dir, want, &what)?;
+            elem::decode_raw(h, &bytes, n, &what)?
+        } else if !t.raw_data.is_empty() || n == 0 {
+            elem::decode_raw(h, &t.raw_data, n, &what)?
+        } else {
+            elem::decode_typed(h, &t.int32_data, &t.uint64_data, n, &what)?
+        };
+        let t = match decoded {
+            Decoded::Ints(v) => Tensor::from_vec(v, &shape)?,
+            Decoded::Floats(v) => Tensor::from_vec(v, &shape)?,
+        };
+        return t.to_dtype(dtype);
+    }
     if t.data_location == 1 {
         let bytes = read_external(&t.external_data, dir, n * dtype.size(), &what)?;
         return Tensor::from_bytes(dtype, &shape, &bytes);

@@ -109,18 +109,53 @@ pub fn npy_to_bytes(t: &Tensor) -> Result<Vec<u8>> {
     }
 }
 
+/// Writes an integer tensor as a `.npy` file of unsigned `bits`-bit integers (16, 32 or 64),
+/// each value reduced modulo 2^bits: how an ONNX model's uint16/uint32/uint64 outputs, held
+/// in i32 and i64, are written in their own type.
+pub fn write_npy_unsigned(path: impl AsRef<Path>, t: &Tensor, bits: u32) -> Result<()> {
+    let path = path.as_ref();
+    if t.dtype().is_float() || t.dtype() == DType::Bool {
+        return Err(Error::DType(format!(
+            "writing uint{bits}: expected an integer tensor, got {}",
+            t.dtype()
+        )));
+    }
+    let v = if t.numel() == 0 {
+        Vec::new()
+    } else {
+        t.to_dtype(DType::I64)?.to_vec::<i64>()?
+    };
+    let bytes = match bits {
+        16 => encode_values(t.shape(), v.iter().map(|&x| x as u16).collect(), "<u2"),
+        32 => encode_values(t.shape(), v.iter().map(|&x| x as u32).collect(), "<u4"),
+        64 => encode_values(t.shape(), v.iter().map(|&x| x as u64).collect(), "<u8"),
+        _ => Err(Error::Value(format!(
+            "uint{bits} is not a .npy type smelt writes"
+        ))),
+    }?;
+    std::fs::write(path, bytes).map_err(|e| Error::Io(format!("{}: {e}", path.display())))
+}
+
 fn encode<T: Element + npyz::Serialize>(t: &Tensor, descr: &str) -> Result<Vec<u8>> {
-    let io = |e: std::io::Error| Error::Io(format!("writing .npy data: {e}"));
-    let ts: TypeStr = descr
-        .parse()
-        .map_err(|e| Error::Value(format!("bad .npy type string {descr}: {e}")))?;
-    let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
     // Empty tensors skip `to_vec`: a fresh empty buffer's pointer need not be aligned for T.
     let values = if t.numel() == 0 {
         Vec::new()
     } else {
         t.to_vec::<T>()?
     };
+    encode_values(t.shape(), values, descr)
+}
+
+fn encode_values<T: npyz::Serialize>(
+    shape: &[usize],
+    values: Vec<T>,
+    descr: &str,
+) -> Result<Vec<u8>> {
+    let io = |e: std::io::Error| Error::Io(format!("writing .npy data: {e}"));
+    let ts: TypeStr = descr
+        .parse()
+        .map_err(|e| Error::Value(format!("bad .npy type string {descr}: {e}")))?;
+    let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
     let mut out = Vec::with_capacity(128 + values.len() * std::mem::size_of::<T>());
     let mut w = npyz::WriteOptions::new()
         .dtype(npyz::DType::Plain(ts))

@@ -5,6 +5,7 @@
 //!   [`assert_bits`] for bit-identical results;
 //! - [`graphs`]: the one random-graph generator, [`random_graph_from`] a [`Recipe`];
 //! - [`inputs`]: random inputs for a graph's parameters ([`inputs_for`] and its variants);
+//! - [`onnx_protos`]: ONNX messages built in code (a value's type, a node, a model);
 //! - [`torch`]: the Python of the PyTorch comparisons, or why they skip;
 //! - [`cli`]: fresh temporary directories and runs of the `smelt` binary;
 //! - [`aot_gaps`]: the ops ahead-of-time objects refuse today, and why;
@@ -19,6 +20,7 @@ pub mod cuda_cases;
 pub mod cuda_check;
 pub mod graphs;
 pub mod inputs;
+pub mod onnx_protos;
 pub mod torch;
 
 // The names the tests use most, at the top; each test uses only some of them.

@@ -1,7 +1,7 @@
 //! Pointwise ONNX ops: unary math and activations, binary arithmetic and comparisons,
 //! `Where`, `Clip`, `Cast`.
 
-use super::{list, one};
+use super::{held, list, one};
 use crate::ir::attrs::Attr;
 use crate::ir::graph::ValueId;
 use crate::onnx::import::{Cx, Val};
@@ -333,23 +333,52 @@ pub(super) fn cast_to(cx: &mut Cx, x: ValueId, dtype: DType) -> Result<ValueId> 
 }
 
 pub fn cast(cx: &mut Cx) -> Result<Vec<Val>> {
-    let Some(to) = cx.dtype_attr("to")? else {
+    let Some(to) = cx.attr("to").map(|a| a.i as i32) else {
         bail!(Value, "attribute 'to' is required");
     };
-    let x = cx.x(0)?;
-    if cx.dtype(x) == to {
-        return identity(cx);
-    }
-    one(cast_to(cx, x, to)?)
+    convert(cx, to)
 }
 
 pub fn cast_like(cx: &mut Cx) -> Result<Vec<Val>> {
-    let (x, like) = (cx.x(0)?, cx.x(1)?);
-    let to = cx.dtype(like);
-    if cx.dtype(x) == to {
-        return identity(cx);
+    let to = cx.elem_type(1)?;
+    convert(cx, to)
+}
+
+/// Input 0 converted to ONNX element type `to`.
+fn convert(cx: &mut Cx, to: i32) -> Result<Vec<Val>> {
+    let dtype = crate::onnx::tensor::dtype_of(to)?;
+    let x = cx.x(0)?;
+    match crate::onnx::elem::held(to) {
+        Some(h) => {
+            let saturate = cx.int("saturate", 1)? != 0;
+            one(held::cast_to_held(cx, x, h, saturate)?)
+        }
+        None if cx.dtype(x) == dtype => identity(cx),
+        None => one(cast_to(cx, x, dtype)?),
     }
-    one(cast_to(cx, x, to)?)
+}
+
+/// `BitShift` of unsigned integers: a product or floor quotient by `2^y`, wrapped to the
+/// width of a held type.
+pub fn bit_shift(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (x, y) = (cx.x(0)?, cx.x(1)?);
+    let held = crate::onnx::elem::held(cx.elem_type(0)?);
+    let two = cx.scalar(2.0, cx.dtype(y))?;
+    let p = cx.call("pow", &[Some(two), Some(y)], &[])?;
+    let direction = cx.string("direction")?.unwrap_or_default();
+    let r = match direction.as_str() {
+        "LEFT" => cx.call("mul", &[Some(x), Some(p)], &[])?,
+        "RIGHT" => cx.call(
+            "div",
+            &[Some(x), Some(p)],
+            &[("rounding_mode", Attr::Str("floor".into()))],
+        )?,
+        other => bail!(Value, "direction '{other}' should be LEFT or RIGHT"),
+    };
+    match held {
+        Some(crate::onnx::elem::Held::Unsigned(bits)) => one(held::wrap_unsigned(cx, r, bits)?),
+        _ => one(r),
+    }
 }
 
 pub fn clip(cx: &mut Cx) -> Result<Vec<Val>> {

@@ -5,6 +5,7 @@
 mod attention;
 mod control;
 mod elementwise;
+mod held;
 mod index;
 mod loss;
 mod nn;
@@ -31,6 +32,7 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("And", 1, elementwise::and),
     ("Asinh", 9, elementwise::asinh),
     ("Atanh", 9, elementwise::atanh),
+    ("BitShift", 11, elementwise::bit_shift),
     ("Cast", 1, elementwise::cast),
     ("CastLike", 15, elementwise::cast_like),
     ("Ceil", 1, elementwise::ceil),
