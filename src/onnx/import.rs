@@ -139,6 +139,14 @@ impl Importer {
                 .find(|a| a.name == "to")
                 .map(|a| a.i as i32),
             "CastLike" => self.elem_types.get(node.input.get(1)?).copied(),
+            "QuantizeLinear" => match node.input.get(2).filter(|n| !n.is_empty()) {
+                Some(zp) => self.elem_types.get(zp).copied(),
+                None => node
+                    .attribute
+                    .iter()
+                    .find(|a| a.name == "output_dtype")
+                    .map(|a| a.i as i32),
+            },
             "Constant" => node
                 .attribute
                 .iter()

@@ -9,6 +9,7 @@ mod held;
 mod index;
 mod loss;
 mod nn;
+mod quant;
 mod recurrent;
 mod reduce;
 mod resize;
@@ -168,6 +169,14 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("GRU", 7, recurrent::gru),
     ("LSTM", 7, recurrent::lstm),
     ("RNN", 7, recurrent::rnn),
+    // quant.rs
+    ("ConvInteger", 10, quant::conv_integer),
+    ("DequantizeLinear", 10, quant::dequantize_linear),
+    ("DynamicQuantizeLinear", 11, quant::dynamic_quantize_linear),
+    ("MatMulInteger", 10, quant::matmul_integer),
+    ("QLinearConv", 10, quant::qlinear_conv),
+    ("QLinearMatMul", 10, quant::qlinear_matmul),
+    ("QuantizeLinear", 10, quant::quantize_linear),
     // loss.rs, resize.rs, attention.rs
     ("NegativeLogLikelihoodLoss", 12, loss::nll_loss),
     (

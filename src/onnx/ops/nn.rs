@@ -142,6 +142,12 @@ fn conv_operands(
 ) -> Result<(ValueId, ValueId, Option<ValueId>, Vec<usize>, Vec<usize>)> {
     let (x, wt) = (cx.x(0)?, cx.x(1)?);
     let b = cx.opt(2)?;
+    let (xs, ws) = conv_shapes(cx, x, wt, what)?;
+    Ok((x, wt, b, xs, ws))
+}
+
+/// The input's and the weight's shapes of a 1-D or 2-D convolution.
+fn conv_shapes(cx: &Cx, x: ValueId, wt: ValueId, what: &str) -> Result<(Vec<usize>, Vec<usize>)> {
     let (xs, ws) = (cx.shape(x), cx.shape(wt));
     if xs.len() < 3 || xs.len() > 4 {
         bail!(
@@ -155,11 +161,18 @@ fn conv_operands(
             "a weight of shape {ws:?} for an input of shape {xs:?}"
         );
     }
-    Ok((x, wt, b, xs, ws))
+    Ok((xs, ws))
 }
 
 pub fn conv(cx: &mut Cx) -> Result<Vec<Val>> {
-    let (x, wt, b, xs, ws) = conv_operands(cx, "convolutions")?;
+    let (x, wt) = (cx.x(0)?, cx.x(1)?);
+    let b = cx.opt(2)?;
+    one(conv_of(cx, x, wt, b)?)
+}
+
+/// `Conv` of `x` by `wt` (plus `b`) with the node's window attributes.
+pub(super) fn conv_of(cx: &mut Cx, x: ValueId, wt: ValueId, b: Option<ValueId>) -> Result<ValueId> {
+    let (xs, ws) = conv_shapes(cx, x, wt, "convolutions")?;
     let kernel = cx
         .ints("kernel_shape")?
         .unwrap_or_else(|| ws[2..].iter().map(|&d| d as i64).collect());
@@ -171,7 +184,7 @@ pub fn conv(cx: &mut Cx) -> Result<Vec<Val>> {
         (pad_spatial(cx, x, &w, 0.0)?, vec![0; w.lo.len()])
     };
     let name = if xs.len() == 3 { "conv1d" } else { "conv2d" };
-    one(cx.call(
+    cx.call(
         name,
         &[Some(x), Some(wt), b],
         &[
@@ -180,7 +193,7 @@ pub fn conv(cx: &mut Cx) -> Result<Vec<Val>> {
             ("dilation", list(&w.dilations)),
             ("groups", Attr::Int(group)),
         ],
-    )?)
+    )
 }
 
 /// Runs a 2-D pooling on a 1-D input `[N, C, L]` as `[N, C, 1, L]`.
