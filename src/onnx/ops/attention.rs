@@ -342,3 +342,110 @@ pub fn attention(cx: &mut Cx) -> Result<Vec<Val>> {
         Val::node(qk_out),
     ])
 }
+
+/// `RotaryEmbedding`: the first `rotary_embedding_dim` features of each head rotated by the
+/// cached cos/sin of its position, as pairs (`interleaved`) or as two halves.
+pub fn rotary_embedding(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (x, cos, sin) = (cx.x(0)?, cx.x(1)?, cx.x(2)?);
+    let pos = cx.opt(3)?;
+    let shape = cx.shape(x);
+    let interleaved = cx.int("interleaved", 0)? != 0;
+    let heads = cx.int("num_heads", 0)?;
+    // [B, S, H, D] either way
+    let y = match shape.len() {
+        4 => cx.call("permute", &[Some(x)], &[("dims", list(&[0, 2, 1, 3]))])?,
+        3 => {
+            if heads <= 0 || shape[2] as i64 % heads != 0 {
+                bail!(
+                    Value,
+                    "a 3-D input needs num_heads dividing its {} features",
+                    shape[2]
+                );
+            }
+            let dims = [
+                shape[0] as i64,
+                shape[1] as i64,
+                heads,
+                shape[2] as i64 / heads,
+            ];
+            cx.call("reshape", &[Some(x)], &[("shape", list(&dims))])?
+        }
+        _ => bail!(Value, "the input should be 3-D or 4-D, got {shape:?}"),
+    };
+    let head = cx.shape(y)[3] as i64;
+    let rd = match cx.int("rotary_embedding_dim", 0)? {
+        0 => head,
+        d if d > 0 && d <= head && d % 2 == 0 => d,
+        d => bail!(Value, "rotary_embedding_dim {d} for heads of {head}"),
+    };
+    let part = |cx: &mut Cx, v: ValueId, start: i64, end: i64, step: i64| {
+        cx.call(
+            "slice",
+            &[Some(v)],
+            &[
+                ("dim", Attr::Int(-1)),
+                ("start", Attr::Int(start)),
+                ("end", Attr::Int(end)),
+                ("step", Attr::Int(step)),
+            ],
+        )
+    };
+    let rot = part(cx, y, 0, rd, 1)?;
+    let (cos, sin) = match pos {
+        Some(p) => {
+            let p = cast_to(cx, p, DType::I64)?;
+            (
+                cx.call("embedding", &[Some(p), Some(cos)], &[])?,
+                cx.call("embedding", &[Some(p), Some(sin)], &[])?,
+            )
+        }
+        None => (cos, sin),
+    };
+    if cx.shape(cos).last() != Some(&(rd as usize / 2)) {
+        bail!(
+            Value,
+            "a cos cache of shape {:?} for a rotary dim of {rd}",
+            cx.shape(cos)
+        );
+    }
+    let cos = cx.call("unsqueeze", &[Some(cos)], &[("dim", Attr::Int(2))])?;
+    let sin = cx.call("unsqueeze", &[Some(sin)], &[("dim", Attr::Int(2))])?;
+    let (x1, x2) = if interleaved {
+        (part(cx, rot, 0, rd, 2)?, part(cx, rot, 1, rd, 2)?)
+    } else {
+        (part(cx, rot, 0, rd / 2, 1)?, part(cx, rot, rd / 2, rd, 1)?)
+    };
+    let mul = |cx: &mut Cx, a: ValueId, b: ValueId| cx.call("mul", &[Some(a), Some(b)], &[]);
+    let (c1, s2) = (mul(cx, cos, x1)?, mul(cx, sin, x2)?);
+    let real = cx.call("sub", &[Some(c1), Some(s2)], &[])?;
+    let (s1, c2) = (mul(cx, sin, x1)?, mul(cx, cos, x2)?);
+    let imag = cx.call("add", &[Some(s1), Some(c2)], &[])?;
+    let rotated = if interleaved {
+        let pairs = cx.call(
+            "stack",
+            &[Some(real), Some(imag)],
+            &[("dim", Attr::Int(-1))],
+        )?;
+        let dims: Vec<i64> = cx.shape(rot).iter().map(|&d| d as i64).collect();
+        cx.call("reshape", &[Some(pairs)], &[("shape", list(&dims))])?
+    } else {
+        cx.call("cat", &[Some(real), Some(imag)], &[("dim", Attr::Int(-1))])?
+    };
+    let out = if rd < head {
+        let rest = part(cx, y, rd, head, 1)?;
+        cx.call(
+            "cat",
+            &[Some(rotated), Some(rest)],
+            &[("dim", Attr::Int(-1))],
+        )?
+    } else {
+        rotated
+    };
+    let out = if shape.len() == 4 {
+        cx.call("permute", &[Some(out)], &[("dims", list(&[0, 2, 1, 3]))])?
+    } else {
+        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        cx.call("reshape", &[Some(out)], &[("shape", list(&dims))])?
+    };
+    Ok(vec![Val::node(out)])
+}

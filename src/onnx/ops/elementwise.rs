@@ -441,3 +441,21 @@ pub fn swish(cx: &mut Cx) -> Result<Vec<Val>> {
     let s = cx.call("sigmoid", &[Some(ax)], &[])?;
     one(cx.call("mul", &[Some(x), Some(s)], &[])?)
 }
+
+/// `SwiGLU(a, b)`: `a * sigmoid(alpha * a) * b`.
+pub fn swiglu(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (a, b) = (cx.x(0)?, cx.x(1)?);
+    if cx.shape(a) != cx.shape(b) {
+        bail!(
+            Value,
+            "inputs of shapes {:?} and {:?} (SwiGLU does not broadcast)",
+            cx.shape(a),
+            cx.shape(b)
+        );
+    }
+    let alpha = cx.float("alpha", 1.0)?;
+    let za = with_scalar(cx, "mul", a, alpha)?;
+    let s = cx.call("sigmoid", &[Some(za)], &[])?;
+    let swish = cx.call("mul", &[Some(a), Some(s)], &[])?;
+    one(cx.call("mul", &[Some(swish), Some(b)], &[])?)
+}

@@ -183,3 +183,60 @@ pub fn non_zero(cx: &mut Cx) -> Result<Vec<Val>> {
     }
     Ok(vec![Val::known(Tensor::from_vec(out, &[r, hits.len()])?)])
 }
+
+/// `ReverseSequence`: along `time_axis`, the first `sequence_lens[b]` elements of each batch
+/// entry `b` reversed, the rest kept, as one `gather` by computed indices.
+pub fn reverse_sequence(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (x, lens) = (cx.x(0)?, cx.x(1)?);
+    let shape = cx.shape(x);
+    let rank = shape.len() as i64;
+    if rank < 2 {
+        bail!(Value, "the input should have rank 2 or more, got {shape:?}");
+    }
+    let t_axis = axis(cx.int("time_axis", 0)?, rank)? as usize;
+    let b_axis = axis(cx.int("batch_axis", 1)?, rank)? as usize;
+    if t_axis == b_axis || t_axis > 1 || b_axis > 1 {
+        bail!(
+            Value,
+            "time_axis and batch_axis should be 0 and 1 in some order"
+        );
+    }
+    if cx.shape(lens) != [shape[b_axis]] {
+        bail!(
+            Value,
+            "sequence_lens of shape {:?} for a batch of {}",
+            cx.shape(lens),
+            shape[b_axis]
+        );
+    }
+    let lens = cast_to(cx, lens, DType::I64)?;
+    let t = cx.call(
+        "arange",
+        &[],
+        &[
+            ("start", Attr::Int(0)),
+            ("end", Attr::Int(shape[t_axis] as i64)),
+            ("step", Attr::Int(1)),
+            ("dtype", Attr::DType(DType::I64)),
+        ],
+    )?;
+    // t along the time axis, lengths along the batch axis, 1 elsewhere
+    let mut t_dims = vec![1i64; shape.len()];
+    t_dims[t_axis] = shape[t_axis] as i64;
+    let mut l_dims = vec![1i64; shape.len()];
+    l_dims[b_axis] = shape[b_axis] as i64;
+    let t = cx.call("reshape", &[Some(t)], &[("shape", list(&t_dims))])?;
+    let l = cx.call("reshape", &[Some(lens)], &[("shape", list(&l_dims))])?;
+    let one_ = cx.scalar(1.0, DType::I64)?;
+    let last = cx.call("sub", &[Some(l), Some(one_)], &[])?;
+    let back = cx.call("sub", &[Some(last), Some(t)], &[])?;
+    let inside = cx.call("lt", &[Some(t), Some(l)], &[])?;
+    let idx = cx.call("where", &[Some(inside), Some(back), Some(t)], &[])?;
+    let full: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    let idx = cx.call("expand", &[Some(idx)], &[("size", list(&full))])?;
+    one(cx.call(
+        "gather",
+        &[Some(x), Some(idx)],
+        &[("dim", Attr::Int(t_axis as i64))],
+    )?)
+}

@@ -14,6 +14,7 @@ mod recurrent;
 mod reduce;
 mod resize;
 mod shape;
+mod signal;
 
 use super::import::{Cx, Val};
 use crate::ir::attrs::Attr;
@@ -85,6 +86,7 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("Sub", 1, elementwise::sub),
     ("Sum", 1, elementwise::sum),
     ("Swish", 24, elementwise::swish),
+    ("SwiGLU", 24, elementwise::swiglu),
     ("Tan", 7, elementwise::tan),
     ("Tanh", 1, elementwise::tanh),
     ("ThresholdedRelu", 10, elementwise::thresholded_relu),
@@ -137,6 +139,7 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("Transpose", 1, shape::transpose),
     ("Trilu", 14, shape::trilu),
     ("Unsqueeze", 1, shape::unsqueeze),
+    ("CenterCropPad", 18, shape::center_crop_pad),
     // nn.rs
     ("AveragePool", 1, nn::average_pool),
     ("BatchNormalization", 6, nn::batch_norm),
@@ -156,6 +159,7 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("MaxPool", 1, nn::max_pool),
     ("MeanVarianceNormalization", 9, nn::mean_variance_norm),
     ("RMSNormalization", 23, nn::rms_norm),
+    ("LRN", 1, nn::lrn),
     // control.rs
     ("If", 1, control::if_),
     ("Loop", 1, control::loop_),
@@ -165,6 +169,7 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("GatherND", 11, index::gather_nd),
     ("NonZero", 9, index::non_zero),
     ("ScatterND", 11, index::scatter_nd),
+    ("ReverseSequence", 10, index::reverse_sequence),
     // recurrent.rs
     ("GRU", 7, recurrent::gru),
     ("LSTM", 7, recurrent::lstm),
@@ -189,6 +194,12 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("Resize", 10, resize::upsample),
     ("Resize", 11, resize::resize),
     ("Attention", 23, attention::attention),
+    ("RotaryEmbedding", 23, attention::rotary_embedding),
+    ("AffineGrid", 20, resize::affine_grid),
+    // signal.rs
+    ("BlackmanWindow", 17, signal::blackman_window),
+    ("HammingWindow", 17, signal::hamming_window),
+    ("HannWindow", 17, signal::hann_window),
 ];
 
 /// The lowering of `op_type` for a model importing `opset` of the standard ops.

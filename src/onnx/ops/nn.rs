@@ -722,3 +722,53 @@ pub fn conv_transpose(cx: &mut Cx) -> Result<Vec<Val>> {
     }
     one(y)
 }
+
+/// `LRN`: `x / (bias + alpha / size * s)^beta`, `s` the sum of squares over a window of
+/// `size` channels around each one (zero beyond the edges).
+pub fn lrn(cx: &mut Cx) -> Result<Vec<Val>> {
+    let x = cx.x(0)?;
+    if cx.rank(x) < 3 {
+        bail!(
+            Value,
+            "LRN needs an input of rank 3 or more, got {:?}",
+            cx.shape(x)
+        );
+    }
+    let size = cx.int("size", 0)?;
+    if size < 1 {
+        bail!(Value, "size should be at least 1, got {size}");
+    }
+    let (alpha, beta, bias) = (
+        cx.float("alpha", 1e-4)?,
+        cx.float("beta", 0.75)?,
+        cx.float("bias", 1.0)?,
+    );
+    let channels = cx.shape(x)[1] as i64;
+    let sq = cx.call("mul", &[Some(x), Some(x)], &[])?;
+    let (before, after) = ((size - 1) / 2, (size - 1) - (size - 1) / 2);
+    let padded = super::shape::pad_axis(cx, sq, 1, before, after, "constant", 0.0)?;
+    let shifted = |cx: &mut Cx, k: i64| {
+        cx.call(
+            "narrow",
+            &[Some(padded)],
+            &[
+                ("dim", Attr::Int(1)),
+                ("start", Attr::Int(k)),
+                ("length", Attr::Int(channels)),
+            ],
+        )
+    };
+    let mut s = shifted(cx, 0)?;
+    for k in 1..size {
+        let part = shifted(cx, k)?;
+        s = cx.call("add", &[Some(s), Some(part)], &[])?;
+    }
+    let dtype = cx.dtype(x);
+    let k = cx.scalar(alpha / size as f64, dtype)?;
+    let scaled = cx.call("mul", &[Some(s), Some(k)], &[])?;
+    let b = cx.scalar(bias, dtype)?;
+    let base = cx.call("add", &[Some(scaled), Some(b)], &[])?;
+    let p = cx.scalar(beta, dtype)?;
+    let d = cx.call("pow", &[Some(base), Some(p)], &[])?;
+    one(cx.call("div", &[Some(x), Some(d)], &[])?)
+}

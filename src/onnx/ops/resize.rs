@@ -503,3 +503,77 @@ pub fn resize(cx: &mut Cx) -> Result<Vec<Val>> {
     let y = resize_axes(cx, x, &spec, &axes, &scales, &outs, roi.as_deref())?;
     Ok(vec![Val::node(y)])
 }
+
+/// `AffineGrid`: the normalised coordinates of every output point (a constant for the size
+/// given, `[x, y(, z), 1]` per point) times each batch entry's `theta`.
+pub fn affine_grid(cx: &mut Cx) -> Result<Vec<Val>> {
+    let theta = cx.x(0)?;
+    let Some(size) = cx.ints_input(1, "size")? else {
+        bail!(Value, "input 1 (size) is required");
+    };
+    let align = cx.int("align_corners", 0)? != 0;
+    let spatial: Vec<usize> = match size.as_slice() {
+        [_, _, rest @ ..]
+            if (rest.len() == 2 || rest.len() == 3) && rest.iter().all(|&d| d > 0) =>
+        {
+            rest.iter().map(|&d| d as usize).collect()
+        }
+        _ => bail!(
+            Value,
+            "size should be [N, C, H, W] or [N, C, D, H, W], got {size:?}"
+        ),
+    };
+    let nd = spatial.len();
+    let ts = cx.shape(theta);
+    if ts.len() != 3 || ts[1] != nd || ts[2] != nd + 1 || ts[0] as i64 != size[0] {
+        bail!(
+            Value,
+            "theta of shape {ts:?} for a {nd}-D grid of batch {}",
+            size[0]
+        );
+    }
+    // coordinate k of n points along one axis
+    let coord = |k: usize, n: usize| -> f64 {
+        if align {
+            if n == 1 {
+                -1.0
+            } else {
+                -1.0 + 2.0 * k as f64 / (n - 1) as f64
+            }
+        } else {
+            -1.0 + (2 * k + 1) as f64 / n as f64
+        }
+    };
+    let points: usize = spatial.iter().product();
+    let mut base = Vec::with_capacity(points * (nd + 1));
+    for p in 0..points {
+        // row-major index: the last spatial axis varies fastest and is x
+        let mut rem = p;
+        let mut idx = vec![0; nd];
+        for a in (0..nd).rev() {
+            idx[a] = rem % spatial[a];
+            rem /= spatial[a];
+        }
+        for a in (0..nd).rev() {
+            base.push(coord(idx[a], spatial[a]));
+        }
+        base.push(1.0);
+    }
+    let dtype = cx.dtype(theta);
+    let base = Tensor::from_vec(base, &[points, nd + 1])?.to_dtype(dtype)?;
+    let base = cx.tensor(&base)?;
+    let tt = cx.call(
+        "transpose",
+        &[Some(theta)],
+        &[("dim0", Attr::Int(1)), ("dim1", Attr::Int(2))],
+    )?;
+    let g = cx.call("matmul", &[Some(base), Some(tt)], &[])?;
+    let mut dims = vec![size[0]];
+    dims.extend(spatial.iter().map(|&d| d as i64));
+    dims.push(nd as i64);
+    Ok(vec![Val::node(cx.call(
+        "reshape",
+        &[Some(g)],
+        &[("shape", list(&dims))],
+    )?)])
+}

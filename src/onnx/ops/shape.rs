@@ -759,3 +759,44 @@ pub fn one_hot(cx: &mut Cx) -> Result<Vec<Val>> {
     )?;
     one(cx.call("where", &[Some(hit), Some(on), Some(off)], &[])?)
 }
+
+/// `CenterCropPad`: each named axis cropped or zero-padded to the size given, centred (an
+/// odd difference puts the extra element at the end).
+pub fn center_crop_pad(cx: &mut Cx) -> Result<Vec<Val>> {
+    let x = cx.x(0)?;
+    let rank = cx.rank(x);
+    let Some(sizes) = cx.ints_input(1, "shape")? else {
+        bail!(Value, "input 1 (shape) is required");
+    };
+    let axes = match cx.ints("axes")? {
+        Some(a) => a
+            .iter()
+            .map(|&a| axis(a, rank))
+            .collect::<Result<Vec<_>>>()?,
+        None => (0..rank).collect(),
+    };
+    if axes.len() != sizes.len() {
+        bail!(Value, "{} sizes for {} axes", sizes.len(), axes.len());
+    }
+    let mut y = x;
+    for (&a, &want) in axes.iter().zip(&sizes) {
+        let have = cx.shape(y)[a as usize] as i64;
+        if want < 0 {
+            bail!(Value, "size {want} for axis {a} is negative");
+        }
+        // positive: pad; negative: crop
+        let d = want - have;
+        let (lo, hi) = if d >= 0 {
+            (d / 2, d - d / 2)
+        } else {
+            (-((-d) / 2), -((-d) - (-d) / 2))
+        };
+        if lo != 0 || hi != 0 {
+            y = pad_axis(cx, y, a, lo, hi, "constant", 0.0)?;
+        }
+    }
+    if y == x {
+        y = cx.call("contiguous", &[Some(x)], &[])?;
+    }
+    one(y)
+}
