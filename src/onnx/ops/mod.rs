@@ -219,10 +219,11 @@ pub fn supported() -> Vec<&'static str> {
     v
 }
 
-/// Ops never run at import even when their inputs are known (none today: random ops are not
-/// lowered at all).
-pub fn never_folded(_op_type: &str) -> bool {
-    false
+/// Ops never run on a scratch graph even when their inputs are known: those with subgraphs,
+/// whose nodes may name values of the enclosing graph that the node does not list as inputs
+/// (their own nodes fold one by one where they can).
+pub fn never_folded(op_type: &str) -> bool {
+    matches!(op_type, "If" | "Loop" | "Scan")
 }
 
 /// One output that is a graph node.
