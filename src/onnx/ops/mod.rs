@@ -9,6 +9,7 @@ mod held;
 mod index;
 mod loss;
 mod nn;
+mod pool_taps;
 mod quant;
 mod recurrent;
 mod reduce;
@@ -198,6 +199,7 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("AffineGrid", 20, resize::affine_grid),
     // signal.rs
     ("BlackmanWindow", 17, signal::blackman_window),
+    ("DFT", 17, signal::dft),
     ("HammingWindow", 17, signal::hamming_window),
     ("HannWindow", 17, signal::hann_window),
 ];

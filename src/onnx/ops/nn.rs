@@ -1,6 +1,7 @@
 //! Neural-network ops: `MatMul`, `Gemm`, `Conv`, pooling, normalisations, `Dropout`, `Einsum`.
 
 use super::elementwise::cast_to;
+use super::pool_taps::{Combine, Dim as TapDim, pool_by_taps};
 use super::shape::pad_axis;
 use super::{axis, list, one};
 use crate::ir::attrs::Attr;
@@ -254,9 +255,44 @@ fn torch_padding(w: &Window) -> bool {
     w.lo == w.hi && w.lo.iter().zip(&w.kernel).all(|(&p, &k)| 2 * p <= k)
 }
 
+/// The pooling of input 0 tap by tap (`pool_taps`) where the 2-D kernels cannot run it:
+/// a 3-D window, or a dilated one when `dilated` says the kernel lacks dilation.
+fn by_taps(cx: &mut Cx, dilated: bool, how: Combine) -> Result<Option<Vec<Val>>> {
+    let x = cx.x(0)?;
+    let xs = cx.shape(x);
+    let Some(kernel) = cx.ints("kernel_shape")? else {
+        bail!(Value, "kernel_shape is required");
+    };
+    if xs.len() < 3 {
+        bail!(
+            Value,
+            "pooling needs an input of rank 3 or more, got {xs:?}"
+        );
+    }
+    let w = window(cx, &xs[2..], kernel)?;
+    let needed = xs.len() == 5 || dilated && w.dilations.iter().any(|&d| d != 1);
+    if !needed {
+        return Ok(None);
+    }
+    let dims: Vec<TapDim> = (0..w.kernel.len())
+        .map(|i| TapDim {
+            kernel: w.kernel[i],
+            stride: w.strides[i],
+            dilation: w.dilations[i],
+            lo: w.lo[i],
+            hi: w.hi[i],
+        })
+        .collect();
+    let ceil = cx.int("ceil_mode", 0)? != 0;
+    Ok(Some(one(pool_by_taps(cx, x, &dims, ceil, how)?)?))
+}
+
 pub fn max_pool(cx: &mut Cx) -> Result<Vec<Val>> {
     if cx.node.output.get(1).is_some_and(|n| !n.is_empty()) {
         bail!(Value, "the Indices output is not supported");
+    }
+    if let Some(y) = by_taps(cx, false, Combine::Max)? {
+        return Ok(y);
     }
     let ceil = cx.int("ceil_mode", 0)? != 0;
     pool(cx, |cx, x, w| {
@@ -282,6 +318,15 @@ pub fn max_pool(cx: &mut Cx) -> Result<Vec<Val>> {
 pub fn average_pool(cx: &mut Cx) -> Result<Vec<Val>> {
     let ceil = cx.int("ceil_mode", 0)? != 0;
     let include = cx.int("count_include_pad", 0)? != 0;
+    if let Some(y) = by_taps(
+        cx,
+        true,
+        Combine::Mean {
+            include_pad: include,
+        },
+    )? {
+        return Ok(y);
+    }
     pool(cx, |cx, x, w| {
         if w.dilations.iter().any(|&d| d != 1) {
             bail!(Value, "dilated average pooling is not supported");
@@ -342,16 +387,63 @@ pub fn global_max_pool(cx: &mut Cx) -> Result<Vec<Val>> {
 }
 
 pub fn batch_norm(cx: &mut Cx) -> Result<Vec<Val>> {
-    if cx.int("training_mode", 0)? != 0 || cx.node.output.iter().skip(1).any(|o| !o.is_empty()) {
-        bail!(Value, "training mode is not supported (inference only)");
-    }
     let (x, scale, b, mean, var) = (cx.x(0)?, cx.x(1)?, cx.x(2)?, cx.x(3)?, cx.x(4)?);
     let eps = cx.float("epsilon", 1e-5)?;
-    one(cx.call(
+    let training = cx.int("training_mode", 0)? != 0;
+    if !training {
+        if cx.node.output.iter().skip(1).any(|o| !o.is_empty()) {
+            bail!(
+                Value,
+                "running statistics are outputs only in training mode (opset 14)"
+            );
+        }
+        return one(cx.call(
+            "batch_norm",
+            &[Some(x), Some(mean), Some(var), Some(scale), Some(b)],
+            &[("training", Attr::Bool(false)), ("eps", Attr::Float(eps))],
+        )?);
+    }
+    if cx.opset() < 14 {
+        bail!(
+            Value,
+            "training mode is supported from opset 14 (training_mode=1)"
+        );
+    }
+    // the batch's statistics over every dim but the channels (biased variance), the
+    // running ones moved towards them by 1 - momentum
+    let momentum = cx.float("momentum", 0.9)?;
+    let r = cx.rank(x);
+    let dims: Vec<i64> = (0..r).filter(|&d| d != 1).collect();
+    let reduce = |cx: &mut Cx, op: &str, v: ValueId, extra: &[(&str, Attr)]| {
+        let mut attrs = vec![("dim", list(&dims)), ("keepdim", Attr::Bool(false))];
+        attrs.extend(extra.iter().cloned());
+        cx.call(op, &[Some(v)], &attrs)
+    };
+    let batch_mean = reduce(cx, "mean", x, &[])?;
+    let batch_var = reduce(cx, "var", x, &[("correction", Attr::Int(0))])?;
+    let y = cx.call(
         "batch_norm",
-        &[Some(x), Some(mean), Some(var), Some(scale), Some(b)],
+        &[
+            Some(x),
+            Some(batch_mean),
+            Some(batch_var),
+            Some(scale),
+            Some(b),
+        ],
         &[("training", Attr::Bool(false)), ("eps", Attr::Float(eps))],
-    )?)
+    )?;
+    let dtype = cx.dtype(x);
+    let running = |cx: &mut Cx, old: ValueId, new: ValueId| -> Result<ValueId> {
+        let m = cx.scalar(momentum, cx.dtype(old))?;
+        let k = cx.scalar(1.0 - momentum, cx.dtype(new))?;
+        let a = cx.call("mul", &[Some(old), Some(m)], &[])?;
+        let c = cx.call("mul", &[Some(new), Some(k)], &[])?;
+        let s = cx.call("add", &[Some(a), Some(c)], &[])?;
+        super::elementwise::cast_to(cx, s, dtype)
+    };
+    let new_mean = running(cx, mean, batch_mean)?;
+    let new_var = running(cx, var, batch_var)?;
+    Ok(vec![Val::node(y), Val::node(new_mean), Val::node(new_var)])
 }
 
 /// `v` of shape `[C]` reshaped to broadcast over dim 1 of a rank-`r` tensor.
@@ -581,6 +673,9 @@ pub fn dropout(cx: &mut Cx) -> Result<Vec<Val>> {
 
 pub fn lp_pool(cx: &mut Cx) -> Result<Vec<Val>> {
     let p = cx.int("p", 2)? as f64;
+    if let Some(y) = by_taps(cx, true, Combine::Lp(p))? {
+        return Ok(y);
+    }
     let ceil = cx.int("ceil_mode", 0)? != 0;
     pool(cx, |cx, x, w| {
         if w.dilations.iter().any(|&d| d != 1) {

@@ -1,0 +1,180 @@
+//! Pooling the fixed 2-D kernels cannot run (3-D windows, dilated average and Lp pooling),
+//! as one strided slice of the padded input per kernel tap, combined elementwise: the
+//! maximum, or the sum divided by each window's count (a constant computed at import), or
+//! `(Σ|x|^p)^(1/p)`. Output sizes, padding and `ceil_mode` follow PyTorch's pooling.
+
+use crate::ir::attrs::Attr;
+use crate::ir::graph::ValueId;
+use crate::onnx::import::Cx;
+use crate::{Result, Tensor, bail};
+
+/// The most kernel taps a pooling is unrolled to.
+const MAX_TAPS: usize = 1024;
+
+/// How the taps of a window combine.
+#[derive(Clone, Copy, PartialEq)]
+pub(super) enum Combine {
+    Max,
+    Mean { include_pad: bool },
+    Lp(f64),
+}
+
+/// One spatial dim's window: kernel, stride, dilation and padding before and after.
+pub(super) struct Dim {
+    pub kernel: i64,
+    pub stride: i64,
+    pub dilation: i64,
+    pub lo: i64,
+    pub hi: i64,
+}
+
+impl Dim {
+    fn span(&self) -> i64 {
+        (self.kernel - 1) * self.dilation + 1
+    }
+
+    /// Output positions over an input of `n`.
+    fn out(&self, n: i64, ceil: bool) -> Result<i64> {
+        let room = n + self.lo + self.hi - self.span();
+        if room < 0 {
+            bail!(
+                Value,
+                "a window of {} does not fit an input of {n} padded by {}+{}",
+                self.span(),
+                self.lo,
+                self.hi
+            );
+        }
+        let mut o = if ceil {
+            (room + self.stride - 1) / self.stride
+        } else {
+            room / self.stride
+        } + 1;
+        // the last window must start inside the input or its left padding
+        if ceil && (o - 1) * self.stride >= n + self.lo {
+            o -= 1;
+        }
+        Ok(o)
+    }
+
+    /// For output position `o`, the taps that land on real elements (or, with
+    /// `include_pad`, on the declared padding too).
+    fn count(&self, o: i64, n: i64, include_pad: bool) -> i64 {
+        let (first, end) = if include_pad {
+            (-self.lo, n + self.hi)
+        } else {
+            (0, n)
+        };
+        (0..self.kernel)
+            .filter(|k| {
+                let p = o * self.stride + k * self.dilation - self.lo;
+                p >= first && p < end
+            })
+            .count() as i64
+    }
+}
+
+pub(super) fn pool_by_taps(
+    cx: &mut Cx,
+    x: ValueId,
+    dims: &[Dim],
+    ceil: bool,
+    how: Combine,
+) -> Result<ValueId> {
+    let shape = cx.shape(x);
+    let spatial = &shape[2..];
+    let taps: usize = dims.iter().map(|d| d.kernel.max(0) as usize).product();
+    if taps == 0 || taps > MAX_TAPS {
+        bail!(
+            Value,
+            "a pooling window of {taps} taps (smelt unrolls at most {MAX_TAPS})"
+        );
+    }
+    let outs: Vec<i64> = dims
+        .iter()
+        .zip(spatial)
+        .map(|(d, &n)| d.out(n as i64, ceil))
+        .collect::<Result<_>>()?;
+    let dtype = cx.dtype(x);
+    let mut v = x;
+    if let Combine::Lp(p) = how {
+        let a = cx.call("abs", &[Some(v)], &[])?;
+        let pe = cx.scalar(p, dtype)?;
+        v = cx.call("pow", &[Some(a), Some(pe)], &[])?;
+    }
+    let fill = if how == Combine::Max {
+        f64::NEG_INFINITY
+    } else {
+        0.0
+    };
+    for (i, (d, &o)) in dims.iter().zip(&outs).enumerate() {
+        let n = spatial[i] as i64;
+        let extra = ((o - 1) * d.stride + d.span() - (n + d.lo + d.hi)).max(0);
+        let (lo, hi) = (d.lo, d.hi + extra);
+        if lo != 0 || hi != 0 {
+            v = super::shape::pad_axis(cx, v, 2 + i as i64, lo, hi, "constant", fill)?;
+        }
+    }
+    let mut acc: Option<ValueId> = None;
+    for t in 0..taps {
+        let mut rem = t;
+        let mut s = v;
+        for (i, (d, &o)) in dims.iter().zip(&outs).enumerate().rev() {
+            let k = (rem % d.kernel as usize) as i64;
+            rem /= d.kernel as usize;
+            let start = k * d.dilation;
+            s = cx.call(
+                "slice",
+                &[Some(s)],
+                &[
+                    ("dim", Attr::Int(2 + i as i64)),
+                    ("start", Attr::Int(start)),
+                    ("end", Attr::Int(start + (o - 1) * d.stride + 1)),
+                    ("step", Attr::Int(d.stride)),
+                ],
+            )?;
+        }
+        let op = if how == Combine::Max {
+            "maximum"
+        } else {
+            "add"
+        };
+        acc = Some(match acc {
+            None => s,
+            Some(a) => cx.call(op, &[Some(a), Some(s)], &[])?,
+        });
+    }
+    let Some(acc) = acc else {
+        bail!(Value, "a pooling window without taps");
+    };
+    match how {
+        Combine::Max => Ok(acc),
+        Combine::Lp(p) => {
+            let inv = cx.scalar(1.0 / p, dtype)?;
+            cx.call("pow", &[Some(acc), Some(inv)], &[])
+        }
+        Combine::Mean { include_pad } => {
+            let per_dim: Vec<Vec<i64>> = dims
+                .iter()
+                .zip(spatial)
+                .zip(&outs)
+                .map(|((d, &n), &o)| (0..o).map(|j| d.count(j, n as i64, include_pad)).collect())
+                .collect();
+            let total: usize = outs.iter().map(|&o| o as usize).product();
+            let mut counts = Vec::with_capacity(total);
+            for flat in 0..total {
+                let mut rem = flat;
+                let mut c = 1.0f64;
+                for (i, &o) in outs.iter().enumerate().rev() {
+                    c *= per_dim[i][rem % o as usize] as f64;
+                    rem /= o as usize;
+                }
+                counts.push(c.max(1.0));
+            }
+            let shape: Vec<usize> = outs.iter().map(|&o| o as usize).collect();
+            let t = Tensor::from_vec(counts, &shape)?.to_dtype(dtype)?;
+            let c = cx.tensor(&t)?;
+            cx.call("div", &[Some(acc), Some(c)], &[])
+        }
+    }
+}
