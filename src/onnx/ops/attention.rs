@@ -449,3 +449,190 @@ pub fn rotary_embedding(cx: &mut Cx) -> Result<Vec<Val>> {
     };
     Ok(vec![Val::node(out)])
 }
+
+/// The most time steps `LinearAttention` is unrolled to.
+const MAX_LINEAR_ATTENTION_STEPS: usize = 512;
+
+/// `[B, T, H*D]` as `[B, H, T, D]` in f32.
+fn heads_f32(cx: &mut Cx, x: ValueId, heads: i64) -> Result<ValueId> {
+    let s = cx.shape(x);
+    if s.len() != 3 || heads <= 0 || s[2] as i64 % heads != 0 {
+        bail!(Value, "an input of shape {s:?} for {heads} heads");
+    }
+    let dims = [s[0] as i64, s[1] as i64, heads, s[2] as i64 / heads];
+    let y = cx.call("reshape", &[Some(x)], &[("shape", list(&dims))])?;
+    let y = cx.call("permute", &[Some(y)], &[("dims", list(&[0, 2, 1, 3]))])?;
+    cast_to(cx, y, DType::F32)
+}
+
+/// `LinearAttention`: the recurrent form, unrolled over the time steps at import. A state
+/// `S` of `[B, H_kv, d_k, d_v]` decays by `exp(decay)` (gated rules), takes `k ⊗ v` (or,
+/// for the delta rules, `k ⊗ beta (v - S·k)`), and each step reads `scale · q·S`, the kv
+/// heads repeated over query groups. Computed in f32, as the reference does.
+pub fn linear_attention(cx: &mut Cx) -> Result<Vec<Val>> {
+    let rule = cx
+        .string("update_rule")?
+        .unwrap_or_else(|| "gated_delta".into());
+    let (gating, delta) = match rule.as_str() {
+        "linear" => (false, false),
+        "gated" => (true, false),
+        "delta" => (false, true),
+        "gated_delta" => (true, true),
+        other => bail!(Value, "update_rule '{other}' is not one ONNX defines"),
+    };
+    let (hq, hkv) = (cx.int("q_num_heads", 0)?, cx.int("kv_num_heads", 0)?);
+    if hq <= 0 || hkv <= 0 || hq % hkv != 0 {
+        bail!(
+            Value,
+            "q_num_heads {hq} should be a positive multiple of kv_num_heads {hkv}"
+        );
+    }
+    if gating != cx.has(4) || delta != cx.has(5) {
+        bail!(
+            Value,
+            "update_rule '{rule}' takes decay: {gating}, beta: {delta}"
+        );
+    }
+    let (q, k, v) = (cx.x(0)?, cx.x(1)?, cx.x(2)?);
+    let out_dtype = cx.dtype(q);
+    let qs = cx.shape(q);
+    let (b, t) = (qs[0] as i64, qs.get(1).copied().unwrap_or(0));
+    if t > MAX_LINEAR_ATTENTION_STEPS {
+        bail!(
+            Value,
+            "{t} time steps (LinearAttention is unrolled; at most {MAX_LINEAR_ATTENTION_STEPS})"
+        );
+    }
+    let q4 = heads_f32(cx, q, hq)?;
+    let k4 = heads_f32(cx, k, hkv)?;
+    let v4 = heads_f32(cx, v, hkv)?;
+    let (dk, dv) = (cx.shape(k4)[3] as i64, cx.shape(v4)[3] as i64);
+    if cx.shape(q4)[3] as i64 != dk {
+        bail!(
+            Value,
+            "query heads of {} features, key heads of {dk}",
+            cx.shape(q4)[3]
+        );
+    }
+    // decay [B, T, H_kv or H_kv*d_k] and beta [B, T, H_kv or 1] as [B, H, T, 1 or d_k]
+    let decay = match cx.opt(4)? {
+        Some(d) => {
+            let last = cx.shape(d).get(2).copied().unwrap_or(0) as i64;
+            if last != hkv && last != hkv * dk {
+                bail!(
+                    Value,
+                    "decay's last dim {last} should be {hkv} or {}",
+                    hkv * dk
+                );
+            }
+            let d4 = heads_f32(cx, d, hkv)?;
+            Some(cx.call("exp", &[Some(d4)], &[])?)
+        }
+        None => None,
+    };
+    let beta = match cx.opt(5)? {
+        Some(bt) => {
+            let last = cx.shape(bt).get(2).copied().unwrap_or(0) as i64;
+            if last != hkv && last != 1 {
+                bail!(Value, "beta's last dim {last} should be {hkv} or 1");
+            }
+            Some(heads_f32(cx, bt, last)?)
+        }
+        None => None,
+    };
+    let state_dtype = match cx.opt(3)? {
+        Some(p) => {
+            if cx.shape(p) != [b as usize, hkv as usize, dk as usize, dv as usize] {
+                bail!(Value, "past_state of shape {:?}", cx.shape(p));
+            }
+            cx.dtype(p)
+        }
+        None => out_dtype,
+    };
+    let mut state = match cx.opt(3)? {
+        Some(p) => cast_to(cx, p, DType::F32)?,
+        None => cx.call(
+            "zeros",
+            &[],
+            &[
+                ("size", list(&[b, hkv, dk, dv])),
+                ("dtype", Attr::DType(DType::F32)),
+            ],
+        )?,
+    };
+    let scale = match cx.float("scale", 0.0)? {
+        0.0 => 1.0 / (dk as f64).sqrt(),
+        s => s,
+    };
+    let group = hq / hkv;
+    let step = |cx: &mut Cx, x: ValueId, i: usize| {
+        cx.call(
+            "select",
+            &[Some(x)],
+            &[("dim", Attr::Int(2)), ("index", Attr::Int(i as i64))],
+        )
+    };
+    let unsq = |cx: &mut Cx, x: ValueId, d: i64| {
+        cx.call("unsqueeze", &[Some(x)], &[("dim", Attr::Int(d))])
+    };
+    let bin = |cx: &mut Cx, op: &str, a: ValueId, b: ValueId| cx.call(op, &[Some(a), Some(b)], &[]);
+    let sc = cx.scalar(scale, DType::F32)?;
+    let mut outs = Vec::with_capacity(t);
+    for i in 0..t {
+        let (qt, kt) = (step(cx, q4, i)?, step(cx, k4, i)?);
+        let mut vt = step(cx, v4, i)?;
+        if let Some(e) = decay {
+            let g = step(cx, e, i)?;
+            let g = unsq(cx, g, -1)?;
+            state = bin(cx, "mul", state, g)?;
+        }
+        if let Some(bt) = beta {
+            // v - S·k, the value the state already holds for this key
+            let kr = unsq(cx, kt, -2)?;
+            let got = bin(cx, "matmul", kr, state)?;
+            let got = cx.call("squeeze", &[Some(got)], &[("dim", Attr::Int(-2))])?;
+            let diff = bin(cx, "sub", vt, got)?;
+            let bs = step(cx, bt, i)?;
+            vt = bin(cx, "mul", bs, diff)?;
+        }
+        let kc = unsq(cx, kt, -1)?;
+        let vr = unsq(cx, vt, -2)?;
+        let outer = bin(cx, "mul", kc, vr)?;
+        state = bin(cx, "add", state, outer)?;
+        let read = if group == 1 {
+            state
+        } else {
+            let s5 = unsq(cx, state, 2)?;
+            let e = cx.call(
+                "expand",
+                &[Some(s5)],
+                &[("size", list(&[b, hkv, group, dk, dv]))],
+            )?;
+            cx.call("reshape", &[Some(e)], &[("shape", list(&[b, hq, dk, dv]))])?
+        };
+        let qr = unsq(cx, qt, -2)?;
+        let o = bin(cx, "matmul", qr, read)?;
+        outs.push(Some(bin(cx, "mul", o, sc)?));
+    }
+    let out = if outs.is_empty() {
+        cx.call(
+            "zeros",
+            &[],
+            &[
+                ("size", list(&[b, hq, 0, dv])),
+                ("dtype", Attr::DType(DType::F32)),
+            ],
+        )?
+    } else {
+        cx.call("cat", &outs, &[("dim", Attr::Int(2))])?
+    };
+    let out = cx.call("permute", &[Some(out)], &[("dims", list(&[0, 2, 1, 3]))])?;
+    let out = cx.call(
+        "reshape",
+        &[Some(out)],
+        &[("shape", list(&[b, t as i64, hq * dv]))],
+    )?;
+    let out = cast_to(cx, out, out_dtype)?;
+    let present = cast_to(cx, state, state_dtype)?;
+    Ok(vec![Val::node(out), Val::node(present)])
+}

@@ -144,6 +144,7 @@ const TABLE: &[(&str, i64, Lower)] = &[
     // nn.rs
     ("AveragePool", 1, nn::average_pool),
     ("BatchNormalization", 6, nn::batch_norm),
+    ("CausalConvWithState", 27, nn::causal_conv_with_state),
     ("Conv", 1, nn::conv),
     ("ConvTranspose", 1, nn::conv_transpose),
     ("Dropout", 1, nn::dropout),
@@ -196,6 +197,7 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("Resize", 11, resize::resize),
     ("Attention", 23, attention::attention),
     ("RotaryEmbedding", 23, attention::rotary_embedding),
+    ("LinearAttention", 27, attention::linear_attention),
     ("AffineGrid", 20, resize::affine_grid),
     // signal.rs
     ("BlackmanWindow", 17, signal::blackman_window),

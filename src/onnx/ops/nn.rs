@@ -867,3 +867,65 @@ pub fn lrn(cx: &mut Cx) -> Result<Vec<Val>> {
     let d = cx.call("pow", &[Some(base), Some(p)], &[])?;
     one(cx.call("div", &[Some(x), Some(d)], &[])?)
 }
+
+/// `CausalConvWithState`: a depthwise 1-D convolution over the past state (zeros when
+/// absent) followed by the input, optionally through SiLU; the second output is the last
+/// `k - 1` steps, the next call's state.
+pub fn causal_conv_with_state(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (x, wt) = (cx.x(0)?, cx.x(1)?);
+    let b = cx.opt(2)?;
+    let (xs, ws) = (cx.shape(x), cx.shape(wt));
+    if xs.len() != 3 || ws.len() != 3 || ws[0] != xs[1] || ws[1] != 1 || ws[2] == 0 {
+        bail!(
+            Value,
+            "input {xs:?} and weight {ws:?} should be [B, C, L] and [C, 1, k]"
+        );
+    }
+    let k = ws[2] as i64;
+    let past = match cx.opt(3)? {
+        Some(p) => p,
+        None => cx.call(
+            "zeros",
+            &[],
+            &[
+                ("size", list(&[xs[0] as i64, xs[1] as i64, k - 1])),
+                ("dtype", Attr::DType(cx.dtype(x))),
+            ],
+        )?,
+    };
+    if cx.shape(past) != [xs[0], xs[1], k as usize - 1] {
+        bail!(
+            Value,
+            "past_state of shape {:?} for a kernel of {k}",
+            cx.shape(past)
+        );
+    }
+    let padded = cx.call("cat", &[Some(past), Some(x)], &[("dim", Attr::Int(2))])?;
+    let mut y = cx.call(
+        "conv1d",
+        &[Some(padded), Some(wt), b],
+        &[
+            ("stride", list(&[1])),
+            ("padding", list(&[0])),
+            ("dilation", list(&[1])),
+            ("groups", Attr::Int(xs[1] as i64)),
+        ],
+    )?;
+    match cx.string("activation")?.as_deref().unwrap_or("none") {
+        "none" => {}
+        "silu" | "swish" => y = cx.call("silu", &[Some(y)], &[])?,
+        other => bail!(Value, "activation '{other}' should be none, silu or swish"),
+    }
+    let total = cx.shape(padded)[2] as i64;
+    let present = cx.call(
+        "narrow",
+        &[Some(padded)],
+        &[
+            ("dim", Attr::Int(2)),
+            ("start", Attr::Int(total - (k - 1))),
+            ("length", Attr::Int(k - 1)),
+        ],
+    )?;
+    let present = cx.call("contiguous", &[Some(present)], &[])?;
+    Ok(vec![Val::node(y), Val::node(present)])
+}
