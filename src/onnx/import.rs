@@ -358,16 +358,22 @@ impl Importer {
     }
 
     fn node(&mut self, node: &NodeProto, index: usize) -> Result<()> {
-        if !matches!(node.domain.as_str(), "" | "ai.onnx") {
-            bail!(
+        let lower = match node.domain.as_str() {
+            "" | "ai.onnx" => {
+                if self.opset == 0 {
+                    bail!(Value, "the model imports no version of the standard ops");
+                }
+                ops::find(&node.op_type, self.opset)
+            }
+            ops::TRAINING_DOMAIN => ops::find_training(&node.op_type),
+            other => bail!(
                 Value,
-                "ONNX op '{}' of domain '{}' ({}) is not supported",
+                "ONNX op '{}' of domain '{other}' ({}) is not supported",
                 node.op_type,
-                node.domain,
                 node_label(node, index)
-            );
-        }
-        let lower = ops::find(&node.op_type, self.opset).ok_or_else(|| {
+            ),
+        };
+        let lower = lower.ok_or_else(|| {
             Error::Value(format!(
                 "ONNX op '{}' (opset {}, {}) is not supported",
                 node.op_type,

@@ -161,8 +161,7 @@ pub fn from_bytes(bytes: &[u8], dir: Option<&Path>) -> Result<Model> {
         .opset_import
         .iter()
         .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
-        .map(|o| o.version)
-        .ok_or_else(|| Error::Value("the model imports no version of the standard ops".into()))?;
+        .map_or(0, |o| o.version);
     let Some(graph) = &proto.graph else {
         bail!(Value, "the model has no graph");
     };
@@ -202,7 +201,8 @@ pub fn read_tensor(path: impl AsRef<Path>) -> Result<Tensor> {
 }
 
 impl Model {
-    /// The opset of the standard ops the model is written against.
+    /// The opset of the standard ops the model is written against (0 for a model that
+    /// imports none, such as one of only preview training ops).
     pub fn opset(&self) -> i64 {
         self.opset
     }

@@ -224,3 +224,17 @@ pub fn scan(cx: &mut Cx) -> Result<Vec<Val>> {
     }
     Ok(results)
 }
+
+/// `OptionalHasElement` of a plain tensor: whether the input is given.
+pub fn optional_has_element(cx: &mut Cx) -> Result<Vec<Val>> {
+    let present = cx.has(0);
+    Ok(vec![Val::known(Tensor::from_vec(vec![present], &[])?)])
+}
+
+/// `OptionalGetElement` of a plain tensor: the tensor.
+pub fn optional_get_element(cx: &mut Cx) -> Result<Vec<Val>> {
+    if !cx.has(0) {
+        bail!(Value, "the optional input is empty");
+    }
+    Ok(vec![cx.imp.get(&cx.node.input[0])?.clone()])
+}

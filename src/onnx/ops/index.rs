@@ -240,3 +240,77 @@ pub fn reverse_sequence(cx: &mut Cx) -> Result<Vec<Val>> {
         &[("dim", Attr::Int(t_axis as i64))],
     )?)
 }
+
+/// `TensorScatter`: `update` written into `past_cache` along `axis` from each batch entry's
+/// write index (wrapping round the axis in `circular` mode): every cache position takes the
+/// update element `position - write_index` where that falls inside the update.
+pub fn tensor_scatter(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (past, update) = (cx.x(0)?, cx.x(1)?);
+    let (ps, us) = (cx.shape(past), cx.shape(update));
+    let rank = ps.len() as i64;
+    let a = axis(cx.int("axis", -2)?, rank)? as usize;
+    if a == 0
+        || us.len() != ps.len()
+        || (0..ps.len()).any(|i| i != a && ps[i] != us[i])
+        || us[a] > ps[a]
+    {
+        bail!(
+            Value,
+            "an update of shape {us:?} for a cache of shape {ps:?} along axis {a}"
+        );
+    }
+    let circular = match cx.string("mode")?.as_deref().unwrap_or("linear") {
+        "linear" => false,
+        "circular" => true,
+        other => bail!(Value, "mode '{other}' should be linear or circular"),
+    };
+    let (len, new) = (ps[a] as i64, us[a] as i64);
+    let p = cx.call(
+        "arange",
+        &[],
+        &[
+            ("start", Attr::Int(0)),
+            ("end", Attr::Int(len)),
+            ("step", Attr::Int(1)),
+            ("dtype", Attr::DType(DType::I64)),
+        ],
+    )?;
+    let mut p_dims = vec![1i64; ps.len()];
+    p_dims[a] = len;
+    let p = cx.call("reshape", &[Some(p)], &[("shape", list(&p_dims))])?;
+    let mut off = p;
+    if let Some(w) = cx.opt(2)? {
+        let w = cast_to(cx, w, DType::I64)?;
+        let mut w_dims = vec![1i64; ps.len()];
+        w_dims[0] = ps[0] as i64;
+        let w = cx.call("reshape", &[Some(w)], &[("shape", list(&w_dims))])?;
+        off = cx.call("sub", &[Some(p), Some(w)], &[])?;
+    }
+    if circular {
+        let l = cx.scalar(len as f64, DType::I64)?;
+        off = cx.call("remainder", &[Some(off), Some(l)], &[])?;
+    }
+    let zero = cx.scalar(0.0, DType::I64)?;
+    let n = cx.scalar(new as f64, DType::I64)?;
+    let ge = cx.call("ge", &[Some(off), Some(zero)], &[])?;
+    let lt = cx.call("lt", &[Some(off), Some(n)], &[])?;
+    let inside = cx.call("logical_and", &[Some(ge), Some(lt)], &[])?;
+    let idx = cx.call(
+        "clamp",
+        &[Some(off)],
+        &[("min", Attr::Int(0)), ("max", Attr::Int((new - 1).max(0)))],
+    )?;
+    let mut full: Vec<i64> = us.iter().map(|&d| d as i64).collect();
+    full[a] = len;
+    let idx = cx.call("expand", &[Some(idx)], &[("size", list(&full))])?;
+    let inside = cx.call("expand", &[Some(inside)], &[("size", list(&full))])?;
+    if new == 0 {
+        return one(cx.call("contiguous", &[Some(past)], &[])?);
+    }
+    let taken = cx.call(
+        "gather",
+        &[Some(update), Some(idx)],
+        &[("dim", Attr::Int(a as i64))],
+    )?;
+    one(cx.call("where", &[Some(inside), Some(taken), Some(past)], &[])?)
+}

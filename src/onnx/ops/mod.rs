@@ -16,6 +16,7 @@ mod reduce;
 mod resize;
 mod shape;
 mod signal;
+mod training;
 
 use super::import::{Cx, Val};
 use crate::ir::attrs::Attr;
@@ -166,11 +167,14 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("If", 1, control::if_),
     ("Loop", 1, control::loop_),
     ("Scan", 9, control::scan),
+    ("OptionalGetElement", 18, control::optional_get_element),
+    ("OptionalHasElement", 18, control::optional_has_element),
     // index.rs
     ("Compress", 9, index::compress),
     ("GatherND", 11, index::gather_nd),
     ("NonZero", 9, index::non_zero),
     ("ScatterND", 11, index::scatter_nd),
+    ("TensorScatter", 24, index::tensor_scatter),
     ("ReverseSequence", 10, index::reverse_sequence),
     // recurrent.rs
     ("GRU", 7, recurrent::gru),
@@ -205,6 +209,24 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("HammingWindow", 17, signal::hamming_window),
     ("HannWindow", 17, signal::hann_window),
 ];
+
+/// The domain of the preview training ops.
+pub const TRAINING_DOMAIN: &str = "ai.onnx.preview.training";
+
+/// The ops of [`TRAINING_DOMAIN`] (version 1).
+const TRAINING: &[(&str, Lower)] = &[
+    ("Adagrad", training::adagrad),
+    ("Adam", training::adam),
+    ("Momentum", training::momentum),
+];
+
+/// The lowering of `op_type` of the preview training domain.
+pub fn find_training(op_type: &str) -> Option<Lower> {
+    TRAINING
+        .iter()
+        .find(|(name, _)| *name == op_type)
+        .map(|(_, f)| *f)
+}
 
 /// The lowering of `op_type` for a model importing `opset` of the standard ops.
 pub fn find(op_type: &str, opset: i64) -> Option<Lower> {

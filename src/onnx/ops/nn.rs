@@ -649,9 +649,19 @@ pub fn lp_norm(cx: &mut Cx) -> Result<Vec<Val>> {
 
 pub fn dropout(cx: &mut Cx) -> Result<Vec<Val>> {
     if cx.opset() >= 12 && cx.has(2) {
-        match cx.known(2) {
-            Some(t) if t.to_vec::<bool>().is_ok_and(|v| v.iter().all(|&b| !b)) => {}
-            _ => bail!(Value, "training mode is not supported (inference only)"),
+        let training = cx.ints_input(2, "training_mode")?;
+        let ratio = if cx.has(1) {
+            cx.floats_input(1, "ratio")?
+        } else {
+            Some(vec![0.5])
+        };
+        // training with a ratio of 0 drops nothing; any other ratio draws a random mask
+        let drops = ratio.is_none_or(|r| r.iter().any(|&p| p != 0.0));
+        if training.is_none_or(|t| t.iter().any(|&b| b != 0)) && drops {
+            bail!(
+                Value,
+                "training mode with a ratio above 0 is not supported (inference only)"
+            );
         }
     }
     let x = cx.x(0)?;
