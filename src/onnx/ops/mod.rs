@@ -5,6 +5,7 @@
 mod attention;
 mod control;
 mod elementwise;
+mod grid_sample;
 mod held;
 mod index;
 mod loss;
@@ -203,6 +204,7 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("RotaryEmbedding", 23, attention::rotary_embedding),
     ("LinearAttention", 27, attention::linear_attention),
     ("AffineGrid", 20, resize::affine_grid),
+    ("GridSample", 16, grid_sample::grid_sample),
     // signal.rs
     ("BlackmanWindow", 17, signal::blackman_window),
     ("DFT", 17, signal::dft),
