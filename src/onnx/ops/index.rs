@@ -314,3 +314,99 @@ pub fn tensor_scatter(cx: &mut Cx) -> Result<Vec<Val>> {
     )?;
     one(cx.call("where", &[Some(inside), Some(taken), Some(past)], &[])?)
 }
+
+/// `Col2Im`: each column's block added back at its place in the padded image (one
+/// `index_add` by target positions computed at import), then the padding cropped.
+pub fn col2im(cx: &mut Cx) -> Result<Vec<Val>> {
+    let x = cx.x(0)?;
+    let xs = cx.shape(x);
+    let (Some(image), Some(block)) = (
+        cx.ints_input(1, "image_shape")?,
+        cx.ints_input(2, "block_shape")?,
+    ) else {
+        bail!(Value, "image_shape and block_shape are required");
+    };
+    let k = image.len();
+    if k == 0 || block.len() != k || xs.len() != 3 || image.iter().chain(&block).any(|&d| d <= 0) {
+        bail!(
+            Value,
+            "an input of shape {xs:?} for image {image:?} and block {block:?}"
+        );
+    }
+    let strides = cx.ints("strides")?.unwrap_or_else(|| vec![1; k]);
+    let dilations = cx.ints("dilations")?.unwrap_or_else(|| vec![1; k]);
+    let pads = cx.ints("pads")?.unwrap_or_else(|| vec![0; 2 * k]);
+    if strides.len() != k || dilations.len() != k || pads.len() != 2 * k {
+        bail!(
+            Value,
+            "strides, dilations and pads should have {k}, {k} and {} entries",
+            2 * k
+        );
+    }
+    let padded: Vec<i64> = (0..k).map(|i| image[i] + pads[i] + pads[k + i]).collect();
+    let outs: Vec<i64> = (0..k)
+        .map(|i| (padded[i] - ((block[i] - 1) * dilations[i] + 1)) / strides[i] + 1)
+        .collect();
+    let taps: i64 = block.iter().product();
+    let places: i64 = outs.iter().product();
+    if outs.iter().any(|&o| o <= 0) || xs[1] as i64 % taps != 0 || xs[2] as i64 != places {
+        bail!(
+            Value,
+            "an input of shape {xs:?} does not hold blocks {block:?} over {places} places"
+        );
+    }
+    let c = xs[1] as i64 / taps;
+    // the padded image position of (tap, place), row-major over both
+    let mut index = Vec::with_capacity((taps * places) as usize);
+    for t in 0..taps {
+        for p in 0..places {
+            let (mut tr, mut pr, mut flat, mut stride) = (t, p, 0i64, 1i64);
+            for i in (0..k).rev() {
+                let (kt, kp) = (tr % block[i], pr % outs[i]);
+                tr /= block[i];
+                pr /= outs[i];
+                flat += (kp * strides[i] + kt * dilations[i]) * stride;
+                stride *= padded[i];
+            }
+            index.push(flat);
+        }
+    }
+    let n = xs[0] as i64;
+    let total: i64 = padded.iter().product();
+    let idx = cx.tensor(&Tensor::from_vec(index, &[(taps * places) as usize])?)?;
+    let src = cx.call(
+        "reshape",
+        &[Some(x)],
+        &[("shape", list(&[n, c, taps * places]))],
+    )?;
+    let zeros = cx.call(
+        "zeros",
+        &[],
+        &[
+            ("size", list(&[n, c, total])),
+            ("dtype", Attr::DType(cx.dtype(x))),
+        ],
+    )?;
+    let sum = cx.call(
+        "index_add",
+        &[Some(zeros), Some(idx), Some(src)],
+        &[("dim", Attr::Int(2))],
+    )?;
+    let mut shape = vec![n, c];
+    shape.extend(&padded);
+    let mut y = cx.call("reshape", &[Some(sum)], &[("shape", list(&shape))])?;
+    for i in 0..k {
+        if pads[i] != 0 || pads[k + i] != 0 {
+            y = cx.call(
+                "narrow",
+                &[Some(y)],
+                &[
+                    ("dim", Attr::Int(2 + i as i64)),
+                    ("start", Attr::Int(pads[i])),
+                    ("length", Attr::Int(image[i])),
+                ],
+            )?;
+        }
+    }
+    one(cx.call("contiguous", &[Some(y)], &[])?)
+}

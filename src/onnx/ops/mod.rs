@@ -171,6 +171,7 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("OptionalGetElement", 18, control::optional_get_element),
     ("OptionalHasElement", 18, control::optional_has_element),
     // index.rs
+    ("Col2Im", 18, index::col2im),
     ("Compress", 9, index::compress),
     ("GatherND", 11, index::gather_nd),
     ("NonZero", 9, index::non_zero),
