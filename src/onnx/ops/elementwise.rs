@@ -358,27 +358,54 @@ fn convert(cx: &mut Cx, to: i32) -> Result<Vec<Val>> {
     }
 }
 
-/// `BitShift` of unsigned integers: a product or floor quotient by `2^y`, wrapped to the
-/// width of a held type.
+/// `BitShift`: a product or floor quotient by `2^y`, wrapped to the width of a held type.
+/// A shift outside `[0, width)` moves every bit out: 0, or for a right shift of a negative
+/// signed value, -1.
 pub fn bit_shift(cx: &mut Cx) -> Result<Vec<Val>> {
     let (x, y) = (cx.x(0)?, cx.x(1)?);
     let held = crate::onnx::elem::held(cx.elem_type(0)?);
+    let dtype = cx.dtype(x);
+    if dtype.is_float() || dtype == DType::Bool {
+        bail!(DType, "BitShift of {dtype}");
+    }
+    let width = match held {
+        Some(crate::onnx::elem::Held::Unsigned(bits)) => bits as f64,
+        _ => (dtype.size() * 8) as f64,
+    };
+    let neg = with_scalar(cx, "lt", y, 0.0)?;
+    let wide = with_scalar(cx, "ge", y, width)?;
+    let outside = cx.call("logical_or", &[Some(neg), Some(wide)], &[])?;
+    let zero = cx.scalar(0.0, cx.dtype(y))?;
+    let safe = cx.call("where", &[Some(outside), Some(zero), Some(y)], &[])?;
     let two = cx.scalar(2.0, cx.dtype(y))?;
-    let p = cx.call("pow", &[Some(two), Some(y)], &[])?;
+    let p = cx.call("pow", &[Some(two), Some(safe)], &[])?;
     let direction = cx.string("direction")?.unwrap_or_default();
-    let r = match direction.as_str() {
-        "LEFT" => cx.call("mul", &[Some(x), Some(p)], &[])?,
-        "RIGHT" => cx.call(
-            "div",
-            &[Some(x), Some(p)],
-            &[("rounding_mode", Attr::Str("floor".into()))],
-        )?,
+    let (r, fill) = match direction.as_str() {
+        "LEFT" => (
+            cx.call("mul", &[Some(x), Some(p)], &[])?,
+            cx.scalar(0.0, dtype)?,
+        ),
+        "RIGHT" => {
+            let r = cx.call(
+                "div",
+                &[Some(x), Some(p)],
+                &[("rounding_mode", Attr::Str("floor".into()))],
+            )?;
+            let negative = with_scalar(cx, "lt", x, 0.0)?;
+            let (m1, z) = (cx.scalar(-1.0, dtype)?, cx.scalar(0.0, dtype)?);
+            (
+                r,
+                cx.call("where", &[Some(negative), Some(m1), Some(z)], &[])?,
+            )
+        }
         other => bail!(Value, "direction '{other}' should be LEFT or RIGHT"),
     };
-    match held {
-        Some(crate::onnx::elem::Held::Unsigned(bits)) => one(held::wrap_unsigned(cx, r, bits)?),
-        _ => one(r),
-    }
+    let r = match held {
+        Some(crate::onnx::elem::Held::Unsigned(bits)) => held::wrap_unsigned(cx, r, bits)?,
+        _ => r,
+    };
+    let r = cast_to(cx, r, dtype)?;
+    one(cx.call("where", &[Some(outside), Some(fill), Some(r)], &[])?)
 }
 
 pub fn clip(cx: &mut Cx) -> Result<Vec<Val>> {
