@@ -116,6 +116,7 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("Hardmax", 13, reduce::hardmax),
     ("Softmax", 1, reduce::softmax_v1),
     ("Softmax", 13, reduce::softmax),
+    ("TopK", 1, reduce::top_k),
     // shape.rs
     ("Concat", 1, shape::concat),
     ("Constant", 1, shape::constant),

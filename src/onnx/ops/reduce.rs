@@ -1,11 +1,11 @@
-//! Reductions, `ArgMax`/`ArgMin`, `CumSum`, `Softmax` and `LogSoftmax`.
+//! Reductions, `ArgMax`/`ArgMin`, `CumSum`, `Softmax`, `LogSoftmax` and `TopK`.
 
 use super::elementwise::cast_to;
 use super::{axis, list, one};
 use crate::ir::attrs::Attr;
 use crate::ir::graph::ValueId;
 use crate::onnx::import::{Cx, Val};
-use crate::{Result, bail};
+use crate::{DType, Result, bail};
 
 /// The axes a reduction runs over: the `axes` input (from `input_since`) or attribute, all of
 /// them when absent or empty, or none (`noop_with_empty_axes`).
@@ -401,4 +401,104 @@ pub fn cumprod(cx: &mut Cx) -> Result<Vec<Val>> {
         return one(cx.call("contiguous", &[Some(x)], &[])?);
     }
     one(cx.call("cat", &ops, &[("dim", Attr::Int(a))])?)
+}
+
+/// The largest `k` a `TopK` is unrolled to.
+const MAX_TOP_K: usize = 256;
+
+/// `TopK`: `k` rounds, each taking the largest (smallest) element not yet taken along the
+/// axis and, among equal ones, the lowest index; values and indices come out sorted, as
+/// ONNX allows for `sorted=0` too. Integers compare in f64 (exact below 2^53).
+pub fn top_k(cx: &mut Cx) -> Result<Vec<Val>> {
+    let x = cx.x(0)?;
+    let shape = cx.shape(x);
+    let rank = shape.len() as i64;
+    // K is an attribute before opset 10, an input from it
+    let k = if cx.opset() < 10 {
+        Some(vec![cx.int("k", -1)?])
+    } else {
+        cx.ints_input(1, "K")?
+    };
+    let k = match k.as_deref() {
+        Some([k]) if *k >= 0 => *k as usize,
+        other => bail!(Value, "K should be one non-negative integer, got {other:?}"),
+    };
+    let a = super::axis(cx.int("axis", -1)?, rank)?;
+    let len = shape.get(a as usize).copied().unwrap_or(1);
+    if k > len {
+        bail!(
+            Value,
+            "K = {k} is more than the {len} elements along axis {a}"
+        );
+    }
+    if k > MAX_TOP_K {
+        bail!(Value, "K = {k} (TopK is unrolled; at most {MAX_TOP_K})");
+    }
+    let largest = cx.int("largest", 1)? != 0;
+    let work = if cx.dtype(x) == DType::F64 || !cx.dtype(x).is_float() {
+        DType::F64
+    } else {
+        cx.dtype(x)
+    };
+    let xv = cast_to(cx, x, work)?;
+    let iota = cx.call(
+        "arange",
+        &[],
+        &[
+            ("start", Attr::Int(0)),
+            ("end", Attr::Int(len as i64)),
+            ("step", Attr::Int(1)),
+            ("dtype", Attr::DType(DType::I64)),
+        ],
+    )?;
+    let mut dims = vec![1i64; shape.len()];
+    dims[a as usize] = len as i64;
+    let iota = cx.call("reshape", &[Some(iota)], &[("shape", list(&dims))])?;
+    let full: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    let mut taken = cx.call(
+        "full",
+        &[],
+        &[("size", list(&full)), ("fill_value", Attr::Bool(false))],
+    )?;
+    let (pick, far) = if largest {
+        ("amax", f64::NEG_INFINITY)
+    } else {
+        ("amin", f64::INFINITY)
+    };
+    let far = cx.scalar(far, work)?;
+    let keep = [("dim", Attr::Int(a)), ("keepdim", Attr::Bool(true))];
+    let (mut vals, mut idxs) = (Vec::with_capacity(k), Vec::with_capacity(k));
+    for _ in 0..k {
+        let open = cx.call("where", &[Some(taken), Some(far), Some(xv)], &[])?;
+        let best = cx.call(pick, &[Some(open)], &[("dim", list(&[a])), keep[1].clone()])?;
+        let hit = cx.call("eq", &[Some(xv), Some(best)], &[])?;
+        let free = cx.call("logical_not", &[Some(taken)], &[])?;
+        let cand = cx.call("logical_and", &[Some(hit), Some(free)], &[])?;
+        let cand = cast_to(cx, cand, DType::I32)?;
+        // the first candidate: the lowest index among equal values
+        let idx = cx.call("argmax", &[Some(cand)], &keep)?;
+        let v = cx.call("gather", &[Some(x), Some(idx)], &[("dim", Attr::Int(a))])?;
+        let now = cx.call("eq", &[Some(iota), Some(idx)], &[])?;
+        taken = cx.call("logical_or", &[Some(taken), Some(now)], &[])?;
+        vals.push(Some(v));
+        idxs.push(Some(idx));
+    }
+    if k == 0 {
+        let mut empty = full.clone();
+        empty[a as usize] = 0;
+        let v = cx.call(
+            "zeros",
+            &[],
+            &[("size", list(&empty)), ("dtype", Attr::DType(cx.dtype(x)))],
+        )?;
+        let i = cx.call(
+            "zeros",
+            &[],
+            &[("size", list(&empty)), ("dtype", Attr::DType(DType::I64))],
+        )?;
+        return Ok(vec![Val::node(v), Val::node(i)]);
+    }
+    let v = cx.call("cat", &vals, &[("dim", Attr::Int(a))])?;
+    let i = cx.call("cat", &idxs, &[("dim", Attr::Int(a))])?;
+    Ok(vec![Val::node(v), Val::node(i)])
 }
