@@ -180,6 +180,56 @@ fn a_huge_constant_of_shape_is_refused() {
     assert!(e.contains("larger than smelt holds"), "{e}");
 }
 
+/// Constants an op builds at import (a window, DFT matrices) from a hostile size are refused
+/// before anything is allocated.
+#[test]
+fn huge_sizes_of_constants_built_at_import_are_refused() {
+    let sized = |op: &str, inputs: &[&str], sizes: Vec<i64>| {
+        let mut m = relu_model();
+        m.opset_import[0].version = 20;
+        let g = m.graph.as_mut().unwrap();
+        g.initializer.push(TensorProto {
+            name: "n".into(),
+            dims: vec![],
+            data_type: data_type::INT64,
+            int64_data: sizes,
+            ..Default::default()
+        });
+        g.node = vec![
+            node(op, "big", inputs, &["w"]),
+            node("Relu", "r", &["x"], &["y"]),
+        ];
+        import_error(&m, None)
+    };
+    let e = sized("HannWindow", &["n"], vec![1_000_000_000_000]);
+    assert!(e.contains("the window would hold more than"), "{e}");
+    // a DFT of the [2, 3] input (as one real part) to 10^12 points
+    let mut m = relu_model();
+    m.opset_import[0].version = 20;
+    let g = m.graph.as_mut().unwrap();
+    g.initializer.push(TensorProto {
+        name: "len".into(),
+        dims: vec![],
+        data_type: data_type::INT64,
+        int64_data: vec![1_000_000_000_000],
+        ..Default::default()
+    });
+    g.initializer.push(TensorProto {
+        name: "shape".into(),
+        dims: vec![3],
+        data_type: data_type::INT64,
+        int64_data: vec![1, 6, 1],
+        ..Default::default()
+    });
+    g.node = vec![
+        node("Reshape", "r3", &["x", "shape"], &["x3"]),
+        node("DFT", "dft", &["x3", "len"], &["f"]),
+        node("Relu", "r", &["x"], &["y"]),
+    ];
+    let e = import_error(&m, None);
+    assert!(e.contains("the DFT matrices would hold more than"), "{e}");
+}
+
 /// External data: read from beside the model, refused outside its folder.
 #[test]
 fn external_data_stays_in_the_models_folder() {

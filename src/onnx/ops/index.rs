@@ -356,6 +356,10 @@ pub fn col2im(cx: &mut Cx) -> Result<Vec<Val>> {
         );
     }
     let c = xs[1] as i64 / taps;
+    super::import_elems(
+        (taps as usize).checked_mul(places as usize),
+        "the Col2Im positions",
+    )?;
     // the padded image position of (tap, place), row-major over both
     let mut index = Vec::with_capacity((taps * places) as usize);
     for t in 0..taps {

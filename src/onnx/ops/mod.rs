@@ -256,6 +256,21 @@ pub fn never_folded(op_type: &str) -> bool {
     matches!(op_type, "If" | "Loop" | "Scan")
 }
 
+/// The most elements a constant built at import may hold (a window, a DFT matrix, a base
+/// grid): a hostile size is an error before anything is allocated.
+const MAX_IMPORT_ELEMS: usize = 1 << 26;
+
+/// Refuses a constant of `elems` elements (`None`: the count overflowed) above the bound.
+fn import_elems(elems: Option<usize>, what: &str) -> Result<usize> {
+    match elems {
+        Some(n) if n <= MAX_IMPORT_ELEMS => Ok(n),
+        _ => bail!(
+            Value,
+            "{what} would hold more than {MAX_IMPORT_ELEMS} elements, built at import"
+        ),
+    }
+}
+
 /// One output that is a graph node.
 fn one(v: ValueId) -> Result<Vec<Val>> {
     Ok(vec![Val::node(v)])

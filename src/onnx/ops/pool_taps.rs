@@ -160,7 +160,10 @@ pub(super) fn pool_by_taps(
                 .zip(&outs)
                 .map(|((d, &n), &o)| (0..o).map(|j| d.count(j, n as i64, include_pad)).collect())
                 .collect();
-            let total: usize = outs.iter().map(|&o| o as usize).product();
+            let total = outs
+                .iter()
+                .try_fold(1usize, |n, &o| n.checked_mul(o as usize));
+            let total = super::import_elems(total, "the pooling counts")?;
             let mut counts = Vec::with_capacity(total);
             for flat in 0..total {
                 let mut rem = flat;

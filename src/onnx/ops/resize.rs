@@ -544,7 +544,9 @@ pub fn affine_grid(cx: &mut Cx) -> Result<Vec<Val>> {
             -1.0 + (2 * k + 1) as f64 / n as f64
         }
     };
-    let points: usize = spatial.iter().product();
+    let points = spatial.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+    let points = super::import_elems(points.and_then(|p| p.checked_mul(nd + 1)), "the base grid")?
+        / (nd + 1);
     let mut base = Vec::with_capacity(points * (nd + 1));
     for p in 0..points {
         // row-major index: the last spatial axis varies fastest and is x

@@ -17,6 +17,7 @@ fn window(cx: &mut Cx, f: impl Fn(f64) -> f64) -> Result<Vec<Val>> {
             "size should be one non-negative integer, got {other:?}"
         ),
     };
+    super::import_elems(Some(size), "the window")?;
     let periodic = cx.int("periodic", 1)? != 0;
     let period = if periodic {
         size as f64
@@ -100,6 +101,10 @@ pub fn dft(cx: &mut Cx) -> Result<Vec<Val>> {
     } else {
         n
     };
+    super::import_elems(
+        len.checked_mul(k_out).and_then(|e| e.checked_mul(3)),
+        "the DFT matrices",
+    )?;
     // cos and sin of 2πtk/n for input index t (rows past the transform length stay zero)
     let (mut cos, mut sin) = (vec![0.0; len * k_out], vec![0.0; len * k_out]);
     let scale = if inverse { 1.0 / n as f64 } else { 1.0 };
