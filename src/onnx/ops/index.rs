@@ -414,3 +414,73 @@ pub fn col2im(cx: &mut Cx) -> Result<Vec<Val>> {
     }
     one(cx.call("contiguous", &[Some(y)], &[])?)
 }
+
+/// `MaxUnpool`: zeros of the output's shape with each value written at its flat index (the
+/// `Indices` of a `MaxPool`), one `scatter` over the flattened output.
+pub fn max_unpool(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (x, idx) = (cx.x(0)?, cx.x(1)?);
+    let xs = cx.shape(x);
+    if xs.len() < 3 || cx.shape(idx) != xs {
+        bail!(
+            Value,
+            "values {xs:?} and indices {:?} should match, rank 3 or more",
+            cx.shape(idx)
+        );
+    }
+    let k = xs.len() - 2;
+    // the indices address the shape the pooling implies; output_shape pads it at the end
+    let Some(kernel) = cx.ints("kernel_shape")? else {
+        bail!(Value, "kernel_shape is required");
+    };
+    let strides = cx.ints("strides")?.unwrap_or_else(|| vec![1; k]);
+    let pads = cx.ints("pads")?.unwrap_or_else(|| vec![0; 2 * k]);
+    if kernel.len() != k || strides.len() != k || pads.len() != 2 * k {
+        bail!(
+            Value,
+            "kernel_shape, strides and pads do not fit {k} spatial dims"
+        );
+    }
+    let mut shape = vec![xs[0] as i64, xs[1] as i64];
+    shape.extend(
+        (0..k).map(|i| (xs[2 + i] as i64 - 1) * strides[i] + kernel[i] - pads[i] - pads[k + i]),
+    );
+    let wanted = match cx.ints_input(2, "output_shape")? {
+        Some(s) if s.len() == xs.len() && s.iter().all(|&d| d >= 0) => Some(s),
+        Some(s) => bail!(
+            Value,
+            "output_shape {s:?} for an input of rank {}",
+            xs.len()
+        ),
+        None => None,
+    };
+    let total = shape.iter().try_fold(1i64, |n, &d| n.checked_mul(d));
+    let Some(total) = total.filter(|&t| t >= 0) else {
+        bail!(Value, "output shape {shape:?} is too large");
+    };
+    let n: i64 = xs.iter().map(|&d| d as i64).product();
+    let flat_x = cx.call("reshape", &[Some(x)], &[("shape", list(&[n]))])?;
+    let flat_i = cx.call("reshape", &[Some(idx)], &[("shape", list(&[n]))])?;
+    let flat_i = cast_to(cx, flat_i, DType::I64)?;
+    let zeros = cx.call(
+        "zeros",
+        &[],
+        &[
+            ("size", list(&[total])),
+            ("dtype", Attr::DType(cx.dtype(x))),
+        ],
+    )?;
+    let y = cx.call(
+        "scatter",
+        &[Some(zeros), Some(flat_i), Some(flat_x)],
+        &[("dim", Attr::Int(0))],
+    )?;
+    let mut y = cx.call("reshape", &[Some(y)], &[("shape", list(&shape))])?;
+    if let Some(w) = wanted {
+        for (i, (&have, &want)) in shape.iter().zip(&w).enumerate() {
+            if have != want {
+                y = super::shape::pad_axis(cx, y, i as i64, 0, want - have, "constant", 0.0)?;
+            }
+        }
+    }
+    one(y)
+}

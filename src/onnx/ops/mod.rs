@@ -175,6 +175,7 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("Col2Im", 18, index::col2im),
     ("Compress", 9, index::compress),
     ("GatherND", 11, index::gather_nd),
+    ("MaxUnpool", 9, index::max_unpool),
     ("NonZero", 9, index::non_zero),
     ("ScatterND", 11, index::scatter_nd),
     ("TensorScatter", 24, index::tensor_scatter),

@@ -1,7 +1,7 @@
 //! Neural-network ops: `MatMul`, `Gemm`, `Conv`, pooling, normalisations, `Dropout`, `Einsum`.
 
 use super::elementwise::cast_to;
-use super::pool_taps::{Combine, Dim as TapDim, pool_by_taps};
+use super::pool_taps::{Combine, Dim as TapDim, max_with_indices, pool_by_taps};
 use super::shape::pad_axis;
 use super::{axis, list, one};
 use crate::ir::attrs::Attr;
@@ -255,6 +255,39 @@ fn torch_padding(w: &Window) -> bool {
     w.lo == w.hi && w.lo.iter().zip(&w.kernel).all(|(&p, &k)| 2 * p <= k)
 }
 
+/// `MaxPool` with its `Indices` output, tap by tap.
+fn max_pool_with_indices(cx: &mut Cx) -> Result<Vec<Val>> {
+    let x = cx.x(0)?;
+    let xs = cx.shape(x);
+    let Some(kernel) = cx.ints("kernel_shape")? else {
+        bail!(Value, "kernel_shape is required");
+    };
+    if xs.len() < 3 {
+        bail!(
+            Value,
+            "pooling needs an input of rank 3 or more, got {xs:?}"
+        );
+    }
+    let w = window(cx, &xs[2..], kernel)?;
+    let dims = tap_dims(&w);
+    let ceil = cx.int("ceil_mode", 0)? != 0;
+    let col_major = cx.int("storage_order", 0)? != 0;
+    let (v, i) = max_with_indices(cx, x, &dims, ceil, col_major)?;
+    Ok(vec![Val::node(v), Val::node(i)])
+}
+
+fn tap_dims(w: &Window) -> Vec<TapDim> {
+    (0..w.kernel.len())
+        .map(|i| TapDim {
+            kernel: w.kernel[i],
+            stride: w.strides[i],
+            dilation: w.dilations[i],
+            lo: w.lo[i],
+            hi: w.hi[i],
+        })
+        .collect()
+}
+
 /// The pooling of input 0 tap by tap (`pool_taps`) where the 2-D kernels cannot run it:
 /// a 3-D window, or a dilated one when `dilated` says the kernel lacks dilation.
 fn by_taps(cx: &mut Cx, dilated: bool, how: Combine) -> Result<Option<Vec<Val>>> {
@@ -274,22 +307,14 @@ fn by_taps(cx: &mut Cx, dilated: bool, how: Combine) -> Result<Option<Vec<Val>>>
     if !needed {
         return Ok(None);
     }
-    let dims: Vec<TapDim> = (0..w.kernel.len())
-        .map(|i| TapDim {
-            kernel: w.kernel[i],
-            stride: w.strides[i],
-            dilation: w.dilations[i],
-            lo: w.lo[i],
-            hi: w.hi[i],
-        })
-        .collect();
+    let dims = tap_dims(&w);
     let ceil = cx.int("ceil_mode", 0)? != 0;
     Ok(Some(one(pool_by_taps(cx, x, &dims, ceil, how)?)?))
 }
 
 pub fn max_pool(cx: &mut Cx) -> Result<Vec<Val>> {
     if cx.node.output.get(1).is_some_and(|n| !n.is_empty()) {
-        bail!(Value, "the Indices output is not supported");
+        return max_pool_with_indices(cx);
     }
     if let Some(y) = by_taps(cx, false, Combine::Max)? {
         return Ok(y);

@@ -181,3 +181,135 @@ pub(super) fn pool_by_taps(
         }
     }
 }
+
+/// Max pooling with the position of each maximum: a flat index over the input (the plane's
+/// offset `(n * C + c) * H * W` plus the spatial position, row-major, or column-major when
+/// `col_major`), the first of equal maxima in window order.
+pub(super) fn max_with_indices(
+    cx: &mut Cx,
+    x: ValueId,
+    dims: &[Dim],
+    ceil: bool,
+    col_major: bool,
+) -> Result<(ValueId, ValueId)> {
+    let shape = cx.shape(x);
+    let spatial: Vec<i64> = shape[2..].iter().map(|&d| d as i64).collect();
+    let taps: usize = dims.iter().map(|d| d.kernel.max(0) as usize).product();
+    if taps == 0 || taps > MAX_TAPS {
+        bail!(
+            Value,
+            "a pooling window of {taps} taps (smelt unrolls at most {MAX_TAPS})"
+        );
+    }
+    let outs: Vec<i64> = dims
+        .iter()
+        .zip(&spatial)
+        .map(|(d, &n)| d.out(n, ceil))
+        .collect::<Result<_>>()?;
+    let total = outs
+        .iter()
+        .try_fold(1usize, |n, &o| n.checked_mul(o as usize));
+    let total = super::import_elems(
+        total.and_then(|t| t.checked_mul(taps)),
+        "the pooling indices",
+    )? / taps;
+    let mut v = x;
+    for (i, (d, &o)) in dims.iter().zip(&outs).enumerate() {
+        let extra = ((o - 1) * d.stride + d.span() - (spatial[i] + d.lo + d.hi)).max(0);
+        if d.lo != 0 || d.hi + extra != 0 {
+            v = super::shape::pad_axis(
+                cx,
+                v,
+                2 + i as i64,
+                d.lo,
+                d.hi + extra,
+                "constant",
+                f64::NEG_INFINITY,
+            )?;
+        }
+    }
+    let out_shape: Vec<usize> = outs.iter().map(|&o| o as usize).collect();
+    let mut best: Option<(ValueId, ValueId)> = None;
+    for t in 0..taps {
+        // this tap's kernel offset per dim, innermost last
+        let mut rem = t;
+        let mut offs = vec![0i64; dims.len()];
+        for (i, d) in dims.iter().enumerate().rev() {
+            offs[i] = (rem % d.kernel as usize) as i64;
+            rem /= d.kernel as usize;
+        }
+        let mut s = v;
+        for (i, (d, &o)) in dims.iter().zip(&outs).enumerate() {
+            let start = offs[i] * d.dilation;
+            s = cx.call(
+                "slice",
+                &[Some(s)],
+                &[
+                    ("dim", Attr::Int(2 + i as i64)),
+                    ("start", Attr::Int(start)),
+                    ("end", Attr::Int(start + (o - 1) * d.stride + 1)),
+                    ("step", Attr::Int(d.stride)),
+                ],
+            )?;
+        }
+        // the input position each output reads at this tap (clamped: a padded tap is -inf)
+        let mut pos = Vec::with_capacity(total);
+        for flat in 0..total {
+            let mut r = flat;
+            let mut at = vec![0i64; dims.len()];
+            for i in (0..dims.len()).rev() {
+                let o = r % outs[i] as usize;
+                r /= outs[i] as usize;
+                let p = o as i64 * dims[i].stride + offs[i] * dims[i].dilation - dims[i].lo;
+                at[i] = p.clamp(0, spatial[i] - 1);
+            }
+            let (mut index, mut stride) = (0i64, 1i64);
+            let order: Vec<usize> = if col_major {
+                (0..dims.len()).collect()
+            } else {
+                (0..dims.len()).rev().collect()
+            };
+            for i in order {
+                index += at[i] * stride;
+                stride *= spatial[i];
+            }
+            pos.push(index);
+        }
+        let p = cx.tensor(&Tensor::from_vec(pos, &out_shape)?)?;
+        best = Some(match best {
+            None => (s, p),
+            Some((b, bi)) => {
+                let better = cx.call("gt", &[Some(s), Some(b)], &[])?;
+                (
+                    cx.call("where", &[Some(better), Some(s), Some(b)], &[])?,
+                    cx.call("where", &[Some(better), Some(p), Some(bi)], &[])?,
+                )
+            }
+        });
+    }
+    let Some((vals, idx)) = best else {
+        bail!(Value, "a pooling window without taps");
+    };
+    // the plane's offset: (n * C + c) * the plane's size
+    let plane: i64 = spatial.iter().product();
+    let (n, c) = (shape[0] as i64, shape[1] as i64);
+    let planes = cx.call(
+        "arange",
+        &[],
+        &[
+            ("start", Attr::Int(0)),
+            ("end", Attr::Int(n * c * plane)),
+            ("step", Attr::Int(plane.max(1))),
+            ("dtype", Attr::DType(crate::DType::I64)),
+        ],
+    )?;
+    let mut pshape = vec![n, c];
+    pshape.extend(std::iter::repeat_n(1, dims.len()));
+    let planes = cx.call(
+        "reshape",
+        &[Some(planes)],
+        &[("shape", super::list(&pshape))],
+    )?;
+    let idx = cx.call("add", &[Some(idx), Some(planes)], &[])?;
+    Ok((vals, idx))
+}
