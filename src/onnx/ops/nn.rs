@@ -255,8 +255,8 @@ fn torch_padding(w: &Window) -> bool {
     w.lo == w.hi && w.lo.iter().zip(&w.kernel).all(|(&p, &k)| 2 * p <= k)
 }
 
-/// `MaxPool` with its `Indices` output, tap by tap.
-fn max_pool_with_indices(cx: &mut Cx) -> Result<Vec<Val>> {
+/// Input 0 of a pooling and its window, as the tap-by-tap path takes them.
+fn pool_window(cx: &mut Cx) -> Result<(ValueId, Window, Vec<TapDim>)> {
     let x = cx.x(0)?;
     let xs = cx.shape(x);
     let Some(kernel) = cx.ints("kernel_shape")? else {
@@ -270,6 +270,12 @@ fn max_pool_with_indices(cx: &mut Cx) -> Result<Vec<Val>> {
     }
     let w = window(cx, &xs[2..], kernel)?;
     let dims = tap_dims(&w);
+    Ok((x, w, dims))
+}
+
+/// `MaxPool` with its `Indices` output, tap by tap.
+fn max_pool_with_indices(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (x, _, dims) = pool_window(cx)?;
     let ceil = cx.int("ceil_mode", 0)? != 0;
     let col_major = cx.int("storage_order", 0)? != 0;
     let (v, i) = max_with_indices(cx, x, &dims, ceil, col_major)?;
@@ -291,23 +297,12 @@ fn tap_dims(w: &Window) -> Vec<TapDim> {
 /// The pooling of input 0 tap by tap (`pool_taps`) where the 2-D kernels cannot run it:
 /// a 3-D window, or a dilated one when `dilated` says the kernel lacks dilation.
 fn by_taps(cx: &mut Cx, dilated: bool, how: Combine) -> Result<Option<Vec<Val>>> {
-    let x = cx.x(0)?;
+    let (x, w, dims) = pool_window(cx)?;
     let xs = cx.shape(x);
-    let Some(kernel) = cx.ints("kernel_shape")? else {
-        bail!(Value, "kernel_shape is required");
-    };
-    if xs.len() < 3 {
-        bail!(
-            Value,
-            "pooling needs an input of rank 3 or more, got {xs:?}"
-        );
-    }
-    let w = window(cx, &xs[2..], kernel)?;
     let needed = xs.len() == 5 || dilated && w.dilations.iter().any(|&d| d != 1);
     if !needed {
         return Ok(None);
     }
-    let dims = tap_dims(&w);
     let ceil = cx.int("ceil_mode", 0)? != 0;
     Ok(Some(one(pool_by_taps(cx, x, &dims, ceil, how)?)?))
 }

@@ -74,15 +74,9 @@ impl Dim {
     }
 }
 
-pub(super) fn pool_by_taps(
-    cx: &mut Cx,
-    x: ValueId,
-    dims: &[Dim],
-    ceil: bool,
-    how: Combine,
-) -> Result<ValueId> {
-    let shape = cx.shape(x);
-    let spatial = &shape[2..];
+/// The input's spatial sizes, the number of kernel taps (bounded) and the output sizes.
+fn geometry(cx: &Cx, x: ValueId, dims: &[Dim], ceil: bool) -> Result<(Vec<i64>, usize, Vec<i64>)> {
+    let spatial: Vec<i64> = cx.shape(x)[2..].iter().map(|&d| d as i64).collect();
     let taps: usize = dims.iter().map(|d| d.kernel.max(0) as usize).product();
     if taps == 0 || taps > MAX_TAPS {
         bail!(
@@ -90,11 +84,71 @@ pub(super) fn pool_by_taps(
             "a pooling window of {taps} taps (smelt unrolls at most {MAX_TAPS})"
         );
     }
-    let outs: Vec<i64> = dims
+    let outs = dims
         .iter()
-        .zip(spatial)
-        .map(|(d, &n)| d.out(n as i64, ceil))
+        .zip(&spatial)
+        .map(|(d, &n)| d.out(n, ceil))
         .collect::<Result<_>>()?;
+    Ok((spatial, taps, outs))
+}
+
+/// `v` padded by each dim's padding with `fill`, and at the end as far as the last window
+/// of `outs` reaches.
+fn pad_for(
+    cx: &mut Cx,
+    mut v: ValueId,
+    dims: &[Dim],
+    outs: &[i64],
+    spatial: &[i64],
+    fill: f64,
+) -> Result<ValueId> {
+    for (i, (d, &o)) in dims.iter().zip(outs).enumerate() {
+        let extra = ((o - 1) * d.stride + d.span() - (spatial[i] + d.lo + d.hi)).max(0);
+        if d.lo != 0 || d.hi + extra != 0 {
+            v = super::shape::pad_axis(cx, v, 2 + i as i64, d.lo, d.hi + extra, "constant", fill)?;
+        }
+    }
+    Ok(v)
+}
+
+/// Tap `t`'s kernel offset in each dim (row-major over the kernel).
+fn tap_offsets(dims: &[Dim], t: usize) -> Vec<i64> {
+    let mut rem = t;
+    let mut offs = vec![0i64; dims.len()];
+    for (i, d) in dims.iter().enumerate().rev() {
+        offs[i] = (rem % d.kernel as usize) as i64;
+        rem /= d.kernel as usize;
+    }
+    offs
+}
+
+/// What each output position reads of the padded `v` at the tap of offsets `offs`.
+fn tap_slice(cx: &mut Cx, v: ValueId, dims: &[Dim], outs: &[i64], offs: &[i64]) -> Result<ValueId> {
+    let mut s = v;
+    for (i, (d, &o)) in dims.iter().zip(outs).enumerate() {
+        let start = offs[i] * d.dilation;
+        s = cx.call(
+            "slice",
+            &[Some(s)],
+            &[
+                ("dim", Attr::Int(2 + i as i64)),
+                ("start", Attr::Int(start)),
+                ("end", Attr::Int(start + (o - 1) * d.stride + 1)),
+                ("step", Attr::Int(d.stride)),
+            ],
+        )?;
+    }
+    Ok(s)
+}
+
+pub(super) fn pool_by_taps(
+    cx: &mut Cx,
+    x: ValueId,
+    dims: &[Dim],
+    ceil: bool,
+    how: Combine,
+) -> Result<ValueId> {
+    let (spatial, taps, outs) = geometry(cx, x, dims, ceil)?;
     let dtype = cx.dtype(x);
     let mut v = x;
     if let Combine::Lp(p) = how {
@@ -107,33 +161,10 @@ pub(super) fn pool_by_taps(
     } else {
         0.0
     };
-    for (i, (d, &o)) in dims.iter().zip(&outs).enumerate() {
-        let n = spatial[i] as i64;
-        let extra = ((o - 1) * d.stride + d.span() - (n + d.lo + d.hi)).max(0);
-        let (lo, hi) = (d.lo, d.hi + extra);
-        if lo != 0 || hi != 0 {
-            v = super::shape::pad_axis(cx, v, 2 + i as i64, lo, hi, "constant", fill)?;
-        }
-    }
+    let v = pad_for(cx, v, dims, &outs, &spatial, fill)?;
     let mut acc: Option<ValueId> = None;
     for t in 0..taps {
-        let mut rem = t;
-        let mut s = v;
-        for (i, (d, &o)) in dims.iter().zip(&outs).enumerate().rev() {
-            let k = (rem % d.kernel as usize) as i64;
-            rem /= d.kernel as usize;
-            let start = k * d.dilation;
-            s = cx.call(
-                "slice",
-                &[Some(s)],
-                &[
-                    ("dim", Attr::Int(2 + i as i64)),
-                    ("start", Attr::Int(start)),
-                    ("end", Attr::Int(start + (o - 1) * d.stride + 1)),
-                    ("step", Attr::Int(d.stride)),
-                ],
-            )?;
-        }
+        let s = tap_slice(cx, v, dims, &outs, &tap_offsets(dims, t))?;
         let op = if how == Combine::Max {
             "maximum"
         } else {
@@ -156,9 +187,9 @@ pub(super) fn pool_by_taps(
         Combine::Mean { include_pad } => {
             let per_dim: Vec<Vec<i64>> = dims
                 .iter()
-                .zip(spatial)
+                .zip(&spatial)
                 .zip(&outs)
-                .map(|((d, &n), &o)| (0..o).map(|j| d.count(j, n as i64, include_pad)).collect())
+                .map(|((d, &n), &o)| (0..o).map(|j| d.count(j, n, include_pad)).collect())
                 .collect();
             let total = outs
                 .iter()
@@ -193,19 +224,7 @@ pub(super) fn max_with_indices(
     col_major: bool,
 ) -> Result<(ValueId, ValueId)> {
     let shape = cx.shape(x);
-    let spatial: Vec<i64> = shape[2..].iter().map(|&d| d as i64).collect();
-    let taps: usize = dims.iter().map(|d| d.kernel.max(0) as usize).product();
-    if taps == 0 || taps > MAX_TAPS {
-        bail!(
-            Value,
-            "a pooling window of {taps} taps (smelt unrolls at most {MAX_TAPS})"
-        );
-    }
-    let outs: Vec<i64> = dims
-        .iter()
-        .zip(&spatial)
-        .map(|(d, &n)| d.out(n, ceil))
-        .collect::<Result<_>>()?;
+    let (spatial, taps, outs) = geometry(cx, x, dims, ceil)?;
     let total = outs
         .iter()
         .try_fold(1usize, |n, &o| n.checked_mul(o as usize));
@@ -213,45 +232,12 @@ pub(super) fn max_with_indices(
         total.and_then(|t| t.checked_mul(taps)),
         "the pooling indices",
     )? / taps;
-    let mut v = x;
-    for (i, (d, &o)) in dims.iter().zip(&outs).enumerate() {
-        let extra = ((o - 1) * d.stride + d.span() - (spatial[i] + d.lo + d.hi)).max(0);
-        if d.lo != 0 || d.hi + extra != 0 {
-            v = super::shape::pad_axis(
-                cx,
-                v,
-                2 + i as i64,
-                d.lo,
-                d.hi + extra,
-                "constant",
-                f64::NEG_INFINITY,
-            )?;
-        }
-    }
+    let v = pad_for(cx, x, dims, &outs, &spatial, f64::NEG_INFINITY)?;
     let out_shape: Vec<usize> = outs.iter().map(|&o| o as usize).collect();
     let mut best: Option<(ValueId, ValueId)> = None;
     for t in 0..taps {
-        // this tap's kernel offset per dim, innermost last
-        let mut rem = t;
-        let mut offs = vec![0i64; dims.len()];
-        for (i, d) in dims.iter().enumerate().rev() {
-            offs[i] = (rem % d.kernel as usize) as i64;
-            rem /= d.kernel as usize;
-        }
-        let mut s = v;
-        for (i, (d, &o)) in dims.iter().zip(&outs).enumerate() {
-            let start = offs[i] * d.dilation;
-            s = cx.call(
-                "slice",
-                &[Some(s)],
-                &[
-                    ("dim", Attr::Int(2 + i as i64)),
-                    ("start", Attr::Int(start)),
-                    ("end", Attr::Int(start + (o - 1) * d.stride + 1)),
-                    ("step", Attr::Int(d.stride)),
-                ],
-            )?;
-        }
+        let offs = tap_offsets(dims, t);
+        let s = tap_slice(cx, v, dims, &outs, &offs)?;
         // the input position each output reads at this tap (clamped: a padded tap is -inf)
         let mut pos = Vec::with_capacity(total);
         for flat in 0..total {
