@@ -503,3 +503,97 @@ fn allocations_memory_cannot_hold_are_errors() {
     // the process goes on allocating normally afterwards
     assert_eq!(Tensor::full(&[2], 1.0, None).unwrap().numel(), 2);
 }
+
+/// Memory lent by another library (as DLPack lends it): the tensor reads and writes it in
+/// place, views of it share it, and the owner's guard is dropped with the last tensor.
+#[test]
+fn foreign_memory_is_viewed_in_place_and_handed_back_once() {
+    use smelt::layout::Layout;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    struct Owner(#[allow(dead_code)] Vec<f32>, Arc<AtomicUsize>);
+    impl Drop for Owner {
+        fn drop(&mut self) {
+            self.1.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let mut data: Vec<f32> = (0..12).map(|i| i as f32).collect();
+    let ptr = data.as_mut_ptr() as *mut u8;
+    // a 3×2 transposed view of a 2×3 block that starts at element 1 (column stride 1,
+    // row stride 4, as a sliced and transposed NumPy array would lend it)
+    let layout = Layout {
+        shape: vec![3, 2],
+        strides: vec![1, 4],
+        offset: 1,
+    };
+    let owner = Box::new(Owner(data, dropped.clone()));
+    let t = unsafe { Tensor::from_foreign(ptr, DType::F32, layout, owner) }.unwrap();
+    assert_eq!(t.to_f64_vec(), vec![1.0, 5.0, 2.0, 6.0, 3.0, 7.0]);
+    assert_eq!(t.data_ptr(), ptr as usize + 4);
+    let v = t.t().unwrap();
+    assert_eq!(v.to_f64_vec(), vec![1.0, 2.0, 3.0, 5.0, 6.0, 7.0]);
+    // an in-place write lands in the lent memory, seen through the other view
+    t.select(0, 0).unwrap().fill_(-1.0).unwrap();
+    assert_eq!(v.to_f64_vec(), vec![-1.0, 2.0, 3.0, -1.0, 6.0, 7.0]);
+    drop(t);
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        0,
+        "a view still holds the memory"
+    );
+    drop(v);
+    assert_eq!(dropped.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn foreign_memory_refuses_bad_pointers_and_layouts() {
+    use smelt::layout::Layout;
+    let layout = |shape: Vec<usize>, strides: Vec<usize>| Layout {
+        shape,
+        strides,
+        offset: 0,
+    };
+    let mut buf = vec![0u64; 4];
+    let p = buf.as_mut_ptr() as *mut u8;
+    let misaligned = unsafe {
+        Tensor::from_foreign(
+            p.wrapping_add(1),
+            DType::F32,
+            layout(vec![2], vec![1]),
+            Box::new(()),
+        )
+    };
+    assert!(misaligned.unwrap_err().to_string().contains("not aligned"));
+    let null = unsafe {
+        Tensor::from_foreign(
+            std::ptr::null_mut(),
+            DType::F32,
+            layout(vec![2], vec![1]),
+            Box::new(()),
+        )
+    };
+    assert!(null.unwrap_err().to_string().contains("null"));
+    let empty = unsafe {
+        Tensor::from_foreign(
+            std::ptr::null_mut(),
+            DType::F32,
+            layout(vec![0, 3], vec![3, 1]),
+            Box::new(()),
+        )
+    };
+    assert_eq!(empty.unwrap().shape(), &[0, 3]);
+    let overflow = unsafe {
+        Tensor::from_foreign(
+            p,
+            DType::F32,
+            layout(vec![2, 2], vec![usize::MAX / 2, 1]),
+            Box::new(()),
+        )
+    };
+    assert!(overflow.is_err());
+    let ranks =
+        unsafe { Tensor::from_foreign(p, DType::F32, layout(vec![2], vec![]), Box::new(())) };
+    assert!(ranks.unwrap_err().to_string().contains("strides"));
+}

@@ -149,6 +149,62 @@ impl Tensor {
         ))
     }
 
+    /// A tensor over host memory that another library owns (the import side of DLPack,
+    /// NumPy arrays), without copying: `layout` places the elements in the memory at `ptr`,
+    /// and `keep` is dropped, handing the memory back, when the last tensor over it goes.
+    /// Writes through either side show through the other, as with `torch.from_dlpack`.
+    ///
+    /// # Errors
+    /// A null or misaligned `ptr` for `dtype`, or a layout whose size overflows.
+    ///
+    /// # Safety
+    /// Every element `layout` reaches (`layout.extent()` elements of `dtype` from `ptr`) must
+    /// stay valid for reads and writes until `keep` is dropped.
+    pub unsafe fn from_foreign(
+        ptr: *mut u8,
+        dtype: DType,
+        layout: Layout,
+        keep: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Result<Tensor> {
+        if layout.strides.len() != layout.shape.len() {
+            bail!(
+                Value,
+                "{} strides for a tensor of {} dims",
+                layout.strides.len(),
+                layout.shape.len()
+            );
+        }
+        checked_numel(&layout.shape)?;
+        let reach = layout
+            .shape
+            .iter()
+            .zip(&layout.strides)
+            .try_fold(layout.offset, |acc, (&n, &st)| {
+                n.saturating_sub(1).checked_mul(st)?.checked_add(acc)
+            });
+        let nbytes = match reach {
+            _ if layout.shape.contains(&0) => 0,
+            Some(last) => storage::byte_len(dtype, last + 1)?,
+            None => bail!(Value, "the layout {layout:?} overflows the address space"),
+        };
+        let ptr = match std::ptr::NonNull::new(ptr) {
+            Some(p) => p,
+            // exporters may give an empty tensor no memory at all
+            None if nbytes == 0 => std::ptr::NonNull::<u64>::dangling().cast(),
+            None => bail!(Value, "a null data pointer for a tensor of {nbytes} bytes"),
+        };
+        if !(ptr.as_ptr() as usize).is_multiple_of(dtype.size()) {
+            bail!(
+                Value,
+                "the data pointer {:p} is not aligned for {dtype}",
+                ptr.as_ptr()
+            );
+        }
+        // SAFETY: the caller vouches for the `nbytes` bytes at `ptr` while `keep` lives.
+        let storage = unsafe { Storage::from_foreign(ptr, nbytes, dtype, keep) };
+        Ok(Tensor::from_parts(Arc::new(storage), layout))
+    }
+
     /// Copies `data` into a new tensor of `shape`.
     pub fn from_slice<T: Element>(data: &[T], shape: &[usize]) -> Result<Tensor> {
         Tensor::from_vec(data.to_vec(), shape)

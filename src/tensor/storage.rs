@@ -171,6 +171,22 @@ impl Storage {
         Storage::from_parts(ptr, nbytes, Owner::Adopted(Box::new(v)), T::DTYPE)
     }
 
+    /// Lends another library's host memory (DLPack, NumPy) without copying: `keep` is
+    /// dropped, releasing the memory to its owner, when the storage goes.
+    ///
+    /// # Safety
+    /// `ptr` must point to `nbytes` bytes, aligned for `dtype`, that stay valid for reads
+    /// and writes until `keep` is dropped.
+    pub(crate) unsafe fn from_foreign(
+        ptr: NonNull<u8>,
+        nbytes: usize,
+        dtype: DType,
+        keep: Box<dyn Any + Send + Sync>,
+    ) -> Storage {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        Storage::from_parts(ptr, nbytes, Owner::Adopted(keep), dtype)
+    }
+
     /// `len` elements of `dtype` on GPU `device`, contents unspecified (every kernel output
     /// overwrites them).
     pub fn cuda_for_overwrite(device: usize, dtype: DType, len: usize) -> Result<Storage> {
