@@ -100,9 +100,23 @@ class _SmeltModule:
                 self.translation = _fx.to_smelt(sub, example)
                 self.fn = _smelt.compile(self.translation.text, fuse=fuse, file="<torch.compile>")
                 self.single = _single_output(sub)
+                self.kept = {}  # argument position -> (parameter, its version, smelt's view)
+
+            def imported(self, i, a):
+                """`a` as a smelt tensor. A parameter keeps its smelt view between calls
+                while PyTorch has not written to it, so that what smelt derives from a
+                weight (a convolution's reordered copy) is reused, as for its own."""
+                if not isinstance(a, torch.nn.Parameter):
+                    return _smelt.from_dlpack(a.detach())
+                kept = self.kept.get(i)
+                if kept is not None and kept[0] is a and kept[1] == a._version:
+                    return kept[2]
+                raw = _smelt.from_dlpack(a.detach())
+                self.kept[i] = (a, a._version, raw)
+                return raw
 
             def forward(self, *args):
-                raw = [_smelt.from_dlpack(a.detach()) for a in args]
+                raw = [self.imported(i, a) for i, a in enumerate(args)]
                 outs = self.fn(*raw)
                 results = []
                 for spec in self.translation.outputs:
