@@ -258,45 +258,42 @@ pub fn from_values(
     shape: Vec<usize>,
     dtype: Option<&str>,
 ) -> PyResult<RawTensor> {
-    let mut ints = Vec::with_capacity(values.len());
-    let mut floats = Vec::with_capacity(values.len());
-    let (mut all_bool, mut all_int) = (true, true);
-    for v in values.iter() {
-        let s = scalar(&v)?.ok_or_else(|| {
-            PyTypeError::new_err(format!(
-                "expected numbers, got {}",
-                v.get_type()
+    let scalars = values
+        .iter()
+        .map(|v| {
+            scalar(&v)?.ok_or_else(|| {
+                let kind = v
+                    .get_type()
                     .name()
                     .map(|n| n.to_string())
-                    .unwrap_or_default()
-            ))
-        })?;
-        all_bool &= matches!(s, Scalar::Bool(_));
-        all_int &= !matches!(s, Scalar::Float(_));
-        match s {
-            Scalar::Bool(b) => ints.push(b as i64),
-            Scalar::Int(i) => ints.push(i),
-            Scalar::Float(f) => floats.push(f),
-        }
-        if let Scalar::Float(_) = s {
-        } else {
-            floats.push(ints[ints.len() - 1] as f64);
-        }
-    }
-    let inferred = match (all_bool && !values.is_empty(), all_int) {
-        (true, _) => DType::Bool,
-        (false, true) if !values.is_empty() => DType::I64,
-        _ => DType::F32,
-    };
+                    .unwrap_or_default();
+                PyTypeError::new_err(format!("expected numbers, got {kind}"))
+            })
+        })
+        .collect::<PyResult<Vec<Scalar>>>()?;
+    let all_bool = !scalars.is_empty() && scalars.iter().all(|s| matches!(s, Scalar::Bool(_)));
+    let all_int = scalars.iter().all(|s| !matches!(s, Scalar::Float(_)));
     let target = match dtype {
         Some(d) => dtype_of(d)?,
-        None => inferred,
+        None if all_bool => DType::Bool,
+        None if all_int && !scalars.is_empty() => DType::I64,
+        None => DType::F32,
     };
     // integers stay exact through i64; anything with a float goes through f64
-    let t = if all_int && !values.is_empty() {
-        Tensor::from_vec(ints, &shape)
+    let t = if all_int {
+        let ints = scalars.iter().map(|s| match *s {
+            Scalar::Bool(b) => b as i64,
+            Scalar::Int(i) => i,
+            Scalar::Float(f) => f as i64,
+        });
+        Tensor::from_vec(ints.collect(), &shape)
     } else {
-        Tensor::from_vec(floats, &shape)
+        let floats = scalars.iter().map(|s| match *s {
+            Scalar::Bool(b) => b as i64 as f64,
+            Scalar::Int(i) => i as f64,
+            Scalar::Float(f) => f,
+        });
+        Tensor::from_vec(floats.collect::<Vec<f64>>(), &shape)
     };
     Ok(RawTensor(t.and_then(|t| t.to_dtype(target)).py()?))
 }
