@@ -203,3 +203,26 @@ def test_compiled_function_runs_at_every_binding():
     assert f.compiles == 3
     with pytest.raises(ValueError):
         f(np.ones(2, np.float32), np.ones(3, np.float32))
+
+
+def test_imports_without_numpy_or_torch():
+    """The package needs neither: each is imported only where it is used."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("numpy", "torch"):
+            raise ImportError(f"{name} is not installed here")
+sys.meta_path.insert(0, Absent())
+for m in [m for m in sys.modules if m.split(".")[0] in ("numpy", "torch")]:
+    del sys.modules[m]
+import smelt
+x = smelt.arange(6.0).reshape(2, 3)
+assert (x @ x.T).tolist() == [[5.0, 14.0], [14.0, 50.0]]
+f = smelt.compile("graph f(%x: f32[2]) {\\n  %y = neg(%x)\\n  return %y\\n}\\n")
+assert f(smelt.tensor([1.0, 2.0]))[0].tolist() == [-1.0, -2.0]
+"""
+    subprocess.run([sys.executable, "-c", code], check=True)
