@@ -501,22 +501,21 @@ def _argmin(e, n, x, dim, keepdim):
     return e.op("argmin", x, dim=dim, keepdim=_opt(keepdim, False))
 
 
-@_op(aten.max.dim)
-def _max_dim(e, n, x, dim, keepdim):
-    k = _opt(keepdim, False)
-    return (
-        e.op("amax", x, dim=[dim], keepdim=k) if _wants(n, 0) else None,
-        e.op("argmax", x, dim=dim, keepdim=k) if _wants(n, 1) else None,
-    )
+def _extreme_dim(value_op, index_op):
+    """`max.dim`/`min.dim`: the values and their indices, each written only if read."""
+
+    def handler(e, n, x, dim, keepdim):
+        k = _opt(keepdim, False)
+        return (
+            e.op(value_op, x, dim=[dim], keepdim=k) if _wants(n, 0) else None,
+            e.op(index_op, x, dim=dim, keepdim=k) if _wants(n, 1) else None,
+        )
+
+    return handler
 
 
-@_op(aten.min.dim)
-def _min_dim(e, n, x, dim, keepdim):
-    k = _opt(keepdim, False)
-    return (
-        e.op("amin", x, dim=[dim], keepdim=k) if _wants(n, 0) else None,
-        e.op("argmin", x, dim=dim, keepdim=k) if _wants(n, 1) else None,
-    )
+_op(aten.max.dim)(_extreme_dim("amax", "argmax"))
+_op(aten.min.dim)(_extreme_dim("amin", "argmin"))
 
 
 def _var_attrs(dim, correction, keepdim):

@@ -287,19 +287,7 @@ class Tensor:
                 raise IndexError(f"smelt tensors take ints, slices, None and ... as indices, not {type(k).__name__}")
         return out
 
-    # --- reductions
-    def sum(self, dim=None, keepdim: bool = False):
-        return _call("sum", self, dim=_dims(dim), keepdim=keepdim)
-
-    def mean(self, dim=None, keepdim: bool = False):
-        return _call("mean", self, dim=_dims(dim), keepdim=keepdim)
-
-    def amax(self, dim=None, keepdim: bool = False):
-        return _call("amax", self, dim=_dims(dim), keepdim=keepdim)
-
-    def amin(self, dim=None, keepdim: bool = False):
-        return _call("amin", self, dim=_dims(dim), keepdim=keepdim)
-
+    # --- reductions (sum, mean, amax, amin, logsumexp, all, any: set below)
     def max(self):
         return self.amax()
 
@@ -320,15 +308,6 @@ class Tensor:
 
     def std(self, dim=None, correction: int = 1, keepdim: bool = False):
         return _call("std", self, dim=_dims(dim), correction=correction, keepdim=keepdim)
-
-    def logsumexp(self, dim=None, keepdim: bool = False):
-        return _call("logsumexp", self, dim=_dims(dim), keepdim=keepdim)
-
-    def all(self, dim=None, keepdim: bool = False):
-        return _call("all", self, dim=_dims(dim), keepdim=keepdim)
-
-    def any(self, dim=None, keepdim: bool = False):
-        return _call("any", self, dim=_dims(dim), keepdim=keepdim)
 
     def softmax(self, dim: int):
         return _call("softmax", self, dim=dim)
@@ -376,10 +355,21 @@ def _binary(name, reflected=False):
     return method
 
 
+def _reduction(name):
+    def method(self, dim=None, keepdim: bool = False):
+        return _call(name, self, dim=_dims(dim), keepdim=keepdim)
+    method.__name__ = name
+    method.__doc__ = f"`torch.Tensor.{name}` over `dim` (an int, a list, or None for all)."
+    return method
+
+
+_REDUCTIONS = "sum mean amax amin logsumexp all any".split()
 _UNARY = ("neg abs exp log log1p expm1 sqrt rsqrt sin cos tanh sigmoid relu silu erf floor "
           "ceil round sign reciprocal square logical_not isnan").split()
 _BINARY = "mul pow maximum minimum remainder eq ne lt le gt ge logical_and logical_or".split()
 
+for _n in _REDUCTIONS:
+    setattr(Tensor, _n, _reduction(_n))
 for _n in _UNARY:
     setattr(Tensor, _n, _unary(_n))
 for _n in _BINARY:
