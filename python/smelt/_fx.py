@@ -956,12 +956,48 @@ def _flat_index(e, idx, size):
     return e.op("where", e.op("lt", flat, 0), e.op("add", flat, size), flat)
 
 
-@_op(aten.index.Tensor, check=_one_index)
+def _adjacent_indices(n) -> bool:
+    """`x[..., i, j, ...]`: integer index tensors on adjacent dims (their broadcast shape
+    then stands where those dims stood; separated ones would move it to the front)."""
+    given = [k for k, i in enumerate(n.args[1]) if i is not None]
+    return (
+        bool(given)
+        and given == list(range(given[0], given[-1] + 1))
+        and all(_val(n.args[1][k]) is not None for k in given)
+        and all(_dtype(n.args[1][k]) in (torch.int64, torch.int32) for k in given)
+    )
+
+
+def _wrapped(e, idx, size):
+    """Negative entries of an index counted from the end, as PyTorch does."""
+    return e.op("where", e.op("lt", idx, 0), e.op("add", idx, size), idx)
+
+
+@_op(aten.index.Tensor, check=_adjacent_indices)
 def _index(e, n, x, indices):
-    dim = next(i for i, t in enumerate(indices) if t is not None)
-    idx = indices[dim]
-    out = e.op("index_select", x, _flat_index(e, idx, x.shape[dim]), dim=dim)
-    return e.op("reshape", out, shape=_shape(n)) if idx.ndim != 1 else out
+    given = [k for k, i in enumerate(indices) if i is not None]
+    first, last = given[0], given[-1]
+    if len(given) == 1:
+        idx = indices[first]
+        out = e.op("index_select", x, _flat_index(e, idx, x.shape[first]), dim=first)
+        return e.op("reshape", out, shape=_shape(n)) if idx.ndim != 1 else out
+    # several: one index into the indexed dims flattened together, row-major
+    sizes = [x.shape[k] for k in given]
+    linear = bad = None
+    for k, size in zip(given, sizes):
+        term = _wrapped(e, indices[k], size)
+        linear = term if linear is None else e.op("add", e.op("mul", linear, size), term)
+        out_of_range = e.op("logical_or", e.op("lt", term, 0), e.op("ge", term, size))
+        bad = out_of_range if bad is None else e.op("logical_or", bad, out_of_range)
+    # an index outside its own dim must fail as PyTorch's does, not land in another row:
+    # -1 makes index_select report it
+    linear = e.op("where", bad, -1, linear)
+    out_shape = _shape(n)
+    picked = out_shape[first:len(out_shape) - (x.ndim - last - 1)]
+    flat = e.op("reshape", e.op("expand", linear, size=picked), shape=[math.prod(picked)])
+    rows = list(x.shape[:first]) + [math.prod(sizes)] + list(x.shape[last + 1:])
+    out = e.op("index_select", e.op("reshape", x, shape=rows), flat, dim=first)
+    return e.op("reshape", out, shape=out_shape)
 
 
 @_op(aten.index_put.default, check=_one_index)

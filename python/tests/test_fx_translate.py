@@ -210,3 +210,43 @@ def test_unsupported_op_is_refused():
     assert not _fx.supported(node)
     with pytest.raises(_fx.Unsupported, match="native_dropout"):
         _fx.to_smelt(gm, [torch.randn(4)])
+
+
+def test_indexing_with_several_index_tensors():
+    """`x[i, j]` with broadcast index tensors on adjacent dims (GPT-2's and Llama's masks),
+    negative entries included; an index outside its own dim is an error, as in PyTorch."""
+    aten = torch.ops.aten
+    x = torch.arange(60, dtype=torch.float32).reshape(3, 4, 5)
+    cases = [
+        (x, [torch.tensor([[0], [2]]), torch.tensor([[1, -1, 3]])]),          # dims 0, 1
+        (x, [None, torch.tensor([0, 3, -2]), torch.tensor([[4], [0]])]),      # dims 1, 2
+        (x, [torch.tensor([2, 0]), torch.tensor([1, 1]), torch.tensor([-1, 0])]),
+    ]
+    for t, idx in cases:
+        g = torch.fx.Graph()
+        ph = g.placeholder("x")
+        ph.meta["val"] = t
+        nodes = []
+        for k, i in enumerate(idx):
+            if i is None:
+                nodes.append(None)
+                continue
+            p = g.placeholder(f"i{k}")
+            p.meta["val"] = i
+            nodes.append(p)
+        out = g.call_function(aten.index.Tensor, (ph, nodes))
+        out.meta["val"] = aten.index.Tensor(t, idx)
+        g.output(out)
+        gm = torch.fx.GraphModule({}, g)
+        assert _fx.supported(out)
+        _check(gm, [t] + [i for i in idx if i is not None])
+    # an index past its own dim (but inside the flattened rows) is refused at run time
+    g = torch.fx.Graph()
+    ph, p0, p1 = g.placeholder("x"), g.placeholder("i"), g.placeholder("j")
+    ph.meta["val"], p0.meta["val"], p1.meta["val"] = x, torch.tensor([0]), torch.tensor([5])
+    out = g.call_function(aten.index.Tensor, (ph, [p0, p1]))
+    out.meta["val"] = torch.empty(1, 5)
+    g.output(out)
+    tr = _fx.to_smelt(torch.fx.GraphModule({}, g), [x, torch.tensor([0]), torch.tensor([5])])
+    with pytest.raises(IndexError):
+        _run_smelt(tr.text, [x, torch.tensor([0]), torch.tensor([5])])
