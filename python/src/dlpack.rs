@@ -239,6 +239,11 @@ pub fn from_dlpack(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
             .map_err(|_| PyValueError::new_err(format!("from_dlpack: ndim {}", t.ndim)))?;
         let shape: &[i64] = match nd {
             0 => &[],
+            _ if t.shape.is_null() => {
+                return Err(PyValueError::new_err(format!(
+                    "from_dlpack: a tensor of {nd} dims without a shape"
+                )));
+            }
             _ => std::slice::from_raw_parts(t.shape, nd),
         };
         let shape: Vec<usize> = shape
@@ -263,6 +268,12 @@ pub fn from_dlpack(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
                     ))
                 })?
         };
+        if t.device.device_type != KDL_CPU && t.device.device_type != KDL_CUDA_HOST {
+            return Err(PyRuntimeError::new_err(format!(
+                "from_dlpack: smelt takes host tensors only, this one is on DLPack device type {}",
+                t.device.device_type
+            )));
+        }
         let data = (t.data as *mut u8).wrapping_add(t.byte_offset as usize);
         let layout = Layout {
             shape,
