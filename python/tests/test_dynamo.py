@@ -147,3 +147,21 @@ def test_options_and_errors():
     torch.testing.assert_close(unfused(x), m(x))
     with pytest.raises(Exception, match="unknown options"):
         torch.compile(m, backend="smelt", options={"fusion": True})(x)
+
+
+def test_each_batch_size_compiles_for_smelt_with_dynamic_false():
+    """Dynamo makes a dim symbolic when a second size arrives, and the translation takes
+    static sizes only; `dynamic=False` compiles each size, wholly in smelt."""
+    import functools
+
+    from smelt.dynamo import smelt_backend
+
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    report: list = []
+    backend = functools.partial(smelt_backend, options={"_report": report})
+    c = torch.compile(m, backend=backend, dynamic=False)
+    with torch.no_grad():
+        for batch in [2, 3, 5]:
+            x = torch.randn(batch, 8)
+            torch.testing.assert_close(c(x), m(x))
+    assert len(report) == 3 and all(g["torch"] == [] and g["smelt"] for g in report), report
