@@ -704,6 +704,19 @@ impl Cx<'_> {
         self.imp.g.add_op(op, &present)
     }
 
+    /// The smelt op `name` on `operands`, every one present, without attributes (the
+    /// common case of [`Cx::call`]).
+    pub fn op(&mut self, name: &str, operands: &[ValueId]) -> Result<ValueId> {
+        let present: Vec<Option<ValueId>> = operands.iter().map(|&v| Some(v)).collect();
+        self.call(name, &present, &[])
+    }
+
+    /// `x name s`, `s` a 0-d constant of `x`'s dtype (`with_scalar("mul", x, 0.5)`).
+    pub fn with_scalar(&mut self, name: &str, x: ValueId, s: f64) -> Result<ValueId> {
+        let c = self.scalar(s, self.dtype(x))?;
+        self.op(name, &[x, c])
+    }
+
     /// A 0-d constant `value` of dtype `dtype`.
     pub fn scalar(&mut self, value: f64, dtype: DType) -> Result<ValueId> {
         let t = Tensor::scalar(value).to_dtype(dtype)?;

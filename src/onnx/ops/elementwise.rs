@@ -59,12 +59,6 @@ simple! {
     less_or_equal => binary "le";
 }
 
-/// `x op s` for a float scalar `s` of `x`'s dtype.
-fn with_scalar(cx: &mut Cx, name: &str, x: ValueId, s: f64) -> Result<ValueId> {
-    let c = cx.scalar(s, cx.dtype(x))?;
-    cx.call(name, &[Some(x), Some(c)], &[])
-}
-
 pub fn identity(cx: &mut Cx) -> Result<Vec<Val>> {
     let name = &cx.node.input[0];
     Ok(vec![cx.imp.get(name)?.clone()])
@@ -135,7 +129,7 @@ pub fn sum(cx: &mut Cx) -> Result<Vec<Val>> {
 pub fn mean(cx: &mut Cx) -> Result<Vec<Val>> {
     let n = (0..cx.n_inputs()).filter(|&i| cx.has(i)).count();
     let s = variadic(cx, "add")?;
-    one(with_scalar(cx, "div", s, n as f64)?)
+    one(cx.with_scalar("div", s, n as f64)?)
 }
 
 pub fn where_(cx: &mut Cx) -> Result<Vec<Val>> {
@@ -172,22 +166,22 @@ pub fn selu(cx: &mut Cx) -> Result<Vec<Val>> {
     let a = cx.float("alpha", 1.673_263_192_176_818_8)?;
     let g = cx.float("gamma", 1.050_701_022_148_132_3)?;
     let e = cx.call("elu", &[Some(x)], &[("alpha", Attr::Float(a))])?;
-    one(with_scalar(cx, "mul", e, g)?)
+    one(cx.with_scalar("mul", e, g)?)
 }
 
 pub fn celu(cx: &mut Cx) -> Result<Vec<Val>> {
     // alpha * elu(x / alpha)
     let x = cx.x(0)?;
     let a = cx.float("alpha", 1.0)?;
-    let s = with_scalar(cx, "div", x, a)?;
+    let s = cx.with_scalar("div", x, a)?;
     let e = cx.call("elu", &[Some(s)], &[])?;
-    one(with_scalar(cx, "mul", e, a)?)
+    one(cx.with_scalar("mul", e, a)?)
 }
 
 pub fn thresholded_relu(cx: &mut Cx) -> Result<Vec<Val>> {
     let x = cx.x(0)?;
     let a = cx.float("alpha", 1.0)?;
-    let above = with_scalar(cx, "gt", x, a)?;
+    let above = cx.with_scalar("gt", x, a)?;
     let zero = cx.scalar(0.0, cx.dtype(x))?;
     one(cx.call("where", &[Some(above), Some(x), Some(zero)], &[])?)
 }
@@ -196,8 +190,8 @@ pub fn hard_sigmoid(cx: &mut Cx) -> Result<Vec<Val>> {
     let x = cx.x(0)?;
     let a = cx.float("alpha", 0.2)?;
     let b = cx.float("beta", 0.5)?;
-    let ax = with_scalar(cx, "mul", x, a)?;
-    let y = with_scalar(cx, "add", ax, b)?;
+    let ax = cx.with_scalar("mul", x, a)?;
+    let y = cx.with_scalar("add", ax, b)?;
     one(cx.call(
         "clamp",
         &[Some(y)],
@@ -218,7 +212,7 @@ pub fn softplus(cx: &mut Cx) -> Result<Vec<Val>> {
 pub fn softsign(cx: &mut Cx) -> Result<Vec<Val>> {
     let x = cx.x(0)?;
     let a = cx.call("abs", &[Some(x)], &[])?;
-    let d = with_scalar(cx, "add", a, 1.0)?;
+    let d = cx.with_scalar("add", a, 1.0)?;
     one(cx.call("div", &[Some(x), Some(d)], &[])?)
 }
 
@@ -233,10 +227,10 @@ pub fn shrink(cx: &mut Cx) -> Result<Vec<Val>> {
     let x = cx.x(0)?;
     let l = cx.float("lambd", 0.5)?;
     let b = cx.float("bias", 0.0)?;
-    let lo = with_scalar(cx, "lt", x, -l)?;
-    let hi = with_scalar(cx, "gt", x, l)?;
-    let plus = with_scalar(cx, "add", x, b)?;
-    let minus = with_scalar(cx, "sub", x, b)?;
+    let lo = cx.with_scalar("lt", x, -l)?;
+    let hi = cx.with_scalar("gt", x, l)?;
+    let plus = cx.with_scalar("add", x, b)?;
+    let minus = cx.with_scalar("sub", x, b)?;
     let zero = cx.scalar(0.0, cx.dtype(x))?;
     let inner = cx.call("where", &[Some(hi), Some(minus), Some(zero)], &[])?;
     one(cx.call("where", &[Some(lo), Some(plus), Some(inner)], &[])?)
@@ -260,7 +254,7 @@ fn exp_pair(cx: &mut Cx, sign: f64) -> Result<ValueId> {
     } else {
         cx.call("sub", &[Some(e), Some(en)], &[])?
     };
-    with_scalar(cx, "mul", s, 0.5)
+    cx.with_scalar("mul", s, 0.5)
 }
 
 pub fn sinh(cx: &mut Cx) -> Result<Vec<Val>> {
@@ -275,7 +269,7 @@ pub fn cosh(cx: &mut Cx) -> Result<Vec<Val>> {
 fn log_root(cx: &mut Cx, sign: f64) -> Result<ValueId> {
     let x = cx.x(0)?;
     let sq = cx.call("square", &[Some(x)], &[])?;
-    let s = with_scalar(cx, "add", sq, sign)?;
+    let s = cx.with_scalar("add", sq, sign)?;
     let r = cx.call("sqrt", &[Some(s)], &[])?;
     let a = cx.call("add", &[Some(x), Some(r)], &[])?;
     cx.call("log", &[Some(a)], &[])
@@ -292,20 +286,20 @@ pub fn acosh(cx: &mut Cx) -> Result<Vec<Val>> {
 pub fn atanh(cx: &mut Cx) -> Result<Vec<Val>> {
     // log((1 + x) / (1 - x)) / 2
     let x = cx.x(0)?;
-    let p = with_scalar(cx, "add", x, 1.0)?;
+    let p = cx.with_scalar("add", x, 1.0)?;
     let n = cx.call("neg", &[Some(x)], &[])?;
-    let m = with_scalar(cx, "add", n, 1.0)?;
+    let m = cx.with_scalar("add", n, 1.0)?;
     let q = cx.call("div", &[Some(p), Some(m)], &[])?;
     let l = cx.call("log", &[Some(q)], &[])?;
-    one(with_scalar(cx, "mul", l, 0.5)?)
+    one(cx.with_scalar("mul", l, 0.5)?)
 }
 
 pub fn is_inf(cx: &mut Cx) -> Result<Vec<Val>> {
     let x = cx.x(0)?;
     let pos = cx.int("detect_positive", 1)? != 0;
     let neg = cx.int("detect_negative", 1)? != 0;
-    let p = with_scalar(cx, "eq", x, f64::INFINITY)?;
-    let n = with_scalar(cx, "eq", x, f64::NEG_INFINITY)?;
+    let p = cx.with_scalar("eq", x, f64::INFINITY)?;
+    let n = cx.with_scalar("eq", x, f64::NEG_INFINITY)?;
     one(match (pos, neg) {
         (true, true) => cx.call("logical_or", &[Some(p), Some(n)], &[])?,
         (true, false) => p,
@@ -372,8 +366,8 @@ pub fn bit_shift(cx: &mut Cx) -> Result<Vec<Val>> {
         Some(crate::onnx::elem::Held::Unsigned(bits)) => bits as f64,
         _ => (dtype.size() * 8) as f64,
     };
-    let neg = with_scalar(cx, "lt", y, 0.0)?;
-    let wide = with_scalar(cx, "ge", y, width)?;
+    let neg = cx.with_scalar("lt", y, 0.0)?;
+    let wide = cx.with_scalar("ge", y, width)?;
     let outside = cx.call("logical_or", &[Some(neg), Some(wide)], &[])?;
     let zero = cx.scalar(0.0, cx.dtype(y))?;
     let safe = cx.call("where", &[Some(outside), Some(zero), Some(y)], &[])?;
@@ -391,7 +385,7 @@ pub fn bit_shift(cx: &mut Cx) -> Result<Vec<Val>> {
                 &[Some(x), Some(p)],
                 &[("rounding_mode", Attr::Str("floor".into()))],
             )?;
-            let negative = with_scalar(cx, "lt", x, 0.0)?;
+            let negative = cx.with_scalar("lt", x, 0.0)?;
             let (m1, z) = (cx.scalar(-1.0, dtype)?, cx.scalar(0.0, dtype)?);
             (
                 r,
@@ -464,7 +458,7 @@ pub fn clip(cx: &mut Cx) -> Result<Vec<Val>> {
 pub fn swish(cx: &mut Cx) -> Result<Vec<Val>> {
     let x = cx.x(0)?;
     let a = cx.float("alpha", 1.0)?;
-    let ax = with_scalar(cx, "mul", x, a)?;
+    let ax = cx.with_scalar("mul", x, a)?;
     let s = cx.call("sigmoid", &[Some(ax)], &[])?;
     one(cx.call("mul", &[Some(x), Some(s)], &[])?)
 }
@@ -481,7 +475,7 @@ pub fn swiglu(cx: &mut Cx) -> Result<Vec<Val>> {
         );
     }
     let alpha = cx.float("alpha", 1.0)?;
-    let za = with_scalar(cx, "mul", a, alpha)?;
+    let za = cx.with_scalar("mul", a, alpha)?;
     let s = cx.call("sigmoid", &[Some(za)], &[])?;
     let swish = cx.call("mul", &[Some(a), Some(s)], &[])?;
     one(cx.call("mul", &[Some(swish), Some(b)], &[])?)

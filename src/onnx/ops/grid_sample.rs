@@ -25,18 +25,9 @@ impl Ops {
     fn k(&self, cx: &mut Cx, v: f64) -> Result<ValueId> {
         cx.scalar(v, self.dtype)
     }
-    fn bin(&self, cx: &mut Cx, op: &str, a: ValueId, b: ValueId) -> Result<ValueId> {
-        cx.call(op, &[Some(a), Some(b)], &[])
-    }
     fn with(&self, cx: &mut Cx, op: &str, a: ValueId, v: f64) -> Result<ValueId> {
         let c = self.k(cx, v)?;
-        self.bin(cx, op, a, c)
-    }
-    fn un(&self, cx: &mut Cx, op: &str, a: ValueId) -> Result<ValueId> {
-        cx.call(op, &[Some(a)], &[])
-    }
-    fn pick(&self, cx: &mut Cx, c: ValueId, a: ValueId, b: ValueId) -> Result<ValueId> {
-        cx.call("where", &[Some(c), Some(a), Some(b)], &[])
+        cx.op(op, &[a, c])
     }
     fn clamp(&self, cx: &mut Cx, a: ValueId, lo: f64, hi: f64) -> Result<ValueId> {
         cx.call(
@@ -55,27 +46,27 @@ impl Ops {
         // below: d = lo - x; above: d = x - hi; n = floor(d / span); r = d - n * span
         let side = |cx: &mut Cx, d: ValueId, near: f64, far: f64, toward: f64| -> Result<ValueId> {
             let q = self.with(cx, "div", d, span)?;
-            let n = self.un(cx, "floor", q)?;
+            let n = cx.op("floor", &[q])?;
             let ns = self.with(cx, "mul", n, span)?;
-            let r = self.bin(cx, "sub", d, ns)?;
+            let r = cx.op("sub", &[d, ns])?;
             let half = self.with(cx, "remainder", n, 2.0)?;
             let even = self.with(cx, "eq", half, 0.0)?;
             // even: near + toward * r; odd: far - toward * r
             let tr = self.with(cx, "mul", r, toward)?;
             let a = self.with(cx, "add", tr, near)?;
             let nf = self.k(cx, far)?;
-            let b = self.bin(cx, "sub", nf, tr)?;
-            self.pick(cx, even, a, b)
+            let b = cx.op("sub", &[nf, tr])?;
+            cx.op("where", &[even, a, b])
         };
         let nlo = self.k(cx, lo)?;
-        let below_d = self.bin(cx, "sub", nlo, x)?;
+        let below_d = cx.op("sub", &[nlo, x])?;
         let below = side(cx, below_d, lo, hi, 1.0)?;
         let above_d = self.with(cx, "sub", x, hi)?;
         let above = side(cx, above_d, hi, lo, -1.0)?;
         let is_below = self.with(cx, "lt", x, lo)?;
         let is_above = self.with(cx, "gt", x, hi)?;
-        let y = self.pick(cx, is_above, above, x)?;
-        self.pick(cx, is_below, below, y)
+        let y = cx.op("where", &[is_above, above, x])?;
+        cx.op("where", &[is_below, below, y])
     }
 }
 
@@ -88,23 +79,23 @@ fn cubic_weights(o: &Ops, cx: &mut Cx, t: ValueId) -> Result<[ValueId; 4]> {
     let near = |cx: &mut Cx, d: ValueId| -> Result<ValueId> {
         let p = o.with(cx, "mul", d, a + 2.0)?;
         let p = o.with(cx, "sub", p, a + 3.0)?;
-        let dd = o.bin(cx, "mul", d, d)?;
-        let p = o.bin(cx, "mul", p, dd)?;
+        let dd = cx.op("mul", &[d, d])?;
+        let p = cx.op("mul", &[p, dd])?;
         o.with(cx, "add", p, 1.0)
     };
     let far = |cx: &mut Cx, d: ValueId| -> Result<ValueId> {
         let p = o.with(cx, "mul", d, a)?;
         let p = o.with(cx, "sub", p, 5.0 * a)?;
-        let p = o.bin(cx, "mul", p, d)?;
+        let p = cx.op("mul", &[p, d])?;
         let p = o.with(cx, "add", p, 8.0 * a)?;
-        let p = o.bin(cx, "mul", p, d)?;
+        let p = cx.op("mul", &[p, d])?;
         o.with(cx, "sub", p, 4.0 * a)
     };
     let t1 = o.with(cx, "add", t, 1.0)?;
     let one = o.k(cx, 1.0)?;
-    let u = o.bin(cx, "sub", one, t)?;
+    let u = cx.op("sub", &[one, t])?;
     let two = o.k(cx, 2.0)?;
-    let u2 = o.bin(cx, "sub", two, t)?;
+    let u2 = cx.op("sub", &[two, t])?;
     Ok([far(cx, t1)?, near(cx, t)?, near(cx, u)?, far(cx, u2)?])
 }
 
@@ -160,7 +151,7 @@ pub fn grid_sample(cx: &mut Cx) -> Result<Vec<Val>> {
             o.with(cx, "div", s, 2.0)?
         };
         if mode == "nearest" {
-            c = o.un(cx, "round", c)?;
+            c = cx.op("round", &[c])?;
         }
         c = match padding {
             Padding::Zeros => c,
@@ -168,26 +159,26 @@ pub fn grid_sample(cx: &mut Cx) -> Result<Vec<Val>> {
                 let out = {
                     let a = o.with(cx, "lt", c, lo)?;
                     let b = o.with(cx, "gt", c, hi)?;
-                    o.bin(cx, "logical_or", a, b)?
+                    cx.op("logical_or", &[a, b])?
                 };
                 let cl = o.clamp(cx, c, 0.0, len - 1.0)?;
-                o.pick(cx, out, cl, c)?
+                cx.op("where", &[out, cl, c])?
             }
             Padding::Reflection => o.reflect(cx, c, lo, hi)?,
         };
         let taps: Taps = match mode.as_str() {
             "nearest" => vec![(trunc(&o, cx, c)?, None)],
             "linear" | "bilinear" => {
-                let f = o.un(cx, "floor", c)?;
-                let t = o.bin(cx, "sub", c, f)?;
+                let f = cx.op("floor", &[c])?;
+                let t = cx.op("sub", &[c, f])?;
                 let one = o.k(cx, 1.0)?;
-                let w0 = o.bin(cx, "sub", one, t)?;
+                let w0 = cx.op("sub", &[one, t])?;
                 let f1 = o.with(cx, "add", f, 1.0)?;
                 vec![(f, Some(w0)), (f1, Some(t))]
             }
             "cubic" | "bicubic" => {
-                let f = o.un(cx, "floor", c)?;
-                let t = o.bin(cx, "sub", c, f)?;
+                let f = cx.op("floor", &[c])?;
+                let t = cx.op("sub", &[c, f])?;
                 let w = cubic_weights(&o, cx, t)?;
                 let mut v = Vec::with_capacity(4);
                 for (j, wj) in w.into_iter().enumerate() {
@@ -226,7 +217,7 @@ pub fn grid_sample(cx: &mut Cx) -> Result<Vec<Val>> {
                     let b = o.with(cx, "le", at, len - 1.0)?;
                     (
                         o.clamp(cx, at, 0.0, len - 1.0)?,
-                        Some(o.bin(cx, "logical_and", a, b)?),
+                        Some(cx.op("logical_and", &[a, b])?),
                     )
                 }
                 Padding::Border => (o.clamp(cx, at, 0.0, len - 1.0)?, None),
@@ -239,20 +230,20 @@ pub fn grid_sample(cx: &mut Cx) -> Result<Vec<Val>> {
             let scaled = o.with(cx, "mul", idx, stride)?;
             flat = Some(match flat {
                 None => scaled,
-                Some(f) => o.bin(cx, "add", f, scaled)?,
+                Some(f) => cx.op("add", &[f, scaled])?,
             });
             let mut wv = w;
             if let Some(v) = valid {
                 let m = super::elementwise::cast_to(cx, v, dtype)?;
                 wv = Some(match wv {
                     None => m,
-                    Some(w) => o.bin(cx, "mul", w, m)?,
+                    Some(w) => cx.op("mul", &[w, m])?,
                 });
             }
             if let Some(wv) = wv {
                 weight = Some(match weight {
                     None => wv,
-                    Some(w) => o.bin(cx, "mul", w, wv)?,
+                    Some(w) => cx.op("mul", &[w, wv])?,
                 });
             }
             stride *= len;
@@ -270,11 +261,11 @@ pub fn grid_sample(cx: &mut Cx) -> Result<Vec<Val>> {
         )?;
         if let Some(w) = weight {
             let w = cx.call("reshape", &[Some(w)], &[("shape", list(&[nb, 1, q]))])?;
-            v = o.bin(cx, "mul", v, w)?;
+            v = cx.op("mul", &[v, w])?;
         }
         acc = Some(match acc {
             None => v,
-            Some(a) => o.bin(cx, "add", a, v)?,
+            Some(a) => cx.op("add", &[a, v])?,
         });
     }
     let Some(acc) = acc else {
@@ -291,8 +282,8 @@ pub fn grid_sample(cx: &mut Cx) -> Result<Vec<Val>> {
 
 /// `x` rounded toward zero.
 fn trunc(o: &Ops, cx: &mut Cx, x: ValueId) -> Result<ValueId> {
-    let f = o.un(cx, "floor", x)?;
-    let c = o.un(cx, "ceil", x)?;
+    let f = cx.op("floor", &[x])?;
+    let c = cx.op("ceil", &[x])?;
     let neg = o.with(cx, "lt", x, 0.0)?;
-    o.pick(cx, neg, c, f)
+    cx.op("where", &[neg, c, f])
 }

@@ -30,19 +30,6 @@ pub(super) fn wrap_unsigned(cx: &mut Cx, x: ValueId, bits: u32) -> Result<ValueI
     cx.call("remainder", &[Some(x), Some(m)], &[])
 }
 
-fn binary(cx: &mut Cx, name: &str, x: ValueId, y: ValueId) -> Result<ValueId> {
-    cx.call(name, &[Some(x), Some(y)], &[])
-}
-
-fn with(cx: &mut Cx, name: &str, x: ValueId, s: f64) -> Result<ValueId> {
-    let c = cx.scalar(s, cx.dtype(x))?;
-    binary(cx, name, x, c)
-}
-
-fn select(cx: &mut Cx, c: ValueId, a: ValueId, b: ValueId) -> Result<ValueId> {
-    cx.call("where", &[Some(c), Some(a), Some(b)], &[])
-}
-
 /// The nearest value of format `f`: the quantum of `x`'s binade (a chain of comparisons, one
 /// per binade), then `round(x / q) * q`, both steps exact in the working float.
 fn round_to(cx: &mut Cx, x: ValueId, f: Minifloat, saturate: bool) -> Result<ValueId> {
@@ -56,34 +43,34 @@ fn round_to(cx: &mut Cx, x: ValueId, f: Minifloat, saturate: bool) -> Result<Val
     let m = f.mantissa as i32;
     let mut q = cx.scalar(2f64.powi(f.emin - m), work)?;
     for e in f.emin + 1..=f.emax() {
-        let ge = with(cx, "ge", a, 2f64.powi(e))?;
+        let ge = cx.with_scalar("ge", a, 2f64.powi(e))?;
         let qe = cx.scalar(2f64.powi(e - m), work)?;
-        q = select(cx, ge, qe, q)?;
+        q = cx.op("where", &[ge, qe, q])?;
     }
-    let steps = binary(cx, "div", x, q)?;
+    let steps = cx.op("div", &[x, q])?;
     let steps = cx.call("round", &[Some(steps)], &[])?;
-    let mut r = binary(cx, "mul", steps, q)?;
+    let mut r = cx.op("mul", &[steps, q])?;
     let ra = cx.call("abs", &[Some(r)], &[])?;
-    let over = with(cx, "gt", ra, f.max)?;
+    let over = cx.with_scalar("gt", ra, f.max)?;
     let sign = cx.call("sign", &[Some(x)], &[])?;
     let limit = if saturate || !(f.inf || f.nan) {
-        with(cx, "mul", sign, f.max)?
+        cx.with_scalar("mul", sign, f.max)?
     } else if f.inf {
-        with(cx, "mul", sign, f64::INFINITY)?
+        cx.with_scalar("mul", sign, f64::INFINITY)?
     } else {
         cx.scalar(f64::NAN, work)?
     };
-    r = select(cx, over, limit, r)?;
+    r = cx.op("where", &[over, limit, r])?;
     if !f.neg_zero {
-        let zero = with(cx, "eq", r, 0.0)?;
+        let zero = cx.with_scalar("eq", r, 0.0)?;
         let pos = cx.scalar(0.0, work)?;
-        r = select(cx, zero, pos, r)?;
+        r = cx.op("where", &[zero, pos, r])?;
     }
     if !f.nan {
         // a format without NaN: the reference gives -0 for it
         let nan = cx.call("isnan", &[Some(x)], &[])?;
         let z = cx.scalar(-0.0, work)?;
-        r = select(cx, nan, z, r)?;
+        r = cx.op("where", &[nan, z, r])?;
     }
     cast_to(cx, r, DType::F32)
 }
@@ -95,19 +82,19 @@ fn narrow(cx: &mut Cx, x: ValueId, h: Held) -> Result<ValueId> {
         .ok_or_else(|| crate::Error::DType(format!("{h:?} is not an integer type")))?;
     let src = cx.dtype(x);
     if src.is_float() {
-        let above = with(cx, "gt", x, lo as f64 - 1.0)?;
-        let below = with(cx, "lt", x, hi as f64 + 1.0)?;
-        let inside = binary(cx, "logical_and", above, below)?;
+        let above = cx.with_scalar("gt", x, lo as f64 - 1.0)?;
+        let below = cx.with_scalar("lt", x, hi as f64 + 1.0)?;
+        let inside = cx.op("logical_and", &[above, below])?;
         let zero = cx.scalar(0.0, src)?;
-        let y = select(cx, inside, x, zero)?;
+        let y = cx.op("where", &[inside, x, zero])?;
         return cast_to(cx, y, h.dtype());
     }
     if src == DType::Bool {
         return cast_to(cx, x, h.dtype());
     }
     let w = cast_to(cx, x, DType::I64)?;
-    let shifted = with(cx, "sub", w, lo as f64)?;
-    let m = with(cx, "remainder", shifted, (hi - lo + 1) as f64)?;
-    let y = with(cx, "add", m, lo as f64)?;
+    let shifted = cx.with_scalar("sub", w, lo as f64)?;
+    let m = cx.with_scalar("remainder", shifted, (hi - lo + 1) as f64)?;
+    let y = cx.with_scalar("add", m, lo as f64)?;
     cast_to(cx, y, h.dtype())
 }

@@ -14,11 +14,6 @@ use crate::onnx::proto::data_type;
 use crate::onnx::tensor::dtype_of;
 use crate::{DType, Result, bail};
 
-fn call(cx: &mut Cx, name: &str, xs: &[ValueId]) -> Result<ValueId> {
-    let operands: Vec<Option<ValueId>> = xs.iter().map(|&x| Some(x)).collect();
-    cx.call(name, &operands, &[])
-}
-
 /// The range of an integer quantized type, `None` for the float ones.
 fn int_range(elem_type: i32) -> Result<Option<(f64, f64)>> {
     Ok(match elem_type {
@@ -115,7 +110,7 @@ fn saturate_round(
     let mut r = cx.call("round", &[Some(q)], &[])?;
     if let Some(zp) = zp {
         let z = cast_to(cx, zp, work)?;
-        r = call(cx, "add", &[r, z])?;
+        r = cx.op("add", &[r, z])?;
     }
     cx.call(
         "clamp",
@@ -144,7 +139,7 @@ pub fn quantize_linear(cx: &mut Cx) -> Result<Vec<Val>> {
         x = cast_to(cx, x, d)?;
         scale = cast_to(cx, scale, d)?;
     }
-    let q = call(cx, "div", &[x, scale])?;
+    let q = cx.op("div", &[x, scale])?;
     let out = match (int_range(target)?, held(target)) {
         (Some((lo, hi)), _) => {
             let r = saturate_round(cx, q, zp, lo, hi)?;
@@ -155,7 +150,7 @@ pub fn quantize_linear(cx: &mut Cx) -> Result<Vec<Val>> {
             let q = match zp {
                 Some(z) if f.bits == 4 => {
                     let z = cast_to(cx, z, cx.dtype(q))?;
-                    call(cx, "add", &[q, z])?
+                    cx.op("add", &[q, z])?
                 }
                 _ => q,
             };
@@ -182,10 +177,10 @@ pub fn dequantize_linear(cx: &mut Cx) -> Result<Vec<Val>> {
     let mut dx = cast_to(cx, x, work)?;
     if !float_x && let Some(zp) = spread_input(cx, 2, &shape)? {
         let z = cast_to(cx, zp, work)?;
-        dx = call(cx, "sub", &[dx, z])?;
+        dx = cx.op("sub", &[dx, z])?;
     }
     let s = cast_to(cx, scale, work)?;
-    let y = call(cx, "mul", &[dx, s])?;
+    let y = cx.op("mul", &[dx, s])?;
     let out = match cx.int("output_dtype", 0)? {
         0 => scale_dtype,
         t => dtype_of(t as i32)?,
@@ -208,24 +203,24 @@ pub fn dynamic_quantize_linear(cx: &mut Cx) -> Result<Vec<Val>> {
     let zero = cx.scalar(0.0, DType::F32)?;
     let xf = cast_to(cx, x, DType::F32)?;
     let hi = over_all(cx, "amax", xf)?;
-    let hi = call(cx, "maximum", &[hi, zero])?;
+    let hi = cx.op("maximum", &[hi, zero])?;
     let lo = over_all(cx, "amin", xf)?;
-    let lo = call(cx, "minimum", &[lo, zero])?;
-    let span = call(cx, "sub", &[hi, lo])?;
-    let flat = call(cx, "eq", &[hi, lo])?;
+    let lo = cx.op("minimum", &[lo, zero])?;
+    let span = cx.op("sub", &[hi, lo])?;
+    let flat = cx.op("eq", &[hi, lo])?;
     let one_ = cx.scalar(1.0, DType::F32)?;
     let span = cx.call("where", &[Some(flat), Some(one_), Some(span)], &[])?;
     let q_span = cx.scalar(255.0, DType::F32)?;
-    let scale = call(cx, "div", &[span, q_span])?;
-    let lo_steps = call(cx, "div", &[lo, scale])?;
-    let zp0 = call(cx, "sub", &[zero, lo_steps])?;
+    let scale = cx.op("div", &[span, q_span])?;
+    let lo_steps = cx.op("div", &[lo, scale])?;
+    let zp0 = cx.op("sub", &[zero, lo_steps])?;
     let zp = cx.call(
         "clamp",
         &[Some(zp0)],
         &[("min", Attr::Float(0.0)), ("max", Attr::Float(255.0))],
     )?;
     let zp = cx.call("round", &[Some(zp)], &[])?;
-    let q = call(cx, "div", &[xf, scale])?;
+    let q = cx.op("div", &[xf, scale])?;
     let y = saturate_round(cx, q, Some(zp), 0.0, 255.0)?;
     let y = cast_to(cx, y, DType::U8)?;
     let scale_out = cast_to(cx, scale, cx.dtype(x))?;
@@ -250,13 +245,13 @@ fn centered(cx: &mut Cx, i: usize, z: usize, per_row: bool) -> Result<ValueId> {
         dims[0] = n as i64;
         zf = cx.call("reshape", &[Some(zf)], &[("shape", list(&dims))])?;
     }
-    call(cx, "sub", &[xf, zf])
+    cx.op("sub", &[xf, zf])
 }
 
 pub fn matmul_integer(cx: &mut Cx) -> Result<Vec<Val>> {
     let a = centered(cx, 0, 2, false)?;
     let b = centered(cx, 1, 3, false)?;
-    let c = call(cx, "matmul", &[a, b])?;
+    let c = cx.op("matmul", &[a, b])?;
     one(cast_to(cx, c, DType::I32)?)
 }
 
@@ -282,10 +277,10 @@ fn requantize(
             &[("shape", list(&[1, n_sb as i64, 1, 1]))],
         )?;
     }
-    let m = call(cx, "mul", &[sa, sb])?;
-    let m = call(cx, "div", &[m, sy])?;
+    let m = cx.op("mul", &[sa, sb])?;
+    let m = cx.op("div", &[m, sy])?;
     let m = cast_to(cx, m, DType::F64)?;
-    let d = call(cx, "mul", &[acc, m])?;
+    let d = cx.op("mul", &[acc, m])?;
     let target = if cx.has(z_y) {
         cx.elem_type(z_y)?
     } else {
@@ -302,7 +297,7 @@ fn requantize(
 pub fn qlinear_matmul(cx: &mut Cx) -> Result<Vec<Val>> {
     let a = centered(cx, 0, 2, false)?;
     let b = centered(cx, 3, 5, false)?;
-    let c = call(cx, "matmul", &[a, b])?;
+    let c = cx.op("matmul", &[a, b])?;
     one(requantize(cx, c, 1, 4, 6, 7)?)
 }
 

@@ -181,10 +181,6 @@ fn narrow(cx: &mut Cx, x: ValueId, dim: i64, start: usize, len: usize) -> Result
     )
 }
 
-fn bin(cx: &mut Cx, op: &str, a: ValueId, b: ValueId) -> Result<ValueId> {
-    cx.call(op, &[Some(a), Some(b)], &[])
-}
-
 fn t(cx: &mut Cx, x: ValueId) -> Result<ValueId> {
     cx.call("t", &[Some(x)], &[])
 }
@@ -270,7 +266,7 @@ fn lower(cx: &mut Cx, kind: Kind) -> Result<Vec<Val>> {
         if let Some(b) = b {
             let bd = select(cx, b, 0, d as i64)?;
             let wb = narrow(cx, bd, 0, 0, gh)?;
-            xw = bin(cx, "add", xw, wb)?;
+            xw = cx.op("add", &[xw, wb])?;
             rb = Some(narrow(cx, bd, 0, gh, gh)?);
         }
         let peep = match p {
@@ -385,9 +381,9 @@ fn cell(
         Kind::Rnn | Kind::Lstm => {
             let mut hr = cx.call("matmul", &[Some(h), Some(w.rt)], &[])?;
             if let Some(rb) = w.rb {
-                hr = bin(cx, "add", hr, rb)?;
+                hr = cx.op("add", &[hr, rb])?;
             }
-            let mut g = bin(cx, "add", xt, hr)?;
+            let mut g = cx.op("add", &[xt, hr])?;
             g = clipped(cx, g)?;
             if kind == Kind::Rnn {
                 return Ok((acts[0].apply(cx, g)?, None));
@@ -398,29 +394,29 @@ fn cell(
             let (mut i, mut o, mut f) = (gate(cx, g, 0)?, gate(cx, g, 1)?, gate(cx, g, 2)?);
             let cc = gate(cx, g, 3)?;
             if let Some([pi, _, pf]) = w.peep {
-                let a = bin(cx, "mul", pi, c)?;
-                i = bin(cx, "add", i, a)?;
-                let b = bin(cx, "mul", pf, c)?;
-                f = bin(cx, "add", f, b)?;
+                let a = cx.op("mul", &[pi, c])?;
+                i = cx.op("add", &[i, a])?;
+                let b = cx.op("mul", &[pf, c])?;
+                f = cx.op("add", &[f, b])?;
             }
             let i = acts[0].apply(cx, i)?;
             let f = if cx.int("input_forget", 0)? != 0 {
                 let one = cx.scalar(1.0, cx.dtype(i))?;
-                bin(cx, "sub", one, i)?
+                cx.op("sub", &[one, i])?
             } else {
                 acts[0].apply(cx, f)?
             };
             let ct = acts[1].apply(cx, cc)?;
-            let fc = bin(cx, "mul", f, c)?;
-            let ic = bin(cx, "mul", i, ct)?;
-            let c_new = bin(cx, "add", fc, ic)?;
+            let fc = cx.op("mul", &[f, c])?;
+            let ic = cx.op("mul", &[i, ct])?;
+            let c_new = cx.op("add", &[fc, ic])?;
             if let Some([_, po, _]) = w.peep {
-                let a = bin(cx, "mul", po, c_new)?;
-                o = bin(cx, "add", o, a)?;
+                let a = cx.op("mul", &[po, c_new])?;
+                o = cx.op("add", &[o, a])?;
             }
             let o = acts[0].apply(cx, o)?;
             let hc = acts[2].apply(cx, c_new)?;
-            Ok((bin(cx, "mul", o, hc)?, Some(c_new)))
+            Ok((cx.op("mul", &[o, hc])?, Some(c_new)))
         }
         Kind::Gru => {
             let lbr = cx.int("linear_before_reset", 0)? != 0;
@@ -433,41 +429,41 @@ fn cell(
             };
             let mut hzr = cx.call("matmul", &[Some(h), Some(rzr)], &[])?;
             if let Some(b) = bias(cx, 0, 2 * hidden)? {
-                hzr = bin(cx, "add", hzr, b)?;
+                hzr = cx.op("add", &[hzr, b])?;
             }
             let xz = gate(cx, xt, 0)?;
             let xr = gate(cx, xt, 1)?;
             let xh = gate(cx, xt, 2)?;
             let hz = narrow(cx, hzr, 1, 0, hidden)?;
             let hr = narrow(cx, hzr, 1, hidden, hidden)?;
-            let z = bin(cx, "add", xz, hz)?;
+            let z = cx.op("add", &[xz, hz])?;
             let z = clipped(cx, z)?;
             let z = acts[0].apply(cx, z)?;
-            let r = bin(cx, "add", xr, hr)?;
+            let r = cx.op("add", &[xr, hr])?;
             let r = clipped(cx, r)?;
             let r = acts[0].apply(cx, r)?;
             let bh = bias(cx, 2, hidden)?;
             let hh = if lbr {
                 let mut m = cx.call("matmul", &[Some(h), Some(rh)], &[])?;
                 if let Some(b) = bh {
-                    m = bin(cx, "add", m, b)?;
+                    m = cx.op("add", &[m, b])?;
                 }
-                bin(cx, "mul", r, m)?
+                cx.op("mul", &[r, m])?
             } else {
-                let rhp = bin(cx, "mul", r, h)?;
+                let rhp = cx.op("mul", &[r, h])?;
                 let mut m = cx.call("matmul", &[Some(rhp), Some(rh)], &[])?;
                 if let Some(b) = bh {
-                    m = bin(cx, "add", m, b)?;
+                    m = cx.op("add", &[m, b])?;
                 }
                 m
             };
-            let pre = bin(cx, "add", xh, hh)?;
+            let pre = cx.op("add", &[xh, hh])?;
             let pre = clipped(cx, pre)?;
             let ht = acts[1].apply(cx, pre)?;
             // (1 - z) ht + z h = ht + z (h - ht)
-            let diff = bin(cx, "sub", h, ht)?;
-            let zd = bin(cx, "mul", z, diff)?;
-            Ok((bin(cx, "add", ht, zd)?, None))
+            let diff = cx.op("sub", &[h, ht])?;
+            let zd = cx.op("mul", &[z, diff])?;
+            Ok((cx.op("add", &[ht, zd])?, None))
         }
     }
 }

@@ -36,15 +36,11 @@ fn k(cx: &mut Cx, v: f64) -> Result<ValueId> {
     cx.scalar(v, DType::F64)
 }
 
-fn bin(cx: &mut Cx, op: &str, a: ValueId, b: ValueId) -> Result<ValueId> {
-    cx.call(op, &[Some(a), Some(b)], &[])
-}
-
 /// `c * x + g`: the gradient with its L2 term.
 fn regularized(cx: &mut Cx, x: ValueId, g: ValueId, c: f64) -> Result<ValueId> {
     let c = k(cx, c)?;
-    let cx_ = bin(cx, "mul", x, c)?;
-    bin(cx, "add", cx_, g)
+    let cx_ = cx.op("mul", &[x, c])?;
+    cx.op("add", &[cx_, g])
 }
 
 pub fn adagrad(cx: &mut Cx) -> Result<Vec<Val>> {
@@ -56,24 +52,24 @@ pub fn adagrad(cx: &mut Cx) -> Result<Vec<Val>> {
     );
     // r / (1 + t * decay)
     let d = k(cx, decay)?;
-    let td = bin(cx, "mul", t, d)?;
+    let td = cx.op("mul", &[t, d])?;
     let one = k(cx, 1.0)?;
-    let den = bin(cx, "add", one, td)?;
-    let rate = bin(cx, "div", r, den)?;
+    let den = cx.op("add", &[one, td])?;
+    let rate = cx.op("div", &[r, den])?;
     let (mut xs, mut hs) = (Vec::new(), Vec::new());
     for i in 0..n {
         let (x, xd) = f64_input(cx, 2 + i)?;
         let (g, _) = f64_input(cx, 2 + n + i)?;
         let (h, hd) = f64_input(cx, 2 + 2 * n + i)?;
         let g = regularized(cx, x, g, norm)?;
-        let gg = bin(cx, "mul", g, g)?;
-        let h_new = bin(cx, "add", h, gg)?;
+        let gg = cx.op("mul", &[g, g])?;
+        let h_new = cx.op("add", &[h, gg])?;
         let root = cx.call("sqrt", &[Some(h_new)], &[])?;
         let e = k(cx, eps)?;
-        let root = bin(cx, "add", root, e)?;
-        let step = bin(cx, "mul", rate, g)?;
-        let step = bin(cx, "div", step, root)?;
-        let x_new = bin(cx, "sub", x, step)?;
+        let root = cx.op("add", &[root, e])?;
+        let step = cx.op("mul", &[rate, g])?;
+        let step = cx.op("div", &[step, root])?;
+        let x_new = cx.op("sub", &[x, step])?;
         xs.push(Val::node(cast_to(cx, x_new, xd)?));
         hs.push(Val::node(cast_to(cx, h_new, hd)?));
     }
@@ -95,15 +91,15 @@ pub fn adam(cx: &mut Cx) -> Result<Vec<Val>> {
     // r * sqrt(1 - beta^t) / (1 - alpha^t) after the first step, r at it
     let one = k(cx, 1.0)?;
     let (a, b) = (k(cx, alpha)?, k(cx, beta)?);
-    let bt = bin(cx, "pow", b, t)?;
-    let at = bin(cx, "pow", a, t)?;
-    let nb = bin(cx, "sub", one, bt)?;
+    let bt = cx.op("pow", &[b, t])?;
+    let at = cx.op("pow", &[a, t])?;
+    let nb = cx.op("sub", &[one, bt])?;
     let nb = cx.call("sqrt", &[Some(nb)], &[])?;
-    let na = bin(cx, "sub", one, at)?;
-    let adj = bin(cx, "mul", r, nb)?;
-    let adj = bin(cx, "div", adj, na)?;
+    let na = cx.op("sub", &[one, at])?;
+    let adj = cx.op("mul", &[r, nb])?;
+    let adj = cx.op("div", &[adj, na])?;
     let zero = k(cx, 0.0)?;
-    let started = bin(cx, "gt", t, zero)?;
+    let started = cx.op("gt", &[t, zero])?;
     let rate = cx.call("where", &[Some(started), Some(adj), Some(r)], &[])?;
     let (mut xs, mut vs, mut hs) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..n {
@@ -113,22 +109,22 @@ pub fn adam(cx: &mut Cx) -> Result<Vec<Val>> {
         let (h, _) = f64_input(cx, 2 + 3 * n + i)?;
         let g = regularized(cx, x, g, norm)?;
         let (ka, kb) = (k(cx, alpha)?, k(cx, 1.0 - alpha)?);
-        let va = bin(cx, "mul", v, ka)?;
-        let gb = bin(cx, "mul", g, kb)?;
-        let v_new = bin(cx, "add", va, gb)?;
+        let va = cx.op("mul", &[v, ka])?;
+        let gb = cx.op("mul", &[g, kb])?;
+        let v_new = cx.op("add", &[va, gb])?;
         let (kbeta, k1b) = (k(cx, beta)?, k(cx, 1.0 - beta)?);
-        let hb = bin(cx, "mul", h, kbeta)?;
-        let gg = bin(cx, "mul", g, g)?;
-        let gg = bin(cx, "mul", gg, k1b)?;
-        let h_new = bin(cx, "add", hb, gg)?;
+        let hb = cx.op("mul", &[h, kbeta])?;
+        let gg = cx.op("mul", &[g, g])?;
+        let gg = cx.op("mul", &[gg, k1b])?;
+        let h_new = cx.op("add", &[hb, gg])?;
         let root = cx.call("sqrt", &[Some(h_new)], &[])?;
         let e = k(cx, eps)?;
-        let root = bin(cx, "add", root, e)?;
-        let step = bin(cx, "div", v_new, root)?;
-        let step = bin(cx, "mul", rate, step)?;
-        let x_new = bin(cx, "sub", x, step)?;
+        let root = cx.op("add", &[root, e])?;
+        let step = cx.op("div", &[v_new, root])?;
+        let step = cx.op("mul", &[rate, step])?;
+        let x_new = cx.op("sub", &[x, step])?;
         let keep = k(cx, 1.0 - post)?;
-        let x_final = bin(cx, "mul", x_new, keep)?;
+        let x_final = cx.op("mul", &[x_new, keep])?;
         // the reference writes every Adam output as float32
         xs.push(Val::node(cast_to(cx, x_final, DType::F32)?));
         vs.push(Val::node(cast_to(cx, v_new, DType::F32)?));
@@ -153,7 +149,7 @@ pub fn momentum(cx: &mut Cx) -> Result<Vec<Val>> {
     };
     // beta after the first step, 1 at it
     let zero = k(cx, 0.0)?;
-    let started = bin(cx, "gt", t, zero)?;
+    let started = cx.op("gt", &[t, zero])?;
     let (b, one) = (k(cx, beta)?, k(cx, 1.0)?);
     let beta_t = cx.call("where", &[Some(started), Some(b), Some(one)], &[])?;
     let (mut xs, mut vs) = (Vec::new(), Vec::new());
@@ -163,17 +159,17 @@ pub fn momentum(cx: &mut Cx) -> Result<Vec<Val>> {
         let (v, vd) = f64_input(cx, 2 + 2 * n + i)?;
         let g = regularized(cx, x, g, norm)?;
         let a = k(cx, alpha)?;
-        let va = bin(cx, "mul", v, a)?;
-        let gb = bin(cx, "mul", g, beta_t)?;
-        let v_new = bin(cx, "add", va, gb)?;
+        let va = cx.op("mul", &[v, a])?;
+        let gb = cx.op("mul", &[g, beta_t])?;
+        let v_new = cx.op("add", &[va, gb])?;
         let dir = if nesterov {
-            let av = bin(cx, "mul", v_new, a)?;
-            bin(cx, "add", g, av)?
+            let av = cx.op("mul", &[v_new, a])?;
+            cx.op("add", &[g, av])?
         } else {
             v_new
         };
-        let step = bin(cx, "mul", r, dir)?;
-        let x_new = bin(cx, "sub", x, step)?;
+        let step = cx.op("mul", &[r, dir])?;
+        let x_new = cx.op("sub", &[x, step])?;
         xs.push(Val::node(cast_to(cx, x_new, xd)?));
         vs.push(Val::node(cast_to(cx, v_new, vd)?));
     }
