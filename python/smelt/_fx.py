@@ -133,9 +133,6 @@ class _Emitter:
     def __init__(self):
         self.stmts: list[list] = []  # [name, type text or None, "op(operands, attrs)"]
         self.defs: dict[str, int] = {}  # value name -> index of its statement
-        # value name -> the 2-D value it is the transpose of: `mm(x, t(w))` is written as
-        # `linear(x, w)`, which multiplies by the weight in place instead of by a copy
-        self.transpose_of: dict[str, Any] = {}
 
     def op(self, name: str, *operands, **attrs) -> str:
         v = f"%v{len(self.stmts)}"
@@ -444,17 +441,13 @@ def _masked_fill_tensor(e, n, x, mask, value):
 @_op(aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default)
 def _matmul(e, n, x, **other):
     (y,) = other.values()  # mat2 / vec / tensor
-    w = e.transpose_of.get(str(y)) if n.target is aten.mm.default else None
-    return e.op("matmul", x, y) if w is None else e.op("linear", x, w)
+    return e.op("matmul", x, y)
 
 
 @_op(aten.addmm.default)
 def _addmm(e, n, x, mat1, mat2, beta, alpha):
     # beta * x + alpha * (mat1 @ mat2); with beta == 0 the bias is ignored (NaNs included)
-    w = e.transpose_of.get(str(mat2))
-    if w is not None and alpha == 1 and beta == 1 and x.ndim == 1:
-        return e.op("linear", mat1, w, x)  # nn.Linear: x @ w.T + b
-    m = e.op("matmul", mat1, mat2) if w is None else e.op("linear", mat1, w)
+    m = e.op("matmul", mat1, mat2)
     if alpha != 1:
         m = e.op("mul", m, alpha)
     if beta == 0:
@@ -711,28 +704,19 @@ def _expand(e, n, x, size, implicit):
     return e.op("expand", x, size=_shape(n))
 
 
-def _transposed(e, x, v):
-    """Notes that `v` is `x` transposed, when `x` is 2-D."""
-    if x.ndim == 2:
-        e.transpose_of[v] = x
-    return v
-
-
 @_op(aten.permute.default)
 def _permute(e, n, x, dims):
-    v = e.op("permute", x, dims=list(dims))
-    return _transposed(e, x, v) if list(dims) == [1, 0] else v
+    return e.op("permute", x, dims=list(dims))
 
 
 @_op(aten.t.default)
 def _t2d(e, n, x):
-    return _transposed(e, x, e.op("t", x))
+    return e.op("t", x)
 
 
 @_op(aten.transpose.int)
 def _transpose(e, n, x, dim0, dim1):
-    v = e.op("transpose", x, dim0=dim0, dim1=dim1)
-    return _transposed(e, x, v) if (dim0 - dim1) % 2 else v
+    return e.op("transpose", x, dim0=dim0, dim1=dim1)
 
 
 @_op(aten.unsqueeze.default)
