@@ -7,6 +7,8 @@ translated to `.smelt` text and compiled by smelt; any other node stays in PyTor
 cross between the two by DLPack, without copies.
 
 Options (`torch.compile(..., options={...})`): `fuse` (default True).
+
+PyTorch loads this module through the backend's entry point; `import smelt` alone does not.
 """
 
 from __future__ import annotations
@@ -14,17 +16,20 @@ from __future__ import annotations
 import functools
 import operator
 
-from . import _smelt
+import torch
+from torch._decomp import core_aten_decompositions
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from . import _fx, _smelt
 
 __all__ = ["smelt_backend", "explain"]
 
 
 def smelt_backend(gm, example_inputs, options=None, **_ignored):
     """The backend Dynamo calls (registered as "smelt" through the package's entry point)."""
-    import torch
-    from torch._decomp import core_aten_decompositions
-    from torch._dynamo.backends.common import aot_autograd
-
     options = dict(options or {})
     report = options.pop("_report", None)
     unknown = set(options) - {"fuse"}
@@ -45,17 +50,7 @@ def smelt_backend(gm, example_inputs, options=None, **_ignored):
 
 def _compile_graph(gm, example_inputs, fuse=True, report=None):
     """One ATen graph: smelt runs the parts it supports, PyTorch the rest."""
-    from torch._functorch.aot_autograd import make_boxed_func
-    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
-    from torch.fx.passes.operator_support import OperatorSupportBase
-
-    from . import _fx
-
-    class Support(OperatorSupportBase):
-        def is_node_supported(self, submodules, node):
-            return node.op == "call_function" and _fx.supported(node)
-
-    partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True)
+    partitioner = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True)
     partitions = partitioner.propose_partitions()
     fused = partitioner.fuse_partitions(partitions)
     in_smelt, in_torch = [], []
@@ -65,7 +60,7 @@ def _compile_graph(gm, example_inputs, fuse=True, report=None):
             _carry_meta(node, sub)
             in_smelt.append(sorted(n.target.__name__ for n in sub.graph.nodes
                                    if n.op == "call_function"))
-            setattr(fused, node.target, _SmeltModule(sub, fuse))
+            setattr(fused, node.target, SmeltModule(sub, fuse))
         elif node.op == "call_function" and node.target is not operator.getitem:
             # (getitem only unpacks a fused subgraph's tuple of results)
             in_torch.append(getattr(node.target, "__name__", str(node.target)))
@@ -84,53 +79,49 @@ def _carry_meta(call, sub):
             p.meta["val"] = a.meta["val"]
 
 
-class _SmeltModule:
+class _Support(OperatorSupportBase):
+    def is_node_supported(self, submodules, node):
+        return node.op == "call_function" and _fx.supported(node)
+
+
+class SmeltModule(torch.nn.Module):
     """Stands in for a fused subgraph: translates it once, compiles it with smelt, and runs
     it on the subgraph's inputs through DLPack."""
 
-    def __new__(cls, sub, fuse):
-        import torch
+    def __init__(self, sub, fuse: bool):
+        super().__init__()
+        example = [p.meta.get("val") for p in sub.graph.nodes if p.op == "placeholder"]
+        self.translation = _fx.to_smelt(sub, example)
+        self.fn = _smelt.compile(self.translation.text, fuse=fuse, file="<torch.compile>")
+        self.single = _single_output(sub)
+        self.kept = {}  # argument position -> (parameter, its version, smelt's view)
 
-        from . import _fx
+    def imported(self, i, a):
+        """`a` as a smelt tensor. A parameter keeps its smelt view between calls while
+        PyTorch has not written to it, so that what smelt derives from a weight (a
+        convolution's reordered copy) is reused, as for its own."""
+        if not isinstance(a, torch.nn.Parameter):
+            return _smelt.from_dlpack(a.detach())
+        kept = self.kept.get(i)
+        if kept is not None and kept[0] is a and kept[1] == a._version:
+            return kept[2]
+        raw = _smelt.from_dlpack(a.detach())
+        self.kept[i] = (a, a._version, raw)
+        return raw
 
-        class SmeltModule(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                example = [p.meta.get("val") for p in sub.graph.nodes if p.op == "placeholder"]
-                self.translation = _fx.to_smelt(sub, example)
-                self.fn = _smelt.compile(self.translation.text, fuse=fuse, file="<torch.compile>")
-                self.single = _single_output(sub)
-                self.kept = {}  # argument position -> (parameter, its version, smelt's view)
-
-            def imported(self, i, a):
-                """`a` as a smelt tensor. A parameter keeps its smelt view between calls
-                while PyTorch has not written to it, so that what smelt derives from a
-                weight (a convolution's reordered copy) is reused, as for its own."""
-                if not isinstance(a, torch.nn.Parameter):
-                    return _smelt.from_dlpack(a.detach())
-                kept = self.kept.get(i)
-                if kept is not None and kept[0] is a and kept[1] == a._version:
-                    return kept[2]
-                raw = _smelt.from_dlpack(a.detach())
-                self.kept[i] = (a, a._version, raw)
-                return raw
-
-            def forward(self, *args):
-                raw = [self.imported(i, a) for i, a in enumerate(args)]
-                outs = self.fn(*raw)
-                results = []
-                for spec in self.translation.outputs:
-                    if spec[0] == "value":
-                        results.append(torch.from_dlpack(outs[spec[1]]))
-                    elif spec[0] == "input":
-                        results.append(args[spec[1]])
-                    elif spec[0] == "copy":
-                        results.append(args[spec[1]].clone())
-                    else:
-                        results.append(None)
-                return results[0] if self.single else tuple(results)
-
-        return SmeltModule()
+    def forward(self, *args):
+        outs = self.fn(*[self.imported(i, a) for i, a in enumerate(args)])
+        results = []
+        for spec in self.translation.outputs:
+            if spec[0] == "value":
+                results.append(torch.from_dlpack(outs[spec[1]]))
+            elif spec[0] == "input":
+                results.append(args[spec[1]])
+            elif spec[0] == "copy":
+                results.append(args[spec[1]].clone())
+            else:
+                results.append(None)
+        return results[0] if self.single else tuple(results)
 
 
 def _single_output(sub) -> bool:
@@ -142,8 +133,6 @@ def _single_output(sub) -> bool:
 def explain(fn, *args, **kwargs):
     """Compiles `fn` with the smelt backend, calls it on `args`, and reports how each graph
     was split: the ATen ops smelt runs (per compiled subgraph) and those left to PyTorch."""
-    import torch
-
     report: list = []
     backend = functools.partial(smelt_backend, options={"_report": report})
     compiled = torch.compile(fn, backend=backend)
