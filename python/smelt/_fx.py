@@ -934,10 +934,6 @@ def _one_index(n) -> bool:
     )
 
 
-def _flat_index(e, idx, size):
-    """The index tensor flattened to 1-D, negative entries wrapped as PyTorch does."""
-    flat = e.op("reshape", idx, shape=[idx.numel]) if idx.ndim != 1 else idx
-    return e.op("where", e.op("lt", flat, 0), e.op("add", flat, size), flat)
 
 
 def _adjacent_indices(n) -> bool:
@@ -955,6 +951,11 @@ def _adjacent_indices(n) -> bool:
 def _wrapped(e, idx, size):
     """Negative entries of an index counted from the end, as PyTorch does."""
     return e.op("where", e.op("lt", idx, 0), e.op("add", idx, size), idx)
+
+
+def _flat_index(e, idx, size):
+    """The index tensor flattened to 1-D, negative entries wrapped."""
+    return _wrapped(e, e.op("reshape", idx, shape=[idx.numel]) if idx.ndim != 1 else idx, size)
 
 
 @_op(aten.index.Tensor, check=_adjacent_indices)
