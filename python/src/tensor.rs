@@ -231,15 +231,13 @@ pub fn op(
         slots.push(t.is_some());
         inputs.extend(t);
     }
-    let mut pairs: Vec<(String, Attr)> = Vec::new();
-    if let Some(d) = attrs {
-        for (k, v) in d.iter() {
-            let k: String = k.extract()?;
-            let a = attr(&k, &v)?;
-            pairs.push((k, a));
-        }
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    for (k, v) in attrs.iter().flat_map(|d| d.iter()) {
+        let k: String = k.extract()?;
+        values.push(attr(&k, &v)?);
+        keys.push(k);
     }
-    let named: Vec<(&str, Attr)> = pairs.iter().map(|(k, a)| (k.as_str(), a.clone())).collect();
+    let named: Vec<(&str, Attr)> = keys.iter().map(String::as_str).zip(values).collect();
     let op = Op::from_call(name, &slots, &named).py()?;
     // the kernels may use the thread pool: let other Python threads run meanwhile
     let out = py.detach(move || {
