@@ -48,6 +48,7 @@ impl Loaded {
         }
         // lay out the allocated sections
         let mut base: HashMap<object::SectionIndex, usize> = HashMap::new();
+        let mut extent: HashMap<object::SectionIndex, usize> = HashMap::new();
         let mut size = 0usize;
         for s in file.sections() {
             if !matches!(
@@ -62,9 +63,14 @@ impl Loaded {
                 continue;
             }
             let align = usize::try_from(s.align().max(1)).map_err(bad)?;
-            size = size.next_multiple_of(align);
-            base.insert(s.index(), size);
-            size += usize::try_from(s.size()).map_err(bad)?;
+            let len = usize::try_from(s.size()).map_err(bad)?;
+            size = size
+                .checked_next_multiple_of(align)
+                .and_then(|at| at.checked_add(len))
+                .filter(|&end| end <= MAX_IMAGE_BYTES)
+                .ok_or_else(|| bad("sections larger than an object smelt writes"))?;
+            base.insert(s.index(), size - len);
+            extent.insert(s.index(), len);
         }
         // symbols, and the GOT slots and stubs of the ones relocations reach indirectly
         let mut addr_of: HashMap<object::SymbolIndex, (String, Option<usize>)> = HashMap::new();
@@ -74,12 +80,16 @@ impl Loaded {
             }
             let name = sym.name().unwrap_or("").to_string();
             let local = match sym.section_index() {
-                Some(i) => Some(
-                    base.get(&i)
-                        .copied()
-                        .ok_or_else(|| bad(format!("{name} in an unloaded section")))?
-                        + usize::try_from(sym.address()).map_err(bad)?,
-                ),
+                Some(i) => {
+                    let (Some(&b), Some(&len)) = (base.get(&i), extent.get(&i)) else {
+                        return Err(bad(format!("{name} in an unloaded section")));
+                    };
+                    let off = usize::try_from(sym.address())
+                        .ok()
+                        .filter(|&o| o <= len)
+                        .ok_or_else(|| bad(format!("{name} lies outside its section")))?;
+                    Some(b + off)
+                }
                 None => None,
             };
             addr_of.insert(sym.index(), (name, local));
@@ -131,6 +141,9 @@ impl Loaded {
         for s in file.sections() {
             if let Some(&b) = base.get(&s.index()) {
                 let data = s.data().map_err(bad)?;
+                if data.len() > extent[&s.index()] {
+                    return Err(bad("a section holds more bytes than its size"));
+                }
                 map[b..b + data.len()].copy_from_slice(data);
             }
         }
@@ -174,17 +187,21 @@ impl Loaded {
             let RelocationFlags::Elf { r_type } = r.flags() else {
                 continue;
             };
-            let at = base[section] + usize::try_from(*offset).map_err(bad)?;
-            let place = start + at;
-            let a = r.addend();
             let width = if r_type == object::elf::R_X86_64_64 {
                 8
             } else {
                 4
             };
-            if at + width > size {
-                return Err(bad("a relocation outside the code"));
-            }
+            let inside = usize::try_from(*offset).ok().filter(|&o| {
+                o.checked_add(width)
+                    .is_some_and(|end| end <= extent[section])
+            });
+            let Some(off) = inside else {
+                return Err(bad("a relocation outside its section"));
+            };
+            let at = base[section] + off;
+            let place = start + at;
+            let a = r.addend();
             let add = |x: usize| (x as i64).wrapping_add(a) as usize;
             match r_type {
                 object::elf::R_X86_64_64 => {
@@ -216,6 +233,10 @@ impl Loaded {
         Ok(Loaded { map, symbols })
     }
 }
+
+/// The most bytes an object's sections may take when loaded (a model's kernels take a few
+/// MiB; anything near this is not an object smelt wrote).
+const MAX_IMAGE_BYTES: usize = 1 << 32;
 
 /// `to - from` as a 32-bit displacement.
 fn rel32(to: usize, from: usize) -> Result<i32> {

@@ -134,18 +134,18 @@ impl IndexMap {
     pub fn ignores_from(&self, first: usize) -> bool {
         self.strides.iter().skip(first).all(|&s| s == 0)
     }
-    /// Largest element index reached over `space`, plus one (0 for an empty space).
+    /// Largest element index reached over `space`, plus one (0 for an empty space);
+    /// `usize::MAX` where that overflows, so that a bounds check on it fails.
     pub fn extent(&self, space: &[usize]) -> usize {
-        if numel(space) == 0 {
+        if space.contains(&0) {
             return 0;
         }
-        self.offset
-            + space
-                .iter()
-                .zip(&self.strides)
-                .map(|(&n, &s)| (n - 1) * s)
-                .sum::<usize>()
-            + 1
+        space
+            .iter()
+            .zip(&self.strides)
+            .fold(self.offset.saturating_add(1), |e, (&n, &s)| {
+                e.saturating_add((n - 1).saturating_mul(s))
+            })
     }
 }
 
@@ -535,6 +535,19 @@ impl Schedule {
     /// Checks every invariant a backend relies on: ids in range, SSA order, typing of loads
     /// and stores, pass structure, and that every map stays inside its buffer.
     pub fn validate(&self) -> Result<()> {
+        // sizes first: everything below multiplies them
+        for (i, b) in self.buffers.iter().enumerate() {
+            let bytes = crate::ir::shape::checked_numel(&b.shape)
+                .ok()
+                .and_then(|n| n.checked_mul(b.dtype.size()));
+            if bytes.is_none_or(|n| n > isize::MAX as usize) {
+                bail!(
+                    Value,
+                    "schedule: buffer b{i} of shape {:?} is too large",
+                    b.shape
+                );
+            }
+        }
         for &b in &self.inputs {
             self.buffer(b)?;
         }
