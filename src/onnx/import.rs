@@ -615,6 +615,14 @@ impl Cx<'_> {
         present.into_iter().map(|i| self.x(i)).collect()
     }
 
+    /// Input `i`'s value as given, known or not (an error when absent).
+    pub fn val(&self, i: usize) -> Result<Val> {
+        if !self.has(i) {
+            bail!(Value, "input {i} is required");
+        }
+        self.imp.get(&self.node.input[i]).cloned()
+    }
+
     /// Input `i`'s ONNX element type.
     pub fn elem_type(&self, i: usize) -> Result<i32> {
         if !self.has(i) {

@@ -496,7 +496,10 @@ pub fn linear_attention(cx: &mut Cx) -> Result<Vec<Val>> {
     let (q, k, v) = (cx.x(0)?, cx.x(1)?, cx.x(2)?);
     let out_dtype = cx.dtype(q);
     let qs = cx.shape(q);
-    let (b, t) = (qs[0] as i64, qs.get(1).copied().unwrap_or(0));
+    if qs.len() != 3 {
+        bail!(Value, "the query has shape {qs:?}, not [B, T, H*d]");
+    }
+    let (b, t) = (qs[0] as i64, qs[1]);
     if t > MAX_LINEAR_ATTENTION_STEPS {
         bail!(
             Value,

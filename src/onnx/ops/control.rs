@@ -44,11 +44,6 @@ fn inline(cx: &mut Cx, g: &GraphProto, inputs: Vec<Val>) -> Result<Vec<Val>> {
         .collect()
 }
 
-/// The value of input `i` as given, known or not.
-fn val(cx: &Cx, i: usize) -> Result<Val> {
-    cx.imp.get(&cx.node.input[i]).cloned()
-}
-
 fn truth(v: &Val, what: &str) -> Result<bool> {
     match &v.known {
         Some(t) => Ok(ints_of(t)?.first().is_some_and(|&x| x != 0)),
@@ -82,7 +77,7 @@ pub fn loop_(cx: &mut Cx) -> Result<Vec<Val>> {
         None => true,
     };
     let mut carried: Vec<Val> = (2..cx.n_inputs())
-        .map(|i| val(cx, i))
+        .map(|i| cx.val(i))
         .collect::<Result<_>>()?;
     let n = carried.len();
     let mut scans: Vec<Vec<ValueId>> = Vec::new();
@@ -163,7 +158,7 @@ pub fn scan(cx: &mut Cx) -> Result<Vec<Val>> {
     let in_dirs = cx
         .ints("scan_input_directions")?
         .unwrap_or_else(|| vec![0; m]);
-    let mut states: Vec<Val> = (0..n).map(|i| val(cx, i)).collect::<Result<_>>()?;
+    let mut states: Vec<Val> = (0..n).map(|i| cx.val(i)).collect::<Result<_>>()?;
     let mut xs = Vec::new();
     let mut len = None;
     for (j, &in_axis) in in_axes.iter().enumerate().take(m) {
@@ -236,5 +231,5 @@ pub fn optional_get_element(cx: &mut Cx) -> Result<Vec<Val>> {
     if !cx.has(0) {
         bail!(Value, "the optional input is empty");
     }
-    Ok(vec![cx.imp.get(&cx.node.input[0])?.clone()])
+    Ok(vec![cx.val(0)?])
 }

@@ -60,8 +60,7 @@ simple! {
 }
 
 pub fn identity(cx: &mut Cx) -> Result<Vec<Val>> {
-    let name = &cx.node.input[0];
-    Ok(vec![cx.imp.get(name)?.clone()])
+    Ok(vec![cx.val(0)?])
 }
 
 pub fn div(cx: &mut Cx) -> Result<Vec<Val>> {

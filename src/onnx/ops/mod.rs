@@ -282,10 +282,11 @@ fn list(xs: &[i64]) -> Attr {
     Attr::List(xs.iter().map(|&x| Attr::Int(x)).collect())
 }
 
-/// `axis` counted from the end when negative, checked against `rank`.
+/// `axis` counted from the end when negative, checked against `rank` (a rank-0 tensor has
+/// no axis).
 fn axis(a: i64, rank: i64) -> Result<i64> {
     let r = if a < 0 { a + rank } else { a };
-    if r < 0 || r >= rank.max(1) && !(rank == 0 && r == 0) {
+    if r < 0 || r >= rank {
         bail!(Value, "axis {a} is out of range for rank {rank}");
     }
     Ok(r)

@@ -78,6 +78,9 @@ struct Window {
     hi: Vec<i64>,
 }
 
+/// The largest kernel size, stride, dilation or padding a window may have.
+const MAX_WINDOW: i64 = 1 << 24;
+
 fn window(cx: &Cx, spatial: &[usize], kernel: Vec<i64>) -> Result<Window> {
     let n = spatial.len();
     let strides = cx.ints("strides")?.unwrap_or_else(|| vec![1; n]);
@@ -85,12 +88,24 @@ fn window(cx: &Cx, spatial: &[usize], kernel: Vec<i64>) -> Result<Window> {
     if kernel.len() != n || strides.len() != n || dilations.len() != n {
         bail!(Value, "kernel, strides and dilations must have {n} entries");
     }
+    // the window arithmetic divides by strides and multiplies sizes: keep it in range
+    let positive = |xs: &[i64]| xs.iter().all(|&x| (1..=MAX_WINDOW).contains(&x));
+    if !positive(&kernel) || !positive(&strides) || !positive(&dilations) {
+        bail!(
+            Value,
+            "kernel {kernel:?}, strides {strides:?} and dilations {dilations:?} must lie in \
+             1..={MAX_WINDOW}"
+        );
+    }
     let auto = cx.string("auto_pad")?.unwrap_or_else(|| "NOTSET".into());
     let (lo, hi) = match auto.as_str() {
         "NOTSET" => {
             let p = cx.ints("pads")?.unwrap_or_else(|| vec![0; 2 * n]);
             if p.len() != 2 * n {
                 bail!(Value, "pads must have {} entries, got {}", 2 * n, p.len());
+            }
+            if p.iter().any(|&x| !(0..=MAX_WINDOW).contains(&x)) {
+                bail!(Value, "pads {p:?} must lie in 0..={MAX_WINDOW}");
             }
             (p[..n].to_vec(), p[n..].to_vec())
         }
@@ -468,6 +483,9 @@ pub fn batch_norm(cx: &mut Cx) -> Result<Vec<Val>> {
 
 /// `v` of shape `[C]` reshaped to broadcast over dim 1 of a rank-`r` tensor.
 fn per_channel(cx: &mut Cx, v: ValueId, r: usize) -> Result<ValueId> {
+    if r < 2 {
+        bail!(Value, "the input has rank {r}, so no channel dim (dim 1)");
+    }
     let mut s = vec![1i64; r];
     s[1] = -1;
     cx.call("reshape", &[Some(v)], &[("shape", list(&s))])

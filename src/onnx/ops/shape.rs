@@ -79,12 +79,11 @@ pub fn squeeze(cx: &mut Cx) -> Result<Vec<Val>> {
         Some(a) => {
             let a: Vec<i64> = a.iter().map(|&d| axis(d, r)).collect::<Result<_>>()?;
             for &d in &a {
-                if shape[d as usize] != 1 {
-                    bail!(
-                        Value,
-                        "cannot squeeze axis {d} of size {}",
-                        shape[d as usize]
-                    );
+                match shape.get(d as usize) {
+                    Some(1) => {}
+                    Some(n) => bail!(Value, "cannot squeeze axis {d} of size {n}"),
+                    // a rank-0 input has no axis 0 to squeeze
+                    None => bail!(Value, "axis {d} is out of range for rank {r}"),
                 }
             }
             (0..r)
