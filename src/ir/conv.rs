@@ -7,7 +7,7 @@
 use super::dtype::DType;
 use super::op::TensorType;
 use super::unary::Real;
-use crate::{Result, bail};
+use crate::{Error, Result, bail};
 
 /// The `padding` of a convolution: sizes per spatial dim, or PyTorch's two strings.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -174,12 +174,26 @@ impl ConvGeometry {
     /// `kernel`, with PyTorch's message when the kernel does not fit the padded input.
     pub fn output_size(&self, input: &[usize], kernel: &[usize]) -> Result<Vec<usize>> {
         let n = input.len();
+        if let Some(i) = (0..n).find(|&i| kernel[i] == 0) {
+            bail!(Shape, "kernel size 0 in spatial dim {i}: {kernel:?}");
+        }
+        let too_large = || Error::Shape(format!("a window of {kernel:?} over {input:?} overflows"));
         let padded: Vec<usize> = (0..n)
-            .map(|i| input[i] + self.pad_lo[i] + self.pad_hi[i])
-            .collect();
+            .map(|i| {
+                input[i]
+                    .checked_add(self.pad_lo[i])
+                    .and_then(|x| x.checked_add(self.pad_hi[i]))
+                    .ok_or_else(too_large)
+            })
+            .collect::<Result<_>>()?;
         let span: Vec<usize> = (0..n)
-            .map(|i| self.dilation[i] * (kernel[i] - 1) + 1)
-            .collect();
+            .map(|i| {
+                self.dilation[i]
+                    .checked_mul(kernel[i] - 1)
+                    .and_then(|x| x.checked_add(1))
+                    .ok_or_else(too_large)
+            })
+            .collect::<Result<_>>()?;
         if (0..n).any(|i| padded[i] < span[i]) {
             bail!(
                 Shape,
