@@ -9,6 +9,7 @@ pub(crate) use bytes::literal;
 pub mod control;
 pub mod cuda;
 mod display;
+pub(crate) mod files;
 pub mod interp;
 pub mod npy;
 mod ops;
