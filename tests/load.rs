@@ -1,0 +1,169 @@
+//! Load: compiled functions called from 64 threads at once, each call on inputs of its own,
+//! return exactly what serial calls return, and the process's resident memory stays flat
+//! once warm; eager ops and tracing run on other threads at the same time.
+//!
+//! `SMELT_LOAD_SECONDS` sets how long the soak runs (default 8). The long run of
+//! docs/fuzzing.md is `SMELT_LOAD_SECONDS=600 cargo test --release --test load -- --nocapture`.
+//! One test in this file: it reads the whole process's memory.
+
+mod common;
+
+use common::inputs_for;
+use smelt::Tensor;
+use smelt::exec::{CompileOptions, CompiledFn};
+use smelt::ir::parse_module;
+use smelt::jit::trace;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Callers of the compiled functions.
+const THREADS: usize = 64;
+/// Distinct input sets, each with its serial result.
+const SETS: u64 = 12;
+
+/// A transformer-style block whose kernels are large enough to split across the pool's
+/// threads, so that outer callers and inner chunks compete.
+const BLOCK: &str = "graph block(%x: f32[64,256], %w1: f32[512,256], %b1: f32[512], %w2: f32[256,512], %g: f32[256], %b: f32[256]) {
+  %h = linear(%x, %w1, %b1)
+  %a = gelu(%h)
+  %y = linear(%a, %w2)
+  %n = layer_norm(%y, %g, %b, normalized_shape=[256], eps=1e-5)
+  %s = softmax(%n, dim=-1)
+  %t = sum(%s, dim=[0])
+  return %s, %t
+}";
+
+/// Resident memory of this process in bytes (Linux; None elsewhere).
+fn rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+fn bits(ts: &[Tensor]) -> Vec<Vec<u8>> {
+    ts.iter().map(|t| t.to_bytes().unwrap()).collect()
+}
+
+fn seconds() -> f64 {
+    std::env::var("SMELT_LOAD_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(8.0)
+}
+
+/// Eager ops and a trace compiled and called: work for the other threads while the
+/// compiled functions are under load.
+fn eager_and_traced(seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let x = Tensor::from_vec(
+        (0..48)
+            .map(|i| ((i as u64 * 7 + seed) % 13) as f32 / 13.0)
+            .collect::<Vec<f32>>(),
+        &[6, 8],
+    )
+    .unwrap();
+    let eager = x
+        .matmul(&x.t().unwrap())
+        .unwrap()
+        .softmax(-1)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let traced = trace(
+        |xs: &[Tensor]| {
+            let y = xs[0].matmul(&xs[0].t()?)?.softmax(-1)?;
+            Ok(vec![y])
+        },
+        std::slice::from_ref(&x),
+    )
+    .unwrap()
+    .compile(&CompileOptions::default())
+    .unwrap()
+    .call(std::slice::from_ref(&x))
+    .unwrap()[0]
+        .to_vec::<f32>()
+        .unwrap();
+    (eager, traced)
+}
+
+#[test]
+fn sixty_four_threads_get_the_serial_results_and_memory_stays_flat() {
+    let g = parse_module(BLOCK, "block.smelt").unwrap().graphs.remove(0);
+    let f = CompiledFn::compile(&g, &CompileOptions::default()).unwrap();
+    let sets: Vec<Vec<Tensor>> = (0..SETS).map(|s| inputs_for(&g, 1000 + s)).collect();
+    let want: Vec<Vec<Vec<u8>>> = sets.iter().map(|ins| bits(&f.call(ins).unwrap())).collect();
+    // serial results are the interpreter's too (within rounding), so "the same" means right
+    let interp = smelt::jit::run_graph(&g, &sets[0]).unwrap();
+    for (a, b) in f.call(&sets[0]).unwrap().iter().zip(&interp) {
+        let (a, b) = (a.try_to_f64_vec().unwrap(), b.try_to_f64_vec().unwrap());
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
+        }
+    }
+    let (eager_want, traced_want) = eager_and_traced(0);
+
+    let secs = seconds();
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    // memory is sampled once the first quarter of the run has warmed every path up
+    let warm_at = Instant::now() + Duration::from_secs_f64(secs / 4.0);
+    let calls = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let mut samples: Vec<u64> = Vec::new();
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (f, sets, want, calls, stop) = (&f, &sets, &want, &calls, &stop);
+            let (eager_want, traced_want) = (&eager_want, &traced_want);
+            s.spawn(move || {
+                let mut i = t;
+                while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+                    let k = i % sets.len();
+                    let got = bits(&f.call(&sets[k]).unwrap());
+                    if got != want[k] {
+                        stop.store(true, Ordering::Relaxed);
+                        panic!(
+                            "thread {t}, call {i}: input set {k} differs from its serial result"
+                        );
+                    }
+                    // every eighth thread also runs eager ops and a fresh trace
+                    if t % 8 == 0 && i % 16 == t {
+                        let (e, tr) = eager_and_traced(0);
+                        assert_eq!(&e, eager_want, "eager under load");
+                        assert_eq!(&tr, traced_want, "traced under load");
+                    }
+                    calls.fetch_add(1, Ordering::Relaxed);
+                    i += THREADS;
+                }
+            });
+        }
+        while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+            if Instant::now() >= warm_at
+                && let Some(r) = rss_bytes()
+            {
+                samples.push(r);
+            }
+        }
+    });
+    let n = calls.load(Ordering::Relaxed);
+    assert!(n >= THREADS, "only {n} calls in {secs} s");
+    let mb = |b: u64| b as f64 / (1 << 20) as f64;
+    if let (Some(&first), Some(&max)) = (samples.first(), samples.iter().max()) {
+        let last = *samples.last().unwrap();
+        println!(
+            "{n} calls from {THREADS} threads in {secs} s ({:.0}/s); resident memory after \
+             warm-up {:.1} MiB, at most {:.1} MiB, at the end {:.1} MiB",
+            n as f64 / secs,
+            mb(first),
+            mb(max),
+            mb(last)
+        );
+        // flat: within 5% of the warm level (plus a page-table's slack for short runs)
+        let allowed = first + first / 20 + (4 << 20);
+        assert!(
+            last <= allowed,
+            "resident memory grew from {:.1} to {:.1} MiB under load",
+            mb(first),
+            mb(last)
+        );
+    }
+}
