@@ -134,16 +134,24 @@ class Function:
         return self._f.text()
 
 
-def compile(text: str, graph: str | None = None, fuse: bool = True, device: str = "cpu") -> Function:  # noqa: A001
-    """Compiles `.smelt` text (the first graph, or `graph`) with smelt's passes."""
-    return Function(_smelt.compile(text, graph=graph, fuse=fuse, device=device))
+def compile(  # noqa: A001
+    text: str, graph: str | None = None, fuse: bool = True, device: str = "cpu", fast_math: bool = False
+) -> Function:
+    """Compiles `.smelt` text (the first graph, or `graph`) with smelt's passes. `fast_math`
+    allows approximations that can change IEEE results (f32 sums in f32 lanes, reassociating
+    rewrites, `--use_fast_math` on a GPU)."""
+    return Function(_smelt.compile(text, graph=graph, fuse=fuse, device=device, fast_math=fast_math))
 
 
-def load(path: str, graph: str | None = None, fuse: bool = True, device: str = "cpu") -> Function:
-    """Compiles a `.smelt` file."""
+def load(
+    path: str, graph: str | None = None, fuse: bool = True, device: str = "cpu", fast_math: bool = False
+) -> Function:
+    """Compiles a `.smelt` file (options as for `compile`)."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    return Function(_smelt.compile(text, graph=graph, fuse=fuse, device=device, file=str(path)))
+    return Function(
+        _smelt.compile(text, graph=graph, fuse=fuse, device=device, file=str(path), fast_math=fast_math)
+    )
 
 
 __all__ = [

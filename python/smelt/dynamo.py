@@ -6,7 +6,8 @@ partitioned: the nodes smelt can express (`_fx.supported`) are grouped into subg
 translated to `.smelt` text and compiled by smelt; any other node stays in PyTorch. Tensors
 cross between the two by DLPack, without copies.
 
-Options (`torch.compile(..., options={...})`): `fuse` (default True).
+Options (`torch.compile(..., options={...})`): `fuse` (default True) and `fast_math`
+(default False: approximations that can change IEEE results, as `smelt.compile` takes them).
 
 PyTorch loads this module through the backend's entry point; `import smelt` alone does not.
 """
@@ -32,10 +33,12 @@ def smelt_backend(gm, example_inputs, options=None, **_ignored):
     """The backend Dynamo calls (registered as "smelt" through the package's entry point)."""
     options = dict(options or {})
     report = options.pop("_report", None)
-    unknown = set(options) - {"fuse"}
+    known = {"fuse": True, "fast_math": False}
+    unknown = set(options) - set(known)
     if unknown:
-        raise ValueError(f"smelt backend: unknown options {sorted(unknown)} (known: fuse)")
-    compiler = functools.partial(_compile_graph, fuse=options.get("fuse", True), report=report)
+        raise ValueError(f"smelt backend: unknown options {sorted(unknown)} (known: {', '.join(known)})")
+    flags = {k: bool(options.get(k, default)) for k, default in known.items()}
+    compiler = functools.partial(_compile_graph, flags=flags, report=report)
     if any(isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in example_inputs):
         # smelt's Python binding exchanges host tensors only for now: PyTorch runs the graph
         if report is not None:
@@ -48,7 +51,7 @@ def smelt_backend(gm, example_inputs, options=None, **_ignored):
     )(gm, example_inputs)
 
 
-def _compile_graph(gm, example_inputs, fuse=True, report=None):
+def _compile_graph(gm, example_inputs, flags=None, report=None):
     """One ATen graph: smelt runs the parts it supports, PyTorch the rest."""
     partitioner = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True)
     partitions = partitioner.propose_partitions()
@@ -60,7 +63,7 @@ def _compile_graph(gm, example_inputs, fuse=True, report=None):
             _carry_meta(node, sub)
             in_smelt.append(sorted(n.target.__name__ for n in sub.graph.nodes
                                    if n.op == "call_function"))
-            setattr(fused, node.target, SmeltModule(sub, fuse))
+            setattr(fused, node.target, SmeltModule(sub, flags or {}))
         elif node.op == "call_function" and node.target is not operator.getitem:
             # (getitem only unpacks a fused subgraph's tuple of results)
             in_torch.append(getattr(node.target, "__name__", str(node.target)))
@@ -88,11 +91,11 @@ class SmeltModule(torch.nn.Module):
     """Stands in for a fused subgraph: translates it once, compiles it with smelt, and runs
     it on the subgraph's inputs through DLPack."""
 
-    def __init__(self, sub, fuse: bool):
+    def __init__(self, sub, flags: dict):
         super().__init__()
         example = [p.meta.get("val") for p in sub.graph.nodes if p.op == "placeholder"]
         self.translation = _fx.to_smelt(sub, example)
-        self.fn = _smelt.compile(self.translation.text, fuse=fuse, file="<torch.compile>")
+        self.fn = _smelt.compile(self.translation.text, file="<torch.compile>", **flags)
         self.single = _single_output(sub)
         self.kept = {}  # argument position -> (parameter, its version, smelt's view)
 

@@ -32,6 +32,7 @@ class Model:
         return [Tensor(t) for t in outs]
 
 
-def load(path: str, fuse: bool = True, device: str = "cpu") -> Model:
-    """Reads `path` (external data from beside it) for smelt to run on `device`."""
-    return Model(_smelt.onnx_load(str(path), fuse=fuse, device=device))
+def load(path: str, fuse: bool = True, device: str = "cpu", fast_math: bool = False) -> Model:
+    """Reads `path` (external data from beside it) for smelt to run on `device`
+    (`fast_math` as for `smelt.compile`)."""
+    return Model(_smelt.onnx_load(str(path), fuse=fuse, device=device, fast_math=fast_math))

@@ -54,19 +54,21 @@ impl Function {
 }
 
 /// Compiles `text` (a `.smelt` module; `graph` picks the entry, the first by default) for
-/// `device` (`"cpu"` or `"cuda"`), fused unless `fuse` is false.
+/// `device` (`"cpu"` or `"cuda"`), fused unless `fuse` is false, with the approximations
+/// of `CompileOptions::fast_math` when `fast_math` is true.
 #[pyfunction]
-#[pyo3(signature = (text, graph=None, fuse=true, device="cpu", file="<python>"))]
+#[pyo3(signature = (text, graph=None, fuse=true, device="cpu", file="<python>", fast_math=false))]
 pub fn compile(
     text: &str,
     graph: Option<&str>,
     fuse: bool,
     device: &str,
     file: &str,
+    fast_math: bool,
 ) -> PyResult<Function> {
     let module = SymbolicModule::parse(text, file).py()?;
     let device: Device = device.parse().py()?;
-    let opts = CompileOptions::default().fused(fuse);
+    let opts = CompileOptions::default().fused(fuse).fast_math(fast_math);
     let f = SymbolicFn::new(module, graph, device, &opts).py()?;
     Ok(Function { f })
 }

@@ -96,17 +96,18 @@ impl OnnxModel {
     }
 }
 
-/// Loads `path` (external data from beside it) to run on `device`, fused unless `fuse` is false.
+/// Loads `path` (external data from beside it) to run on `device`, fused unless `fuse` is
+/// false, with `CompileOptions::fast_math` when `fast_math` is true.
 #[pyfunction]
-#[pyo3(signature = (path, fuse=true, device="cpu"))]
-pub fn onnx_load(path: &str, fuse: bool, device: &str) -> PyResult<OnnxModel> {
+#[pyo3(signature = (path, fuse=true, device="cpu", fast_math=false))]
+pub fn onnx_load(path: &str, fuse: bool, device: &str, fast_math: bool) -> PyResult<OnnxModel> {
     let model = smelt::onnx::load(path).py()?;
     let names = model.inputs().py()?.into_iter().map(|i| i.name).collect();
     Ok(OnnxModel {
         model,
         names,
         device: device.parse().py()?,
-        opts: CompileOptions::default().fused(fuse),
+        opts: CompileOptions::default().fused(fuse).fast_math(fast_math),
         variants: RefCell::new(HashMap::new()),
     })
 }

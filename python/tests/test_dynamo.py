@@ -145,8 +145,25 @@ def test_options_and_errors():
     x = torch.randn(2, 4)
     unfused = torch.compile(m, backend="smelt", options={"fuse": False})
     torch.testing.assert_close(unfused(x), m(x))
-    with pytest.raises(Exception, match="unknown options"):
+    with pytest.raises(Exception, match="unknown options.*known: fuse, fast_math"):
         torch.compile(m, backend="smelt", options={"fusion": True})(x)
+
+
+def test_fast_math_reaches_the_compiled_kernels():
+    """The option changes the code: a doubled row of 1e8, 4094 ones and -1e8 sums to
+    exactly 8188 in f64 lanes (the default), and loses the ones in f32 lanes."""
+    x = torch.ones(4, 4096)
+    x[:, 0], x[:, -1] = 1e8, -1e8
+
+    def f(x):
+        return (x * 2).sum(1)
+
+    torch._dynamo.reset()
+    exact = torch.compile(f, backend="smelt")(x)
+    torch.testing.assert_close(exact, torch.full((4,), 8188.0), rtol=0, atol=0)
+    torch._dynamo.reset()
+    fast = torch.compile(f, backend="smelt", options={"fast_math": True})(x)
+    assert (fast != 8188.0).all(), fast
 
 
 def test_each_batch_size_compiles_for_smelt_with_dynamic_false():

@@ -48,6 +48,23 @@ def test_load_a_smelt_file_and_run_it():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
+def lane_sum_case():
+    """Rows of 1e8, 4094 ones and -1e8, doubled and summed: exactly 8188 in float64, but
+    not when the vector lanes accumulate in f32 (1e8 + 2 rounds back to 1e8)."""
+    x = np.ones((4, 4096), np.float32)
+    x[:, 0], x[:, -1] = 1e8, -1e8
+    return x, 8188.0
+
+
+def test_fast_math_sums_in_f32_lanes_and_the_default_is_exact():
+    text = "graph f(%x: f32[4, 4096]) {\n  %y = mul(%x, 2.0)\n  %s = sum(%y, dim=[1])\n  return %s\n}\n"
+    x, exact = lane_sum_case()
+    assert float(x.astype(np.float64).sum(1)[0] * 2) == exact
+    np.testing.assert_array_equal(np.asarray(smelt.compile(text)(x)[0]), np.full(4, exact))
+    fast = np.asarray(smelt.compile(text, fast_math=True)(x)[0])
+    assert (fast != exact).all(), fast
+
+
 def test_profile_records_ops_and_compiled_calls(tmp_path):
     f = smelt.compile("graph f(%x: f32[64, 64]) {\n  %y = matmul(%x, %x)\n  %z = relu(%y)\n"
                       "  return %z\n}\n")
