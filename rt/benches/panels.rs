@@ -1,14 +1,17 @@
 //! f32 GEMMs on `smelt_rt::panels` against the `gemm` crate, at the shapes of the peer
 //! benchmark's MLP and of a BERT-sized encoder's `linear` layers (the weight as a
-//! transposed view, as `linear` passes it): GFLOP/s, the median of 7 rounds in which the two
-//! take turns (range in brackets), on one thread and on two.
+//! transposed view, as `linear` passes it), and of batch-1 inference (a few rows): GFLOP/s,
+//! the median of 7 rounds in which the two take turns (range in brackets), on one thread
+//! and on two. The last column says which of the two `smelt_rt::gemm` picks here.
 //!
-//! The panels are the AVX2 path: run on an AVX2 CPU, or on a larger one with
+//! The panels take every f32 product on AVX2, and products of two rows or more whose `b` is
+//! transposed on AVX-512 too (`panels::applies_column_major`): `cargo bench -p smelt-rt
+//! --bench panels` on an AVX-512 CPU, and on a larger one the AVX2 path with
 //! `SMELT_CPU=avx2 cargo bench -p smelt-rt --no-default-features --bench panels`, so that
 //! the crate runs its AVX2 kernels too (`SMELT_CPU` caps smelt's helpers, the missing
 //! feature the crate's).
 
-use smelt_rt::panels::{Mat, product};
+use smelt_rt::panels::{Mat, product, takes};
 use std::time::Instant;
 
 const ROUNDS: usize = 7;
@@ -38,8 +41,8 @@ fn main() {
         "f32 GEMMs, GFLOP/s: the gemm crate against the panels (helpers on {}), median of {ROUNDS} rounds (range)",
         smelt_rt::vmath::isa()
     );
-    println!("| m × k · k × n | b | threads | gemm crate | panels | panels / crate |");
-    println!("|---|---|---|---|---|---|");
+    println!("| m × k · k × n | b | threads | gemm crate | panels | panels / crate | smelt runs |");
+    println!("|---|---|---|---|---|---|---|");
     // (m, n, k, b transposed)
     let shapes = [
         (256, 4096, 1024, false),
@@ -48,6 +51,13 @@ fn main() {
         (4096, 1536, 384, true),
         (4096, 384, 1536, true),
         (512, 512, 512, false),
+        // batch-1 inference: a few rows through a BERT-base layer's weights
+        (2, 768, 768, true),
+        (8, 768, 768, true),
+        (32, 768, 768, true),
+        (32, 768, 3072, true),
+        (1, 3072, 768, true),
+        (32, 768, 768, false),
     ];
     for (m, n, k, bt) in shapes {
         let a: Vec<f32> = (0..m * k)
@@ -118,11 +128,16 @@ fn main() {
             );
             let ratio: Vec<f64> = ours.iter().zip(&crate_).map(|(o, c)| o / c).collect();
             println!(
-                "| {m} × {k} · {k} × {n} | {} | {threads} | {} | {} | {} |",
+                "| {m} × {k} · {k} × {n} | {} | {threads} | {} | {} | {} | {} |",
                 if bt { "transposed" } else { "row-major" },
                 summary(crate_, 1),
                 summary(ours, 1),
-                summary(ratio, 2)
+                summary(ratio, 2),
+                if takes(m, n, k, (brs, bcs)) {
+                    "panels"
+                } else {
+                    "crate"
+                }
             );
         }
     }

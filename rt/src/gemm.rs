@@ -379,13 +379,10 @@ pub unsafe fn batches<T: GemmElem>(
 }
 
 /// Whether the f32 panels run `p` over `k` of its inner dim (else the `gemm` crate): a
-/// function of the shape, `b`'s layout and the ISA only ([`crate::panels::applies`],
-/// [`crate::panels::applies_column_major`]).
+/// function of the shape, `b`'s layout and the ISA only ([`crate::panels::takes`]).
 fn on_panels<T: 'static>(p: &Product, k: usize) -> bool {
-    let column_major_b = p.b.0 == 1 && p.b.1 != 1;
     std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
-        && (crate::panels::applies(p.m, p.n, k)
-            || column_major_b && crate::panels::applies_column_major(p.m))
+        && crate::panels::takes(p.m, p.n, k, p.b)
 }
 
 /// `dst = a·b` (`dst = dst + β·a·b` when `read_dst`) over `k` of `p`'s inner dim, `dst` a

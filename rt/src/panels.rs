@@ -46,17 +46,36 @@ pub fn applies(m: usize, n: usize, k: usize) -> bool {
     level() == Level::Avx2 && m.min(n).min(k) >= MIN_SIDE
 }
 
-/// Whether [`crate::gemm`] runs an f32 product of `m` rows whose `b` is column-major (a
-/// weight `w[n, k]` used as `x·wᵀ`, as `linear` uses it) here: from two rows up, wherever
-/// the CPU has AVX2 (AVX-512 included). The `gemm` crate packs such a `b` whole on every
-/// call, which a product of few rows cannot pay back: on one Zen 4 core, `[m,768]·[768,768]`
-/// with m from 2 to 24 ran at 4.5–39 GFLOP/s on its AVX-512 kernels and 11–67 on its AVX2
-/// ones, against 18–89 on the panels, and the panels were as fast or faster up to 1024³, on
-/// one and two threads. A single row (a matrix-vector product) stays on the crate. A
-/// function of the shape, the layout and the ISA only.
-pub fn applies_column_major(m: usize) -> bool {
-    matches!(level(), Level::Avx2 | Level::Avx512) && m >= 2
+/// Whether [`crate::gemm`] runs the f32 product `m × k · k × n` on the panels here, `b`'s
+/// row and column strides being `b_strides`: where [`applies`] says so, and for a
+/// column-major `b` where [`applies_column_major`] does. A function of the shape, `b`'s
+/// layout and the ISA only, so that every call of a product sums alike.
+pub fn takes(m: usize, n: usize, k: usize, b_strides: (isize, isize)) -> bool {
+    let column_major = b_strides.0 == 1 && b_strides.1 != 1;
+    applies(m, n, k) || column_major && applies_column_major(m)
 }
+
+/// Whether the panels run an f32 product of `m` rows whose `b` is column-major (a
+/// weight `w[n, k]` used as `x·wᵀ`, as `linear` uses it) here: from two rows up on AVX2,
+/// and from 2 to [`AVX512_COLUMN_MAJOR_ROWS`] rows on AVX-512. The `gemm` crate packs such a
+/// `b` whole on every call, which a product of few rows cannot pay back: on one Zen 4 core,
+/// `[m,768]·[768,768]` with m from 2 to 32 ran at 4.7–47 GFLOP/s on its AVX-512 kernels and
+/// 11–68 on its AVX2 ones, against 18–89 on the panels (`cargo bench -p smelt-rt --bench
+/// panels`). At 4096 rows the crate's AVX-512 kernels were 7–16% ahead on two threads. A
+/// single row (a matrix-vector product) stays on the crate. A function of the shape, the
+/// layout and the ISA only.
+pub fn applies_column_major(m: usize) -> bool {
+    match level() {
+        Level::Avx2 => m >= 2,
+        Level::Avx512 => (2..=AVX512_COLUMN_MAJOR_ROWS).contains(&m),
+        Level::Unavailable => false,
+    }
+}
+
+/// The most rows of a product with a column-major `b` that the panels take on AVX-512: a
+/// BERT-sized layer of 1024 rows (batch 32 at 32 tokens) ran 13% faster on them, 4096 rows
+/// slower (see [`applies_column_major`]).
+pub const AVX512_COLUMN_MAJOR_ROWS: usize = 1024;
 
 /// A matrix operand: its first element and its row and column strides in elements.
 #[derive(Clone, Copy, Debug)]
