@@ -19,6 +19,8 @@ pub mod device;
 pub mod distributed;
 pub mod error;
 pub mod exec;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod ir;
 pub mod jit;
 pub mod kernel;

@@ -30,7 +30,7 @@ mod run;
 mod tight;
 
 pub use cache::CodeOrigin;
-pub(crate) use cache::cached_plan;
+pub(crate) use cache::{cached_plan, fuzz_entry as fuzz_cache_entry};
 pub use info::StepInfo;
 pub use plan::{TempPlan, step_buffers};
 

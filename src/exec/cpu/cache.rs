@@ -274,6 +274,19 @@ fn load(bytes: &[u8], key: &str) -> std::result::Result<Cached, String> {
     })
 }
 
+/// Decodes and links `payload` as an entry's (framed here so that its checksum holds,
+/// under whatever key it names): the fuzz target of the entry reader ([`crate::fuzz`]).
+pub(crate) fn fuzz_entry(payload: &[u8]) {
+    let mut bytes = Vec::with_capacity(payload.len() + 20);
+    bytes.extend_from_slice(MAGIC);
+    bytes.extend_from_slice(&FORMAT.to_le_bytes());
+    bytes.extend_from_slice(&fnv1a(&[payload]).to_le_bytes());
+    bytes.extend_from_slice(payload);
+    if let Ok(e) = postcard::from_bytes::<Entry>(payload) {
+        let _ = load(&bytes, &e.key);
+    }
+}
+
 /// The address of a function the cached code calls: a helper of the code generator or of
 /// the run-time library, or a libcall ([`smelt_rt::libcalls`]).
 fn resolve(name: &str) -> Option<usize> {
