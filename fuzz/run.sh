@@ -25,6 +25,7 @@ for t in "${targets[@]}"; do
     "$bin/$t" "fuzz/work/$t" "fuzz/corpus/$t" "fuzz/seeds/$t" -max_total_time="$secs" \
         -rss_limit_mb=2048 -malloc_limit_mb=1500 -timeout=10 -print_final_stats=1 \
         -artifact_prefix="fuzz/artifacts/$t/" 2>&1 | grep -E "^#[0-9]+ +DONE|stat::|SUMMARY" || true
-    # keep only what adds coverage to the committed corpus
-    "$bin/$t" -merge=1 "fuzz/corpus/$t" "fuzz/work/$t" 2>&1 | grep -E "MERGE-OUTER: [0-9]+ new files" || true
+    # keep only what adds edges to the committed corpus, by a small set cover
+    "$bin/$t" -set_cover_merge=1 -use_counters=0 "fuzz/corpus/$t" "fuzz/work/$t" 2>&1 \
+        | grep -E "MERGE-OUTER: [0-9]+ new files" || true
 done
