@@ -4,6 +4,17 @@
 //! without libFuzzer. A panic here is a reader bug. See docs/fuzzing.md.
 
 use std::path::{Path, PathBuf};
+use std::sync::Once;
+
+/// The fuzzer ran under `SMELT_MAX_ALLOC_BYTES=1 GiB` (`fuzz/run.sh`), so the corpus keeps
+/// inputs that ask for more and are refused; without the same limit they would be given
+/// the default one, most of the machine's memory.
+fn fuzzing_limit() {
+    static SET: Once = Once::new();
+    // SAFETY: every test of this file calls this first, before any code of theirs reads the
+    // environment, and `Once` makes the others wait until the one write is done.
+    SET.call_once(|| unsafe { std::env::set_var("SMELT_MAX_ALLOC_BYTES", "1073741824") });
+}
 
 fn files(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -19,6 +30,7 @@ fn files(dir: &Path) -> Vec<PathBuf> {
 
 /// Runs every input of every target under `folder`; the count of inputs run.
 fn replay(folder: &str) -> usize {
+    fuzzing_limit();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fuzz")
         .join(folder);
