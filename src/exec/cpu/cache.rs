@@ -193,12 +193,17 @@ fn build(key: String, planned: Planned, cg: &CodegenOptions) -> Result<Entry> {
 fn encode(e: &Entry) -> Result<Vec<u8>> {
     let payload = postcard::to_stdvec(e)
         .map_err(|x| crate::Error::Unsupported(format!("disk cache: encoding an entry: {x}")))?;
+    Ok(framed(&payload))
+}
+
+/// An entry's file: the magic, the format, the payload's checksum, then the payload.
+fn framed(payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(payload.len() + 20);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT.to_le_bytes());
-    out.extend_from_slice(&fnv1a(&[&payload]).to_le_bytes());
-    out.extend_from_slice(&payload);
-    Ok(out)
+    out.extend_from_slice(&fnv1a(&[payload]).to_le_bytes());
+    out.extend_from_slice(payload);
+    out
 }
 
 /// The schedule of `g` compiled with `opts` when the disk cache holds it (for
@@ -277,13 +282,8 @@ fn load(bytes: &[u8], key: &str) -> std::result::Result<Cached, String> {
 /// Decodes and links `payload` as an entry's (framed here so that its checksum holds,
 /// under whatever key it names): the fuzz target of the entry reader ([`crate::fuzz`]).
 pub(crate) fn fuzz_entry(payload: &[u8]) {
-    let mut bytes = Vec::with_capacity(payload.len() + 20);
-    bytes.extend_from_slice(MAGIC);
-    bytes.extend_from_slice(&FORMAT.to_le_bytes());
-    bytes.extend_from_slice(&fnv1a(&[payload]).to_le_bytes());
-    bytes.extend_from_slice(payload);
     if let Ok(e) = postcard::from_bytes::<Entry>(payload) {
-        let _ = load(&bytes, &e.key);
+        let _ = load(&framed(payload), &e.key);
     }
 }
 
