@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 pub(super) fn write(path: &Path, bytes: &[u8]) -> Result<()> {
-    crate::runtime::files::write_atomic(path, bytes)
+    crate::device::cache::write_atomic(path, bytes)
 }
 
 pub(super) fn create_dir(dir: &Path) -> Result<()> {

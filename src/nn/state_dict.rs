@@ -86,7 +86,7 @@ pub fn from_safetensors_bytes(bytes: &[u8]) -> Result<Vec<(String, Tensor)>> {
 pub fn save_safetensors(path: impl AsRef<Path>, tensors: &[(String, Tensor)]) -> Result<()> {
     let path = path.as_ref();
     let bytes = to_safetensors_bytes(tensors)?;
-    crate::runtime::files::write_atomic(path, &bytes)
+    crate::device::cache::write_atomic(path, &bytes)
 }
 
 /// Reads the named tensors of a safetensors file.

@@ -9,7 +9,6 @@ pub(crate) use bytes::literal;
 pub mod control;
 pub mod cuda;
 mod display;
-pub(crate) mod files;
 pub mod interp;
 pub mod npy;
 mod ops;

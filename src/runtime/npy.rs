@@ -34,7 +34,7 @@ pub fn read_npy(path: impl AsRef<Path>) -> Result<Tensor> {
 pub fn write_npy(path: impl AsRef<Path>, t: &Tensor) -> Result<()> {
     let path = path.as_ref();
     let bytes = npy_to_bytes(t)?;
-    super::files::write_atomic(path, &bytes)
+    crate::device::cache::write_atomic(path, &bytes)
 }
 
 /// Decodes the bytes of a `.npy` file; `name` names the source in error messages.
@@ -135,7 +135,7 @@ pub fn write_npy_unsigned(path: impl AsRef<Path>, t: &Tensor, bits: u32) -> Resu
             "uint{bits} is not a .npy type smelt writes"
         ))),
     }?;
-    super::files::write_atomic(path, &bytes)
+    crate::device::cache::write_atomic(path, &bytes)
 }
 
 fn encode<T: Element + npyz::Serialize>(t: &Tensor, descr: &str) -> Result<Vec<u8>> {
