@@ -182,7 +182,7 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     written.map_err(io)
 }
 
-/// Writes a cache file whole ([`write_atomic`]), so readers never see half a file. A
+/// Writes a cache file whole (`write_atomic`), so readers never see half a file. A
 /// cache that cannot be written only costs a later compile.
 pub fn store(file: &Path, bytes: &[u8]) {
     let Some(dir) = file.parent() else { return };
