@@ -73,7 +73,7 @@ fn link_driver(m: &smelt::aot::AotModel, dir: &Path) -> PathBuf {
 
 /// Compiles `g` with the default options into a fresh folder named by `tag` and links the
 /// generic driver against it: the model, the driver and the folder.
-fn built(g: &smelt::ir::Graph, tag: &str) -> (smelt::aot::AotModel, PathBuf, PathBuf) {
+fn built(g: &smelt::ir::Graph, tag: &str) -> (smelt::aot::AotModel, PathBuf, common::cli::TempDir) {
     let dir = temp_dir(tag);
     let m = smelt::aot::compile(g, &AotOptions::default()).unwrap();
     let exe = link_driver(&m, &dir);

@@ -392,7 +392,8 @@ fn smelt_compile_writes_sources_ptx_cubin_and_a_manifest() {
         return;
     }
     // a directory the command makes
-    let out = temp_dir("compile").join("out");
+    let tmp = temp_dir("compile");
+    let out = tmp.join("out");
     let model = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/models/attention.smelt"
@@ -426,13 +427,13 @@ fn smelt_compile_writes_sources_ptx_cubin_and_a_manifest() {
     );
     assert!(m.contains("\"bytes\": 1024"), "{m}");
     assert!(m.contains("\"arch\": \"sm_90\""), "{m}");
-    let _ = std::fs::remove_dir_all(&out);
 }
 
 #[test]
 fn smelt_compile_reports_bad_arguments() {
     // a directory that does not exist
-    let out = temp_dir("bad").join("out");
+    let tmp = temp_dir("bad");
+    let out = tmp.join("out");
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/models/softmax.smelt");
     let o = smelt(&[
         "compile",

@@ -431,8 +431,8 @@ fn without_a_gpu_asking_for_one_is_an_error() {
     assert!(!e.is_empty());
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/models/softmax.smelt");
     // an output directory that does not exist
-    let dir = temp_dir("no-gpu").join("out");
-    let dir = dir.display().to_string();
+    let tmp = temp_dir("no-gpu");
+    let dir = tmp.join("out").display().to_string();
     for cmd in [
         vec!["profile", model, "--backend", "cuda"],
         vec!["run", model, "--backend", "cuda", "--out", &dir],

@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// A fresh, empty directory for one test: `smelt-{test file}-{process}-{name}` under the
-/// system's temporary directory (whatever an earlier run left there is removed).
-pub fn temp_dir(name: &str) -> PathBuf {
+/// system's temporary directory (whatever an earlier run left there is removed). It is
+/// removed again when the guard drops, so test runs do not fill the disk.
+pub fn temp_dir(name: &str) -> TempDir {
     let d = std::env::temp_dir().join(format!(
         "smelt-{}-{}-{name}",
         env!("CARGO_CRATE_NAME"),
@@ -14,7 +15,36 @@ pub fn temp_dir(name: &str) -> PathBuf {
     ));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    TempDir(d)
+}
+
+/// A directory that is removed with everything in it when dropped; it derefs to its path.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TempDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<OsStr> for TempDir {
+    fn as_ref(&self) -> &OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Runs the `smelt` binary with `args` in `dir`.
