@@ -232,7 +232,7 @@ fn unary_ops() -> Vec<UnaryOp> {
     v
 }
 
-const BINARY: [BinaryOp; 16] = [
+const BINARY: [BinaryOp; 19] = [
     BinaryOp::Add,
     BinaryOp::Sub,
     BinaryOp::Mul,
@@ -249,6 +249,9 @@ const BINARY: [BinaryOp; 16] = [
     BinaryOp::Ge,
     BinaryOp::LogicalAnd,
     BinaryOp::LogicalOr,
+    BinaryOp::BitwiseAnd,
+    BinaryOp::BitwiseOr,
+    BinaryOp::BitwiseXor,
 ];
 
 /// f32 transcendentals are polynomials (≤ 4.5 ulp, see codegen_cpu::math); everything else
@@ -277,7 +280,10 @@ fn unary_tol(u: UnaryOp) -> Tol {
         | Square
         | LogicalNot
         | IsNan
+        | BitwiseNot
         | Hardtanh { .. } => Tol::EXACT,
+        // the f64 reference formula, rounded once, on every backend
+        Asin | Acos | Atan => Tol::EXACT,
     }
 }
 

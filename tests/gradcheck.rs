@@ -42,6 +42,10 @@ fn check2(a: Tensor, b: Tensor, f: impl Fn(&Tensor, &Tensor) -> Result<Tensor>) 
     gradcheck(|x| f(&x[0], &x[1]), &[a, b]).unwrap();
 }
 
+fn wide_atan() -> Tensor {
+    Tensor::from_vec(vals(6, 13, -5.0, 5.0), &[2, 3]).unwrap()
+}
+
 #[test]
 fn unary_ops() {
     let x = || t(&[2, 3], 1);
@@ -56,6 +60,11 @@ fn unary_ops() {
     check1(p(), |a| a.rsqrt());
     check1(x(), |a| a.sin());
     check1(x(), |a| a.cos());
+    // inside (-1, 1), away from the poles of the derivatives
+    let inner = || Tensor::from_vec(vals(6, 12, -0.9, 0.9), &[2, 3]).unwrap();
+    check1(inner(), |a| a.asin());
+    check1(inner(), |a| a.acos());
+    check1(wide_atan(), |a| a.atan());
     check1(x(), |a| a.tanh());
     check1(x(), |a| a.sigmoid());
     check1(x(), |a| a.relu());

@@ -864,9 +864,86 @@ fn operators_panic_with_the_method_error() {
 }
 
 #[test]
-#[should_panic(expected = "only implemented for bool tensors")]
-fn logical_operators_need_bools() {
-    let _ = !Tensor::zeros(&[3], DType::I32);
+#[should_panic(expected = "\"bitwise_not_cpu\" not implemented for 'Float'")]
+fn bitwise_operators_refuse_floats() {
+    let _ = !Tensor::zeros(&[3], DType::F32);
+}
+
+/// `~`, `&`, `|`, `^` of integers are PyTorch's bitwise ops, in the operands' dtype
+/// (two's complement, as Python's ints), and the logical ones for bools.
+#[test]
+fn bitwise_operators_on_integers_and_bools() {
+    let a = Tensor::from_slice(&[12i32, -7, 0, 255], &[4]).unwrap();
+    let b = Tensor::from_slice(&[10i32, 3, -1, 256], &[4]).unwrap();
+    let v = |t: Tensor| t.to_vec::<i32>().unwrap();
+    assert_eq!(v(!&a), vec![!12, 6, -1, -256]);
+    assert_eq!(v(&a & &b), vec![8, 1, 0, 0]);
+    assert_eq!(v(&a | &b), vec![14, -5, -1, 511]);
+    assert_eq!(v(&a ^ &b), vec![6, -6, -1, 511]);
+    // u8 wraps as unsigned; a Python int operand keeps the tensor's dtype
+    let u = Tensor::from_slice(&[0u8, 1, 200], &[3]).unwrap();
+    assert_eq!((!&u).to_vec::<u8>().unwrap(), vec![255, 254, 55]);
+    let x = u.bitwise_xor_scalar(0xff).unwrap();
+    assert_eq!(x.dtype(), DType::U8);
+    assert_eq!(x.to_vec::<u8>().unwrap(), vec![255, 254, 55]);
+    let m = Tensor::from_slice(&[true, false, true], &[3]).unwrap();
+    let n = Tensor::from_slice(&[true, true, false], &[3]).unwrap();
+    assert_eq!((&m ^ &n).to_vec::<bool>().unwrap(), vec![false, true, true]);
+    assert_eq!(
+        m.bitwise_not().unwrap().to_vec::<bool>().unwrap(),
+        vec![false, true, false]
+    );
+    // a bool with an integer promotes to the integer
+    let mixed = m.bitwise_or(&Tensor::from_slice(&[2i64, 2, 2], &[3]).unwrap());
+    assert_eq!(mixed.unwrap().to_vec::<i64>().unwrap(), vec![3, 2, 3]);
+    let e = a
+        .to_dtype(DType::F32)
+        .unwrap()
+        .bitwise_and(&b)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("\"bitwise_and_cpu\" not implemented for 'Float'"),
+        "{e}"
+    );
+}
+
+/// asin, acos and atan against f64 math, integers promoted to f32 as PyTorch does.
+#[test]
+fn inverse_trigonometric_functions() {
+    let xs = [-1.0f64, -0.5, 0.0, 0.25, 1.0, 1.5, f64::INFINITY, f64::NAN];
+    let t = Tensor::from_slice(&xs, &[8]).unwrap();
+    type F = fn(f64) -> f64;
+    let cases: [(&str, F); 3] = [
+        ("asin", f64::asin),
+        ("acos", f64::acos),
+        ("atan", f64::atan),
+    ];
+    for (name, f) in cases {
+        let got = match name {
+            "asin" => t.asin(),
+            "acos" => t.acos(),
+            _ => t.atan(),
+        }
+        .unwrap()
+        .to_vec::<f64>()
+        .unwrap();
+        for (x, g) in xs.iter().zip(&got) {
+            let want = f(*x);
+            assert!(
+                g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                "{name}({x}) = {g}, want {want}"
+            );
+        }
+    }
+    // known values
+    let half = Tensor::from_slice(&[0.5f64], &[1]).unwrap();
+    let pi = std::f64::consts::PI;
+    assert!((half.asin().unwrap().to_vec::<f64>().unwrap()[0] - pi / 6.0).abs() < 1e-15);
+    assert!((half.acos().unwrap().to_vec::<f64>().unwrap()[0] - pi / 3.0).abs() < 1e-15);
+    let one = Tensor::from_slice(&[1i64], &[1]).unwrap().atan().unwrap();
+    assert_eq!(one.dtype(), DType::F32);
+    assert_eq!(one.to_vec::<f32>().unwrap()[0], (pi / 4.0) as f32);
 }
 
 #[test]

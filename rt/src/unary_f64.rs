@@ -138,6 +138,9 @@ helpers! {
     smelt_unary_expm1: |x, _a, _b| x.exp_m1();
     smelt_unary_sin: |x, _a, _b| x.sin();
     smelt_unary_cos: |x, _a, _b| x.cos();
+    smelt_unary_asin: |x, _a, _b| x.asin();
+    smelt_unary_acos: |x, _a, _b| x.acos();
+    smelt_unary_atan: |x, _a, _b| x.atan();
     smelt_unary_tanh: |x, _a, _b| x.tanh();
     smelt_unary_sigmoid: |x, _a, _b| sigmoid(x);
     smelt_unary_silu: |x, _a, _b| silu(x);

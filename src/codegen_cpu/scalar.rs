@@ -285,6 +285,8 @@ impl Gen<'_, '_, '_> {
                 let nz = self.nonzero(x, da);
                 return self.fb.b.ins().bxor_imm_s(nz, 1);
             }
+            // `~` of a bool is its logical not (the bits of `true` are 1)
+            BitwiseNot if da == DType::Bool => return self.fb.b.ins().bxor_imm_s(x, 1),
             IsNan => {
                 return if da.is_float() {
                     self.fb.b.ins().fcmp(FloatCC::Unordered, x, x)
@@ -349,6 +351,9 @@ impl Gen<'_, '_, '_> {
             | Expm1
             | Sin
             | Cos
+            | Asin
+            | Acos
+            | Atan
             | Tanh
             | Sigmoid
             | Gelu { .. }
@@ -357,6 +362,7 @@ impl Gen<'_, '_, '_> {
             | Erf
             | LogicalNot
             | IsNan
+            | BitwiseNot
             | LeakyRelu { .. }
             | Elu { .. }
             | Softplus { .. }
@@ -398,9 +404,17 @@ impl Gen<'_, '_, '_> {
             | Hardswish
             | Mish
             | LogSigmoid => u.composite(&mut math::ClifMath { b, ty: F32 }, x),
+            // rare enough to take the f64 reference formula, rounded once
+            Asin | Acos | Atan => {
+                let w = self.widen_float(x, DType::F32);
+                let r = self.unary_f64(u, w);
+                self.narrow_f64(r, DType::F32)
+            }
             // handled by `unary_exact`, or bool-valued (handled by `unary`)
             Neg | Abs | Sqrt | Rsqrt | Relu | Floor | Ceil | Round | Sign | Reciprocal | Square
-            | LogicalNot | IsNan => unreachable!("{} is not an f32 formula", u.name()),
+            | LogicalNot | IsNan | BitwiseNot => {
+                unreachable!("{} is not an f32 formula", u.name())
+            }
         }
     }
 
@@ -446,6 +460,7 @@ impl Gen<'_, '_, '_> {
                 }
             }
             Square => self.fb.b.ins().imul(x, x),
+            BitwiseNot => self.fb.b.ins().bnot(x),
             // floor/ceil/round of integers, abs/relu of unsigned values: unchanged
             Floor | Ceil | Round | Abs | Relu => x,
             // integer operands are converted (or refused) by the op's dtype class
@@ -457,6 +472,9 @@ impl Gen<'_, '_, '_> {
             | Rsqrt
             | Sin
             | Cos
+            | Asin
+            | Acos
+            | Atan
             | Tanh
             | Sigmoid
             | Gelu { .. }
@@ -577,8 +595,9 @@ impl Gen<'_, '_, '_> {
                 let ry = self.fb.b.ins().fadd(r, y);
                 self.fb.b.ins().select(fix, ry, r)
             }
-            // compared by the caller before it gets here
-            Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr => x,
+            // compared by the caller before it gets here; bitwise ops refuse floats
+            Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr | BitwiseAnd | BitwiseOr
+            | BitwiseXor => x,
         }
     }
 
@@ -646,6 +665,9 @@ impl Gen<'_, '_, '_> {
                 let r = self.fb.b.ins().select(fix, ry, r);
                 self.reduce_int(r, c)
             }
+            BitwiseAnd => self.fb.b.ins().band(x, y),
+            BitwiseOr => self.fb.b.ins().bor(x, y),
+            BitwiseXor => self.fb.b.ins().bxor(x, y),
             // `div` computes integers in floats, and the caller compares
             Div | Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr => x,
         }

@@ -147,7 +147,9 @@ impl Gen<'_, '_, '_> {
             Expr::Const(_) => true,
             Expr::Index { .. } | Expr::Cast(_) | Expr::Reduce { .. } => false,
             Expr::Unary(u, _) => match u {
-                UnaryOp::LogicalNot => true,
+                UnaryOp::LogicalNot | UnaryOp::BitwiseNot => true,
+                // the f64 reference formula, one lane at a time
+                UnaryOp::Asin | UnaryOp::Acos | UnaryOp::Atan => false,
                 _ => f32_ops,
             },
             Expr::Binary(b, x, _) => {
@@ -507,7 +509,7 @@ impl Gen<'_, '_, '_> {
     fn vunary(&mut self, u: UnaryOp, x: Value, da: DType) -> Value {
         use UnaryOp::*;
         if da == DType::Bool {
-            // only logical_not reaches here with a mask
+            // only logical_not and bitwise_not reach here with a mask
             return self.fb.b.ins().bnot(x);
         }
         let b = &mut *self.fb.b;
@@ -549,6 +551,8 @@ impl Gen<'_, '_, '_> {
             Expm1 => math::expm1(b, x),
             Sin => math::sin(b, x),
             Cos => math::cos(b, x),
+            // refused by `vectorizable`; `bitwise_not` only sees masks, above
+            Asin | Acos | Atan | BitwiseNot => x,
             Tanh => math::tanh(b, x),
             Sigmoid => math::sigmoid(b, x),
             Erf => math::erf(b, x),
@@ -574,8 +578,9 @@ impl Gen<'_, '_, '_> {
         use BinaryOp::*;
         if c == DType::Bool {
             return match op {
-                Add | Maximum | LogicalOr => self.fb.b.ins().bor(x, y),
-                Mul | Minimum | LogicalAnd => self.fb.b.ins().band(x, y),
+                Add | Maximum | LogicalOr | BitwiseOr => self.fb.b.ins().bor(x, y),
+                Mul | Minimum | LogicalAnd | BitwiseAnd => self.fb.b.ins().band(x, y),
+                BitwiseXor => self.fb.b.ins().bxor(x, y),
                 Eq => {
                     let d = self.fb.b.ins().bxor(x, y);
                     self.fb.b.ins().bnot(d)
@@ -627,8 +632,8 @@ impl Gen<'_, '_, '_> {
                     self.fb.b.ins().bor(a, bb)
                 }
             }
-            // refused by `vectorizable`
-            Remainder | DivFloor | DivTrunc => x,
+            // refused by `vectorizable`, or by the op for floats
+            Remainder | DivFloor | DivTrunc | BitwiseAnd | BitwiseOr | BitwiseXor => x,
         }
     }
 

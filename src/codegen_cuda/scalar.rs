@@ -182,6 +182,9 @@ pub fn unary(op: UnaryOp, d: DType, x: &str) -> Result<String> {
             Rsqrt => format!("({one} / {}({x}))", f("sqrt")),
             Sin => format!("{}({x})", f("sin")),
             Cos => format!("{}({x})", f("cos")),
+            Asin => format!("{}({x})", f("asin")),
+            Acos => format!("{}({x})", f("acos")),
+            Atan => format!("{}({x})", f("atan")),
             Tanh => format!("{}({x})", f("tanh")),
             Sigmoid => format!("({one} / ({one} + {}(-({x}))))", f("exp")),
             Relu => format!("(({x}) < {zero} ? {zero} : ({x}))"),
@@ -236,7 +239,7 @@ pub fn unary(op: UnaryOp, d: DType, x: &str) -> Result<String> {
             | Hardswish
             | Mish
             | LogSigmoid => op.composite(&mut CudaMath { d }, format!("({x})")),
-            LogicalNot | IsNan => unreachable_op(op)?,
+            LogicalNot | IsNan | BitwiseNot => unreachable_op(op)?,
         };
         return Ok(round(d, e));
     }
@@ -248,6 +251,8 @@ pub fn unary(op: UnaryOp, d: DType, x: &str) -> Result<String> {
         Sign => format!("sm_isign<{t}>({x})"),
         Square => format!("sm_wmul<{t}>({x}, {x})"),
         Floor | Ceil | Round => x.to_string(),
+        BitwiseNot if d == DType::Bool => format!("(!({x}))"),
+        BitwiseNot => format!("(({t})(~({x})))"),
         Exp
         | Log
         | Log1p
@@ -256,6 +261,9 @@ pub fn unary(op: UnaryOp, d: DType, x: &str) -> Result<String> {
         | Rsqrt
         | Sin
         | Cos
+        | Asin
+        | Acos
+        | Atan
         | Tanh
         | Sigmoid
         | Gelu { .. }
@@ -383,6 +391,9 @@ pub fn binary(op: BinaryOp, c: DType, a: &str, b: &str) -> Result<String> {
         Remainder => format!("sm_irem<{t}>({a}, {b}, sm_err)"),
         DivTrunc => format!("sm_idiv_trunc<{t}>({a}, {b}, sm_err)"),
         DivFloor => format!("sm_idiv_floor<{t}>({a}, {b}, sm_err)"),
+        BitwiseAnd => format!("(({t})(({a}) & ({b})))"),
+        BitwiseOr => format!("(({t})(({a}) | ({b})))"),
+        BitwiseXor => format!("(({t})(({a}) ^ ({b})))"),
         _ => bail!(
             Unsupported,
             "cuda codegen: {} of {} is not a valid kernel op",

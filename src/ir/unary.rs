@@ -57,6 +57,8 @@ pub enum DTypeClass {
     Numeric,
     /// Keeps the operand's dtype, bool included (`square` of bool gives i64, as in PyTorch).
     Any,
+    /// Keeps an integer or bool operand's dtype; floats refused (`bitwise_not`).
+    Integral,
 }
 
 /// What one element costs, for fusion and rewriting.
@@ -280,6 +282,12 @@ unary_ops! {
     Sin = "sin", Float, Transcendental, true;
     /// Cosine.
     Cos = "cos", Float, Transcendental, true;
+    /// Inverse sine (NaN outside [-1, 1]).
+    Asin = "asin", Float, Transcendental, true;
+    /// Inverse cosine (NaN outside [-1, 1]).
+    Acos = "acos", Float, Transcendental, true;
+    /// Inverse tangent.
+    Atan = "atan", Float, Transcendental, true;
     /// Hyperbolic tangent.
     Tanh = "tanh", Float, Transcendental, true;
     /// `1 / (1 + e^-x)`.
@@ -313,6 +321,8 @@ unary_ops! {
     LogicalNot = "logical_not", Predicate, Trivial, false;
     /// Whether `x` is NaN.
     IsNan = "isnan", Predicate, Trivial, false;
+    /// `~x`: every bit flipped for integers, logical not for bools.
+    BitwiseNot = "bitwise_not", Integral, Trivial, false;
     /// `x > 0 ? x : negative_slope * x`.
     LeakyRelu { negative_slope: Real = Real(0.01) => "negative_slope" }
         = "leaky_relu", FloatOnly, Select, true;
@@ -367,6 +377,10 @@ impl UnaryOp {
             ),
             Numeric if d.is_bool() => return Err(not_implemented(self.name(), d)),
             Any if d.is_bool() && self == UnaryOp::Square => DType::I64,
+            Integral if d.is_float() => {
+                return Err(not_implemented(&format!("{}_cpu", self.name()), d));
+            }
+            Integral => d,
             Numeric | Any => d,
         })
     }
@@ -388,6 +402,9 @@ impl UnaryOp {
             Rsqrt => 1.0 / x.sqrt(),
             Sin => f64m::smelt_unary_sin(x, 0.0, 0.0),
             Cos => f64m::smelt_unary_cos(x, 0.0, 0.0),
+            Asin => f64m::smelt_unary_asin(x, 0.0, 0.0),
+            Acos => f64m::smelt_unary_acos(x, 0.0, 0.0),
+            Atan => f64m::smelt_unary_atan(x, 0.0, 0.0),
             Tanh => f64m::smelt_unary_tanh(x, 0.0, 0.0),
             Sigmoid => f64m::sigmoid(x),
             // `max(x, 0)` in C++'s form: NaN stays NaN
@@ -409,7 +426,7 @@ impl UnaryOp {
             Sign => ((0.0 < x) as i64 - (x < 0.0) as i64) as f64,
             Reciprocal => 1.0 / x,
             Square => x * x,
-            LogicalNot | IsNan => f64::NAN,
+            LogicalNot | IsNan | BitwiseNot => f64::NAN,
             LeakyRelu { negative_slope } => f64m::leaky_relu(x, negative_slope.get()),
             Elu { alpha } => f64m::elu(x, alpha.get()),
             Softplus { beta, threshold } => f64m::softplus(x, beta.get(), threshold.get()),
@@ -431,6 +448,8 @@ impl UnaryOp {
             Relu => x.max(0),
             Sign => x.signum(),
             Square => x.wrapping_mul(x),
+            // bools are handled by the callers (`!1` is not `false` once narrowed)
+            BitwiseNot => !x,
             // integers are already whole
             Floor | Ceil | Round => x,
             Exp
@@ -441,6 +460,9 @@ impl UnaryOp {
             | Rsqrt
             | Sin
             | Cos
+            | Asin
+            | Acos
+            | Atan
             | Tanh
             | Sigmoid
             | Gelu { .. }
@@ -551,6 +573,9 @@ impl UnaryOp {
             | Rsqrt
             | Sin
             | Cos
+            | Asin
+            | Acos
+            | Atan
             | Tanh
             | Sigmoid
             | Relu
@@ -565,7 +590,8 @@ impl UnaryOp {
             | Reciprocal
             | Square
             | LogicalNot
-            | IsNan => x,
+            | IsNan
+            | BitwiseNot => x,
         }
     }
 }

@@ -272,6 +272,10 @@ fn unary(op: UnaryOp, x: &Tensor, dst: &Tensor) -> Result<()> {
     if op.dtype_class() == DTypeClass::Predicate {
         return dispatch!(x.dtype(), T => unary_pred::<T>(op, x, dst));
     }
+    // `~` of a bool is its logical not
+    if op == UnaryOp::BitwiseNot && x.dtype() == DType::Bool {
+        return unary_pred::<bool>(UnaryOp::LogicalNot, x, dst);
+    }
     // The result dtype is the computation dtype (`exp(int)` computes in f32).
     let d = dst.dtype();
     let x = copy::cast(x, d)?;
@@ -305,7 +309,7 @@ fn unary_int<T: Element>(op: UnaryOp, x: &Tensor, dst: &Tensor) -> Result<()> {
         copy::copy_into(dst, x);
         return Ok(());
     }
-    specialise!(op, UnaryOp[Neg, Abs, Relu, Sign, Square], OP =>
+    specialise!(op, UnaryOp[Neg, Abs, Relu, Sign, Square, BitwiseNot], OP =>
         run1(dst, x, |v: T| T::from_i64(OP.eval_i64(v.to_i64()).unwrap_or(0))))
 }
 
@@ -381,7 +385,8 @@ fn binary_float<T: Element>(op: BinaryOp, a: &Tensor, b: &Tensor, dst: &Tensor) 
 }
 
 fn binary_int<T: Element>(op: BinaryOp, a: &Tensor, b: &Tensor, dst: &Tensor) -> Result<()> {
-    specialise!(op, BinaryOp[Add, Sub, Mul, Pow, Maximum, Minimum, Remainder, DivFloor, DivTrunc], OP =>
+    specialise!(op, BinaryOp[Add, Sub, Mul, Pow, Maximum, Minimum, Remainder, DivFloor, DivTrunc,
+            BitwiseAnd, BitwiseOr, BitwiseXor], OP =>
         run2(dst, a, b, |x: T, y: T| T::from_i64(binary_i64(OP, x.to_i64(), y.to_i64()))))
 }
 
@@ -442,8 +447,9 @@ fn binary_f64(op: BinaryOp, a: f64, b: f64) -> f64 {
         // in the operands' precision: see `binary_float`
         DivFloor => div_floor_float(a, b),
         DivTrunc => (a / b).trunc(),
-        // bool-valued: see `compare`
-        Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr => f64::NAN,
+        // bool-valued: see `compare`; bitwise ops refuse floats
+        Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr | BitwiseAnd | BitwiseOr
+        | BitwiseXor => f64::NAN,
     }
 }
 
@@ -472,6 +478,9 @@ fn binary_i64(op: BinaryOp, a: i64, b: i64) -> i64 {
                 r
             }
         }
+        BitwiseAnd => a & b,
+        BitwiseOr => a | b,
+        BitwiseXor => a ^ b,
         _ => 0,
     }
 }

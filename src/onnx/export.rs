@@ -804,6 +804,14 @@ impl Exporter<'_> {
             "sqrt" => Some("Sqrt"),
             "sin" => Some("Sin"),
             "cos" => Some("Cos"),
+            "asin" => Some("Asin"),
+            "acos" => Some("Acos"),
+            "atan" => Some("Atan"),
+            "bitwise_not" if dt == DType::Bool => Some("Not"),
+            "bitwise_not" => {
+                self.bitwise_opset("bitwise_not")?;
+                Some("BitwiseNot")
+            }
             "tanh" => Some("Tanh"),
             "sigmoid" => Some("Sigmoid"),
             "relu" => Some("Relu"),
@@ -920,6 +928,18 @@ impl Exporter<'_> {
         })
     }
 
+    /// ONNX's integer bitwise ops are opset 18's.
+    fn bitwise_opset(&self, op: &str) -> Result<()> {
+        if self.opset < 18 {
+            bail!(
+                Unsupported,
+                "'{op}' of integers needs ONNX opset 18 or newer (exporting opset {})",
+                self.opset
+            );
+        }
+        Ok(())
+    }
+
     fn binary(&mut self, b: BinaryOp, operands: &[ValueId], out: &TensorType) -> Result<String> {
         let common = self.common(operands);
         let x = self.as_dtype(operands[0], common);
@@ -937,7 +957,19 @@ impl Exporter<'_> {
             BinaryOp::Le => simple("LessOrEqual"),
             BinaryOp::Gt => simple("Greater"),
             BinaryOp::Ge => simple("GreaterOrEqual"),
-            BinaryOp::LogicalAnd | BinaryOp::LogicalOr => None,
+            // bools take the logical ops; integers need opset 18
+            BinaryOp::BitwiseAnd if common == DType::Bool => simple("And"),
+            BinaryOp::BitwiseOr if common == DType::Bool => simple("Or"),
+            BinaryOp::BitwiseXor if common == DType::Bool => simple("Xor"),
+            BinaryOp::BitwiseAnd | BinaryOp::BitwiseOr | BinaryOp::BitwiseXor => {
+                self.bitwise_opset(b.name())?;
+                let kind = match b {
+                    BinaryOp::BitwiseAnd => "BitwiseAnd",
+                    BinaryOp::BitwiseOr => "BitwiseOr",
+                    _ => "BitwiseXor",
+                };
+                simple(kind)
+            }
             _ => None,
         };
         if let Some(k) = kind {

@@ -46,6 +46,12 @@ pub enum BinaryOp {
     LogicalAnd,
     /// `torch.logical_or`: either nonzero, as bool.
     LogicalOr,
+    /// `torch.bitwise_and` (`&`): integers and bools only.
+    BitwiseAnd,
+    /// `torch.bitwise_or` (`|`): integers and bools only.
+    BitwiseOr,
+    /// `torch.bitwise_xor` (`^`): integers and bools only.
+    BitwiseXor,
 }
 
 pub use smelt_rt::scalar::div_floor_float;
@@ -90,7 +96,7 @@ impl BinaryOp {
         use BinaryOp::*;
         &[
             Add, Sub, Mul, Div, Pow, Maximum, Minimum, Remainder, DivFloor, DivTrunc, Eq, Ne, Lt,
-            Le, Gt, Ge, LogicalAnd, LogicalOr,
+            Le, Gt, Ge, LogicalAnd, LogicalOr, BitwiseAnd, BitwiseOr, BitwiseXor,
         ]
     };
 
@@ -115,6 +121,9 @@ impl BinaryOp {
             Ge => "ge",
             LogicalAnd => "logical_and",
             LogicalOr => "logical_or",
+            BitwiseAnd => "bitwise_and",
+            BitwiseOr => "bitwise_or",
+            BitwiseXor => "bitwise_xor",
         }
     }
 
@@ -131,6 +140,12 @@ impl BinaryOp {
     pub fn is_comparison(self) -> bool {
         use BinaryOp::*;
         matches!(self, Eq | Ne | Lt | Le | Gt | Ge)
+    }
+
+    /// Whether the op is `bitwise_and`, `bitwise_or` or `bitwise_xor`.
+    pub fn is_bitwise(self) -> bool {
+        use BinaryOp::*;
+        matches!(self, BitwiseAnd | BitwiseOr | BitwiseXor)
     }
 
     /// Whether the op is `logical_and` or `logical_or` (bool result).
@@ -152,6 +167,10 @@ impl BinaryOp {
             DivFloor if common.is_bool() => return Err(not_implemented("div_floor_cpu", common)),
             DivTrunc if common.is_bool() => return Err(not_implemented("div_trunc_cpu", common)),
             Pow if common.is_bool() => DType::I64,
+            BitwiseAnd | BitwiseOr | BitwiseXor if common.is_float() => {
+                let kernel = format!("{}_cpu", self.name());
+                return Err(not_implemented(&kernel, common));
+            }
             _ => common,
         })
     }

@@ -27,6 +27,10 @@ macro_rules! simple {
 
 simple! {
     abs => unary "abs";
+    acos => unary "acos";
+    asin => unary "asin";
+    atan => unary "atan";
+    bitwise_not => unary "bitwise_not";
     ceil => unary "ceil";
     cos => unary "cos";
     erf => unary "erf";
@@ -52,6 +56,9 @@ simple! {
     and => binary "logical_and";
     or => binary "logical_or";
     xor => binary "ne";
+    bitwise_and => binary "bitwise_and";
+    bitwise_or => binary "bitwise_or";
+    bitwise_xor => binary "bitwise_xor";
     equal => binary "eq";
     greater => binary "gt";
     greater_or_equal => binary "ge";

@@ -79,6 +79,12 @@ impl Tensor {
         sin => UnaryOp::Sin;
         /// Cosine.
         cos => UnaryOp::Cos;
+        /// Inverse sine (NaN outside [-1, 1]); integer inputs give f32.
+        asin => UnaryOp::Asin;
+        /// Inverse cosine (NaN outside [-1, 1]); integer inputs give f32.
+        acos => UnaryOp::Acos;
+        /// Inverse tangent; integer inputs give f32.
+        atan => UnaryOp::Atan;
         /// Hyperbolic tangent.
         tanh => UnaryOp::Tanh;
         /// `1 / (1 + e^-x)`.
@@ -113,6 +119,8 @@ impl Tensor {
         logical_not => UnaryOp::LogicalNot;
         /// Bool tensor: true where `x` is NaN (never for integers).
         isnan => UnaryOp::IsNan;
+        /// `~x` (`torch.bitwise_not`): every bit flipped; logical not for bool; floats refused.
+        bitwise_not => UnaryOp::BitwiseNot;
         /// `x * clamp(x + 3, 0, 6) / 6` (`F.hardswish`); floats only.
         hardswish => UnaryOp::Hardswish;
         /// `x * tanh(softplus(x))` (`F.mish`); floats only.
@@ -185,6 +193,12 @@ impl Tensor {
         logical_and, logical_and_scalar => LogicalAnd;
         /// Bool tensor: either nonzero.
         logical_or, logical_or_scalar => LogicalOr;
+        /// `torch.bitwise_and`: integers and bools, broadcast; floats refused.
+        bitwise_and, bitwise_and_scalar => BitwiseAnd;
+        /// `torch.bitwise_or`: integers and bools, broadcast; floats refused.
+        bitwise_or, bitwise_or_scalar => BitwiseOr;
+        /// `torch.bitwise_xor`: integers and bools, broadcast; floats refused.
+        bitwise_xor, bitwise_xor_scalar => BitwiseXor;
     }
 
     /// `torch.add(self, other, alpha=alpha)`: `self + alpha * other`. As PyTorch, a float
@@ -365,23 +379,11 @@ impl std::ops::Neg for Tensor {
     }
 }
 
-/// Bool tensors only: `!`, `&` and `|` are logical ops here; PyTorch's bitwise forms for
-/// integers are not provided.
-fn require_bool(op: &str, ts: &[&Tensor]) {
-    if let Some(t) = ts.iter().find(|t| t.dtype() != DType::Bool) {
-        panic!(
-            "the `{op}` operator is only implemented for bool tensors, got {}",
-            t.dtype().torch_name()
-        );
-    }
-}
-
-// `!mask`: logical not of a bool tensor; panics for other dtypes.
+// `!x`: PyTorch's `~x`, bitwise not (logical not for bool); panics for float tensors.
 impl std::ops::Not for &Tensor {
     type Output = Tensor;
     fn not(self) -> Tensor {
-        require_bool("!", &[self]);
-        or_panic(apply(Op::Unary(UnaryOp::LogicalNot), &[self]))
+        or_panic(apply(Op::Unary(UnaryOp::BitwiseNot), &[self]))
     }
 }
 
@@ -392,24 +394,26 @@ impl std::ops::Not for Tensor {
     }
 }
 
-// `a & b`, `a | b`: logical and/or of bool tensors; panic for other dtypes and where
-// `logical_and`/`logical_or` return Err.
-macro_rules! logical_operator {
-    ($Trait:ident, $method:ident, $op:ident, $sym:literal) => {
-        logical_operator!(@pair $Trait, $method, $op, $sym, Tensor, [Tensor, &Tensor]);
-        logical_operator!(@pair $Trait, $method, $op, $sym, &Tensor, [Tensor, &Tensor]);
+// `a & b`, `a | b`, `a ^ b`: PyTorch's bitwise ops (the logical ones for two bool tensors,
+// which give the same values); panic for floats and where the methods return Err.
+macro_rules! bitwise_operator {
+    ($Trait:ident, $method:ident, $logical:ident, $bitwise:ident) => {
+        bitwise_operator!(@pair $Trait, $method, $logical, $bitwise, Tensor, [Tensor, &Tensor]);
+        bitwise_operator!(@pair $Trait, $method, $logical, $bitwise, &Tensor, [Tensor, &Tensor]);
     };
-    (@pair $Trait:ident, $method:ident, $op:ident, $sym:literal, $L:ty, [$($R:ty),*]) => {$(
+    (@pair $Trait:ident, $method:ident, $logical:ident, $bitwise:ident, $L:ty, [$($R:ty),*]) => {$(
         impl std::ops::$Trait<$R> for $L {
             type Output = Tensor;
             fn $method(self, rhs: $R) -> Tensor {
                 let (a, b): (&Tensor, &Tensor) = (&self, &rhs);
-                require_bool($sym, &[a, b]);
-                binary_op(BinaryOp::$op, a, b)
+                let both_bool = a.dtype() == DType::Bool && b.dtype() == DType::Bool;
+                let op = if both_bool { BinaryOp::$logical } else { BinaryOp::$bitwise };
+                binary_op(op, a, b)
             }
         }
     )*};
 }
 
-logical_operator!(BitAnd, bitand, LogicalAnd, "&");
-logical_operator!(BitOr, bitor, LogicalOr, "|");
+bitwise_operator!(BitAnd, bitand, LogicalAnd, BitwiseAnd);
+bitwise_operator!(BitOr, bitor, LogicalOr, BitwiseOr);
+bitwise_operator!(BitXor, bitxor, Ne, BitwiseXor);

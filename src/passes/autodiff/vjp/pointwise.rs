@@ -186,7 +186,20 @@ pub(super) fn unary(
             let d = e.unary(Sigmoid, nx)?;
             e.mul(g, d)
         }
-        LogicalNot | IsNan => bail!(Value, "{} has no gradient", u.name()),
+        // PyTorch: g·rsqrt(1 - x²), its negation, g / (1 + x²)
+        Asin | Acos => {
+            let x2 = e.mul(x, x)?;
+            let d = e.rsub_s(1.0, x2)?;
+            let r = e.unary(Rsqrt, d)?;
+            let r = if u == Acos { e.neg(r)? } else { r };
+            e.mul(g, r)
+        }
+        Atan => {
+            let x2 = e.mul(x, x)?;
+            let d = e.add_s(x2, 1.0)?;
+            e.div(g, d)
+        }
+        LogicalNot | IsNan | BitwiseNot => bail!(Value, "{} has no gradient", u.name()),
     }
 }
 
@@ -272,9 +285,8 @@ pub(super) fn binary(
             vec![Some(g), gc]
         }
         // PyTorch: a rounded quotient has a zero gradient, as comparisons do
-        DivFloor | DivTrunc | Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr => {
-            vec![None, None]
-        }
+        DivFloor | DivTrunc | Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr | BitwiseAnd
+        | BitwiseOr | BitwiseXor => vec![None, None],
     })
 }
 
