@@ -13,7 +13,7 @@ use smelt::codegen_cpu::{CodegenOptions, compile_kernel};
 use smelt::dispatch;
 use smelt::exec::{CompileOptions, CompiledFn};
 use smelt::ir::graph::{Graph, ValueId};
-use smelt::ir::op::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp};
+use smelt::ir::op::{BinaryOp, Op, ReduceOp, ScatterReduction, TensorType, UnaryOp};
 use smelt::kernel::{BufferKind, Expr, Schedule, Step, View};
 use smelt::passes::compile;
 use smelt::runtime::apply;
@@ -336,6 +336,51 @@ fn every_binary_op_in_every_dtype_with_broadcast() {
                 Tol::EXACT
             };
             check_with(&g, &[xv, yv], tol);
+        }
+    }
+}
+
+/// `scatter_reduce` between fused pointwise ops, every reduction, with duplicate indices,
+/// dims of 1 and an empty index.
+#[test]
+fn scatter_reduce_between_fused_ops() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let cases: [(&[usize], &[usize], i64); 3] = [
+        (&[5, 3], &[7, 2], 0),
+        (&[1, 6], &[1, 9], 1),
+        (&[4], &[0], 0),
+    ];
+    for reduce in ScatterReduction::ALL {
+        for d in [DType::F32, DType::F64, DType::I64] {
+            for (xs, is, dim) in cases {
+                let mut g = Graph::new(&format!("scatter_{}_{d}", reduce.name()));
+                let x = input(&mut g, "x", d, xs);
+                let i = input(&mut g, "i", DType::I64, is);
+                let s = input(&mut g, "s", d, is);
+                let sq = g.add_op(Op::Unary(UnaryOp::Abs), &[s]).unwrap();
+                let y = g
+                    .add_op(Op::ScatterReduce { dim, reduce }, &[x, i, sq])
+                    .unwrap();
+                let z = g.add_op(Op::Unary(UnaryOp::Neg), &[y]).unwrap();
+                g.set_outputs(vec![z]);
+                let size = xs[dim as usize] as i64;
+                let n: usize = is.iter().product();
+                let iv: Vec<i64> = (0..n).map(|_| rng.random_range(0..size)).collect();
+                let ins = vec![
+                    values(&mut rng, d, xs, false),
+                    Tensor::from_vec(iv, is).unwrap(),
+                    values(&mut rng, d, is, false),
+                ];
+                check_with(&g, &ins, Tol::EXACT);
+                // the JIT's own executor against the eager ops
+                let f = CompiledFn::compile(&g, &CompileOptions::default()).unwrap();
+                let got = f.call(&ins).unwrap();
+                let want = apply(Op::Unary(UnaryOp::Abs), &[&ins[2]])
+                    .and_then(|a| ins[0].scatter_reduce(dim, &ins[1], &a, reduce.name()))
+                    .and_then(|y| y.neg())
+                    .unwrap();
+                assert_close(&got[0], &want, Tol::EXACT, &g.name);
+            }
         }
     }
 }

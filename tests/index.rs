@@ -344,6 +344,120 @@ fn scatter_ref(
     out
 }
 
+/// `torch.scatter_reduce` (include_self) in f64: `r` combines an element with one value;
+/// a mean divides by the count at the end, rounding down for integers.
+#[allow(clippy::too_many_arguments)]
+fn scatter_reduce_ref(
+    x: &[f64],
+    xs: &[usize],
+    d: usize,
+    ix: &[i64],
+    is: &[usize],
+    src: &[f64],
+    reduce: &str,
+    int: bool,
+) -> Vec<f64> {
+    let mut out = x.to_vec();
+    let mut count = vec![1.0; x.len()];
+    for (p, &v) in ix.iter().enumerate() {
+        let m = unravel(p, is);
+        let s = src[ravel(&m, is)];
+        let mut o = m.clone();
+        o[d] = v as usize;
+        let q = ravel(&o, xs);
+        out[q] = match reduce {
+            "sum" | "mean" => out[q] + s,
+            "prod" => out[q] * s,
+            "amax" => out[q].max(s),
+            _ => out[q].min(s),
+        };
+        count[q] += 1.0;
+    }
+    if reduce == "mean" {
+        for (o, c) in out.iter_mut().zip(&count) {
+            *o = if int { (*o / c).floor() } else { *o / c };
+        }
+    }
+    out
+}
+
+/// PyTorch's documented examples of `scatter_reduce`, then every reduction on a transposed
+/// view in several dtypes against the f64 reference.
+#[test]
+fn scatter_reduce_known_examples_and_reference() {
+    // torch.scatter_reduce docs: input [1,2,3,4], index [0,1,0,1,2,1], src [1..6]
+    let input = t(&[1., 2., 3., 4.], &[4], DType::F32);
+    let src = t(&[1., 2., 3., 4., 5., 6.], &[6], DType::F32);
+    let ix = idx(&[0, 1, 0, 1, 2, 1], &[6]);
+    let r = |reduce: &str| {
+        input
+            .scatter_reduce(0, &ix, &src, reduce)
+            .unwrap()
+            .to_f64_vec()
+    };
+    assert_eq!(r("sum"), vec![5., 14., 8., 4.]);
+    assert_eq!(r("amax"), vec![3., 6., 5., 4.]);
+    assert_eq!(r("amin"), vec![1., 2., 3., 4.]);
+    assert_eq!(r("prod"), vec![3., 96., 15., 4.]);
+    assert_eq!(r("mean"), vec![(5.0f32 / 3.0) as f64, 3.5, 4., 4.]);
+    // integers: the mean rounds down, -5 / 3 is -2
+    let neg = t(&[-1., 7.], &[2], DType::I64);
+    let m = neg
+        .scatter_reduce(
+            0,
+            &idx(&[0, 0], &[2]),
+            &t(&[-2., -2.], &[2], DType::I64),
+            "mean",
+        )
+        .unwrap();
+    assert_eq!(m.to_f64_vec(), vec![-2., 7.]);
+    // NaN propagates through amax and amin, from either side
+    let nan = t(&[f64::NAN, 1.], &[2], DType::F32);
+    let mx = nan
+        .scatter_reduce(
+            0,
+            &idx(&[0, 1], &[2]),
+            &t(&[5., f64::NAN], &[2], DType::F32),
+            "amax",
+        )
+        .unwrap()
+        .to_f64_vec();
+    assert!(mx[0].is_nan() && mx[1].is_nan(), "{mx:?}");
+    let e = input.scatter_reduce(0, &ix, &src, "max").unwrap_err();
+    assert!(
+        e.to_string().contains("sum, prod, mean, amax or amin"),
+        "{e}"
+    );
+    let e = input
+        .scatter_reduce(0, &idx(&[4], &[1]), &src, "sum")
+        .unwrap_err();
+    assert!(e.to_string().contains("index 4 is out of bounds"), "{e}");
+    for dt in [DType::F32, DType::F64, DType::I64, DType::I32] {
+        let (xs, is) = ([3usize, 4], [2usize, 3]);
+        let xd = seq(12);
+        let x = transposed_view(&xd, &xs, dt);
+        let ixd = [2i64, 0, 2, 2, 0, 0];
+        let sd: Vec<f64> = (0..6).map(|v| v as f64 - 2.5).collect();
+        let sd: Vec<f64> = if dt.is_float() {
+            sd
+        } else {
+            sd.iter().map(|v| v.floor()).collect()
+        };
+        let sv = t(&sd, &is, dt);
+        for reduce in ["sum", "prod", "mean", "amax", "amin"] {
+            let got = x.scatter_reduce(0, &idx(&ixd, &is), &sv, reduce).unwrap();
+            let want = scatter_reduce_ref(&xd, &xs, 0, &ixd, &is, &sd, reduce, !dt.is_float());
+            let got = got.to_f64_vec();
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    (g - w).abs() <= 1e-6 * w.abs().max(1.0),
+                    "{dt} {reduce}: {got:?} vs {want:?}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn gather_scatter_known_examples() {
     // torch.gather docs: [[1,2],[3,4]].gather(1, [[0,0],[1,0]]) == [[1,1],[4,3]]

@@ -64,6 +64,11 @@ fn close(got: &Tensor, want: &Tensor, what: &str) {
 /// Exports the first graph of `text`, checks it on onnxruntime (when there is a Python for
 /// it) and through smelt's own reader.
 fn check(name: &str, text: &str) {
+    check_at(name, text, 17)
+}
+
+/// [`check`] at ONNX opset `opset`.
+fn check_at(name: &str, text: &str, opset: i64) {
     let work = std::env::temp_dir().join(format!("smelt-export-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&work).unwrap();
     let model = work.join(format!("{name}.smelt"));
@@ -77,7 +82,7 @@ fn check(name: &str, text: &str) {
         model: model.clone(),
         weights: None,
         onnx: onnx_file.clone(),
-        opset: 17,
+        opset,
         graph: None,
     }))
     .unwrap_or_else(|e| panic!("{name}: export: {e}"));
@@ -223,6 +228,33 @@ fn movement_and_indexing_ops_export() {
     );
 }
 
+/// Bitwise ops (the logical ONNX ops for bools, opset 18's bitwise ones for integers), the
+/// inverse trigonometric functions and the scatter reductions ONNX has.
+#[test]
+fn bitwise_trigonometric_and_scatter_reduce_ops_export() {
+    check_at(
+        "bitwise",
+        "graph bw(%x: f32[3,4], %i: i64[3,4], %j: i64[4], %k: bool[3,4], %ix: i64[2,4], %s: f32[2,4]) {
+          %xc = clamp(%x, min=-1.0, max=1.0)
+          %a = asin(%xc)
+          %b = acos(%xc)
+          %c = atan(%x)
+          %d = bitwise_and(%i, %j)
+          %e = bitwise_or(%i, 5)
+          %f = bitwise_xor(%i, %j)
+          %g = bitwise_not(%i)
+          %h = bitwise_not(%k)
+          %m = bitwise_xor(%k, %h)
+          %n = scatter_reduce(%x, %ix, %s, dim=0, reduce=\"amax\")
+          %o = scatter_reduce(%x, %ix, %s, dim=0, reduce=\"prod\")
+          %p = scatter_reduce(%x, %ix, %s, dim=0, reduce=\"amin\")
+          %q = scatter_reduce(%x, %ix, %s, dim=1, reduce=\"sum\")
+          return %a, %b, %c, %d, %e, %f, %g, %h, %m, %n, %o, %p, %q
+        }",
+        18,
+    );
+}
+
 #[test]
 fn an_op_without_an_onnx_form_is_named() {
     let text = "graph g(%x: f32[4]) {
@@ -238,6 +270,31 @@ fn an_op_without_an_onnx_form_is_named() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("opset 5"), "{e}");
+    // ONNX has no scatter mean, and integer bitwise ops from opset 18 only
+    let text = "graph g(%x: f32[4], %i: i64[2], %s: f32[2], %n: i64[4]) {
+      %y = scatter_reduce(%x, %i, %s, dim=0, reduce=\"mean\")
+      return %y
+    }";
+    let g = parse_module(text, "t").unwrap();
+    let e = smelt::onnx::export(g.entry(), &[], 18)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("scatter_reduce(reduce=\"mean\") has no ONNX form"),
+        "{e}"
+    );
+    let text = "graph g(%n: i64[4]) {
+      %y = bitwise_not(%n)
+      return %y
+    }";
+    let g = parse_module(text, "t").unwrap();
+    let e = smelt::onnx::export(g.entry(), &[], 17)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("'bitwise_not' of integers needs ONNX opset 18"),
+        "{e}"
+    );
 }
 
 /// Traces `forward` on `x` (no gradients) and checks the graph's export, as `check` does.

@@ -383,6 +383,11 @@ impl<'a> Enc<'a, '_> {
                 self.tag("ScatterAdd");
                 self.int(*dim);
             }
+            Op::ScatterReduce { dim, reduce } => {
+                self.tag("ScatterReduce");
+                self.int(*dim);
+                self.tag(reduce.name());
+            }
             Op::IndexAdd { dim } => {
                 self.tag("IndexAdd");
                 self.int(*dim);

@@ -9,7 +9,7 @@
 //! (a row number, a position in the index tensor) alongside the memory offsets.
 
 use super::copy::{cast_new, copy_into};
-use crate::ir::op::{Op, TensorType};
+use crate::ir::op::{Op, ScatterReduction, TensorType};
 use crate::ir::shape::{contiguous_strides, wrap_dim, wrap_dims};
 use crate::layout::Layout;
 use crate::tensor::Tensor;
@@ -72,8 +72,14 @@ pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
         Op::Triu { diagonal } => triangle(x, *diagonal, false),
         Op::IndexSelect { dim } => index_select(x, dim_of(*dim)?, inputs[1], out),
         Op::Gather { dim } => gather(x, dim_of(*dim)?, inputs[1]),
-        Op::Scatter { dim } => scatter(x, dim_of(*dim)?, inputs[1], inputs[2], false),
-        Op::ScatterAdd { dim } => scatter(x, dim_of(*dim)?, inputs[1], inputs[2], true),
+        Op::Scatter { dim } => scatter(x, dim_of(*dim)?, inputs[1], inputs[2], None),
+        Op::ScatterAdd { dim } => {
+            let sum = Some(ScatterReduction::Sum);
+            scatter(x, dim_of(*dim)?, inputs[1], inputs[2], sum)
+        }
+        Op::ScatterReduce { dim, reduce } => {
+            scatter(x, dim_of(*dim)?, inputs[1], inputs[2], Some(*reduce))
+        }
         Op::IndexAdd { dim } => {
             let o = cast_new(x, x.dtype())?;
             index_add_into(&o, dim_of(*dim)?, inputs[1], inputs[2])?;
@@ -362,10 +368,39 @@ fn add_elem<T: Element>(a: T, b: T) -> T {
     }
 }
 
-/// `scatter`/`scatter_add(dim, index, src)` into a copy of `x`. Runs in order on one
-/// thread, so with duplicate indices `scatter` keeps the last write in row-major order of
-/// `index` (PyTorch leaves that case unspecified).
-fn scatter(x: &Tensor, d: usize, idx: &Tensor, src: &Tensor, add: bool) -> Result<Tensor> {
+/// `a` and `b` combined by `r` with the reference numerics (f64 for floats, wrapping i64
+/// for integers and bools); `Mean` sums here and divides at the end.
+#[inline(always)]
+fn combine<T: Element>(r: ScatterReduction, a: T, b: T) -> T {
+    use ScatterReduction::*;
+    match r {
+        Sum | Mean => add_elem(a, b),
+        Prod if T::DTYPE.is_float() => T::from_f64(a.to_f64() * b.to_f64()),
+        Prod => T::from_i64(a.to_i64().wrapping_mul(b.to_i64())),
+        Amax | Amin if T::DTYPE.is_float() => {
+            let (x, y) = (a.to_f64(), b.to_f64());
+            if x.is_nan() || y.is_nan() {
+                return T::from_f64(f64::NAN);
+            }
+            let keep = if r == Amax { x >= y } else { x <= y };
+            if keep { a } else { b }
+        }
+        Amax => T::from_i64(a.to_i64().max(b.to_i64())),
+        Amin => T::from_i64(a.to_i64().min(b.to_i64())),
+    }
+}
+
+/// `scatter` (`reduce` None), `scatter_add` (`Sum`) or `scatter_reduce(dim, index, src)`
+/// with `include_self` into a copy of `x`. Runs in order on one thread, so with duplicate
+/// indices `scatter` keeps the last write in row-major order of `index` (PyTorch leaves
+/// that case unspecified).
+fn scatter(
+    x: &Tensor,
+    d: usize,
+    idx: &Tensor,
+    src: &Tensor,
+    reduce: Option<ScatterReduction>,
+) -> Result<Tensor> {
     let o = cast_new(x, x.dtype())?;
     let size = dim_size(x, d);
     let nd = idx.dim();
@@ -379,6 +414,10 @@ fn scatter(x: &Tensor, d: usize, idx: &Tensor, src: &Tensor, add: bool) -> Resul
         return Err(out_of_bounds(v, d, size));
     }
     let walk = Walk::new(idx.shape(), [idx.strides(), &ss, &os]);
+    // a mean counts the values each element receives (o is a fresh contiguous tensor, so
+    // an element's offset is its row-major position)
+    let mean = reduce == Some(ScatterReduction::Mean);
+    let mut counts = vec![0u32; if mean { o.numel() } else { 0 }];
     dispatch!(x.dtype(), T => {
         let (po, ps) = (acc.write::<T>(0), acc.read::<T>(1));
         walk.run_range(0, walk.numel(), &mut |[bi, bs, bo], len, [si, ss, so]| {
@@ -386,12 +425,32 @@ fn scatter(x: &Tensor, d: usize, idx: &Tensor, src: &Tensor, add: bool) -> Resul
                 // SAFETY: indices checked above; the shape rule bounds idx by src and x.
                 unsafe {
                     let v = *pi.add(bi + k * si) as usize;
-                    let dst = po.add(bo + k * so + v * step);
+                    let at = bo + k * so + v * step;
+                    let dst = po.add(at);
                     let s = *ps.add(bs + k * ss);
-                    *dst = if add { add_elem(*dst, s) } else { s };
+                    *dst = match reduce {
+                        None => s,
+                        Some(r) => combine(r, *dst, s),
+                    };
+                    if mean {
+                        counts[at] += 1;
+                    }
                 }
             }
         });
+        for (at, &c) in counts.iter().enumerate().filter(|(_, c)| **c > 0) {
+            // x's own element counts too (include_self); integers round down, as PyTorch
+            let n = c as i64 + 1;
+            // SAFETY: at < o.numel(), an offset of the contiguous o.
+            unsafe {
+                let p = po.add(at);
+                *p = if T::DTYPE.is_float() {
+                    T::from_f64((*p).to_f64() / n as f64)
+                } else {
+                    T::from_i64((*p).to_i64().div_euclid(n))
+                };
+            }
+        }
     });
     drop(acc);
     Ok(o)

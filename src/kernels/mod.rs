@@ -138,6 +138,7 @@ pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
         | Op::Gather { .. }
         | Op::Scatter { .. }
         | Op::ScatterAdd { .. }
+        | Op::ScatterReduce { .. }
         | Op::IndexAdd { .. }
         | Op::Embedding => index::eval(op, inputs, out),
         Op::Conv { .. }

@@ -12,7 +12,7 @@ use super::tensor::{elem_type_of, from_tensor};
 use crate::ir::conv::ConvPadding;
 use crate::ir::dtype::{DType, PromoteArg, result_type};
 use crate::ir::graph::{Graph, NodeKind, ValueId};
-use crate::ir::op::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp};
+use crate::ir::op::{BinaryOp, Op, ReduceOp, ScatterReduction, TensorType, UnaryOp};
 use crate::runtime::interp;
 use crate::{Error, Result, Tensor, bail};
 use std::collections::{HashMap, HashSet};
@@ -645,6 +645,32 @@ impl Exporter<'_> {
                 if matches!(op, Op::ScatterAdd { .. }) {
                     attrs.push(string("reduction", "add"));
                 }
+                self.node("ScatterElements", &[&x, &i, &src], attrs)
+            }
+            Op::ScatterReduce { dim, reduce } => {
+                // ONNX has mul from opset 16, max and min from 18, and no mean
+                let (reduction, since) = match reduce {
+                    ScatterReduction::Sum => ("add", MIN_OPSET),
+                    ScatterReduction::Prod => ("mul", 16),
+                    ScatterReduction::Amax => ("max", 18),
+                    ScatterReduction::Amin => ("min", 18),
+                    ScatterReduction::Mean => bail!(
+                        Unsupported,
+                        "scatter_reduce(reduce=\"mean\") has no ONNX form"
+                    ),
+                };
+                if self.opset < since {
+                    bail!(
+                        Unsupported,
+                        "scatter_reduce(reduce=\"{}\") needs ONNX opset {since} or newer (exporting opset {})",
+                        reduce.name(),
+                        self.opset
+                    );
+                }
+                let r = rank_of(self, 0);
+                let (x, i) = (name(self, 0), name(self, 1));
+                let src = self.as_dtype(operands[2], out_ty.dtype);
+                let attrs = vec![int("axis", norm(*dim, r)), string("reduction", reduction)];
                 self.node("ScatterElements", &[&x, &i, &src], attrs)
             }
             Op::Conv { conv, has_bias } => {

@@ -275,6 +275,20 @@ fn build(name: &str, slots: &[bool], a: &mut Args) -> CallResult<Op> {
         "scatter_add" => Op::ScatterAdd {
             dim: a.int("dim", None)?,
         },
+        "scatter_reduce" => {
+            let dim = a.int("dim", None)?;
+            let reduce = a.string("reduce", None)?;
+            if !a.bool("include_self", true)? {
+                return err(
+                    Some("include_self"),
+                    "scatter_reduce: include_self=false is not supported".into(),
+                );
+            }
+            match crate::ir::op::ScatterReduction::parse(&reduce) {
+                Ok(reduce) => Op::ScatterReduce { dim, reduce },
+                Err(e) => return err(Some("reduce"), format!("scatter_reduce: {e}")),
+            }
+        }
         "index_add" => Op::IndexAdd {
             dim: a.int("dim", None)?,
         },

@@ -133,6 +133,10 @@ impl Op {
             | Op::Scatter { dim }
             | Op::ScatterAdd { dim }
             | Op::IndexAdd { dim } => vec![("dim", Attr::Int(*dim))],
+            Op::ScatterReduce { dim, reduce } => vec![
+                ("dim", Attr::Int(*dim)),
+                ("reduce", Attr::Str(reduce.name().into())),
+            ],
             Op::Flatten { start_dim, end_dim } => vec![
                 ("start_dim", Attr::Int(*start_dim)),
                 ("end_dim", Attr::Int(*end_dim)),

@@ -161,6 +161,7 @@ const STRUCTURAL_OPS: &[&str] = &[
     "gather",
     "scatter",
     "scatter_add",
+    "scatter_reduce",
     "index_add",
     "embedding",
     "conv1d",

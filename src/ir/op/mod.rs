@@ -90,6 +90,56 @@ pub struct Literal {
     pub bytes: Arc<Vec<u8>>,
 }
 
+/// The `reduce` of `torch.scatter_reduce`: how the values sent to one element combine with
+/// it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum ScatterReduction {
+    /// `"sum"`.
+    Sum,
+    /// `"prod"`.
+    Prod,
+    /// `"mean"`: the sum over the element and its values, divided by their count (rounded
+    /// down for integers, as PyTorch).
+    Mean,
+    /// `"amax"`: the largest (NaN propagates).
+    Amax,
+    /// `"amin"`: the smallest (NaN propagates).
+    Amin,
+}
+
+impl ScatterReduction {
+    /// Every reduction.
+    pub const ALL: [ScatterReduction; 5] = [
+        ScatterReduction::Sum,
+        ScatterReduction::Prod,
+        ScatterReduction::Mean,
+        ScatterReduction::Amax,
+        ScatterReduction::Amin,
+    ];
+
+    /// PyTorch's name for it (`"amax"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ScatterReduction::Sum => "sum",
+            ScatterReduction::Prod => "prod",
+            ScatterReduction::Mean => "mean",
+            ScatterReduction::Amax => "amax",
+            ScatterReduction::Amin => "amin",
+        }
+    }
+
+    /// The reduction named `s`, or PyTorch's error.
+    pub fn parse(s: &str) -> Result<ScatterReduction> {
+        match ScatterReduction::ALL.iter().find(|r| r.name() == s) {
+            Some(r) => Ok(*r),
+            None => bail!(
+                Value,
+                "reduce argument must be either sum, prod, mean, amax or amin, got {s}"
+            ),
+        }
+    }
+}
+
 /// One operation. Attribute names follow PyTorch's argument names.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Op {
@@ -389,6 +439,15 @@ pub enum Op {
         /// The dim indexed.
         dim: i64,
     },
+    /// `torch.scatter_reduce(x, dim, index, src, reduce)` with `include_self=True`: every
+    /// element of `src` combined into `x`'s element its index names, by `reduce`. Operands:
+    /// x, index, src.
+    ScatterReduce {
+        /// The dim indexed.
+        dim: i64,
+        /// How the values combine.
+        reduce: ScatterReduction,
+    },
     /// `torch.index_add`: `source`'s entries of `dim` added to `x`'s at a 1-D index. Operands: x,
     /// index, source.
     IndexAdd {
@@ -593,6 +652,7 @@ impl Op {
             Op::Gather { .. } => "gather",
             Op::Scatter { .. } => "scatter",
             Op::ScatterAdd { .. } => "scatter_add",
+            Op::ScatterReduce { .. } => "scatter_reduce",
             Op::IndexAdd { .. } => "index_add",
             Op::Embedding => "embedding",
             Op::Conv { conv, .. } => conv.op_name(),

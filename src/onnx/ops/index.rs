@@ -100,11 +100,6 @@ pub fn scatter_nd(cx: &mut Cx) -> Result<Vec<Val>> {
             ds.len()
         );
     }
-    let op = match cx.string("reduction")?.as_deref() {
-        None | Some("none") => "scatter",
-        Some("add") => "scatter_add",
-        Some(r) => bail!(Value, "reduction '{r}' is not supported"),
-    };
     let rows: usize = ds[..k].iter().product();
     let width: usize = ds[k..].iter().product();
     let q: usize = is[..is.len() - 1].iter().product();
@@ -117,12 +112,38 @@ pub fn scatter_nd(cx: &mut Cx) -> Result<Vec<Val>> {
     )?;
     let flat = reshape(cx, x, &[rows, width])?;
     let src = reshape(cx, upd, &[q, width])?;
-    let y = cx.call(
-        op,
-        &[Some(flat), Some(lin), Some(src)],
-        &[("dim", Attr::Int(0))],
-    )?;
+    let y = scatter_with(cx, flat, lin, src, 0)?;
     one(reshape(cx, y, &ds)?)
+}
+
+/// `x` with `src` scattered along `dim` at `index`, combined as the node's `reduction`
+/// says (`none`, `add`, `mul`, `max`, `min`), the scatter of `ScatterElements` and
+/// `ScatterND`.
+pub(super) fn scatter_with(
+    cx: &mut Cx,
+    x: ValueId,
+    index: ValueId,
+    src: ValueId,
+    dim: i64,
+) -> Result<ValueId> {
+    let operands = [Some(x), Some(index), Some(src)];
+    let reduce = match cx.string("reduction")?.as_deref() {
+        None | Some("none") => return cx.call("scatter", &operands, &[("dim", Attr::Int(dim))]),
+        // scatter_add has CUDA kernels and AOT copy steps of its own
+        Some("add") => return cx.call("scatter_add", &operands, &[("dim", Attr::Int(dim))]),
+        Some("mul") => "prod",
+        Some("max") => "amax",
+        Some("min") => "amin",
+        Some(r) => bail!(
+            Value,
+            "reduction '{r}' is not one of none, add, mul, max, min"
+        ),
+    };
+    let attrs = [
+        ("dim", Attr::Int(dim)),
+        ("reduce", Attr::Str(reduce.into())),
+    ];
+    cx.call("scatter_reduce", &operands, &attrs)
 }
 
 pub fn compress(cx: &mut Cx) -> Result<Vec<Val>> {

@@ -332,12 +332,7 @@ pub fn scatter_elements(cx: &mut Cx) -> Result<Vec<Val>> {
     let shape = cx.shape(x);
     let a = axis(cx.int("axis", 0)?, shape.len() as i64)?;
     let i = wrap_negative(cx, i, shape[a as usize])?;
-    let op = match cx.string("reduction")?.as_deref() {
-        None | Some("none") => "scatter",
-        Some("add") => "scatter_add",
-        Some(r) => bail!(Value, "reduction '{r}' is not supported"),
-    };
-    one(cx.call(op, &[Some(x), Some(i), Some(u)], &[("dim", Attr::Int(a))])?)
+    one(super::index::scatter_with(cx, x, i, u, a)?)
 }
 
 pub fn expand(cx: &mut Cx) -> Result<Vec<Val>> {

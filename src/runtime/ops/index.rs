@@ -69,6 +69,19 @@ impl Tensor {
     pub fn scatter_add(&self, dim: i64, index: &Tensor, src: &Tensor) -> Result<Tensor> {
         apply(Op::ScatterAdd { dim }, &[self, index, src])
     }
+    /// `torch.scatter_reduce(self, dim, index, src, reduce)` with `include_self=True`: a
+    /// copy of `self` with every element of `src` combined into the element its index
+    /// names along `dim` (`"sum"`, `"prod"`, `"mean"`, `"amax"` or `"amin"`).
+    pub fn scatter_reduce(
+        &self,
+        dim: i64,
+        index: &Tensor,
+        src: &Tensor,
+        reduce: &str,
+    ) -> Result<Tensor> {
+        let reduce = crate::ir::op::ScatterReduction::parse(reduce)?;
+        apply(Op::ScatterReduce { dim, reduce }, &[self, index, src])
+    }
     /// A copy of `self` with slice `i` of `source` along `dim` added to slice `index[i]`.
     pub fn index_add(&self, dim: i64, index: &Tensor, source: &Tensor) -> Result<Tensor> {
         apply(Op::IndexAdd { dim }, &[self, index, source])

@@ -50,7 +50,7 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
             }
             out(x.dtype, idx.shape.clone())
         }
-        Op::Scatter { dim } | Op::ScatterAdd { dim } => {
+        Op::Scatter { dim } | Op::ScatterAdd { dim } | Op::ScatterReduce { dim, .. } => {
             one(3)?;
             let (x, idx, src) = (inputs[0], inputs[1], inputs[2]);
             let d = wrap_dim(*dim, x.ndim())?;

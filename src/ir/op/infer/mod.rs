@@ -89,6 +89,7 @@ impl Op {
             | Op::Gather { .. }
             | Op::Scatter { .. }
             | Op::ScatterAdd { .. }
+            | Op::ScatterReduce { .. }
             | Op::IndexAdd { .. }
             | Op::Embedding => index::infer(self, inputs),
         }

@@ -43,6 +43,10 @@ pub(crate) fn vjp(
             "{}: control ops are differentiated as a whole by autodiff::control",
             op.name()
         ))),
+        Op::ScatterReduce { reduce, .. } => Err(crate::Error::Unsupported(format!(
+            "scatter_reduce(reduce=\"{}\") has no gradient in smelt yet",
+            reduce.name()
+        ))),
         Op::Unary(u) => Ok(vec![Some(unary(e, *u, xs[0], y, g)?)]),
         Op::Binary(b) => binary(e, *b, xs[0], xs[1], y, g, needs),
         Op::Where => {
