@@ -282,6 +282,10 @@ _UNARY = {
     aten.rsqrt.default: "rsqrt",
     aten.sin.default: "sin",
     aten.cos.default: "cos",
+    aten.asin.default: "asin",
+    aten.acos.default: "acos",
+    aten.atan.default: "atan",
+    aten.bitwise_not.default: "bitwise_not",
     aten.tanh.default: "tanh",
     aten.sigmoid.default: "sigmoid",
     aten.relu.default: "relu",
@@ -328,25 +332,15 @@ _BINARY = {
     "ge": [aten.ge.Tensor, aten.ge.Scalar],
     "logical_and": [aten.logical_and.default],
     "logical_or": [aten.logical_or.default],
+    "bitwise_and": [aten.bitwise_and.Tensor, aten.bitwise_and.Scalar],
+    "bitwise_or": [aten.bitwise_or.Tensor, aten.bitwise_or.Scalar],
+    "bitwise_xor": [aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar],
 }
 for _name, _ts in _BINARY.items():
     for _target in _ts:
         _HANDLERS[_target] = (_binary(_name), None)
 
 
-def _all_bool(n) -> bool:
-    return all(_dtype(a) == torch.bool for a in n.args if isinstance(a, torch.fx.Node))
-
-
-# bitwise ops on bool tensors are the logical ones; smelt has no integer bitwise ops
-_op(aten.bitwise_and.Tensor, check=_all_bool)(_binary("logical_and"))
-_op(aten.bitwise_or.Tensor, check=_all_bool)(_binary("logical_or"))
-_op(aten.bitwise_not.default, check=_all_bool)(_simple("logical_not"))
-
-
-@_op(aten.bitwise_xor.Tensor, check=_all_bool)
-def _bool_xor(e, n, x, other):
-    return e.op("ne", x, other)
 
 
 @_op(aten.logical_xor.default)
@@ -911,6 +905,11 @@ def _scatter(e, n, x, dim, index, **src_or_value):
 @_op(aten.scatter_add.default)
 def _scatter_add(e, n, x, dim, index, src):
     return e.op("scatter_add", x, index, src, dim=dim)
+
+
+@_op(aten.scatter_reduce.two, check=lambda n: _arg(n, "include_self") is not False)
+def _scatter_reduce(e, n, x, dim, index, src, reduce, include_self=True):
+    return e.op("scatter_reduce", x, index, src, dim=dim, reduce=reduce)
 
 
 @_op(aten.index_add.default)

@@ -364,9 +364,10 @@ def _reduction(name):
 
 
 _REDUCTIONS = "sum mean amax amin logsumexp all any".split()
-_UNARY = ("neg abs exp log log1p expm1 sqrt rsqrt sin cos tanh sigmoid relu silu erf floor "
-          "ceil round sign reciprocal square logical_not isnan").split()
-_BINARY = "mul pow maximum minimum remainder eq ne lt le gt ge logical_and logical_or".split()
+_UNARY = ("neg abs exp log log1p expm1 sqrt rsqrt sin cos asin acos atan tanh sigmoid relu silu "
+          "erf floor ceil round sign reciprocal square logical_not isnan bitwise_not").split()
+_BINARY = ("mul pow maximum minimum remainder eq ne lt le gt ge logical_and logical_or "
+           "bitwise_and bitwise_or bitwise_xor").split()
 
 for _n in _REDUCTIONS:
     setattr(Tensor, _n, _reduction(_n))
@@ -378,7 +379,7 @@ for _n in _BINARY:
 # Python's operators, each one op
 for _dunder, _name in [("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div"),
                        ("pow", "pow"), ("mod", "remainder"), ("matmul", "matmul"),
-                       ("and", "logical_and"), ("or", "logical_or")]:
+                       ("and", "bitwise_and"), ("or", "bitwise_or"), ("xor", "bitwise_xor")]:
     setattr(Tensor, f"__{_dunder}__", _binary(_name))
     setattr(Tensor, f"__r{_dunder}__", _binary(_name, reflected=True))
 for _dunder, _name in [("eq", "eq"), ("ne", "ne"), ("lt", "lt"), ("le", "le"), ("gt", "gt"),
@@ -386,7 +387,7 @@ for _dunder, _name in [("eq", "eq"), ("ne", "ne"), ("lt", "lt"), ("le", "le"), (
     setattr(Tensor, f"__{_dunder}__", _binary(_name))
 Tensor.__neg__ = _unary("neg")
 Tensor.__abs__ = _unary("abs")
-Tensor.__invert__ = _unary("logical_not")
+Tensor.__invert__ = _unary("bitwise_not")
 Tensor.__floordiv__ = lambda self, other: _call("div", self, other, rounding_mode="floor")
 Tensor.__rfloordiv__ = lambda self, other: _call("div", other, self, rounding_mode="floor")
 Tensor.__hash__ = object.__hash__

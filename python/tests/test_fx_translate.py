@@ -172,10 +172,20 @@ def test_reductions():
 def test_integer_and_bool_ops():
     def f(a, b, m):
         return (a + 2 * b, a // (b.abs() + 1), a % 3, a.clamp(-2, 3), a == b, (a < b) & m,
-                ~m, torch.where(m, a, b), a.to(torch.float32) / 2, m.sum(), a * 1.5)  # fmt: skip
+                ~m, torch.where(m, a, b), a.to(torch.float32) / 2, m.sum(), a * 1.5, ~a, a & b,
+                a | 6, a ^ b, m ^ (a > 0), torch.atan(a), (a / 6).asin(), (a / 6).acos())  # fmt: skip
 
     torch.manual_seed(0)
     args = [torch.randint(-5, 6, (3, 4)), torch.randint(-5, 6, (3, 4)), torch.rand(3, 4) > 0.5]
+    _check_all(f, args, backward=False)
+
+
+def test_scatter_reductions():
+    def f(x, i, s):
+        return tuple(x.scatter_reduce(1, i, s, r) for r in ("sum", "prod", "mean", "amax", "amin"))
+
+    torch.manual_seed(0)
+    args = [torch.randn(3, 5), torch.randint(0, 5, (3, 7)), torch.randn(3, 7)]
     _check_all(f, args, backward=False)
 
 

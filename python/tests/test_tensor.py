@@ -78,6 +78,14 @@ def test_integer_promotion_and_division_like_torch():
     assert (i / 2).tolist() == [3.5, -3.5]
     assert (i // 2).tolist() == [3, -4]
     assert (i % 3).tolist() == [1, 2]
+    # Python's bitwise operators on integers, logical ones on bools, as torch
+    assert (~i).tolist() == [-8, 6]
+    assert (i & 3).tolist() == [3, 1]
+    assert (i | 8).tolist() == [15, -7]
+    assert (i ^ smelt.tensor([1, 1])).tolist() == [6, -8]
+    m = smelt.tensor([True, False])
+    assert (~m).tolist() == [False, True]
+    assert (m ^ smelt.tensor([True, True])).tolist() == [False, True]
 
 
 def test_reductions_match_numpy(rng):
