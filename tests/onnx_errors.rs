@@ -307,6 +307,58 @@ fn external_data_stays_in_the_models_folder() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// `FlexAttention`'s modifier subgraphs must keep the scores' shape; one that does not is
+/// an error naming it.
+#[test]
+fn flex_attention_modifiers_keep_the_shape() {
+    let mut m = model(
+        26,
+        GraphProto {
+            name: "g".into(),
+            input: ["q", "k", "v"]
+                .iter()
+                .map(|n| value(n, data_type::FLOAT, &[1, 2, 3, 4]))
+                .collect(),
+            output: vec![value("y", data_type::FLOAT, &[1, 2, 3, 4])],
+            ..Default::default()
+        },
+    );
+    m.opset_import.push(smelt::onnx::proto::OperatorSetIdProto {
+        domain: "ai.onnx.preview".into(),
+        version: 1,
+    });
+    // score_mod: the sum over the keys, [1, 2, 3, 1] instead of [1, 2, 3, 3]
+    let axes = TensorProto {
+        name: "axes".into(),
+        data_type: data_type::INT64,
+        dims: vec![1],
+        int64_data: vec![3],
+        ..Default::default()
+    };
+    let sub = GraphProto {
+        name: "score_mod".into(),
+        node: vec![node("ReduceSum", "s", &["scores", "axes"], &["out"])],
+        input: vec![value("scores", data_type::FLOAT, &[1, 2, 3, 3])],
+        output: vec![value("out", data_type::FLOAT, &[1, 2, 3, 1])],
+        initializer: vec![axes],
+        ..Default::default()
+    };
+    let mut n = node("FlexAttention", "flex", &["q", "k", "v"], &["y"]);
+    n.domain = "ai.onnx.preview".into();
+    n.attribute.push(AttributeProto {
+        name: "score_mod".into(),
+        r#type: attribute_type::GRAPH,
+        g: Some(sub),
+        ..Default::default()
+    });
+    m.graph.as_mut().unwrap().node = vec![n];
+    let e = import_error(&m, None);
+    assert!(
+        e.contains("score_mod must keep the shape [1, 2, 3, 3], gives [1, 2, 3, 1]"),
+        "{e}"
+    );
+}
+
 #[test]
 fn attributes_of_the_wrong_kind_are_errors() {
     let mut m = relu_model();

@@ -365,7 +365,7 @@ impl Importer {
                 }
                 ops::find(&node.op_type, self.opset)
             }
-            ops::TRAINING_DOMAIN => ops::find_training(&node.op_type),
+            d @ (ops::TRAINING_DOMAIN | ops::PREVIEW_DOMAIN) => ops::find_preview(d, &node.op_type),
             other => bail!(
                 Value,
                 "ONNX op '{}' of domain '{other}' ({}) is not supported",

@@ -68,6 +68,102 @@ fn safe_softmax(cx: &mut Cx, x: ValueId) -> Result<ValueId> {
     cx.call("div", &[Some(e), Some(s)], &[])
 }
 
+/// Grouped-query attention: each of K's and V's heads (dim 1) serves `hq / heads` query
+/// heads in a row, so both are repeated to `hq` heads.
+fn share_kv_heads(cx: &mut Cx, k: ValueId, v: ValueId, hq: usize) -> Result<(ValueId, ValueId)> {
+    let hkv = cx.shape(k)[1];
+    if hq == hkv {
+        return Ok((k, v));
+    }
+    if hkv == 0 || !hq.is_multiple_of(hkv) {
+        bail!(Value, "{hq} query heads cannot share {hkv} key/value heads");
+    }
+    let rep = hq / hkv;
+    let mut out = Vec::new();
+    for x in [k, v] {
+        let s = dims(&cx.shape(x));
+        let u = cx.call("unsqueeze", &[Some(x)], &[("dim", Attr::Int(2))])?;
+        let size = list(&[s[0], s[1], rep as i64, s[2], s[3]]);
+        let e = cx.call("expand", &[Some(u)], &[("size", size)])?;
+        out.push(reshape(cx, e, &[s[0], hq as i64, s[2], s[3]])?);
+    }
+    Ok((out[0], out[1]))
+}
+
+/// `FlexAttention` (`ai.onnx.preview`): rank-4 attention whose scores and probabilities
+/// pass through the `score_mod` and `prob_mod` subgraphs, inlined. As the reference: Q and
+/// K scaled by √scale in their dtype, the scores cast to `softmax_precision` (f32, or f64
+/// for f64 inputs) for the modifiers, the softmax and the product with V.
+pub fn flex_attention(cx: &mut Cx) -> Result<Vec<Val>> {
+    let (q, k, v) = (cx.x(0)?, cx.x(1)?, cx.x(2)?);
+    let dt = cx.dtype(q);
+    if !dt.is_float() {
+        bail!(Value, "Q must hold floats, got {dt}");
+    }
+    let (qs, ks, vs) = (cx.shape(q), cx.shape(k), cx.shape(v));
+    if qs.len() != 4 || ks.len() != 4 || vs.len() != 4 {
+        bail!(Value, "Q, K and V must be 4-D, got {qs:?}, {ks:?}, {vs:?}");
+    }
+    if ks[0] != qs[0] || vs[0] != qs[0] || ks[1] != vs[1] || ks[3] != qs[3] || ks[2] != vs[2] {
+        bail!(Value, "Q {qs:?}, K {ks:?} and V {vs:?} do not fit together");
+    }
+    let precision = match cx.dtype_attr("softmax_precision")? {
+        Some(p) => p,
+        None if dt == DType::F64 => DType::F64,
+        None => DType::F32,
+    };
+    let (k, v) = share_kv_heads(cx, k, v, qs[1])?;
+    let scale = match cx.attr("scale") {
+        Some(_) => cx.float("scale", 0.0)? as f32,
+        None => 1.0 / (qs[3] as f32).sqrt(),
+    };
+    let root = cx.scalar(f64::from(scale.sqrt()), dt)?;
+    let qr = cx.call("mul", &[Some(q), Some(root)], &[])?;
+    let kr = cx.call("mul", &[Some(k), Some(root)], &[])?;
+    let kt = cx.call(
+        "transpose",
+        &[Some(kr)],
+        &[("dim0", Attr::Int(-2)), ("dim1", Attr::Int(-1))],
+    )?;
+    let qk = cx.call("matmul", &[Some(qr), Some(kt)], &[])?;
+    let mut scores = cast_to(cx, qk, precision)?;
+    if cx.attr("score_mod").is_some() {
+        let g = super::control::body(cx, "score_mod")?;
+        scores = one_output(cx, &g, scores, "score_mod")?;
+    }
+    let mut probs = cx.call("softmax", &[Some(scores)], &[("dim", Attr::Int(-1))])?;
+    if cx.attr("prob_mod").is_some() {
+        let g = super::control::body(cx, "prob_mod")?;
+        probs = one_output(cx, &g, probs, "prob_mod")?;
+    }
+    let v = cast_to(cx, v, precision)?;
+    let y = cx.call("matmul", &[Some(probs), Some(v)], &[])?;
+    Ok(vec![Val::node(cast_to(cx, y, dt)?)])
+}
+
+/// A modifier subgraph inlined on `x`: its one output, of `x`'s shape.
+fn one_output(
+    cx: &mut Cx,
+    g: &crate::onnx::proto::GraphProto,
+    x: ValueId,
+    what: &str,
+) -> Result<ValueId> {
+    let shape = cx.shape(x);
+    let outs = super::control::inline(cx, g, vec![Val::node(x)])?;
+    let [out] = outs.as_slice() else {
+        bail!(Value, "{what} must have one output, has {}", outs.len());
+    };
+    let y = super::control::materialize(cx, out)?;
+    if cx.shape(y) != shape {
+        bail!(
+            Value,
+            "{what} must keep the shape {shape:?}, gives {:?}",
+            cx.shape(y)
+        );
+    }
+    Ok(y)
+}
+
 pub fn attention(cx: &mut Cx) -> Result<Vec<Val>> {
     let (q, k, v) = (cx.x(0)?, cx.x(1)?, cx.x(2)?);
     let mask = cx.opt(3)?;
@@ -137,7 +233,6 @@ pub fn attention(cx: &mut Cx) -> Result<Vec<Val>> {
         bail!(Value, "Q {qs:?}, K {ks:?} and V {vs:?} do not fit together");
     }
     let (batch, hq, q_len, head) = (qs[0], qs[1], qs[2], qs[3]);
-    let hkv = ks[1];
     let cat = |cx: &mut Cx, past: Option<ValueId>, x: ValueId| match past {
         Some(p) => cx.call("cat", &[Some(p), Some(x)], &[("dim", Attr::Int(2))]),
         None => Ok(x),
@@ -250,40 +345,7 @@ pub fn attention(cx: &mut Cx) -> Result<Vec<Val>> {
         bias = Some(add_bias(cx, bias, a)?);
     }
 
-    // grouped-query attention: each KV head serves hq / hkv query heads in a row
-    let (k, v) = if hq != hkv {
-        if hkv == 0 || hq % hkv != 0 {
-            bail!(Value, "{hq} query heads cannot share {hkv} key/value heads");
-        }
-        let rep = hq / hkv;
-        let mut out = Vec::new();
-        for x in [k, v] {
-            let s = cx.shape(x);
-            let u = cx.call("unsqueeze", &[Some(x)], &[("dim", Attr::Int(2))])?;
-            let e = cx.call(
-                "expand",
-                &[Some(u)],
-                &[(
-                    "size",
-                    list(&[
-                        s[0] as i64,
-                        s[1] as i64,
-                        rep as i64,
-                        s[2] as i64,
-                        s[3] as i64,
-                    ]),
-                )],
-            )?;
-            out.push(reshape(
-                cx,
-                e,
-                &[s[0] as i64, hq as i64, s[2] as i64, s[3] as i64],
-            )?);
-        }
-        (out[0], out[1])
-    } else {
-        (k, v)
-    };
+    let (k, v) = share_kv_heads(cx, k, v, hq)?;
 
     // both factors scaled by √scale, in Q's dtype, as the reference does
     let scale = match cx.attr("scale") {

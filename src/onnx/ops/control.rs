@@ -13,7 +13,7 @@ use crate::{Result, Tensor, bail};
 /// The most iterations a loop is unrolled to.
 const MAX_ITERATIONS: usize = 4096;
 
-fn body(cx: &Cx, name: &str) -> Result<GraphProto> {
+pub(super) fn body(cx: &Cx, name: &str) -> Result<GraphProto> {
     match cx.attr(name).and_then(|a| a.g.clone()) {
         Some(g) => Ok(g),
         None => bail!(Value, "the graph attribute '{name}' is missing"),
@@ -21,7 +21,7 @@ fn body(cx: &Cx, name: &str) -> Result<GraphProto> {
 }
 
 /// Imports `g`'s nodes with its inputs bound to `inputs`, and returns its outputs.
-fn inline(cx: &mut Cx, g: &GraphProto, inputs: Vec<Val>) -> Result<Vec<Val>> {
+pub(super) fn inline(cx: &mut Cx, g: &GraphProto, inputs: Vec<Val>) -> Result<Vec<Val>> {
     if g.input.len() != inputs.len() {
         bail!(
             Value,
@@ -120,7 +120,7 @@ pub fn loop_(cx: &mut Cx) -> Result<Vec<Val>> {
 }
 
 /// A value as a graph node (a known one becomes a constant or a parameter).
-fn materialize(cx: &mut Cx, v: &Val) -> Result<ValueId> {
+pub(super) fn materialize(cx: &mut Cx, v: &Val) -> Result<ValueId> {
     match (&v.known, v.id) {
         (_, Some(id)) => Ok(id),
         (Some(t), None) => cx.tensor(t),

@@ -225,19 +225,23 @@ const TABLE: &[(&str, i64, Lower)] = &[
 /// The domain of the preview training ops.
 pub const TRAINING_DOMAIN: &str = "ai.onnx.preview.training";
 
-/// The ops of [`TRAINING_DOMAIN`] (version 1).
-const TRAINING: &[(&str, Lower)] = &[
-    ("Adagrad", training::adagrad),
-    ("Adam", training::adam),
-    ("Momentum", training::momentum),
+/// The domain of the other preview ops.
+pub const PREVIEW_DOMAIN: &str = "ai.onnx.preview";
+
+/// The ops of the preview domains (version 1 of each): (domain, op type, lowering).
+const PREVIEW: &[(&str, &str, Lower)] = &[
+    (TRAINING_DOMAIN, "Adagrad", training::adagrad),
+    (TRAINING_DOMAIN, "Adam", training::adam),
+    (TRAINING_DOMAIN, "Momentum", training::momentum),
+    (PREVIEW_DOMAIN, "FlexAttention", attention::flex_attention),
 ];
 
-/// The lowering of `op_type` of the preview training domain.
-pub fn find_training(op_type: &str) -> Option<Lower> {
-    TRAINING
+/// The lowering of `op_type` of preview domain `domain`.
+pub fn find_preview(domain: &str, op_type: &str) -> Option<Lower> {
+    PREVIEW
         .iter()
-        .find(|(name, _)| *name == op_type)
-        .map(|(_, f)| *f)
+        .find(|(d, name, _)| *d == domain && *name == op_type)
+        .map(|(_, _, f)| *f)
 }
 
 /// The lowering of `op_type` for a model importing `opset` of the standard ops.
@@ -261,7 +265,7 @@ pub fn supported() -> Vec<&'static str> {
 /// whose nodes may name values of the enclosing graph that the node does not list as inputs
 /// (their own nodes fold one by one where they can).
 pub fn never_folded(op_type: &str) -> bool {
-    matches!(op_type, "If" | "Loop" | "Scan")
+    matches!(op_type, "If" | "Loop" | "Scan" | "FlexAttention")
 }
 
 /// The most elements a constant built at import may hold (a window, a DFT matrix, a base
