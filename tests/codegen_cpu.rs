@@ -385,6 +385,54 @@ fn scatter_reduce_between_fused_ops() {
     }
 }
 
+/// `view(dtype)` reads the bytes as another dtype of the same size: clearing the sign
+/// bit of a float's integer view is `abs`, compiled between fused ops.
+#[test]
+fn view_dtype_reads_the_bits() {
+    for (f, i, mask) in [
+        ("f32", "i32", "2147483647"),
+        ("f64", "i64", "9223372036854775807"),
+    ] {
+        let text = format!(
+            "graph g(%x: {f}[3,5]) {{\n  %n = neg(%x)\n  %t = t(%n)\n  %b = view(%t, dtype={i})\n  %m = bitwise_and(%b, {mask})\n  %y = view(%m, dtype={f})\n  return %y, %b\n}}\n"
+        );
+        let g = smelt::ir::text::parse_module(&text, "g")
+            .unwrap()
+            .graphs
+            .remove(0);
+        let d = g.node(g.inputs()[0]).ty.dtype;
+        let mut v: Vec<f64> = (0..15).map(|k| k as f64 * 0.37 - 2.5).collect();
+        v[0] = 1.0;
+        v[1] = -0.0;
+        v[2] = f64::INFINITY;
+        let x = Tensor::from_vec(v, &[3, 5]).unwrap().to_dtype(d).unwrap();
+        let c = CompiledFn::compile(&g, &CompileOptions::default()).unwrap();
+        let got = c.call(std::slice::from_ref(&x)).unwrap();
+        let want = x.t().unwrap().abs().unwrap();
+        assert_close(&got[0], &want, Tol::EXACT, f);
+        // -1.0's bits: the sign and the exponent bias
+        let first = got[1]
+            .to_dtype(DType::I64)
+            .unwrap()
+            .to_vec::<i64>()
+            .unwrap()[0];
+        let want_bits = if f == "f32" {
+            i64::from((-1.0f32).to_bits() as i32)
+        } else {
+            (-1.0f64).to_bits() as i64
+        };
+        assert_eq!(first, want_bits, "{f}");
+    }
+    // dtypes of other sizes are refused by the shape rule
+    let e = smelt::ir::text::parse_module(
+        "graph g(%x: f32[2]) {\n  %y = view(%x, dtype=f16)\n  return %y\n}\n",
+        "g",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("same size"), "{e}");
+}
+
 #[test]
 fn casts_between_all_dtypes() {
     let mut rng = StdRng::seed_from_u64(3);

@@ -181,6 +181,10 @@ impl<'a> Enc<'a, '_> {
                 self.tag("To");
                 self.dtype(*dtype);
             }
+            Op::ViewDtype { dtype } => {
+                self.tag("ViewDtype");
+                self.dtype(*dtype);
+            }
             Op::MaskedFill { value } => {
                 self.tag("MaskedFill");
                 self.scalar(*value);

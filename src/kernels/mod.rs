@@ -91,6 +91,11 @@ pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
         },
         Op::To { dtype } => copy::cast(inputs[0], *dtype),
         Op::Contiguous => copy::contiguous(inputs[0]),
+        Op::ViewDtype { dtype } => {
+            // a copy, not an alias: graphs never write through a value
+            let x = inputs[0];
+            Tensor::from_bytes(*dtype, x.shape(), &x.to_bytes()?)
+        }
         Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Clamp { .. } | Op::MaskedFill { .. } => {
             pointwise::eval(op, inputs, out)
         }

@@ -200,8 +200,11 @@ fn build(name: &str, slots: &[bool], a: &mut Args) -> CallResult<Op> {
         "reshape" => Op::Reshape {
             shape: a.int_list("shape")?,
         },
-        "view" => Op::View {
-            shape: a.int_list("shape")?,
+        "view" => match a.opt_dtype("dtype")? {
+            Some(dtype) => Op::ViewDtype { dtype },
+            None => Op::View {
+                shape: a.int_list("shape")?,
+            },
         },
         "permute" => Op::Permute {
             dims: a.int_list("dims")?,

@@ -62,7 +62,7 @@ impl Op {
                 ("min", opt(min, |s| scalar(*s))),
                 ("max", opt(max, |s| scalar(*s))),
             ],
-            Op::To { dtype } => vec![("dtype", Attr::DType(*dtype))],
+            Op::To { dtype } | Op::ViewDtype { dtype } => vec![("dtype", Attr::DType(*dtype))],
             Op::MaskedFill { value } => vec![("value", scalar(*value))],
             Op::Reduce {
                 op: ReduceOp::Prod,

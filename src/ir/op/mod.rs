@@ -187,6 +187,12 @@ pub enum Op {
         /// The target dtype.
         dtype: DType,
     },
+    /// `Tensor.view(dtype)`: the same bytes read as `dtype`, which has the operand's element
+    /// size (text: `view(%x, dtype=i32)`).
+    ViewDtype {
+        /// The dtype the bytes are read as.
+        dtype: DType,
+    },
     /// `Tensor.masked_fill(mask, value)`: `value` where `mask`. Operands: x, mask (bool).
     MaskedFill {
         /// The fill value.
@@ -629,7 +635,7 @@ impl Op {
             Op::Attention { .. } => "scaled_dot_product_attention",
             Op::AttentionGrad { .. } => "scaled_dot_product_attention_backward",
             Op::Reshape { .. } => "reshape",
-            Op::View { .. } => "view",
+            Op::View { .. } | Op::ViewDtype { .. } => "view",
             Op::Permute { .. } => "permute",
             Op::Transpose { .. } => "transpose",
             Op::T => "t",

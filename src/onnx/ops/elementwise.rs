@@ -358,6 +358,46 @@ fn convert(cx: &mut Cx, to: i32) -> Result<Vec<Val>> {
     }
 }
 
+/// `BitCast`: the bits of input 0 read as type `to`, of the same width. Between integer
+/// types (bool included) that is the wrapping conversion to the target's width; with a
+/// float on either side, smelt's `view(dtype)`. The float8/float4 types smelt holds in
+/// f32 are refused.
+pub fn bit_cast(cx: &mut Cx) -> Result<Vec<Val>> {
+    use crate::onnx::elem::{Held, held};
+    let Some(to) = cx.attr("to").map(|a| a.i as i32) else {
+        bail!(Value, "attribute 'to' is required");
+    };
+    let from = cx.elem_type(0)?;
+    let width = |code: i32| -> Result<(u32, Option<Held>, DType)> {
+        let d = crate::onnx::tensor::dtype_of(code)?;
+        Ok(match held(code) {
+            Some(h) => (h.file_bits(), Some(h), d),
+            None => (d.size() as u32 * 8, None, d),
+        })
+    };
+    let ((wf, hf, df), (wt, ht, dt)) = (width(from)?, width(to)?);
+    if wf != wt {
+        bail!(
+            Value,
+            "BitCast needs types of one width: element type {from} has {wf} bits, {to} has {wt}"
+        );
+    }
+    if matches!(hf, Some(Held::Float(_))) || matches!(ht, Some(Held::Float(_))) {
+        bail!(
+            Unsupported,
+            "BitCast of the float8/float4 types smelt holds in f32 is not supported"
+        );
+    }
+    let x = cx.x(0)?;
+    if df.is_float() || dt.is_float() {
+        return one(cx.call("view", &[Some(x)], &[("dtype", Attr::DType(dt))])?);
+    }
+    one(match ht {
+        Some(h) => held::cast_to_held(cx, x, h, true)?,
+        None => cast_to(cx, x, dt)?,
+    })
+}
+
 /// `BitShift`: a product or floor quotient by `2^y`, wrapped to the width of a held type.
 /// A shift outside `[0, width)` moves every bit out: 0, or for a right shift of a negative
 /// signed value, -1.

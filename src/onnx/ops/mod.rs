@@ -40,6 +40,7 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("Asinh", 9, elementwise::asinh),
     ("Atan", 7, elementwise::atan),
     ("Atanh", 9, elementwise::atanh),
+    ("BitCast", 26, elementwise::bit_cast),
     ("BitShift", 11, elementwise::bit_shift),
     ("BitwiseAnd", 18, elementwise::bitwise_and),
     ("BitwiseNot", 18, elementwise::bitwise_not),

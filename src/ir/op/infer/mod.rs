@@ -39,6 +39,7 @@ impl Op {
             | Op::Where
             | Op::Clamp { .. }
             | Op::To { .. }
+            | Op::ViewDtype { .. }
             | Op::MaskedFill { .. } => pointwise::infer(self, inputs),
             Op::Reduce { .. }
             | Op::ArgMax { .. }

@@ -60,6 +60,21 @@ pub(super) fn infer(op: &Op, inputs: &[&TensorType]) -> Result<TensorType> {
             one(1)?;
             out(*dtype, inputs[0].shape.clone())
         }
+        Op::ViewDtype { dtype } => {
+            one(1)?;
+            let from = inputs[0].dtype;
+            if from.size() != dtype.size() {
+                bail!(
+                    DType,
+                    "view(dtype): smelt reads bytes only as a dtype of the same size, {} is {} bytes and {} is {}",
+                    from,
+                    from.size(),
+                    dtype,
+                    dtype.size()
+                );
+            }
+            out(*dtype, inputs[0].shape.clone())
+        }
         Op::MaskedFill { .. } => {
             one(2)?;
             if inputs[1].dtype != DType::Bool {

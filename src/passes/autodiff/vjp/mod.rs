@@ -43,6 +43,9 @@ pub(crate) fn vjp(
             "{}: control ops are differentiated as a whole by autodiff::control",
             op.name()
         ))),
+        Op::ViewDtype { .. } => Err(crate::Error::Unsupported(
+            "view(dtype) has no gradient".into(),
+        )),
         Op::ScatterReduce { reduce, .. } => Err(crate::Error::Unsupported(format!(
             "scatter_reduce(reduce=\"{}\") has no gradient in smelt yet",
             reduce.name()
