@@ -9,6 +9,7 @@ mod grid_sample;
 mod held;
 mod index;
 mod loss;
+mod ngrams;
 mod nn;
 mod pool_taps;
 mod quant;
@@ -216,6 +217,8 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("LinearAttention", 27, attention::linear_attention),
     ("AffineGrid", 20, resize::affine_grid),
     ("GridSample", 16, grid_sample::grid_sample),
+    // ngrams.rs
+    ("TfIdfVectorizer", 9, ngrams::tf_idf_vectorizer),
     // signal.rs
     ("BlackmanWindow", 17, signal::blackman_window),
     ("DFT", 17, signal::dft),
