@@ -139,6 +139,105 @@ fn stack(cx: &mut Cx, xs: &[ValueId], dim: i64) -> Result<ValueId> {
     cx.call("stack", &ops, &[("dim", Attr::Int(dim))])
 }
 
+/// `Scan` of opset 8: input 0 is the optional `sequence_lens`, the states and scan inputs
+/// lead with a batch axis (the scan axis is 1), and the body runs on each batch element in
+/// turn. Sequences shorter than the scan axis are not supported.
+pub fn scan_8(cx: &mut Cx) -> Result<Vec<Val>> {
+    let g = body(cx, "body")?;
+    let m = cx.int("num_scan_inputs", 0)? as usize;
+    let total = cx.n_inputs().saturating_sub(1);
+    if m == 0 || m > total {
+        bail!(Value, "num_scan_inputs {m} does not fit {total} inputs");
+    }
+    let n = total - m;
+    let dirs = cx.ints("directions")?.unwrap_or_else(|| vec![0; m]);
+    let states: Vec<ValueId> = (1..=n).map(|i| cx.x(i)).collect::<Result<_>>()?;
+    let xs: Vec<ValueId> = (n + 1..=total).map(|i| cx.x(i)).collect::<Result<_>>()?;
+    let lead = |cx: &Cx, v: ValueId, k: usize| cx.shape(v).get(k).copied();
+    let Some(batch) = lead(cx, xs[0], 0) else {
+        bail!(Value, "scan inputs need a batch axis");
+    };
+    let Some(len) = lead(cx, xs[0], 1) else {
+        bail!(Value, "scan inputs need a sequence axis");
+    };
+    if xs
+        .iter()
+        .any(|&x| lead(cx, x, 0) != Some(batch) || lead(cx, x, 1) != Some(len))
+    {
+        bail!(Value, "scan inputs of different batch or sequence lengths");
+    }
+    if cx.has(0) {
+        match cx.ints_input(0, "sequence_lens")? {
+            Some(l) if l.iter().all(|&k| k == len as i64) => {}
+            _ => bail!(
+                Unsupported,
+                "sequence_lens other than the full length {len} are not supported"
+            ),
+        }
+    }
+    if batch.saturating_mul(len) > MAX_ITERATIONS {
+        bail!(Value, "more than {MAX_ITERATIONS} iterations to unroll");
+    }
+    let select = |cx: &mut Cx, x: ValueId, dim: i64, i: usize| {
+        cx.call(
+            "select",
+            &[Some(x)],
+            &[("dim", Attr::Int(dim)), ("index", Attr::Int(i as i64))],
+        )
+    };
+    let mut finals: Vec<Vec<ValueId>> = vec![Vec::new(); n];
+    let mut scanned: Vec<Vec<ValueId>> = Vec::new();
+    for b in 0..batch {
+        let mut carried: Vec<Val> = Vec::new();
+        for &st in &states {
+            carried.push(Val::node(select(cx, st, 0, b)?));
+        }
+        let mut per_step: Vec<Vec<ValueId>> = Vec::new();
+        for t in 0..len {
+            let mut inputs = carried.clone();
+            for (j, &x) in xs.iter().enumerate() {
+                let i = if dirs.get(j).copied().unwrap_or(0) != 0 {
+                    len - 1 - t
+                } else {
+                    t
+                };
+                let row = select(cx, x, 0, b)?;
+                inputs.push(Val::node(select(cx, row, 0, i)?));
+            }
+            let outs = inline(cx, &g, inputs)?;
+            if outs.len() < n {
+                bail!(
+                    Value,
+                    "the body gives {} outputs, at least {n} expected",
+                    outs.len()
+                );
+            }
+            carried = outs[..n].to_vec();
+            let ys = outs[n..]
+                .iter()
+                .map(|v| materialize(cx, v))
+                .collect::<Result<Vec<_>>>()?;
+            per_step.push(ys);
+        }
+        for (k, v) in carried.iter().enumerate() {
+            finals[k].push(materialize(cx, v)?);
+        }
+        let k = per_step.first().map_or(0, Vec::len);
+        if scanned.is_empty() {
+            scanned = vec![Vec::new(); k];
+        }
+        for (j, col) in scanned.iter_mut().enumerate() {
+            let steps: Vec<ValueId> = per_step.iter().map(|s| s[j]).collect();
+            col.push(stack(cx, &steps, 0)?);
+        }
+    }
+    let mut results = Vec::new();
+    for col in finals.iter().chain(&scanned) {
+        results.push(Val::node(stack(cx, col, 0)?));
+    }
+    Ok(results)
+}
+
 pub fn scan(cx: &mut Cx) -> Result<Vec<Val>> {
     let g = body(cx, "body")?;
     let m = cx.int("num_scan_inputs", 0)? as usize;

@@ -177,6 +177,7 @@ const TABLE: &[(&str, i64, Lower)] = &[
     // control.rs
     ("If", 1, control::if_),
     ("Loop", 1, control::loop_),
+    ("Scan", 8, control::scan_8),
     ("Scan", 9, control::scan),
     ("OptionalGetElement", 18, control::optional_get_element),
     ("OptionalHasElement", 18, control::optional_has_element),
@@ -224,6 +225,7 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("DFT", 17, signal::dft),
     ("HammingWindow", 17, signal::hamming_window),
     ("HannWindow", 17, signal::hann_window),
+    ("STFT", 17, signal::stft),
 ];
 
 /// The domain of the preview training ops.

@@ -90,6 +90,23 @@ pub fn dft(cx: &mut Cx) -> Result<Vec<Val>> {
             "dft_length should be one positive integer, got {other:?}"
         ),
     };
+    Ok(vec![Val::node(spectrum(cx, x, a, n, inverse, onesided)?)])
+}
+
+/// The DFT of `x` (its last axis holding 1 or 2 parts) along axis `a` (not the last), of
+/// length `n`: [`dft`]'s transform, also [`stft`]'s.
+fn spectrum(
+    cx: &mut Cx,
+    x: crate::ir::graph::ValueId,
+    a: i64,
+    n: usize,
+    inverse: bool,
+    onesided: bool,
+) -> Result<crate::ir::graph::ValueId> {
+    let shape = cx.shape(x);
+    let rank = shape.len() as i64;
+    let parts = shape.last().copied().unwrap_or(0);
+    let len = shape[a as usize];
     if n == 0 {
         bail!(Value, "a transform of length 0");
     }
@@ -172,6 +189,78 @@ pub fn dft(cx: &mut Cx) -> Result<Vec<Val>> {
         let im = cx.call("permute", &[Some(im)], &[("dims", super::list(&back))])?;
         cx.call("stack", &[Some(re), Some(im)], &[("dim", Attr::Int(-1))])?
     };
-    let out = super::elementwise::cast_to(cx, out, cx.dtype(x))?;
-    Ok(vec![Val::node(out)])
+    super::elementwise::cast_to(cx, out, cx.dtype(x))
+}
+
+/// `STFT`: frames of `frame_length` every `frame_step` samples (one `index_select`), each
+/// multiplied by the window and transformed by [`spectrum`] (one-sided by default).
+pub fn stft(cx: &mut Cx) -> Result<Vec<Val>> {
+    let x = cx.x(0)?;
+    let shape = cx.shape(x);
+    let [batch, length, parts] = shape[..] else {
+        bail!(
+            Value,
+            "the signal should be [batch, length, 1 or 2], got {shape:?}"
+        );
+    };
+    if !(parts == 1 || parts == 2) {
+        bail!(
+            Value,
+            "the signal's last axis should hold 1 or 2 parts, got {parts}"
+        );
+    }
+    let step = match cx.ints_input(1, "frame_step")?.as_deref() {
+        Some([s]) if *s > 0 => *s as usize,
+        other => bail!(
+            Value,
+            "frame_step should be one positive integer, got {other:?}"
+        ),
+    };
+    let window = cx.opt(2)?;
+    let frame = match (cx.ints_input(3, "frame_length")?.as_deref(), window) {
+        (Some([f]), _) if *f > 0 => *f as usize,
+        (Some(other), _) => bail!(
+            Value,
+            "frame_length should be one positive integer, got {other:?}"
+        ),
+        (None, Some(w)) => cx.shape(w).first().copied().unwrap_or(0),
+        (None, None) => length,
+    };
+    if let Some(w) = window
+        && cx.shape(w) != [frame]
+    {
+        bail!(Value, "the window {:?} should be [{frame}]", cx.shape(w));
+    }
+    if frame == 0 || frame > length {
+        bail!(Value, "frames of {frame} samples in a signal of {length}");
+    }
+    let onesided = cx.int("onesided", 1)? != 0;
+    if onesided && parts == 2 {
+        bail!(Value, "a complex signal has no one-sided transform");
+    }
+    let frames = (length - frame) / step + 1;
+    super::import_elems(frames.checked_mul(frame), "the frame index")?;
+    let index: Vec<i64> = (0..frames)
+        .flat_map(|f| (0..frame).map(move |t| (f * step + t) as i64))
+        .collect();
+    let index = cx.tensor(&Tensor::from_vec(index, &[frames * frame])?)?;
+    let picked = cx.call(
+        "index_select",
+        &[Some(x), Some(index)],
+        &[("dim", Attr::Int(1))],
+    )?;
+    let dims = [batch, frames, frame, parts].map(|d| d as i64);
+    let mut framed = cx.call("reshape", &[Some(picked)], &[("shape", super::list(&dims))])?;
+    if let Some(w) = window {
+        let w = super::elementwise::cast_to(cx, w, cx.dtype(x))?;
+        let w = cx.call(
+            "reshape",
+            &[Some(w)],
+            &[("shape", super::list(&[frame as i64, 1]))],
+        )?;
+        framed = cx.call("mul", &[Some(framed), Some(w)], &[])?;
+    }
+    Ok(vec![Val::node(spectrum(
+        cx, framed, 2, frame, false, onesided,
+    )?)])
 }
