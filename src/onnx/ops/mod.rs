@@ -8,6 +8,7 @@ mod elementwise;
 mod grid_sample;
 mod held;
 mod index;
+mod linalg;
 mod loss;
 mod ngrams;
 mod nn;
@@ -218,6 +219,8 @@ const TABLE: &[(&str, i64, Lower)] = &[
     ("LinearAttention", 27, attention::linear_attention),
     ("AffineGrid", 20, resize::affine_grid),
     ("GridSample", 16, grid_sample::grid_sample),
+    // linalg.rs
+    ("Det", 11, linalg::det),
     // ngrams.rs
     ("TfIdfVectorizer", 9, ngrams::tf_idf_vectorizer),
     // signal.rs
