@@ -128,6 +128,66 @@ impl AdamCore {
     fn step_count(&self, i: usize) -> u64 {
         self.state.get(i).map_or(0, |s| s.step)
     }
+
+    fn state_dict(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![super::lr_entry(self.config.lr)];
+        for (i, st) in self.state.iter().enumerate() {
+            let Some(t) = &st.tensors else { continue };
+            out.push((
+                format!("state.{i}.step"),
+                Tensor::from_vec(vec![st.step as i64], &[]).expect("one element"),
+            ));
+            let names = ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"];
+            for (name, v) in names.iter().zip(t.iter()) {
+                out.push((format!("state.{i}.{name}"), v.clone()));
+            }
+        }
+        out
+    }
+
+    fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
+        let names = ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"];
+        let loaded = super::split_state(state, &self.params, &names)?;
+        let mut fresh = Vec::with_capacity(self.params.len());
+        for (p, entries) in self.params.iter().zip(&loaded.per_param) {
+            let mut st = State::default();
+            if !entries.is_empty() {
+                let get = |n: &str| entries.iter().find(|(b, _)| *b == n).map(|(_, t)| *t);
+                let Some(step) = get("step") else {
+                    bail!(
+                        Value,
+                        "optimizer state: a parameter's buffers come without its step"
+                    );
+                };
+                st.step = step.item_f64()? as u64;
+                let buf = |n: &str| -> Result<Tensor> {
+                    match get(n) {
+                        Some(t) => super::buffer_from(p, t),
+                        None => bail!(Value, "optimizer state: '{n}' is missing"),
+                    }
+                };
+                let max = match (self.config.amsgrad, get("max_exp_avg_sq")) {
+                    (true, _) => Some(buf("max_exp_avg_sq")?),
+                    (false, None) => None,
+                    (false, Some(_)) => bail!(
+                        Value,
+                        "optimizer state: max_exp_avg_sq given to an optimiser without AMSGrad"
+                    ),
+                };
+                st.tensors = Some(AdamState {
+                    exp_avg: buf("exp_avg")?,
+                    exp_avg_sq: buf("exp_avg_sq")?,
+                    max_exp_avg_sq: max,
+                });
+            }
+            fresh.push(st);
+        }
+        self.state = fresh;
+        if let Some(lr) = loaded.lr {
+            self.config.lr = lr;
+        }
+        Ok(())
+    }
 }
 
 /// The update of an f32 parameter in one pass over its elements: the rule on each element,
@@ -243,6 +303,12 @@ macro_rules! adam_optimizer {
             }
             fn set_lr(&mut self, lr: f64) {
                 self.0.config.lr = lr;
+            }
+            fn state_dict(&self) -> Vec<(String, Tensor)> {
+                self.0.state_dict()
+            }
+            fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
+                self.0.load_state_dict(state)
             }
         }
     };

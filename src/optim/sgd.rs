@@ -112,4 +112,26 @@ impl Optimizer for SGD {
     fn set_lr(&mut self, lr: f64) {
         self.config.lr = lr;
     }
+    fn state_dict(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![super::lr_entry(self.config.lr)];
+        for (i, b) in self.momentum_buffers.iter().enumerate() {
+            if let Some(b) = b {
+                out.push((format!("state.{i}.momentum_buffer"), b.clone()));
+            }
+        }
+        out
+    }
+    fn load_state_dict(&mut self, state: &[(String, Tensor)]) -> Result<()> {
+        let loaded = super::split_state(state, &self.params, &["momentum_buffer"])?;
+        let mut fresh = Vec::with_capacity(self.params.len());
+        for (p, entries) in self.params.iter().zip(&loaded.per_param) {
+            let buf = entries.iter().find(|(b, _)| *b == "momentum_buffer");
+            fresh.push(buf.map(|(_, t)| super::buffer_from(p, t)).transpose()?);
+        }
+        self.momentum_buffers = fresh;
+        if let Some(lr) = loaded.lr {
+            self.config.lr = lr;
+        }
+        Ok(())
+    }
 }
