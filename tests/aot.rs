@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::cli::have_cc;
 use common::close::Tol;
 use common::{assert_close, inputs_for, temp_dir};
 use smelt::aot::{AotOptions, CpuTarget};
@@ -15,21 +16,6 @@ use smelt::ir::text::parse_module;
 use smelt::{DType, Tensor};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-/// Whether `cc` runs; panics under `SMELT_REQUIRE_CXX=1` when it does not.
-fn have_cc(test: &str) -> bool {
-    let ok = Command::new("cc")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        if std::env::var("SMELT_REQUIRE_CXX").as_deref() == Ok("1") {
-            panic!("{test}: SMELT_REQUIRE_CXX=1 but no C compiler runs as `cc`");
-        }
-        eprintln!("{test}: skipped: no C compiler runs as `cc`");
-    }
-    ok
-}
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::load::{assert_flat, rss_bytes, seconds};
 use common::{Tol, assert_close, inputs_for};
 use smelt::Tensor;
 use smelt::exec::{CompileOptions, CompiledFn};
@@ -33,22 +34,8 @@ const BLOCK: &str = "graph block(%x: f32[64,256], %w1: f32[512,256], %b1: f32[51
   return %s, %t
 }";
 
-/// Resident memory of this process in bytes (Linux; None elsewhere).
-fn rss_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * 4096)
-}
-
 fn bits(ts: &[Tensor]) -> Vec<Vec<u8>> {
     ts.iter().map(|t| t.to_bytes().unwrap()).collect()
-}
-
-fn seconds() -> f64 {
-    std::env::var("SMELT_LOAD_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(8.0)
 }
 
 /// Eager ops and a trace compiled and called: work for the other threads while the
@@ -100,10 +87,11 @@ fn sixty_four_threads_get_the_serial_results_and_memory_stays_flat() {
     }
     let (eager_want, traced_want) = eager_and_traced(0);
 
-    let secs = seconds();
-    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let run = seconds(8.0);
+    let secs = run.as_secs_f64();
+    let deadline = Instant::now() + run;
     // memory is sampled once the first quarter of the run has warmed every path up
-    let warm_at = Instant::now() + Duration::from_secs_f64(secs / 4.0);
+    let warm_at = Instant::now() + run / 4;
     let calls = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     let mut samples: Vec<u64> = Vec::new();
@@ -144,24 +132,5 @@ fn sixty_four_threads_get_the_serial_results_and_memory_stays_flat() {
     });
     let n = calls.load(Ordering::Relaxed);
     assert!(n >= THREADS, "only {n} calls in {secs} s");
-    let mb = |b: u64| b as f64 / (1 << 20) as f64;
-    if let (Some(&first), Some(&max)) = (samples.first(), samples.iter().max()) {
-        let last = *samples.last().unwrap();
-        println!(
-            "{n} calls from {THREADS} threads in {secs} s ({:.0}/s); resident memory after \
-             warm-up {:.1} MiB, at most {:.1} MiB, at the end {:.1} MiB",
-            n as f64 / secs,
-            mb(first),
-            mb(max),
-            mb(last)
-        );
-        // flat: within 5% of the warm level (plus a page-table's slack for short runs)
-        let allowed = first + first / 20 + (4 << 20);
-        assert!(
-            last <= allowed,
-            "resident memory grew from {:.1} to {:.1} MiB under load",
-            mb(first),
-            mb(last)
-        );
-    }
+    assert_flat(&samples, n, THREADS, secs);
 }

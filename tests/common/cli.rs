@@ -70,3 +70,18 @@ pub fn stdout(o: &Output) -> String {
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
+
+/// Whether `cc` runs; panics under `SMELT_REQUIRE_CXX=1` when it does not.
+pub fn have_cc(test: &str) -> bool {
+    let ok = Command::new("cc")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        if std::env::var("SMELT_REQUIRE_CXX").as_deref() == Ok("1") {
+            panic!("{test}: SMELT_REQUIRE_CXX=1 but no C compiler runs as `cc`");
+        }
+        eprintln!("{test}: skipped: no C compiler runs as `cc`");
+    }
+    ok
+}

@@ -20,6 +20,7 @@ pub mod cuda_cases;
 pub mod cuda_check;
 pub mod graphs;
 pub mod inputs;
+pub mod load;
 pub mod onnx_protos;
 pub mod torch;
 
