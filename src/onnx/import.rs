@@ -725,9 +725,10 @@ impl Cx<'_> {
         self.op(name, &[x, c])
     }
 
-    /// A 0-d constant `value` of dtype `dtype`.
+    /// A 0-d constant `value` of dtype `dtype` (converted from f64, so integers up to 2^53
+    /// are exact).
     pub fn scalar(&mut self, value: f64, dtype: DType) -> Result<ValueId> {
-        let t = Tensor::scalar(value).to_dtype(dtype)?;
+        let t = Tensor::from_vec(vec![value], &[])?.to_dtype(dtype)?;
         self.imp
             .g
             .add_op(Op::Constant(crate::runtime::literal(&t)?), &[])
