@@ -151,11 +151,30 @@ fn int_attr(name: &str, i: i64) -> AttributeProto {
 
 /// `y = Cast(x, to=to, saturate=saturate)` for `x` of `from`[n].
 fn cast_model(from: i32, to: i32, saturate: bool, n: usize) -> smelt::onnx::Model {
+    cast_model_with(from, to, saturate, n, None)
+}
+
+/// [`cast_model`] with a `round_mode` attribute when given.
+fn cast_model_with(
+    from: i32,
+    to: i32,
+    saturate: bool,
+    n: usize,
+    round_mode: Option<&str>,
+) -> smelt::onnx::Model {
     let mut cast = node("Cast", "c", &["x"], &["y"]);
     cast.attribute = vec![
         int_attr("to", to.into()),
         int_attr("saturate", saturate.into()),
     ];
+    if let Some(mode) = round_mode {
+        cast.attribute.push(AttributeProto {
+            name: "round_mode".into(),
+            r#type: attribute_type::STRING,
+            s: mode.as_bytes().to_vec(),
+            ..Default::default()
+        });
+    }
     let m = model(
         21,
         GraphProto {
@@ -236,6 +255,73 @@ fn casts_to_float8_and_float4_round_to_the_nearest_value_ties_to_even() {
                         same(g, want),
                         "format {} saturate={saturate} ({how}): {x:e} gave {g:e}, want {want:e}",
                         f.code
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// float8e8m0 by the ONNX reference's rule, written on f32 bits: the exponent field,
+/// raised by `mode`, held at 254 under `saturate`; NaN and infinities are NaN.
+fn e8m0_reference(x: f32, mode: &str, saturate: bool) -> f32 {
+    let bits = x.to_bits() & 0x7fff_ffff;
+    let exp = bits >> 23;
+    if exp == 0xff {
+        return f32::NAN;
+    }
+    let raise = match mode {
+        "up" => bits & 0x7f_ffff != 0,
+        "nearest" => {
+            let (g, r, s) = (bits & 0x40_0000, bits & 0x20_0000, bits & 0x1f_ffff);
+            g != 0 && (r != 0 || s != 0 || exp > 0)
+        }
+        _ => false,
+    };
+    let code = exp + u32::from(raise && !(saturate && exp == 254));
+    if code == 255 {
+        f32::NAN
+    } else {
+        2f64.powi(code as i32 - 127) as f32
+    }
+}
+
+/// Casts to float8e8m0 in every rounding mode, saturating or not, on powers of two, their
+/// neighbours, midpoints, the largest and smallest floats, zero and the specials.
+#[test]
+fn casts_to_float8e8m0_follow_the_reference_rule() {
+    let mut xs: Vec<f32> = vec![0.0, 1.0, 1.5, 1.75, 1.25, 3.0, f32::MAX, f32::MIN_POSITIVE];
+    xs.extend([
+        1e-45,
+        1e-40,
+        f32::INFINITY,
+        f32::NAN,
+        0.124,
+        6e37,
+        2.5e38,
+        1.3e-38,
+    ]);
+    for e in (-126..=127).step_by(7) {
+        let p = 2f32.powi(e);
+        xs.extend([
+            p,
+            p * 1.5,
+            f32::from_bits(p.to_bits() + 1),
+            f32::from_bits(p.to_bits() - 1),
+        ]);
+    }
+    let x = Tensor::from_slice(&xs, &[xs.len()]).unwrap();
+    for mode in ["up", "down", "nearest"] {
+        for saturate in [true, false] {
+            let m = cast_model_with(data_type::FLOAT, 24, saturate, xs.len(), Some(mode));
+            let [interp, compiled] = both(&m, x.clone());
+            for got in [interp, compiled] {
+                assert_eq!(got.dtype(), DType::F32);
+                for (i, (&x, g)) in xs.iter().zip(got.to_vec::<f32>().unwrap()).enumerate() {
+                    let want = e8m0_reference(x, mode, saturate);
+                    assert!(
+                        same(g, want),
+                        "{mode} saturate={saturate}: element {i} ({x:e}): {g:e} instead of {want:e}"
                     );
                 }
             }

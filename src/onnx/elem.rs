@@ -1,6 +1,6 @@
 //! ONNX element types smelt has no dtype for, each held exactly in one it has: uint16 in i32,
-//! uint32 and uint64 in i64, int4 and int2 in i8, uint4 and uint2 in u8, the float8 formats
-//! and float4 (e2m1) in f32. Their bytes decode to that dtype, a `Cast` to them rounds or
+//! uint32 and uint64 in i64, int4 and int2 in i8, uint4 and uint2 in u8, the float8 formats,
+//! float8e8m0 and float4 (e2m1) in f32. Their bytes decode to that dtype, a `Cast` to them rounds or
 //! wraps as ONNX defines it, and an output of such a type is written back in it where `.npy`
 //! has one (the unsigned types; the others as int8/uint8 and float32, as bf16 is).
 //!
@@ -20,6 +20,18 @@ pub enum Held {
     Narrow { bits: u32, signed: bool },
     /// A float8 or float4 format.
     Float(Minifloat),
+    /// float8e8m0 (the scales of the MX formats): pattern `b` is `2^(b-127)`, `0xFF` is NaN;
+    /// no sign, no zero.
+    Scale,
+}
+
+/// The value of float8e8m0 pattern `b`.
+pub fn scale_value(b: u8) -> f64 {
+    if b == 0xFF {
+        f64::NAN
+    } else {
+        2f64.powi(i32::from(b) - 127)
+    }
 }
 
 /// A small binary float format: `mantissa` stored bits, the smallest normal exponent
@@ -118,6 +130,7 @@ pub fn held(elem_type: i32) -> Option<Held> {
     const UINT4: i32 = 21;
     const INT4: i32 = 22;
     const FLOAT4E2M1: i32 = 23;
+    const FLOAT8E8M0: i32 = 24;
     const UINT2: i32 = 25;
     const INT2: i32 = 26;
     Some(match elem_type {
@@ -145,6 +158,7 @@ pub fn held(elem_type: i32) -> Option<Held> {
         FLOAT8E5M2 => minifloat(8, 2, -14, 57344.0, (true, true, true)),
         FLOAT8E5M2FNUZ => minifloat(8, 2, -15, 57344.0, (false, true, false)),
         FLOAT4E2M1 => minifloat(4, 1, 0, 6.0, (false, false, true)),
+        FLOAT8E8M0 => Held::Scale,
         _ => return None,
     })
 }
@@ -157,7 +171,7 @@ impl Held {
             Held::Unsigned(_) => DType::I64,
             Held::Narrow { signed: true, .. } => DType::I8,
             Held::Narrow { signed: false, .. } => DType::U8,
-            Held::Float(_) => DType::F32,
+            Held::Float(_) | Held::Scale => DType::F32,
         }
     }
 
@@ -166,6 +180,7 @@ impl Held {
         match self {
             Held::Unsigned(b) | Held::Narrow { bits: b, .. } => b,
             Held::Float(f) => f.bits,
+            Held::Scale => 8,
         }
     }
 
@@ -181,7 +196,7 @@ impl Held {
                 bits,
                 signed: false,
             } => Some((0, (1i64 << bits) - 1)),
-            Held::Float(_) => None,
+            Held::Float(_) | Held::Scale => None,
         }
     }
 }
@@ -237,6 +252,7 @@ pub fn decode_raw(h: Held, raw: &[u8], n: usize, what: &str) -> Result<Decoded> 
                 .collect();
             Decoded::Floats(v)
         }
+        Held::Scale => Decoded::Floats(raw.iter().map(|&b| scale_value(b)).collect()),
     })
 }
 

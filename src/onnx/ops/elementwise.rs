@@ -382,7 +382,8 @@ pub fn bit_cast(cx: &mut Cx) -> Result<Vec<Val>> {
             "BitCast needs types of one width: element type {from} has {wf} bits, {to} has {wt}"
         );
     }
-    if matches!(hf, Some(Held::Float(_))) || matches!(ht, Some(Held::Float(_))) {
+    let minifloat = |h: Option<Held>| matches!(h, Some(Held::Float(_) | Held::Scale));
+    if minifloat(hf) || minifloat(ht) {
         bail!(
             Unsupported,
             "BitCast of the float8/float4 types smelt holds in f32 is not supported"

@@ -1,13 +1,15 @@
 //! Conversions to the ONNX element types smelt holds in a wider dtype (`onnx::elem`): a float
 //! rounds to the nearest float8/float4 value (ties to even) and saturates or overflows as
 //! `Cast`'s `saturate` says; an integer wraps to its width; a float converted to int4/int2
-//! truncates, and one out of range gives 0 (the ONNX reference's result).
+//! truncates, and one out of range gives 0 (the ONNX reference's result); float8e8m0 takes
+//! the exponent field of the f32 bits, rounded as `round_mode` says.
 
 use super::elementwise::cast_to;
+use crate::ir::attrs::Attr;
 use crate::ir::graph::ValueId;
 use crate::onnx::elem::{Held, Minifloat};
 use crate::onnx::import::Cx;
-use crate::{DType, Result};
+use crate::{DType, Result, bail};
 
 /// `x` converted to held type `h`, in the dtype that holds it.
 pub(super) fn cast_to_held(cx: &mut Cx, x: ValueId, h: Held, saturate: bool) -> Result<ValueId> {
@@ -18,7 +20,75 @@ pub(super) fn cast_to_held(cx: &mut Cx, x: ValueId, h: Held, saturate: bool) -> 
             wrap_unsigned(cx, y, bits)
         }
         Held::Narrow { .. } => narrow(cx, x, h),
+        Held::Scale => to_scale(cx, x, saturate),
     }
+}
+
+/// float8e8m0 from the bits of `x` as f32, as the ONNX reference converts
+/// (`numpy_helper.to_float8e8m0`): the exponent field, raised by the node's `round_mode`
+/// (`up` when the mantissa is not zero, `nearest` by its guard, round and sticky bits,
+/// `down` never), held at the largest pattern under `saturate`; NaN and infinities give
+/// NaN. The sign is ignored (ONNX leaves negative values unspecified).
+fn to_scale(cx: &mut Cx, x: ValueId, saturate: bool) -> Result<ValueId> {
+    let mode = cx.string("round_mode")?.unwrap_or_else(|| "up".into());
+    let x = cast_to(cx, x, DType::F32)?;
+    let bits = cx.call("view", &[Some(x)], &[("dtype", Attr::DType(DType::I32))])?;
+    let bits = cx.with_scalar("bitwise_and", bits, f64::from(0x7fff_ffff))?;
+    let exp = {
+        let d = [("rounding_mode", Attr::Str("floor".into()))];
+        let two23 = cx.scalar(f64::from(1u32 << 23), DType::I32)?;
+        cx.call("div", &[Some(bits), Some(two23)], &d)?
+    };
+    let field = |cx: &mut Cx, mask: u32| -> Result<ValueId> {
+        let m = cx.with_scalar("bitwise_and", bits, f64::from(mask))?;
+        cx.with_scalar("ne", m, 0.0)
+    };
+    let and =
+        |cx: &mut Cx, a: ValueId, b: ValueId| cx.call("logical_and", &[Some(a), Some(b)], &[]);
+    let or = |cx: &mut Cx, a: ValueId, b: ValueId| cx.call("logical_or", &[Some(a), Some(b)], &[]);
+    let special = cx.with_scalar("eq", exp, 255.0)?;
+    let normal = cx.call("logical_not", &[Some(special)], &[])?;
+    let raise = match mode.as_str() {
+        "up" => {
+            let frac = field(cx, 0x7f_ffff)?;
+            Some(and(cx, frac, normal)?)
+        }
+        "nearest" => {
+            let g = field(cx, 0x40_0000)?;
+            let r = field(cx, 0x20_0000)?;
+            let s = field(cx, 0x1f_ffff)?;
+            let lsb = cx.with_scalar("gt", exp, 0.0)?;
+            let rs = or(cx, r, s)?;
+            let any = or(cx, rs, lsb)?;
+            let up = and(cx, g, any)?;
+            Some(and(cx, up, normal)?)
+        }
+        "down" => None,
+        m => bail!(Value, "round_mode '{m}' is not one of up, down, nearest"),
+    };
+    let code = match raise {
+        Some(raise) => {
+            let raise = if saturate {
+                let top = cx.with_scalar("eq", exp, 254.0)?;
+                let below = cx.call("logical_not", &[Some(top)], &[])?;
+                and(cx, raise, below)?
+            } else {
+                raise
+            };
+            let one = cast_to(cx, raise, DType::I32)?;
+            cx.call("add", &[Some(exp), Some(one)], &[])?
+        }
+        None => exp,
+    };
+    // 2^(code-127) as f32 bits: the exponent field, or for code 0 the subnormal 2^-127
+    let shifted = cx.with_scalar("mul", code, f64::from(1u32 << 23))?;
+    let zero = cx.with_scalar("eq", code, 0.0)?;
+    let sub = cx.scalar(f64::from(0x40_0000), DType::I32)?;
+    let bits = cx.call("where", &[Some(zero), Some(sub), Some(shifted)], &[])?;
+    let value = cx.call("view", &[Some(bits)], &[("dtype", Attr::DType(DType::F32))])?;
+    let nan_code = cx.with_scalar("eq", code, 255.0)?;
+    let nan = cx.scalar(f64::NAN, DType::F32)?;
+    cx.call("where", &[Some(nan_code), Some(nan), Some(value)], &[])
 }
 
 /// `x` reduced modulo 2^bits (nothing for 64 bits, held in i64 as its bit pattern).

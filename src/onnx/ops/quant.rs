@@ -25,7 +25,7 @@ fn int_range(elem_type: i32) -> Result<Option<(f64, f64)>> {
             Some(h @ (Held::Unsigned(16) | Held::Narrow { .. })) => {
                 h.int_range().map(|(lo, hi)| (lo as f64, hi as f64))
             }
-            Some(Held::Float(_)) => None,
+            Some(Held::Float(_) | Held::Scale) => None,
             _ => bail!(
                 DType,
                 "{} is not a quantized type",
