@@ -9,16 +9,13 @@
 mod common;
 
 use common::cli::have_cc;
-use common::load::{assert_flat, rss_bytes, seconds};
+use common::load::{seconds, soak};
 use common::{Tol, assert_close, inputs_for, temp_dir};
 use smelt::cli::compile::{CompileArgs, Target, run};
 use smelt::ir::parse_module;
 use smelt::{DType, Tensor};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Instant;
 
-const THREADS: usize = 64;
 const SETS: u64 = 12;
 
 /// A transformer-style block: products, GELU, layer norm, softmax and a reduction.
@@ -119,42 +116,14 @@ fn sixty_four_threads_on_one_shared_library_get_the_serial_results() {
         );
     }
 
-    let run = seconds(4.0);
-    let secs = run.as_secs_f64();
-    let deadline = Instant::now() + run;
-    let warm_at = Instant::now() + run / 4;
-    let calls = AtomicUsize::new(0);
-    let stop = AtomicBool::new(false);
-    let mut samples = Vec::new();
-    std::thread::scope(|s| {
-        for t in 0..THREADS {
-            let (raw, want, calls, stop, out_bytes) = (&raw, &want, &calls, &stop, &out_bytes);
-            s.spawn(move || {
-                let mut scratch = vec![0u64; words];
-                let mut i = t;
-                while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
-                    let k = i % raw.len();
-                    if call(run_fn, &raw[k], out_bytes, &mut scratch) != want[k] {
-                        stop.store(true, Ordering::Relaxed);
-                        panic!(
-                            "thread {t}, call {i}: input set {k} differs from its serial result"
-                        );
-                    }
-                    calls.fetch_add(1, Ordering::Relaxed);
-                    i += THREADS;
-                }
-            });
+    soak(seconds(4.0), |t, i| {
+        let k = i % raw.len();
+        let mut scratch = vec![0u64; words];
+        if call(run_fn, &raw[k], &out_bytes, &mut scratch) != want[k] {
+            return Err(format!(
+                "thread {t}: input set {k} differs from its serial result"
+            ));
         }
-        while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            if Instant::now() >= warm_at
-                && let Some(r) = rss_bytes()
-            {
-                samples.push(r);
-            }
-        }
+        Ok(())
     });
-    let n = calls.load(Ordering::Relaxed);
-    assert!(n >= THREADS, "only {n} calls in {secs} s");
-    assert_flat(&samples, n, THREADS, secs);
 }

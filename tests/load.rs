@@ -8,17 +8,13 @@
 
 mod common;
 
-use common::load::{assert_flat, rss_bytes, seconds};
+use common::load::{seconds, soak};
 use common::{Tol, assert_close, inputs_for};
 use smelt::Tensor;
 use smelt::exec::{CompileOptions, CompiledFn};
 use smelt::ir::parse_module;
 use smelt::jit::trace;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
 
-/// Callers of the compiled functions.
-const THREADS: usize = 64;
 /// Distinct input sets, each with its serial result.
 const SETS: u64 = 12;
 
@@ -87,50 +83,18 @@ fn sixty_four_threads_get_the_serial_results_and_memory_stays_flat() {
     }
     let (eager_want, traced_want) = eager_and_traced(0);
 
-    let run = seconds(8.0);
-    let secs = run.as_secs_f64();
-    let deadline = Instant::now() + run;
-    // memory is sampled once the first quarter of the run has warmed every path up
-    let warm_at = Instant::now() + run / 4;
-    let calls = AtomicUsize::new(0);
-    let stop = AtomicBool::new(false);
-    let mut samples: Vec<u64> = Vec::new();
-    std::thread::scope(|s| {
-        for t in 0..THREADS {
-            let (f, sets, want, calls, stop) = (&f, &sets, &want, &calls, &stop);
-            let (eager_want, traced_want) = (&eager_want, &traced_want);
-            s.spawn(move || {
-                let mut i = t;
-                while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
-                    let k = i % sets.len();
-                    let got = bits(&f.call(&sets[k]).unwrap());
-                    if got != want[k] {
-                        stop.store(true, Ordering::Relaxed);
-                        panic!(
-                            "thread {t}, call {i}: input set {k} differs from its serial result"
-                        );
-                    }
-                    // every eighth thread also runs eager ops and a fresh trace
-                    if t % 8 == 0 && i % 16 == t {
-                        let (e, tr) = eager_and_traced(0);
-                        assert_eq!(&e, eager_want, "eager under load");
-                        assert_eq!(&tr, traced_want, "traced under load");
-                    }
-                    calls.fetch_add(1, Ordering::Relaxed);
-                    i += THREADS;
-                }
-            });
+    soak(seconds(8.0), |t, i| {
+        let k = i % sets.len();
+        if bits(&f.call(&sets[k]).unwrap()) != want[k] {
+            return Err(format!("input set {k} differs from its serial result"));
         }
-        while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(50));
-            if Instant::now() >= warm_at
-                && let Some(r) = rss_bytes()
-            {
-                samples.push(r);
+        // every eighth thread also runs eager ops and a fresh trace
+        if t % 8 == 0 && i % 16 == t {
+            let (e, tr) = eager_and_traced(0);
+            if e != eager_want || tr != traced_want {
+                return Err("eager ops or a trace differ under load".into());
             }
         }
+        Ok(())
     });
-    let n = calls.load(Ordering::Relaxed);
-    assert!(n >= THREADS, "only {n} calls in {secs} s");
-    assert_flat(&samples, n, THREADS, secs);
 }
