@@ -90,6 +90,20 @@ fn share_kv_heads(cx: &mut Cx, k: ValueId, v: ValueId, hq: usize) -> Result<(Val
     Ok((out[0], out[1]))
 }
 
+/// `(q·root)·(k·root)ᵀ` with `root` (√scale) rounded to Q's dtype: both factors scaled, in
+/// their dtype, as the ONNX reference does.
+fn scaled_scores(cx: &mut Cx, q: ValueId, k: ValueId, root: f64) -> Result<ValueId> {
+    let root = cx.scalar(root, cx.dtype(q))?;
+    let qr = cx.call("mul", &[Some(q), Some(root)], &[])?;
+    let kr = cx.call("mul", &[Some(k), Some(root)], &[])?;
+    let kt = cx.call(
+        "transpose",
+        &[Some(kr)],
+        &[("dim0", Attr::Int(-2)), ("dim1", Attr::Int(-1))],
+    )?;
+    cx.call("matmul", &[Some(qr), Some(kt)], &[])
+}
+
 /// `FlexAttention` (`ai.onnx.preview`): rank-4 attention whose scores and probabilities
 /// pass through the `score_mod` and `prob_mod` subgraphs, inlined. As the reference: Q and
 /// K scaled by √scale in their dtype, the scores cast to `softmax_precision` (f32, or f64
@@ -117,15 +131,7 @@ pub fn flex_attention(cx: &mut Cx) -> Result<Vec<Val>> {
         Some(_) => cx.float("scale", 0.0)? as f32,
         None => 1.0 / (qs[3] as f32).sqrt(),
     };
-    let root = cx.scalar(f64::from(scale.sqrt()), dt)?;
-    let qr = cx.call("mul", &[Some(q), Some(root)], &[])?;
-    let kr = cx.call("mul", &[Some(k), Some(root)], &[])?;
-    let kt = cx.call(
-        "transpose",
-        &[Some(kr)],
-        &[("dim0", Attr::Int(-2)), ("dim1", Attr::Int(-1))],
-    )?;
-    let qk = cx.call("matmul", &[Some(qr), Some(kt)], &[])?;
+    let qk = scaled_scores(cx, q, k, f64::from(scale.sqrt()))?;
     let mut scores = cast_to(cx, qk, precision)?;
     if cx.attr("score_mod").is_some() {
         let g = super::control::body(cx, "score_mod")?;
@@ -347,20 +353,11 @@ pub fn attention(cx: &mut Cx) -> Result<Vec<Val>> {
 
     let (k, v) = share_kv_heads(cx, k, v, hq)?;
 
-    // both factors scaled by √scale, in Q's dtype, as the reference does
     let scale = match cx.attr("scale") {
         Some(_) => cx.float("scale", 0.0)?,
         None => 1.0 / (head as f64).sqrt(),
     };
-    let root = cx.scalar(scale.sqrt(), dt)?;
-    let qr = cx.call("mul", &[Some(q), Some(root)], &[])?;
-    let kr = cx.call("mul", &[Some(k), Some(root)], &[])?;
-    let kt = cx.call(
-        "transpose",
-        &[Some(kr)],
-        &[("dim0", Attr::Int(-2)), ("dim1", Attr::Int(-1))],
-    )?;
-    let mut qk = cx.call("matmul", &[Some(qr), Some(kt)], &[])?;
+    let mut qk = scaled_scores(cx, q, k, scale.sqrt())?;
     if softcap > 0.0 {
         let c = cx.scalar(softcap, dt)?;
         let t = cx.call("div", &[Some(qk), Some(c)], &[])?;

@@ -139,6 +139,29 @@ fn stack(cx: &mut Cx, xs: &[ValueId], dim: i64) -> Result<ValueId> {
     cx.call("stack", &ops, &[("dim", Attr::Int(dim))])
 }
 
+/// One step of a scan body on `inputs`: its first `n` outputs (the carried states) and the
+/// rest (the scanned outputs) as graph values.
+fn body_step(
+    cx: &mut Cx,
+    g: &GraphProto,
+    inputs: Vec<Val>,
+    n: usize,
+) -> Result<(Vec<Val>, Vec<ValueId>)> {
+    let outs = inline(cx, g, inputs)?;
+    if outs.len() < n {
+        bail!(
+            Value,
+            "the body gives {} outputs, at least {n} expected",
+            outs.len()
+        );
+    }
+    let ys = outs[n..]
+        .iter()
+        .map(|v| materialize(cx, v))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((outs[..n].to_vec(), ys))
+}
+
 /// `Scan` of opset 8: input 0 is the optional `sequence_lens`, the states and scan inputs
 /// lead with a batch axis (the scan axis is 1), and the body runs on each batch element in
 /// turn. Sequences shorter than the scan axis are not supported.
@@ -204,19 +227,8 @@ pub fn scan_8(cx: &mut Cx) -> Result<Vec<Val>> {
                 let row = select(cx, x, 0, b)?;
                 inputs.push(Val::node(select(cx, row, 0, i)?));
             }
-            let outs = inline(cx, &g, inputs)?;
-            if outs.len() < n {
-                bail!(
-                    Value,
-                    "the body gives {} outputs, at least {n} expected",
-                    outs.len()
-                );
-            }
-            carried = outs[..n].to_vec();
-            let ys = outs[n..]
-                .iter()
-                .map(|v| materialize(cx, v))
-                .collect::<Result<Vec<_>>>()?;
+            let (next, ys) = body_step(cx, &g, inputs, n)?;
+            carried = next;
             per_step.push(ys);
         }
         for (k, v) in carried.iter().enumerate() {
@@ -286,19 +298,8 @@ pub fn scan(cx: &mut Cx) -> Result<Vec<Val>> {
             )?;
             inputs.push(Val::node(e));
         }
-        let outs = inline(cx, &g, inputs)?;
-        if outs.len() < n {
-            bail!(
-                Value,
-                "the body gives {} outputs, at least {n} expected",
-                outs.len()
-            );
-        }
-        states = outs[..n].to_vec();
-        let ys = outs[n..]
-            .iter()
-            .map(|v| materialize(cx, v))
-            .collect::<Result<Vec<_>>>()?;
+        let (next, ys) = body_step(cx, &g, inputs, n)?;
+        states = next;
         outs_per_step.push(ys);
     }
     let k = outs_per_step.first().map_or(0, Vec::len);
