@@ -214,6 +214,10 @@ fn structural() -> Vec<(&'static str, &'static str)> {
             "(%x: f32[5,3], %i: i64[2,3], %s: f32[2,3]) {\n  %y = scatter_add(%x, %i, %s, dim=0)\n  return %y\n}",
         ),
         (
+            "scatter_reduce",
+            "(%x: f32[5,3], %i: i64[2,3], %s: f32[2,3]) {\n  %y = scatter_reduce(%x, %i, %s, dim=0, reduce=\"amax\")\n  return %y\n}",
+        ),
+        (
             "index_add",
             "(%x: f32[5,3], %i: i64[2], %s: f32[2,3]) {\n  %y = index_add(%x, %i, %s, dim=0)\n  return %y\n}",
         ),

@@ -13,6 +13,10 @@ pub const GAPS: &[(&str, &str)] = &[
         "dropout",
         "a training dropout draws a new mask each call, and an object keeps no call count",
     ),
+    (
+        "scatter_reduce",
+        "the run-time library's scatters write or add; it has no product, maximum, minimum or mean",
+    ),
     ("cond", "control flow runs through CompiledFn"),
     ("while_loop", "control flow runs through CompiledFn"),
     ("fori_loop", "control flow runs through CompiledFn"),
