@@ -77,6 +77,28 @@ pub const CASES: &[(&str, &str, &str)] = &[
     ("mish", "%x: f32[7]", "%y = mish(%x)"),
     ("mish_f16", "%x: f16[7]", "%y = mish(%x)"),
     ("logsigmoid", "%x: f32[7]", "%y = logsigmoid(%x)"),
+    // inverse trigonometry (NaN outside [-1, 1] for asin and acos) and bit operations
+    ("asin", "%x: f32[7]", "%y = asin(%x)"),
+    ("acos_f64", "%x: f64[7]", "%y = acos(%x)"),
+    ("atan_f16", "%x: f16[7]", "%y = atan(%x)"),
+    ("atan_i32", "%x: i32[7]", "%y = atan(%x)"),
+    ("bitwise_not", "%x: i32[7]", "%y = bitwise_not(%x)"),
+    ("bitwise_not_bool", "%x: bool[7]", "%y = bitwise_not(%x)"),
+    (
+        "bitwise_and",
+        "%x: i64[4,7], %z: i64[7]",
+        "%y = bitwise_and(%x, %z)",
+    ),
+    (
+        "bitwise_or_u8",
+        "%x: u8[4,7], %z: u8[7]",
+        "%y = bitwise_or(%x, %z)",
+    ),
+    (
+        "bitwise_xor_bool",
+        "%x: bool[4,7], %z: bool[7]",
+        "%y = bitwise_xor(%x, %z)",
+    ),
     ("logsigmoid_f64", "%x: f64[7]", "%y = logsigmoid(%x)"),
     // binary, broadcast
     ("add", "%x: f32[4,7], %z: f32[7]", "%y = add(%x, %z)"),
