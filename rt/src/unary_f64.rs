@@ -172,7 +172,13 @@ mod tests {
         // d/dx gelu at 0 is Φ(0) = 1/2 in both forms
         assert_eq!(smelt_unary_gelu_slope(0.0, 0.0, 0.0), 0.5);
         assert_eq!(smelt_unary_gelu_slope(0.0, 1.0, 0.0), 0.5);
-        assert_eq!(symbols().len(), 19);
+        assert_eq!(symbols().len(), 22);
+        // asin(1) = π/2, acos(-1) = π, atan(1) = π/4
+        use std::f64::consts::{FRAC_PI_2, FRAC_PI_4, PI};
+        assert!((smelt_unary_asin(1.0, 0.0, 0.0) - FRAC_PI_2).abs() < 1e-15);
+        assert!((smelt_unary_acos(-1.0, 0.0, 0.0) - PI).abs() < 1e-15);
+        assert!((smelt_unary_atan(1.0, 0.0, 0.0) - FRAC_PI_4).abs() < 1e-15);
+        assert!(smelt_unary_asin(1.5, 0.0, 0.0).is_nan());
         // known values: softplus(0) = ln 2, logsigmoid(0) = -ln 2, mish(0) = 0,
         // hardswish(1) = 4/6, elu(-inf) = -alpha, hardtanh(5) = 1
         assert_eq!(softplus(0.0, 1.0, 20.0), std::f64::consts::LN_2);
