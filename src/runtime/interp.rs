@@ -12,6 +12,21 @@ use std::collections::HashMap;
 
 /// Runs `g` on named inputs (names without `%`) and returns its outputs in return order.
 pub fn run<S: AsRef<str>>(g: &Graph, inputs: &[(S, Tensor)]) -> Result<Vec<Tensor>> {
+    run_with(g, inputs, &mut |_, _, _, t| Ok(t))
+}
+
+/// What [`run_with`] calls on the result of every op (control ops' bodies excepted) before
+/// later ops read it: the value's name, the op, its operands and its result, which it may
+/// replace by a tensor of the same dtype and shape.
+pub type OpHook<'a> = dyn FnMut(&str, &Op, &[&Tensor], Tensor) -> Result<Tensor> + 'a;
+
+/// [`run`], passing every op's result through `hook` (the differential fuzzer perturbs
+/// each result by its rounding error to learn how far a correct program may stray).
+pub fn run_with<S: AsRef<str>>(
+    g: &Graph,
+    inputs: &[(S, Tensor)],
+    hook: &mut OpHook,
+) -> Result<Vec<Tensor>> {
     // the reference formulas, not the native f32 paths of eager ops
     let _reference = crate::runtime::native::ReferenceMode::enter();
     let given = bind_inputs(g, inputs)?;
@@ -72,7 +87,7 @@ pub fn run<S: AsRef<str>>(g: &Graph, inputs: &[(S, Tensor)]) -> Result<Vec<Tenso
                     .iter()
                     .map(|o| value(g, &values, *o))
                     .collect::<Result<Vec<&Tensor>>>()?;
-                let t = apply(op.clone(), &args)?;
+                let t = hook(&node.name, op, &args, apply(op.clone(), &args)?)?;
                 for o in operands {
                     release(&mut uses, &mut values, o);
                 }
