@@ -7,6 +7,7 @@ pub mod cache;
 pub mod check;
 pub mod compile;
 pub mod export;
+pub mod fuzz;
 pub mod grad;
 pub mod import;
 pub mod model;
@@ -58,6 +59,9 @@ pub enum Command {
     Import(import::ImportArgs),
     /// Write a graph (and its --weights) as an ONNX model.
     Export(export::ExportArgs),
+    /// Run random graphs on every CPU path against a float64 oracle; shrink and write
+    /// each failing one.
+    Fuzz(fuzz::FuzzArgs),
 }
 
 /// Arguments of `smelt run`.
@@ -156,6 +160,7 @@ pub fn execute(command: &Command) -> Result<()> {
         Command::Cache(a) => cache::cache(a),
         Command::Import(a) => import::import(a),
         Command::Export(a) => export::export(a),
+        Command::Fuzz(a) => fuzz::fuzz(a),
     }
 }
 

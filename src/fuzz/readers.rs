@@ -1,9 +1,4 @@
-//! The readers of files people download, one entry point each, for the coverage-guided
-//! fuzz targets in `fuzz/` and for the corpus replay that CI runs (`tests/fuzz_corpus.rs`).
-//! Each takes arbitrary bytes: an error is the expected answer to most of them; a panic is
-//! a bug, and so is a broken invariant, which these functions check with assertions (what
-//! one reader accepted, writing it and reading it back must give the same thing).
-//! See `docs/fuzzing.md`.
+//! The readers' entry points, one per fuzz target (see the module above).
 
 use crate::ir::sym::Bindings;
 use crate::ir::text::{SymbolicModule, parse_module, print_module};

@@ -1,0 +1,330 @@
+//! The float64 oracle of the differential fuzzer, and the tolerance it grants each element.
+//!
+//! The reference is the graph with every floating-point dtype made f64, run by the reference
+//! interpreter. How far a correct run in the graph's own dtypes may stray from it is
+//! measured rather than assumed (Monte Carlo arithmetic): the oracle runs [`RUNS`] more
+//! times, and every float result is perturbed by the error a correct kernel may make there,
+//! then rounded to the dtype the graph gives it (so an f16 value overflows as it would):
+//! - a relative `2u` for any op (`u`: the unit roundoff of the graph's coarsest float dtype),
+//! - for ops that accumulate `K` terms (reductions, contractions, convolutions, pooling,
+//!   normalisations, attention) also `K·u_acc·|op|(|x|)`, the classic bound on a sum's
+//!   rounding error whatever its order (`u_acc`: f32's for half precision, which PyTorch
+//!   accumulates in f32).
+//!
+//! The perturbations propagate through the rest of the graph, so an element's spread over
+//! the runs is its condition times the rounding: an ill-conditioned output (cancellation, an
+//! exp chain) gets a wide tolerance, a well-conditioned one a tight one, and a compiled path
+//! that computes an f64 graph in f32 fails. An element whose class (NaN, an infinity, or
+//! the value of an integer or bool) changes between runs is unstable and not compared.
+
+use crate::ir::dtype::DType;
+use crate::ir::graph::Graph;
+use crate::ir::op::{Op, ReduceOp, TensorType};
+use crate::ir::text::parse_module;
+use crate::runtime::interp;
+use crate::runtime::tensor::apply;
+use crate::{Result, Tensor, bail};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+
+/// Perturbed runs behind each tolerance.
+pub const RUNS: usize = 6;
+
+/// How much wider than the largest perturbed deviation a result may be.
+const SPREAD_FACTOR: f64 = 4.0;
+
+/// What one output must be.
+#[derive(Clone, Debug)]
+pub struct Expected {
+    /// The output's type in the graph under test.
+    pub ty: TensorType,
+    /// The f64 reference, rounded to the output's dtype.
+    pub value: Vec<f64>,
+    /// Allowed distance per element; `f64::INFINITY` where the element is unstable.
+    pub tol: Vec<f64>,
+}
+
+/// The unit roundoff of a float dtype (half the distance from 1 to the next value).
+pub fn unit_roundoff(dt: DType) -> f64 {
+    match dt {
+        DType::F16 => 2f64.powi(-11),
+        DType::BF16 => 2f64.powi(-8),
+        DType::F32 => 2f64.powi(-24),
+        _ => 2f64.powi(-53),
+    }
+}
+
+/// `text` with every floating-point dtype made f64. Statements lose their type
+/// annotations: an op that makes floats of integers still makes the default dtype.
+pub fn to_f64_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        let stmt = line.trim_start().starts_with('%');
+        match (stmt, line.find(": "), line.find(" = ")) {
+            (true, Some(colon), Some(eq)) if colon < eq => {
+                out.push_str(&line[..colon]);
+                out.push_str(&line[eq..]);
+            }
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out.replace("bf16", "f64")
+        .replace("f16", "f64")
+        .replace("f32", "f64")
+}
+
+/// The expected outputs of `g` (parsed from `text`) on `inputs`, with their tolerances.
+pub fn expect(g: &Graph, text: &str, inputs: &[Tensor], seed: u64) -> Result<Vec<Expected>> {
+    let m64 = parse_module(&to_f64_text(text), "oracle.smelt")?;
+    let g64 = m64.entry();
+    let inputs64 = inputs
+        .iter()
+        .map(|t| match t.dtype().is_float() {
+            true => t.to_dtype(DType::F64),
+            false => Ok(t.clone()),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // the dtype each value has in the graph under test, by name
+    let dtypes: HashMap<String, DType> = g
+        .topo_order()
+        .into_iter()
+        .map(|v| (g.node(v).name.clone(), g.node(v).ty.dtype))
+        .collect();
+    let floats = dtypes.values().filter(|d| d.is_float());
+    let u = floats
+        .clone()
+        .map(|&d| unit_roundoff(d))
+        .fold(0.0, f64::max);
+    let u_acc = floats
+        .map(|&d| unit_roundoff(if d == DType::F64 { d } else { DType::F32 }))
+        .fold(0.0, f64::max);
+    let named = |ts: &[Tensor]| -> Vec<(String, Tensor)> {
+        g64.inputs()
+            .iter()
+            .zip(ts)
+            .map(|(&v, t)| (g64.node(v).name.clone(), t.clone()))
+            .collect()
+    };
+    let exact = interp::run(g64, &named(&inputs64))?;
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x05ee_d0f0_ac1e);
+    let mut runs = Vec::with_capacity(RUNS + 1);
+    for run in 0..=RUNS {
+        // the first run only rounds each result to its dtype: where that alone flips a
+        // result (a value landing on an integer, an overflow), the flip is seen for sure
+        let scale = if run == 0 { 0.0 } else { 1.0 };
+        let mut hook = |name: &str, op: &Op, args: &[&Tensor], t: Tensor| -> Result<Tensor> {
+            let errs = (scale * u, scale * u_acc);
+            perturb(&mut rng, dtypes.get(name).copied(), errs, op, args, t)
+        };
+        runs.push(interp::run_with(g64, &named(&inputs64), &mut hook)?);
+    }
+    let mut out = Vec::with_capacity(exact.len());
+    for (i, &o) in g.outputs().iter().enumerate() {
+        let ty = g.node(o).ty.clone();
+        let exact_i = rounded(&exact[i], ty.dtype)?;
+        let mut tol = vec![0.0; exact_i.len()];
+        for run in &runs {
+            let r = rounded(&run[i], ty.dtype)?;
+            for ((t, &e), &p) in tol.iter_mut().zip(&exact_i).zip(&r) {
+                *t = f64::max(*t, deviation(e, p, ty.dtype));
+            }
+        }
+        // two ulps of the output's own dtype beside the spread: a result that its last
+        // rounding alone moves by one ulp either way is not a bug
+        let (floor, ulps) = (min_normal(ty.dtype), 4.0 * unit_roundoff(ty.dtype));
+        for (t, &e) in tol.iter_mut().zip(&exact_i) {
+            if e.is_nan() {
+                *t = if t.is_finite() { 0.0 } else { *t };
+            } else if ty.dtype.is_float() && t.is_finite() {
+                *t = SPREAD_FACTOR * *t + (2.0 * u + ulps) * e.abs() + floor;
+            }
+        }
+        out.push(Expected {
+            ty,
+            value: exact_i,
+            tol,
+        });
+    }
+    Ok(out)
+}
+
+/// How far a perturbed element lies from the exact one: infinite when their class differs
+/// (finite or not; for integers and bools, any difference).
+fn deviation(exact: f64, perturbed: f64, dt: DType) -> f64 {
+    if exact.is_nan() || perturbed.is_nan() {
+        return if exact.is_nan() && perturbed.is_nan() {
+            0.0
+        } else {
+            f64::INFINITY
+        };
+    }
+    if exact.is_infinite() || perturbed.is_infinite() || !dt.is_float() {
+        return if exact == perturbed {
+            0.0
+        } else {
+            f64::INFINITY
+        };
+    }
+    (exact - perturbed).abs()
+}
+
+fn min_normal(dt: DType) -> f64 {
+    match dt {
+        DType::F16 => 6.104e-5,
+        DType::BF16 | DType::F32 => f32::MIN_POSITIVE as f64,
+        DType::F64 => f64::MIN_POSITIVE,
+        _ => 0.0,
+    }
+}
+
+/// `t`'s elements as they are in `dt` (a float rounded to it; integers and bools as they
+/// are).
+fn rounded(t: &Tensor, dt: DType) -> Result<Vec<f64>> {
+    if t.dtype() == dt || !dt.is_float() {
+        return t.try_to_f64_vec();
+    }
+    t.to_dtype(dt)?.try_to_f64_vec()
+}
+
+/// One op's result with the error a correct kernel may make there, rounded to `dt` (the
+/// value's dtype in the graph under test).
+fn perturb(
+    rng: &mut StdRng,
+    dt: Option<DType>,
+    (u, u_acc): (f64, f64),
+    op: &Op,
+    args: &[&Tensor],
+    t: Tensor,
+) -> Result<Tensor> {
+    if t.dtype() != DType::F64 {
+        return Ok(t);
+    }
+    let mut v = t.try_to_f64_vec()?;
+    let acc = match accumulated_terms(op, args, &t) {
+        Some(k) => Some((k, magnitude(op, args, &t)?)),
+        None => None,
+    };
+    let rel = u * match op {
+        Op::Unary(f) => unary_ulps(*f),
+        _ => 2.0,
+    };
+    for (i, x) in v.iter_mut().enumerate() {
+        let mut y = *x * (1.0 + rel * rng.random_range(-1.0..=1.0));
+        if let Some((k, m)) = &acc {
+            y += k * u_acc * m[i] * rng.random_range(-1.0..=1.0);
+        }
+        *x = y;
+    }
+    let p = Tensor::from_vec(v, t.shape())?;
+    match dt {
+        Some(d) if d.is_float() && d != DType::F64 => p.to_dtype(d)?.to_dtype(DType::F64),
+        _ => Ok(p),
+    }
+}
+
+/// The error a unary function's compiled code may make, in units of the roundoff: the
+/// accuracy `codegen_cpu::math` promises for its f32 polynomials (≤ 6 ulp for the
+/// transcendentals, up to 16 for formulas of several; an ulp is two units of roundoff),
+/// which `tests/codegen_cpu.rs` holds every function to.
+fn unary_ulps(f: crate::ir::op::UnaryOp) -> f64 {
+    use crate::ir::op::UnaryOp::*;
+    2.0 * match f {
+        Exp | Log | Log1p | Expm1 | Sin | Cos | Tanh | Sigmoid | Gelu { .. } | Silu | Erf => 6.0,
+        // the terms cancel where the slope crosses 0
+        GeluSlope { .. } => 32.0,
+        Elu { .. } | Softplus { .. } | Mish | LogSigmoid => 16.0,
+        _ => 3.0,
+    }
+}
+
+/// How many terms each result element of `op` accumulates, for ops that accumulate.
+fn accumulated_terms(op: &Op, args: &[&Tensor], t: &Tensor) -> Option<f64> {
+    let numel = |x: &Tensor| x.numel() as f64;
+    let max_dim = args
+        .iter()
+        .flat_map(|a| a.shape().iter().copied())
+        .max()
+        .unwrap_or(1) as f64;
+    let per_output = || numel(args[0]) / numel(t).max(1.0);
+    let k = match op {
+        Op::Reduce {
+            op: ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Prod | ReduceOp::LogSumExp,
+            ..
+        } => per_output(),
+        Op::Var { .. } | Op::Std { .. } => per_output(),
+        Op::Matmul | Op::Linear { .. } => *args[0].shape().last().unwrap_or(&1) as f64,
+        Op::Conv { .. } => {
+            let w = args.get(1)?;
+            numel(w) / (*w.shape().first().unwrap_or(&1) as f64).max(1.0)
+        }
+        Op::Einsum { .. }
+        | Op::Cumsum { .. }
+        | Op::Softmax { .. }
+        | Op::LogSoftmax { .. }
+        | Op::LayerNorm { .. }
+        | Op::BatchNorm { .. }
+        | Op::Attention { .. }
+        | Op::AttentionGrad { .. }
+        | Op::ScatterAdd { .. }
+        | Op::IndexAdd { .. } => max_dim,
+        Op::AvgPool2d { .. } | Op::AdaptiveAvgPool2d { .. } => per_output().max(max_dim),
+        _ => return None,
+    };
+    Some(k.max(1.0))
+}
+
+/// The scale of an accumulated result's error: `|op|(|x|)` for ops linear in each operand
+/// (the sum of the terms' magnitudes), else `|result|`, at least 1 where the result is
+/// normalised.
+fn magnitude(op: &Op, args: &[&Tensor], t: &Tensor) -> Result<Vec<f64>> {
+    let linear = matches!(
+        op,
+        Op::Reduce {
+            op: ReduceOp::Sum | ReduceOp::Mean,
+            ..
+        } | Op::Matmul
+            | Op::Linear { .. }
+            | Op::Einsum { .. }
+            | Op::Conv { .. }
+            | Op::Cumsum { .. }
+            | Op::AvgPool2d { .. }
+            | Op::AdaptiveAvgPool2d { .. }
+            | Op::ScatterAdd { .. }
+            | Op::IndexAdd { .. }
+    );
+    if linear {
+        let abs: Vec<Tensor> = args
+            .iter()
+            .map(|a| match a.dtype().is_float() {
+                true => apply(Op::Unary(crate::ir::op::UnaryOp::Abs), &[a]),
+                false => Ok((*a).clone()),
+            })
+            .collect::<Result<_>>()?;
+        let refs: Vec<&Tensor> = abs.iter().collect();
+        let m = apply(op.clone(), &refs)?;
+        if m.shape() != t.shape() {
+            bail!(Value, "{}: |op|(|x|) has another shape", op.name());
+        }
+        return m.try_to_f64_vec();
+    }
+    let normalised = matches!(
+        op,
+        Op::Reduce {
+            op: ReduceOp::LogSumExp,
+            ..
+        } | Op::LogSoftmax { .. }
+            | Op::LayerNorm { .. }
+            | Op::BatchNorm { .. }
+            | Op::Attention { .. }
+            | Op::AttentionGrad { .. }
+            | Op::Var { .. }
+            | Op::Std { .. }
+    );
+    let floor = if normalised { 1.0 } else { 0.0 };
+    Ok(t.try_to_f64_vec()?
+        .into_iter()
+        .map(|x| x.abs().max(floor))
+        .collect())
+}
