@@ -76,6 +76,10 @@ pub(super) fn diagonal(
     let (rows, cols) = (shape[a], shape[b]);
     let gl = e.shape(g);
     let last = gl.len() - 1;
+    if gl[last] == 0 {
+        // an empty diagonal (an offset past the plane) passes nothing back
+        return Ok(vec![None]);
+    }
     // Diagonal element k sits at row k + max(-offset, 0).
     let row0 = (-offset).max(0) as usize;
     let mut padded_shape = gl.clone();
