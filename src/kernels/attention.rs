@@ -505,6 +505,10 @@ pub(super) fn transposed<A: Acc>(
 ) {
     // every element is written below: only a longer buffer needs filling
     out.resize(n * e, A::ZERO);
+    if e == 0 {
+        // no columns: the rows' stride may point past an empty `x`
+        return;
+    }
     if let (Some(x), Some(&[scale]), Some(out)) =
         (f32s(x), f32s(std::slice::from_ref(&scale)), f32s_mut(out))
     {
