@@ -98,6 +98,10 @@ fn structural() -> Vec<(&'static str, &'static str)> {
             "(%a: f64[2,3], %b: f64[5,3,4]) {\n  %y = matmul(%a, %b)\n  return %y\n}",
         ),
         (
+            "matmul f16",
+            "(%a: f16[2,3], %b: f16[5,3,4]) {\n  %y = matmul(%a, %b)\n  return %y\n}",
+        ),
+        (
             "matmul i64",
             "(%a: i64[2,3], %b: i64[3,4]) {\n  %y = matmul(%a, %b)\n  return %y\n}",
         ),

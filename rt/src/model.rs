@@ -27,7 +27,7 @@
 //!     the buffer of each slot;
 //!   - [`STEP_GEMM`]: dtype ([`GEMM_F16`]..), m, n, k, a's row and column strides, b's
 //!     (as two's complement), buffers a, b and out, the number of batches, then the
-//!     `[out, a, b]` element offsets of each batch; a bf16 product carries six more
+//!     `[out, a, b]` element offsets of each batch; an f16 or bf16 product carries six more
 //!     words, the scratch byte offsets of the f32 copies of a, b and out, then their
 //!     lengths in elements;
 //!   - [`STEP_COPY`]: element bytes, rank, the destination's buffer and element offset, the
@@ -64,8 +64,9 @@ use half::{bf16, f16};
 
 /// First word of every plan.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SMELTAOT");
-/// The plan format this library reads.
-pub const FORMAT: u64 = 3;
+/// The plan format this library reads (4: f16 products are computed in f32, with copies
+/// as bf16's).
+pub const FORMAT: u64 = 4;
 
 /// A buffer that is an input (the word after the kind: its index).
 pub const BUF_INPUT: u64 = 0;
@@ -146,7 +147,7 @@ pub const INDEX_I32: u64 = 1;
 /// A copy through an `i64` index.
 pub const INDEX_I64: u64 = 2;
 
-/// GEMM element types.
+/// GEMM element types: f16 products, computed in f32 as the eager kernel does.
 pub const GEMM_F16: u64 = 0;
 /// f32 products.
 pub const GEMM_F32: u64 = 1;
@@ -638,7 +639,7 @@ fn wants_threads(plan: &[u64]) -> Result<bool, i32> {
                 if gemm::splits(m.saturating_mul(n).saturating_mul(k), batches) {
                     return Ok(true);
                 }
-                let copies = if dtype == GEMM_BF16 { 6 } else { 0 };
+                let copies = if gemm_in_f32(dtype) { 6 } else { 0 };
                 skip(&mut w, batches.saturating_mul(3).saturating_add(copies))?;
             }
             tag @ (STEP_COPY | STEP_SCATTER) => {
@@ -1369,7 +1370,7 @@ unsafe fn gemm_step(
     // a bf16 product runs in f32 on copies in the scratch, as the eager kernel does; the
     // copies' offsets and lengths follow the batch offsets
     let mut copies = None;
-    if dtype == GEMM_BF16 {
+    if gemm_in_f32(dtype) {
         w.at = start + batches.checked_mul(3).ok_or(ERR_BAD_MODEL)?;
         let (a32, b32, o32) = (w.usize()?, w.usize()?, w.usize()?);
         let (alen, blen, olen) = (w.usize()?, w.usize()?, w.usize()?);
@@ -1387,8 +1388,11 @@ unsafe fn gemm_step(
         unsafe {
             for (src, dst, len) in [(pa, f32s[0], alen), (pb, f32s[1], blen)] {
                 for i in 0..len {
-                    let x = (src as *const bf16).add(i).read_unaligned();
-                    dst.add(i).write(x.to_f32());
+                    let x = match dtype {
+                        GEMM_F16 => (src as *const f16).add(i).read_unaligned().to_f32(),
+                        _ => (src as *const bf16).add(i).read_unaligned().to_f32(),
+                    };
+                    dst.add(i).write(x);
                 }
             }
         }
@@ -1413,9 +1417,6 @@ unsafe fn gemm_step(
         // SAFETY: the plan's sizes and offsets, as the compiler laid them out.
         unsafe {
             match kind {
-                GEMM_F16 => {
-                    gemm::batches::<f16>(&p, (xa as _, xb as _, xo as _), offs, None, threads)
-                }
                 GEMM_F32 => {
                     gemm::batches::<f32>(&p, (xa as _, xb as _, xo as _), offs, None, threads)
                 }
@@ -1433,17 +1434,25 @@ unsafe fn gemm_step(
         done += c;
     }
     if let Some((f, olen, end)) = copies {
-        // SAFETY: the result's copy holds `olen` f32s; the output holds `olen` bf16s.
+        // SAFETY: the result's copy holds `olen` f32s; the output holds `olen` halves.
         unsafe {
             for i in 0..olen {
-                (po as *mut bf16)
-                    .add(i)
-                    .write(bf16::from_f32(f[2].add(i).read()));
+                let x = f[2].add(i).read();
+                match dtype {
+                    GEMM_F16 => (po as *mut f16).add(i).write(f16::from_f32(x)),
+                    _ => (po as *mut bf16).add(i).write(bf16::from_f32(x)),
+                }
             }
         }
         w.at = end;
     }
     Ok(())
+}
+
+/// Whether products of this GEMM dtype run in f32 on copies in the scratch (the halves,
+/// which PyTorch too sums in f32 and rounds once).
+fn gemm_in_f32(dtype: u64) -> bool {
+    dtype == GEMM_F16 || dtype == GEMM_BF16
 }
 
 /// A nonzero result of a compiled model's entry point.

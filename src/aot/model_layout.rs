@@ -152,12 +152,12 @@ pub(super) fn build(
             });
         }
     }
-    // per bf16 GEMM step: the lives of its f32 copies of a, b and out
+    // per f16 or bf16 GEMM step: the lives of its f32 copies of a, b and out
     let mut copies: Vec<Option<[usize; 3]>> = vec![None; nsteps];
     for (i, step) in s.steps.iter().enumerate() {
         if let Step::Extern(e) = step
             && e.op == Op::Matmul
-            && s.buffers[e.out].dtype == DType::BF16
+            && matches!(s.buffers[e.out].dtype, DType::F16 | DType::BF16)
         {
             let lens = [
                 s.buffers[e.args[0].buffer].len(),
@@ -316,7 +316,7 @@ pub(super) fn build(
     })
 }
 
-/// The words of a GEMM step (`copies`: the scratch offsets of a bf16 product's f32 copies).
+/// The words of a GEMM step (`copies`: the scratch offsets of a half product's f32 copies).
 fn gemm_words(
     s: &Schedule,
     e: &ExternCall,

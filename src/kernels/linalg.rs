@@ -1,6 +1,6 @@
 //! `matmul` and `linear`. Float products run on the `gemm` crate, which takes every operand
 //! through row and column strides, so transposed and sliced views are multiplied in place;
-//! broadcast batch dims get batch stride 0. bf16 multiplies in f32 and rounds once; integer
+//! broadcast batch dims get batch stride 0. f16 and bf16 multiply in f32 and round once; integer
 //! dtypes use a plain wrapping i64 loop.
 
 use crate::ir::dtype::DType;
@@ -10,7 +10,6 @@ use crate::kernels::copy::{cast_new, copy_into};
 use crate::tensor::Tensor;
 use crate::tensor::access;
 use crate::{Result, bail};
-use half::f16;
 
 use smelt_rt::gemm::{Batched, Operand, PlanError, Product};
 
@@ -62,12 +61,15 @@ pub fn eval(op: &Op, inputs: &[&Tensor], out: &TensorType) -> Result<Tensor> {
 
 /// `a · b (+ bias)` into a new tensor of type `ty`.
 fn product(a: &Tensor, b: &Tensor, bias: Option<&Tensor>, ty: &TensorType) -> Result<Tensor> {
-    if ty.dtype == DType::BF16 {
+    if matches!(ty.dtype, DType::BF16 | DType::F16) {
+        // half precision multiplies and adds up in f32 and rounds once, as PyTorch does:
+        // the gemm crate's f16 kernel sums in f16, 15 ulps off on a 2-term product whose
+        // terms cancel
         let f = |t: &Tensor| cast_new(t, DType::F32);
         let ty32 = TensorType::new(DType::F32, ty.shape.clone());
         let bias32 = bias.map(f).transpose()?;
         let r = product(&f(a)?, &f(b)?, bias32.as_ref(), &ty32)?;
-        return cast_new(&r, DType::BF16);
+        return cast_new(&r, ty.dtype);
     }
     let p = plan(a, b)?;
     // a float GEMM writes every element (or adds to the bias set first); the integer loop
@@ -91,7 +93,6 @@ fn product(a: &Tensor, b: &Tensor, bias: Option<&Tensor>, ty: &TensorType) -> Re
     // writes its own m×n block of the fresh output.
     unsafe {
         match ty.dtype {
-            DType::F16 => gemm_batches::<f16>(&p, &offs, ptrs, accumulate),
             DType::F32 => gemm_batches::<f32>(&p, &offs, ptrs, accumulate),
             DType::F64 => gemm_batches::<f64>(&p, &offs, ptrs, accumulate),
             DType::U8 => int_batches::<u8>(&p, &offs, ptrs, accumulate),
