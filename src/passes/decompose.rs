@@ -351,12 +351,24 @@ fn expand(b: &mut Builder, name: &str, op: &Op, args: &[ValueId]) -> Result<Opti
         Op::Tril { diagonal } => triangle(b, name, x, *diagonal, true)?,
         Op::Triu { diagonal } => triangle(b, name, x, *diagonal, false)?,
         Op::Linear { has_bias } => {
-            let wt = b.op(name, Op::T, &[args[1]])?;
-            let mm = b.op(name, Op::Matmul, &[x, wt])?;
-            if *has_bias {
-                b.binary(name, BinaryOp::Add, mm, args[2])?
+            let dt = b.g.node(x).ty.dtype;
+            if *has_bias && matches!(dt, DType::F16 | DType::BF16) {
+                // half precision adds the bias to the f32 product and rounds once, as
+                // eager `linear` and PyTorch do: rounding the product first loses the
+                // bias's digits where the two cancel
+                let f32 = |b: &mut Builder, v| b.op(name, Op::To { dtype: DType::F32 }, &[v]);
+                let (x32, w32, b32) = (f32(b, x)?, f32(b, args[1])?, f32(b, args[2])?);
+                let wt = b.op(name, Op::T, &[w32])?;
+                let mm = b.op(name, Op::Matmul, &[x32, wt])?;
+                let sum = b.binary(name, BinaryOp::Add, mm, b32)?;
+                b.op(name, Op::To { dtype: dt }, &[sum])?
             } else {
-                mm
+                let wt = b.op(name, Op::T, &[args[1]])?;
+                let mm = b.op(name, Op::Matmul, &[x, wt])?;
+                match has_bias {
+                    true => b.binary(name, BinaryOp::Add, mm, args[2])?,
+                    false => mm,
+                }
             }
         }
         _ => return Ok(None),
