@@ -294,17 +294,21 @@ fn finite_differences(
         }
         Ok(s)
     };
-    let h = 1e-5;
+    let (h, wide) = (1e-5, 1e-4);
     let (at, up, down) = (loss(0.0)?, loss(h)?, loss(-h)?);
+    let (up10, down10) = (loss(wide)?, loss(-wide)?);
     let fine = (up - down) / (2.0 * h);
-    let coarse = (loss(1e-4)? - loss(-1e-4)?) / 2e-4;
+    let coarse = (up10 - down10) / (2.0 * wide);
     let bound = 1e-6 * (1.0 + fine.abs() + scale);
-    // a kink at the point itself (an input exactly at a clamp's bound, tied maxima) shows
-    // as one-sided slopes that differ by more than their O(h) error
-    let one_sided = ((up - at) / h - (at - down) / h).abs();
+    // the one-sided slopes differ by the second difference over h: O(h) where the graph is
+    // smooth (ten times as much at ten times the step), but the same at both steps at a
+    // kink on the point itself (an input exactly at a clamp's bound, tied maxima)
+    let bend = |h: f64, up: f64, down: f64| ((up - at) - (at - down)).abs() / h;
+    let (b1, b10) = (bend(h, up, down), bend(wide, up10, down10));
+    let kink = b1 > 1e-9 * (1.0 + scale) && b1 > 0.3 * b10;
     let smooth = [coarse, fine, along, at].iter().all(|v| v.is_finite())
         && (coarse - fine).abs() <= bound
-        && one_sided <= 1e-3 * (1.0 + fine.abs() + scale);
+        && !kink;
     if !smooth {
         return Ok(FdResult::NonSmooth);
     }

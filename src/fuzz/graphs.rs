@@ -33,15 +33,18 @@ pub enum Family {
     Attention,
     /// [`Family::General`] in f16 or bf16.
     Half,
+    /// Loops and branches (`fori_loop`, `cond`, nested) around bodies of general ops.
+    Control,
 }
 
 impl Family {
     /// Every family, in the order a campaign cycles through them.
-    pub const ALL: [Family; 4] = [
+    pub const ALL: [Family; 5] = [
         Family::General,
         Family::Conv,
         Family::Attention,
         Family::Half,
+        Family::Control,
     ];
     /// Its name in reports.
     pub fn name(self) -> &'static str {
@@ -50,6 +53,7 @@ impl Family {
             Family::Conv => "conv",
             Family::Attention => "attention",
             Family::Half => "f16/bf16",
+            Family::Control => "control flow",
         }
     }
 }
@@ -98,11 +102,16 @@ struct Gen {
     ranges: Vec<(String, i64, i64)>,
     constants: Vec<ValueId>,
     ops: Vec<&'static str>,
+    /// A body graph: no new inputs (its parameters are fixed by the op that calls it).
+    closed: bool,
 }
 
 /// Builds the graph of `seed` in `family` with about `n_ops` ops.
 pub fn random_case(seed: u64, family: Family, n_ops: usize) -> Case {
     let mut rng = StdRng::seed_from_u64(seed);
+    if family == Family::Control {
+        return control_case(rng, n_ops);
+    }
     let dtype = match family {
         Family::Half => *[DType::F16, DType::BF16]
             .choose(&mut rng)
@@ -122,6 +131,7 @@ pub fn random_case(seed: u64, family: Family, n_ops: usize) -> Case {
         ranges: Vec::new(),
         constants: Vec::new(),
         ops: Vec::new(),
+        closed: false,
     };
     b.leaves(family);
     let mut tries = 0;
@@ -211,7 +221,7 @@ impl Gen {
                 self.input(fdt, vec![b, h, s, e]);
                 self.input(fdt, vec![b, h, s, e]);
             }
-            Family::General | Family::Half => {
+            Family::General | Family::Half | Family::Control => {
                 let rank = self.rng.random_range(0..5);
                 let s = self.shape(rank);
                 self.input(dt, s.clone());
@@ -290,6 +300,7 @@ impl Gen {
             0 => x,
             1 => self.pick(),
             2 => self.scalar(),
+            _ if self.closed => self.scalar(),
             _ => {
                 let s = self.ty(x).shape.clone();
                 let t: Vec<usize> = s
@@ -308,6 +319,11 @@ impl Gen {
         let tx = self.ty(x);
         let rank = tx.ndim();
         let choice = match family {
+            // no contraction or indexing, which bring new inputs
+            _ if self.closed => match self.rng.random_range(0..23) {
+                c if c >= 20 => c + 3,
+                c => c,
+            },
             Family::Conv if rank == 4 => self.rng.random_range(0..30),
             Family::Attention if rank >= 3 => self.rng.random_range(0..30),
             _ => self.rng.random_range(0..26),
@@ -741,4 +757,138 @@ impl Gen {
             ops: self.ops,
         }
     }
+}
+
+/// A graph of loops and branches: `fori_loop` and `cond` (nested up to twice) around bodies
+/// drawn like [`Family::General`] graphs over the carried value.
+fn control_case(mut rng: StdRng, n_ops: usize) -> Case {
+    let dt = *[DType::F32, DType::F64]
+        .choose(&mut rng)
+        .unwrap_or(&DType::F32);
+    let rank = rng.random_range(0..3);
+    let shape: Vec<usize> = (0..rank)
+        .map(|_| *[1, 2, 3, 5, 7, 17].choose(&mut rng).unwrap_or(&3))
+        .collect();
+    let ty = crate::ir::text::fmt_type(&TensorType::new(dt, shape.clone()));
+    let mut bodies: Vec<String> = Vec::new();
+    let mut ops: Vec<&'static str> = Vec::new();
+    let per_body = (n_ops / 2).max(2);
+    let top = control_op(&mut rng, (dt, &shape), per_body, 2, &mut bodies, &mut ops);
+    let mut text = format!("graph fuzz(%x: {ty}) {{\n");
+    text.push_str(&top.replace("%CARRY", "%x"));
+    text.push_str("  return %out\n}\n");
+    for b in bodies {
+        text.push_str(&b);
+    }
+    Case {
+        text,
+        family: Family::Control,
+        ops,
+    }
+}
+
+/// The statements of one control op over `%CARRY` whose result is `%out`, its bodies
+/// appended to `bodies` (`depth`: how many more levels may nest).
+fn control_op(
+    rng: &mut StdRng,
+    carry: (DType, &[usize]),
+    n_ops: usize,
+    depth: usize,
+    bodies: &mut Vec<String>,
+    ops: &mut Vec<&'static str>,
+) -> String {
+    // names drawn at random, so that nested bodies never collide
+    let name = |rng: &mut StdRng| format!("b{:08x}", rng.random::<u32>());
+    if rng.random_bool(0.5) {
+        let trips = rng.random_range(0..4);
+        let b = name(rng);
+        let body = body_graph(rng, &b, true, carry, n_ops, depth, bodies, ops);
+        bodies.push(body);
+        ops.push("fori_loop");
+        format!("  %out = fori_loop(0, {trips}, %CARRY, body=@{b})\n")
+    } else {
+        let (t, e) = (name(rng), name(rng));
+        let then = body_graph(rng, &t, false, carry, n_ops, depth, bodies, ops);
+        bodies.push(then);
+        let other = body_graph(rng, &e, false, carry, n_ops, depth, bodies, ops);
+        bodies.push(other);
+        ops.push("cond");
+        format!(
+            "  %sum = sum(%CARRY)\n  %pred = gt(%sum, 0.0)\n  %out = cond(%pred, %CARRY, then=@{t}, else=@{e})\n"
+        )
+    }
+}
+
+/// A body taking the carry (after the step `%i` for a loop) and returning a value of its
+/// type: general ops on the carry, maybe a nested control op, then the carry halved plus
+/// the tanh of what they made (a sum where the shapes differ), so that loops stay finite.
+#[allow(clippy::too_many_arguments)]
+fn body_graph(
+    rng: &mut StdRng,
+    name: &str,
+    looped: bool,
+    (dt, shape): (DType, &[usize]),
+    n_ops: usize,
+    depth: usize,
+    bodies: &mut Vec<String>,
+    ops: &mut Vec<&'static str>,
+) -> String {
+    let mut g = Graph::new(name);
+    if looped {
+        let _ = g.add_input("i", TensorType::new(DType::I64, Vec::<usize>::new()));
+    }
+    let mut b = Gen {
+        rng: StdRng::seed_from_u64(rng.random()),
+        g,
+        pool: Vec::new(),
+        dtype: dt,
+        ranges: Vec::new(),
+        constants: Vec::new(),
+        ops: Vec::new(),
+        closed: true,
+    };
+    let c = b.input(dt, shape.to_vec());
+    let mut tries = 0;
+    while b.ops.len() < n_ops && tries < n_ops * 8 {
+        tries += 1;
+        b.step(Family::General);
+    }
+    let made = b.pool.last().copied().filter(|&v| v != c).unwrap_or(c);
+    let ty = b.ty(made);
+    let made = match ty.dtype == dt {
+        true => made,
+        false => b
+            .try_op("to", &[made], &[("dtype", Attr::DType(dt))])
+            .unwrap_or(c),
+    };
+    let made = match b.ty(made).shape.as_slice() == shape {
+        true => made,
+        false => b.try_op("sum", &[made], &[]).unwrap_or(c),
+    };
+    let squashed = b.try_op("tanh", &[made], &[]).unwrap_or(c);
+    let half =
+        b.g.add_scalar(Scalar::Float(0.5))
+            .expect("a scalar is always valid");
+    let kept = b.try_op("mul", &[c, half], &[]).unwrap_or(c);
+    let mut out = b.try_op("add", &[kept, squashed], &[]).unwrap_or(c);
+    ops.extend(b.ops.iter().copied());
+    let mut nested = String::new();
+    if depth > 1 && rng.random_bool(0.4) {
+        // a control op inside this body, over what it returns
+        let carried = b.g.node(out).name.clone();
+        nested = control_op(rng, (dt, shape), n_ops, depth - 1, bodies, ops)
+            .replace("%CARRY", &format!("%{carried}"))
+            .replace("%out", "%nested_out")
+            .replace("%sum", "%nested_sum")
+            .replace("%pred", "%nested_pred");
+        out = c; // placeholder, replaced below
+    }
+    b.g.set_outputs(vec![out]);
+    let text = crate::ir::text::print_graph(&b.g);
+    if nested.is_empty() {
+        return text;
+    }
+    // splice the nested op before the return, and return its result
+    let ret = text.rfind("  return ").unwrap_or(text.len());
+    format!("{}{nested}  return %nested_out\n}}\n", &text[..ret])
 }

@@ -86,11 +86,16 @@ pub fn expect(g: &Graph, text: &str, inputs: &[Tensor], seed: u64) -> Result<Vec
             false => Ok(t.clone()),
         })
         .collect::<Result<Vec<_>>>()?;
-    // the dtype each value has in the graph under test, by name
-    let dtypes: HashMap<String, DType> = g
-        .topo_order()
-        .into_iter()
-        .map(|v| (g.node(v).name.clone(), g.node(v).ty.dtype))
+    // the dtype each value has in the graph under test (bodies included), by graph and name
+    let module = parse_module(text, "case.smelt")?;
+    let dtypes: HashMap<(String, String), DType> = module
+        .graphs
+        .iter()
+        .flat_map(|b| {
+            b.topo_order()
+                .into_iter()
+                .map(|v| ((b.name.clone(), b.node(v).name.clone()), b.node(v).ty.dtype))
+        })
         .collect();
     let floats = dtypes.values().filter(|d| d.is_float());
     let u = floats
@@ -114,9 +119,10 @@ pub fn expect(g: &Graph, text: &str, inputs: &[Tensor], seed: u64) -> Result<Vec
         // the first run only rounds each result to its dtype: where that alone flips a
         // result (a value landing on an integer, an overflow), the flip is seen for sure
         let scale = if run == 0 { 0.0 } else { 1.0 };
-        let mut hook = |name: &str, op: &Op, args: &[&Tensor], t: Tensor| -> Result<Tensor> {
+        let mut hook = |graph: &str, name: &str, op: &Op, args: &[&Tensor], t: Tensor| {
             let errs = (scale * u, scale * u_acc);
-            perturb(&mut rng, dtypes.get(name).copied(), errs, op, args, t)
+            let dt = dtypes.get(&(graph.to_string(), name.to_string())).copied();
+            perturb(&mut rng, dt, errs, op, args, t)
         };
         runs.push(interp::run_with(g64, &named(&inputs64), &mut hook)?);
     }
@@ -201,17 +207,55 @@ fn perturb(
     if t.dtype() != DType::F64 {
         return Ok(t);
     }
-    let mut v = t.try_to_f64_vec()?;
-    let acc = match accumulated_terms(op, args, &t) {
-        Some(k) => Some((k, magnitude(op, args, &t)?)),
-        None => None,
+    let k = accumulated_terms(op, args, &t);
+    let (t, acc) = match (k, backward_stable(op)) {
+        // normalisations: the result of inputs perturbed by the sums' rounding (backward
+        // error), which their centring and scaling then amplify as a real kernel's do
+        (Some(k), true) if u_acc > 0.0 => {
+            let moved = args
+                .iter()
+                .map(|a| match a.dtype() == DType::F64 {
+                    true => {
+                        let v: Vec<f64> = a
+                            .try_to_f64_vec()?
+                            .into_iter()
+                            .map(|x| x * (1.0 + k * u_acc * rng.random_range(-1.0..=1.0)))
+                            .collect();
+                        Tensor::from_vec(v, a.shape())
+                    }
+                    false => Ok((*a).clone()),
+                })
+                .collect::<Result<Vec<Tensor>>>()?;
+            let refs: Vec<&Tensor> = moved.iter().collect();
+            (apply(op.clone(), &refs)?, None)
+        }
+        (Some(k), false) => {
+            let m = magnitude(op, args, &t)?;
+            (t, Some((k, m)))
+        }
+        _ => (t, None),
     };
+    let mut v = t.try_to_f64_vec()?;
     let rel = u * match op {
         Op::Unary(f) => unary_ulps(*f),
         _ => 2.0,
     };
+    // functions whose formula adds terms that cancel err relative to the terms, which grow
+    // with |x|, not to the result (gelu's tail, where the result is 0 or tiny)
+    let terms = match op {
+        Op::Unary(f) if cancels(*f) => Some(args[0].try_to_f64_vec()?),
+        _ => None,
+    };
+    // scatters add one value at a time in the tensor's own dtype, as PyTorch's do
+    let u_acc = match op {
+        Op::ScatterAdd { .. } | Op::IndexAdd { .. } => u,
+        _ => u_acc,
+    };
     for (i, x) in v.iter_mut().enumerate() {
         let mut y = *x * (1.0 + rel * rng.random_range(-1.0..=1.0));
+        if let Some(t) = &terms {
+            y += rel * (1.0 + t.get(i).map_or(0.0, |a| a.abs())) * rng.random_range(-1.0..=1.0);
+        }
         if let Some((k, m)) = &acc {
             y += k * u_acc * m[i] * rng.random_range(-1.0..=1.0);
         }
@@ -237,6 +281,32 @@ fn unary_ulps(f: crate::ir::op::UnaryOp) -> f64 {
         Elu { .. } | Softplus { .. } | Mish | LogSigmoid => 16.0,
         _ => 3.0,
     }
+}
+
+/// Ops whose error is best described backward (the exact result of inputs moved by the
+/// rounding of their internal sums): the normalisations and attention.
+fn backward_stable(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Softmax { .. }
+            | Op::LogSoftmax { .. }
+            | Op::LayerNorm { .. }
+            | Op::BatchNorm { .. }
+            | Op::Var { .. }
+            | Op::Std { .. }
+            | Op::Attention { .. }
+            | Op::AttentionGrad { .. }
+    )
+}
+
+/// Whether a unary function is computed as terms that cancel (gelu and its slope, the
+/// silu family), so that its error scales with its operand rather than its result.
+fn cancels(f: crate::ir::op::UnaryOp) -> bool {
+    use crate::ir::op::UnaryOp::*;
+    matches!(
+        f,
+        Gelu { .. } | GeluSlope { .. } | Silu | Mish | Softplus { .. } | LogSigmoid | Elu { .. }
+    )
 }
 
 /// How many terms each result element of `op` accumulates, for ops that accumulate.
@@ -269,7 +339,17 @@ fn accumulated_terms(op: &Op, args: &[&Tensor], t: &Tensor) -> Option<f64> {
         | Op::AttentionGrad { .. }
         | Op::ScatterAdd { .. }
         | Op::IndexAdd { .. } => max_dim,
-        Op::AvgPool2d { .. } | Op::AdaptiveAvgPool2d { .. } => per_output().max(max_dim),
+        Op::AvgPool2d { .. }
+        | Op::AdaptiveAvgPool2d { .. }
+        | Op::AvgPool2dGrad { .. }
+        | Op::AdaptiveAvgPool2dGrad { .. } => per_output().max(max_dim),
+        // sums over the batch and the image (a weight's gradient), or over the output
+        // channels and the window (an input's)
+        Op::ConvWeightGrad { .. } => numel(args[0]) / (*args[0].shape().get(1)? as f64).max(1.0),
+        Op::ConvInputGrad { .. } => {
+            let w = args.get(1)?;
+            numel(w) / (*w.shape().get(1)? as f64).max(1.0)
+        }
         _ => return None,
     };
     Some(k.max(1.0))
@@ -291,6 +371,10 @@ fn magnitude(op: &Op, args: &[&Tensor], t: &Tensor) -> Result<Vec<f64>> {
             | Op::Cumsum { .. }
             | Op::AvgPool2d { .. }
             | Op::AdaptiveAvgPool2d { .. }
+            | Op::AvgPool2dGrad { .. }
+            | Op::AdaptiveAvgPool2dGrad { .. }
+            | Op::ConvWeightGrad { .. }
+            | Op::ConvInputGrad { .. }
             | Op::ScatterAdd { .. }
             | Op::IndexAdd { .. }
     );

@@ -12,13 +12,13 @@ use std::collections::HashMap;
 
 /// Runs `g` on named inputs (names without `%`) and returns its outputs in return order.
 pub fn run<S: AsRef<str>>(g: &Graph, inputs: &[(S, Tensor)]) -> Result<Vec<Tensor>> {
-    run_with(g, inputs, &mut |_, _, _, t| Ok(t))
+    run_with(g, inputs, &mut |_, _, _, _, t| Ok(t))
 }
 
-/// What [`run_with`] calls on the result of every op (control ops' bodies excepted) before
-/// later ops read it: the value's name, the op, its operands and its result, which it may
-/// replace by a tensor of the same dtype and shape.
-pub type OpHook<'a> = dyn FnMut(&str, &Op, &[&Tensor], Tensor) -> Result<Tensor> + 'a;
+/// What [`run_with`] calls on the result of every op, in control ops' bodies too, before
+/// later ops read it: the graph's and the value's names, the op, its operands and its
+/// result, which it may replace by a tensor of the same dtype and shape.
+pub type OpHook<'a> = dyn FnMut(&str, &str, &Op, &[&Tensor], Tensor) -> Result<Tensor> + 'a;
 
 /// [`run`], passing every op's result through `hook` (the differential fuzzer perturbs
 /// each result by its rounding error to learn how far a correct program may stray).
@@ -56,7 +56,11 @@ pub fn run_with<S: AsRef<str>>(
                     .iter()
                     .map(|o| value(g, &values, *o).cloned())
                     .collect::<Result<Vec<Tensor>>>()?;
-                tuples.insert(v, control::run(c, &args, &ReferenceBodies(c))?);
+                let bodies = HookedBodies {
+                    control: c,
+                    hook: std::cell::RefCell::new(&mut *hook),
+                };
+                tuples.insert(v, control::run(c, &args, &bodies)?);
                 for o in operands {
                     release(&mut uses, &mut values, o);
                 }
@@ -87,7 +91,7 @@ pub fn run_with<S: AsRef<str>>(
                     .iter()
                     .map(|o| value(g, &values, *o))
                     .collect::<Result<Vec<&Tensor>>>()?;
-                let t = hook(&node.name, op, &args, apply(op.clone(), &args)?)?;
+                let t = hook(&g.name, &node.name, op, &args, apply(op.clone(), &args)?)?;
                 for o in operands {
                     release(&mut uses, &mut values, o);
                 }
@@ -111,6 +115,35 @@ pub fn run_with<S: AsRef<str>>(
         .iter()
         .map(|&o| value(g, &values, o).cloned())
         .collect()
+}
+
+/// Runs the bodies of a control op on the interpreter with [`run_with`]'s hook.
+struct HookedBodies<'c, 'h, 'a> {
+    control: &'c Control,
+    hook: std::cell::RefCell<&'h mut OpHook<'a>>,
+}
+
+impl control::Bodies for HookedBodies<'_, '_, '_> {
+    fn call(&self, i: usize, inputs: &[Tensor], _into: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+        let g = self.control.bodies[i].graph();
+        if g.inputs().len() != inputs.len() {
+            bail!(
+                Value,
+                "graph {} takes {} inputs but got {}",
+                g.name,
+                g.inputs().len(),
+                inputs.len()
+            );
+        }
+        let named: Vec<(&str, Tensor)> = g
+            .inputs()
+            .iter()
+            .zip(inputs)
+            .map(|(&v, t)| (g.node(v).name.as_str(), t.clone()))
+            .collect();
+        let mut hook = self.hook.borrow_mut();
+        run_with(g, &named, &mut **hook)
+    }
 }
 
 /// Runs the bodies of a control op on the interpreter.
