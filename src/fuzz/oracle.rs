@@ -210,7 +210,7 @@ fn perturb(
     let k = accumulated_terms(op, args, &t);
     let (t, acc) = match (k, backward_stable(op)) {
         // normalisations: the result of inputs perturbed by the sums' rounding (backward
-        // error), which their centring and scaling then amplify as a real kernel's do
+        // error), which their centring and scaling then amplify as a real kernel's do,
         (Some(k), true) if u_acc > 0.0 => {
             let moved = args
                 .iter()
@@ -227,7 +227,10 @@ fn perturb(
                 })
                 .collect::<Result<Vec<Tensor>>>()?;
             let refs: Vec<&Tensor> = moved.iter().collect();
-            (apply(op.clone(), &refs)?, None)
+            // and the forward error of what they compute last (a log of a sum ≥ 1, a
+            // division by a norm), at least one unit of roundoff per term
+            let m = magnitude(op, args, &t)?;
+            (apply(op.clone(), &refs)?, Some((k, m)))
         }
         (Some(k), false) => {
             let m = magnitude(op, args, &t)?;
