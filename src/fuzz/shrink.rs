@@ -141,6 +141,12 @@ fn candidates(text: &str) -> Vec<String> {
         let header = lines[h];
         if let (Some(open), Some(close)) = (header.find('('), header.rfind(')')) {
             let params: Vec<&str> = split_params(&header[open + 1..close]);
+            // the text with the signature's parameters replaced
+            let with_params = |ps: &str| {
+                let mut ls = owned.clone();
+                ls[h] = format!("{}{ps}{}", &header[..open + 1], &header[close..]);
+                join(&ls)
+            };
             for (p, param) in params.iter().enumerate() {
                 let name = param
                     .trim()
@@ -156,26 +162,12 @@ fn candidates(text: &str) -> Vec<String> {
                         .filter(|(i, _)| *i != p)
                         .map(|(_, s)| *s)
                         .collect();
-                    let mut ls = owned.clone();
-                    ls[h] = format!(
-                        "{}{}{}",
-                        &header[..open + 1],
-                        kept.join(","),
-                        &header[close..]
-                    );
-                    out.push(join(&ls));
+                    out.push(with_params(&kept.join(",")));
                 }
                 for smaller in smaller_dims(param) {
                     let mut ps: Vec<String> = params.iter().map(|s| s.to_string()).collect();
                     ps[p] = smaller;
-                    let mut ls = owned.clone();
-                    ls[h] = format!(
-                        "{}{}{}",
-                        &header[..open + 1],
-                        ps.join(","),
-                        &header[close..]
-                    );
-                    out.push(join(&ls));
+                    out.push(with_params(&ps.join(",")));
                 }
             }
         }

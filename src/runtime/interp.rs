@@ -126,21 +126,7 @@ struct HookedBodies<'c, 'h, 'a> {
 impl control::Bodies for HookedBodies<'_, '_, '_> {
     fn call(&self, i: usize, inputs: &[Tensor], _into: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
         let g = self.control.bodies[i].graph();
-        if g.inputs().len() != inputs.len() {
-            bail!(
-                Value,
-                "graph {} takes {} inputs but got {}",
-                g.name,
-                g.inputs().len(),
-                inputs.len()
-            );
-        }
-        let named: Vec<(&str, Tensor)> = g
-            .inputs()
-            .iter()
-            .zip(inputs)
-            .map(|(&v, t)| (g.node(v).name.as_str(), t.clone()))
-            .collect();
+        let named = by_name(g, inputs)?;
         let mut hook = self.hook.borrow_mut();
         run_with(g, &named, &mut **hook)
     }
@@ -157,6 +143,11 @@ impl control::Bodies for ReferenceBodies<'_> {
 
 /// Runs `g` on inputs given in the graph's input order.
 pub fn run_positional(g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    run(g, &by_name(g, inputs)?)
+}
+
+/// Inputs given in `g`'s input order, paired with their names.
+fn by_name<'g>(g: &'g Graph, inputs: &[Tensor]) -> Result<Vec<(&'g str, Tensor)>> {
     if inputs.len() != g.inputs().len() {
         bail!(
             Value,
@@ -166,13 +157,11 @@ pub fn run_positional(g: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
             inputs.len()
         );
     }
-    let named: Vec<(&str, Tensor)> = g
-        .inputs()
+    Ok(g.inputs()
         .iter()
         .zip(inputs)
         .map(|(&v, t)| (g.node(v).name.as_str(), t.clone()))
-        .collect();
-    run(g, &named)
+        .collect())
 }
 
 /// The given named inputs in the graph's parameter order, checked as [`run`] checks them.
