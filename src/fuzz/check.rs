@@ -250,13 +250,7 @@ fn finite_differences(
 ) -> Result<FdResult> {
     let m = parse_module(&oracle::to_f64_text(gtext), "grad.smelt")?;
     let g = m.entry();
-    let x: Vec<Tensor> = inputs
-        .iter()
-        .map(|t| match t.dtype().is_float() {
-            true => t.to_dtype(DType::F64),
-            false => Ok(t.clone()),
-        })
-        .collect::<Result<_>>()?;
+    let x = oracle::to_f64_inputs(inputs)?;
     let mut rng = StdRng::seed_from_u64(seed ^ 0xfd);
     let dirs: Vec<Vec<f64>> = wrt
         .iter()

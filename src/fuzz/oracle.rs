@@ -75,17 +75,23 @@ pub fn to_f64_text(text: &str) -> String {
         .replace("f32", "f64")
 }
 
-/// The expected outputs of `g` (parsed from `text`) on `inputs`, with their tolerances.
-pub fn expect(g: &Graph, text: &str, inputs: &[Tensor], seed: u64) -> Result<Vec<Expected>> {
-    let m64 = parse_module(&to_f64_text(text), "oracle.smelt")?;
-    let g64 = m64.entry();
-    let inputs64 = inputs
+/// `inputs` as the f64 graph of [`to_f64_text`] takes them: floats widened, the rest as
+/// they are.
+pub fn to_f64_inputs(inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    inputs
         .iter()
         .map(|t| match t.dtype().is_float() {
             true => t.to_dtype(DType::F64),
             false => Ok(t.clone()),
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect()
+}
+
+/// The expected outputs of `g` (parsed from `text`) on `inputs`, with their tolerances.
+pub fn expect(g: &Graph, text: &str, inputs: &[Tensor], seed: u64) -> Result<Vec<Expected>> {
+    let m64 = parse_module(&to_f64_text(text), "oracle.smelt")?;
+    let g64 = m64.entry();
+    let inputs64 = to_f64_inputs(inputs)?;
     // the dtype each value has in the graph under test (bodies included), by graph and name
     let module = parse_module(text, "case.smelt")?;
     let dtypes: HashMap<(String, String), DType> = module
