@@ -797,8 +797,9 @@ fn control_op(
     bodies: &mut Vec<String>,
     ops: &mut Vec<&'static str>,
 ) -> String {
-    // names drawn at random, so that nested bodies never collide
-    let name = |rng: &mut StdRng| format!("b{:08x}", rng.random::<u32>());
+    // names drawn at random, so that nested bodies never collide; in decimal, so that no
+    // name holds a dtype's name (`bf16`) that the oracle's f64 text would rewrite
+    let name = |rng: &mut StdRng| format!("b{}", rng.random::<u32>());
     if rng.random_bool(0.5) {
         let trips = rng.random_range(0..4);
         let b = name(rng);
