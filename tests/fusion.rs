@@ -637,3 +637,23 @@ fn column_reductions_leave_full_size_outputs_to_a_pointwise_kernel() {
     let m = smelt::ir::text::parse_module(&row, "bias_grad_rows.smelt").unwrap();
     assert_eq!(check(m.entry(), 1e-5).kernel_count(), 1);
 }
+
+#[test]
+fn extern_reading_a_stored_view_runs_after_its_kernel() {
+    // The reshape needs the narrowed view as a copy, so fusion stores it from the kernel of
+    // `%p`, which waits for the second matmul: the first must wait for that kernel too,
+    // not read the input under the view.
+    let text = "graph narrowed(%x: f32[2,3,3,4], %w: f32[4,1], %v: f32[12,1], %a: f32[2,3,2,1], %b: f32[1,4]) {
+  %n = narrow(%x, dim=2, start=0, length=2)
+  %y = matmul(%n, %w)
+  %u = matmul(%a, %b)
+  %p = add(%n, %u)
+  %r = reshape(%n, shape=[12, 4])
+  %t = t(%r)
+  %z = matmul(%t, %v)
+  return %y, %p, %z
+}";
+    let m = smelt::ir::text::parse_module(text, "narrowed.smelt").unwrap();
+    let s = check(m.entry(), 1e-6);
+    assert_eq!(s.kernel_count(), 2, "{s}");
+}

@@ -539,11 +539,15 @@ impl<'g> Fuser<'g> {
         p
     }
 
-    /// An extern call reads the roots and buffers under its operands' views.
+    /// An extern call reads the roots and buffers under its operands' views: the first
+    /// realised value down each chain (a view realised because no layout expresses it is
+    /// read from its own buffer, not from the base under it).
     fn extern_hits(&self, v: ValueId) -> Hits {
         let mut h = Hits::default();
-        for o in self.g.operands(v) {
-            let b = self.view_base(o);
+        for mut b in self.g.operands(v) {
+            while self.class[&b] == Class::View && !self.realized.contains(&b) {
+                b = self.g.operands(b)[0];
+            }
             if self.is_root(b) {
                 h.roots.insert(b);
             } else {
