@@ -1,7 +1,8 @@
 //! The float64 oracle of the differential fuzzer, and the tolerance it grants each element.
 //!
-//! The reference is the graph with every floating-point dtype made f64, run by the reference
-//! interpreter. How far a correct run in the graph's own dtypes may stray from it is
+//! The reference is the graph with every floating-point dtype made f64 ([`oracle_module`]:
+//! integers that an op would make f32 are cast to f64 first, and float literals are rounded
+//! to the dtype their op computes in), run by the reference interpreter. How far a correct run in the graph's own dtypes may stray from it is
 //! measured rather than assumed (Monte Carlo arithmetic): the oracle runs [`RUNS`] more
 //! times, and every float result is perturbed by the error a correct kernel may make there,
 //! then rounded to the dtype the graph gives it (so an f16 value overflows as it would):
@@ -17,8 +18,8 @@
 //! that computes an f64 graph in f32 fails. An element whose class (NaN, an infinity, or
 //! the value of an integer or bool) changes between runs is unstable and not compared.
 
-use crate::ir::dtype::DType;
-use crate::ir::graph::Graph;
+use crate::ir::dtype::{DType, Scalar};
+use crate::ir::graph::{Graph, Module, NodeKind};
 use crate::ir::op::{Op, ReduceOp, TensorType};
 use crate::ir::text::parse_module;
 use crate::runtime::interp;
@@ -56,8 +57,84 @@ pub fn unit_roundoff(dt: DType) -> f64 {
 }
 
 /// `text` with every floating-point dtype made f64. Statements lose their type
-/// annotations: an op that makes floats of integers still makes the default dtype.
+/// annotations, and where an op would make the default dtype (f32) of an integer or bool
+/// operand (`exp(%i)`, `mul(%i, 0.5)`), that operand is cast to f64 first, so that no
+/// value of the oracle is computed in f32.
 pub fn to_f64_text(text: &str) -> String {
+    let wide = widen_annotations(text);
+    match parse_module(text, "case.smelt") {
+        Ok(m) => insert_casts(&wide, &default_float_operands(&m)),
+        Err(_) => wide,
+    }
+}
+
+/// The oracle of `text`: [`to_f64_text`], parsed, with each float literal rounded to the
+/// dtype its op computes in within `text`, as PyTorch converts a Python scalar to the
+/// operation's dtype (`remainder(x, 0.001)` of an f16 `x` divides by 0.001 in f16).
+pub fn oracle_module(text: &str) -> Result<Module> {
+    let mut m64 = parse_module(&to_f64_text(text), "oracle.smelt")?;
+    let Ok(m) = parse_module(text, "case.smelt") else {
+        return Ok(m64);
+    };
+    for g in &m.graphs {
+        let Some(g64) = m64.graphs.iter_mut().find(|b| b.name == g.name) else {
+            continue;
+        };
+        for v in g.topo_order() {
+            let n = g.node(v);
+            let operands = g.operands(v);
+            let tensors: Vec<DType> = operands
+                .iter()
+                .map(|&o| g.node(o))
+                .filter(|o| !o.name.starts_with('$'))
+                .map(|o| o.ty.dtype)
+                .collect();
+            // the dtype the op computes in: its float result, or that of the operands it
+            // compares
+            let dt = match n.ty.dtype.is_float() {
+                true => n.ty.dtype,
+                false => match tensors
+                    .iter()
+                    .filter(|d| d.is_float())
+                    .copied()
+                    .reduce(DType::promote)
+                {
+                    Some(d) => d,
+                    None => crate::ir::dtype::DEFAULT_FLOAT,
+                },
+            };
+            let Some(c64) = g64.value(&n.name) else {
+                continue;
+            };
+            for (i, &o) in operands.iter().enumerate() {
+                let Some(Op::Scalar(Scalar::Float(x))) = g.node(o).op() else {
+                    continue;
+                };
+                let Some(&l64) = g64.operands(c64).get(i) else {
+                    continue;
+                };
+                if let NodeKind::Op(Op::Scalar(Scalar::Float(y))) =
+                    &mut g64.petgraph_mut()[l64].kind
+                {
+                    *y = round_to(*x, dt);
+                }
+            }
+        }
+    }
+    Ok(m64)
+}
+
+/// `x` rounded to the float dtype `dt` (f64 as it is).
+fn round_to(x: f64, dt: DType) -> f64 {
+    match dt {
+        DType::F16 => half::f16::from_f64(x).to_f64(),
+        DType::BF16 => half::bf16::from_f64(x).to_f64(),
+        DType::F32 => x as f32 as f64,
+        _ => x,
+    }
+}
+
+fn widen_annotations(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for line in text.lines() {
         let stmt = line.trim_start().starts_with('%');
@@ -75,6 +152,98 @@ pub fn to_f64_text(text: &str) -> String {
         .replace("f32", "f64")
 }
 
+/// By graph and statement name, the integer and bool operands of statements whose result
+/// is a float though no operand is (the default dtype of PyTorch's promotion).
+fn default_float_operands(m: &crate::ir::graph::Module) -> HashMap<(String, String), Vec<String>> {
+    let mut casts = HashMap::new();
+    for g in &m.graphs {
+        for v in g.topo_order() {
+            let n = g.node(v);
+            let Some(op) = n.op() else { continue };
+            if !n.ty.dtype.is_float() || matches!(op, Op::Control(_) | Op::Result { .. }) {
+                continue;
+            }
+            // (literals, named `$N`, stay Python scalars; a condition or mask stays bool)
+            let mask = match op {
+                Op::Where => Some(0),
+                Op::MaskedFill { .. } => Some(1),
+                _ => None,
+            };
+            let operands: Vec<_> = g
+                .operands(v)
+                .into_iter()
+                .enumerate()
+                .filter(|(i, _)| Some(*i) != mask)
+                .map(|(_, o)| g.node(o))
+                .filter(|o| !o.name.starts_with('$'))
+                .collect();
+            if operands.iter().any(|o| o.ty.dtype.is_float()) {
+                continue;
+            }
+            let mut names: Vec<String> = operands.into_iter().map(|o| o.name.clone()).collect();
+            names.sort();
+            names.dedup();
+            if !names.is_empty() {
+                casts.insert((g.name.clone(), n.name.clone()), names);
+            }
+        }
+    }
+    casts
+}
+
+/// `text` with a cast to f64 before each statement of `casts`, read by that statement in
+/// place of the operand.
+fn insert_casts(text: &str, casts: &HashMap<(String, String), Vec<String>>) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut graph = String::new();
+    for line in text.lines() {
+        let t = line.trim_start();
+        if let Some(rest) = t.strip_prefix("graph ") {
+            graph = rest.split('(').next().unwrap_or("").trim().to_string();
+        }
+        let name = t
+            .strip_prefix('%')
+            .and_then(|r| r.split(" = ").next())
+            .filter(|_| t.contains(" = "));
+        let Some(ops) = name.and_then(|n| casts.get(&(graph.clone(), n.to_string()))) else {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        };
+        let stmt = name.unwrap_or_default();
+        let eq = line.find(" = ").unwrap_or(0);
+        let mut rhs = line[eq..].to_string();
+        for o in ops {
+            let wide = format!("{stmt}__{o}_f64");
+            out.push_str(&format!("  %{wide} = to(%{o}, dtype=f64)\n"));
+            rhs = replace_name(&rhs, o, &wide);
+        }
+        out.push_str(&line[..eq]);
+        out.push_str(&rhs);
+        out.push('\n');
+    }
+    out
+}
+
+/// `s` with every reference `%from` (the whole name) made `%to`.
+fn replace_name(s: &str, from: &str, to: &str) -> String {
+    let pat = format!("%{from}");
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find(&pat) {
+        let after = &rest[i + pat.len()..];
+        let whole = !after.starts_with(|c: char| c.is_alphanumeric() || c == '_');
+        out.push_str(&rest[..i]);
+        out.push_str(if whole { "%" } else { &pat });
+        if whole {
+            out.push_str(to);
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
 /// `inputs` as the f64 graph of [`to_f64_text`] takes them: floats widened, the rest as
 /// they are.
 pub fn to_f64_inputs(inputs: &[Tensor]) -> Result<Vec<Tensor>> {
@@ -89,7 +258,7 @@ pub fn to_f64_inputs(inputs: &[Tensor]) -> Result<Vec<Tensor>> {
 
 /// The expected outputs of `g` (parsed from `text`) on `inputs`, with their tolerances.
 pub fn expect(g: &Graph, text: &str, inputs: &[Tensor], seed: u64) -> Result<Vec<Expected>> {
-    let m64 = parse_module(&to_f64_text(text), "oracle.smelt")?;
+    let m64 = oracle_module(text)?;
     let g64 = m64.entry();
     let inputs64 = to_f64_inputs(inputs)?;
     // the dtype each value has in the graph under test (bodies included), by graph and name
@@ -128,7 +297,7 @@ pub fn expect(g: &Graph, text: &str, inputs: &[Tensor], seed: u64) -> Result<Vec
         let mut hook = |graph: &str, name: &str, op: &Op, args: &[&Tensor], t: Tensor| {
             let errs = (scale * u, scale * u_acc);
             let dt = dtypes.get(&(graph.to_string(), name.to_string())).copied();
-            perturb(&mut rng, dt, errs, op, args, t)
+            perturb(&mut rng, dt, errs, run == 1, op, args, t)
         };
         runs.push(interp::run_with(g64, &named(&inputs64), &mut hook)?);
     }
@@ -206,11 +375,13 @@ fn perturb(
     rng: &mut StdRng,
     dt: Option<DType>,
     (u, u_acc): (f64, f64),
+    cancel: bool,
     op: &Op,
     args: &[&Tensor],
     t: Tensor,
 ) -> Result<Tensor> {
-    if t.dtype() != DType::F64 {
+    // a literal is exact, and stays a wrapped Python scalar for type promotion
+    if t.dtype() != DType::F64 || matches!(op, Op::Scalar(_)) {
         return Ok(t);
     }
     let k = accumulated_terms(op, args, &t);
@@ -218,6 +389,7 @@ fn perturb(
         // normalisations: the result of inputs perturbed by the sums' rounding (backward
         // error), which their centring and scaling then amplify as a real kernel's do,
         (Some(k), true) if u_acc > 0.0 => {
+            let move_by = k * u_acc;
             let moved = args
                 .iter()
                 .map(|a| match a.dtype() == DType::F64 {
@@ -225,7 +397,7 @@ fn perturb(
                         let v: Vec<f64> = a
                             .try_to_f64_vec()?
                             .into_iter()
-                            .map(|x| x * (1.0 + k * u_acc * rng.random_range(-1.0..=1.0)))
+                            .map(|x| x * (1.0 + move_by * rng.random_range(-1.0..=1.0)))
                             .collect();
                         Tensor::from_vec(v, a.shape())
                     }
@@ -265,8 +437,21 @@ fn perturb(
         if let Some(t) = &terms {
             y += rel * (1.0 + t.get(i).map_or(0.0, |a| a.abs())) * rng.random_range(-1.0..=1.0);
         }
+        let mut reach = 0.0;
         if let Some((k, m)) = &acc {
-            y += k * u_acc * m[i] * rng.random_range(-1.0..=1.0);
+            // einsum first sums the dims only one operand has, rounding that to the dtype
+            let partial = if matches!(op, Op::Einsum { .. }) {
+                u
+            } else {
+                0.0
+            };
+            reach = (k * u_acc + partial) * m[i];
+            y += reach * rng.random_range(-1.0..=1.0);
+        }
+        // a sum whose rounding may exceed it may also cancel to exactly 0 (which a
+        // comparison with 0 or a cast to bool then tells apart): one run says so
+        if cancel && reach >= x.abs() {
+            y = 0.0;
         }
         *x = y;
     }
