@@ -37,7 +37,8 @@ use cranelift_codegen::ir::{MemFlagsData, Signature, Type};
 use cranelift_module::FuncId;
 use cranelift_module::Linkage;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// Options of code generation.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -213,9 +214,51 @@ impl CpuKernel {
     }
 }
 
-fn cache() -> &'static Mutex<HashMap<String, Arc<Code>>> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Code>>>> = OnceLock::new();
-    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+/// The process-wide kernel cache: every kernel some compiled function still holds, and the
+/// [`RECENT_KERNELS`] last compiled or reused, so that a graph compiled again soon after
+/// its function was dropped does not recompile. Code nothing holds any more is freed: a
+/// process that compiles ever new graphs (a server tracing new shapes, a fuzzer) keeps its
+/// memory bounded.
+#[derive(Default)]
+struct KernelCache {
+    live: HashMap<String, Weak<Code>>,
+    recent: VecDeque<Arc<Code>>,
+}
+
+/// How many recently used kernels the cache keeps alive by itself.
+const RECENT_KERNELS: usize = 1024;
+
+impl KernelCache {
+    fn get(&mut self, key: &str) -> Option<Arc<Code>> {
+        let code = self.live.get(key)?.upgrade()?;
+        self.keep(code.clone());
+        Some(code)
+    }
+
+    /// The code cached under `key` if another thread compiled it meanwhile, else `code`.
+    fn insert(&mut self, key: String, code: Arc<Code>) -> Arc<Code> {
+        if let Some(found) = self.get(&key) {
+            return found;
+        }
+        self.live.insert(key, Arc::downgrade(&code));
+        self.keep(code.clone());
+        if self.live.len() > 4 * RECENT_KERNELS {
+            self.live.retain(|_, w| w.strong_count() > 0);
+        }
+        code
+    }
+
+    fn keep(&mut self, code: Arc<Code>) {
+        self.recent.push_back(code);
+        if self.recent.len() > RECENT_KERNELS {
+            self.recent.pop_front();
+        }
+    }
+}
+
+fn cache() -> &'static Mutex<KernelCache> {
+    static CACHE: OnceLock<Mutex<KernelCache>> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(KernelCache::default()))
 }
 
 /// `k` with its buffers renumbered from 0 in the order the kernel first names them, the
@@ -282,8 +325,8 @@ pub fn compile_kernel(
     let (local, local_bufs, slots) = localize(k, buffers)?;
     let key = cache_key(&local, &local_bufs, opts);
     let hit = {
-        let c = cache().lock().unwrap_or_else(|e| e.into_inner());
-        c.get(&key).cloned()
+        let mut c = cache().lock().unwrap_or_else(|e| e.into_inner());
+        c.get(&key)
     };
     let code = match hit {
         Some(code) => code,
@@ -292,7 +335,7 @@ pub fn compile_kernel(
             crate::kernel::check_kernel(k, buffers)?;
             let compiled = Arc::new(compile_code(&local, &local_bufs, opts)?);
             let mut c = cache().lock().unwrap_or_else(|e| e.into_inner());
-            c.entry(key).or_insert(compiled).clone()
+            c.insert(key, compiled)
         }
     };
     Ok(Arc::new(CpuKernel {
