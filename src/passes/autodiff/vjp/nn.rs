@@ -82,7 +82,12 @@ fn attention_probs(
     let scale = scale.unwrap_or(1.0 / (qs[n - 1] as f64).sqrt());
     let kt = e.transpose_last(k)?;
     let qk = e.op(Op::Matmul, &[q, kt])?;
-    let mut scores = e.mul_s(qk, scale)?;
+    // with no head dim every score is an empty sum, 0, whatever the scale (whose default,
+    // 1/sqrt(0), is infinite): PyTorch scales q and k, which are empty, not the scores
+    let mut scores = match qs[n - 1] {
+        0 => qk,
+        _ => e.mul_s(qk, scale)?,
+    };
     let neg_inf = e.scalar(f64::NEG_INFINITY)?;
     if has_mask {
         let m = xs[3];
