@@ -80,6 +80,16 @@ pub(super) fn copy_words(s: &Schedule, e: &ExternCall, w: &mut Vec<u64>) -> Resu
     let steps = copies(s, e, &out.shape, dst)?;
     let size = out.dtype.size() as u64;
     for c in &steps {
+        // a copy step moves elements, it does not convert them
+        let from = s.buffers[c.src.buffer].dtype;
+        if from != out.dtype {
+            bail!(
+                Unsupported,
+                "aot: {} of a {from} operand into a {} result",
+                e.op.name(),
+                out.dtype
+            );
+        }
         if c.shape.len() > MAX_RANK {
             bail!(
                 Unsupported,

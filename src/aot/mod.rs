@@ -13,6 +13,7 @@
 mod files;
 mod library;
 mod model_layout;
+mod run;
 mod windows;
 
 use crate::codegen_cpu::jit::CodeModule;
@@ -30,6 +31,7 @@ use std::path::{Path, PathBuf};
 
 pub use crate::codegen_cpu::object::CpuTarget;
 pub use files::{link_flags, link_shared, runtime_library};
+pub use run::LoadedModel;
 
 /// How to compile a model ahead of time.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -103,6 +105,8 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
     // (the ports keep the names of the caller's graph: `given`)
     let given = g;
     let g = &*crate::passes::decompose::expand_attentions(g)?;
+    // its copies join operands of one dtype
+    let g = &*crate::passes::decompose::cast_joined_operands(g)?;
     // the schedule the JIT's disk cache holds for this graph, if any: the same passes ran
     let jit = crate::exec::CompileOptions::default();
     let planned = match crate::exec::cpu::cached_plan(g, &jit) {

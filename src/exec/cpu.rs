@@ -19,7 +19,7 @@
 //! Two kernel backends run through the same executor: machine code from the Cranelift
 //! lowering, and the kernel-IR interpreter (one step at a time), which needs no codegen.
 
-mod cache;
+pub(crate) mod cache;
 mod epilogue;
 mod frame;
 mod gemm;

@@ -179,6 +179,35 @@ pub fn expand_attentions(g: &Graph) -> Result<std::borrow::Cow<'_, Graph>> {
     )
 }
 
+/// `g` with each operand of a `cat` or `stack` cast to the result's dtype where it differs
+/// (`cat` of a bf16 and a bool tensor): ahead-of-time models join them by copying elements,
+/// which converts nothing.
+pub fn cast_joined_operands(g: &Graph) -> Result<std::borrow::Cow<'_, Graph>> {
+    let joins = |v: ValueId| matches!(g.node(v).op(), Some(Op::Cat { .. } | Op::Stack { .. }));
+    let mixed = |v: ValueId| {
+        let d = g.node(v).ty.dtype;
+        g.operands(v).iter().any(|&a| g.node(a).ty.dtype != d)
+    };
+    if !g.topo_order().into_iter().any(|v| joins(v) && mixed(v)) {
+        return Ok(std::borrow::Cow::Borrowed(g));
+    }
+    let g = rebuild(g, |b, name, op, args, v| {
+        if !(joins(v) && mixed(v)) {
+            return Ok(None);
+        }
+        let dtype = g.node(v).ty.dtype;
+        let args = args
+            .iter()
+            .map(|&a| match b.g.node(a).ty.dtype == dtype {
+                true => Ok(a),
+                false => b.g.add_op(Op::To { dtype }, &[a]),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        b.g.add_op_named(op.clone(), &args, name).map(Some)
+    })?;
+    Ok(std::borrow::Cow::Owned(g))
+}
+
 /// `g` rebuilt with `f` replacing the nodes whose op `pick` selects, or `g` itself when
 /// it has none.
 fn rebuild_where(

@@ -289,7 +289,7 @@ pub(crate) fn fuzz_entry(payload: &[u8]) {
 
 /// The address of a function the cached code calls: a helper of the code generator or of
 /// the run-time library, or a libcall ([`smelt_rt::libcalls`]).
-fn resolve(name: &str) -> Option<usize> {
+pub(crate) fn resolve(name: &str) -> Option<usize> {
     // built once: a load resolves a symbol per relocation
     static HELPERS: OnceLock<HashMap<&'static str, usize>> = OnceLock::new();
     let helpers = HELPERS.get_or_init(|| {
