@@ -61,21 +61,25 @@ pub fn unit_roundoff(dt: DType) -> f64 {
 /// operand (`exp(%i)`, `mul(%i, 0.5)`), that operand is cast to f64 first, so that no
 /// value of the oracle is computed in f32.
 pub fn to_f64_text(text: &str) -> String {
-    let wide = widen_annotations(text);
     match parse_module(text, "case.smelt") {
-        Ok(m) => insert_casts(&wide, &default_float_operands(&m)),
-        Err(_) => wide,
+        Ok(m) => f64_text_of(text, &m),
+        Err(_) => widen_annotations(text),
     }
+}
+
+/// [`to_f64_text`] of `text`, already parsed as `m`.
+fn f64_text_of(text: &str, m: &Module) -> String {
+    insert_casts(&widen_annotations(text), &default_float_operands(m))
 }
 
 /// The oracle of `text`: [`to_f64_text`], parsed, with each float literal rounded to the
 /// dtype its op computes in within `text`, as PyTorch converts a Python scalar to the
 /// operation's dtype (`remainder(x, 0.001)` of an f16 `x` divides by 0.001 in f16).
 pub fn oracle_module(text: &str) -> Result<Module> {
-    let mut m64 = parse_module(&to_f64_text(text), "oracle.smelt")?;
     let Ok(m) = parse_module(text, "case.smelt") else {
-        return Ok(m64);
+        return parse_module(&widen_annotations(text), "oracle.smelt");
     };
+    let mut m64 = parse_module(&f64_text_of(text, &m), "oracle.smelt")?;
     for g in &m.graphs {
         let Some(g64) = m64.graphs.iter_mut().find(|b| b.name == g.name) else {
             continue;
