@@ -101,7 +101,7 @@ fn simplify(
             let Some(p) = constant_int(g, args[0]) else {
                 return Ok(None);
             };
-            let body = c.bodies[if p != 0 { 0 } else { 1 }].graph();
+            let body = &super::decompose(c.bodies[if p != 0 { 0 } else { 1 }].graph())?;
             Ok(inline(g, body, &args[1..], &want)?.map(|v| v.into_iter().map(Some).collect()))
         }
         ControlKind::ForiLoop => {
@@ -109,11 +109,12 @@ fn simplify(
                 && hi.saturating_sub(lo) <= opts.unroll as i64
             {
                 let mut carries = args[2..].to_vec();
+                let body = &super::decompose(c.bodies[0].graph())?;
                 for i in lo..hi {
                     let iv = g.add_op(Op::Constant(i64_literal(i)), &[])?;
                     let mut ins = vec![iv];
                     ins.extend(&carries);
-                    match inline(g, c.bodies[0].graph(), &ins, &want)? {
+                    match inline(g, body, &ins, &want)? {
                         Some(next) => carries = next,
                         None => return Ok(None),
                     }
@@ -149,7 +150,9 @@ fn i64_literal(i: i64) -> Literal {
 }
 
 /// Copies `body` into `g` on `args`; its outputs, or `None` when their types are not `want`
-/// (an argument's type promotes differently from the input it stands for).
+/// (an argument's type promotes differently from the input it stands for). The callers
+/// pass the body decomposed: this pass runs after `decompose`, and the body's composite
+/// ops would otherwise reach the fusion pass whole.
 fn inline(
     g: &mut Graph,
     body: &Graph,
