@@ -15,8 +15,9 @@
 //!
 //! # The plan
 //! Words, in order:
-//! - header: [`MAGIC`], [`FORMAT`], CPU features ([`FEATURES`] bits), scratch bytes, number
-//!   of buffers, inputs, outputs and steps;
+//! - header: [`MAGIC`], [`FORMAT`], CPU features ([`FEATURES`] bits), scratch bytes, the
+//!   byte offset of the buffer-pointer table in the scratch, the number of buffers, inputs,
+//!   outputs and steps;
 //! - per buffer: kind ([`BUF_INPUT`], [`BUF_SCRATCH`], [`BUF_CONST`]), the input index or
 //!   byte offset, its size in bytes;
 //! - per output: buffer, element size, element offset, rank, then the shape and the strides
@@ -55,7 +56,11 @@
 //!     (kernel, stride, padding and dilation, each along height then width), whether an
 //!     average counts padding, the buffer and element offset of two operands (the input, or
 //!     the output's gradient and, for max pooling, the input), then the result's buffer
-//!     ([`crate::pool`]).
+//!     ([`crate::pool`]);
+//!   - [`STEP_COND`] and [`STEP_LOOP`]: a branch or a loop over *blocks*, the steps of a
+//!     body, whose buffers follow the model's in the table ([`control`] gives the words).
+
+mod control;
 
 use crate::copy;
 use crate::gemm::{self, Product};
@@ -64,9 +69,9 @@ use half::{bf16, f16};
 
 /// First word of every plan.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SMELTAOT");
-/// The plan format this library reads (4: f16 products are computed in f32, with copies
-/// as bf16's).
-pub const FORMAT: u64 = 4;
+/// The plan format this library reads (5: branches and loops, and the buffer table's
+/// place in the header).
+pub const FORMAT: u64 = 5;
 
 /// A buffer that is an input (the word after the kind: its index).
 pub const BUF_INPUT: u64 = 0;
@@ -93,6 +98,16 @@ pub const STEP_SCAN: u64 = 6;
 pub const STEP_CONV: u64 = 3;
 /// Step tag: a pooling or one of its gradients.
 pub const STEP_POOL: u64 = 4;
+/// A branch: `cond`.
+pub const STEP_COND: u64 = 7;
+/// A loop: `while_loop`, `fori_loop` or `scan`.
+pub const STEP_LOOP: u64 = 8;
+/// A loop that runs while its condition block gives true.
+pub const LOOP_WHILE: u64 = 0;
+/// A loop over the counter values `[lower, upper)`, read from two i64 buffers.
+pub const LOOP_RANGE: u64 = 1;
+/// A loop of a fixed number of iterations, forwards or backwards.
+pub const LOOP_COUNT: u64 = 2;
 /// A convolution.
 pub const CONV_FORWARD: u64 = 0;
 /// The gradient of a convolution for its input.
@@ -418,6 +433,10 @@ impl Words<'_> {
     fn isize(&mut self) -> Result<isize, i32> {
         Ok(self.next()? as i64 as isize)
     }
+    fn skip(&mut self, n: usize) -> Result<(), i32> {
+        self.at = self.at.checked_add(n).ok_or(ERR_BAD_MODEL)?;
+        Ok(())
+    }
 }
 
 /// The tables of a compiled model, as its object file holds them.
@@ -439,7 +458,7 @@ pub struct ModelTables {
 
 /// The scratch size a plan needs, or None when it is not a plan of this format.
 pub fn scratch_bytes(plan: &[u64]) -> Option<usize> {
-    (plan.len() >= 8 && plan[0] == MAGIC && plan[1] == FORMAT)
+    (plan.len() >= 9 && plan[0] == MAGIC && plan[1] == FORMAT)
         .then(|| usize::try_from(plan[3]).ok())
         .flatten()
 }
@@ -608,18 +627,21 @@ impl Memory<'_> {
 /// than a whole call of a model of small steps on the caller's thread (`cargo bench --bench
 /// aot`; BENCHMARKS.md).
 fn wants_threads(plan: &[u64]) -> Result<bool, i32> {
-    let skip = |w: &mut Words, n: usize| -> Result<(), i32> {
-        w.at = w.at.checked_add(n).ok_or(ERR_BAD_MODEL)?;
-        Ok(())
-    };
-    let mut w = Words { w: plan, at: 4 };
+    let mut w = Words { w: plan, at: 5 };
     let (nbuf, _, noutputs, nsteps) = (w.usize()?, w.usize()?, w.usize()?, w.usize()?);
-    skip(&mut w, nbuf.checked_mul(3).ok_or(ERR_BAD_MODEL)?)?;
+    w.skip(nbuf.checked_mul(3).ok_or(ERR_BAD_MODEL)?)?;
     for _ in 0..noutputs {
-        skip(&mut w, 3)?;
+        w.skip(3)?;
         let rank = w.usize()?;
-        skip(&mut w, rank.checked_mul(2).ok_or(ERR_BAD_MODEL)?)?;
+        w.skip(rank.checked_mul(2).ok_or(ERR_BAD_MODEL)?)?;
     }
+    splits(&mut w, nsteps)
+}
+
+/// Whether one of the next `nsteps` steps (those of a branch or loop's blocks included)
+/// splits across threads; reads past them.
+fn splits(w: &mut Words, nsteps: usize) -> Result<bool, i32> {
+    let skip = |w: &mut Words, n: usize| w.skip(n);
     for _ in 0..nsteps {
         match w.next()? {
             STEP_KERNEL => {
@@ -627,54 +649,59 @@ fn wants_threads(plan: &[u64]) -> Result<bool, i32> {
                 if crate::hot::kernel_splits(rows, elems) {
                     return Ok(true);
                 }
-                skip(&mut w, 3)?;
+                skip(w, 3)?;
                 let slots = w.usize()?;
-                skip(&mut w, slots)?;
+                skip(w, slots)?;
             }
             STEP_GEMM => {
                 let dtype = w.next()?;
                 let (m, n, k) = (w.usize()?, w.usize()?, w.usize()?);
-                skip(&mut w, 7)?;
+                skip(w, 7)?;
                 let batches = w.usize()?;
                 if gemm::splits(m.saturating_mul(n).saturating_mul(k), batches) {
                     return Ok(true);
                 }
                 let copies = if gemm_in_f32(dtype) { 6 } else { 0 };
-                skip(&mut w, batches.saturating_mul(3).saturating_add(copies))?;
+                skip(w, batches.saturating_mul(3).saturating_add(copies))?;
             }
             tag @ (STEP_COPY | STEP_SCATTER) => {
                 let (_, rank) = (w.next()?, w.usize()?);
-                skip(&mut w, 4)?;
+                skip(w, 4)?;
                 let indexed = w.next()? != INDEX_NONE;
                 if tag == STEP_SCATTER {
-                    skip(&mut w, 1)?;
+                    skip(w, 1)?;
                 }
                 let per_dim = if indexed { 4 } else { 3 };
                 let fixed = if indexed { 4 } else { 0 };
-                skip(&mut w, rank.saturating_mul(per_dim).saturating_add(fixed))?;
+                skip(w, rank.saturating_mul(per_dim).saturating_add(fixed))?;
             }
             STEP_SCAN => {
                 let (_, rank) = (w.next()?, w.usize()?);
-                skip(&mut w, rank.saturating_mul(3).saturating_add(5))?;
+                skip(w, rank.saturating_mul(3).saturating_add(5))?;
             }
             STEP_CONV => {
-                skip(&mut w, 3)?;
-                let d = conv_dims(&mut w)?;
+                skip(w, 3)?;
+                let d = conv_dims(w)?;
                 let [_, _, out] = d.lens();
                 if out.saturating_mul(d.kk()) >= crate::hot::par_min_elems() {
                     return Ok(true);
                 }
-                skip(&mut w, 7)?;
+                skip(w, 7)?;
             }
             STEP_POOL => {
-                skip(&mut w, 4)?;
-                let (p, g) = pool_sizes(&mut w)?;
+                skip(w, 4)?;
+                let (p, g) = pool_sizes(w)?;
                 let [x, y] = p.lens();
                 let visits = y.saturating_mul(g.kernel[0] * g.kernel[1]);
                 if x.max(visits) >= crate::hot::par_min_elems() {
                     return Ok(true);
                 }
-                skip(&mut w, 6)?;
+                skip(w, 6)?;
+            }
+            tag @ (STEP_COND | STEP_LOOP) => {
+                if control::splits(w, tag)? {
+                    return Ok(true);
+                }
             }
             _ => return Err(ERR_BAD_MODEL),
         }
@@ -697,13 +724,17 @@ unsafe fn run_plan(
     scratch_len: usize,
 ) -> Result<(), i32> {
     let mut w = Words { w: plan, at: 4 };
+    let table_at = w.usize()?;
     let (nbuf, ninputs, noutputs, nsteps) = (w.usize()?, w.usize()?, w.usize()?, w.usize()?);
-    // the buffer table lives at the start of the scratch
-    let table_bytes = nbuf.checked_mul(8).ok_or(ERR_BAD_MODEL)?;
-    if table_bytes > scratch_len {
+    // the buffer table lives in the scratch, at `table_at`
+    let table_end = nbuf
+        .checked_mul(8)
+        .and_then(|b| b.checked_add(table_at))
+        .ok_or(ERR_BAD_MODEL)?;
+    if table_end > scratch_len || table_at % 8 != 0 {
         return Err(ERR_BAD_MODEL);
     }
-    let bufs = scratch as *mut *mut u8;
+    let bufs = scratch.wrapping_add(table_at) as *mut *mut u8;
     let mem = Memory {
         inputs,
         ninputs,
@@ -714,29 +745,92 @@ unsafe fn run_plan(
     for b in 0..nbuf {
         let (kind, at, bytes) = (w.next()?, w.usize()?, w.usize()?);
         let p = mem.buffer(kind, at, bytes)?;
-        // SAFETY: the table's `nbuf` entries are inside the scratch (checked above).
+        // SAFETY: the table's `nbuf` entries are inside the scratch and aligned (checked
+        // above).
         unsafe { bufs.add(b).write(p) };
     }
     let outputs_at = w.at;
     // skip the outputs to reach the steps
     for _ in 0..noutputs {
         let (_buf, _size, _off, rank) = (w.next()?, w.next()?, w.next()?, w.usize()?);
-        for _ in 0..rank.checked_mul(2).ok_or(ERR_BAD_MODEL)? {
-            w.next()?;
-        }
+        w.skip(rank.checked_mul(2).ok_or(ERR_BAD_MODEL)?)?;
     }
-    // the steps below trust that the buffers hold the plan's sizes, as the compiler laid them
-    // out: the model's own tables, by this fn's contract
-    let buf = |b: usize| -> Result<*mut u8, i32> {
-        if b < nbuf {
-            // SAFETY: entry `b < nbuf` of the buffer table: inside the scratch (`table_bytes
-            // <= scratch_len`, checked above), aligned (the scratch is), written by the loop
-            // above.
-            Ok(unsafe { *bufs.add(b) })
+    let cx = Context {
+        kernels,
+        bufs,
+        nbuf,
+        scratch,
+        scratch_len,
+    };
+    // SAFETY: this fn's contract, and a buffer table just filled.
+    unsafe { run_steps(&cx, &mut w, 0, nsteps)? };
+    let buf = |b: usize| cx.buf(b);
+    let mut w = Words {
+        w: plan,
+        at: outputs_at,
+    };
+    for i in 0..noutputs {
+        let (b, size, off, rank) = (w.usize()?, w.usize()?, w.usize()?, w.usize()?);
+        let mut shape = [0usize; 16];
+        let mut strides = [0isize; 16];
+        if rank > 16 {
+            return Err(ERR_BAD_MODEL);
+        }
+        for d in shape.iter_mut().take(rank) {
+            *d = w.usize()?;
+        }
+        for s in strides.iter_mut().take(rank) {
+            *s = w.isize()?;
+        }
+        // SAFETY: `i < noutputs`, and `outputs` points to one pointer per output of the model
+        // (this fn's contract).
+        let dst = unsafe { *outputs.add(i) };
+        let n: usize = shape[..rank].iter().product();
+        if n == 0 {
+            continue;
+        }
+        if dst.is_null() {
+            return Err(ERR_NULL_POINTER);
+        }
+        let src = buf(b)?.wrapping_add(off * size);
+        // SAFETY: the view (offset, shape, strides) lies in buffer `b`, as the compiler laid
+        // it out; `dst` is non-NULL and holds the output's `n` elements of `size` bytes (this
+        // fn's contract).
+        unsafe { copy_strided(src, dst, size, &shape[..rank], &strides[..rank]) };
+    }
+    Ok(())
+}
+
+/// What the steps of a call share: the kernels, the buffer table and the scratch.
+struct Context<'a> {
+    kernels: &'a [KernelFn],
+    bufs: *mut *mut u8,
+    nbuf: usize,
+    scratch: *mut u8,
+    scratch_len: usize,
+}
+
+impl Context<'_> {
+    /// Buffer `b` of the table.
+    fn buf(&self, b: usize) -> Result<*mut u8, i32> {
+        if b < self.nbuf {
+            // SAFETY: entry `b < nbuf` of the buffer table, inside the scratch and aligned
+            // (checked by `run_plan`, which filled it).
+            Ok(unsafe { *self.bufs.add(b) })
         } else {
             Err(ERR_BAD_MODEL)
         }
-    };
+    }
+}
+
+/// Runs the next `nsteps` steps, whose buffer numbers start at entry `base` of the table.
+///
+/// # Safety
+/// As [`run_plan`]: the buffers are laid out as the plan says; the steps trust that the
+/// buffers hold the plan's sizes, as the compiler laid them out.
+unsafe fn run_steps(cx: &Context, w: &mut Words, base: usize, nsteps: usize) -> Result<(), i32> {
+    let buf = |b: usize| cx.buf(base.checked_add(b).ok_or(ERR_BAD_MODEL)?);
+    let (kernels, scratch, scratch_len) = (cx.kernels, cx.scratch, cx.scratch_len);
     for _ in 0..nsteps {
         match w.next()? {
             STEP_KERNEL => {
@@ -771,52 +865,23 @@ unsafe fn run_plan(
             }
             // SAFETY: the buffers are laid out as the plan says (this fn's contract), which is
             // `gemm_step`'s contract; `scratch_len` is the scratch's true size.
-            STEP_GEMM => unsafe { gemm_step(&mut w, &buf, scratch, scratch_len)? },
+            STEP_GEMM => unsafe { gemm_step(w, &buf, scratch, scratch_len)? },
             // SAFETY: as for the GEMM: the copy's views lie in its buffers as laid out.
-            STEP_COPY => unsafe { copy_step(&mut w, &buf, false)? },
+            STEP_COPY => unsafe { copy_step(w, &buf, false, [0, 0])? },
             // SAFETY: as for a copy.
-            STEP_SCATTER => unsafe { copy_step(&mut w, &buf, true)? },
+            STEP_SCATTER => unsafe { copy_step(w, &buf, true, [0, 0])? },
             // SAFETY: as for a copy: the walks lie in their buffers as laid out.
-            STEP_SCAN => unsafe { scan_step(&mut w, &buf)? },
+            STEP_SCAN => unsafe { scan_step(w, &buf)? },
             // SAFETY: as for the GEMM: the operands lie in their buffers as laid out.
-            STEP_CONV => unsafe { conv_step(&mut w, &buf)? },
+            STEP_CONV => unsafe { conv_step(w, &buf)? },
             // SAFETY: as for the GEMM: the operands lie in their buffers as laid out.
-            STEP_POOL => unsafe { pool_step(&mut w, &buf)? },
+            STEP_POOL => unsafe { pool_step(w, &buf)? },
+            // SAFETY: as for a copy: the blocks' steps lie in their buffers as laid out.
+            STEP_COND => unsafe { control::cond(cx, w)? },
+            // SAFETY: as for a branch.
+            STEP_LOOP => unsafe { control::run_loop(cx, w)? },
             _ => return Err(ERR_BAD_MODEL),
         }
-    }
-    let mut w = Words {
-        w: plan,
-        at: outputs_at,
-    };
-    for i in 0..noutputs {
-        let (b, size, off, rank) = (w.usize()?, w.usize()?, w.usize()?, w.usize()?);
-        let mut shape = [0usize; 16];
-        let mut strides = [0isize; 16];
-        if rank > 16 {
-            return Err(ERR_BAD_MODEL);
-        }
-        for d in shape.iter_mut().take(rank) {
-            *d = w.usize()?;
-        }
-        for s in strides.iter_mut().take(rank) {
-            *s = w.isize()?;
-        }
-        // SAFETY: `i < noutputs`, and `outputs` points to one pointer per output of the model
-        // (this fn's contract).
-        let dst = unsafe { *outputs.add(i) };
-        let n: usize = shape[..rank].iter().product();
-        if n == 0 {
-            continue;
-        }
-        if dst.is_null() {
-            return Err(ERR_NULL_POINTER);
-        }
-        let src = buf(b)?.wrapping_add(off * size);
-        // SAFETY: the view (offset, shape, strides) lies in buffer `b`, as the compiler laid
-        // it out; `dst` is non-NULL and holds the output's `n` elements of `size` bytes (this
-        // fn's contract).
-        unsafe { copy_strided(src, dst, size, &shape[..rank], &strides[..rank]) };
     }
     Ok(())
 }
@@ -862,7 +927,7 @@ unsafe fn copy_strided(src: *const u8, dst: *mut u8, size: usize, shape: &[usize
     }
 }
 
-/// Reads and runs one copy step.
+/// Reads and runs one copy step, its destination and source `shift` elements further on.
 ///
 /// # Safety
 /// The buffers are laid out as the plan says: every view of the step lies in its buffer
@@ -871,10 +936,11 @@ unsafe fn copy_step(
     w: &mut Words,
     buf: &dyn Fn(usize) -> Result<*mut u8, i32>,
     scatter: bool,
+    shift: [isize; 2],
 ) -> Result<(), i32> {
     let (size, rank) = (w.usize()?, w.usize()?);
-    let (dst, dst_off) = (buf(w.usize()?)?, w.isize()?);
-    let (src, src_off) = (buf(w.usize()?)?, w.isize()?);
+    let (dst, dst_off) = (buf(w.usize()?)?, w.isize()? + shift[0]);
+    let (src, src_off) = (buf(w.usize()?)?, w.isize()? + shift[1]);
     let kind = w.next()?;
     let add = match scatter {
         true => add_of(w.next()?)?,
@@ -1477,7 +1543,7 @@ mod tests {
 
     /// A model with no steps whose output is its input (4 f32s), under `features`.
     fn identity(features: u64) -> Vec<u64> {
-        let mut w = vec![MAGIC, FORMAT, features, 64, 1, 1, 1, 0];
+        let mut w = vec![MAGIC, FORMAT, features, 64, 0, 1, 1, 1, 0];
         w.extend([BUF_INPUT, 0, 16]);
         w.extend([0, 4, 0, 1, 4, 1]);
         w
@@ -1489,7 +1555,7 @@ mod tests {
         // the identity's header, buffer and output, then `steps`
         let with = |steps: &[&[u64]]| {
             let mut w = identity(0);
-            w[7] = steps.len() as u64;
+            w[8] = steps.len() as u64;
             for s in steps {
                 w.extend_from_slice(s);
             }
@@ -1519,6 +1585,41 @@ mod tests {
         assert_eq!(wants_threads(&with(&[&batched(2)])), Ok(false));
         let many = (gemm::PAR_FLOPS / 8) as u64;
         assert_eq!(wants_threads(&with(&[&batched(many)])), Ok(true));
+        // the walk looks into the blocks of branches and loops
+        let block = |steps: &[Vec<u64>]| {
+            let words: Vec<u64> = steps.concat();
+            let mut b = vec![0, steps.len() as u64, words.len() as u64];
+            b.extend(words);
+            b
+        };
+        let none = [0u64, 0];
+        let looped = |body: Vec<u64>| {
+            let mut l = vec![STEP_LOOP, LOOP_COUNT, 3, 0, 0, 0, NO_BUFFER, 0];
+            l.extend(none.repeat(2));
+            l.extend(block(&[]));
+            l.extend([NO_BUFFER, 0]);
+            l.extend(body);
+            l.extend(none.repeat(3));
+            l
+        };
+        let branch = |then: Vec<u64>, other: Vec<u64>| {
+            let mut c = vec![STEP_COND, 0, 0];
+            for arm in [then, other] {
+                c.push((arm.len() + 4) as u64);
+                c.extend(none);
+                c.extend(arm);
+                c.extend(none);
+            }
+            c
+        };
+        let small = block(&[kernel(4, 64)]);
+        let large = block(&[kernel(4, 64), kernel(4, big)]);
+        assert_eq!(wants_threads(&with(&[&looped(small.clone())])), Ok(false));
+        assert_eq!(wants_threads(&with(&[&looped(large.clone())])), Ok(true));
+        let both = branch(small.clone(), small.clone());
+        assert_eq!(wants_threads(&with(&[&both, &kernel(4, 64)])), Ok(false));
+        let one = branch(small, block(&[looped(large)]));
+        assert_eq!(wants_threads(&with(&[&one])), Ok(true));
         // a truncated plan is an error, not a guess
         let mut cut = with(&[&kernel(4, 64)]);
         cut.truncate(cut.len() - 3);
@@ -1597,13 +1698,13 @@ mod tests {
             ERR_BAD_MODEL
         );
         assert_eq!(
-            run(&plan[..10], ins.as_ptr(), outs.as_ptr(), sp, 128),
+            run(&plan[..11], ins.as_ptr(), outs.as_ptr(), sp, 128),
             ERR_BAD_MODEL
         );
         // a buffer outside the scratch
         let mut outside = plan.clone();
-        outside[8] = BUF_SCRATCH;
-        outside[9] = 60;
+        outside[9] = BUF_SCRATCH;
+        outside[10] = 60;
         assert_eq!(
             run(&outside, ins.as_ptr(), outs.as_ptr(), sp, 128),
             ERR_BAD_MODEL

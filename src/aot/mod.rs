@@ -101,21 +101,9 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
             "aot: the name '{name}' is not a C identifier (letters, digits and _, not starting with a digit)"
         );
     }
-    // the run-time library has no fused attention: matmul and softmax instead
     // (the ports keep the names of the caller's graph: `given`)
     let given = g;
-    let g = &*crate::passes::decompose::expand_attentions(g)?;
-    // its copies join operands of one dtype
-    let g = &*crate::passes::decompose::cast_joined_operands(g)?;
-    // the schedule the JIT's disk cache holds for this graph, if any: the same passes ran
-    let jit = crate::exec::CompileOptions::default();
-    let planned = match crate::exec::cpu::cached_plan(g, &jit) {
-        Some(p) => p,
-        None => crate::exec::plan(g, &jit.passes)?,
-    };
-    let mut s = planned.schedule;
-    s.validate()?;
-    let windows = windows::prepare(&mut s)?;
+    let (s, windows) = prepare(g)?;
     let mut obj = ObjectCode::new(&name, opts.cpu)?;
     let features = feature_mask(obj.isa());
 
@@ -124,8 +112,8 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
     let mut index: HashMap<String, (usize, bool, usize)> = HashMap::new();
     let mut funcs = Vec::new();
     let mut kernel_names = Vec::new();
-    let built = model_layout::build(&s, &windows, features, &mut |k| {
-        let (local, bufs, slots) = localize(k, &s.buffers)?;
+    let mut kernel = |k: &crate::kernel::Kernel, buffers: &[crate::kernel::Buffer]| {
+        let (local, bufs, slots) = localize(k, buffers)?;
         let key = cache_key(&local, &bufs, &cg);
         let code = |(index, streams, block)| model_layout::KernelCode {
             index,
@@ -136,7 +124,7 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
         if let Some(&found) = index.get(&key) {
             return Ok(code(found));
         }
-        crate::kernel::check_kernel(k, &s.buffers)?;
+        crate::kernel::check_kernel(k, buffers)?;
         let i = funcs.len();
         let symbol = format!("{name}_kernel{i}");
         let (id, stats) = define_kernel(&mut obj, (&symbol, Linkage::Local), &local, &bufs, &cg)?;
@@ -145,7 +133,8 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
         kernel_names.push((k.name.clone(), symbol));
         index.insert(key, found);
         Ok(code(found))
-    })?;
+    };
+    let built = model_layout::build(&s, &windows, features, &mut kernel, &prepare)?;
 
     // the tables `smelt_rt_run` reads
     let words: Vec<u8> = built.words.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -266,6 +255,24 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
     };
     m.manifest = files::manifest(&m, &s, &built, &kernel_names);
     Ok(m)
+}
+
+/// The schedule of `g` as an object runs it, and its window steps: what the JIT's passes
+/// make of it (its disk cache's schedule when it holds one), with attention as products
+/// and a softmax (the run-time library has no fused attention) and the operands of a
+/// copy joined in one dtype.
+fn prepare(g: &Graph) -> Result<model_layout::Prepared> {
+    let g = &*crate::passes::decompose::expand_attentions(g)?;
+    let g = &*crate::passes::decompose::cast_joined_operands(g)?;
+    let jit = crate::exec::CompileOptions::default();
+    let planned = match crate::exec::cpu::cached_plan(g, &jit) {
+        Some(p) => p,
+        None => crate::exec::plan(g, &jit.passes)?,
+    };
+    let mut s = planned.schedule;
+    s.validate()?;
+    let windows = windows::prepare(&mut s)?;
+    Ok((s, windows))
 }
 
 /// The block a function body starts in (where its parameters are).

@@ -2,16 +2,19 @@
 //! inputs, the scratch buffer, the constants) and the steps in order, as the words
 //! `smelt_rt::model` reads (its module docs give the layout).
 //!
-//! The scratch holds, in order: the buffer-pointer table, one slot table per kernel step,
-//! then the temporaries, placed by liveness: two temporaries share bytes only when no step
-//! from the first's definition to its last use overlaps the other's.
+//! The scratch holds, in order: one slot table per kernel step, then the temporaries,
+//! placed by liveness (two temporaries share bytes only when no step from the first's
+//! definition to its last use overlaps the other's), then, per body of a control op, its
+//! inputs and the same again (`control`), and last the buffer-pointer table.
+
+mod control;
 
 use super::library;
 use crate::exec::cpu::step_buffers;
 use crate::ir::dtype::DType;
 use crate::ir::op::Op;
 use crate::ir::shape::numel;
-use crate::kernel::{BufferKind, ExternCall, Kernel, Schedule, Step, View};
+use crate::kernel::{Buffer, BufferKind, ExternCall, Kernel, Schedule, Step, View};
 use crate::{Result, bail};
 use smelt_rt::gemm as rt_gemm;
 use smelt_rt::model as rt;
@@ -101,146 +104,44 @@ pub(super) struct KernelCode {
     pub slots: Vec<usize>,
 }
 
-/// Builds the plan of `s`; `kernel` defines (or finds) the code of a kernel step.
+/// Defines (or finds) the code of a kernel step, given the buffers of its schedule.
+pub(super) type KernelOf<'a> = dyn FnMut(&Kernel, &[Buffer]) -> Result<KernelCode> + 'a;
+
+/// A schedule to compile and the window steps found in it.
+pub(super) type Prepared = (Schedule, Vec<Option<super::windows::WindowStep>>);
+
+/// Builds the plan of `s`; `kernel` defines (or finds) the code of a kernel step, `body`
+/// prepares the schedule of a control op's body.
 pub(super) fn build(
     s: &Schedule,
     windows: &[Option<super::windows::WindowStep>],
     features: u64,
-    kernel: &mut dyn FnMut(&Kernel) -> Result<KernelCode>,
+    kernel: &mut KernelOf,
+    body: &dyn Fn(&crate::ir::graph::Graph) -> Result<Prepared>,
 ) -> Result<Built> {
-    let nbuf = s.buffers.len();
-    let nsteps = s.steps.len();
-    // lives of the temporaries, and of each bf16 GEMM's f32 copies
-    let mut first: Vec<Option<usize>> = vec![None; nbuf];
-    let mut last: Vec<usize> = vec![0; nbuf];
-    for (i, step) in s.steps.iter().enumerate() {
-        let (reads, writes) = step_buffers(step);
-        for &b in &writes {
-            if matches!(
-                s.buffers[b].kind,
-                BufferKind::Input(_) | BufferKind::Constant(_)
-            ) {
-                bail!(
-                    Unsupported,
-                    "aot: step {i} writes into {} ({}), which a compiled model only reads",
-                    s.buffers[b].name,
-                    if matches!(s.buffers[b].kind, BufferKind::Input(_)) {
-                        "an input"
-                    } else {
-                        "a constant"
-                    }
-                );
-            }
-            first[b].get_or_insert(i);
-        }
-        for b in reads.into_iter().chain(writes) {
-            last[b] = last[b].max(i);
-        }
-    }
-    for v in &s.outputs {
-        last[v.buffer] = nsteps;
-    }
-    let mut lives = Vec::new();
-    let mut life_of: Vec<Option<usize>> = vec![None; nbuf];
-    for b in 0..nbuf {
-        if let (BufferKind::Temp, Some(from)) = (&s.buffers[b].kind, first[b]) {
-            life_of[b] = Some(lives.len());
-            lives.push(Life {
-                from,
-                to: last[b],
-                bytes: s.buffers[b].len() * s.buffers[b].dtype.size(),
-            });
-        }
-    }
-    // per f16 or bf16 GEMM step: the lives of its f32 copies of a, b and out
-    let mut copies: Vec<Option<[usize; 3]>> = vec![None; nsteps];
-    for (i, step) in s.steps.iter().enumerate() {
-        if let Step::Extern(e) = step
-            && e.op == Op::Matmul
-            && matches!(s.buffers[e.out].dtype, DType::F16 | DType::BF16)
-        {
-            let lens = [
-                s.buffers[e.args[0].buffer].len(),
-                s.buffers[e.args[1].buffer].len(),
-                s.buffers[e.out].len(),
-            ];
-            copies[i] = Some(lens.map(|n| {
-                lives.push(Life {
-                    from: i,
-                    to: i,
-                    bytes: n * 4,
-                });
-                lives.len() - 1
-            }));
-        }
-    }
-    // the fixed part: the buffer table, then one slot table per kernel step
-    let mut fixed = align(nbuf * 8, 8);
-    let mut tables = vec![0; nsteps];
-    let mut kernels = vec![KernelCode::default(); nsteps];
-    for (i, step) in s.steps.iter().enumerate() {
-        if let Step::Kernel(k) = step {
-            kernels[i] = kernel(k)?;
-            tables[i] = fixed;
-            fixed += kernels[i].slots.len() * 8;
-        }
-    }
-    let (offsets, scratch_bytes) = place(&lives, align(fixed, ALIGN));
-
-    // buffers
-    let mut consts = Vec::new();
-    let mut places = vec![Place::Unused; nbuf];
+    let mut e = Emitter {
+        table: Vec::new(),
+        consts: Vec::new(),
+        end: 0,
+        kernel,
+        body,
+    };
+    let top = e.block(s, windows, None)?;
+    // the buffer table after everything else in the scratch
+    let table_at = align(e.end, ALIGN);
+    let scratch_bytes = align(table_at + e.table.len() * 8, ALIGN);
     let mut w = vec![
         rt::MAGIC,
         rt::FORMAT,
         features,
         scratch_bytes as u64,
-        nbuf as u64,
+        table_at as u64,
+        e.table.len() as u64,
         s.inputs.len() as u64,
         s.outputs.len() as u64,
-        nsteps as u64,
+        top.nsteps as u64,
     ];
-    for (b, buf) in s.buffers.iter().enumerate() {
-        let bytes = buf.len() * buf.dtype.size();
-        places[b] = match &buf.kind {
-            BufferKind::Input(_) => match s.inputs.iter().position(|&x| x == b) {
-                Some(i) => Place::Input(i),
-                None => bail!(
-                    Value,
-                    "aot: buffer b{b} is an input the schedule does not list"
-                ),
-            },
-            BufferKind::Constant(lit) => {
-                // a literal holds its elements as the buffer does: row-major, little-endian
-                let data = lit.bytes.as_slice();
-                if data.len() != bytes {
-                    bail!(
-                        Value,
-                        "aot: constant b{b} has {} bytes, its buffer {bytes}",
-                        data.len()
-                    );
-                }
-                consts.resize(align(consts.len(), ALIGN), 0);
-                let at = consts.len();
-                consts.extend_from_slice(data);
-                Place::Const(at)
-            }
-            BufferKind::Temp => match life_of[b] {
-                Some(l) => Place::Scratch(offsets[l]),
-                None => Place::Unused,
-            },
-        };
-        let (kind, at) = match places[b] {
-            Place::Input(i) => (rt::BUF_INPUT, i),
-            Place::Scratch(o) => (rt::BUF_SCRATCH, o),
-            Place::Const(o) => (rt::BUF_CONST, o),
-            Place::Unused => (rt::BUF_SCRATCH, 0),
-        };
-        let bytes = if places[b] == Place::Unused { 0 } else { bytes };
-        w.extend([kind, at as u64, bytes as u64]);
-    }
-
-    // outputs
+    w.extend(e.table.iter().flatten());
     for v in &s.outputs {
         w.extend([
             v.buffer as u64,
@@ -251,69 +152,257 @@ pub(super) fn build(
         w.extend(v.shape.iter().map(|&d| d as u64));
         w.extend(v.strides.iter().map(|&st| st as u64));
     }
-
-    // steps (a library op takes a copy step per operand, or none: the count is patched below)
-    let steps_word = 7;
-    let mut records = nsteps;
-    let mut steps = Vec::with_capacity(nsteps);
-    for (i, step) in s.steps.iter().enumerate() {
-        match step {
-            Step::Kernel(k) => {
-                let KernelCode {
-                    index,
-                    streams,
-                    block,
-                    slots,
-                } = &kernels[i];
-                w.extend([
-                    rt::STEP_KERNEL,
-                    *index as u64,
-                    numel(&k.outer) as u64,
-                    numel(&k.space()) as u64,
-                    u64::from(*streams),
-                    *block as u64,
-                    tables[i] as u64,
-                    slots.len() as u64,
-                ]);
-                w.extend(slots.iter().map(|&b| b as u64));
-                steps.push(format!("kernel {index}"));
-            }
-            Step::Extern(e) if windows.get(i).is_some_and(Option::is_some) => {
-                if let Some(Some(c)) = windows.get(i) {
-                    super::windows::window_words(s, e, c, &mut w);
-                }
-                steps.push(e.op.name().to_string());
-            }
-            Step::Extern(e) if matches!(e.op, Op::Cumsum { .. }) => {
-                library::scan_words(s, e, &mut w)?;
-                steps.push("cumsum".into());
-            }
-            Step::Extern(e) if library::lowers(&e.op) => {
-                let n = library::copy_words(s, e, &mut w)?;
-                records = records - 1 + n;
-                steps.push(format!("{} ({n} copies)", e.op.name()));
-            }
-            Step::Extern(e) => {
-                let c = copies[i].map(|c| c.map(|l| offsets[l]));
-                gemm_words(s, e, c, &mut w)?;
-                steps.push("gemm".into());
-            }
-            Step::Control(c) => {
-                return Err(crate::Error::Unsupported(format!(
-                    "aot: control flow ({}) is not compiled into ahead-of-time models; run the graph with CompiledFn",
-                    c.control.name()
-                )));
-            }
-        }
-    }
-    w[steps_word] = records as u64;
+    w.extend(top.words);
     Ok(Built {
         words: w,
         scratch_bytes,
-        consts,
-        places,
-        steps,
+        consts: e.consts,
+        places: top.places,
+        steps: top.steps,
     })
+}
+
+/// The steps of one schedule, as a block of the plan.
+struct Block {
+    /// The table entry its buffer numbers start at.
+    base: usize,
+    /// Its records (a library op may take several copies).
+    nsteps: usize,
+    /// Their words.
+    words: Vec<u64>,
+    /// Per buffer of its schedule: where it lives.
+    places: Vec<Place>,
+    /// Per step: what it is, for the manifest.
+    steps: Vec<String>,
+}
+
+impl Block {
+    /// The block's words as a control step holds it: base, records, length, steps.
+    fn push(&self, w: &mut Vec<u64>) {
+        w.extend([self.base, self.nsteps, self.words.len()].map(|x| x as u64));
+        w.extend(&self.words);
+    }
+}
+
+/// Lays out the buffers of a model and of its bodies, and writes their steps.
+struct Emitter<'a, 'k> {
+    /// The buffer table: kind, place and bytes of every buffer, the bodies' after the model's.
+    table: Vec<[u64; 3]>,
+    /// The constants' bytes.
+    consts: Vec<u8>,
+    /// The end of the scratch laid out so far.
+    end: usize,
+    kernel: &'a mut KernelOf<'k>,
+    body: &'a dyn Fn(&crate::ir::graph::Graph) -> Result<Prepared>,
+}
+
+impl Emitter<'_, '_> {
+    /// `bytes` of scratch of their own (a body's inputs, a loop's staging).
+    fn alloc(&mut self, bytes: usize) -> usize {
+        let at = align(self.end, ALIGN);
+        self.end = at + bytes;
+        at
+    }
+
+    /// The block of schedule `s`: its temporaries in scratch after what is laid out so far,
+    /// its inputs the caller's (`inputs` None) or at the given scratch offsets (a body's).
+    fn block(
+        &mut self,
+        s: &Schedule,
+        windows: &[Option<super::windows::WindowStep>],
+        inputs: Option<&[usize]>,
+    ) -> Result<Block> {
+        let nbuf = s.buffers.len();
+        let nsteps = s.steps.len();
+        // lives of the temporaries, and of each bf16 GEMM's f32 copies
+        let mut first: Vec<Option<usize>> = vec![None; nbuf];
+        let mut last: Vec<usize> = vec![0; nbuf];
+        for (i, step) in s.steps.iter().enumerate() {
+            let (reads, writes) = step_buffers(step);
+            for &b in &writes {
+                if matches!(
+                    s.buffers[b].kind,
+                    BufferKind::Input(_) | BufferKind::Constant(_)
+                ) {
+                    bail!(
+                        Unsupported,
+                        "aot: step {i} writes into {} ({}), which a compiled model only reads",
+                        s.buffers[b].name,
+                        if matches!(s.buffers[b].kind, BufferKind::Input(_)) {
+                            "an input"
+                        } else {
+                            "a constant"
+                        }
+                    );
+                }
+                first[b].get_or_insert(i);
+            }
+            for b in reads.into_iter().chain(writes) {
+                last[b] = last[b].max(i);
+            }
+        }
+        for v in &s.outputs {
+            last[v.buffer] = nsteps;
+        }
+        let mut lives = Vec::new();
+        let mut life_of: Vec<Option<usize>> = vec![None; nbuf];
+        for b in 0..nbuf {
+            if let (BufferKind::Temp, Some(from)) = (&s.buffers[b].kind, first[b]) {
+                life_of[b] = Some(lives.len());
+                lives.push(Life {
+                    from,
+                    to: last[b],
+                    bytes: s.buffers[b].len() * s.buffers[b].dtype.size(),
+                });
+            }
+        }
+        // per f16 or bf16 GEMM step: the lives of its f32 copies of a, b and out
+        let mut copies: Vec<Option<[usize; 3]>> = vec![None; nsteps];
+        for (i, step) in s.steps.iter().enumerate() {
+            if let Step::Extern(e) = step
+                && e.op == Op::Matmul
+                && matches!(s.buffers[e.out].dtype, DType::F16 | DType::BF16)
+            {
+                let lens = [
+                    s.buffers[e.args[0].buffer].len(),
+                    s.buffers[e.args[1].buffer].len(),
+                    s.buffers[e.out].len(),
+                ];
+                copies[i] = Some(lens.map(|n| {
+                    lives.push(Life {
+                        from: i,
+                        to: i,
+                        bytes: n * 4,
+                    });
+                    lives.len() - 1
+                }));
+            }
+        }
+        // the fixed part: one slot table per kernel step
+        let mut fixed = align(self.end, 8);
+        let mut tables = vec![0; nsteps];
+        let mut kernels = vec![KernelCode::default(); nsteps];
+        for (i, step) in s.steps.iter().enumerate() {
+            if let Step::Kernel(k) = step {
+                kernels[i] = (self.kernel)(k, &s.buffers)?;
+                tables[i] = fixed;
+                fixed += kernels[i].slots.len() * 8;
+            }
+        }
+        let (offsets, end) = place(&lives, align(fixed, ALIGN));
+        self.end = end;
+
+        // buffers
+        let base = self.table.len();
+        let mut places = vec![Place::Unused; nbuf];
+        for (b, buf) in s.buffers.iter().enumerate() {
+            let bytes = buf.len() * buf.dtype.size();
+            places[b] = match &buf.kind {
+                BufferKind::Input(_) => match s.inputs.iter().position(|&x| x == b) {
+                    Some(i) => match inputs {
+                        None => Place::Input(i),
+                        Some(at) => Place::Scratch(at[i]),
+                    },
+                    None => bail!(
+                        Value,
+                        "aot: buffer b{b} is an input the schedule does not list"
+                    ),
+                },
+                BufferKind::Constant(lit) => {
+                    // a literal holds its elements as the buffer does: row-major, little-endian
+                    let data = lit.bytes.as_slice();
+                    if data.len() != bytes {
+                        bail!(
+                            Value,
+                            "aot: constant b{b} has {} bytes, its buffer {bytes}",
+                            data.len()
+                        );
+                    }
+                    self.consts.resize(align(self.consts.len(), ALIGN), 0);
+                    let at = self.consts.len();
+                    self.consts.extend_from_slice(data);
+                    Place::Const(at)
+                }
+                BufferKind::Temp => match life_of[b] {
+                    Some(l) => Place::Scratch(offsets[l]),
+                    None => Place::Unused,
+                },
+            };
+            let (kind, at) = match places[b] {
+                Place::Input(i) => (rt::BUF_INPUT, i),
+                Place::Scratch(o) => (rt::BUF_SCRATCH, o),
+                Place::Const(o) => (rt::BUF_CONST, o),
+                Place::Unused => (rt::BUF_SCRATCH, 0),
+            };
+            let bytes = if places[b] == Place::Unused { 0 } else { bytes };
+            self.table.push([kind, at as u64, bytes as u64]);
+        }
+
+        // steps (a library op takes a copy step per operand, or none)
+        let mut records = 0;
+        let mut w = Vec::new();
+        let mut steps = Vec::with_capacity(nsteps);
+        for (i, step) in s.steps.iter().enumerate() {
+            records += 1;
+            match step {
+                Step::Kernel(k) => {
+                    let KernelCode {
+                        index,
+                        streams,
+                        block,
+                        slots,
+                    } = &kernels[i];
+                    w.extend([
+                        rt::STEP_KERNEL,
+                        *index as u64,
+                        numel(&k.outer) as u64,
+                        numel(&k.space()) as u64,
+                        u64::from(*streams),
+                        *block as u64,
+                        tables[i] as u64,
+                        slots.len() as u64,
+                    ]);
+                    w.extend(slots.iter().map(|&b| b as u64));
+                    steps.push(format!("kernel {index}"));
+                }
+                Step::Extern(e) if windows.get(i).is_some_and(Option::is_some) => {
+                    if let Some(Some(c)) = windows.get(i) {
+                        super::windows::window_words(s, e, c, &mut w);
+                    }
+                    steps.push(e.op.name().to_string());
+                }
+                Step::Extern(e) if matches!(e.op, Op::Cumsum { .. }) => {
+                    library::scan_words(s, e, &mut w)?;
+                    steps.push("cumsum".into());
+                }
+                Step::Extern(e) if library::lowers(&e.op) => {
+                    let n = library::copy_words(s, e, &mut w)?;
+                    records = records - 1 + n;
+                    steps.push(format!("{} ({n} copies)", e.op.name()));
+                }
+                Step::Extern(e) => {
+                    let c = copies[i].map(|c| c.map(|l| offsets[l]));
+                    gemm_words(s, e, c, &mut w)?;
+                    steps.push("gemm".into());
+                }
+                Step::Control(c) => {
+                    self.control(s, base, c, &mut w)?;
+                    steps.push(format!(
+                        "{} ({} bodies)",
+                        c.control.name(),
+                        c.control.bodies.len()
+                    ));
+                }
+            }
+        }
+        Ok(Block {
+            base,
+            nsteps: records,
+            words: w,
+            places,
+            steps,
+        })
+    }
 }
 
 /// The words of a GEMM step (`copies`: the scratch offsets of a half product's f32 copies).

@@ -183,8 +183,8 @@ impl Checker {
     ) -> Option<String> {
         match self.run(g, path, inputs) {
             Ok(got) => differs(expected, &got),
-            // what ahead-of-time models do not compile yet (control flow, some library
-            // ops) they refuse, which is not a wrong answer
+            // what ahead-of-time models do not compile yet (some library ops) they
+            // refuse, which is not a wrong answer
             Err(crate::Error::Unsupported(_)) if path == Path::Aot => None,
             Err(e) => Some(format!("fails where the oracle runs: {e}")),
         }

@@ -17,10 +17,6 @@ pub const GAPS: &[(&str, &str)] = &[
         "scatter_reduce",
         "the run-time library's scatters write or add; it has no product, maximum, minimum or mean",
     ),
-    ("cond", "control flow runs through CompiledFn"),
-    ("while_loop", "control flow runs through CompiledFn"),
-    ("fori_loop", "control flow runs through CompiledFn"),
-    ("scan", "control flow runs through CompiledFn"),
 ];
 
 /// Ops that stay out of ahead-of-time models by design, and why.
