@@ -128,3 +128,65 @@ fn bad_arguments_are_errors() {
     let want = run_positional(&g2, &[tt]).unwrap();
     assert_close(&got[0], &want[0], 0.0, "transposed input");
 }
+
+#[test]
+fn scatter_reductions_combine_as_the_eager_kernel() {
+    // duplicate indices, NaN and signed zeros, in a float and an integer dtype
+    let x = Tensor::from_vec(vec![1.5f32, -0.0, 2.0, f32::NAN, 4.0, -3.0], &[2, 3]).unwrap();
+    let src = Tensor::from_vec(
+        vec![2.0f32, 0.0, -1.0, 0.5, 7.0, f32::NAN, -2.5, 3.0],
+        &[2, 4],
+    )
+    .unwrap();
+    let index = Tensor::from_vec(vec![0i64, 2, 2, 0, 1, 1, 2, 0], &[2, 4]).unwrap();
+    let ints = Tensor::from_vec(vec![5i32, -7, 9, 11, -2, 4], &[2, 3]).unwrap();
+    let int_src = Tensor::from_vec(vec![3i32, -4, 6, 2, -9, 8, 1, 5], &[2, 4]).unwrap();
+    let (xh, srch) = (
+        x.to_dtype(DType::BF16).unwrap(),
+        src.to_dtype(DType::BF16).unwrap(),
+    );
+    let (xb, srcb) = (
+        ints.to_dtype(DType::Bool).unwrap(),
+        int_src.to_dtype(DType::Bool).unwrap(),
+    );
+    for reduce in ["sum", "prod", "mean", "amax", "amin"] {
+        let dtypes = [
+            ("f32", &x, &src),
+            ("bf16", &xh, &srch),
+            ("i32", &ints, &int_src),
+            ("bool", &xb, &srcb),
+        ];
+        for (dtype, a, b) in dtypes {
+            let text = format!(
+                "graph f(%x: {dtype}[2,3], %i: i64[2,4], %s: {dtype}[2,4]) {{
+  %y = scatter_reduce(%x, %i, %s, dim=1, reduce=\"{reduce}\")
+  %w = add(%y, %x)
+  return %y, %w
+}}"
+            );
+            let g = graph(&text);
+            let loaded = compile(&g, &AotOptions::default())
+                .unwrap_or_else(|e| panic!("{reduce} {dtype}: {e}"))
+                .load()
+                .unwrap();
+            let ins = [a.clone(), index.clone(), b.clone()];
+            let want = run_positional(&g, &ins).unwrap();
+            let got = loaded.run(&ins).unwrap();
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert_close(a, b, 0.0, &format!("{reduce} {dtype} output {i}"));
+            }
+        }
+    }
+    // an index out of range is the model's error code, not a write outside the result
+    let text = "graph f(%x: f32[2,3], %i: i64[2,4], %s: f32[2,4]) {
+  %y = scatter_reduce(%x, %i, %s, dim=1, reduce=\"amax\")
+  return %y
+}";
+    let loaded = compile(&graph(text), &AotOptions::default())
+        .unwrap()
+        .load()
+        .unwrap();
+    let bad = Tensor::from_vec(vec![0i64, 2, 3, 0, 1, 1, 2, 0], &[2, 4]).unwrap();
+    let e = loaded.run(&[x, bad, src]).unwrap_err().to_string();
+    assert!(e.contains("index"), "{e}");
+}

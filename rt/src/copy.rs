@@ -4,9 +4,10 @@
 //! view with negative strides, and `embedding`, `index_select` and `gather` one indexed
 //! copy each. A copy moves element bits and computes nothing, so the result is the eager
 //! kernel's, bit for bit. [`scatter`] runs the index on the destination instead, writing or
-//! adding (with the eager kernels' arithmetic: floats in f64 rounded to their type, integers
-//! wrapping in i64, bool or) in the walk's row-major order:
-//! `scatter`, `scatter_add` and `index_add`.
+//! combining (a sum, product, largest or smallest, with the eager kernels' arithmetic:
+//! floats in f64 rounded to their type, NaN winning a comparison, integers wrapping in
+//! i64, bools as 0 and 1) in the walk's row-major order: `scatter`, `scatter_add`,
+//! `index_add` and `scatter_reduce`.
 
 use crate::ElemType;
 
@@ -44,6 +45,29 @@ pub struct Copy<'a> {
     pub index: Option<Index<'a>>,
 }
 
+/// How a scatter combines a value with the element it lands on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Combine {
+    /// `dst + src`.
+    Sum,
+    /// `dst · src`.
+    Prod,
+    /// The larger (NaN if either is).
+    Amax,
+    /// The smaller (NaN if either is).
+    Amin,
+}
+
+impl Combine {
+    /// Every combination, in the order of their codes.
+    pub const ALL: [Combine; 4] = [Combine::Sum, Combine::Prod, Combine::Amax, Combine::Amin];
+
+    /// The combination's code in a plan.
+    pub fn code(self) -> u64 {
+        self as u64
+    }
+}
+
 /// An index value outside `0..size`, with the value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OutOfRange(pub i64);
@@ -69,7 +93,7 @@ pub unsafe fn run(c: &Copy, dst: *mut u8, src: *const u8) -> Result<(), OutOfRan
 /// As [`run`], the index now choosing destination elements; `c` has an index.
 pub unsafe fn scatter(
     c: &Copy,
-    add: Option<ElemType>,
+    add: Option<(Combine, ElemType)>,
     dst: *mut u8,
     src: *const u8,
 ) -> Result<(), OutOfRange> {
@@ -81,7 +105,7 @@ pub unsafe fn scatter(
 #[derive(Clone, Copy)]
 enum Target {
     Source,
-    Destination(Option<ElemType>),
+    Destination(Option<(Combine, ElemType)>),
 }
 
 /// [`run`] and [`scatter`].
@@ -138,7 +162,7 @@ unsafe fn walk(c: &Copy, target: Target, dst: *mut u8, src: *const u8) -> Result
                 // SAFETY: point `k` of the run is inside both sides (contract).
                 unsafe {
                     match add {
-                        Some(a) => accumulate(a, from, to),
+                        Some((how, a)) => combine(how, a, from, to),
                         None => element(from, to, c.size),
                     }
                 };
@@ -187,19 +211,46 @@ unsafe fn lookup(ix: &Index, at: isize) -> Result<isize, OutOfRange> {
     Ok(v as isize * ix.step)
 }
 
-/// `*dst = *dst + *src` for elements of `a`'s type, as the eager kernels add.
+/// `*dst = *dst ∘ *src` for elements of `a`'s type, `∘` as `how` says and as the eager
+/// kernels compute it.
 ///
 /// # Safety
 /// Both pointers address an element of `a`'s type.
-unsafe fn accumulate(a: ElemType, src: *const u8, dst: *mut u8) {
+unsafe fn combine(how: Combine, a: ElemType, src: *const u8, dst: *mut u8) {
     use half::{bf16, f16};
+    let float = |x: f64, y: f64| match how {
+        Combine::Sum => x + y,
+        Combine::Prod => x * y,
+        _ if x.is_nan() || y.is_nan() => f64::NAN,
+        // ties keep the element already there (-0.0 against 0.0), as the eager kernel
+        Combine::Amax => {
+            if x >= y {
+                x
+            } else {
+                y
+            }
+        }
+        Combine::Amin => {
+            if x <= y {
+                x
+            } else {
+                y
+            }
+        }
+    };
+    let int = |x: i64, y: i64| match how {
+        Combine::Sum => x.wrapping_add(y),
+        Combine::Prod => x.wrapping_mul(y),
+        Combine::Amax => x.max(y),
+        Combine::Amin => x.min(y),
+    };
     macro_rules! float {
         ($t:ty, $to:expr, $from:expr) => {{
             let (x, y) = (
                 (dst as *mut $t).read_unaligned(),
                 (src as *const $t).read_unaligned(),
             );
-            (dst as *mut $t).write_unaligned($from($to(x) + $to(y)))
+            (dst as *mut $t).write_unaligned($from(float($to(x), $to(y))))
         }};
     }
     macro_rules! int {
@@ -208,7 +259,7 @@ unsafe fn accumulate(a: ElemType, src: *const u8, dst: *mut u8) {
                 (dst as *mut $t).read_unaligned(),
                 (src as *const $t).read_unaligned(),
             );
-            (dst as *mut $t).write_unaligned((x as i64).wrapping_add(y as i64) as $t)
+            (dst as *mut $t).write_unaligned(int(x as i64, y as i64) as $t)
         }};
     }
     // SAFETY: the caller's contract; unaligned, as in `element`.
@@ -223,7 +274,10 @@ unsafe fn accumulate(a: ElemType, src: *const u8, dst: *mut u8) {
             ElemType::I16 => int!(i16),
             ElemType::I32 => int!(i32),
             ElemType::I64 => int!(i64),
-            ElemType::Bool => dst.write(u8::from(dst.read() != 0 || src.read() != 0)),
+            ElemType::Bool => {
+                let v = int(i64::from(dst.read() != 0), i64::from(src.read() != 0));
+                dst.write(u8::from(v != 0))
+            }
         }
     }
 }

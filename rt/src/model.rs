@@ -38,8 +38,9 @@
 //!     valid index values, the source stride of one index unit and the index's strides
 //!     ([`crate::copy`]);
 //!   - [`STEP_SCATTER`]: as [`STEP_COPY`] with an index (which then picks destination
-//!     elements), plus, after the index kind, the accumulation ([`SCATTER_ADD_F16`].., or 0
-//!     to write) ([`crate::copy::scatter`]);
+//!     elements), plus, after the index kind, the accumulation ([`SCATTER_ADD_F16`] plus
+//!     the element type's code plus 16 times the combination's, or 0 to write)
+//!     ([`crate::copy::scatter`]);
 //!   - [`STEP_SCAN`]: the element type ([`crate::ElemType`]'s code), rank,
 //!     the summed dim, the destination's buffer and element offset, the source's, then the
 //!     shape and the destination's and the source's strides ([`crate::scan::cumsum`]);
@@ -69,8 +70,8 @@ use half::{bf16, f16};
 
 /// First word of every plan.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SMELTAOT");
-/// The plan format this library reads (5: branches and loops, and the buffer table's
-/// place in the header).
+/// The plan format this library reads (5: branches and loops, the buffer table's place in
+/// the header, and scatters that combine by products, maxima and minima).
 pub const FORMAT: u64 = 5;
 
 /// A buffer that is an input (the word after the kind: its index).
@@ -1049,13 +1050,18 @@ unsafe fn scan_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) 
     Ok(())
 }
 
-/// The accumulation word of a scatter step: 0 for none, else [`SCATTER_ADD_F16`]..
-fn add_of(word: u64) -> Result<Option<crate::ElemType>, i32> {
+/// The accumulation word of a scatter step: 0 to write, else [`SCATTER_ADD_F16`] plus the
+/// element type's code plus 16 times the combination's ([`copy::Combine::code`]).
+fn add_of(word: u64) -> Result<Option<(copy::Combine, crate::ElemType)>, i32> {
     match word {
         0 => Ok(None),
-        w => crate::ElemType::of_code(w - 1)
-            .map(Some)
-            .ok_or(ERR_BAD_MODEL),
+        w => {
+            let w = w - SCATTER_ADD_F16;
+            let how = usize::try_from(w / 16).map_err(|_| ERR_BAD_MODEL)?;
+            let how = *copy::Combine::ALL.get(how).ok_or(ERR_BAD_MODEL)?;
+            let elem = crate::ElemType::of_code(w % 16).ok_or(ERR_BAD_MODEL)?;
+            Ok(Some((how, elem)))
+        }
     }
 }
 

@@ -65,6 +65,7 @@ pub(super) fn lowers(op: &Op) -> bool {
             | Op::Contiguous
             | Op::Scatter { .. }
             | Op::ScatterAdd { .. }
+            | Op::ScatterReduce { .. }
             | Op::IndexAdd { .. }
     )
 }
@@ -238,7 +239,10 @@ fn copies(s: &Schedule, e: &ExternCall, shape: &[usize], dst: Side) -> Result<Ve
                 into: None,
             }]
         }
-        Op::Scatter { dim } | Op::ScatterAdd { dim } | Op::IndexAdd { dim } => {
+        Op::Scatter { dim }
+        | Op::ScatterAdd { dim }
+        | Op::ScatterReduce { dim, .. }
+        | Op::IndexAdd { dim } => {
             let (x, idx, src) = (&a[0], &a[1], &a[2]);
             if x.shape.is_empty() {
                 bail!(
@@ -258,9 +262,26 @@ fn copies(s: &Schedule, e: &ExternCall, shape: &[usize], dst: Side) -> Result<Ve
             }];
             let mut into = dst.clone();
             let (size, step) = indexed_dim(&mut into, &x.shape, d);
-            let add = match e.op {
+            let dtype = s.buffers[e.out].dtype;
+            let add = match &e.op {
                 Op::Scatter { .. } => 0,
-                _ => add_word(s.buffers[e.out].dtype),
+                Op::ScatterReduce { reduce, .. } => {
+                    use crate::ir::op::ScatterReduction as R;
+                    use smelt_rt::copy::Combine;
+                    let how = match reduce {
+                        R::Sum => Combine::Sum,
+                        R::Prod => Combine::Prod,
+                        R::Amax => Combine::Amax,
+                        R::Amin => Combine::Amin,
+                        // `aot::compile` writes a mean as a sum and a count
+                        R::Mean => bail!(
+                            Unsupported,
+                            "aot: a scatter_reduce mean is compiled as a sum and a count"
+                        ),
+                    };
+                    add_word(dtype) + 16 * how.code()
+                }
+                _ => add_word(dtype),
             };
             // scatter walks the index (reading src at the same points), index_add walks
             // src (its index runs along `dim` only)

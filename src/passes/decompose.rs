@@ -179,6 +179,57 @@ pub fn expand_attentions(g: &Graph) -> Result<std::borrow::Cow<'_, Graph>> {
     )
 }
 
+/// `g` with each `scatter_reduce(x, index, src, reduce="mean")` written as a sum over a
+/// count, `scatter_reduce(x, index, src, "sum") / (1 + scatter_add(zeros, index, ones))`:
+/// ahead-of-time models' scatter steps combine one element at a time and keep no counts.
+/// The count is i64; floats divide (one rounding, as the eager kernel's division in f64),
+/// integers divide rounding down and convert back, as the eager kernel does.
+pub fn expand_scatter_means(g: &Graph) -> Result<std::borrow::Cow<'_, Graph>> {
+    use crate::ir::op::ScatterReduction;
+    rebuild_where(
+        g,
+        |op| {
+            matches!(
+                op,
+                Op::ScatterReduce {
+                    reduce: ScatterReduction::Mean,
+                    ..
+                }
+            )
+        },
+        |b, name, op, args| {
+            let Op::ScatterReduce { dim, .. } = op else {
+                return Ok(None);
+            };
+            let dim = *dim;
+            let (x, index, src) = (args[0], args[1], args[2]);
+            let (tx, ts) = (b.g.node(x).ty.clone(), b.g.node(src).ty.clone());
+            let full = |size: &[usize], v: i64| Op::Full {
+                size: size.to_vec(),
+                fill_value: Scalar::Int(v),
+                dtype: Some(DType::I64),
+            };
+            let reduce = ScatterReduction::Sum;
+            let sum =
+                b.g.add_op(Op::ScatterReduce { dim, reduce }, &[x, index, src])?;
+            let zeros = b.g.add_op(full(&tx.shape, 0), &[])?;
+            let ones = b.g.add_op(full(&ts.shape, 1), &[])?;
+            let count = b.g.add_op(Op::ScatterAdd { dim }, &[zeros, index, ones])?;
+            let one = b.g.add_op(Op::Scalar(Scalar::Int(1)), &[])?;
+            let n = b.g.add_op(Op::Binary(BinaryOp::Add), &[count, one])?;
+            if tx.dtype.is_float() {
+                return b
+                    .g
+                    .add_op_named(Op::Binary(BinaryOp::Div), &[sum, n], name)
+                    .map(Some);
+            }
+            let q = b.g.add_op(Op::Binary(BinaryOp::DivFloor), &[sum, n])?;
+            b.g.add_op_named(Op::To { dtype: tx.dtype }, &[q], name)
+                .map(Some)
+        },
+    )
+}
+
 /// `g` with each operand of a `cat` or `stack` cast to the result's dtype where it differs
 /// (`cat` of a bf16 and a bool tensor): ahead-of-time models join them by copying elements,
 /// which converts nothing.

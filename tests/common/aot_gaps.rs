@@ -13,10 +13,6 @@ pub const GAPS: &[(&str, &str)] = &[
         "dropout",
         "a training dropout draws a new mask each call, and an object keeps no call count",
     ),
-    (
-        "scatter_reduce",
-        "the run-time library's scatters write or add; it has no product, maximum, minimum or mean",
-    ),
 ];
 
 /// Ops that stay out of ahead-of-time models by design, and why.
