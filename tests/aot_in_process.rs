@@ -190,3 +190,42 @@ fn scatter_reductions_combine_as_the_eager_kernel() {
     let e = loaded.run(&[x, bad, src]).unwrap_err().to_string();
     assert!(e.contains("index"), "{e}");
 }
+
+#[test]
+fn attention_gradients_compile_as_products_and_a_softmax() {
+    // the JIT's fused gradient kernel is not in the run-time library: AOT computes the same
+    // gradients from the probabilities, within rounding
+    for (mask, causal) in [("", "false"), (", %m", "false"), ("", "true")] {
+        let mask_in = if mask.is_empty() {
+            ""
+        } else {
+            ", %m: f32[4,5]"
+        };
+        let text = format!(
+            "graph f(%g: f32[2,4,8], %q: f32[2,4,8], %k: f32[2,5,8], %v: f32[2,5,8]{mask_in}) {{
+  %y = scaled_dot_product_attention_backward(%g, %q, %k, %v{mask}, is_causal={causal})
+  return %y
+}}"
+        );
+        let g = graph(&text);
+        let loaded = compile(&g, &AotOptions::default())
+            .unwrap_or_else(|e| panic!("{e}\n{text}"))
+            .load()
+            .unwrap();
+        for seed in 0..2 {
+            let ins: Vec<Tensor> = g
+                .inputs()
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let shape = g.node(v).ty.shape.clone();
+                    let mut r = smelt::Generator::new(seed * 10 + i as u64);
+                    Tensor::randn_with(&shape, None, &mut r).unwrap()
+                })
+                .collect();
+            let want = run_positional(&g, &ins).unwrap();
+            let got = loaded.run(&ins).unwrap();
+            assert_close(&got[0], &want[0], 1e-4, &format!("seed {seed} of\n{text}"));
+        }
+    }
+}

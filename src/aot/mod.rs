@@ -258,11 +258,12 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
 }
 
 /// The schedule of `g` as an object runs it, and its window steps: what the JIT's passes
-/// make of it (its disk cache's schedule when it holds one), with attention as products
-/// and a softmax (the run-time library has no fused attention), a scatter mean as a sum
-/// and a count, and the operands of a copy joined in one dtype.
+/// make of it (its disk cache's schedule when it holds one), with attention and its
+/// gradient as products and a softmax (the run-time library has no fused attention), a
+/// scatter mean as a sum and a count, and the operands of a copy joined in one dtype.
 fn prepare(g: &Graph) -> Result<model_layout::Prepared> {
     let g = &*crate::passes::decompose::expand_attentions(g)?;
+    let g = &*crate::passes::decompose::expand_attention_grads(g)?;
     let g = &*crate::passes::decompose::expand_scatter_means(g)?;
     let g = &*crate::passes::decompose::cast_joined_operands(g)?;
     let jit = crate::exec::CompileOptions::default();
