@@ -229,3 +229,37 @@ fn attention_gradients_compile_as_products_and_a_softmax() {
         }
     }
 }
+
+#[test]
+fn a_training_dropout_draws_the_jits_masks_call_after_call() {
+    // call k of a loaded model draws the mask of call k of a fresh compiled function: the
+    // first the eager mask of the seed, each later one another
+    let text = "graph f(%x: f32[6,5], %w: bf16[3,2,4]) {
+  %t = transpose(%x, dim0=0, dim1=1)
+  %h = tanh(%t)
+  %d = dropout(%h, p=0.3, training=true, seed=42)
+  %y = mul(%d, 2.0)
+  %e = dropout(%w, p=0.6, training=true, seed=7)
+  return %y, %e
+}";
+    let g = graph(text);
+    let loaded = compile(&g, &AotOptions::default()).unwrap().load().unwrap();
+    let jit = smelt::exec::CompiledFn::compile(&g, &Default::default()).unwrap();
+    let ins = inputs_for(&g, 3);
+    let mut firsts = Vec::new();
+    for call in 0..3 {
+        let got = loaded.run(&ins).unwrap();
+        let want = jit.call(&ins).unwrap();
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_close(a, b, 0.0, &format!("call {call}, output {i}"));
+        }
+        firsts.push(got[0].to_f64_vec());
+    }
+    let kept = |v: &[f64]| v.iter().map(|x| *x != 0.0).collect::<Vec<_>>();
+    assert_ne!(kept(&firsts[0]), kept(&firsts[1]), "a new mask each call");
+    // the first call's mask is the eager one of the seed
+    let h = ins[0].transpose(0, 1).unwrap().tanh().unwrap();
+    let eager = h.dropout_seeded(0.3, true, 42).unwrap();
+    let eager = (&eager * 2.0).to_f64_vec();
+    assert_eq!(kept(&eager), kept(&firsts[0]));
+}

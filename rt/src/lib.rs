@@ -24,6 +24,7 @@
 pub mod consts;
 pub mod conv;
 pub mod copy;
+pub mod dropout;
 pub mod gemm;
 pub mod hot;
 mod lanes;
@@ -90,6 +91,16 @@ impl ElemType {
     /// The element type of `code`, if any.
     pub fn of_code(code: u64) -> Option<ElemType> {
         ElemType::ALL.get(usize::try_from(code).ok()?).copied()
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            ElemType::U8 | ElemType::I8 | ElemType::Bool => 1,
+            ElemType::F16 | ElemType::BF16 | ElemType::I16 => 2,
+            ElemType::F32 | ElemType::I32 => 4,
+            ElemType::F64 | ElemType::I64 => 8,
+        }
     }
 }
 

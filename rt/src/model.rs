@@ -58,8 +58,14 @@
 //!     average counts padding, the buffer and element offset of two operands (the input, or
 //!     the output's gradient and, for max pooling, the input), then the result's buffer
 //!     ([`crate::pool`]);
+//!   - [`STEP_DROPOUT`]: the element type ([`crate::ElemType`]'s code), the probability
+//!     (an f64's bits), the seed, the rank, the destination's buffer and element offset, the
+//!     source's, then the shape and the destination's and the source's strides; call `c` of
+//!     the model (counted in the tables' call counter) draws with
+//!     [`crate::dropout::seed_of_call`]`(seed, c)`;
 //!   - [`STEP_COND`] and [`STEP_LOOP`]: a branch or a loop over *blocks*, the steps of a
-//!     body, whose buffers follow the model's in the table ([`control`] gives the words).
+//!     body, whose buffers follow the model's in the table (as this module's `control`
+//!     part reads them).
 
 mod control;
 
@@ -101,6 +107,8 @@ pub const STEP_CONV: u64 = 3;
 pub const STEP_POOL: u64 = 4;
 /// A branch: `cond`.
 pub const STEP_COND: u64 = 7;
+/// A training dropout, its mask drawn anew each call ([`crate::dropout`]).
+pub const STEP_DROPOUT: u64 = 9;
 /// A loop: `while_loop`, `fori_loop` or `scan`.
 pub const STEP_LOOP: u64 = 8;
 /// A loop that runs while its condition block gives true.
@@ -455,6 +463,10 @@ pub struct ModelTables {
     pub consts: *const u8,
     /// Number of constant bytes.
     pub const_bytes: u64,
+    /// The model's call counter (a `u64` in writable memory, used atomically, 0 before the
+    /// first call), or NULL: call `c` of a model draws its dropout masks with
+    /// [`crate::dropout::seed_of_call`]`(seed, c)`.
+    pub calls: *mut u64,
 }
 
 /// The scratch size a plan needs, or None when it is not a plan of this format.
@@ -528,11 +540,20 @@ pub unsafe extern "C" fn smelt_rt_run(
         Ok(t) => t,
         Err(code) => return code,
     };
+    let call = if t.calls.is_null() || !t.calls.is_aligned() {
+        0
+    } else {
+        // SAFETY: the tables' counter is a u64 of the model's writable memory, which every
+        // call uses atomically.
+        unsafe { std::sync::atomic::AtomicU64::from_ptr(t.calls) }
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    };
     let ptrs = CallPtrs(inputs, outputs, scratch);
     let run = move || {
         let (inputs, outputs, scratch) = ptrs.get();
+        let memory = (inputs, outputs, scratch, need);
         // SAFETY: the caller's contract, and a scratch of at least `need` bytes.
-        unsafe { run_plan(plan, kernels, consts, inputs, outputs, scratch, need) }
+        unsafe { run_plan(plan, kernels, consts, memory, call) }
     };
     // on a pool worker, with the others polling for the kernels' chunks, when there are any
     let rc = if threaded {
@@ -699,6 +720,11 @@ fn splits(w: &mut Words, nsteps: usize) -> Result<bool, i32> {
                 }
                 skip(w, 6)?;
             }
+            STEP_DROPOUT => {
+                skip(w, 3)?;
+                let rank = w.usize()?;
+                skip(w, rank.saturating_mul(3).saturating_add(4))?;
+            }
             tag @ (STEP_COND | STEP_LOOP) => {
                 if control::splits(w, tag)? {
                     return Ok(true);
@@ -719,10 +745,8 @@ unsafe fn run_plan(
     plan: &[u64],
     kernels: &[KernelFn],
     consts: &[u8],
-    inputs: *const *const u8,
-    outputs: *const *mut u8,
-    scratch: *mut u8,
-    scratch_len: usize,
+    (inputs, outputs, scratch, scratch_len): (*const *const u8, *const *mut u8, *mut u8, usize),
+    call: u64,
 ) -> Result<(), i32> {
     let mut w = Words { w: plan, at: 4 };
     let table_at = w.usize()?;
@@ -762,6 +786,7 @@ unsafe fn run_plan(
         nbuf,
         scratch,
         scratch_len,
+        call,
     };
     // SAFETY: this fn's contract, and a buffer table just filled.
     unsafe { run_steps(&cx, &mut w, 0, nsteps)? };
@@ -809,6 +834,8 @@ struct Context<'a> {
     nbuf: usize,
     scratch: *mut u8,
     scratch_len: usize,
+    /// The call's number among the model's calls.
+    call: u64,
 }
 
 impl Context<'_> {
@@ -877,6 +904,8 @@ unsafe fn run_steps(cx: &Context, w: &mut Words, base: usize, nsteps: usize) -> 
             STEP_CONV => unsafe { conv_step(w, &buf)? },
             // SAFETY: as for the GEMM: the operands lie in their buffers as laid out.
             STEP_POOL => unsafe { pool_step(w, &buf)? },
+            // SAFETY: as for a copy.
+            STEP_DROPOUT => unsafe { dropout_step(w, &buf, cx.call)? },
             // SAFETY: as for a copy: the blocks' steps lie in their buffers as laid out.
             STEP_COND => unsafe { control::cond(cx, w)? },
             // SAFETY: as for a branch.
@@ -1048,6 +1077,51 @@ unsafe fn scan_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) 
         )
     };
     Ok(())
+}
+
+/// Reads and runs one dropout step of call `call`.
+///
+/// # Safety
+/// As [`copy_step`]: the walks lie in their buffers as laid out.
+unsafe fn dropout_step(
+    w: &mut Words,
+    buf: &dyn Fn(usize) -> Result<*mut u8, i32>,
+    call: u64,
+) -> Result<(), i32> {
+    let elem = crate::ElemType::of_code(w.next()?).ok_or(ERR_BAD_MODEL)?;
+    let (p, seed, rank) = (f64::from_bits(w.next()?), w.next()?, w.usize()?);
+    let (dst, dst_off) = (buf(w.usize()?)?, w.isize()?);
+    let (src, src_off) = (buf(w.usize()?)?, w.isize()?);
+    if rank > copy::MAX_RANK {
+        return Err(ERR_BAD_MODEL);
+    }
+    let mut shape = [0usize; copy::MAX_RANK];
+    let mut strides = [[0isize; copy::MAX_RANK]; 2];
+    for d in shape.iter_mut().take(rank) {
+        *d = w.usize()?;
+    }
+    for part in &mut strides {
+        for s in part.iter_mut().take(rank) {
+            *s = w.isize()?;
+        }
+    }
+    let walk = crate::dropout::Walk {
+        elem,
+        shape: &shape[..rank],
+        dst: &strides[0][..rank],
+        src: &strides[1][..rank],
+    };
+    let size = elem.size() as isize;
+    let (y, x) = (
+        dst.wrapping_offset(dst_off * size),
+        src.wrapping_offset(src_off * size),
+    );
+    let seed = crate::dropout::seed_of_call(seed, call);
+    // SAFETY: this fn's contract.
+    match unsafe { crate::dropout::step(&walk, p, seed, y, x) } {
+        true => Ok(()),
+        false => Err(ERR_BAD_MODEL),
+    }
 }
 
 /// The accumulation word of a scatter step: 0 to write, else [`SCATTER_ADD_F16`] plus the
@@ -1648,6 +1722,7 @@ mod tests {
             kernel_count: 0,
             consts: consts.as_ptr(),
             const_bytes: 0,
+            calls: std::ptr::null_mut(),
         };
         // SAFETY: the tables describe `plan`; the pointers are the test's own buffers.
         unsafe { smelt_rt_run(&tables, inputs, outputs, scratch, len) }

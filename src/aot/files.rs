@@ -109,7 +109,7 @@ pub(super) fn header(m: &AotModel) -> String {
     );
     let _ = writeln!(
         h,
-        "/* Runs the model: inputs[i] points to input i, outputs[i] to caller-allocated memory for\n * output i. scratch: NULL (the call allocates) or {up}_SCRATCH_BYTES bytes aligned to\n * {up}_SCRATCH_ALIGN (then the call does not allocate). Safe to call from several threads\n * at once, each with its own scratch. Returns {up}_OK or an error code. */"
+        "/* Runs the model: inputs[i] points to input i, outputs[i] to caller-allocated memory for\n * output i. scratch: NULL (the call allocates) or {up}_SCRATCH_BYTES bytes aligned to\n * {up}_SCRATCH_ALIGN (then the call does not allocate). Safe to call from several threads\n * at once, each with its own scratch. A training dropout draws a new mask each call (the\n * calls are counted from 0 in each process). Returns {up}_OK or an error code. */"
     );
     let _ = writeln!(
         h,

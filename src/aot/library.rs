@@ -338,6 +338,42 @@ pub(super) fn scan_words(s: &Schedule, e: &ExternCall, w: &mut Vec<u64>) -> Resu
     Ok(())
 }
 
+/// Appends the words of `e`, a `dropout`, as a dropout step: in training its mask is drawn
+/// anew each call of the model (the object counts its calls); otherwise every element is
+/// kept, unscaled.
+pub(super) fn dropout_words(s: &Schedule, e: &ExternCall, w: &mut Vec<u64>) -> Result<()> {
+    let Op::Dropout { p, training, seed } = &e.op else {
+        bail!(Value, "aot: {} is not a dropout", e.op.name());
+    };
+    let x = &e.args[0];
+    let out = &s.buffers[e.out];
+    if x.shape.len() > MAX_RANK {
+        bail!(Unsupported, "aot: dropout over more than {MAX_RANK} dims");
+    }
+    if !out.dtype.is_float() || out.dtype != s.buffers[x.buffer].dtype {
+        bail!(
+            DType,
+            "aot: dropout of {} into {}",
+            s.buffers[x.buffer].dtype,
+            out.dtype
+        );
+    }
+    let p = if *training { p.get() } else { 0.0 };
+    let code = crate::kernels::reduce::elem_type(out.dtype).code();
+    w.extend([
+        rt::STEP_DROPOUT,
+        code,
+        p.to_bits(),
+        *seed,
+        x.shape.len() as u64,
+    ]);
+    w.extend([e.out as u64, 0, x.buffer as u64, x.offset as u64]);
+    w.extend(x.shape.iter().map(|&d| d as u64));
+    w.extend(out.strides().iter().map(|&st| st as u64));
+    w.extend(x.strides.iter().map(|&st| st as u64));
+    Ok(())
+}
+
 /// The accumulation word of a scatter that adds elements of `d`.
 fn add_word(d: DType) -> u64 {
     rt::SCATTER_ADD_F16 + crate::kernels::reduce::elem_type(d).code()

@@ -156,6 +156,8 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
         8,
         &relocs,
     )?;
+    // the call counter dropout masks are drawn with (`smelt_rt::model::ModelTables`)
+    let calls = obj.writable_data(&format!("{name}_calls"), vec![0; 8], 8)?;
     let counts = [
         0,
         built.words.len() as u64,
@@ -163,6 +165,7 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
         funcs.len() as u64,
         0,
         built.consts.len() as u64,
+        0,
     ];
     let tables = obj.data(
         (&format!("{name}_tables"), Linkage::Local),
@@ -172,6 +175,7 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
             (0, Target::Data(plan)),
             (16, Target::Data(kernels)),
             (32, Target::Data(consts)),
+            (48, Target::Data(calls)),
         ],
     )?;
     let inputs = ports(

@@ -375,6 +375,10 @@ impl Emitter<'_, '_> {
                     library::scan_words(s, e, &mut w)?;
                     steps.push("cumsum".into());
                 }
+                Step::Extern(e) if matches!(e.op, Op::Dropout { .. }) => {
+                    library::dropout_words(s, e, &mut w)?;
+                    steps.push("dropout".into());
+                }
                 Step::Extern(e) if library::lowers(&e.op) => {
                     let n = library::copy_words(s, e, &mut w)?;
                     records = records - 1 + n;

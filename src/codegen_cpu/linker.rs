@@ -4,7 +4,8 @@
 //!
 //! The allocated sections are copied into one mapping, followed by a table of addresses (a
 //! GOT) for the symbols reached through it and a jump stub per external function called
-//! directly; relocations are applied, and the mapping is made read-only and executable.
+//! directly; relocations are applied, and the mapping is made read-only and executable,
+//! but for the writable sections' pages at its start (a model's call counter).
 //! Anything it does not understand (another architecture or relocation type, a symbol it
 //! cannot resolve, an offset outside its section) is an error, never a guess.
 
@@ -46,31 +47,42 @@ impl Loaded {
         if file.architecture() != object::Architecture::X86_64 || !cfg!(target_arch = "x86_64") {
             return Err(bad("not x86-64 code for this machine"));
         }
-        // lay out the allocated sections
+        // lay out the allocated sections: the writable ones (a model's call counter) first,
+        // on pages of their own that stay writable, then the code and read-only data
         let mut base: HashMap<object::SectionIndex, usize> = HashMap::new();
         let mut extent: HashMap<object::SectionIndex, usize> = HashMap::new();
         let mut size = 0usize;
-        for s in file.sections() {
-            if !matches!(
-                s.kind(),
+        let writable =
+            |k: SectionKind| matches!(k, SectionKind::Data | SectionKind::UninitializedData);
+        let loaded = |k: SectionKind| {
+            matches!(
+                k,
                 SectionKind::Text
-                    | SectionKind::Data
                     | SectionKind::ReadOnlyData
                     | SectionKind::ReadOnlyDataWithRel
                     | SectionKind::ReadOnlyString
-                    | SectionKind::UninitializedData
-            ) {
-                continue;
+            ) || writable(k)
+        };
+        let mut rw_end = 0;
+        for pass_writable in [true, false] {
+            for s in file.sections() {
+                if !loaded(s.kind()) || writable(s.kind()) != pass_writable {
+                    continue;
+                }
+                let align = usize::try_from(s.align().max(1)).map_err(bad)?;
+                let len = usize::try_from(s.size()).map_err(bad)?;
+                size = size
+                    .checked_next_multiple_of(align)
+                    .and_then(|at| at.checked_add(len))
+                    .filter(|&end| end <= MAX_IMAGE_BYTES)
+                    .ok_or_else(|| bad("sections larger than an object smelt writes"))?;
+                base.insert(s.index(), size - len);
+                extent.insert(s.index(), len);
             }
-            let align = usize::try_from(s.align().max(1)).map_err(bad)?;
-            let len = usize::try_from(s.size()).map_err(bad)?;
-            size = size
-                .checked_next_multiple_of(align)
-                .and_then(|at| at.checked_add(len))
-                .filter(|&end| end <= MAX_IMAGE_BYTES)
-                .ok_or_else(|| bad("sections larger than an object smelt writes"))?;
-            base.insert(s.index(), size - len);
-            extent.insert(s.index(), len);
+            if pass_writable && size > 0 {
+                size = size.next_multiple_of(PAGE);
+                rw_end = size;
+            }
         }
         // symbols, and the GOT slots and stubs of the ones relocations reach indirectly
         let mut addr_of: HashMap<object::SymbolIndex, (String, Option<usize>)> = HashMap::new();
@@ -225,6 +237,9 @@ impl Loaded {
             }
         }
         let map = map.make_exec().map_err(bad)?;
+        if rw_end > 0 {
+            writable_pages(&map, rw_end)?;
+        }
         let symbols = addr_of
             .values()
             .filter_map(|(n, off)| Some((n.clone(), start + (*off)?)))
@@ -232,6 +247,32 @@ impl Loaded {
             .collect();
         Ok(Loaded { map, symbols })
     }
+}
+
+/// The page size the writable sections are aligned to.
+const PAGE: usize = 4096;
+
+/// Makes the first `len` bytes (whole pages) of `map` readable and writable, not executable.
+#[cfg(target_os = "linux")]
+fn writable_pages(map: &memmap2::Mmap, len: usize) -> Result<()> {
+    // SAFETY: the range is whole pages at the start of a mapping this loader owns (mmap
+    // returns page-aligned memory; `len` is a multiple of PAGE within the mapping).
+    let rc = unsafe {
+        libc::mprotect(
+            map.as_ptr() as *mut libc::c_void,
+            len.min(map.len()),
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
+    match rc {
+        0 => Ok(()),
+        _ => Err(bad(std::io::Error::last_os_error())),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn writable_pages(_: &memmap2::Mmap, _: usize) -> Result<()> {
+    Err(bad("writable data outside Linux"))
 }
 
 /// The most bytes an object's sections may take when loaded (a model's kernels take a few

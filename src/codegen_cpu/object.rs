@@ -126,9 +126,25 @@ impl ObjectCode {
         align: u64,
         relocs: &[(u32, Target)],
     ) -> Result<DataId> {
+        self.define_data((name, linkage), bytes, align, relocs, false)
+    }
+
+    /// Defines data object `name` of `bytes` that the code may write (a counter).
+    pub fn writable_data(&mut self, name: &str, bytes: Vec<u8>, align: u64) -> Result<DataId> {
+        self.define_data((name, Linkage::Local), bytes, align, &[], true)
+    }
+
+    fn define_data(
+        &mut self,
+        (name, linkage): (&str, Linkage),
+        bytes: Vec<u8>,
+        align: u64,
+        relocs: &[(u32, Target)],
+        writable: bool,
+    ) -> Result<DataId> {
         let id = self
             .module
-            .declare_data(name, linkage, false, false)
+            .declare_data(name, linkage, writable, false)
             .map_err(module_err)?;
         let mut d = DataDescription::new();
         // an empty object still gets an address

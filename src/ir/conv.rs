@@ -602,30 +602,14 @@ pub fn check_dropout(p: f64) -> Result<()> {
     Ok(())
 }
 
-/// Whether element `i` of a dropout with `seed` is kept with probability `1 - p`: a
-/// counter-based draw (SplitMix64 of the seed and the index), so the mask is the same on every
-/// backend, in any order of evaluation, and needs no state.
-pub fn dropout_keep(seed: u64, i: u64, p: f64) -> bool {
-    let mut z = seed ^ i.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    // the top 53 bits as a uniform number in [0, 1)
-    let u = (z >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
-    u >= p
-}
+/// Whether element `i` of a dropout with `seed` is kept with probability `1 - p`
+/// (`smelt_rt::dropout::keep`: eager tensors, compiled functions and ahead-of-time models
+/// draw one mask).
+pub use smelt_rt::dropout::keep as dropout_keep;
 
-/// The seed of call `call` (0 for the first) of a compiled dropout written with `seed`:
-/// the first call uses `seed` itself (the mask eager mode draws with it), later calls a
-/// fresh seed mixed from both, so every call of a compiled training step drops other units.
-pub fn dropout_seed(seed: u64, call: u64) -> u64 {
-    if call == 0 {
-        return seed;
-    }
-    let mut z = seed.wrapping_add(call.wrapping_mul(0xD1B5_4A32_D192_ED03));
-    z = (z ^ (z >> 33)).wrapping_mul(0xFF51_AFD7_ED55_8CCD);
-    z ^ (z >> 33)
-}
+/// The seed of call `call` (0 for the first) of a compiled dropout written with `seed`
+/// (`smelt_rt::dropout::seed_of_call`).
+pub use smelt_rt::dropout::seed_of_call as dropout_seed;
 
 #[cfg(test)]
 mod tests {

@@ -4,10 +4,7 @@
 
 /// Ops (by name, with a dtype where only some dtypes are refused) that the JIT compiles and
 /// AOT refuses, and why.
-pub const GAPS: &[(&str, &str)] = &[(
-    "dropout",
-    "a training dropout draws a new mask each call, and an object keeps no call count",
-)];
+pub const GAPS: &[(&str, &str)] = &[];
 
 /// Ops that stay out of ahead-of-time models by design, and why.
 pub const EXCLUDED: &[(&str, &str)] = &[(
