@@ -231,19 +231,37 @@ pub fn expand_scatter_means(g: &Graph) -> Result<std::borrow::Cow<'_, Graph>> {
 }
 
 /// `g` with each operand of a `cat` or `stack` cast to the result's dtype where it differs
-/// (`cat` of a bf16 and a bool tensor): ahead-of-time models join them by copying elements,
-/// which converts nothing.
+/// (`cat` of a bf16 and a bool tensor), in the bodies of its control ops too: ahead-of-time
+/// models join them by copying elements, which converts nothing.
 pub fn cast_joined_operands(g: &Graph) -> Result<std::borrow::Cow<'_, Graph>> {
-    let joins = |v: ValueId| matches!(g.node(v).op(), Some(Op::Cat { .. } | Op::Stack { .. }));
-    let mixed = |v: ValueId| {
-        let d = g.node(v).ty.dtype;
-        g.operands(v).iter().any(|&a| g.node(a).ty.dtype != d)
-    };
-    if !g.topo_order().into_iter().any(|v| joins(v) && mixed(v)) {
+    if !joins_mixed(g) {
         return Ok(std::borrow::Cow::Borrowed(g));
     }
     let g = rebuild(g, |b, name, op, args, v| {
-        if !(joins(v) && mixed(v)) {
+        if let Op::Control(c) = op {
+            if !c.bodies.iter().any(|body| joins_mixed(body.graph())) {
+                return Ok(None);
+            }
+            let bodies = c
+                .bodies
+                .iter()
+                .map(|body| {
+                    Ok(match cast_joined_operands(body.graph())? {
+                        std::borrow::Cow::Borrowed(_) => body.clone(),
+                        std::borrow::Cow::Owned(cast) => crate::ir::control::Body::new(cast),
+                    })
+                })
+                .collect::<Result<_>>()?;
+            let c = crate::ir::control::Control {
+                kind: c.kind,
+                bodies,
+            };
+            return b
+                .g
+                .add_op_named(Op::Control(Box::new(c)), args, name)
+                .map(Some);
+        }
+        if !mixed_join(g, v) {
             return Ok(None);
         }
         let dtype = g.node(v).ty.dtype;
@@ -257,6 +275,21 @@ pub fn cast_joined_operands(g: &Graph) -> Result<std::borrow::Cow<'_, Graph>> {
         b.g.add_op_named(op.clone(), &args, name).map(Some)
     })?;
     Ok(std::borrow::Cow::Owned(g))
+}
+
+/// Whether `v` joins operands of several dtypes (`cat`, `stack`).
+fn mixed_join(g: &Graph, v: ValueId) -> bool {
+    let joins = matches!(g.node(v).op(), Some(Op::Cat { .. } | Op::Stack { .. }));
+    let d = g.node(v).ty.dtype;
+    joins && g.operands(v).iter().any(|&a| g.node(a).ty.dtype != d)
+}
+
+/// Whether `g` or one of its bodies holds a join of several dtypes.
+fn joins_mixed(g: &Graph) -> bool {
+    g.topo_order().into_iter().any(|v| match g.node(v).op() {
+        Some(Op::Control(c)) => c.bodies.iter().any(|b| joins_mixed(b.graph())),
+        _ => mixed_join(g, v),
+    })
 }
 
 /// `g` rebuilt with `f` replacing the nodes whose op `pick` selects, or `g` itself when
