@@ -14,6 +14,16 @@ fn graph(text: &str) -> smelt::ir::Graph {
     parse_module(text, "aot.smelt").unwrap().entry().clone()
 }
 
+/// The graph of `text` and its ahead-of-time model, loaded.
+fn load_model(text: &str) -> (smelt::ir::Graph, smelt::aot::LoadedModel) {
+    let g = graph(text);
+    let m = compile(&g, &AotOptions::default())
+        .unwrap_or_else(|e| panic!("{e}\n{text}"))
+        .load()
+        .unwrap();
+    (g, m)
+}
+
 /// Compiles `text`, runs it in this process on random inputs and compares each output with
 /// the interpreter's, exactly (the kernels and library routines are the JIT's).
 fn matches_interpreter(text: &str) {
@@ -85,11 +95,7 @@ graph body(%i: i64[], %x1: f64[]) {{
   return %6
 }}"
         );
-        let g = graph(&text);
-        let loaded = compile(&g, &AotOptions::default())
-            .unwrap_or_else(|e| panic!("{e}\n{text}"))
-            .load()
-            .unwrap();
+        let (g, loaded) = load_model(&text);
         for (x, n) in [(1.5, 2), (4.0, 2), (-2.0, 0)] {
             let ins = [
                 Tensor::from_vec(vec![x], &[]).unwrap(),
@@ -166,11 +172,7 @@ fn scatter_reductions_combine_as_the_eager_kernel() {
   return %y, %w
 }}"
             );
-            let g = graph(&text);
-            let loaded = compile(&g, &AotOptions::default())
-                .unwrap_or_else(|e| panic!("{reduce} {dtype}: {e}"))
-                .load()
-                .unwrap();
+            let (g, loaded) = load_model(&text);
             let ins = [a.clone(), index.clone(), b.clone()];
             let want = run_positional(&g, &ins).unwrap();
             let got = loaded.run(&ins).unwrap();
@@ -209,11 +211,7 @@ fn attention_gradients_compile_as_products_and_a_softmax() {
   return %y
 }}"
         );
-        let g = graph(&text);
-        let loaded = compile(&g, &AotOptions::default())
-            .unwrap_or_else(|e| panic!("{e}\n{text}"))
-            .load()
-            .unwrap();
+        let (g, loaded) = load_model(&text);
         for seed in 0..2 {
             let ins: Vec<Tensor> = g
                 .inputs()

@@ -1040,19 +1040,10 @@ unsafe fn scan_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) 
     let (dst, dst_off) = (buf(w.usize()?)?, w.isize()?);
     let (src, src_off) = (buf(w.usize()?)?, w.isize()?);
     let kind = crate::ElemType::of_code(kind).ok_or(ERR_BAD_MODEL)?;
-    if rank > copy::MAX_RANK || (rank > 0 && dim >= rank) {
+    if rank > 0 && dim >= rank {
         return Err(ERR_BAD_MODEL);
     }
-    let mut shape = [0usize; copy::MAX_RANK];
-    let mut strides = [[0isize; copy::MAX_RANK]; 2];
-    for d in shape.iter_mut().take(rank) {
-        *d = w.usize()?;
-    }
-    for part in &mut strides {
-        for s in part.iter_mut().take(rank) {
-            *s = w.isize()?;
-        }
-    }
+    let (shape, strides) = walk_words(w, rank)?;
     use crate::ElemType as E;
     let (in_size, out_size) = match kind {
         E::F16 | E::BF16 => (2, 2),
@@ -1079,19 +1070,11 @@ unsafe fn scan_step(w: &mut Words, buf: &dyn Fn(usize) -> Result<*mut u8, i32>) 
     Ok(())
 }
 
-/// Reads and runs one dropout step of call `call`.
-///
-/// # Safety
-/// As [`copy_step`]: the walks lie in their buffers as laid out.
-unsafe fn dropout_step(
-    w: &mut Words,
-    buf: &dyn Fn(usize) -> Result<*mut u8, i32>,
-    call: u64,
-) -> Result<(), i32> {
-    let elem = crate::ElemType::of_code(w.next()?).ok_or(ERR_BAD_MODEL)?;
-    let (p, seed, rank) = (f64::from_bits(w.next()?), w.next()?, w.usize()?);
-    let (dst, dst_off) = (buf(w.usize()?)?, w.isize()?);
-    let (src, src_off) = (buf(w.usize()?)?, w.isize()?);
+/// The shape and the destination's and the source's strides of a walk of `rank` dims.
+type WalkWords = ([usize; copy::MAX_RANK], [[isize; copy::MAX_RANK]; 2]);
+
+/// Reads the shape and the two stride lists of a walk of `rank` dims.
+fn walk_words(w: &mut Words, rank: usize) -> Result<WalkWords, i32> {
     if rank > copy::MAX_RANK {
         return Err(ERR_BAD_MODEL);
     }
@@ -1105,6 +1088,23 @@ unsafe fn dropout_step(
             *s = w.isize()?;
         }
     }
+    Ok((shape, strides))
+}
+
+/// Reads and runs one dropout step of call `call`.
+///
+/// # Safety
+/// As [`copy_step`]: the walks lie in their buffers as laid out.
+unsafe fn dropout_step(
+    w: &mut Words,
+    buf: &dyn Fn(usize) -> Result<*mut u8, i32>,
+    call: u64,
+) -> Result<(), i32> {
+    let elem = crate::ElemType::of_code(w.next()?).ok_or(ERR_BAD_MODEL)?;
+    let (p, seed, rank) = (f64::from_bits(w.next()?), w.next()?, w.usize()?);
+    let (dst, dst_off) = (buf(w.usize()?)?, w.isize()?);
+    let (src, src_off) = (buf(w.usize()?)?, w.isize()?);
+    let (shape, strides) = walk_words(w, rank)?;
     let walk = crate::dropout::Walk {
         elem,
         shape: &shape[..rank],
