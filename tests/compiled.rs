@@ -47,6 +47,26 @@ const INPUTS: Dist = Dist {
 /// how many configurations ran.
 fn check_on(g: &Graph, ins: &[Tensor], tol: f64) -> usize {
     let want = run_graph(g, ins).unwrap_or_else(|e| panic!("oracle {}: {e}", g.name));
+    check_within(g, ins, &want, tol, None)
+}
+
+/// [`check_on`] for random graphs: each element may also differ by a few times the
+/// interpreter's own spread under input rounding, since a kernel sums in another order (a
+/// 257-term dot product feeding another cancels to 1.41 from terms of ~50, and the two
+/// orders then differ by 2e-4).
+fn check_random(g: &Graph, ins: &[Tensor], tol: f64) -> usize {
+    let want = run_graph(g, ins).unwrap_or_else(|e| panic!("oracle {}: {e}", g.name));
+    let spread = common::inputs::spread(|x| run_graph(g, x).ok(), ins, &want);
+    check_within(g, ins, &want, tol, Some(&spread))
+}
+
+fn check_within(
+    g: &Graph,
+    ins: &[Tensor],
+    want: &[Tensor],
+    tol: f64,
+    spread: Option<&[Vec<f64>]>,
+) -> usize {
     let mut ran = 0;
     for opts in configs() {
         let Some(f) = compile(g, &opts) else { continue };
@@ -54,9 +74,13 @@ fn check_on(g: &Graph, ins: &[Tensor], tol: f64) -> usize {
             .call(ins)
             .unwrap_or_else(|e| panic!("{} {opts:?}: {e}\n{}", g.name, f.schedule()));
         assert_eq!(got.len(), want.len());
-        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        for (i, (a, b)) in got.iter().zip(want).enumerate() {
             let what = format!("{} output {i} {opts:?}\n{}", g.name, f.schedule());
-            assert_close(a, b, common::Tol::from(tol).for_dtype(b.dtype()), &what);
+            let tol = common::Tol::from(tol).for_dtype(b.dtype());
+            match spread {
+                Some(s) => common::close::assert_close_within(a, b, tol, &s[i], &what),
+                None => assert_close(a, b, tol, &what),
+            }
         }
         ran += 1;
     }
@@ -134,7 +158,7 @@ proptest! {
     #[test]
     fn random_graphs_match_the_interpreter(seed in any::<u64>(), n in 1usize..12) {
         let g = random_graph(seed, n);
-        check_on(&g, &inputs_with(&g, seed, &INPUTS), 1e-5);
+        check_random(&g, &inputs_with(&g, seed, &INPUTS), 1e-5);
     }
 }
 
@@ -145,8 +169,18 @@ proptest! {
     #[test]
     fn random_large_graphs_match_the_interpreter(seed in any::<u64>(), n in 1usize..8) {
         let g = common::random_graph_from(&common::Recipe::LARGE, seed, n);
-        check_on(&g, &inputs_with(&g, seed, &INPUTS), 1e-4);
+        check_random(&g, &inputs_with(&g, seed, &INPUTS), 1e-4);
     }
+}
+
+/// The large graph that once failed a fixed tolerance: `xt @ (xt @ tanh(y * x))` at 257,
+/// where an element cancels to 1.41 and the GEMM's summation order differs from the
+/// interpreter's by 2.6e-4.
+#[test]
+fn a_cancelling_gemm_chain_is_judged_by_the_reference_spread() {
+    let seed = 10738080553695476444;
+    let g = common::random_graph_from(&common::Recipe::LARGE, seed, 5);
+    check_random(&g, &inputs_with(&g, seed, &INPUTS), 1e-4);
 }
 
 // ---- fusion modes -------------------------------------------------------------------------
