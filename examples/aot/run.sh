@@ -13,8 +13,9 @@ cd "$(dirname "$0")/../.."
 # cargo's target directory, wherever CARGO_TARGET_DIR or a config puts it
 TARGET="$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
 OUT="${OUT:-$TARGET/aot-example}"
-# the test profile (the settings of dev): what `cargo test` built is reused
-cargo build --workspace --profile test
+# the test profile (the settings of dev): what `cargo test` built is reused (not
+# `--workspace`: the Python package's dependencies would change the others' features)
+cargo build --profile test -p smelt -p smelt-rt -p smelt-aot-example
 SMELT="$TARGET/debug/smelt"
 mkdir -p "$OUT"
 "$SMELT" compile examples/models/mlp_block.smelt --target cpu --out "$OUT" --name mlp
