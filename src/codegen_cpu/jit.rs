@@ -106,7 +106,17 @@ pub(super) fn define_function(
     }
     let dump = dump_asm();
     ctx.set_disasm(dump);
-    let res = module.define_function(id, ctx).map_err(module_err);
+    // a lowering the ISA's backend lacks panics there (no rule matches): an error naming
+    // the function, not the caller's abort
+    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        module.define_function(id, ctx).map_err(module_err)
+    }))
+    .unwrap_or_else(|_| {
+        Err(Error::Unsupported(format!(
+            "cpu codegen: Cranelift's {} backend cannot compile {name}",
+            module.isa().name()
+        )))
+    });
     COMPILED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     if dump && let Some(code) = ctx.compiled_code().and_then(|c| c.vcode.as_deref()) {
         eprintln!("; smelt kernel {name}\n{code}");

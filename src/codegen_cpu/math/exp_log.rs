@@ -156,8 +156,11 @@ pub(super) fn log_fixups(b: B, u: Value, y: Value) -> Value {
     let y = selc(b, inf, f64::INFINITY, y);
     let zero = fcmpc(b, FloatCC::Equal, u, 0.0);
     let y = selc(b, zero, f64::NEG_INFINITY, y);
-    let bad = fcmpc(b, FloatCC::UnorderedOrLessThan, u, 0.0);
-    selc(b, bad, f64::NAN, y)
+    // NaN unless `u >= 0` (which NaN fails): AArch64 has no vector compare for
+    // "unordered or less than", so the ordered one picks `y` instead
+    let ok = fcmpc(b, FloatCC::GreaterThanOrEqual, u, 0.0);
+    let nan = fc(b, ty(b, y), f64::NAN);
+    sel(b, ok, y, nan)
 }
 
 /// Natural logarithm.
