@@ -26,35 +26,11 @@ fn module(path: &str) -> smelt::ir::graph::Module {
     parse_module(&text, path).unwrap()
 }
 
-/// Runs `cmd` to success (a failure panics with its stderr, under `what`); its stdout.
-fn succeed(cmd: &mut Command, what: &str) -> String {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{what}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::aot::{Toolchain, succeed};
 
 /// Links the generic driver against model `m` written to `dir`; returns the executable.
 fn link_driver(m: &smelt::aot::AotModel, dir: &Path) -> PathBuf {
-    m.write(dir).unwrap();
-    let rt = smelt::aot::runtime_library().unwrap();
-    let exe = dir.join(format!("{}_driver", m.name));
-    let mut cmd = Command::new("cc");
-    cmd.arg("-O1")
-        .arg(format!("-DMODEL={}", m.name))
-        .arg(format!("-DNIN={}", m.inputs.len()))
-        .arg(format!("-DNOUT={}", m.outputs.len()))
-        .arg(format!("-DSCRATCH={}", m.scratch_bytes))
-        .arg(root().join("tests/aot_driver.c"))
-        .arg(dir.join(format!("{}.o", m.name)))
-        .args(smelt::aot::link_flags(&rt).split_whitespace())
-        .arg("-o")
-        .arg(&exe);
-    succeed(&mut cmd, &format!("linking {}", m.name));
-    exe
+    common::aot::link_driver(m, dir, &Toolchain::host())
 }
 
 /// Compiles `g` with the default options into a fresh folder named by `tag` and links the
@@ -83,27 +59,7 @@ fn try_run_driver(
     dir: &Path,
     inputs: &[Tensor],
 ) -> Result<(Vec<Tensor>, String), String> {
-    let mut args = Vec::new();
-    for (i, t) in inputs.iter().enumerate() {
-        let p = dir.join(format!("in{i}.bin"));
-        std::fs::write(&p, t.to_bytes().unwrap()).unwrap();
-        args.push(p);
-    }
-    let outs: Vec<PathBuf> = (0..m.outputs.len())
-        .map(|i| dir.join(format!("out{i}.bin")))
-        .collect();
-    args.extend(outs.iter().cloned());
-    let out = Command::new(exe).args(&args).output().unwrap();
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-    }
-    let tensors = m
-        .outputs
-        .iter()
-        .zip(&outs)
-        .map(|(p, f)| Tensor::from_bytes(p.dtype, &p.shape, &std::fs::read(f).unwrap()).unwrap())
-        .collect();
-    Ok((tensors, String::from_utf8_lossy(&out.stdout).into_owned()))
+    common::aot::try_run_driver(m, exe, dir, inputs, &Toolchain::host())
 }
 
 /// How an object's outputs must agree with eager's.
@@ -175,31 +131,12 @@ const MODELS: [&str; 9] = [
     "benches/models/gpu.smelt",
 ];
 
-/// Every `.smelt` file under `dir` (recursively), sorted.
-fn smelt_files(dir: &Path, found: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            smelt_files(&p, found);
-        } else if p.extension().is_some_and(|x| x == "smelt") {
-            found.push(p);
-        }
-    }
-}
-
 /// Every `.smelt` model of the repository (examples, benches, tests), found by walking the
 /// folders rather than listed, compiles ahead of time, or is refused for an op that
 /// tests/common/aot_gaps.rs lists.
 #[test]
 fn every_model_of_the_repository_compiles() {
-    let mut files = Vec::new();
-    for dir in ["examples", "benches", "tests"] {
-        smelt_files(&root().join(dir), &mut files);
-    }
-    files.sort();
+    let files = common::aot::repository_models();
     assert!(files.len() >= MODELS.len(), "found {files:?}");
     let mut compiled = 0;
     for path in &files {
@@ -215,14 +152,7 @@ fn every_model_of_the_repository_compiles() {
                     assert!(m.manifest.contains(&size), "{rel}: {size}");
                     compiled += 1;
                 }
-                Err(e) => {
-                    let e = e.to_string();
-                    let listed = common::aot_gaps::GAPS
-                        .iter()
-                        .filter_map(|(key, _)| key.split(' ').next())
-                        .any(|op| e.contains(&format!("library op {op} ")));
-                    assert!(listed, "{rel} {}: {e}", g.name);
-                }
+                Err(e) => assert!(common::aot::is_listed_gap(&e), "{rel} {}: {e}", g.name),
             }
         }
     }
@@ -255,11 +185,7 @@ fn compiled_models_agree_with_the_interpreter_and_refuse_bad_arguments() {
                         &format!("{path} {} output {i}", g.name),
                     );
                 }
-                let expect = format!(
-                    "threads_agree 1\nnull_inputs 1\nnull_outputs 1\nnull_entry 1\nsmall_scratch 2\nmisaligned_scratch 8\nnull_scratch 0\nmessage {}\n",
-                    "the scratch buffer is smaller than the model's scratch size"
-                );
-                assert_eq!(codes, expect, "{path} {}", g.name);
+                assert_eq!(codes, common::aot::BAD_ARGUMENT_CODES, "{path} {}", g.name);
             }
         }
     }

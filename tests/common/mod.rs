@@ -8,11 +8,13 @@
 //! - [`onnx_protos`]: ONNX messages built in code (a value's type, a node, a model);
 //! - [`torch`]: the Python of the PyTorch comparisons, or why they skip;
 //! - [`cli`]: fresh temporary directories and runs of the `smelt` binary;
+//! - [`aot`]: ahead-of-time models linked with the C driver, here or for another machine;
 //! - [`aot_gaps`]: the ops ahead-of-time objects refuse today, and why;
 //! - [`cuda_cases`] and [`cuda_check`]: the per-op graphs and inputs of the CUDA tests.
 
 #![allow(dead_code)]
 
+pub mod aot;
 pub mod aot_gaps;
 pub mod cli;
 pub mod close;
