@@ -846,6 +846,7 @@ fn shared_libraries_with_bound_weights_run_through_the_c_interface() {
         cpu: "native".into(),
         weights: Some(weights),
         shared: true,
+        target_triple: None,
     };
     run(&args).unwrap();
     let header = std::fs::read_to_string(dir.join("blk.h")).unwrap();

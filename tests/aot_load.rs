@@ -72,6 +72,7 @@ fn sixty_four_threads_on_one_shared_library_get_the_serial_results() {
         cpu: "native".into(),
         weights: None,
         shared: true,
+        target_triple: None,
     };
     run(&args).unwrap();
     let header = std::fs::read_to_string(dir.join("block.h")).unwrap();

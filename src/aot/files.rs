@@ -44,10 +44,11 @@ pub(super) fn header(m: &AotModel) -> String {
     let mut h = String::new();
     let _ = writeln!(
         h,
-        "/* {n}.h: the model {n} (graph {}), compiled ahead of time by smelt {} for the CPU ({}).\n * Link: cc main.c {n}.o $(cat link-flags.txt)\n * Every array is C-contiguous (row-major), of the dtype and shape stated here. */",
+        "/* {n}.h: the model {n} (graph {}), compiled ahead of time by smelt {} for the CPU ({}, {}).\n * Link: cc main.c {n}.o $(cat link-flags.txt)\n * Every array is C-contiguous (row-major), of the dtype and shape stated here. */",
         m.graph,
         env!("CARGO_PKG_VERSION"),
-        m.cpu.name()
+        m.cpu.name(),
+        m.cpu.triple()
     );
     let _ = writeln!(
         h,
@@ -363,6 +364,7 @@ pub(super) fn manifest(
         "graph": m.graph,
         "target": "cpu",
         "cpu": m.cpu.name(),
+        "triple": m.cpu.triple(),
         "cpu_features": m.features,
         "smelt_version": env!("CARGO_PKG_VERSION"),
         "plan_format": smelt_rt::model::FORMAT,

@@ -343,7 +343,9 @@ impl AotModel {
 /// Compiles the graph of a `.smelt` file for a `build.rs`: writes `NAME.o`, `NAME.h`,
 /// `manifest.json`, a static library `libNAME.a` holding the object, and `NAME.rs` (the
 /// typed Rust function) into `out_dir`, and prints the `cargo:` lines that link the library
-/// and rerun the build when the model changes. Returns the model.
+/// and rerun the build when the model changes. Returns the model. In a cross build (cargo's
+/// `TARGET` is not its `HOST`) the default CPU target means `TARGET`'s, as
+/// [`CpuTarget::from_triple`] reads it.
 ///
 /// ```no_run
 /// // build.rs
@@ -361,7 +363,7 @@ pub fn compile_model(
         std::fs::read_to_string(path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
     let module = crate::ir::text::parse_module(&text, &path.display().to_string())?;
     let g = module.pick(opts.graph.as_deref())?;
-    let m = compile(g, opts)?;
+    let m = compile(g, &for_build_target(opts)?)?;
     m.write(out_dir)?;
     let lib = out_dir.join(format!("lib{}.a", m.name));
     files::write_archive(&lib, &format!("{}.o", m.name), &m.object)?;
@@ -373,6 +375,21 @@ pub fn compile_model(
     println!("cargo:rustc-link-search=native={}", out_dir.display());
     println!("cargo:rustc-link-lib=static={}", m.name);
     Ok(m)
+}
+
+/// `opts` for the crate a build script builds: a cross build (cargo's `TARGET` other than its
+/// `HOST`) compiles for `TARGET` where `opts` names this machine (`CpuTarget::Native`).
+fn for_build_target(opts: &AotOptions) -> Result<AotOptions> {
+    let (Ok(target), Ok(host)) = (std::env::var("TARGET"), std::env::var("HOST")) else {
+        return Ok(opts.clone());
+    };
+    if opts.cpu != CpuTarget::Native || target == host {
+        return Ok(opts.clone());
+    }
+    Ok(AotOptions {
+        cpu: CpuTarget::from_triple(&target, "native")?,
+        ..opts.clone()
+    })
 }
 
 /// Where [`compile_model`] and `smelt compile --target cpu` put a model's files.

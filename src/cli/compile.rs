@@ -49,6 +49,12 @@ pub struct CompileArgs {
     /// The CPU the code is for (cpu): native, x86-64-v3 or x86-64-v4.
     #[arg(long, default_value = "native")]
     pub cpu: String,
+    /// The machine the code is for (cpu): x86_64-unknown-linux-gnu or
+    /// aarch64-unknown-linux-gnu (default: this one). Another machine's object is written
+    /// without the run-time library, which is built for it with `cargo build --release -p
+    /// smelt-rt --target TRIPLE`.
+    #[arg(long, value_name = "TRIPLE")]
+    pub target_triple: Option<String>,
     /// A safetensors file of the graph's parameters (cpu): they are compiled into the
     /// object's read-only data instead of being inputs. An ONNX model's initializers
     /// always are.
@@ -76,9 +82,9 @@ pub fn run(a: &CompileArgs) -> Result<()> {
         }
         return cpu(a, &crate::passes::fold::bind_inputs(g, &loaded.weights)?);
     }
-    if a.shared || a.weights.is_some() {
+    if a.shared || a.weights.is_some() || a.target_triple.is_some() {
         return Err(Error::Value(
-            "--shared and --weights are for --target cpu".into(),
+            "--shared, --weights and --target-triple are for --target cpu".into(),
         ));
     }
     let module = load(&a.model)?;
@@ -125,13 +131,27 @@ pub fn run(a: &CompileArgs) -> Result<()> {
 /// `--target cpu`: the object, header and manifest, the run-time library and the link
 /// flags, all in `--out`.
 fn cpu(a: &CompileArgs, g: &crate::ir::graph::Graph) -> Result<()> {
+    use crate::aot::CpuTarget;
+    let cpu = match &a.target_triple {
+        Some(t) => CpuTarget::from_triple(t, &a.cpu)?,
+        None => CpuTarget::parse(&a.cpu)?,
+    };
+    if a.shared && !cpu.is_host() {
+        return Err(Error::Value(format!(
+            "--shared links with this machine's run-time library, not one for {}: link the object on that machine",
+            cpu.triple()
+        )));
+    }
     let opts = crate::aot::AotOptions {
         name: a.name.clone(),
-        cpu: crate::aot::CpuTarget::parse(&a.cpu)?,
+        cpu,
         graph: None,
     };
     // everything that can fail before writing comes first, so a failure leaves no output
     let m = crate::aot::compile(g, &opts)?;
+    if !cpu.is_host() {
+        return cross(&m, &a.out);
+    }
     let rt = crate::aot::runtime_library()?;
     let lib = std::fs::read(&rt).map_err(|e| Error::Io(format!("{}: {e}", rt.display())))?;
     m.write(&a.out)?;
@@ -155,6 +175,30 @@ fn cpu(a: &CompileArgs, g: &crate::ir::graph::Graph) -> Result<()> {
         let so = crate::aot::link_shared(&m, &a.out, &dest)?;
         println!("shared library: {}", so.display());
     }
+    Ok(())
+}
+
+/// A cross-compiled model: the object, header and manifest, and link flags that name the
+/// run-time library the user builds for that machine and copies beside the object.
+fn cross(m: &crate::aot::AotModel, out: &Path) -> Result<()> {
+    m.write(out)?;
+    // where the user puts that library: beside the object, as for this machine
+    let dir =
+        std::fs::canonicalize(out).map_err(|e| Error::Io(format!("{}: {e}", out.display())))?;
+    let flags = crate::aot::link_flags(&dir.join("libsmelt_rt.a")) + "\n";
+    write(&out.join("link-flags.txt"), flags.as_bytes())?;
+    println!(
+        "{}: {} input(s), {} output(s), {} scratch bytes, {} -> {}\n\
+         link it with the run-time library built for that machine, copied beside it:\n  \
+         cargo build --release -p smelt-rt --target {}",
+        m.name,
+        m.inputs.len(),
+        m.outputs.len(),
+        m.scratch_bytes,
+        m.cpu.triple(),
+        out.display(),
+        m.cpu.triple()
+    );
     Ok(())
 }
 

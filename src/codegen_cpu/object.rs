@@ -14,7 +14,8 @@ use cranelift_module::{DataDescription, DataId, FuncId, Linkage, Module, default
 use cranelift_object::{ObjectBuilder, ObjectModule};
 use std::sync::Arc;
 
-/// The x86-64 CPU an object is compiled for.
+/// The CPU an object is compiled for: the compiling machine, an x86-64 level, or 64-bit
+/// Arm (cross-compiled).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum CpuTarget {
     /// Every extension of the compiling machine.
@@ -24,17 +25,54 @@ pub enum CpuTarget {
     X86_64V3,
     /// x86-64-v4: x86-64-v3 and AVX-512 F/VL/DQ.
     X86_64V4,
+    /// AArch64 (ARMv8-A and later, whose NEON holds the kernels' 128-bit vectors) on Linux:
+    /// `aarch64-unknown-linux-gnu`.
+    Aarch64,
 }
 
+/// The target triples [`CpuTarget::from_triple`] takes.
+pub const TRIPLES: [&str; 2] = ["x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"];
+
 impl CpuTarget {
-    /// Parses `native`, `x86-64-v3` or `x86-64-v4`.
+    /// Parses `native`, `x86-64-v3`, `x86-64-v4` or `aarch64`.
     pub fn parse(s: &str) -> Result<CpuTarget> {
         match s {
             "native" => Ok(CpuTarget::Native),
             "x86-64-v3" => Ok(CpuTarget::X86_64V3),
             "x86-64-v4" => Ok(CpuTarget::X86_64V4),
+            "aarch64" => Ok(CpuTarget::Aarch64),
             _ => Err(Error::Value(format!(
-                "unknown CPU target '{s}' (expected native, x86-64-v3 or x86-64-v4)"
+                "unknown CPU target '{s}' (expected native, x86-64-v3, x86-64-v4 or aarch64)"
+            ))),
+        }
+    }
+
+    /// The target for target triple `triple` and CPU `cpu` (a name `parse` reads): on
+    /// x86-64 the CPU picks the level; AArch64 has one target, so `cpu` must be `native`
+    /// (the default) or `aarch64`.
+    pub fn from_triple(triple: &str, cpu: &str) -> Result<CpuTarget> {
+        let c = CpuTarget::parse(cpu)?;
+        match (triple, c) {
+            ("x86_64-unknown-linux-gnu", CpuTarget::Aarch64) => Err(Error::Value(
+                "the CPU aarch64 is not an x86-64 CPU (expected native, x86-64-v3 or x86-64-v4)"
+                    .into(),
+            )),
+            ("x86_64-unknown-linux-gnu", CpuTarget::Native) if !cfg!(target_arch = "x86_64") => {
+                Err(Error::Value(
+                    "this machine is not x86-64: name the CPU (x86-64-v3 or x86-64-v4)".into(),
+                ))
+            }
+            ("x86_64-unknown-linux-gnu", c) => Ok(c),
+            ("aarch64-unknown-linux-gnu", CpuTarget::Native | CpuTarget::Aarch64) => {
+                Ok(CpuTarget::Aarch64)
+            }
+            ("aarch64-unknown-linux-gnu", c) => Err(Error::Value(format!(
+                "the CPU {} is for x86-64, not the target aarch64-unknown-linux-gnu (leave it out)",
+                c.name()
+            ))),
+            _ => Err(Error::Value(format!(
+                "unknown target triple '{triple}' (expected one of: {})",
+                TRIPLES.join(", ")
             ))),
         }
     }
@@ -45,7 +83,23 @@ impl CpuTarget {
             CpuTarget::Native => "native",
             CpuTarget::X86_64V3 => "x86-64-v3",
             CpuTarget::X86_64V4 => "x86-64-v4",
+            CpuTarget::Aarch64 => "aarch64",
         }
+    }
+
+    /// The target triple of the code: the compiling machine's for `Native`.
+    pub fn triple(self) -> &'static str {
+        match self {
+            CpuTarget::Aarch64 => "aarch64-unknown-linux-gnu",
+            CpuTarget::Native if cfg!(target_arch = "aarch64") => "aarch64-unknown-linux-gnu",
+            _ => "x86_64-unknown-linux-gnu",
+        }
+    }
+
+    /// Whether code for this target runs on the compiling machine's architecture (a
+    /// cross-compiled object needs another machine, or an emulator, to run).
+    pub fn is_host(self) -> bool {
+        self.triple() == CpuTarget::Native.triple()
     }
 
     /// Cranelift's ISA for this target.
@@ -53,7 +107,9 @@ impl CpuTarget {
         let err = |e: &dyn std::fmt::Display| Error::Unsupported(format!("cpu codegen: {e}"));
         let mut b = match self {
             CpuTarget::Native => cranelift_native::builder().map_err(|e| err(&e))?,
-            _ => cranelift_native::builder_with_options(false).map_err(|e| err(&e))?,
+            // the baseline of the architecture (NEON is part of ARMv8-A), or of x86-64
+            // with the level's extensions added below
+            _ => cranelift_codegen::isa::lookup_by_name(self.triple()).map_err(|e| err(&e))?,
         };
         let v3 = [
             "has_sse3",
@@ -70,7 +126,7 @@ impl CpuTarget {
         ];
         let v4 = ["has_avx512f", "has_avx512vl", "has_avx512dq"];
         let extra: Vec<&str> = match self {
-            CpuTarget::Native => Vec::new(),
+            CpuTarget::Native | CpuTarget::Aarch64 => Vec::new(),
             CpuTarget::X86_64V3 => v3.to_vec(),
             CpuTarget::X86_64V4 => [&v3[..], &v4[..]].concat(),
         };
