@@ -106,8 +106,17 @@ impl Unit {
                 .map(|(i, p)| format!("({})a[{i}]", p.ctype))
                 .collect();
             let launcher = format!("sm_launch_{fname}");
+            // threads that meet need threads of their own; the others run one by one
+            let meet = ["__syncthreads", "__shfl", "__shared__", "sm_block_"]
+                .iter()
+                .any(|m| k.source.contains(m));
+            let launch = if meet {
+                "sm_host_launch"
+            } else {
+                "sm_host_launch_serial"
+            };
             self.source.push_str(&format!(
-                "extern \"C\" void {launcher}(void** a, unsigned int grid, unsigned int block) {{\n  sm_host_launch(grid, block, [&] {{ {fname}({}); }});\n}}\n\n",
+                "extern \"C\" void {launcher}(void** a, unsigned int grid, unsigned int block) {{\n  {launch}(grid, block, [&] {{ {fname}({}); }});\n}}\n\n",
                 args.join(", ")
             ));
             launchers.push(launcher);

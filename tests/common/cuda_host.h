@@ -1,8 +1,12 @@
 // CUDA C on the host: just enough of the CUDA language for smelt's generated kernels to
-// compile with a C++20 compiler and run on CPU threads. A launch runs every thread of a
-// block as an OS thread and the blocks one after another, so __syncthreads is a barrier
-// and a warp shuffle is an exchange through memory between two barriers.
+// compile with a C++20 compiler and run on CPU threads. A launch of a kernel whose threads
+// meet (__syncthreads, warp shuffles) runs every thread of a block as an OS thread and the
+// blocks one after another, so __syncthreads is a barrier and a warp shuffle is an exchange
+// through memory between two barriers; a kernel whose threads never meet runs them one
+// after another on the caller's thread.
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <atomic>
 #include <barrier>
@@ -22,7 +26,13 @@ static thread_local dim3 threadIdx, blockIdx;
 static dim3 blockDim, gridDim;
 static std::barrier<>* sm_host_barrier;
 
-inline void __syncthreads() { sm_host_barrier->arrive_and_wait(); }
+inline void __syncthreads() {
+  if (!sm_host_barrier) {
+    fprintf(stderr, "a kernel launched one thread at a time met a barrier\n");
+    abort();
+  }
+  sm_host_barrier->arrive_and_wait();
+}
 
 // Every thread of the block takes part in each shuffle of the generated reductions.
 static unsigned char sm_host_lanes[1024 * 8];
@@ -121,6 +131,21 @@ inline __half atomicAdd(__half* p, __half v) {
 }
 inline __nv_bfloat16 atomicAdd(__nv_bfloat16* p, __nv_bfloat16 v) {
   return sm_host_cas_add(p, v, __bfloat162float, __float2bfloat16_rn);
+}
+
+// Runs `kernel`, whose threads never meet, on a grid of `grid` blocks of `block` threads,
+// one thread after another (no OS threads, no barriers: most kernels are pointwise).
+template <class F> void sm_host_launch_serial(unsigned int grid, unsigned int block, F kernel) {
+  gridDim = {grid, 1, 1};
+  blockDim = {block, 1, 1};
+  sm_host_barrier = nullptr;
+  for (unsigned int b = 0; b < grid; ++b) {
+    blockIdx = {b, 0, 0};
+    for (unsigned int t = 0; t < block; ++t) {
+      threadIdx = {t, 0, 0};
+      kernel();
+    }
+  }
 }
 
 // Runs `kernel` on a grid of `grid` blocks of `block` threads.
