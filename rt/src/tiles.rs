@@ -60,7 +60,18 @@ pub enum Start<'a> {
 /// Whether products with `n` columns run here: `n` a multiple of 8, on a CPU with AVX2 and
 /// FMA at least (and `SMELT_CPU` not capping below them).
 pub fn supports(n: usize) -> bool {
-    n > 0 && n.is_multiple_of(8) && level() != Level::Unavailable
+    fits(n) && available()
+}
+
+/// Whether products with `n` columns fit the tiles: `n` a multiple of 8.
+pub fn fits(n: usize) -> bool {
+    n > 0 && n.is_multiple_of(8)
+}
+
+/// Whether this CPU runs the tiles: AVX2 and FMA at least, and `SMELT_CPU` not capping below
+/// them.
+pub fn available() -> bool {
+    level() != Level::Unavailable
 }
 
 /// `C[m, n] = start + Σ_s A_s · B_s`, `C` at `c` with `c_rows` elements from row to row.

@@ -103,9 +103,10 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
     }
     // (the ports keep the names of the caller's graph: `given`)
     let given = g;
-    let (s, windows) = prepare(g)?;
     let mut obj = ObjectCode::new(&name, opts.cpu)?;
     let features = feature_mask(obj.isa());
+    let tiles = runs_tiles(features);
+    let (s, windows) = prepare(g, tiles)?;
 
     // kernels: one function per distinct structure, as the JIT's cache shares them
     let cg = CodegenOptions::default();
@@ -134,7 +135,7 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
         index.insert(key, found);
         Ok(code(found))
     };
-    let built = model_layout::build(&s, &windows, features, &mut kernel, &prepare)?;
+    let built = model_layout::build(&s, &windows, features, &mut kernel, &|g| prepare(g, tiles))?;
 
     // the tables `smelt_rt_run` reads
     let words: Vec<u8> = built.words.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -265,7 +266,7 @@ pub fn compile(g: &Graph, opts: &AotOptions) -> Result<AotModel> {
 /// make of it (its disk cache's schedule when it holds one), with attention and its
 /// gradient as products and a softmax (the run-time library has no fused attention), a
 /// scatter mean as a sum and a count, and the operands of a copy joined in one dtype.
-fn prepare(g: &Graph) -> Result<model_layout::Prepared> {
+fn prepare(g: &Graph, tiles: bool) -> Result<model_layout::Prepared> {
     let g = &*crate::passes::decompose::expand_attentions(g)?;
     let g = &*crate::passes::decompose::expand_attention_grads(g)?;
     let g = &*crate::passes::decompose::expand_scatter_means(g)?;
@@ -277,8 +278,18 @@ fn prepare(g: &Graph) -> Result<model_layout::Prepared> {
     };
     let mut s = planned.schedule;
     s.validate()?;
-    let windows = windows::prepare(&mut s)?;
+    let windows = windows::prepare(&mut s, tiles)?;
     Ok((s, windows))
+}
+
+/// Whether the CPU of code needing `features` (`smelt_rt::model::FEATURES` bits) runs the
+/// run-time library's register tiles (AVX2 and FMA): what the library's convolutions decide
+/// there, and so the weights' order the object lays out. An AArch64 object needs none.
+fn runs_tiles(features: u64) -> bool {
+    ["has_avx2", "has_fma"].iter().all(|f| {
+        let i = smelt_rt::model::FEATURES.iter().position(|(cl, _)| cl == f);
+        i.is_some_and(|i| features & (1 << i) != 0)
+    })
 }
 
 /// The block a function body starts in (where its parameters are).

@@ -4,7 +4,9 @@
 //!
 //! The kernels read dense operands in one order each: the input and the output in NCHW, or
 //! NHWC where the JIT would choose it (a channels_last input), a convolution's weights in
-//! the order [`weight_order`] names. [`prepare`] puts every operand there before the plan is
+//! the order [`weight_order_on`] names for the target (the register tiles' order only where
+//! its CPU runs them, as `smelt_rt::conv::forward` decides there). [`prepare`] puts every
+//! operand there before the plan is
 //! built: an operand already in that order is read in place; a constant (the weights,
 //! mostly) is reordered now, into a new constant; anything else is copied at run time by a
 //! `contiguous` step inserted before the op (and a result the schedule wants in the other
@@ -18,7 +20,7 @@ use crate::kernels::conv::{plan as conv_plan, prefers_nhwc_layout};
 use crate::kernels::pool::{geometry, plan as pool_plan};
 use crate::layout::Layout;
 use crate::{Result, bail};
-use smelt_rt::conv::{Dims, WeightOrder, weight_order};
+use smelt_rt::conv::{Dims, WeightOrder, weight_order_on};
 use smelt_rt::model as rt;
 use smelt_rt::pool::{Geometry, Plan};
 use std::sync::Arc;
@@ -60,7 +62,7 @@ struct Found {
 
 /// Conforms the operands of every convolution and pooling of `s` to its kernel's orders
 /// (inserting copy steps); returns, per step of the new schedule, the window op it runs.
-pub(super) fn prepare(s: &mut Schedule) -> Result<Vec<Option<WindowStep>>> {
+pub(super) fn prepare(s: &mut Schedule, tiles: bool) -> Result<Vec<Option<WindowStep>>> {
     let mut steps = Vec::with_capacity(s.steps.len());
     let mut found = Vec::with_capacity(s.steps.len());
     for step in std::mem::take(&mut s.steps) {
@@ -69,7 +71,7 @@ pub(super) fn prepare(s: &mut Schedule) -> Result<Vec<Option<WindowStep>>> {
             found.push(None);
             continue;
         };
-        let Some(f) = problem(s, &e)? else {
+        let Some(f) = problem(s, &e, tiles)? else {
             steps.push(Step::Extern(e));
             found.push(None);
             continue;
@@ -126,7 +128,7 @@ fn prefers_nhwc_view(v: &View) -> bool {
 }
 
 /// `e`'s window op; `None` for any other op.
-fn problem(s: &Schedule, e: &ExternCall) -> Result<Option<Found>> {
+fn problem(s: &Schedule, e: &ExternCall, tiles: bool) -> Result<Option<Found>> {
     let out = &s.buffers[e.out];
     let dtype = out.dtype;
     let name = e.op.name();
@@ -204,7 +206,7 @@ fn problem(s: &Schedule, e: &ExternCall) -> Result<Option<Found>> {
             let dims = conv_plan(name, &x.shape, &w.shape, &out.shape, &geo)?;
             let nhwc = prefers_nhwc_view(x);
             // the halves compute in f32, and take the f32 kernels' orders
-            let w_order = match weight_order(&dims, nhwc, dtype != DType::F64) {
+            let w_order = match weight_order_on(&dims, nhwc, dtype != DType::F64, tiles) {
                 WeightOrder::Nchw => layout_order(rank, false),
                 WeightOrder::Nhwc => layout_order(rank, true),
                 // [kH, kW, Cin, Cout], or [kW, Cin, Cout] for a 1-d convolution

@@ -23,7 +23,13 @@ use std::cell::RefCell;
 /// Whether the forward and the weight gradient of `d` run here: one group, output
 /// channels the tiles take.
 pub fn applies(d: &Dims) -> bool {
-    d.g == 1 && tiles::supports(d.co)
+    fits(d) && tiles::available()
+}
+
+/// Whether the forward of `d` fits the tiles (one group, output channels a multiple of 8),
+/// whatever the CPU.
+pub fn fits(d: &Dims) -> bool {
+    d.g == 1 && tiles::fits(d.co)
 }
 
 /// Whether the input gradient of `d` runs here: one group, input channels the tiles take.

@@ -282,9 +282,16 @@ pub enum WeightOrder {
 /// The order [`forward`] reads the weights of `d` in, for f32 (`f32`) or f64 operands in
 /// NHWC (`nhwc`) or NCHW order.
 pub fn weight_order(d: &Dims, nhwc: bool, f32: bool) -> WeightOrder {
+    weight_order_on(d, nhwc, f32, crate::tiles::available())
+}
+
+/// [`weight_order`] on a CPU that runs the register tiles (`tiles`: x86-64 with AVX2 and FMA)
+/// or not: the order an object compiled for another machine lays its weights out in, for
+/// [`forward`] there.
+pub fn weight_order_on(d: &Dims, nhwc: bool, f32: bool, tiles: bool) -> WeightOrder {
     if d.depthwise() {
         WeightOrder::Nchw
-    } else if f32 && direct::applies(d) {
+    } else if f32 && tiles && direct::fits(d) {
         WeightOrder::Taps
     } else if nhwc {
         WeightOrder::Nhwc
