@@ -14,7 +14,7 @@ secs=${1:?usage: fuzz/run.sh SECONDS [TARGET...]}
 shift
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(smelt_text npy safetensors onnx cache_entry)
+    targets=(smelt_text npy safetensors onnx cache_entry aot_entry)
 fi
 cargo fuzz build -s none
 bin=fuzz/target/x86_64-unknown-linux-gnu/release

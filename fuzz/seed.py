@@ -6,7 +6,8 @@ Writes fuzz/seeds/<target>/: the .smelt models in the repository and those `smel
 makes of its ONNX models; small .npy files of every dtype the reader takes, both byte
 orders and both memory orders; small safetensors files; the ONNX models `smelt export`
 makes of the .smelt ones (and, given ONNX_CASES_DIR, the node test cases' models); and the
-payloads of the disk-cache entries that compiling the .smelt models writes. Needs numpy.
+payloads of the disk-cache entries that compiling the .smelt models writes; and calls of
+the AOT entry point's models with each fault of its arguments. Needs numpy.
 """
 
 import hashlib
@@ -85,6 +86,18 @@ def safetensors_seeds():
                                     ("empty", "F32", (0, 4), b"")]))
 
 
+def aot_entry_seeds():
+    """Calls of the aot_entry target's models (src/fuzz/aot_entry.rs): the first byte picks
+    the model (low two bits) and the faults (one bit each), the second which pointer and how
+    far off the scratch is, the rest the inputs' bytes."""
+    rng = np.random.default_rng(0)
+    fills = [b"", bytes(range(1, 9)), rng.integers(0, 256, 64, dtype=np.uint8).tobytes()]
+    for model in range(3):
+        for fault in [0] + [1 << b for b in range(2, 8)] + [0x30, 0xc0]:
+            for fill in fills:
+                put("aot_entry", bytes([model | fault, 3]) + fill)
+
+
 def main():
     smelt = pathlib.Path(sys.argv[1]).resolve()
     cases = pathlib.Path(sys.argv[2]) if len(sys.argv) > 2 else None
@@ -116,6 +129,7 @@ def main():
                 put("cache_entry", f.read_bytes()[20:])
     npy_seeds()
     safetensors_seeds()
+    aot_entry_seeds()
     for t in sorted(OUT.iterdir()):
         print(f"{t.name}: {len(list(t.iterdir()))} seeds")
 

@@ -129,6 +129,40 @@ impl LoadedModel {
     }
 }
 
+impl LoadedModel {
+    /// The model's inputs, in parameter order.
+    pub(crate) fn inputs(&self) -> &[Port] {
+        &self.inputs
+    }
+
+    /// The model's outputs, in return order.
+    pub(crate) fn outputs(&self) -> &[Port] {
+        &self.outputs
+    }
+
+    /// Bytes of scratch a call needs.
+    pub(crate) fn scratch_bytes(&self) -> usize {
+        self.scratch_bytes
+    }
+
+    /// Calls `NAME_run` with these arguments, as a C program would.
+    ///
+    /// # Safety
+    /// As the C header says: where `inputs` (`outputs`) is not NULL, it holds a pointer per
+    /// input (output), each NULL or to the port's bytes (writable for outputs); a non-NULL
+    /// `scratch` points to `scratch_len` writable bytes.
+    pub(crate) unsafe fn call_raw(
+        &self,
+        inputs: *const *const u8,
+        outputs: *const *mut u8,
+        scratch: *mut u8,
+        scratch_len: usize,
+    ) -> i32 {
+        // SAFETY: the caller's contract is `NAME_run`'s.
+        unsafe { (self.run)(inputs, outputs, scratch, scratch_len) }
+    }
+}
+
 /// `b` copied into 16-byte aligned words.
 fn aligned(b: &[u8]) -> Vec<u128> {
     let mut w = vec![0u128; b.len().div_ceil(16)];

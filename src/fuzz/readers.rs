@@ -9,12 +9,13 @@ use crate::runtime::npy::{npy_to_bytes, read_npy_bytes};
 pub type Target = fn(&[u8]);
 
 /// The readers, by the name of their fuzz target and corpus folder.
-pub const TARGETS: [(&str, Target); 5] = [
+pub const TARGETS: [(&str, Target); 6] = [
     ("smelt_text", smelt_text),
     ("npy", npy),
     ("safetensors", safetensors),
     ("onnx", onnx),
     ("cache_entry", cache_entry),
+    ("aot_entry", aot_entry),
 ];
 
 /// A `.smelt` file: lexed, parsed and verified, fixed-size and symbolic. A module that
@@ -84,6 +85,12 @@ pub fn onnx(data: &[u8]) {
             .verify()
             .unwrap_or_else(|e| panic!("an imported graph does not verify: {e}"));
     }
+}
+
+/// The C entry point of ahead-of-time models, called with the faults and inputs `data`
+/// gives (see `src/fuzz/aot_entry.rs`).
+pub fn aot_entry(data: &[u8]) {
+    super::aot_entry::aot_entry(data);
 }
 
 /// An entry of the CPU disk cache: `data` is the payload, framed as an entry is (so that the
