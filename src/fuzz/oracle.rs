@@ -20,7 +20,7 @@
 
 use crate::ir::dtype::{DType, Scalar};
 use crate::ir::graph::{Graph, Module, NodeKind};
-use crate::ir::op::{Op, ReduceOp, TensorType};
+use crate::ir::op::{BinaryOp, Op, ReduceOp, TensorType};
 use crate::ir::text::parse_module;
 use crate::runtime::interp;
 use crate::runtime::tensor::apply;
@@ -291,14 +291,22 @@ pub fn expect(g: &Graph, text: &str, inputs: &[Tensor], seed: u64) -> Result<Vec
             .map(|(&v, t)| (g64.node(v).name.clone(), t.clone()))
             .collect()
     };
-    let exact = interp::run(g64, &named(&inputs64))?;
+    let mut exact_orders = Orders::default();
+    let exact = interp::run_with(g64, &named(&inputs64), &mut |graph, name, op, args, t| {
+        exact_orders.record(graph, name, op, args, &t)?;
+        Ok(t)
+    })?;
     let mut rng = StdRng::seed_from_u64(seed ^ 0x05ee_d0f0_ac1e);
     let mut runs = Vec::with_capacity(RUNS + 1);
     for run in 0..=RUNS {
         // the first run only rounds each result to its dtype: where that alone flips a
         // result (a value landing on an integer, an overflow), the flip is seen for sure
         let scale = if run == 0 { 0.0 } else { 1.0 };
+        let mut orders = Orders::default();
         let mut hook = |graph: &str, name: &str, op: &Op, args: &[&Tensor], t: Tensor| {
+            if let Some(key) = orders.record(graph, name, op, args, &t)? {
+                return exact_orders.unsettle(&key, &orders, t);
+            }
             let errs = (scale * u, scale * u_acc);
             let dt = dtypes.get(&(graph.to_string(), name.to_string())).copied();
             perturb(&mut rng, dt, errs, run == 1, op, args, t)
@@ -333,6 +341,73 @@ pub fn expect(g: &Graph, text: &str, inputs: &[Tensor], seed: u64) -> Result<Vec
         });
     }
     Ok(out)
+}
+
+/// The comparisons of float operands in one run: per element, which operand is larger
+/// (`a - b`'s sign, 2 for NaN) and the result, by graph, name and occurrence (a body runs
+/// once per trip).
+#[derive(Default)]
+struct Orders {
+    seen: HashMap<(String, String), usize>,
+    orders: HashMap<(String, String, usize), Vec<(i8, bool)>>,
+}
+
+/// Where [`Orders`] keeps one comparison.
+type OrderKey = (String, String, usize);
+
+impl Orders {
+    /// Records `op`'s operand order and result if it compares floats; returns its key.
+    fn record(
+        &mut self,
+        graph: &str,
+        name: &str,
+        op: &Op,
+        args: &[&Tensor],
+        t: &Tensor,
+    ) -> Result<Option<OrderKey>> {
+        let compares = matches!(op, Op::Binary(b) if b.is_comparison());
+        if !compares || args.iter().any(|a| a.dtype() != DType::F64) {
+            return Ok(None);
+        }
+        let gap = apply(Op::Binary(BinaryOp::Sub), args)?.try_to_f64_vec()?;
+        let order = gap.iter().zip(t.try_to_f64_vec()?).map(|(&g, r)| {
+            let sign = if g.is_nan() {
+                2
+            } else {
+                (g > 0.0) as i8 - (g < 0.0) as i8
+            };
+            (sign, r != 0.0)
+        });
+        let seen = self
+            .seen
+            .entry((graph.to_string(), name.to_string()))
+            .or_default();
+        *seen += 1;
+        let key = (graph.to_string(), name.to_string(), *seen);
+        self.orders.insert(key.clone(), order.collect());
+        Ok(Some(key))
+    }
+
+    /// A perturbed run's comparison `t` (recorded under `key` in `perturbed`) with every
+    /// element whose operands changed order from this, the exact run, set against the exact
+    /// result. Between the two orders lies a perturbation where the operands are equal, so
+    /// an `eq` or `ne` there is not settled either, though no random perturbation lands on
+    /// equality: rounding one add at a time (a scatter with repeated indices) can.
+    fn unsettle(&self, key: &OrderKey, perturbed: &Orders, t: Tensor) -> Result<Tensor> {
+        let (Some(exact), Some(now)) = (self.orders.get(key), perturbed.orders.get(key)) else {
+            return Ok(t);
+        };
+        if exact.len() != now.len() {
+            return Ok(t);
+        }
+        let mut v: Vec<bool> = now.iter().map(|&(_, r)| r).collect();
+        for (r, (&(then, was), &(sign, _))) in v.iter_mut().zip(exact.iter().zip(now)) {
+            if sign != then {
+                *r = !was;
+            }
+        }
+        Tensor::from_vec(v, t.shape())
+    }
 }
 
 /// How far a perturbed element lies from the exact one: infinite when their class differs
@@ -609,4 +684,63 @@ fn magnitude(op: &Op, args: &[&Tensor], t: &Tensor) -> Result<Vec<f64>> {
         .into_iter()
         .map(|x| x.abs().max(floor))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f64s(v: &[f64]) -> Tensor {
+        Tensor::from_vec(v.to_vec(), &[v.len()]).unwrap()
+    }
+
+    fn record(orders: &mut Orders, a: &[f64], b: &[f64]) -> OrderKey {
+        let (a, b) = (f64s(a), f64s(b));
+        let op = Op::Binary(BinaryOp::Ne);
+        let t = apply(op.clone(), &[&a, &b]).unwrap();
+        orders
+            .record("g", "%c", &op, &[&a, &b], &t)
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_comparison_whose_operands_change_order_is_unsettled() {
+        let mut exact = Orders::default();
+        record(&mut exact, &[1.0, 5.0, 2.0], &[1.0 + 1e-6, 1.0, 2.0]);
+        let mut run = Orders::default();
+        let key = record(&mut run, &[1.0 + 2e-6, 5.5, 2.0], &[1.0 + 1e-6, 1.0, 2.0]);
+        let t = Tensor::from_vec(vec![true, true, false], &[3]).unwrap();
+        let got = exact.unsettle(&key, &run, t).unwrap().to_f64_vec();
+        // the first pair crossed (exact: ne is true, so it is set false); the others kept
+        // their order and keep this run's result
+        assert_eq!(got, vec![0.0, 1.0, 0.0]);
+        // ops that compare nothing are not recorded
+        let (a, b) = (f64s(&[1.0]), f64s(&[2.0]));
+        let add = Op::Binary(BinaryOp::Add);
+        let sum = apply(add.clone(), &[&a, &b]).unwrap();
+        assert!(
+            run.record("g", "%s", &add, &[&a, &b], &sum)
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn equality_of_exact_inputs_stays_judged() {
+        // inputs one f16 ulp apart, and equal ones: nothing rounds, so nothing is unsettled
+        let text = "graph f(%a: f16[3], %b: f16[3]) {\n  %c = ne(%a, %b)\n  return %c\n}\n";
+        let m = parse_module(text, "case.smelt").unwrap();
+        let a = Tensor::from_vec(vec![1.0f32, 2.0, -3.0], &[3])
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap();
+        let b = Tensor::from_vec(vec![1.0f32 + 1.0 / 1024.0, 2.0, -3.0], &[3])
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap();
+        let e = expect(m.entry(), text, &[a, b], 7).unwrap();
+        assert_eq!(e[0].value, vec![1.0, 0.0, 0.0]);
+        assert_eq!(e[0].tol, vec![0.0; 3]);
+    }
 }
