@@ -1123,3 +1123,39 @@ fn clamp_takes_numbers_and_options() {
     // a float bound promotes an integer tensor, as in PyTorch
     assert_eq!(i.clamp(0.5, 6).unwrap().dtype(), DType::F32);
 }
+
+/// f64 to f16 and bf16 as PyTorch converts (`c10::BFloat16(float(x))`): through f32, each
+/// step rounded to nearest even. The values are PyTorch 2.15's
+/// (`torch.tensor(v, dtype=torch.float64).to(torch.bfloat16)`), on the interpreter, eager
+/// and compiled code alike.
+#[test]
+fn casts_to_half_precision_round_through_f32_as_pytorch_does() {
+    use smelt::exec::{CompileOptions, CompiledFn};
+    let v = vec![
+        // just past bf16's tie between -4 and -4.03125, by less than f32 keeps of it in
+        // bf16's top bits: -4.03125 (rounding from the f64's top 32 bits gives -4)
+        -4.015625 - 2f64.powi(-21),
+        // a tie once in f32: to even, 1.0 (rounded once from f64 it would be 1.0078125)
+        1.0 + 2f64.powi(-8) + 2f64.powi(-40),
+        // the same for f16: 1.0
+        1.0 + 2f64.powi(-11) + 2f64.powi(-40),
+    ];
+    let want_bf16 = vec![-4.03125, 1.0, 1.0];
+    let want_f16 = vec![-4.015625, 1.00390625, 1.0];
+    let x = Tensor::from_vec(v, &[3]).unwrap();
+    assert_eq!(x.to_dtype(DType::BF16).unwrap().to_f64_vec(), want_bf16);
+    assert_eq!(x.to_dtype(DType::F16).unwrap().to_f64_vec(), want_f16);
+    let text = "graph f(%x: f64[3]) {\n  %b = to(%x, dtype=bf16)\n  %h = to(%x, dtype=f16)\n  \
+                %s = mul(%b, 1.0)\n  return %b, %h, %s\n}\n";
+    let m = smelt::ir::parse_module(text, "casts.smelt").unwrap();
+    let interp = smelt::runtime::interp::run(m.entry(), &[("x".to_string(), x.clone())]).unwrap();
+    let compiled = CompiledFn::compile(m.entry(), &CompileOptions::default())
+        .unwrap()
+        .call(&[x])
+        .unwrap();
+    for out in [&interp, &compiled] {
+        assert_eq!(out[0].to_f64_vec(), want_bf16);
+        assert_eq!(out[1].to_f64_vec(), want_f16);
+        assert_eq!(out[2].to_f64_vec(), want_bf16);
+    }
+}

@@ -265,8 +265,8 @@ unsafe fn combine(how: Combine, a: ElemType, src: *const u8, dst: *mut u8) {
     // SAFETY: the caller's contract; unaligned, as in `element`.
     unsafe {
         match a {
-            ElemType::F16 => float!(f16, f16::to_f64, f16::from_f64),
-            ElemType::BF16 => float!(bf16, bf16::to_f64, bf16::from_f64),
+            ElemType::F16 => float!(f16, f16::to_f64, crate::scalar::f16_from_f64),
+            ElemType::BF16 => float!(bf16, bf16::to_f64, crate::scalar::bf16_from_f64),
             ElemType::F32 => float!(f32, f64::from, |v: f64| v as f32),
             ElemType::F64 => float!(f64, |v: f64| v, |v: f64| v),
             ElemType::U8 => int!(u8),

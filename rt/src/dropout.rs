@@ -86,8 +86,8 @@ pub unsafe fn step(w: &Walk, p: f64, seed: u64, dst: *mut u8, src: *const u8) ->
         }};
     }
     match w.elem {
-        ElemType::F16 => walk!(f16, f16::to_f64, f16::from_f64),
-        ElemType::BF16 => walk!(bf16, bf16::to_f64, bf16::from_f64),
+        ElemType::F16 => walk!(f16, f16::to_f64, crate::scalar::f16_from_f64),
+        ElemType::BF16 => walk!(bf16, bf16::to_f64, crate::scalar::bf16_from_f64),
         ElemType::F32 => walk!(f32, f64::from, |v: f64| v as f32),
         ElemType::F64 => walk!(f64, |v: f64| v, |v: f64| v),
         _ => return false,

@@ -85,15 +85,26 @@ pub extern "C" fn div_floor(a: f64, b: f64) -> f64 {
 pub extern "C" fn div_floor_f32(a: f32, b: f32) -> f32 {
     div_floor_float(a, b)
 }
-/// f64 to f16 as the eager kernels convert (`half`'s `from_f64`), held in an f32.
+/// f64 to f16 as PyTorch converts it (`c10::Half(float(x))`): to f32 first, then to f16,
+/// each rounded to nearest even. Every f64-to-f16 conversion in smelt goes through it.
+/// `half`'s `from_f64` does not do for this: it rounds from the f64's top 32 bits only (or
+/// through f32 where the CPU has F16C), so its result depends on the machine.
+pub fn f16_from_f64(x: f64) -> f16 {
+    f16::from_f32(x as f32)
+}
+/// f64 to bf16 as PyTorch converts it, through f32 (see [`f16_from_f64`]).
+pub fn bf16_from_f64(x: f64) -> bf16 {
+    bf16::from_f32(x as f32)
+}
+/// [`f16_from_f64`], held in an f32.
 #[unsafe(export_name = "smelt_f64_to_f16")]
 pub extern "C" fn f64_to_f16(x: f64) -> f32 {
-    f16::from_f64(x).to_f32()
+    f16_from_f64(x).to_f32()
 }
-/// f64 to bf16, held in an f32.
+/// [`bf16_from_f64`], held in an f32.
 #[unsafe(export_name = "smelt_f64_to_bf16")]
 pub extern "C" fn f64_to_bf16(x: f64) -> f32 {
-    bf16::from_f64(x).to_f32()
+    bf16_from_f64(x).to_f32()
 }
 /// Bits of an f32 that holds an f16 value exactly.
 #[unsafe(export_name = "smelt_f32_to_f16_bits")]

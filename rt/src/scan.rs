@@ -42,10 +42,12 @@ unsafe fn store(k: ElemType, p: *mut u8, at: isize, (f, i): (f64, i64)) {
     // SAFETY: the caller's contract.
     unsafe {
         match k {
-            ElemType::F16 => (p as *mut f16).offset(at).write_unaligned(f16::from_f64(f)),
+            ElemType::F16 => (p as *mut f16)
+                .offset(at)
+                .write_unaligned(crate::scalar::f16_from_f64(f)),
             ElemType::BF16 => (p as *mut bf16)
                 .offset(at)
-                .write_unaligned(bf16::from_f64(f)),
+                .write_unaligned(crate::scalar::bf16_from_f64(f)),
             ElemType::F32 => (p as *mut f32).offset(at).write_unaligned(f as f32),
             ElemType::F64 => (p as *mut f64).offset(at).write_unaligned(f),
             _ => (p as *mut i64).offset(at).write_unaligned(i),

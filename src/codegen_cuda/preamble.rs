@@ -10,9 +10,7 @@ pub const HALF_INCLUDES: &str = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\
 /// Half-precision rounding helpers (need `HALF_INCLUDES`).
 pub const HALF_HELPERS: &str = r#"
 __device__ __forceinline__ float sm_rh(float x) { return __half2float(__float2half_rn(x)); }
-__device__ __forceinline__ float sm_rh_d(double x) { return __half2float(__double2half(x)); }
 __device__ __forceinline__ float sm_rb(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
-__device__ __forceinline__ float sm_rb_d(double x) { return __bfloat162float(__double2bfloat16(x)); }
 "#;
 
 /// Helpers every unit needs: special floats, wrapping integer ops, Python's remainder, NaN

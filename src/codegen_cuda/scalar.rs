@@ -144,9 +144,10 @@ pub fn cast(from: DType, to: DType, e: &str) -> String {
         (_, F32) if from == F64 || from.is_int() => format!("((float)({e}))"),
         (_, F32) => e.to_string(),
         (_, F64) => format!("((double)({e}))"),
-        (_, F16) if from == F64 || from.is_int() => format!("sm_rh_d((double)({e}))"),
+        // through f32 from f64 and the integers, as PyTorch converts
+        (_, F16) if from == F64 || from.is_int() => format!("sm_rh((float)({e}))"),
         (_, F16) => format!("sm_rh({e})"),
-        (_, BF16) if from == F64 || from.is_int() => format!("sm_rb_d((double)({e}))"),
+        (_, BF16) if from == F64 || from.is_int() => format!("sm_rb((float)({e}))"),
         (_, BF16) => format!("sm_rb({e})"),
         _ => format!("(({})({e}))", var_type(to)),
     }

@@ -131,8 +131,8 @@ pub fn oracle_module(text: &str) -> Result<Module> {
 /// `x` rounded to the float dtype `dt` (f64 as it is).
 fn round_to(x: f64, dt: DType) -> f64 {
     match dt {
-        DType::F16 => half::f16::from_f64(x).to_f64(),
-        DType::BF16 => half::bf16::from_f64(x).to_f64(),
+        DType::F16 => smelt_rt::scalar::f16_from_f64(x).to_f64(),
+        DType::BF16 => smelt_rt::scalar::bf16_from_f64(x).to_f64(),
         DType::F32 => x as f32 as f64,
         _ => x,
     }

@@ -97,18 +97,21 @@ impl Element for f64 {
 }
 
 macro_rules! half_element {
-    ($($t:ty => $d:ident),*) => {$(
+    ($($t:ty => $d:ident, $from:path),*) => {$(
         impl Element for $t {
             const DTYPE: DType = DType::$d;
             #[inline(always)] fn to_f64(self) -> f64 { self.to_f64() }
-            // Round-to-nearest-even straight from f64, so no double rounding.
-            #[inline(always)] fn from_f64(v: f64) -> Self { <$t>::from_f64(v) }
+            // through f32, as PyTorch converts (`smelt_rt::scalar::f16_from_f64`)
+            #[inline(always)] fn from_f64(v: f64) -> Self { $from(v) }
             #[inline(always)] fn to_i64(self) -> i64 { self.to_f64() as i64 }
-            #[inline(always)] fn from_i64(v: i64) -> Self { <$t>::from_f64(v as f64) }
+            #[inline(always)] fn from_i64(v: i64) -> Self { $from(v as f64) }
         }
     )*};
 }
-half_element!(f16 => F16, bf16 => BF16);
+half_element!(
+    f16 => F16, smelt_rt::scalar::f16_from_f64,
+    bf16 => BF16, smelt_rt::scalar::bf16_from_f64
+);
 
 /// Runs `$body` with `$T` bound to the Rust element type of `$dtype`.
 #[macro_export]

@@ -418,7 +418,6 @@ enum Elem {
 }
 
 fn push_elem(out: &mut Vec<u8>, d: DType, v: Elem) {
-    use half::{bf16, f16};
     let f = |v: &Elem| match v {
         Elem::I(i) => *i as f64,
         Elem::F(x) => *x,
@@ -434,8 +433,8 @@ fn push_elem(out: &mut Vec<u8>, d: DType, v: Elem) {
         DType::I16 => out.extend_from_slice(&(i(&v) as i16).to_le_bytes()),
         DType::I32 => out.extend_from_slice(&(i(&v) as i32).to_le_bytes()),
         DType::I64 => out.extend_from_slice(&i(&v).to_le_bytes()),
-        DType::F16 => out.extend_from_slice(&f16::from_f64(f(&v)).to_le_bytes()),
-        DType::BF16 => out.extend_from_slice(&bf16::from_f64(f(&v)).to_le_bytes()),
+        DType::F16 => out.extend_from_slice(&smelt_rt::scalar::f16_from_f64(f(&v)).to_le_bytes()),
+        DType::BF16 => out.extend_from_slice(&smelt_rt::scalar::bf16_from_f64(f(&v)).to_le_bytes()),
         DType::F32 => out.extend_from_slice(&(f(&v) as f32).to_le_bytes()),
         DType::F64 => out.extend_from_slice(&f(&v).to_le_bytes()),
     }
