@@ -6,13 +6,16 @@
 //!
 //! Entries are written through a temporary name and renamed into place ([`store`]), so
 //! processes writing the same entry at once each leave a whole file and readers never see
-//! half of one. The cache holds at most `SMELT_CACHE_MAX_BYTES` (default 1 GiB): each write
-//! removes the least recently used entries past that ([`evict`]); a hit marks its entry
-//! used ([`touch`]). `smelt cache stats` and `smelt cache clear` show and empty it.
+//! half of one. The cache holds at most `SMELT_CACHE_MAX_BYTES` (default 1 GiB): a write that
+//! takes it past that removes the least recently used entries ([`evict`]); a hit marks its
+//! entry used ([`touch`]). A process reads the cache's size once, at its first write, and
+//! then adds what it writes: walking tens of thousands of entries at every write made each
+//! compile cost a walk of the whole cache. Other processes' writes count at their own. `smelt cache stats` and `smelt cache clear` show and empty it.
 
 use crate::{Error, Result};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
@@ -109,10 +112,15 @@ pub fn clear(folder: &Path) -> usize {
 /// Removes the least recently used files below `folder` until the rest hold at most `max`
 /// bytes; returns how many went. A file another process removed first is simply gone.
 pub fn evict(folder: &Path, max: u64) -> usize {
+    evict_to(folder, max).0
+}
+
+/// [`evict`], returning the number of entries removed and the bytes left.
+fn evict_to(folder: &Path, max: u64) -> (usize, u64) {
     let mut all = entries(folder);
     let mut total: u64 = all.iter().map(|e| e.bytes).sum();
     if total <= max {
-        return 0;
+        return (0, total);
     }
     all.sort_by_key(|e| e.used);
     let mut removed = 0;
@@ -125,7 +133,29 @@ pub fn evict(folder: &Path, max: u64) -> usize {
         }
         total = total.saturating_sub(e.bytes);
     }
-    removed
+    (removed, total)
+}
+
+/// The bytes this process takes the cache folder of its last write to hold: the size read
+/// at its first write there (or its last eviction), plus what it has written since.
+static HELD: Mutex<Option<(PathBuf, u64)>> = Mutex::new(None);
+
+/// Counts `bytes` just written to `folder` and evicts once the count passes the limit.
+fn written(folder: &Path, bytes: u64) {
+    let max = max_bytes();
+    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+    let total = match held.as_mut() {
+        Some((f, total)) if f.as_path() == folder => {
+            *total = total.saturating_add(bytes);
+            *total
+        }
+        // the first write here: read the size, this entry included
+        _ => u64::MAX,
+    };
+    if total > max {
+        let (_, left) = evict_to(folder, max);
+        *held = Some((folder.to_path_buf(), left));
+    }
 }
 
 /// Marks `file` as used now, so that eviction keeps it longer than entries not read since.
@@ -193,7 +223,7 @@ pub fn store(file: &Path, bytes: &[u8]) {
         return;
     }
     if let Some(folder) = scope(file) {
-        evict(&folder, max_bytes());
+        written(&folder, bytes.len() as u64);
     }
 }
 
